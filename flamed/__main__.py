@@ -1,0 +1,3 @@
+from flamed.cli import entry
+
+entry()

@@ -1,0 +1,141 @@
+"""Brendan Gregg's folded-stack format: ``frame;frame;frame COUNT`` per line.
+
+Reading follows what flamegraph.pl accepts -- the count is the number after
+the last run of whitespace, integer or decimal, and the stack is everything
+before it, so frames may contain spaces, commas, ``<>``, ``::`` and
+parentheses -- and is more forgiving where flamegraph.pl silently drops data:
+CRLF line ends, blank lines and ``#`` comments are accepted, invalid UTF-8 is
+kept byte-exact (see :func:`flamed.model.decode_frame`), gzip input is
+recognised by magic.  A line with no count is malformed: it is reported with
+its file and line number, and either skipped and counted (default) or fatal
+(``strict``).
+
+Writing sorts the stacks so output is byte-stable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from flamed.errors import InputError
+from flamed.model import EMPTY_STACK_FRAME, Profile, Stack, Weight, encode_frame, format_weight
+
+_COUNT = re.compile(r"^[0-9]+(?:\.[0-9]*)?$")
+_LINE_WS = re.compile(r"^(.*?)\s+([0-9]+(?:\.[0-9]*)?)$", re.S)
+
+
+@dataclass
+class ReadStats:
+    """What a reader saw: lines, records, and the malformed lines it skipped."""
+
+    lines: int = 0
+    records: int = 0
+    skipped: int = 0
+    first_errors: list[str] = field(default_factory=list)
+    max_errors_kept: int = 5
+
+    def skip(self, source: str, line: int, why: str) -> None:
+        self.skipped += 1
+        if len(self.first_errors) < self.max_errors_kept:
+            self.first_errors.append(f"{source}:{line}: {why}")
+
+    def merge(self, other: ReadStats) -> None:
+        self.lines += other.lines
+        self.records += other.records
+        self.skipped += other.skipped
+        room = self.max_errors_kept - len(self.first_errors)
+        if room > 0:
+            self.first_errors.extend(other.first_errors[:room])
+
+    def summary(self) -> str | None:
+        if not self.skipped:
+            return None
+        s = f"skipped {self.skipped} malformed line{'s' if self.skipped != 1 else ''}"
+        if self.first_errors:
+            s += " (first: " + self.first_errors[0] + ")"
+        return s
+
+
+def _parse_count(text: str) -> Weight:
+    return float(text) if "." in text else int(text)
+
+
+def parse_line(text: str) -> tuple[Stack, Weight] | None:
+    """Parse one decoded line (no line end). ``None`` if it is not a record."""
+    stack_text, sep, count = text.rpartition(" ")
+    if not sep or not _COUNT.match(count):
+        m = _LINE_WS.match(text)
+        if m is None:
+            return None
+        stack_text, count = m.group(1), m.group(2)
+    stack_text = stack_text.rstrip()
+    if not stack_text:
+        return (EMPTY_STACK_FRAME,), _parse_count(count)
+    return tuple(stack_text.split(";")), _parse_count(count)
+
+
+def iter_folded(
+    stream: BinaryIO | Iterable[bytes],
+    *,
+    source: str = "<input>",
+    strict: bool = False,
+    stats: ReadStats | None = None,
+    first_line: int = 1,
+) -> Iterator[tuple[Stack, Weight]]:
+    """Yield ``(stack, count)`` for each record of a folded stream."""
+    st = stats if stats is not None else ReadStats()
+    lineno = first_line - 1
+    for raw in stream:
+        lineno += 1
+        st.lines += 1
+        text = raw.decode("utf-8", "surrogateescape").rstrip("\r\n")
+        if not text or text.isspace() or text.startswith("#"):
+            continue
+        rec = parse_line(text)
+        if rec is None:
+            why = "expected 'frame;frame;... COUNT'"
+            if strict:
+                raise InputError(why + f", got {text[:80]!r}", source=source, line=lineno)
+            st.skip(source, lineno, why)
+            continue
+        st.records += 1
+        yield rec
+
+
+def read_folded(
+    stream: BinaryIO | Iterable[bytes],
+    *,
+    source: str = "<input>",
+    strict: bool = False,
+    stats: ReadStats | None = None,
+    profile: Profile | None = None,
+) -> Profile:
+    """Read a folded stream into a Profile (or add it to ``profile``)."""
+    p = profile if profile is not None else Profile()
+    stacks = p.stacks
+    for stack, w in iter_folded(stream, source=source, strict=strict, stats=stats):
+        stacks[stack] = stacks.get(stack, 0) + w
+    return p
+
+
+def folded_line(stack: Stack, weight: Weight) -> bytes:
+    return encode_frame(";".join(stack)) + b" " + format_weight(weight).encode() + b"\n"
+
+
+def write_folded(profile: Profile | Iterable[tuple[Stack, Weight]], out: BinaryIO) -> int:
+    """Write stacks sorted by frames; returns the number of lines written."""
+    items = profile.sorted_items() if isinstance(profile, Profile) else sorted(profile, key=lambda kv: kv[0])
+    n = 0
+    buf: list[bytes] = []
+    for stack, w in items:
+        buf.append(folded_line(stack, w))
+        n += 1
+        if len(buf) >= 4096:
+            out.write(b"".join(buf))
+            buf.clear()
+    if buf:
+        out.write(b"".join(buf))
+    return n

@@ -1,0 +1,58 @@
+"""The protocol every output format implements."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import BinaryIO, ClassVar
+
+from flamed.errors import UsageError
+from flamed.model import Profile, Sample
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """Options shared by renderers; each format reads the ones it knows.
+
+    title: graph title (default: format's own, e.g. "Flame Graph").
+    subtitle: second line under the title (default: none).
+    width: image width in px (default 1200).
+    minwidth: prune frames narrower than this many px (default 0.1).
+    countname: unit of the weights in tooltips (default "samples").
+    inverted: draw an icicle graph (default False).
+    flamechart: keep input/time order instead of sorting frames (default False).
+    palette: color scheme name (default "hot"; "mixed" colors kernel/native/python).
+    hash: color by a hash of the name, stable across graphs (default False).
+    palette_file: file that maps names to colors, read and extended (default None).
+    extra: format-specific settings by name.
+    """
+
+    title: str | None = None
+    subtitle: str | None = None
+    width: int = 1200
+    minwidth: float = 0.1
+    countname: str = "samples"
+    inverted: bool = False
+    flamechart: bool = False
+    palette: str = "hot"
+    hash: bool = False
+    palette_file: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class OutputFormat:
+    """An output format: writes a Profile (and optionally a sample stream)."""
+
+    name: ClassVar[str] = ""
+    extensions: ClassVar[tuple[str, ...]] = ()
+    description: ClassVar[str] = ""
+    #: True if the format can use a time-ordered sample stream (chrome trace).
+    wants_samples: ClassVar[bool] = False
+
+    def write(self, profile: Profile, out: BinaryIO, options: OutputOptions | None = None) -> None:
+        raise NotImplementedError
+
+    def write_samples(
+        self, samples: Iterable[Sample], out: BinaryIO, options: OutputOptions | None = None
+    ) -> None:
+        raise UsageError(f"format {self.name!r} does not take a time-ordered sample stream")

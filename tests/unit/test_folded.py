@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import gzip
+import io
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flamed.errors import InputError
+from flamed.folded import ReadStats, read_folded, write_folded
+from flamed.model import Profile
+
+
+def rd(data: bytes, **kw: object) -> Profile:
+    return read_folded(io.BytesIO(data), **kw)  # type: ignore[arg-type]
+
+
+def wr(p: Profile) -> bytes:
+    b = io.BytesIO()
+    write_folded(p, b)
+    return b.getvalue()
+
+
+def test_hostile_frames_and_counts() -> None:
+    data = (
+        b"main;std::vector<int, std::allocator<int> >::push_back(int const&) 3\r\n"
+        b"\n# a comment\n"
+        b"python;handle (app/views.py:12);json.dumps (json/__init__.py:231) 2\n"
+        b"rust;core::array::<impl [u8: 32]>::fmt 1.5\n"
+        b"a;b 1\n"
+        b"a;b 4\n"
+        b"bad\xffname;leaf 7\n"
+        b"a\tb\t9\n"
+    )
+    p = rd(data)
+    assert p.stacks[("a", "b")] == 5
+    assert p.stacks[("rust", "core::array::<impl [u8: 32]>::fmt")] == 1.5
+    assert p.stacks[("main", "std::vector<int, std::allocator<int> >::push_back(int const&)")] == 3
+    assert p.stacks[("a\tb",)] == 9
+    out = wr(p)
+    assert b"bad\xffname;leaf 7\n" in out  # invalid UTF-8 kept byte-exact
+    assert wr(rd(out)) == out
+
+
+def test_malformed_lines_counted_or_fatal() -> None:
+    stats = ReadStats()
+    p = rd(b"a;b 1\nno count here\nc 2\n", source="x.folded", stats=stats)
+    assert p.total() == 3
+    assert stats.skipped == 1
+    assert stats.first_errors[0].startswith("x.folded:2:")
+    with pytest.raises(InputError, match="x.folded:2"):
+        rd(b"a;b 1\nno count here\n", source="x.folded", strict=True)
+
+
+def test_gzip_by_magic(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from flamed.fileio import open_input
+
+    f = tmp_path / "p.txt"
+    f.write_bytes(gzip.compress(b"a;b 2\n"))
+    with open_input(f) as s:
+        assert read_folded(s).stacks == {("a", "b"): 2}
+
+
+frames = st.text(
+    alphabet=st.characters(blacklist_characters=";\r\n", blacklist_categories=("Cs",)), min_size=1, max_size=12
+).filter(lambda s: s.strip() == s and not s.startswith("#"))
+stacks = st.lists(frames, min_size=1, max_size=6).map(tuple)
+profiles = st.dictionaries(stacks, st.integers(min_value=1, max_value=10**9), max_size=30)
+
+
+@settings(max_examples=200)
+@given(profiles)
+def test_read_write_identity(d: dict) -> None:  # type: ignore[type-arg]
+    p = Profile(stacks=dict(d))
+    assert rd(wr(p)).stacks == p.stacks
+    assert wr(rd(wr(p))) == wr(p)
+
+
+@settings(max_examples=100)
+@given(profiles, profiles, profiles)
+def test_merge_associative_commutative(a: dict, b: dict, c: dict) -> None:  # type: ignore[type-arg]
+    pa, pb, pc = Profile(stacks=a), Profile(stacks=b), Profile(stacks=c)
+    assert wr(pa.merged(pb).merged(pc)) == wr(pa.merged(pb.merged(pc)))
+    assert wr(pa.merged(pb)) == wr(pb.merged(pa))
