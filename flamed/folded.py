@@ -59,8 +59,17 @@ class ReadStats:
         return s
 
 
-def _parse_count(text: str) -> Weight:
-    return float(text) if "." in text else int(text)
+#: Largest count accepted (int64, what pprof and the other formats can carry);
+#: beyond it a "count" is garbage, and int() of >4300 digits even raises.
+MAX_COUNT = 2**63 - 1
+
+
+def _parse_count(text: str) -> Weight | None:
+    """The count, or ``None`` when it is out of range (the line is then malformed)."""
+    if len(text.partition(".")[0].lstrip("0")) > 19:
+        return None
+    w: Weight = float(text) if "." in text else int(text)
+    return w if w <= MAX_COUNT else None
 
 
 def parse_line(text: str) -> tuple[Stack, Weight] | None:
@@ -71,10 +80,13 @@ def parse_line(text: str) -> tuple[Stack, Weight] | None:
         if m is None:
             return None
         stack_text, count = m.group(1), m.group(2)
+    weight = _parse_count(count)
+    if weight is None:
+        return None
     stack_text = stack_text.rstrip()
     if not stack_text:
-        return (EMPTY_STACK_FRAME,), _parse_count(count)
-    return tuple(stack_text.split(";")), _parse_count(count)
+        return (EMPTY_STACK_FRAME,), weight
+    return tuple(stack_text.split(";")), weight
 
 
 def iter_folded(
