@@ -8,8 +8,9 @@ import io
 import os
 import sys
 import tempfile
+import zlib
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from flamed.errors import InputError, FlamedError
 
@@ -37,8 +38,41 @@ def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
     buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[arg-type]
     head = buffered.peek(2)[:2]
     if head == GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=buffered, mode="rb")  # type: ignore[return-value]
+        gz = _CheckedGzipFile(fileobj=buffered, mode="rb")
+        gz.source = name
+        return gz  # type: ignore[return-value]
     return buffered  # type: ignore[return-value]
+
+
+class _CheckedGzipFile(gzip.GzipFile):
+    """A GzipFile whose corrupt or truncated data raises InputError naming the file.
+
+    gzip reports those lazily, while the caller reads, as BadGzipFile, EOFError
+    or zlib.error; without this they would escape the CLI as tracebacks.
+    """
+
+    source = "<input>"
+
+    def _checked(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+            raise InputError(f"corrupt or truncated gzip data ({e})", source=self.source) from None
+
+    def read(self, size: int | None = -1) -> bytes:
+        return self._checked(super().read, size)  # type: ignore[no-any-return]
+
+    def read1(self, size: int = -1) -> bytes:
+        return self._checked(super().read1, size)  # type: ignore[no-any-return]
+
+    def readinto(self, b: Any) -> int:
+        return self._checked(super().readinto, b)  # type: ignore[no-any-return]
+
+    def peek(self, n: int) -> bytes:
+        return self._checked(super().peek, n)  # type: ignore[no-any-return]
+
+    def readline(self, size: int | None = -1) -> bytes:
+        return self._checked(super().readline, size)  # type: ignore[no-any-return]
 
 
 def input_name(path: str | os.PathLike[str] | None) -> str:
