@@ -1,0 +1,520 @@
+"""Time-aligned merge of py-spy's Python stacks into BPF samples.
+
+The BPF sampler knows, for every sample of a watched Python thread, the kernel
+stack and (usually only the leaf of) the native stack, stamped with
+CLOCK_MONOTONIC.  py-spy knows the Python stack.  This module joins the two
+per OS thread and per instant, in three steps:
+
+1. **Parse** py-spy's chrometrace (:func:`parse_chrometrace`).  Chrometrace only
+   has an event when a thread's stack *changes*, stamped in microseconds since
+   py-spy created its recorder (``-t`` adds a ``thread (OS_TID): name`` root
+   frame, which is how a pthread id becomes the OS tid BPF reports).
+2. **Calibrate** that clock (:func:`fit_clock`).  ``bpf/pyspy_clock.bpf.c``
+   puts a uprobe on py-spy's ``Chrometrace::increment``: each hit is the same
+   instant as the ``Instant::now()`` that stamps the events written by that
+   call, in CLOCK_MONOTONIC.  The very first hit of a py-spy process belongs to
+   the first event of its trace, which pins the offset without ambiguity; the
+   median over every change then fixes it to about a microsecond.  The hits
+   grouped in bursts are also the times py-spy sampled (:func:`sample_times`).
+3. **Place** each change (:func:`align_trace`, :func:`join`).  A change seen at
+   sample *j* happened somewhere between samples *j-1* and *j*.  BPF samples in
+   that gap get the old or the new stack by the likelihood of their signature
+   (kernel frames present, native leaf symbol) under each stack, learnt from
+   the BPF samples of the same run that are not in any gap; with nothing to
+   learn from, the midpoint decides.
+
+Weights are always those of the BPF samples: py-spy only names the Python
+frames, it never adds or scales samples (the trap of py-spy issue #506).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from flamed.errors import InputError
+from flamed.model import Stack, is_kernel_frame, sanitize_frame
+from flamed.sampler import SampleEvent
+
+#: Root frame of a BPF sample that no Python stack could be joined with.
+NO_PYTHON_FRAME = "[python: no frame]"
+
+#: Interpreter frames that py-spy --native replaces with Python frames.
+EVAL_FRAME = re.compile(
+    r"^(_PyEval_EvalFrameDefault|_PyEval_EvalFrame|PyEval_EvalFrameEx|PyEval_EvalFrame|"
+    r"_PyEval_Vector|PyEval_EvalCode|_PyEval_EvalCode|_PyEval_EvalCodeWithName)(\b|$)"
+)
+_THREAD_FRAME = re.compile(r"^thread \((?P<id>\d+|0x[0-9a-fA-F]+)\)(?:: (?P<name>.*))?$")
+_PROCESS_FRAME = re.compile(r"^process \d+:")
+_LIB_PREFIX = re.compile(r"^.*/(?:site|dist)-packages/|^.*/lib/python3\.\d+t?/")
+
+
+# ---------------------------------------------------------------------------
+# 1. chrometrace
+
+
+@dataclass
+class PyTrace:
+    """One py-spy chrometrace, per OS thread.
+
+    ``threads[tid]``: ``[(ts_us, python_stack)]`` in time order, one entry per
+    sample at which the thread's Python stack changed (root first, without the
+    thread frame).  ``first_ts_us``/``last_ts_us``: first event and the final
+    write (after the last sample).  ``unmapped``: threads whose root frame had
+    no OS tid (py-spy without ``-t`` or without the native id).
+    """
+
+    threads: dict[int, list[tuple[int, Stack]]] = field(default_factory=dict)
+    thread_names: dict[int, str] = field(default_factory=dict)
+    change_ts_us: list[int] = field(default_factory=list)
+    first_ts_us: int | None = None
+    last_ts_us: int | None = None
+    unmapped: int = 0
+
+
+def short_filename(path: str) -> str:
+    """``/usr/lib/python3.11/json/decoder.py`` -> ``json/decoder.py`` (py-spy's short names)."""
+    return _LIB_PREFIX.sub("", path, count=1)
+
+
+def python_frame(name: str, filename: str, line: int | None) -> str:
+    """A Python frame in py-spy's folded convention: ``func (file.py:line)``."""
+    fn = short_filename(filename)
+    where = f"{fn}:{line}" if line else fn
+    return sanitize_frame(f"{name} ({where})")
+
+
+def parse_chrometrace(data: bytes | str | BinaryIO, *, source: str = "<chrometrace>") -> PyTrace:
+    """Read py-spy's ``--format chrometrace`` output (a JSON list of B/E events)."""
+    if not isinstance(data, (bytes, str)):
+        data = data.read()
+    try:
+        events = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"not a py-spy chrometrace: {e}", source=source) from None
+    if not isinstance(events, list):
+        raise InputError("not a py-spy chrometrace: expected a JSON list of events", source=source)
+    return _build_trace(events, source)
+
+
+def _build_trace(events: list[Any], source: str) -> PyTrace:
+    trace = PyTrace()
+    # The frames open per py-spy thread id (pthread id), root first.
+    open_frames: dict[int, list[tuple[str, str, int | None]]] = defaultdict(list)
+    os_tid: dict[int, int | None] = {}
+    last_stack: dict[int, Stack] = {}
+    changes: set[int] = set()
+
+    def flush(ts: int, touched: Iterable[int]) -> None:
+        for ptid in touched:
+            frames = open_frames[ptid]
+            tid = os_tid.get(ptid)
+            if tid is None:
+                continue
+            if not frames:
+                # Every frame closed: py-spy wrote its file (end of recording).
+                continue
+            stack = tuple(python_frame(n, f, ln) for n, f, ln in frames if not _is_meta_frame(n, f))
+            if last_stack.get(tid) == stack:
+                continue  # only the thread frame changed (its name appeared)
+            last_stack[tid] = stack
+            trace.threads.setdefault(tid, []).append((ts, stack))
+            changes.add(ts)
+
+    cur_ts: int | None = None
+    touched: set[int] = set()
+    for i, ev in enumerate(events):
+        try:
+            ph = ev["ph"]
+            ts = int(ev["ts"])
+            ptid = int(ev["tid"])
+            name = str(ev["name"])
+            args = ev.get("args") or {}
+            filename = str(args.get("filename") or "")
+            line_raw = args.get("line")
+            line = int(line_raw) if line_raw is not None else None
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise InputError(f"event {i} is not a py-spy trace event", source=source) from None
+        if cur_ts is not None and ts != cur_ts:
+            flush(cur_ts, touched)
+            touched = set()
+        cur_ts = ts
+        if trace.first_ts_us is None:
+            trace.first_ts_us = ts
+        trace.last_ts_us = ts if trace.last_ts_us is None else max(trace.last_ts_us, ts)
+        touched.add(ptid)
+        frames = open_frames[ptid]
+        if ph == "B":
+            if not frames:
+                # The root frame of a thread names it (``-t``); its name may
+                # appear only in a later sample, under the same OS tid.
+                m = _THREAD_FRAME.match(name) if not filename else None
+                if m is not None and not m.group("id").startswith("0x"):
+                    tid = int(m.group("id"))
+                    os_tid[ptid] = tid
+                    if m.group("name"):
+                        trace.thread_names[tid] = m.group("name")
+                elif ptid not in os_tid:
+                    os_tid[ptid] = None
+                    trace.unmapped += 1
+            frames.append((name, filename, line))
+        elif ph == "E":
+            if frames:
+                frames.pop()
+        else:
+            continue
+    if cur_ts is not None:
+        flush(cur_ts, touched)
+    trace.change_ts_us = sorted(changes)
+    return trace
+
+
+def _is_meta_frame(name: str, filename: str) -> bool:
+    return not filename and (_THREAD_FRAME.match(name) is not None or _PROCESS_FRAME.match(name) is not None)
+
+
+# ---------------------------------------------------------------------------
+# 2. clock
+
+
+@dataclass(frozen=True, slots=True)
+class ClockFit:
+    """CLOCK_MONOTONIC ns of py-spy's ``ts == 0``; ``calibrated`` False means a guess."""
+
+    start_ns: int
+    calibrated: bool
+    matched: int = 0
+    #: spread (max - min) of the per-event offsets used, ns: about 1000 when healthy
+    spread_ns: int = 0
+
+    def to_mono(self, ts_us: int) -> int:
+        return self.start_ns + ts_us * 1000
+
+
+#: Where py-spy's recorder clock starts relative to its spawn when nothing
+#: better is known (a prototype measured 18-33 ms).
+SPAWN_TO_START_GUESS_NS = 25_000_000
+
+
+def fit_clock(trace: PyTrace, hits_ns: Sequence[int], *, spawn_ns: int | None = None,
+              interval_ns: int = 10_000_000) -> ClockFit:
+    """Fit py-spy's chrometrace clock to CLOCK_MONOTONIC from its uprobe hits.
+
+    ``hits_ns``: sorted CLOCK_MONOTONIC times of ``Chrometrace::increment``
+    calls of this py-spy process (all of them, from its first).  Without hits,
+    falls back to ``spawn_ns`` + 25 ms (``calibrated=False``).
+    """
+    if trace.first_ts_us is None:
+        return ClockFit(start_ns=spawn_ns or 0, calibrated=False)
+    if not hits_ns:
+        guess = (spawn_ns or 0) + SPAWN_TO_START_GUESS_NS
+        return ClockFit(start_ns=guess, calibrated=False)
+    # The first increment always writes events (every stack is new), so the
+    # first hit and the first event are the same call.
+    coarse = hits_ns[0] - trace.first_ts_us * 1000
+    window = max(interval_ns // 4, 200_000)
+    offsets: list[int] = []
+    for ts in trace.change_ts_us:
+        want = coarse + ts * 1000
+        i = bisect.bisect_left(hits_ns, want - window)
+        best: int | None = None
+        while i < len(hits_ns) and hits_ns[i] <= want + window:
+            if best is None or abs(hits_ns[i] - want) < abs(best - want):
+                best = hits_ns[i]
+            i += 1
+        if best is not None:
+            offsets.append(best - ts * 1000)
+    if not offsets:
+        return ClockFit(start_ns=coarse, calibrated=True, matched=0)
+    offsets.sort()
+    # offset = start + r - delay, r uniform in [0, 1 us) from the truncation to
+    # microseconds, delay >= 0 from the uprobe to Instant::now(): the median
+    # minus half a microsecond is robust to the odd preempted call.
+    med = offsets[len(offsets) // 2]
+    return ClockFit(start_ns=med - 500, calibrated=True, matched=len(offsets),
+                    spread_ns=offsets[-1] - offsets[0])
+
+
+def sample_times(hits_ns: Sequence[int], interval_ns: int) -> list[int]:
+    """Start of each py-spy sample: bursts of increment calls (one per thread)."""
+    out: list[int] = []
+    gap = min(interval_ns // 2, 2_000_000)
+    prev: int | None = None
+    for h in hits_ns:
+        if prev is None or h - prev > gap:
+            out.append(h)
+        prev = h
+    return out
+
+
+# ---------------------------------------------------------------------------
+# 3. placement
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A Python stack of one thread from some instant in ``[lo_ns, hi_ns]`` on.
+
+    py-spy last saw the previous stack at ``lo_ns`` and first saw this one at
+    ``hi_ns``; the change happened in between.
+    """
+
+    lo_ns: int
+    hi_ns: int
+    stack: Stack
+
+
+@dataclass
+class AlignedTrace:
+    """One py-spy run on one process, on CLOCK_MONOTONIC."""
+
+    pid: int
+    clock: ClockFit
+    threads: dict[int, list[Segment]]
+    start_ns: int  # first py-spy sample
+    end_ns: int  # py-spy's last sample (or the write, when unknown)
+    interval_ns: int
+
+
+def align_trace(pid: int, trace: PyTrace, clock: ClockFit, samples_ns: Sequence[int],
+                interval_ns: int) -> AlignedTrace:
+    """Put each stack change of ``trace`` in its gap between py-spy samples."""
+    threads: dict[int, list[Segment]] = {}
+    for tid, changes in trace.threads.items():
+        segs: list[Segment] = []
+        for ts, stack in changes:
+            at = clock.to_mono(ts)
+            if samples_ns:
+                # The sample whose increment stamped ``ts`` starts at or just before it.
+                j = bisect.bisect_right(samples_ns, at + 2_000) - 1
+                hi = samples_ns[j] if j >= 0 else at
+                lo = samples_ns[j - 1] if j >= 1 else hi - interval_ns
+            else:
+                hi = at
+                lo = at - interval_ns
+            if lo > hi:
+                lo = hi
+            segs.append(Segment(lo, hi, stack))
+        threads[tid] = segs
+    first = clock.to_mono(trace.first_ts_us or 0)
+    if samples_ns:
+        start = samples_ns[0]
+        end = samples_ns[-1]
+    else:
+        start = first
+        end = clock.to_mono(trace.last_ts_us or 0)
+    return AlignedTrace(pid=pid, clock=clock, threads=threads, start_ns=start, end_ns=end,
+                        interval_ns=interval_ns)
+
+
+def signature(ev: SampleEvent) -> tuple[bool, str]:
+    """What a BPF sample says about the Python code it interrupted."""
+    leaf = ev.user_stack[-1] if ev.user_stack else ""
+    return (bool(ev.kernel_stack), leaf)
+
+
+def _stack_key(stack: Stack) -> str:
+    """The Python function (leaf, line number dropped) a signature model is kept for."""
+    if not stack:
+        return ""
+    leaf = stack[-1]
+    return re.sub(r":\d+\)$", ")", leaf)
+
+
+@dataclass
+class JoinStats:
+    """Counts of one join, by outcome (exported as metrics)."""
+
+    matched: int = 0
+    #: in a change gap and placed by the signature likelihood
+    placed_likelihood: int = 0
+    #: in a change gap and placed by the midpoint
+    placed_midpoint: int = 0
+    #: no py-spy trace covers the sample's time for that process
+    no_trace: int = 0
+    #: a trace covers the time, but py-spy never saw that thread
+    no_thread: int = 0
+
+    def add(self, other: JoinStats) -> None:
+        for k in vars(self):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+    @property
+    def unmatched(self) -> int:
+        return self.no_trace + self.no_thread
+
+
+@dataclass(frozen=True)
+class JoinOptions:
+    """How samples are joined with Python stacks.
+
+    refine: choose each change point by signature likelihood (default True); else midpoint.
+    smoothing: additive smoothing of the signature model (default 0.5).
+    edge_ns: how far outside a trace's first/last sample a stack is still assumed
+        (default: half a py-spy interval, computed per trace when None).
+    """
+
+    refine: bool = True
+    smoothing: float = 0.5
+    edge_ns: int | None = None
+
+
+def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
+         options: JoinOptions | None = None) -> tuple[list[Stack | None], JoinStats]:
+    """The Python stack (root first) of each event, ``None`` where there is none.
+
+    ``traces`` may hold several (possibly overlapping) runs per process; a run
+    in which the sample falls clearly inside one stack is preferred to one in
+    which it falls in a change gap.
+    """
+    opts = options or JoinOptions()
+    stats = JoinStats()
+    by_pid: dict[int, list[AlignedTrace]] = defaultdict(list)
+    for t in traces:
+        by_pid[t.pid].append(t)
+    result: list[Stack | None] = [None] * len(events)
+    # (trace index, tid, segment index) -> event indices in that change gap
+    gaps: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+    trace_ids = {id(t): n for n, t in enumerate(traces)}
+    certain: list[tuple[int, Stack]] = []  # (event index, stack) used to learn signatures
+
+    for n, ev in enumerate(events):
+        best: tuple[int, AlignedTrace, int, bool] | None = None  # (rank, trace, seg, in_gap)
+        covered = False
+        for tr in by_pid.get(ev.tgid, ()):
+            edge = opts.edge_ns if opts.edge_ns is not None else tr.interval_ns // 2
+            if not (tr.start_ns - edge <= ev.ktime_ns <= tr.end_ns + edge):
+                continue
+            covered = True
+            segs = tr.threads.get(ev.tid)
+            if not segs:
+                continue
+            i = bisect.bisect_right([s.lo_ns for s in segs], ev.ktime_ns) - 1
+            if i < 0:
+                # Before py-spy first saw the thread: only its first sample's
+                # half interval is taken as that stack.
+                if ev.ktime_ns >= segs[0].hi_ns - edge:
+                    cand = (1, tr, 0, False)
+                else:
+                    continue
+            elif ev.ktime_ns >= segs[i].hi_ns or i == 0:
+                cand = (0, tr, i, False)
+            else:
+                cand = (2, tr, i, True)
+            if best is None or cand[0] < best[0]:
+                best = cand
+        if best is None:
+            if covered:
+                stats.no_thread += 1
+            else:
+                stats.no_trace += 1
+            continue
+        _, tr, i, in_gap = best
+        stats.matched += 1
+        if in_gap:
+            gaps[(trace_ids[id(tr)], ev.tid, i)].append(n)
+        else:
+            stack = tr.threads[ev.tid][i].stack
+            result[n] = stack
+            certain.append((n, stack))
+
+    # Signature model per Python function, from the samples outside any gap.
+    model: dict[str, Counter[tuple[bool, str]]] = defaultdict(Counter)
+    vocab: set[tuple[bool, str]] = set()
+    for n, stack in certain:
+        sig = signature(events[n])
+        model[_stack_key(stack)][sig] += 1
+        vocab.add(sig)
+    for n_list in gaps.values():
+        for n in n_list:
+            vocab.add(signature(events[n]))
+    totals = {k: sum(c.values()) for k, c in model.items()}
+    alpha = opts.smoothing
+    v = max(len(vocab), 1)
+
+    def logp(key: str, sig: tuple[bool, str]) -> float:
+        c = model.get(key)
+        if c is None:
+            return math.log(1.0 / v)
+        return math.log((c[sig] + alpha) / (totals[key] + alpha * v))
+
+    for (tix, tid, i), idxs in sorted(gaps.items()):
+        tr = traces[tix]
+        segs = tr.threads[tid]
+        old, new = segs[i - 1], segs[i]
+        idxs.sort(key=lambda n: events[n].ktime_ns)
+        mid = (new.lo_ns + new.hi_ns) // 2
+        k_mid = sum(1 for n in idxs if events[n].ktime_ns < mid)  # events before the midpoint
+        k = k_mid
+        ka, kb = _stack_key(old.stack), _stack_key(new.stack)
+        if opts.refine and ka != kb and (ka in model or kb in model):
+            # score(k) = sum_{<k} log P(sig|old) + sum_{>=k} log P(sig|new)
+            sigs = [signature(events[n]) for n in idxs]
+            score = sum(logp(kb, s) for s in sigs)
+            best_score, best_k = score, 0
+            for j, s in enumerate(sigs, start=1):
+                score += logp(ka, s) - logp(kb, s)
+                if score > best_score + 1e-9 or (abs(score - best_score) <= 1e-9
+                                                  and abs(j - k_mid) < abs(best_k - k_mid)):
+                    best_score, best_k = score, j
+            k = best_k
+            stats.placed_likelihood += len(idxs)
+        else:
+            stats.placed_midpoint += len(idxs)
+        for j, n in enumerate(idxs):
+            result[n] = old.stack if j < k else new.stack
+    return result, stats
+
+
+# ---------------------------------------------------------------------------
+# composing the mixed stack
+
+
+def native_below_interpreter(user_stack: Stack) -> Stack:
+    """The native frames a Python frame caused: those below the innermost eval frame.
+
+    Without an eval frame (the usual case when the interpreter has no frame
+    pointers, so BPF only walks the leaf), the whole native stack is kept,
+    minus the ``[unknown]`` frames a broken walk leaves at its root end.
+    """
+    last = -1
+    for i, f in enumerate(user_stack):
+        if EVAL_FRAME.match(f):
+            last = i
+    if last >= 0:
+        return user_stack[last + 1:]
+    i = 0
+    while i < len(user_stack) - 1 and user_stack[i].startswith("[unknown]"):
+        i += 1
+    return user_stack[i:]
+
+
+def mixed_stack(python: Stack | None, ev: SampleEvent) -> Stack:
+    """Root first: Python frames; native frames below the interpreter; kernel frames."""
+    kernel = tuple(f if is_kernel_frame(f) else f + "_[k]" for f in ev.kernel_stack)
+    if python is None:
+        return (NO_PYTHON_FRAME,) + ev.user_stack + kernel
+    return python + native_below_interpreter(ev.user_stack) + kernel
+
+
+def join_events(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
+                options: JoinOptions | None = None) -> tuple[list[Stack], JoinStats]:
+    """:func:`join` then :func:`mixed_stack`: one mixed stack per event."""
+    py, stats = join(events, traces, options)
+    return [mixed_stack(p, ev) for p, ev in zip(py, events)], stats
+
+
+def hits_by_pid(hits: Iterable[tuple[int, int]]) -> Mapping[int, list[int]]:
+    """``[(tgid, ktime_ns)]`` -> sorted times per tgid."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for tgid, t in hits:
+        out[tgid].append(t)
+    for v in out.values():
+        v.sort()
+    return out

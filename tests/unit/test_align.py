@@ -1,0 +1,236 @@
+"""The time-aligned join, on synthetic timelines with a known truth.
+
+A tiny model of py-spy writes chrometrace exactly as py-spy 0.4 does (an event
+only when a thread's stack changes, stamped at the recorder's ``increment`` in
+microseconds since its start), plus the uprobe hits the BPF clock program
+would see, plus BPF samples whose signature depends on the true phase.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from flamed.errors import InputError
+from flamed.python.align import (
+    NO_PYTHON_FRAME,
+    JoinOptions,
+    align_trace,
+    fit_clock,
+    join,
+    join_events,
+    mixed_stack,
+    native_below_interpreter,
+    parse_chrometrace,
+    sample_times,
+)
+from flamed.sampler import SampleEvent
+
+PID = 4242
+TID = 4242
+SYS = ("<module> (app.py:30)", "do_io (app.py:10)")
+CPU = ("<module> (app.py:31)", "crunch (app.py:20)")
+
+
+def frames(stack: tuple[str, ...]) -> list[tuple[str, str, int]]:
+    out = []
+    for f in stack:
+        name, rest = f.split(" (")
+        file, line = rest.rstrip(")").split(":")
+        out.append((name, file, int(line)))
+    return out
+
+
+class FakePySpy:
+    """py-spy's chrometrace recorder, sampling ``truth(t)`` every ``interval`` ns."""
+
+    def __init__(self, start_ns: int, interval_ns: int, lag_ns: int = 3_000) -> None:
+        self.start_ns = start_ns
+        self.interval = interval_ns
+        self.lag = lag_ns
+        self.events: list[dict[str, object]] = []
+        self.hits: list[int] = []
+        self.prev: dict[int, list[tuple[str, str, int]]] = {}
+
+    def run(self, truth, tids: dict[int, int], end_ns: int, jitter: random.Random) -> None:
+        t = self.start_ns + 13_000_000
+        while t < end_ns:
+            for ptid, tid in tids.items():
+                stack = [("thread (%d): T%d" % (tid, tid), "", 0)] + frames(truth(tid, t))
+                hit = t + self.lag + jitter.randrange(0, 20_000)
+                self.hits.append(hit)
+                ts = (hit + jitter.randrange(0, 800) - self.start_ns) // 1000
+                prev = self.prev.get(ptid, [])
+                k = 0
+                while k < min(len(prev), len(stack)) and prev[k] == stack[k]:
+                    k += 1
+                for fr in reversed(prev[k:]):
+                    self.events.append(self.ev("E", ptid, fr, ts))
+                for fr in stack[k:]:
+                    self.events.append(self.ev("B", ptid, fr, ts))
+                self.prev[ptid] = stack
+            t += self.interval
+        ts = (t - self.start_ns) // 1000
+        for ptid, prev in self.prev.items():
+            for fr in prev:
+                self.events.append(self.ev("E", ptid, fr, ts))
+
+    def ev(self, ph: str, ptid: int, fr: tuple[str, str, int], ts: int) -> dict[str, object]:
+        return {"args": {"filename": fr[1], "line": fr[2]}, "cat": "py-spy", "name": fr[0], "ph": ph,
+                "pid": PID, "tid": ptid, "ts": ts}
+
+    def chrometrace(self) -> bytes:
+        return json.dumps(self.events).encode()
+
+
+def phase_truth(phase_ns: int, t0: int):
+    def truth(tid: int, t: int) -> tuple[str, ...]:
+        return SYS if ((t - t0) // phase_ns) % 2 == 0 else CPU
+    return truth
+
+
+def bpf_events(truth, t0: int, t1: int, hz: int, rng: random.Random, tid: int = TID) -> list[SampleEvent]:
+    out = []
+    step = 1_000_000_000 // hz
+    t = t0 + rng.randrange(step)
+    while t < t1:
+        if truth(tid, t) == SYS:
+            # mostly in the kernel, sometimes in libc's wrapper
+            kern = ("entry_SYSCALL_64_after_hwframe_[k]", "do_syscall_64_[k]") if rng.random() < 0.85 else ()
+            user = ("fstatat64",) if kern or rng.random() < 0.5 else ("_PyEval_EvalFrameDefault",)
+        else:
+            kern = ("asm_sysvec_apic_timer_interrupt_[k]",) if rng.random() < 0.03 else ()
+            user = ("_PyEval_EvalFrameDefault",) if rng.random() < 0.8 else ("PyLong_Add",)
+        out.append(SampleEvent(ktime_ns=t, tgid=PID, tid=tid, comm="python3", user_stack=user, kernel_stack=kern))
+        t += step + rng.randrange(-50_000, 50_000)
+    return out
+
+
+def build(phase_ms: int, seed: int, py_hz: int = 100, calibrated: bool = True):
+    rng = random.Random(seed)
+    spawn = 1_000_000_000_000
+    start = spawn + rng.randrange(18_000_000, 33_000_000)
+    interval = 1_000_000_000 // py_hz
+    t0 = start + 5_000_000
+    end = t0 + 3_000_000_000
+    truth = phase_truth(phase_ms * 1_000_000, t0)
+    spy = FakePySpy(start, interval)
+    spy.run(truth, {0x7F001: TID}, end, rng)
+    trace = parse_chrometrace(spy.chrometrace())
+    hits = spy.hits if calibrated else []
+    clock = fit_clock(trace, hits, spawn_ns=spawn, interval_ns=interval)
+    aligned = align_trace(PID, trace, clock, sample_times(hits, interval), interval)
+    events = bpf_events(truth, start + 20_000_000, end - 20_000_000, 199, rng)
+    return spy, trace, clock, aligned, events, truth
+
+
+def accuracy(events, stacks, truth) -> float:
+    ok = sum(1 for ev, st in zip(events, stacks) if st is not None and st == truth(ev.tid, ev.ktime_ns))
+    return ok / len(events)
+
+
+def test_clock_fit_recovers_start_to_microseconds() -> None:
+    for seed in range(5):
+        spy, trace, clock, *_ = build(50, seed)
+        assert clock.calibrated
+        assert clock.matched == len(trace.change_ts_us)
+        # hits are ~3-23 us after the true start-based time; allow that lag
+        assert abs(clock.start_ns - spy.start_ns) < 25_000, (seed, clock.start_ns - spy.start_ns)
+
+
+def test_uncalibrated_clock_falls_back_to_spawn_guess() -> None:
+    spy, trace, clock, *_ = build(50, 1, calibrated=False)
+    assert not clock.calibrated
+    assert abs(clock.start_ns - spy.start_ns) < 10_000_000
+
+
+def test_parse_maps_threads_by_os_tid_and_skips_name_only_changes() -> None:
+    ev = [
+        {"ph": "B", "ts": 10, "tid": 99, "pid": 1, "name": "thread (501)", "args": {"filename": "", "line": 0}},
+        {"ph": "B", "ts": 10, "tid": 99, "pid": 1, "name": "f", "args": {"filename": "/usr/lib/python3.11/json/x.py", "line": 3}},
+        {"ph": "E", "ts": 20, "tid": 99, "pid": 1, "name": "f", "args": {"filename": "/usr/lib/python3.11/json/x.py", "line": 3}},
+        {"ph": "E", "ts": 20, "tid": 99, "pid": 1, "name": "thread (501)", "args": {"filename": "", "line": 0}},
+        {"ph": "B", "ts": 20, "tid": 99, "pid": 1, "name": "thread (501): Main", "args": {"filename": "", "line": 0}},
+        {"ph": "B", "ts": 20, "tid": 99, "pid": 1, "name": "f", "args": {"filename": "/usr/lib/python3.11/json/x.py", "line": 3}},
+        {"ph": "B", "ts": 30, "tid": 7, "pid": 1, "name": "thread (0x7)", "args": {"filename": "", "line": 0}},
+        {"ph": "E", "ts": 40, "tid": 99, "pid": 1, "name": "f", "args": {"filename": "/usr/lib/python3.11/json/x.py", "line": 3}},
+        {"ph": "E", "ts": 40, "tid": 99, "pid": 1, "name": "thread (501): Main", "args": {"filename": "", "line": 0}},
+    ]
+    t = parse_chrometrace(json.dumps(ev))
+    assert t.threads == {501: [(10, ("f (json/x.py:3)",))]}
+    assert t.thread_names == {501: "Main"}
+    assert t.unmapped == 1
+    assert (t.first_ts_us, t.last_ts_us) == (10, 40)
+
+
+@pytest.mark.parametrize("bad", [b"", b"{", b"{}", b'[{"ph": "B"}]', b"\xff\xfe"])
+def test_parse_rejects_garbage_with_input_error(bad: bytes) -> None:
+    with pytest.raises(InputError):
+        parse_chrometrace(bad, source="x.json")
+
+
+@pytest.mark.parametrize("phase_ms,floor", [(200, 0.99), (50, 0.97), (20, 0.90)])
+def test_join_accuracy_on_synthetic_phases(phase_ms: int, floor: float) -> None:
+    accs = []
+    for seed in range(3):
+        _, _, _, aligned, events, truth = build(phase_ms, seed)
+        stacks, stats = join(events, [aligned])
+        assert stats.matched == len(events) and stats.unmatched == 0
+        accs.append(accuracy(events, stacks, truth))
+    assert min(accs) >= floor, accs
+
+
+def test_likelihood_beats_midpoint_at_short_phases() -> None:
+    refined = midpoint = 0.0
+    for seed in range(4):
+        _, _, _, aligned, events, truth = build(20, seed)
+        a, sa = join(events, [aligned], JoinOptions(refine=True))
+        b, sb = join(events, [aligned], JoinOptions(refine=False))
+        assert sa.placed_likelihood > 0 and sb.placed_likelihood == 0
+        refined += accuracy(events, a, truth)
+        midpoint += accuracy(events, b, truth)
+    assert refined > midpoint
+
+
+def test_weights_are_those_of_bpf_samples() -> None:
+    # py-spy at 4x the BPF rate must not change how many samples come out (py-spy #506)
+    _, _, _, aligned, events, _ = build(50, 3, py_hz=200)
+    stacks, stats = join_events(events, [aligned])
+    assert len(stacks) == len(events)
+    assert stats.matched + stats.unmatched == len(events)
+
+
+def test_unmatched_samples_keep_native_frames_under_placeholder() -> None:
+    _, _, _, aligned, events, _ = build(50, 4)
+    late = SampleEvent(ktime_ns=aligned.end_ns + 10**9, tgid=PID, tid=TID, comm="python3",
+                       user_stack=("fstatat64",), kernel_stack=("do_syscall_64_[k]",))
+    other_thread = SampleEvent(ktime_ns=aligned.start_ns + 10**8, tgid=PID, tid=TID + 1, comm="python3",
+                               user_stack=("memcpy",), kernel_stack=())
+    other_pid = SampleEvent(ktime_ns=aligned.start_ns + 10**8, tgid=PID + 1, tid=TID + 1, comm="x",
+                            user_stack=(), kernel_stack=())
+    stacks, stats = join_events([late, other_thread, other_pid], [aligned])
+    assert stacks[0] == (NO_PYTHON_FRAME, "fstatat64", "do_syscall_64_[k]")
+    assert stacks[1] == (NO_PYTHON_FRAME, "memcpy")
+    assert (stats.no_trace, stats.no_thread, stats.matched) == (2, 1, 0)
+
+
+def test_overlapping_runs_prefer_the_one_without_a_gap() -> None:
+    _, _, _, a1, events, truth = build(50, 5)
+    stacks1, _ = join(events, [a1])
+    stacks2, _ = join(events, [a1, a1])
+    assert stacks1 == stacks2
+
+
+def test_mixed_stack_replaces_eval_frames() -> None:
+    ev = SampleEvent(ktime_ns=0, tgid=1, tid=1, comm="python3",
+                     user_stack=("_start", "Py_RunMain", "_PyEval_EvalFrameDefault", "cfunction_call",
+                                 "_PyEval_EvalFrameDefault", "os_stat", "fstatat64"),
+                     kernel_stack=("entry_SYSCALL_64_[k]", "vfs_statx_[k]"))
+    assert mixed_stack(("main (a.py:1)", "f (a.py:2)"), ev) == (
+        "main (a.py:1)", "f (a.py:2)", "os_stat", "fstatat64", "entry_SYSCALL_64_[k]", "vfs_statx_[k]")
+    assert native_below_interpreter(("[unknown]", "[unknown]", "_PyTime_AsSecondsDouble")) == (
+        "_PyTime_AsSecondsDouble",)
+    assert native_below_interpreter(("[unknown]",)) == ("[unknown]",)
+    assert native_below_interpreter(("_PyEval_EvalFrameDefault",)) == ()
