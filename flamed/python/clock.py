@@ -1,0 +1,147 @@
+"""Loads ``bpf/pyspy_clock.bpf.c``: kernel timestamps of py-spy's recorder calls.
+
+One :class:`PySpyClock` serves every py-spy child of a daemon or a ``flamed
+record``: the uprobe is attached to the py-spy binary (not to a pid), so it is
+in place before any child starts and sees each child's very first
+``Chrometrace::increment`` -- the anchor of the clock fit in
+:func:`flamed.python.align.fit_clock`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+import threading
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from flamed.errors import CapabilityError
+
+log = logging.getLogger(__name__)
+
+#: py-spy's recorder; Rust mangling adds a hash that changes per build.
+INCREMENT_SYMBOL = r".*[Cc]hrometrace.*[Rr]ecorder.*increment.*"
+
+BPF_SOURCE = Path(__file__).resolve().parent.parent.parent / "bpf" / "pyspy_clock.bpf.c"
+
+
+class _Hit(ctypes.Structure):
+    _fields_ = [("ktime_ns", ctypes.c_uint64), ("tgid", ctypes.c_uint32), ("tid", ctypes.c_uint32)]
+
+
+def bpf_source() -> str:
+    try:
+        return BPF_SOURCE.read_text()
+    except OSError as e:
+        raise CapabilityError(f"cannot read {BPF_SOURCE}: {e.strerror}; is flamed installed from its source tree?") from None
+
+
+def find_increment_symbol(pyspy: str) -> tuple[str, int]:
+    """(symbol, address) of py-spy's chrometrace ``increment``; CapabilityError if absent."""
+    from bcc import BPF  # noqa: PLC0415 - bcc only where BPF is used
+
+    try:
+        found = BPF.get_user_functions_and_addresses(pyspy, INCREMENT_SYMBOL)
+    except Exception as e:  # bcc raises bare Exception for unreadable ELF files
+        raise CapabilityError(f"cannot read symbols of {pyspy}: {e}") from None
+    if not found:
+        raise CapabilityError(
+            f"{pyspy} has no chrometrace recorder symbol (stripped build?); "
+            "install py-spy from PyPI, whose binary keeps its symbols")
+    name, addr = sorted(found)[0]
+    return (name.decode() if isinstance(name, bytes) else str(name)), int(addr)
+
+
+class PySpyClock:
+    """Collects the uprobe hits of every py-spy process, by tgid.
+
+    ``hits(tgid)`` returns (and keeps) the sorted hit times of one process;
+    ``forget(tgid)`` frees them.  A background thread polls the ring buffer.
+    """
+
+    def __init__(self, pyspy: str) -> None:
+        self.pyspy = os.path.realpath(pyspy)
+        self._bpf: Any = None
+        self._hits: dict[int, list[int]] = defaultdict(list)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        # libbpf's ring buffer must not be consumed from two threads at once.
+        self._poll_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.symbol = ""
+
+    def start(self) -> None:
+        try:
+            from bcc import BPF  # noqa: PLC0415
+        except ImportError:
+            raise CapabilityError("bcc is not importable (Debian python3-bpfcc)") from None
+        name, addr = find_increment_symbol(self.pyspy)
+        self.symbol = name
+        try:
+            self._bpf = BPF(text=bpf_source())
+            self._bpf.attach_uprobe(name=self.pyspy, addr=addr, fn_name=b"on_increment")
+        except Exception as e:
+            self.close()
+            raise CapabilityError(f"cannot load the py-spy clock uprobe: {e}") from None
+        self._bpf[b"pyspy_hits"].open_ring_buffer(self._on_hit)
+        self._thread = threading.Thread(target=self._poll, name="pyspy-clock", daemon=True)
+        self._thread.start()
+        log.info("py-spy clock: uprobe on %s in %s", re.sub(r"17h[0-9a-f]+E$", "", name), self.pyspy)
+
+    def _on_hit(self, ctx: Any, data: Any, size: int) -> None:
+        h = ctypes.cast(data, ctypes.POINTER(_Hit)).contents
+        with self._lock:
+            self._hits[int(h.tgid)].append(int(h.ktime_ns))
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._poll_lock:
+                    self._bpf.ring_buffer_poll(50)
+            except Exception:  # noqa: BLE001 - closing races the poll; nothing to report
+                if self._stop.is_set():
+                    return
+                raise
+
+    def drain(self) -> None:
+        """Consume whatever is in the ring buffer now (before reading hits)."""
+        if self._bpf is not None:
+            with self._poll_lock:
+                self._bpf.ring_buffer_consume()
+
+    def hits(self, tgid: int) -> list[int]:
+        with self._lock:
+            out = list(self._hits.get(tgid, ()))
+        out.sort()
+        return out
+
+    def forget(self, tgid: int) -> None:
+        with self._lock:
+            self._hits.pop(tgid, None)
+
+    def stats(self) -> dict[str, int]:
+        if self._bpf is None:
+            return {"submitted": 0, "dropped": 0}
+        t = self._bpf[b"pyspy_clock_stats"]
+        return {"submitted": int(t[ctypes.c_int(0)].value), "dropped": int(t[ctypes.c_int(1)].value)}
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+        if self._bpf is not None:
+            try:
+                self._bpf.cleanup()
+            finally:
+                self._bpf = None
+
+    def __enter__(self) -> PySpyClock:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,400 @@
+"""Supervisor of py-spy children: one per watched Python process.
+
+Each child is ``py-spy record --pid P --format chrometrace -t [--nonblocking]
+[--idle] [--native] --rate R -o FILE``.  py-spy only writes chrometrace when
+it stops, so a child records one *window*: after ``window_s`` a successor is
+started and the old child gets SIGINT (py-spy's Ctrl-C: it writes its file and
+exits) ``overlap_s`` later, once the successor samples, so no instant goes
+uncovered.  A finished child becomes a :class:`CompletedRun`.
+
+Children never outlive their parent: each gets ``PR_SET_PDEATHSIG=SIGKILL``
+and its own process group, and :meth:`PySpySupervisor.close` stops, waits for
+and, past a deadline, kills them.  Note that Linux delivers the death signal
+when the *thread* that forked exits, so call :meth:`tick` and :meth:`add` from
+one long-lived thread.
+
+Failures are counted by reason (:class:`Failure`) and retried with exponential
+backoff while the target lives; a target that exits ends its supervision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import enum
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flamed.errors import ConfigError, InputError
+from flamed.python.align import PyTrace, parse_chrometrace
+
+log = logging.getLogger(__name__)
+
+#: py-spy above this rate makes samples closer than the clock fit can tell
+#: apart, and costs the target more than the join gains.
+MAX_RATE = 250
+
+
+class Failure(str, enum.Enum):
+    MISSING_BINARY = "missing_binary"
+    PERMISSION = "permission"
+    TARGET_EXITED = "target_exited"
+    TIMEOUT = "timeout"
+    UNSUPPORTED = "unsupported_interpreter"
+    CRASH = "crash"
+    LIMIT = "limit"  # not started: max_children reached
+
+
+@dataclass(frozen=True)
+class PySpyOptions:
+    """How py-spy children run.
+
+    binary: py-spy executable (default: next to this Python's executable, else PATH).
+    rate: samples per second per process (default 100, at most 250).
+    nonblocking: don't pause the target while reading it (default True).
+    idle: include idle threads; keeps every thread in every sample, which the
+        alignment uses to know when each sample happened (default True).
+    native: py-spy's own native frames (forces blocking mode; default False).
+    window_s: length of one py-spy run; its trace arrives when it ends (default 10).
+    overlap_s: successor and predecessor run together this long (default 0.25).
+    max_children: py-spy processes at once, ~180 MB RSS each (default 8).
+    backoff_s / backoff_max_s: first and longest delay before a restart (default 1 / 60).
+    stop_timeout_s: SIGINT to file written, else SIGKILL and a ``timeout`` (default 10).
+    workdir: where trace files go (default: a private temporary directory).
+    """
+
+    binary: str | None = None
+    rate: int = 100
+    nonblocking: bool = True
+    idle: bool = True
+    native: bool = False
+    window_s: float = 10.0
+    overlap_s: float = 0.25
+    max_children: int = 8
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+    stop_timeout_s: float = 10.0
+    workdir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.rate <= MAX_RATE:
+            raise ConfigError(f"py-spy rate must be 1..{MAX_RATE} Hz, got {self.rate}")
+        if self.window_s <= 0 or self.overlap_s < 0 or self.max_children < 1:
+            raise ConfigError("py-spy window_s must be > 0, overlap_s >= 0, max_children >= 1")
+
+    @property
+    def interval_ns(self) -> int:
+        return 1_000_000_000 // self.rate
+
+
+def find_pyspy(binary: str | None = None) -> str | None:
+    """The py-spy to run: ``binary`` if given (path or name on PATH), else the venv's, else PATH."""
+    if binary:
+        if os.sep in binary:
+            return binary if os.access(binary, os.X_OK) else None
+        return shutil.which(binary)
+    sibling = Path(sys.executable).parent / "py-spy"
+    if sibling.exists():
+        return str(sibling)
+    return shutil.which("py-spy")
+
+
+def command(opts: PySpyOptions, binary: str, pid: int, out: str) -> list[str]:
+    cmd = [binary, "record", "--pid", str(pid), "--format", "chrometrace", "--threads",
+           "--rate", str(opts.rate), "--output", out]
+    if opts.nonblocking and not opts.native:
+        cmd.append("--nonblocking")
+    if opts.idle:
+        cmd.append("--idle")
+    if opts.native:
+        cmd.append("--native")
+    return cmd
+
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+
+
+def _child_setup() -> None:
+    # Runs between fork and exec: only async-signal-safe work, resolved before fork.
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    os.setpgid(0, 0)
+
+
+_PERMISSION = re.compile(r"Permission Denied|Operation not permitted|EPERM|ptrace", re.I)
+_GONE = re.compile(r"Check that the process is running|No such process|os error 3\b|process .* (?:not found|exited)", re.I)
+_UNSUPPORTED = re.compile(r"Failed to find python version|Unsupported version|failed to find a python interpreter|"
+                          r"not a python|Unsupported python", re.I)
+
+
+def classify(returncode: int, stderr: str, target_alive: bool, killed_by_us: bool) -> Failure | None:
+    """Why a py-spy child failed (``None``: it did not)."""
+    if killed_by_us:
+        return Failure.TIMEOUT
+    if returncode == 0:
+        return None
+    if returncode < 0:
+        return Failure.CRASH
+    if _PERMISSION.search(stderr):
+        return Failure.PERMISSION
+    if not target_alive or _GONE.search(stderr):
+        return Failure.TARGET_EXITED
+    if _UNSUPPORTED.search(stderr):
+        return Failure.UNSUPPORTED
+    return Failure.CRASH
+
+
+@dataclass
+class CompletedRun:
+    """One finished py-spy window on one process."""
+
+    pid: int
+    pyspy_pid: int
+    spawn_ns: int  # CLOCK_MONOTONIC just before the spawn
+    end_ns: int  # CLOCK_MONOTONIC when the file was collected
+    trace: PyTrace
+    interval_ns: int
+
+
+@dataclass
+class _Child:
+    pid: int
+    proc: subprocess.Popen[bytes]
+    out: str
+    err: str
+    spawn_ns: int
+    stop_at_ns: int | None = None  # when to send SIGINT
+    sigint_ns: int | None = None
+    killed: bool = False
+
+
+@dataclass
+class _Target:
+    pid: int
+    children: list[_Child] = field(default_factory=list)
+    failures: int = 0
+    next_try_ns: int = 0
+    done: bool = False
+
+
+class PySpySupervisor:
+    """Keeps one py-spy per added process running, in overlapping windows.
+
+    ``add``/``remove`` say which processes to record; ``tick()`` (call it every
+    few hundred ms) reaps, rotates and restarts, and returns the runs that
+    finished.  ``close()`` stops everything and returns the last runs.
+    """
+
+    def __init__(self, options: PySpyOptions | None = None, *, proc_root: str = "/proc",
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.options = options or PySpyOptions()
+        self.binary = find_pyspy(self.options.binary)
+        self.proc_root = proc_root
+        self._now = clock
+        self._targets: dict[int, _Target] = {}
+        self._own_dir = self.options.workdir is None
+        self.workdir = self.options.workdir or tempfile.mkdtemp(prefix="flamed-pyspy-")
+        self.failures: Counter[str] = Counter()
+        self.started = 0
+        self.completed_runs = 0
+        self._warned: set[str] = set()
+
+    # -- membership -------------------------------------------------------
+    def add(self, pid: int) -> bool:
+        """Record ``pid`` from now on; False (and a ``limit`` failure) when the bound is reached."""
+        if pid in self._targets:
+            return True
+        if len(self._targets) >= self.options.max_children:
+            self.failures[Failure.LIMIT.value] += 1
+            return False
+        self._targets[pid] = _Target(pid)
+        self._start(self._targets[pid])
+        return True
+
+    def remove(self, pid: int) -> None:
+        """Stop recording ``pid``: its children write their traces and are collected by ``tick``."""
+        t = self._targets.get(pid)
+        if t is None:
+            return
+        t.done = True
+        now = self._now()
+        for c in t.children:
+            if c.stop_at_ns is None or c.stop_at_ns > now:
+                c.stop_at_ns = now
+
+    def pids(self) -> list[int]:
+        return sorted(p for p, t in self._targets.items() if not t.done)
+
+    def running(self) -> int:
+        return sum(1 for t in self._targets.values() for c in t.children if c.proc.poll() is None)
+
+    # -- the loop ---------------------------------------------------------
+    def tick(self) -> list[CompletedRun]:
+        now = self._now()
+        out: list[CompletedRun] = []
+        opts = self.options
+        window = int(opts.window_s * 1e9)
+        for pid in list(self._targets):
+            t = self._targets[pid]
+            for c in list(t.children):
+                rc = c.proc.poll()
+                if rc is not None:
+                    t.children.remove(c)
+                    run = self._finish(t, c, rc)
+                    if run is not None:
+                        out.append(run)
+                    continue
+                if c.stop_at_ns is not None and now >= c.stop_at_ns and c.sigint_ns is None:
+                    self._signal(c, signal.SIGINT)
+                    c.sigint_ns = now
+                elif c.sigint_ns is not None and now - c.sigint_ns > opts.stop_timeout_s * 1e9 and not c.killed:
+                    self._signal(c, signal.SIGKILL)
+                    c.killed = True
+            if t.done:
+                if not t.children:
+                    del self._targets[pid]
+                continue
+            live = [c for c in t.children if c.stop_at_ns is None]
+            if not live:
+                if now >= t.next_try_ns:
+                    self._start(t)
+            elif now - live[-1].spawn_ns >= window:
+                # Rotate: the successor starts now, the predecessor stops after the overlap.
+                live[-1].stop_at_ns = now + int(opts.overlap_s * 1e9)
+                self._start(t)
+        self.completed_runs += len(out)
+        return out
+
+    def close(self, timeout_s: float | None = None) -> list[CompletedRun]:
+        """Stop every child (SIGINT, then SIGKILL past the timeout) and collect the traces."""
+        for pid in list(self._targets):
+            self.remove(pid)
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.options.stop_timeout_s)
+        out: list[CompletedRun] = []
+        while self._targets and time.monotonic() < deadline:
+            out.extend(self.tick())
+            if self._targets:
+                time.sleep(0.02)
+        for t in self._targets.values():
+            for c in t.children:
+                self._signal(c, signal.SIGKILL)
+                c.killed = True
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    c.proc.wait(timeout=2)
+                self.failures[Failure.TIMEOUT.value] += 1
+                self._cleanup(c)
+        self._targets.clear()
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return out
+
+    # -- internals --------------------------------------------------------
+    def _start(self, t: _Target) -> None:
+        if self.binary is None:
+            self._fail(t, Failure.MISSING_BINARY, "py-spy not found (set the py-spy binary or install py-spy); "
+                       "Python processes keep native and kernel stacks only")
+            return
+        seq = self.started
+        out = os.path.join(self.workdir, f"pyspy-{t.pid}-{seq}.json")
+        err = os.path.join(self.workdir, f"pyspy-{t.pid}-{seq}.err")
+        cmd = command(self.options, self.binary, t.pid, out)
+        spawn = self._now()
+        try:
+            with open(err, "wb") as ef:
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=ef,
+                                        preexec_fn=_child_setup, close_fds=True,
+                                        env={**os.environ, "RUST_BACKTRACE": "0"})
+        except FileNotFoundError:
+            self._fail(t, Failure.MISSING_BINARY, f"{self.binary} not found")
+            return
+        except PermissionError:
+            self._fail(t, Failure.PERMISSION, f"{self.binary} is not executable")
+            return
+        self.started += 1
+        t.children.append(_Child(pid=t.pid, proc=proc, out=out, err=err, spawn_ns=spawn))
+
+    def _finish(self, t: _Target, c: _Child, rc: int) -> CompletedRun | None:
+        try:
+            stderr = Path(c.err).read_text(errors="replace")
+        except OSError:
+            stderr = ""
+        trace: PyTrace | None = None
+        if os.path.exists(c.out):
+            try:
+                trace = parse_chrometrace(Path(c.out).read_bytes(), source=c.out)
+            except InputError as e:
+                log.warning("py-spy %d: unreadable trace: %s", c.proc.pid, e)
+        self._cleanup(c)
+        # A child we stopped exits 0 after writing; SIGINT may also end it by the signal.
+        stopped = c.sigint_ns is not None and not c.killed
+        failure = None if (trace is not None and (rc == 0 or stopped)) else classify(
+            rc, stderr, self._alive(t.pid), c.killed)
+        if failure is None and trace is None:
+            failure = Failure.CRASH
+        if failure is not None:
+            if failure is Failure.TARGET_EXITED or not self._alive(t.pid):
+                # The process is gone: nothing to retry, and not a fault of py-spy.
+                self.failures[Failure.TARGET_EXITED.value] += 1
+                t.done = True
+            else:
+                last = stderr.strip().splitlines()[:1]
+                self._fail(t, failure, f"py-spy on pid {t.pid} failed ({failure.value}): "
+                           f"{last[0] if last else f'exit {rc}'}")
+        else:
+            t.failures = 0
+            if not self._alive(t.pid):
+                t.done = True
+        if trace is None or trace.first_ts_us is None:
+            return None
+        return CompletedRun(pid=t.pid, pyspy_pid=c.proc.pid, spawn_ns=c.spawn_ns, end_ns=self._now(),
+                            trace=trace, interval_ns=self.options.interval_ns)
+
+    def _fail(self, t: _Target, reason: Failure, message: str) -> None:
+        self.failures[reason.value] += 1
+        t.failures += 1
+        delay = min(self.options.backoff_s * 2 ** (t.failures - 1), self.options.backoff_max_s)
+        t.next_try_ns = self._now() + int(delay * 1e9)
+        if reason in (Failure.MISSING_BINARY, Failure.PERMISSION):
+            t.next_try_ns = self._now() + int(self.options.backoff_max_s * 1e9)
+        # Log each kind of failure once at warning level, repeats at debug.
+        level = logging.WARNING if reason.value not in self._warned else logging.DEBUG
+        self._warned.add(reason.value)
+        log.log(level, "%s; retry in %.1fs", message, (t.next_try_ns - self._now()) / 1e9)
+
+    def _alive(self, pid: int) -> bool:
+        try:
+            with open(os.path.join(self.proc_root, str(pid), "stat"), "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state not in (b"Z", b"X")
+
+    @staticmethod
+    def _signal(c: _Child, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(c.proc.pid, sig)
+
+    @staticmethod
+    def _cleanup(c: _Child) -> None:
+        for p in (c.out, c.err):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+
+    def metrics(self) -> dict[str, int]:
+        """Flat counters: ``running``, ``started``, ``completed``, ``failed_<reason>``."""
+        m = {"running": self.running(), "started": self.started, "completed": self.completed_runs}
+        for r in Failure:
+            m[f"failed_{r.value}"] = self.failures.get(r.value, 0)
+        return m
