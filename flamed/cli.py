@@ -7,8 +7,8 @@ Only this module prints errors and chooses exit codes.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
-import textwrap
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -33,7 +33,7 @@ def build_parser(stdout: TextIO | None = None, stderr: TextIO | None = None) -> 
     parser.add_argument("--version", action="version", version=f"flamed {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for cls in discover():
-        doc = textwrap.dedent(cls.__doc__ or "").strip()
+        doc = inspect.cleandoc(cls.__doc__ or "")
         summary = doc.splitlines()[0] if doc else cls.name
         p = sub.add_parser(
             cls.name,
