@@ -1,0 +1,55 @@
+"""Command ``flamed svg``: folded stacks to an interactive SVG flame graph."""
+
+from __future__ import annotations
+
+import argparse
+
+from flamed.commands._render import add_render_arguments, read_counts, read_ordered, render_options
+from flamed.commands.base import Command
+from flamed.fileio import open_output
+from flamed.folded import ReadStats
+from flamed.layout import table_from_keyed
+from flamed.outputs.svg import render_chart, render_table
+
+
+class SvgCommand(Command):
+    """Draw folded stacks as an interactive SVG flame graph.
+
+    The SVG is self-contained (no network): hover for details, click a box to
+    zoom, "Reset Zoom" (or Esc) to go back, "Search" (or Ctrl-F) for a regex,
+    whose matched share is shown bottom right.
+
+    examples:
+      flamed svg out.folded -o out.svg
+      flamed svg --palette mixed --title "web-1, 30 s" a.folded b.folded.gz > both.svg
+      flamed svg --inverted --minwidth 0.5% out.folded -o icicle.svg
+      flamed svg --flamechart trace.folded -o chart.svg     # input order = time
+      flamed svg --palette-file colors.map before.folded -o before.svg
+    """
+
+    name = "svg"
+    order = 30
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("inputs", nargs="*", metavar="INPUT", help="folded files (gzip ok); default stdin")
+        parser.add_argument("-o", "--output", help="output file (default stdout), written atomically")
+        parser.add_argument("--strict", action="store_true", help="fail on the first malformed line")
+        add_render_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        options = render_options(args)
+        stats = ReadStats()
+        if options.flamechart:
+            items = read_ordered(args.inputs, strict=args.strict, stats=stats)
+            with open_output(args.output) as out:
+                n = render_chart(items, out, options)
+        else:
+            table = table_from_keyed(read_counts(args.inputs, strict=args.strict, stats=stats))
+            with open_output(args.output) as out:
+                n = render_table(table, out, options)
+        summary = stats.summary()
+        if summary:
+            self.warn(summary)
+        if n == 0:
+            self.warn("no stacks in the input; the graph is empty")
+        return 0

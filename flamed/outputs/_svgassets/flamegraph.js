@@ -1,0 +1,152 @@
+"use strict";
+// Interactivity of a flamed SVG: hover details, click to zoom, reset, regex search.
+// Boxes live in the nested <svg id="fv"> whose user units are weights (samples):
+// zooming only changes its viewBox, so positions stay exact at any depth of zoom.
+// Labels are plain px text outside it, recomputed after every zoom.
+var F = [], fv, labels, details, matched, unzoomBtn, icBtn, root;
+var total = 0, left = 0, dw = 0, fs = 12, fw = 0.59, fh = 16, H = 0;
+var view = null, searchRe = null, ignoreCase = false, NS = "http://www.w3.org/2000/svg";
+
+function num(s) { return parseFloat(s); }
+
+function init() {
+  root = document.documentElement;
+  fv = document.getElementById("fv");
+  labels = document.getElementById("labels");
+  details = document.getElementById("details").firstChild;
+  matched = document.getElementById("matched");
+  unzoomBtn = document.getElementById("unzoom");
+  icBtn = document.getElementById("ignorecase");
+  total = num(fv.getAttribute("data-total"));
+  left = num(fv.getAttribute("x"));
+  dw = num(fv.getAttribute("width"));
+  H = num(fv.getAttribute("height"));
+  fs = num(root.getAttribute("data-fs"));
+  fw = num(root.getAttribute("data-fw"));
+  fh = num(root.getAttribute("data-fh"));
+  var gs = fv.children;
+  for (var i = 0; i < gs.length; i++) {
+    var g = gs[i], t = g.firstElementChild, r = t.nextElementSibling, txt = t.textContent;
+    g.setAttribute("data-i", i);
+    F.push({g: g, r: r, x: num(r.getAttribute("x")), w: num(r.getAttribute("width")),
+            y: num(r.getAttribute("y")), fill: r.getAttribute("fill"), title: txt,
+            name: txt.slice(0, txt.lastIndexOf(" ("))});
+  }
+  fv.addEventListener("click", function (e) { var f = frameOf(e); if (f) zoom(f); });
+  fv.addEventListener("mouseover", function (e) { var f = frameOf(e); if (f) details.nodeValue = "Function: " + f.title; });
+  fv.addEventListener("mouseout", function () { details.nodeValue = " "; });
+  unzoomBtn.addEventListener("click", unzoom);
+  document.getElementById("search").addEventListener("click", searchPrompt);
+  icBtn.addEventListener("click", function () {
+    ignoreCase = !ignoreCase;
+    icBtn.classList.toggle("on", ignoreCase);
+    if (searchRe) search(searchRe.source);
+  });
+  window.addEventListener("keydown", function (e) {
+    if (e.keyCode === 114 || ((e.ctrlKey || e.metaKey) && e.keyCode === 70)) { e.preventDefault(); searchPrompt(); }
+    else if (e.keyCode === 27) { unzoom(); resetSearch(); }
+  });
+  var p = new URLSearchParams(document.location.search);
+  if (p.get("s")) search(p.get("s"));
+  if (p.get("z") !== null && F[+p.get("z")]) zoom(F[+p.get("z")]);
+}
+
+function frameOf(e) {
+  var g = e.target.closest ? e.target.closest("g[data-i]") : null;
+  return g ? F[+g.getAttribute("data-i")] : null;
+}
+
+// Draw the labels of the boxes visible in the current view (same rule as the server:
+// as many characters as fit at fs*fw px each, at least 3, ".." when cut).
+function relabel() {
+  var vx = view ? view.x : 0, vw = view ? view.w : total, scale = dw / vw, cw = fs * fw;
+  var frag = document.createDocumentFragment();
+  for (var i = 0; i < F.length; i++) {
+    var f = F[i], a = Math.max(f.x, vx), b = Math.min(f.x + f.w, vx + vw);
+    if (b <= a) continue;
+    var px = (b - a) * scale, chars = Math.floor(px / cw);
+    if (chars < 3) continue;
+    var s = f.name.length > chars ? f.name.slice(0, chars - 2) + ".." : f.name;
+    var t = document.createElementNS(NS, "text");
+    t.setAttribute("x", (left + (a - vx) * scale + 3).toFixed(1));
+    t.setAttribute("y", f.y + fh - 5);
+    t.textContent = s;
+    frag.appendChild(t);
+  }
+  labels.textContent = "";
+  labels.appendChild(frag);
+}
+
+function zoom(f) {
+  view = {x: f.x, w: f.w};
+  fv.setAttribute("viewBox", f.x + " 0 " + f.w + " " + H);
+  var inverted = root.getAttribute("data-inverted") === "1";
+  for (var i = 0; i < F.length; i++) {
+    var o = F[i];
+    // Ancestors span the zoomed box and sit nearer the root: drawn faded, clipped to the view.
+    var anc = o !== f && o.x <= f.x && o.x + o.w >= f.x + f.w && (inverted ? o.y < f.y : o.y > f.y);
+    o.g.classList.toggle("a", anc);
+  }
+  unzoomBtn.classList.remove("hide");
+  relabel();
+  if (searchRe) search(searchRe.source);
+}
+
+function unzoom() {
+  if (!view) return;
+  view = null;
+  fv.setAttribute("viewBox", "0 0 " + total + " " + H);
+  for (var i = 0; i < F.length; i++) F[i].g.classList.remove("a");
+  unzoomBtn.classList.add("hide");
+  relabel();
+  if (searchRe) search(searchRe.source);
+}
+
+function searchPrompt() {
+  var term = prompt("Search for a frame (regular expression, e.g. ^ext4_ or \\.py:)", searchRe ? searchRe.source : "");
+  if (term === null) return;
+  if (term === "") resetSearch(); else search(term);
+}
+
+function resetSearch() {
+  searchRe = null;
+  for (var i = 0; i < F.length; i++) F[i].r.setAttribute("fill", F[i].fill);
+  matched.classList.add("hide");
+  matched.textContent = " ";
+}
+
+// Color every box whose name matches; the matched share counts each sample once
+// (nested matches overlap their ancestor's interval and are merged away).
+function search(term) {
+  var re;
+  try { re = new RegExp(term, ignoreCase ? "i" : ""); }
+  catch (err) { matched.textContent = "Bad regex: " + err.message; matched.classList.remove("hide"); return; }
+  searchRe = re;
+  var hits = [];
+  for (var i = 0; i < F.length; i++) {
+    var f = F[i];
+    if (re.test(f.name)) { f.r.setAttribute("fill", "#e600e6"); hits.push([f.x, f.x + f.w]); }
+    else f.r.setAttribute("fill", f.fill);
+  }
+  hits.sort(function (p, q) { return p[0] - q[0]; });
+  var merged = [], end = -Infinity;
+  for (var j = 0; j < hits.length; j++) {
+    var h = hits[j];
+    if (h[0] >= end) { merged.push([h[0], h[1]]); end = h[1]; }
+    else if (h[1] > end) { merged[merged.length - 1][1] = h[1]; end = h[1]; }
+  }
+  var vx = view ? view.x : 0, vw = view ? view.w : total, sum = 0, inView = 0;
+  for (var k = 0; k < merged.length; k++) {
+    var a = merged[k][0], b = merged[k][1];
+    sum += b - a;
+    inView += Math.max(0, Math.min(b, vx + vw) - Math.max(a, vx));
+  }
+  var pct = total > 0 ? 100 * sum / total : 0;
+  var text = "Matched: " + pct.toFixed(2) + "%";
+  if (view) text += " (" + (vw > 0 ? 100 * inView / vw : 0).toFixed(2) + "% of view)";
+  matched.textContent = text;
+  matched.setAttribute("data-pct", pct.toFixed(4));
+  matched.classList.remove("hide");
+}
+
+window.addEventListener("load", init);

@@ -1,0 +1,281 @@
+"""Interactive SVG flame graphs, icicle graphs, flame charts and differentials.
+
+The file is self-contained: its stylesheet and script are embedded, nothing is
+fetched.  Without script (an ``<img>``, an image viewer) it still shows the
+boxes, colors and the labels that fit; with script it adds hover details,
+click-to-zoom, reset, and regex search with the matched share.
+
+How it stays small and exact: the boxes sit in a nested ``<svg id="fv">``
+whose user units are weights (``viewBox="0 0 TOTAL H"``), so a box is
+``<rect x=START y=Y width=WEIGHT ...>`` in samples, integers for integer
+profiles, with no rounding to pixels.  Zooming only changes that viewBox.
+Each box carries one ``<title>`` (``name (N samples, P%)``) that the script
+reads the name from; labels are emitted only for boxes wide enough to show
+three characters, and the script recomputes them after a zoom.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Iterable, Sequence
+from importlib import resources
+from typing import BinaryIO
+
+from flamed.errors import UsageError
+from flamed.layout import Box, StackTable, chart_frames, flame_frames, table_from_profile
+from flamed.model import Profile, Sample, Stack, Weight, format_weight
+from flamed.outputs.base import OutputFormat, OutputOptions
+from flamed.palette import MIXED_KINDS, Colorer, diff_color
+
+FONT_SIZE = 12
+#: Average glyph width as a fraction of the font size, used to fit labels.
+FONT_WIDTH = 0.59
+FRAME_HEIGHT = 16
+XPAD = 10
+BG_TOP = "#eeeeee"
+BG_BOTTOM = "#eeeeb0"
+
+# Characters XML 1.0 cannot carry, plus the lone surrogates that
+# surrogateescape decoding leaves for invalid UTF-8 bytes.
+_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+
+
+def _visible(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    if 0xDC80 <= c <= 0xDCFF:
+        return "\\x%02x" % (c - 0xDC00)  # the original invalid byte, shown as \xNN
+    if c < 0x100:
+        return "\\x%02x" % c
+    return "\\u%04x" % c
+
+
+def visible_text(s: str) -> str:
+    """``s`` with characters XML cannot hold (and invalid UTF-8) shown as ``\\xNN``."""
+    return _UNSAFE.sub(_visible, s) if _UNSAFE.search(s) else s
+
+
+def xml_escape(s: str) -> str:
+    """Text and attribute-safe escaping (``& < > "``) after :func:`visible_text`."""
+    s = visible_text(s)
+    if "&" in s:
+        s = s.replace("&", "&amp;")
+    if "<" in s:
+        s = s.replace("<", "&lt;")
+    if ">" in s:
+        s = s.replace(">", "&gt;")
+    if '"' in s:
+        s = s.replace('"', "&quot;")
+    return s
+
+
+def format_count(w: Weight) -> str:
+    """``1,234`` for counts; decimals kept (at most 3) for weighted profiles."""
+    w2 = format_weight(w)
+    if "." not in w2:
+        return f"{int(w2):,}"
+    text = f"{float(w):,.3f}".rstrip("0").rstrip(".")
+    return text
+
+
+@functools.lru_cache(maxsize=None)
+def _asset(name: str) -> str:
+    text = resources.files("flamed.outputs").joinpath("_svgassets", name).read_text("utf-8")
+    if "]]>" in text:  # would end the CDATA section early
+        raise RuntimeError(f"asset {name} contains ']]>'")
+    return text
+
+
+def parse_minwidth(text: str, width: int = 1200) -> float:
+    """``--minwidth`` as pixels: ``0.1`` is px, ``0.5%`` is a share of the drawing width."""
+    t = text.strip()
+    try:
+        if t.endswith("%"):
+            return float(t[:-1]) / 100.0 * (width - 2 * XPAD)
+        v = float(t)
+    except ValueError:
+        raise UsageError(f"--minwidth: expected pixels (0.1) or a percentage (0.5%), got {text!r}") from None
+    if v < 0 or math.isnan(v):
+        raise UsageError("--minwidth must not be negative")
+    return v
+
+
+def _min_weight(total: Weight, options: OutputOptions) -> float:
+    dw = options.width - 2 * XPAD
+    if dw <= 0:
+        raise UsageError(f"--width {options.width} is too small (need more than {2 * XPAD} px)")
+    return float(options.minwidth) * float(total) / dw
+
+
+def _default_title(options: OutputOptions, diff: bool) -> str:
+    if options.title is not None:
+        return options.title
+    if diff:
+        return "Differential Flame Graph"
+    if options.flamechart:
+        return "Flame Chart"
+    if options.inverted:
+        return "Icicle Graph"
+    return "Flame Graph"
+
+
+def render_boxes(
+    boxes: Sequence[Box],
+    out: BinaryIO,
+    options: OutputOptions | None = None,
+    *,
+    diff: bool = False,
+    notes: Sequence[str] = (),
+) -> None:
+    """Write the SVG for laid-out ``boxes`` (root box first, as the layouts return them)."""
+    o = options or OutputOptions()
+    width = o.width
+    dw = width - 2 * XPAD
+    if dw <= 0:
+        raise UsageError(f"--width {width} is too small (need more than {2 * XPAD} px)")
+    total: Weight = boxes[0].width if boxes else 0
+    max_depth = max((b.depth for b in boxes), default=0)
+    subtitle = o.subtitle
+    ypad1 = FONT_SIZE * 3 + (FONT_SIZE * 2 if subtitle else 0)
+    ypad2 = FONT_SIZE * 2 + 10
+    height = (max_depth + 1) * FRAME_HEIGHT + ypad1 + ypad2
+    if not boxes:
+        height = ypad1 + ypad2 + 2 * FRAME_HEIGHT
+    colorer = Colorer(o.palette, hash=o.hash, palette_file=o.palette_file)
+    countname = xml_escape(o.countname)
+    max_delta = 0.0
+    if diff:
+        max_delta = max((abs(float(b.delta or 0)) for b in boxes[1:]), default=0.0)
+    scale = dw / float(total) if total else 0.0
+    char_px = FONT_SIZE * FONT_WIDTH
+    inverted = o.inverted
+
+    parts: list[str] = []
+    w = parts.append
+    w('<?xml version="1.0" standalone="no"?>\n')
+    w(
+        f'<svg version="1.1" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'xmlns="http://www.w3.org/2000/svg" data-fs="{FONT_SIZE}" data-fw="{FONT_WIDTH}" '
+        f'data-fh="{FRAME_HEIGHT}" data-inverted="{1 if inverted else 0}" data-unit="{countname}">\n'
+    )
+    w("<!-- flamed flame graph; drawn boxes are in #fv, in weight units. -->\n")
+    w(
+        f'<defs><linearGradient id="bg" x1="0" x2="0" y1="0" y2="1"><stop stop-color="{BG_TOP}" offset="5%"/>'
+        f'<stop stop-color="{BG_BOTTOM if not diff else BG_TOP}" offset="95%"/></linearGradient></defs>\n'
+    )
+    w('<style type="text/css"><![CDATA[\n' + _asset("flamegraph.css") + "]]></style>\n")
+    w('<script type="text/ecmascript"><![CDATA[\n' + _asset("flamegraph.js") + "]]></script>\n")
+    w(f'<rect x="0" y="0" width="{width}" height="{height}" fill="url(#bg)"/>\n')
+    w(f'<text id="title" x="{width / 2:g}" y="24">{xml_escape(_default_title(o, diff))}</text>\n')
+    if subtitle:
+        w(f'<text id="subtitle" x="{width / 2:g}" y="{24 + FONT_SIZE * 2}">{xml_escape(subtitle)}</text>\n')
+    ybottom = height - ypad2 / 2
+    w(f'<text id="details" x="{XPAD}" y="{ybottom:g}"> </text>\n')
+    w(f'<text id="unzoom" class="hide" x="{XPAD}" y="24">Reset Zoom</text>\n')
+    w(f'<text id="search" x="{width - XPAD - 24}" y="24">Search</text>\n')
+    w(f'<text id="ignorecase" x="{width - XPAD}" y="24">ic</text>\n')
+    w(f'<text id="matched" class="hide" x="{width - XPAD}" y="{ybottom:g}"> </text>\n')
+    if o.palette == "mixed" and not diff:
+        w(_legend(colorer))
+    if not boxes:
+        msg = "No stacks to draw" + (": " + "; ".join(notes) if notes else "")
+        w(f'<text id="empty" x="{width / 2:g}" y="{ypad1 + FRAME_HEIGHT}" text-anchor="middle">{xml_escape(msg)}</text>\n')
+    tot = format_weight(total)
+    w(
+        f'<svg id="fv" x="{XPAD}" y="0" width="{dw}" height="{height}" viewBox="0 0 {tot} {height}" '
+        f'preserveAspectRatio="none" data-total="{tot}">\n'
+    )
+    labels: list[str] = []
+    lab = labels.append
+    esc_cache: dict[str, str] = {}
+    bottom = height - ypad2
+    rh = FRAME_HEIGHT - 1
+    for b in boxes:
+        name = b.name
+        esc = esc_cache.get(name)
+        if esc is None:
+            esc = xml_escape(name)
+            esc_cache[name] = esc
+        y = ypad1 + b.depth * FRAME_HEIGHT if inverted else bottom - (b.depth + 1) * FRAME_HEIGHT
+        bw = b.width
+        pct = 100.0 * float(bw) / float(total)
+        if diff:
+            delta = float(b.delta or 0)
+            fill = diff_color(delta, max_delta if b.depth else max(max_delta, abs(delta)))
+            title = f"{esc} ({format_count(bw)} {countname}, {pct:.2f}%; {100.0 * delta / float(total):+.2f}%)"
+        else:
+            fill = colorer.color(name, b.depth)
+            title = f"{esc} ({format_count(bw)} {countname}, {pct:.2f}%)"
+        w(
+            f'<g><title>{title}</title><rect x="{format_weight(b.start)}" y="{y}" width="{format_weight(bw)}" '
+            f'height="{rh}" fill="{fill}"/></g>\n'
+        )
+        px = float(bw) * scale
+        chars = int(px / char_px)
+        if chars >= 3:
+            label = name if len(name) <= chars else name[: chars - 2] + ".."
+            lab(
+                f'<text x="{XPAD + float(b.start) * scale + 3:.1f}" y="{y + FRAME_HEIGHT - 5}">'
+                f"{esc if label is name else xml_escape(label)}</text>\n"
+            )
+    w("</svg>\n")
+    w('<g id="labels">\n')
+    parts.extend(labels)
+    w("</g>\n</svg>\n")
+    out.write("".join(parts).encode("utf-8"))
+    colorer.save()
+
+
+def _legend(colorer: Colorer) -> str:
+    # A key for the mixed palette: one swatch per kind, in a fixed order.
+    x = XPAD + 100
+    items = []
+    samples = {"kernel": "do_syscall_64_[k]", "native": "malloc", "python": "run (app.py:1)"}
+    for kind in ("kernel", "native", "python"):
+        fill = colorer.color(samples[kind], 5) if colorer.palette == "mixed" else "#888888"
+        items.append(
+            f'<rect x="{x}" y="14" width="10" height="10" fill="{fill}" data-kind="{kind}"/>'
+            f'<text x="{x + 14}" y="24">{kind}</text>'
+        )
+        x += 80
+    assert set(MIXED_KINDS) >= {"kernel", "native", "python"}
+    return '<g id="legend">' + "".join(items) + "</g>\n"
+
+
+def render_table(table: StackTable[str] | StackTable[bytes], out: BinaryIO, options: OutputOptions | None = None) -> int:
+    """Flame (or icicle) graph of a prepared StackTable; returns the number of boxes drawn."""
+    o = options or OutputOptions()
+    boxes = flame_frames(table, _min_weight(table.total, o)) if len(table) else []
+    render_boxes(boxes, out, o, diff=table.dcum is not None)
+    return len(boxes)
+
+
+def render_chart(items: Sequence[tuple[Stack, Weight]], out: BinaryIO, options: OutputOptions | None = None) -> int:
+    """Flame chart: ``items`` in time order, not sorted."""
+    o = options or OutputOptions()
+    total = sum(w for _, w in items if w > 0)
+    boxes = chart_frames(items, _min_weight(total, o)) if total else []
+    render_boxes(boxes, out, o)
+    return len(boxes)
+
+
+def render_profile(profile: Profile, out: BinaryIO, options: OutputOptions | None = None) -> int:
+    o = options or OutputOptions()
+    if o.flamechart:
+        # A Profile keeps the order stacks were first seen in: the closest to time order it has.
+        return render_chart(list(profile.stacks.items()), out, o)
+    return render_table(table_from_profile(profile), out, o)
+
+
+class SvgFormat(OutputFormat):
+    name = "svg"
+    extensions = (".svg",)
+    description = "interactive SVG flame graph (icicle with inverted, flame chart with flamechart)"
+
+    def write(self, profile: Profile, out: BinaryIO, options: OutputOptions | None = None) -> None:
+        render_profile(profile, out, options)
+
+    def write_samples(self, samples: Iterable[Sample], out: BinaryIO, options: OutputOptions | None = None) -> None:
+        """A flame chart of the stream in time order (``flamechart`` is implied)."""
+        render_chart([(s.stack, s.weight) for s in samples], out, options)

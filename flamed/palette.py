@@ -1,0 +1,254 @@
+"""Frame colors: palettes, the stable per-name choice, palette files, differential scale.
+
+Colors never come from a random generator: a frame's color is a function of
+its name (and the palette), so the same file always renders the same bytes
+and the same function has the same color in every graph.  Two ways to turn a
+name into the palette's free parameters:
+
+* default: a checksum of the whole name -- neighbouring functions get
+  unrelated colors, which separates adjacent boxes well;
+* ``hash=True``: a weighted sum over the first characters of the name (after
+  any ``module```/``module::`` prefix), so names that start alike get similar
+  colors (flamegraph.pl's ``--hash`` idea).
+
+A palette file (``--palette-file``) pins colors across graphs: names found
+in it keep their color, new names get their computed color and are appended
+when the file is saved.  Its lines are ``NAME->rgb(R,G,B)`` (the format of
+flamegraph.pl's ``palette.map``, so the two can share one).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from collections.abc import Callable
+
+from flamed.errors import InputError, UsageError
+from flamed.fileio import atomic_write
+from flamed.model import encode_frame, frame_kind, parse_task_frame
+
+RGB = tuple[int, int, int]
+
+#: Fill of boxes matched by a search (the script uses the same value).
+SEARCH_COLOR = "#e600e6"
+
+_RGB_LINE = re.compile(r"^rgb\((\d{1,3}),\s*(\d{1,3}),\s*(\d{1,3})\)$")
+_HEX = re.compile(r"^#([0-9a-fA-F]{6})$")
+
+
+def _scalars_checksum(name: str) -> tuple[float, float, float]:
+    h = zlib.crc32(encode_frame(name))
+    # Spread the 32 bits over three independent 10-bit parameters.
+    return ((h & 0x3FF) / 1023.0, ((h >> 10) & 0x3FF) / 1023.0, ((h >> 20) & 0x3FF) / 1023.0)
+
+
+def _similar(name: str) -> float:
+    # Weighted first characters: 'read_a' and 'read_b' land close together.
+    value = 0.0
+    weight = 1.0
+    scale = 1.0
+    modulus = 10
+    for ch in name[:8]:
+        i = ord(ch) % modulus
+        value += (i / (modulus - 1)) * weight
+        scale += weight
+        weight *= 0.7
+        modulus += 1
+    return value / scale if scale else 0.0
+
+
+def _strip_module(name: str) -> str:
+    for sep in ("`", "::"):
+        pos = name.rfind(sep)
+        if pos >= 0:
+            return name[pos + len(sep):] or name
+    return name
+
+
+def _scalars_similar(name: str) -> tuple[float, float, float]:
+    base = _strip_module(name)
+    v1 = _similar(base)
+    v2 = _similar(base[::-1])
+    return v1, v2, v2
+
+
+def _clamp(v: float) -> int:
+    return max(0, min(255, int(v)))
+
+
+def _hot(v1: float, v2: float, v3: float) -> RGB:
+    return _clamp(205 + 50 * v3), _clamp(230 * v1), _clamp(55 * v2)
+
+
+def _mem(v1: float, v2: float, v3: float) -> RGB:
+    return 0, _clamp(190 + 50 * v2), _clamp(210 * v1)
+
+
+def _io(v1: float, v2: float, v3: float) -> RGB:
+    return _clamp(80 + 60 * v1), _clamp(80 + 60 * v1), _clamp(190 + 55 * v2)
+
+
+def _red(v1: float, v2: float, v3: float) -> RGB:
+    return _clamp(200 + 55 * v1), _clamp(50 + 80 * v1), _clamp(50 + 80 * v1)
+
+
+def _green(v1: float, v2: float, v3: float) -> RGB:
+    return _clamp(50 + 60 * v1), _clamp(200 + 55 * v1), _clamp(50 + 60 * v1)
+
+
+def _blue(v1: float, v2: float, v3: float) -> RGB:
+    return _clamp(80 + 60 * v1), _clamp(80 + 60 * v1), _clamp(205 + 50 * v1)
+
+
+def _aqua(v1: float, v2: float, v3: float) -> RGB:
+    return _clamp(50 + 60 * v1), _clamp(165 + 55 * v1), _clamp(165 + 55 * v1)
+
+
+def _yellow(v1: float, v2: float, v3: float) -> RGB:
+    return _clamp(175 + 55 * v1), _clamp(175 + 55 * v1), _clamp(50 + 20 * v1)
+
+
+def _purple(v1: float, v2: float, v3: float) -> RGB:
+    return _clamp(190 + 65 * v1), _clamp(80 + 60 * v1), _clamp(190 + 65 * v1)
+
+
+def _orange(v1: float, v2: float, v3: float) -> RGB:
+    return _clamp(190 + 65 * v1), _clamp(90 + 65 * v1), 0
+
+
+def _grey(v1: float, v2: float, v3: float) -> RGB:
+    g = _clamp(170 + 40 * v1)
+    return g, g, _clamp(g + 10)
+
+
+_SCHEMES: dict[str, Callable[[float, float, float], RGB]] = {
+    "hot": _hot,
+    "mem": _mem,
+    "io": _io,
+    "red": _red,
+    "green": _green,
+    "blue": _blue,
+    "aqua": _aqua,
+    "yellow": _yellow,
+    "purple": _purple,
+    "orange": _orange,
+    "grey": _grey,
+}
+
+#: Kinds of frame told apart by the "mixed" palette, and the scheme of each.
+MIXED_KINDS: dict[str, str] = {"kernel": "orange", "native": "red", "python": "green", "other": "grey"}
+
+PALETTES: tuple[str, ...] = tuple(sorted([*_SCHEMES, "mixed"]))
+
+_SPECIAL = re.compile(r"^\[.*\]$")
+
+
+def mixed_kind(name: str, depth: int | None = None) -> str:
+    """Kind of a frame for the mixed palette: kernel, python, native, or other.
+
+    ``other`` is the root, task frames (``comm-PID/TID`` at depth 1) and
+    placeholders such as ``[unknown]``: they are not code and are drawn grey.
+    """
+    if depth == 0 or _SPECIAL.match(name):
+        return "other"
+    if depth == 1 and parse_task_frame(name).pid is not None:
+        return "other"
+    return frame_kind(name)
+
+
+def hex_color(rgb: RGB) -> str:
+    return "#%02x%02x%02x" % rgb
+
+
+class Colorer:
+    """Chooses and remembers the fill of every frame name."""
+
+    def __init__(self, palette: str = "hot", *, hash: bool = False, palette_file: str | None = None) -> None:
+        if palette not in PALETTES:
+            raise UsageError(f"unknown palette {palette!r}; known palettes: {', '.join(PALETTES)}")
+        self.palette = palette
+        self.hash = hash
+        self.palette_file = palette_file
+        self.pinned: dict[str, str] = {}
+        self.new: dict[str, str] = {}
+        self._cache: dict[tuple[str, int], str] = {}
+        if palette_file is not None and os.path.exists(palette_file):
+            self.pinned = read_palette_file(palette_file)
+
+    def color(self, name: str, depth: int | None = None) -> str:
+        key = (name, 0 if depth is None else min(depth, 2))
+        c = self._cache.get(key)
+        if c is not None:
+            return c
+        c = self.pinned.get(name)
+        if c is None:
+            c = self._compute(name, depth)
+            if self.palette_file is not None and name not in self.new:
+                self.new[name] = c
+        self._cache[key] = c
+        return c
+
+    def _compute(self, name: str, depth: int | None) -> str:
+        v = _scalars_similar(name) if self.hash else _scalars_checksum(name)
+        if self.palette == "mixed":
+            scheme = _SCHEMES[MIXED_KINDS[mixed_kind(name, depth)]]
+        elif depth == 0:
+            scheme = _grey
+        else:
+            scheme = _SCHEMES[self.palette]
+        return hex_color(scheme(*v))
+
+    def save(self) -> None:
+        """Write the palette file back with the names first seen in this run."""
+        if self.palette_file is None or not self.new:
+            return
+        merged = dict(self.pinned)
+        for k, v in self.new.items():
+            merged.setdefault(k, v)
+        write_palette_file(self.palette_file, merged)
+
+
+def read_palette_file(path: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise InputError(f"cannot read palette file: {e.strerror or e}", source=path) from None
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        text = raw.decode("utf-8", "surrogateescape").rstrip("\r")
+        if not text.strip():
+            continue
+        name, sep, color = text.rpartition("->")
+        m = _RGB_LINE.match(color.strip()) if sep else None
+        if m is not None:
+            out[name] = hex_color((_clamp(int(m.group(1))), _clamp(int(m.group(2))), _clamp(int(m.group(3)))))
+            continue
+        h = _HEX.match(color.strip()) if sep else None
+        if h is not None:
+            out[name] = "#" + h.group(1).lower()
+            continue
+        raise InputError("expected 'NAME->rgb(R,G,B)'", source=path, line=lineno)
+    return out
+
+
+def write_palette_file(path: str, colors: dict[str, str]) -> None:
+    lines = []
+    for name in sorted(colors):
+        c = colors[name]
+        r, g, b = int(c[1:3], 16), int(c[3:5], 16), int(c[5:7], 16)
+        lines.append(encode_frame(name) + b"->rgb(%d,%d,%d)\n" % (r, g, b))
+    with atomic_write(path) as f:
+        f.write(b"".join(lines))
+
+
+def diff_color(delta: float, max_delta: float) -> str:
+    """Differential fill: red for growth, blue for shrinkage, paler when the change is small."""
+    if max_delta <= 0 or delta == 0:
+        return "#ffffff"
+    frac = min(1.0, abs(delta) / max_delta)
+    pale = int(210 * (1.0 - frac))
+    if delta > 0:
+        return hex_color((255, pale, pale))
+    return hex_color((pale, pale, 255))
