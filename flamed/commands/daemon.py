@@ -1,0 +1,95 @@
+"""The `flamed daemon` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from flamed.commands.base import Command
+from flamed.errors import FlamedError
+
+
+class DaemonCommand(Command):
+    """Run the profiling daemon in the foreground (as systemd runs it).
+
+    Samples every CPU with the BPF program, writes a folded file per rotation
+    period under the state directory, serves Prometheus metrics and answers
+    `flamed snapshot`/`status`/`flush` on the control socket.  SIGHUP reloads the
+    config file, SIGTERM/SIGINT write the last window and exit.
+
+    Examples:
+      flamed daemon                                   # /etc/flamed/flamed.toml
+      flamed daemon --config packaging/flamed.dev.toml
+      flamed daemon --state-dir /tmp/prof --socket /tmp/flamed.sock --frequency 99
+      flamed daemon --print-bpf                        # the BPF program it would load
+    """
+
+    name = "daemon"
+    order = 80
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--config", metavar="FILE",
+                            help="TOML config file (default /etc/flamed/flamed.toml, optional)")
+        parser.add_argument("--state-dir", metavar="DIR", help="directory of the profile files (output.state_dir)")
+        parser.add_argument("--socket", metavar="PATH", help="control socket path (control.socket)")
+        parser.add_argument("--metrics-address", metavar="HOST:PORT",
+                            help="Prometheus endpoint, '' to disable (metrics.address)")
+        parser.add_argument("--frequency", metavar="HZ", type=int, help="samples per second per CPU (sampling.frequency)")
+        parser.add_argument("--drain-interval", metavar="S", type=float,
+                            help="seconds between drains (sampling.drain_interval)")
+        parser.add_argument("--rotate-interval", metavar="S", type=float,
+                            help="seconds per file (output.rotate_interval)")
+        parser.add_argument("--sampler", choices=("bpf", "fake"), help="sampling.sampler (fake: synthetic stacks)")
+        parser.add_argument("--print-bpf", action="store_true", help="print the BPF program that would load, and exit")
+        parser.add_argument("--check-config", action="store_true", help="validate the config and exit")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from flamed.daemon.config import load_config
+        from flamed.daemon.logs import setup_logging
+
+        overrides: dict[str, Any] = {
+            "output.state_dir": args.state_dir,
+            "control.socket": args.socket,
+            "metrics.address": args.metrics_address,
+            "sampling.frequency": args.frequency,
+            "sampling.drain_interval": args.drain_interval,
+            "output.rotate_interval": args.rotate_interval,
+            "sampling.sampler": args.sampler,
+        }
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        cfg = load_config(args.config, overrides=overrides)
+        if args.check_config:
+            print(f"{cfg.source or 'defaults'}: ok", file=self.stdout)
+            return 0
+        if args.print_bpf:
+            from flamed.daemon.samplers import bpf_program_text
+
+            self.stdout.write(bpf_program_text(cfg.sampling))
+            return 0
+        setup_logging(cfg.log.level, cfg.log.target)
+        from flamed.daemon.core import Daemon
+        from flamed.daemon.notify import Notifier
+
+        listen_fd = _activation_fd()
+        daemon = Daemon(cfg, config_path=args.config, overrides=overrides, listen_fd=listen_fd,
+                        manage_logging=True)
+        daemon.install_signals()
+        try:
+            return daemon.run()
+        except Exception as e:
+            # Tell systemd why we did not come up; the CLI prints FlamedErrors.
+            Notifier().notify(f"STATUS=failed: {e}")
+            if not isinstance(e, FlamedError):
+                logging.getLogger("flamed.daemon").exception("daemon failed")
+            raise
+
+
+def _activation_fd() -> int | None:
+    """The listening socket systemd passed (flamed.socket), if any."""
+    try:
+        from systemd.daemon import listen_fds
+    except ImportError:
+        return None
+    fds = listen_fds()  # checks LISTEN_PID and unsets the variables
+    return fds[0] if fds else None

@@ -1,0 +1,100 @@
+"""The `flamed snapshot` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from flamed.commands.base import Command
+from flamed.daemon.client import DEFAULT_SOCKET, request
+from flamed.errors import UsageError
+from flamed.fileio import open_output
+
+
+class SnapshotCommand(Command):
+    """Get a profile of the last (or next) N seconds from the running daemon.
+
+    Talks to the daemon's control socket; filters run in the daemon, the output
+    format is any registered one (folded, svg, ...).
+
+    Examples:
+      flamed snapshot --seconds 30 --pid 1234 --format svg -o now.svg
+      flamed snapshot --next 10 --comm '^python' > next10.folded
+      flamed snapshot --frame 'ext4_' --frames kernel --format folded
+      flamed snapshot --flush             # close the current file now
+    """
+
+    name = "snapshot"
+    order = 81
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--socket", metavar="PATH", default=DEFAULT_SOCKET, help=f"control socket (default {DEFAULT_SOCKET})")
+        when = parser.add_mutually_exclusive_group()
+        when.add_argument("--seconds", metavar="N", type=float, help="the last N seconds, from memory (default 60)")
+        when.add_argument("--next", metavar="N", type=float, help="the next N seconds (waits)")
+        parser.add_argument("--pid", metavar="PID", type=int, action="append", help="only this process (repeatable)")
+        parser.add_argument("--tid", metavar="TID", type=int, action="append", help="only this thread (repeatable)")
+        parser.add_argument("--comm", metavar="REGEX", help="only tasks whose comm matches")
+        parser.add_argument("--frame", metavar="REGEX", help="only stacks with a frame matching")
+        parser.add_argument("--exclude-frame", metavar="REGEX", help="drop stacks with a frame matching")
+        parser.add_argument("--frames", choices=("all", "kernel", "user"), default="all",
+                            help="keep only kernel or only user frames (default all)")
+        parser.add_argument("--root", choices=("comm", "pid", "tid", "none"),
+                            help="root frame naming the task (default: the daemon's output.root_frame)")
+        parser.add_argument("--format", "-f", metavar="F", help="output format (default: by -o extension, else folded)")
+        parser.add_argument("--title", metavar="TEXT", help="title for graphical formats")
+        parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (atomically)")
+        parser.add_argument("--flush", action="store_true", help="ask the daemon to close the current file now")
+        parser.add_argument("--timeout", metavar="S", type=float, default=30.0, help="socket timeout (default 30)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        if args.flush:
+            head = request(args.socket, {"request": "flush"}, timeout=args.timeout)
+            print(head.get("file") or "nothing to write yet", file=self.stdout)
+            return 0
+        from flamed import outputs
+
+        fmt = args.format
+        if fmt is None and args.output and args.output != "-":
+            fmt = outputs.choose(None, args.output).name
+        req: dict[str, Any] = {"request": "snapshot", "format": fmt or "folded", "frames": args.frames}
+        for key in ("seconds", "next", "comm", "frame", "title", "root"):
+            v = getattr(args, key)
+            if v is not None:
+                req[key] = v
+        if args.exclude_frame is not None:
+            req["exclude_frame"] = args.exclude_frame
+        if args.pid:
+            req["pid"] = args.pid
+        if args.tid:
+            req["tid"] = args.tid
+        if (args.seconds is not None and args.seconds <= 0) or (args.next is not None and args.next <= 0):
+            raise UsageError("--seconds/--next must be > 0")
+        with open_output(args.output) as out:
+            head = request(args.socket, req, out, timeout=args.timeout)
+        if head.get("stacks") == 0:
+            self.warn("no samples matched (check the filters, or wait for the first drain)")
+        return 0
+
+
+class FlushCommand(Command):
+    """Ask the running daemon to close its current profile file now.
+
+    Prints the path of the file written.
+
+    Examples:
+      flamed flush
+      flamed flush --socket ./var/flamed.sock
+    """
+
+    name = "flush"
+    order = 83
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--socket", metavar="PATH", default=DEFAULT_SOCKET, help=f"control socket (default {DEFAULT_SOCKET})")
+
+    def run(self, args: argparse.Namespace) -> int:
+        head = request(args.socket, {"request": "flush"})
+        print(head.get("file") or "nothing to write yet", file=self.stdout)
+        return 0

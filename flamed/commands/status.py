@@ -1,0 +1,59 @@
+"""The `flamed status` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from flamed.commands.base import Command
+from flamed.daemon.client import DEFAULT_SOCKET, request
+
+
+class StatusCommand(Command):
+    """Show the running daemon's state: sampling, files, losses, backlog.
+
+    Examples:
+      flamed status
+      flamed status --json
+      flamed status --socket ./var/flamed.sock
+    """
+
+    name = "status"
+    order = 82
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--socket", metavar="PATH", default=DEFAULT_SOCKET, help=f"control socket (default {DEFAULT_SOCKET})")
+        parser.add_argument("--json", action="store_true", help="print the raw status as JSON")
+
+    def run(self, args: argparse.Namespace) -> int:
+        head = request(args.socket, {"request": "status"}, timeout=10)
+        st: dict[str, Any] = head["status"]
+        if args.json:
+            print(json.dumps(st, indent=2, sort_keys=True), file=self.stdout)
+            return 0
+        up = (time.time_ns() - int(st.get("started_ns") or 0)) / 1e9
+        lost = st.get("lost") or {}
+        files = st.get("files") or {}
+        rows = [
+            ("daemon", f"flamed {st.get('version')} pid {st.get('pid')}, up {up:.0f} s, config {st.get('config') or 'defaults'}"),
+            ("sampling", f"{st.get('sampler')} at {st.get('frequency')} Hz, drain every {st.get('drain_interval')} s "
+                         f"(last took {st.get('last_drain_seconds')} s)"),
+            ("samples", f"{st.get('samples')} in {st.get('windows')} windows"),
+            ("lost", ", ".join(f"{k}={v}" for k, v in sorted(lost.items()) if v) or "none"),
+            ("files", f"{files.get('count')} files, {files.get('bytes')} bytes in {st.get('state_dir')}, "
+                      f"new file every {st.get('rotate_interval')} s"),
+            ("latest", str(files.get("latest") or "-")),
+            ("backlog", f"{st['backlog']['files']} files, {st['backlog']['bytes']} bytes in memory"
+                        + (f" -- write error: {st['write_error']}" if st.get("write_error") else "")),
+            ("snapshots", f"{st['ring']['windows']} windows ({st['ring']['stacks']} stacks) in memory, "
+                          f"socket {st.get('socket')}"),
+            ("metrics", f"http://{st['metrics']}/metrics" if st.get("metrics") else "off"),
+        ]
+        for name, p in sorted((st.get("processors") or {}).items()):
+            rows.append((f"processor {name}", json.dumps(p, sort_keys=True)))
+        width = max(len(r[0]) for r in rows)
+        for k, v in rows:
+            print(f"{k:<{width}}  {v}", file=self.stdout)
+        return 0

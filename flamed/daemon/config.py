@@ -1,0 +1,387 @@
+"""The daemon's configuration: one frozen dataclass per TOML table.
+
+Every field's default is written next to it and is what runs when the key is
+absent.  :func:`load_config` reads ``/etc/flamed/flamed.toml`` (or the file
+given), checks every key -- unknown keys, wrong types and out-of-range values
+raise :class:`~flamed.errors.ConfigError` naming the key -- and applies
+command-line overrides last.  ``packaging/flamed.toml`` documents each key.
+
+Tables of processors (``[processors.NAME]``) are validated against the
+options dataclass each processor declares (see
+:mod:`flamed.daemon.processors`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, get_args, get_origin, get_type_hints
+
+from flamed.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = "/etc/flamed/flamed.toml"
+
+ROOT_FRAMES = ("comm", "pid", "tid", "none")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_TARGETS = ("auto", "journal", "stderr")
+SAMPLERS = ("bpf", "fake")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """``[sampling]``: what the BPF program samples."""
+
+    #: Samples per second on every CPU (1..999). 19 Hz avoids lockstep with timers.
+    frequency: int = 19
+    #: ``bpf`` (the real sampler) or ``fake`` (synthetic stacks, for tests and demos).
+    sampler: str = "bpf"
+    #: Seconds between drains of the BPF maps; one window per drain.
+    drain_interval: float = 10.0
+    #: Count samples of the idle task (pid 0) too.
+    include_idle: bool = False
+    #: Only these process ids (tgid) are sampled; empty = all.
+    pids: tuple[int, ...] = ()
+    #: Only tasks whose comm is one of these (exact, up to 15 bytes); empty = all.
+    comms: tuple[str, ...] = ()
+    #: Capacity of the stack-trace map (unique stacks between two drains).
+    stack_map_size: int = 16384
+    #: Capacity of each generation of the counts map (unique keys between two drains).
+    counts_map_size: int = 40960
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """``[output]``: the rotating folded files."""
+
+    #: Directory of the profile files, created if missing.
+    state_dir: str = "/var/lib/flamed/profiles"
+    #: Seconds covered by one file; files start at multiples of this (UTC).
+    rotate_interval: float = 60.0
+    #: Write ``.folded.gz`` instead of ``.folded``.
+    compress: bool = False
+    #: Root frame naming the task: ``comm``, ``pid`` (comm-PID), ``tid`` (comm-PID/TID) or ``none``.
+    root_frame: str = "pid"
+    #: Host name in file names and sidecars; empty = the machine's host name.
+    host: str = ""
+    #: fsync files and the directory before they count as written.
+    fsync: bool = True
+    #: Bytes of unwritten files kept in memory while the disk refuses writes (ENOSPC...).
+    backlog_max_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """``[retention]``: the oldest files go first when any limit is exceeded (0 = no limit)."""
+
+    #: Keep at most this many profile files (7 days of 60 s files).
+    max_files: int = 10080
+    #: Keep at most this many bytes of profile files and sidecars.
+    max_bytes: int = 1024 * 1024 * 1024
+    #: Delete files whose window ended more than this many seconds ago (7 days).
+    max_age: float = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    """``[snapshot]``: the in-memory ring of recent windows that snapshots read."""
+
+    #: Seconds of history kept in memory.
+    ring_seconds: float = 600.0
+    #: At most this many (task, stack) entries over all windows in the ring.
+    ring_max_stacks: int = 2_000_000
+    #: Longest ``next`` snapshot a client may ask for, in seconds.
+    max_next_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``[metrics]``: the Prometheus endpoint."""
+
+    #: HOST:PORT of the /metrics HTTP server; empty string disables it.
+    address: str = "127.0.0.1:9752"
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """``[control]``: the Unix control socket (snapshots, status, flush)."""
+
+    #: Path of the socket (ignored under systemd socket activation).
+    socket: str = "/run/flamed/flamed.sock"
+    #: Permission bits of the socket file.
+    socket_mode: int = 0o660
+    #: Group owning the socket file, if that group exists.
+    socket_group: str = "flamed"
+    #: Users (names or uids) allowed besides root.
+    allowed_users: tuple[str, ...] = ()
+    #: Groups (names or gids) whose members (primary or supplementary) are allowed.
+    allowed_groups: tuple[str, ...] = ("flamed",)
+    #: Clients served at once; more get a "busy" error.
+    max_clients: int = 16
+    #: Seconds a client has to send its request line, and per send of the response.
+    client_timeout: float = 5.0
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """``[log]``."""
+
+    #: ``debug``, ``info``, ``warning`` or ``error``.
+    level: str = "info"
+    #: ``auto`` (journald under systemd, else stderr), ``journal`` or ``stderr``.
+    target: str = "auto"
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """The whole configuration; ``source`` is the file it came from (or ``None``)."""
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    #: ``[processors.NAME]`` tables, validated by each processor's options class.
+    processors: Mapping[str, Any] = field(default_factory=dict)
+    source: str | None = None
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> DaemonConfig:
+        """Apply ``{"section.key": value}`` overrides (CLI flags), validated like the file."""
+        raw: dict[str, dict[str, Any]] = {}
+        for dotted, value in overrides.items():
+            if value is None:
+                continue
+            section, _, key = dotted.partition(".")
+            raw.setdefault(section, {})[key] = value
+        cfg = self
+        for section, values in raw.items():
+            current = getattr(cfg, section)
+            merged = {f.name: getattr(current, f.name) for f in dataclasses.fields(current)}
+            merged.update(values)
+            cfg = dataclasses.replace(cfg, **{section: build_options(type(current), merged, section)})
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        """Checks across keys (each key's own range is checked when it is read)."""
+        if self.output.rotate_interval < self.sampling.drain_interval:
+            raise ConfigError(
+                f"output.rotate_interval ({self.output.rotate_interval:g} s) must be at least "
+                f"sampling.drain_interval ({self.sampling.drain_interval:g} s)"
+            )
+        if self.snapshot.ring_seconds < self.sampling.drain_interval:
+            raise ConfigError(
+                f"snapshot.ring_seconds ({self.snapshot.ring_seconds:g} s) must be at least "
+                f"sampling.drain_interval ({self.sampling.drain_interval:g} s)"
+            )
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "sampling": SamplingConfig,
+    "output": OutputConfig,
+    "retention": RetentionConfig,
+    "snapshot": SnapshotConfig,
+    "metrics": MetricsConfig,
+    "control": ControlConfig,
+    "log": LogConfig,
+}
+
+# Ranges and choices per dotted key; everything else only has its type checked.
+_RANGES: dict[str, tuple[float, float]] = {
+    "sampling.frequency": (1, 999),
+    "sampling.drain_interval": (0.05, 3600),
+    "sampling.stack_map_size": (64, 1 << 24),
+    "sampling.counts_map_size": (64, 1 << 24),
+    "output.rotate_interval": (0.05, 86400),
+    "output.backlog_max_bytes": (0, 1 << 40),
+    "retention.max_files": (0, 1 << 31),
+    "retention.max_bytes": (0, 1 << 50),
+    "retention.max_age": (0, 100 * 365 * 86400),
+    "snapshot.ring_seconds": (0.05, 7 * 86400),
+    "snapshot.ring_max_stacks": (1000, 1 << 32),
+    "snapshot.max_next_seconds": (0.05, 86400),
+    "control.socket_mode": (0, 0o777),
+    "control.max_clients": (1, 1024),
+    "control.client_timeout": (0.01, 3600),
+}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "sampling.sampler": SAMPLERS,
+    "output.root_frame": ROOT_FRAMES,
+    "log.level": LOG_LEVELS,
+    "log.target": LOG_TARGETS,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.I)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.I)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_BYTE_KEYS = {"output.backlog_max_bytes", "retention.max_bytes"}
+_SECOND_KEYS = {
+    "sampling.drain_interval",
+    "output.rotate_interval",
+    "retention.max_age",
+    "snapshot.ring_seconds",
+    "snapshot.max_next_seconds",
+    "control.client_timeout",
+}
+
+
+def _convert(key: str, value: Any, hint: Any) -> Any:
+    """Check ``value`` against the type ``hint`` of ``key``; returns the converted value."""
+    origin = get_origin(hint)
+    if origin is tuple:
+        (elem, _ellipsis) = get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {_describe(value)}")
+        out = []
+        for i, v in enumerate(value):
+            if elem is str and isinstance(v, int) and not isinstance(v, bool):
+                v = str(v)  # uids/gids may be written as numbers
+            out.append(_convert(f"{key}[{i}]", v, elem))
+        return tuple(out)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {_describe(value)}")
+        return value
+    if hint is int:
+        if isinstance(value, str) and key in _BYTE_KEYS:
+            m = _SIZE.match(value)
+            if m is None:
+                raise ConfigError(f"{key}: expected a size such as 1048576, \"512M\" or \"1G\", got {value!r}")
+            value = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()[:1]])
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {_describe(value)}")
+        return value
+    if hint is float:
+        if isinstance(value, str) and key in _SECOND_KEYS:
+            m = _DURATION.match(value)
+            if m is None:
+                raise ConfigError(f"{key}: expected seconds such as 10, 2.5 or \"5m\", got {value!r}")
+            value = float(m.group(1)) * _DURATION_UNITS[(m.group(2) or "").lower()]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {_describe(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {_describe(value)}")
+        if "\x00" in value:
+            raise ConfigError(f"{key}: NUL byte in string")
+        return value
+    raise ConfigError(f"{key}: unsupported option type {hint!r}")  # a bug in an options class
+
+
+def _describe(value: Any) -> str:
+    name = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "table"}.get(
+        type(value), type(value).__name__
+    )
+    text = repr(value)
+    return f"{name} {text[:40]}"
+
+
+def build_options(cls: type[Any], raw: Mapping[str, Any], prefix: str) -> Any:
+    """An instance of the frozen dataclass ``cls`` from a TOML table, every key checked.
+
+    Used for the daemon's own tables and for each processor's options class.
+    """
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{prefix}: expected a table, got {_describe(raw)}")
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}.{key}"
+        if key not in names:
+            raise ConfigError(f"{dotted}: unknown key (known keys of [{prefix}]: {', '.join(sorted(names))})")
+        v = _convert(dotted, value, hints[key])
+        if dotted in _RANGES:
+            lo, hi = _RANGES[dotted]
+            if not lo <= v <= hi:
+                raise ConfigError(f"{dotted}: {v!r} is out of range [{lo:g}, {hi:g}]")
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+            raise ConfigError(f"{dotted}: must not be negative, got {v!r}")
+        if dotted in _CHOICES and v not in _CHOICES[dotted]:
+            raise ConfigError(f"{dotted}: {v!r} is not one of {', '.join(_CHOICES[dotted])}")
+        values[key] = v
+    if prefix == "metrics" and "address" in values and values["address"]:
+        parse_address(values["address"], key="metrics.address")
+    if prefix == "control" and "socket" in values and not values["socket"]:
+        raise ConfigError("control.socket: must not be empty")
+    if prefix == "output" and "state_dir" in values and not values["state_dir"]:
+        raise ConfigError("output.state_dir: must not be empty")
+    return cls(**values)
+
+
+def parse_address(text: str, *, key: str = "metrics.address") -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` to ``(host, port)``."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"{key}: expected HOST:PORT such as 127.0.0.1:9752, got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    p = int(port)
+    if not 0 <= p <= 65535:
+        raise ConfigError(f"{key}: port {p} is out of range [0, 65535]")
+    return host, p
+
+
+def config_from_dict(raw: Mapping[str, Any], *, source: str | None = None) -> DaemonConfig:
+    """Validate a parsed TOML document."""
+    sections: dict[str, Any] = {}
+    for name, table in raw.items():
+        if name == "processors":
+            if not isinstance(table, Mapping):
+                raise ConfigError(f"processors: expected a table of [processors.NAME] tables, got {_describe(table)}")
+            procs: dict[str, Any] = {}
+            for pname, ptable in table.items():
+                if not isinstance(ptable, Mapping):
+                    raise ConfigError(f"processors.{pname}: expected a table, got {_describe(ptable)}")
+                procs[pname] = dict(ptable)
+            sections["processors"] = procs
+            continue
+        cls = _SECTIONS.get(name)
+        if cls is None:
+            known = ", ".join(sorted([*_SECTIONS, "processors"]))
+            raise ConfigError(f"{name}: unknown table (known tables: {known})")
+        sections[name] = build_options(cls, table, name)
+    cfg = DaemonConfig(**sections, source=source)
+    cfg.check()
+    return cfg
+
+
+def load_config(path: str | None = None, *, overrides: Mapping[str, Any] | None = None,
+                missing_ok: bool | None = None) -> DaemonConfig:
+    """Read and validate the config file, then apply ``overrides``.
+
+    ``path=None`` means the default ``/etc/flamed/flamed.toml``, which may be
+    absent (defaults apply); an explicitly named file must exist.
+    """
+    explicit = path is not None
+    file = path if path is not None else DEFAULT_CONFIG_PATH
+    if missing_ok is None:
+        missing_ok = not explicit
+    try:
+        with open(file, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise ConfigError(f"{file}: no such config file") from None
+        cfg = DaemonConfig()
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{file}: not valid TOML: {e}") from None
+    except (PermissionError, IsADirectoryError) as e:
+        raise ConfigError(f"{file}: cannot read: {e.strerror}") from None
+    else:
+        try:
+            cfg = config_from_dict(raw, source=os.path.abspath(file))
+        except ConfigError as e:
+            raise ConfigError(f"{file}: {e}") from None
+    if overrides:
+        cfg = cfg.with_overrides(overrides)
+    return cfg

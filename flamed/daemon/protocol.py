@@ -1,0 +1,280 @@
+"""The control-socket protocol: request validation and the snapshot filter.
+
+A client sends ONE line: a JSON object of at most 64 KiB, ending in ``\\n``.
+The daemon answers with one JSON header line; for a snapshot the header says
+``"length": N`` and N bytes of payload (the profile in the asked format)
+follow.  Then the daemon closes the connection.  Errors are a header
+``{"ok": false, "error": "...", "code": "..."}``.  See docs/protocol.md.
+
+This module is pure (no sockets) so that the client, the server and the
+fuzz tests share it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from flamed.model import KERNEL_SUFFIX, Stack
+from flamed.sampler import CountKey
+
+MAX_REQUEST_BYTES = 64 * 1024
+REQUESTS = ("snapshot", "status", "flush")
+FRAMES = ("all", "kernel", "user")
+ROOTS = ("comm", "pid", "tid", "none")
+#: Longest regex a client may send; frames are matched one unique frame at a time.
+MAX_REGEX_LENGTH = 256
+MAX_IDS = 1024
+
+
+class ProtocolError(Exception):
+    """A request the daemon refuses; ``code`` is machine-readable."""
+
+    def __init__(self, message: str, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class SnapshotRequest:
+    seconds: float | None = None  # the last N seconds (from the ring)
+    next: float | None = None  # the next N seconds (waits)
+    pids: frozenset[int] | None = None
+    tids: frozenset[int] | None = None
+    comm: str | None = None
+    frame: str | None = None
+    exclude_frame: str | None = None
+    frames: str = "all"
+    root: str = "pid"
+    format: str = "folded"
+    title: str | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    request: str
+    snapshot: SnapshotRequest | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_FIELDS = {
+    "snapshot": {"request", "seconds", "next", "pid", "tgid", "tid", "comm", "frame", "exclude_frame",
+                 "frames", "root", "format", "title"},
+    "status": {"request"},
+    "flush": {"request"},
+}
+
+
+def parse_request(line: bytes, *, formats: list[str], max_next: float, default_seconds: float = 60.0,
+                  default_root: str = "pid") -> Request:
+    """Validate one request line; raises :class:`ProtocolError` with a message for the client."""
+    if len(line) > MAX_REQUEST_BYTES:
+        raise ProtocolError(f"request longer than {MAX_REQUEST_BYTES} bytes", "too_large")
+    try:
+        obj = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ProtocolError(f"request is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("request must be a JSON object such as {\"request\": \"status\"}")
+    kind = obj.get("request")
+    if not isinstance(kind, str) or kind not in REQUESTS:
+        raise ProtocolError(f"field 'request' must be one of {', '.join(REQUESTS)}")
+    unknown = sorted(set(obj) - _FIELDS[kind])
+    if unknown:
+        raise ProtocolError(f"unknown field(s) for {kind!r}: {', '.join(unknown)[:200]}")
+    if kind != "snapshot":
+        return Request(kind)
+
+    seconds = _number(obj, "seconds")
+    nxt = _number(obj, "next")
+    if seconds is not None and nxt is not None:
+        raise ProtocolError("give either 'seconds' (the last N seconds) or 'next' (the next N seconds), not both")
+    if seconds is None and nxt is None:
+        seconds = default_seconds
+    if nxt is not None and nxt > max_next:
+        raise ProtocolError(f"'next' is {nxt:g} s; the daemon allows at most {max_next:g} s (snapshot.max_next_seconds)")
+    pids = _ids(obj, "pid")
+    tgids = _ids(obj, "tgid")
+    if pids is not None and tgids is not None:
+        pids = pids | tgids
+    elif tgids is not None:
+        pids = tgids
+    fmt = obj.get("format", "folded")
+    if not isinstance(fmt, str) or fmt not in formats:
+        raise ProtocolError(f"field 'format' must be one of {', '.join(formats)}")
+    frames = obj.get("frames", "all")
+    if frames not in FRAMES:
+        raise ProtocolError(f"field 'frames' must be one of {', '.join(FRAMES)}")
+    root = obj.get("root", default_root)
+    if root not in ROOTS:
+        raise ProtocolError(f"field 'root' must be one of {', '.join(ROOTS)}")
+    title = obj.get("title")
+    if title is not None and (not isinstance(title, str) or len(title) > 200):
+        raise ProtocolError("field 'title' must be a string of at most 200 characters")
+    return Request(
+        "snapshot",
+        SnapshotRequest(
+            seconds=seconds,
+            next=nxt,
+            pids=pids,
+            tids=_ids(obj, "tid"),
+            comm=_regex(obj, "comm"),
+            frame=_regex(obj, "frame"),
+            exclude_frame=_regex(obj, "exclude_frame"),
+            frames=frames,
+            root=root,
+            format=fmt,
+            title=title,
+        ),
+    )
+
+
+def _number(obj: dict[str, Any], key: str) -> float | None:
+    v = obj.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 7 * 86400:
+        raise ProtocolError(f"field {key!r} must be a number of seconds > 0")
+    return float(v)
+
+
+def _ids(obj: dict[str, Any], key: str) -> frozenset[int] | None:
+    v = obj.get(key)
+    if v is None:
+        return None
+    items = v if isinstance(v, list) else [v]
+    if not items or len(items) > MAX_IDS:
+        raise ProtocolError(f"field {key!r} must be an id or a list of 1..{MAX_IDS} ids")
+    for i in items:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 1 << 32:
+            raise ProtocolError(f"field {key!r} must hold integers in [0, 2^32)")
+    return frozenset(items)
+
+
+def _regex(obj: dict[str, Any], key: str) -> str | None:
+    v = obj.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise ProtocolError(f"field {key!r} must be a regular expression (string)")
+    try:
+        check_regex(v)
+    except ValueError as e:
+        raise ProtocolError(f"field {key!r}: {e}") from None
+    return v
+
+
+# -- bounded-cost regular expressions -----------------------------------------
+
+def check_regex(pattern: str) -> re.Pattern[str]:
+    """Compile ``pattern`` if its matching cost is bounded; ValueError otherwise.
+
+    Backtracking blows up when a repeated group can match the same text in
+    more than one way: a repeat inside a repeat (``(a+)+``), an alternation
+    inside a repeat (``(a|aa)*``), or a backreference.  Those are refused;
+    with them gone, and the length capped, matching one frame is polynomial
+    in a frame's length, and each unique frame is matched only once.
+    """
+    if len(pattern) > MAX_REGEX_LENGTH:
+        raise ValueError(f"regular expression longer than {MAX_REGEX_LENGTH} characters")
+    try:
+        compiled = re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise ValueError(f"invalid regular expression: {e}") from None
+    import re._parser as sre_parse  # Python 3.11+ name of the regex parser
+    import re._constants as c
+
+    def walk(items: Any, in_repeat: bool) -> None:
+        for op, av in items:
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", None)):
+                lo, hi, sub = av
+                if in_repeat and hi > 1:
+                    raise ValueError("nested repetition (such as (a+)+) is not allowed: its cost is unbounded")
+                walk(sub, in_repeat or hi > 1)
+            elif op is c.SUBPATTERN:
+                walk(av[-1], in_repeat)
+            elif op is c.BRANCH:
+                if in_repeat:
+                    raise ValueError("alternation inside a repetition (such as (a|b)+) is not allowed: "
+                                     "its cost is unbounded")
+                for alt in av[1]:
+                    walk(alt, in_repeat)
+            elif op in (c.GROUPREF, c.GROUPREF_EXISTS):
+                raise ValueError("backreferences are not allowed")
+            elif op in (c.ASSERT, c.ASSERT_NOT):
+                walk(av[1], in_repeat)
+            elif op is getattr(c, "ATOMIC_GROUP", None):
+                walk(av, in_repeat)
+
+    try:
+        walk(sre_parse.parse(pattern), False)
+    except RecursionError:
+        raise ValueError("regular expression nested too deeply") from None
+    return compiled
+
+
+class SnapshotFilter:
+    """Applies a SnapshotRequest's filters to task-keyed counts.
+
+    Regexes are evaluated once per unique comm or frame (cached), which bounds
+    the cost by the number of unique frames, not of samples.
+    """
+
+    def __init__(self, req: SnapshotRequest) -> None:
+        self.req = req
+        self.comm_re = re.compile(req.comm) if req.comm else None
+        self.frame_re = re.compile(req.frame) if req.frame else None
+        self.exclude_re = re.compile(req.exclude_frame) if req.exclude_frame else None
+        self._comm_cache: dict[str, bool] = {}
+        self._frame_cache: dict[str, bool] = {}
+        self._exclude_cache: dict[str, bool] = {}
+
+    def _match(self, cache: dict[str, bool], rx: re.Pattern[str], text: str) -> bool:
+        hit = cache.get(text)
+        if hit is None:
+            hit = cache[text] = rx.search(text) is not None
+        return hit
+
+    def keep_task(self, tgid: int, tid: int, comm: str) -> bool:
+        r = self.req
+        if r.pids is not None and tgid not in r.pids:
+            return False
+        if r.tids is not None and tid not in r.tids:
+            return False
+        if self.comm_re is not None and not self._match(self._comm_cache, self.comm_re, comm):
+            return False
+        return True
+
+    def stack(self, stack: Stack) -> Stack | None:
+        """The stack to keep (frames filtered by kind), or ``None`` to drop it."""
+        if self.req.frames == "kernel":
+            stack = tuple(f for f in stack if f.endswith(KERNEL_SUFFIX))
+        elif self.req.frames == "user":
+            stack = tuple(f for f in stack if not f.endswith(KERNEL_SUFFIX))
+        if not stack:
+            return None
+        if self.frame_re is not None and not any(self._match(self._frame_cache, self.frame_re, f) for f in stack):
+            return None
+        if self.exclude_re is not None and any(self._match(self._exclude_cache, self.exclude_re, f) for f in stack):
+            return None
+        return stack
+
+    def apply(self, counts: dict[CountKey, int], into: dict[CountKey, int]) -> None:
+        for (tgid, tid, comm, stack), n in counts.items():
+            if not self.keep_task(tgid, tid, comm):
+                continue
+            s = self.stack(stack)
+            if s is None:
+                continue
+            key = (tgid, tid, comm, s)
+            into[key] = into.get(key, 0) + n
+
+
+def encode_header(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
+def error_header(message: str, code: str = "bad_request") -> bytes:
+    return encode_header({"ok": False, "error": message, "code": code})

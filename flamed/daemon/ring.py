@@ -1,0 +1,89 @@
+"""The in-memory ring of recent windows that snapshots are cut from.
+
+Bounded twice: by age (``ring_seconds``) and by the number of (task, stack)
+entries over all windows (``ring_max_stacks``), so a burst of unique stacks
+cannot grow the daemon without limit.  Oldest windows go first.
+
+Windows are kept with their task keys (tgid, tid, comm) so that a snapshot can
+filter by pid/tid/comm and choose its root frame per request.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from flamed.sampler import CountKey
+
+
+@dataclass(frozen=True)
+class RingWindow:
+    start_ns: int
+    end_ns: int
+    counts: dict[CountKey, int]
+    samples: int
+    lost: dict[str, int] = field(default_factory=dict)
+    sample_rate: float | None = None
+    seq: int = 0
+
+
+class WindowRing:
+    """Thread-safe: the drain adds, control-socket threads read and wait."""
+
+    def __init__(self, max_seconds: float, max_stacks: int, *, clock_ns: Callable[[], int]) -> None:
+        self.max_seconds = max_seconds
+        self.max_stacks = max_stacks
+        self._clock_ns = clock_ns
+        self._windows: deque[RingWindow] = deque()
+        self._stacks = 0
+        self._cond = threading.Condition()
+        self.evicted = 0
+        self.seq = 0
+
+    def configure(self, max_seconds: float, max_stacks: int) -> None:
+        with self._cond:
+            self.max_seconds = max_seconds
+            self.max_stacks = max_stacks
+            self._trim()
+
+    def add(self, w: RingWindow) -> None:
+        with self._cond:
+            self.seq += 1
+            w = RingWindow(w.start_ns, w.end_ns, w.counts, w.samples, w.lost, w.sample_rate, self.seq)
+            self._windows.append(w)
+            self._stacks += len(w.counts)
+            self._trim()
+            self._cond.notify_all()
+
+    def _trim(self) -> None:
+        horizon = self._clock_ns() - int(self.max_seconds * 1e9)
+        # Always keep the newest window, even when it alone is over the budget.
+        while len(self._windows) > 1 and (
+            self._windows[0].end_ns < horizon or self._stacks > self.max_stacks
+        ):
+            old = self._windows.popleft()
+            self._stacks -= len(old.counts)
+            self.evicted += 1
+
+    def since(self, start_ns: int, end_ns: int | None = None) -> list[RingWindow]:
+        """Windows that end after ``start_ns`` (and start before ``end_ns``), oldest first."""
+        with self._cond:
+            return [w for w in self._windows if w.end_ns > start_ns and (end_ns is None or w.start_ns < end_ns)]
+
+    def wait_for_end(self, end_ns: int, timeout: float) -> bool:
+        """Block until a window ending at or after ``end_ns`` is in the ring (or timeout)."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: bool(self._windows) and self._windows[-1].end_ns >= end_ns, timeout=timeout
+            )
+
+    def wake_all(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def stats(self) -> tuple[int, int]:
+        """(windows, stack entries) held."""
+        with self._cond:
+            return len(self._windows), self._stacks

@@ -1,0 +1,428 @@
+"""Rotating folded files in the state directory, with sidecars, ``latest`` links and retention.
+
+One file per rotation period, ``HOST-YYYYMMDDTHHMMSSZ.folded[.gz]`` (UTC start
+of its first window), pure folded text that flamegraph.pl reads as it is.
+Its metadata is in the sidecar ``HOST-YYYYMMDDTHHMMSSZ.json``.
+
+Crash safety: the sidecar is written (temp, fsync, rename) *before* the
+folded file, so every folded file has its sidecar; a crash between the two
+leaves at most an orphan sidecar, which :meth:`ProfileStore.recover` removes,
+as it removes temp files.  ``latest.folded`` is a symlink replaced atomically
+(rename of a new link over the old one).
+
+Disk errors (ENOSPC, EDQUOT, EIO, EROFS...): the closed period stays in an
+in-memory backlog, bounded by ``backlog_max_bytes`` (oldest dropped and
+counted), and is written once the disk accepts it again; nothing half-written
+stays behind because :func:`flamed.fileio.atomic_write` removes its temp file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gzip
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flamed import __version__
+from flamed.daemon.config import OutputConfig, RetentionConfig
+from flamed.daemon.metrics import DaemonMetrics
+from flamed.fileio import atomic_write
+from flamed.folded import write_folded
+from flamed.model import Profile, Stack, task_frame
+from flamed.sampler import CountKey
+
+log = logging.getLogger("flamed.daemon")
+
+#: Profile file names the store owns (and retention may delete).
+FILE_RE = re.compile(r"^(?P<stem>(?P<host>.+)-(?P<ts>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?)\.folded(?P<gz>\.gz)?$")
+SIDECAR_RE = re.compile(r"^(?P<stem>.+-\d{8}T\d{6}Z(?:-\d+)?)\.json$")
+LATEST = "latest"
+
+
+def counts_to_profile(
+    counts: dict[CountKey, int],
+    root: str,
+    *,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    sample_rate: float | None = None,
+    labels: dict[str, str] | None = None,
+) -> Profile:
+    """Task-keyed counts as a Profile whose root frame names the task (see ``root``)."""
+    p = Profile(start_ns=start_ns, end_ns=end_ns, sample_rate=sample_rate, labels=dict(labels or {}))
+    stacks = p.stacks
+    for (tgid, tid, comm, stack), n in counts.items():
+        key: Stack
+        if root == "none":
+            key = stack
+        elif root == "pid":
+            key = (task_frame(comm, tgid),) + stack
+        elif root == "tid":
+            key = (task_frame(comm, tgid, tid),) + stack
+        else:
+            key = (task_frame(comm),) + stack
+        stacks[key] = stacks.get(key, 0) + n
+    return p
+
+
+def host_name(configured: str) -> str:
+    name = configured or socket.gethostname() or "localhost"
+    # The host goes into file names: keep it one safe path component.
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name).strip(".") or "localhost"
+
+
+@dataclass
+class Period:
+    """The rotation period being filled."""
+
+    start_ns: int | None = None
+    end_ns: int | None = None
+    counts: dict[CountKey, int] = field(default_factory=dict)
+    samples: int = 0
+    lost: dict[str, int] = field(default_factory=dict)
+    sample_rate: float | None = None
+    windows: int = 0
+
+    def add(self, start_ns: int, end_ns: int, counts: dict[CountKey, int], samples: int,
+            lost: dict[str, int], sample_rate: float | None) -> None:
+        if self.start_ns is None:
+            self.start_ns = start_ns
+        self.end_ns = end_ns
+        c = self.counts
+        for k, n in counts.items():
+            c[k] = c.get(k, 0) + n
+        self.samples += samples
+        for r, n in lost.items():
+            self.lost[r] = self.lost.get(r, 0) + n
+        if self.windows == 0:
+            self.sample_rate = sample_rate
+        elif self.sample_rate != sample_rate:
+            self.sample_rate = None  # the rate changed (reload) inside this period
+        self.windows += 1
+
+
+@dataclass
+class PendingFile:
+    """A closed period, serialized, waiting to be written."""
+
+    stem: str
+    suffix: str
+    payload: bytes
+    sidecar: bytes
+    start_ns: int
+
+
+@dataclass
+class StoreStats:
+    files: int = 0
+    bytes: int = 0
+
+
+class ProfileStore:
+    def __init__(
+        self,
+        output: OutputConfig,
+        retention: RetentionConfig,
+        metrics: DaemonMetrics,
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.metrics = metrics
+        self._clock_ns = clock_ns
+        self.period = Period()
+        self.backlog: deque[PendingFile] = deque()
+        self.backlog_bytes = 0
+        self.last_written: str | None = None
+        self.last_error: str | None = None
+        self.files_written = 0
+        self._names_used: set[str] = set()
+        self.configure(output, retention)
+
+    # -- configuration ---------------------------------------------------
+    def configure(self, output: OutputConfig, retention: RetentionConfig) -> None:
+        self.output = output
+        self.retention = retention
+        self.dir = os.path.abspath(output.state_dir)
+        self.host = host_name(output.host)
+
+    def ensure_dir(self) -> None:
+        os.makedirs(self.dir, mode=0o755, exist_ok=True)
+
+    # -- filling ---------------------------------------------------------
+    def add(self, start_ns: int, end_ns: int, counts: dict[CountKey, int], samples: int,
+            lost: dict[str, int], sample_rate: float | None) -> None:
+        self.period.add(start_ns, end_ns, counts, samples, lost, sample_rate)
+
+    def due(self, now_ns: int, slack_ns: int = 0) -> bool:
+        """Has the current period reached its boundary (a multiple of rotate_interval)?"""
+        if self.period.start_ns is None:
+            return False
+        rot = int(self.output.rotate_interval * 1e9)
+        boundary = (self.period.start_ns // rot + 1) * rot
+        return now_ns + slack_ns >= boundary
+
+    # -- closing and writing ---------------------------------------------
+    def rotate(self) -> str | None:
+        """Close the current period (if it has any window) and write what is pending.
+
+        Returns the path of the newest file written, or ``None``.
+        """
+        p = self.period
+        if p.windows:
+            self.period = Period()
+            self._queue(self._serialize(p))
+        return self.write_pending()
+
+    def _serialize(self, p: Period) -> PendingFile:
+        assert p.start_ns is not None and p.end_ns is not None
+        profile = counts_to_profile(p.counts, self.output.root_frame)
+        buf = io.BytesIO()
+        lines = write_folded(profile, buf)
+        payload = buf.getvalue()
+        if self.output.compress:
+            payload = gzip.compress(payload, mtime=0)
+        suffix = ".folded.gz" if self.output.compress else ".folded"
+        stem = self._unique_stem(p.start_ns, suffix)
+        meta: dict[str, Any] = {
+            "file": stem + suffix,
+            "format": "folded",
+            "compressed": self.output.compress,
+            "host": self.host,
+            "start_ns": p.start_ns,
+            "end_ns": p.end_ns,
+            "start": _iso(p.start_ns),
+            "end": _iso(p.end_ns),
+            "sample_rate": p.sample_rate,
+            "samples": p.samples,
+            "weight": sum(p.counts.values()),
+            "lost": dict(sorted(p.lost.items())),
+            "stacks": lines,
+            "windows": p.windows,
+            "root_frame": self.output.root_frame,
+            "bytes": len(payload),
+            "sha256": hashlib.sha256(payload).hexdigest(),
+            "flamed_version": __version__,
+        }
+        sidecar = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+        return PendingFile(stem, suffix, payload, sidecar, p.start_ns)
+
+    def _unique_stem(self, start_ns: int, suffix: str) -> str:
+        base = f"{self.host}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(start_ns // 1_000_000_000))}"
+        stem, n = base, 1
+        # Two periods can start in the same second (flush): add -2, -3...
+        while stem in self._names_used or os.path.exists(os.path.join(self.dir, stem + ".json")):
+            n += 1
+            stem = f"{base}-{n}"
+        self._names_used.add(stem)
+        if len(self._names_used) > 4096:
+            self._names_used = {stem}
+        return stem
+
+    def _queue(self, f: PendingFile) -> None:
+        self.backlog.append(f)
+        self.backlog_bytes += len(f.payload) + len(f.sidecar)
+        # Keep the newest: drop the oldest unwritten files beyond the budget (but never the one just closed).
+        while len(self.backlog) > 1 and self.backlog_bytes > self.output.backlog_max_bytes:
+            old = self.backlog.popleft()
+            self.backlog_bytes -= len(old.payload) + len(old.sidecar)
+            self.metrics.backlog_dropped.inc()
+            log.error(
+                "dropped unwritten profile %s%s from memory: backlog over output.backlog_max_bytes=%d "
+                "while the state directory refuses writes",
+                old.stem, old.suffix, self.output.backlog_max_bytes,
+            )
+        self._update_backlog_metrics()
+
+    def _update_backlog_metrics(self) -> None:
+        self.metrics.backlog_bytes.set(self.backlog_bytes)
+        self.metrics.backlog_files.set(len(self.backlog))
+
+    def write_pending(self) -> str | None:
+        """Write the backlog oldest first; stop at the first failure and keep the rest."""
+        newest: str | None = None
+        while self.backlog:
+            f = self.backlog[0]
+            try:
+                self.ensure_dir()
+                path = self._write(f)
+            except OSError as e:
+                name = errno.errorcode.get(e.errno or 0, "EUNKNOWN")
+                self.metrics.write_errors.labels(errno=name).inc()
+                msg = f"cannot write {os.path.join(self.dir, f.stem + f.suffix)}: {e.strerror or e}"
+                if self.last_error != msg:
+                    log.error("%s; keeping %d file(s), %d bytes in memory (output.backlog_max_bytes=%d) "
+                              "and retrying at every drain", msg, len(self.backlog), self.backlog_bytes,
+                              self.output.backlog_max_bytes)
+                self.last_error = msg
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    # Retention may free room for the newest data.
+                    self.apply_retention()
+                break
+            self.backlog.popleft()
+            self.backlog_bytes -= len(f.payload) + len(f.sidecar)
+            if self.last_error is not None:
+                log.warning("state directory writable again: wrote %s", path)
+                self.last_error = None
+            newest = path
+        self._update_backlog_metrics()
+        if newest is not None:
+            self.apply_retention()
+        return newest
+
+    def _write(self, f: PendingFile) -> str:
+        fsync = self.output.fsync
+        sidecar_path = os.path.join(self.dir, f.stem + ".json")
+        path = os.path.join(self.dir, f.stem + f.suffix)
+        with atomic_write(sidecar_path, fsync=fsync) as out:
+            out.write(f.sidecar)
+        try:
+            with atomic_write(path, fsync=fsync) as out:
+                out.write(f.payload)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(sidecar_path)
+            raise
+        self.metrics.files_written.inc()
+        self.files_written += 1
+        self.metrics.bytes_written.inc(len(f.payload) + len(f.sidecar))
+        self.metrics.last_rotation.set(self._clock_ns() / 1e9)
+        self.last_written = path
+        try:
+            self._link_latest(f.stem + f.suffix, f.suffix)
+            self._link_latest(f.stem + ".json", ".json")
+        except OSError as e:
+            log.warning("cannot update %s links: %s", LATEST, e.strerror or e)
+        return path
+
+    def _link_latest(self, target: str, suffix: str) -> None:
+        link = os.path.join(self.dir, LATEST + suffix)
+        tmp = os.path.join(self.dir, f".{LATEST}{suffix}.{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        os.symlink(target, tmp)
+        os.replace(tmp, link)  # rename(2) replaces the old link atomically
+        # A compress switch on reload leaves the other latest link pointing at an older file.
+        other = ".folded" if suffix == ".folded.gz" else ".folded.gz" if suffix == ".folded" else None
+        if other is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.dir, LATEST + other))
+
+    # -- the directory ---------------------------------------------------
+    def list_files(self) -> list[tuple[str, str, int, float]]:
+        """Profile files as (stem, name, bytes incl. sidecar, mtime), oldest first."""
+        out: list[tuple[str, str, str, int, float]] = []
+        try:
+            entries = list(os.scandir(self.dir))
+        except FileNotFoundError:
+            return []
+        sizes: dict[str, int] = {}
+        for e in entries:
+            if SIDECAR_RE.match(e.name):
+                with contextlib.suppress(OSError):
+                    sizes[e.name[: -len(".json")]] = e.stat(follow_symlinks=False).st_size
+        for e in entries:
+            m = FILE_RE.match(e.name)
+            if m is None or not e.is_file(follow_symlinks=False):
+                continue
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            stem = m.group("stem")
+            out.append((m.group("ts"), stem, e.name, st.st_size + sizes.get(stem, 0), st.st_mtime))
+        out.sort(key=lambda t: (t[0], t[1]))
+        return [(stem, name, size, mtime) for _ts, stem, name, size, mtime in out]
+
+    def apply_retention(self) -> StoreStats:
+        """Delete the oldest files beyond max_files, max_bytes or max_age; update the disk metrics."""
+        r = self.retention
+        files = self.list_files()
+        total = sum(f[2] for f in files)
+        now = self._clock_ns() / 1e9
+        keep_newest = 1  # the newest file is never deleted, whatever the limits
+        while len(files) > keep_newest:
+            stem, name, size, mtime = files[0]
+            if r.max_files and len(files) > r.max_files:
+                reason = "max_files"
+            elif r.max_bytes and total > r.max_bytes:
+                reason = "max_bytes"
+            elif r.max_age and now - mtime > r.max_age:
+                reason = "max_age"
+            else:
+                break
+            for n in (name, stem + ".json"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, n))
+            self.metrics.retention_deletions.labels(reason=reason).inc()
+            log.debug("retention (%s): deleted %s", reason, name)
+            files.pop(0)
+            total -= size
+        self.metrics.disk_bytes.set(total)
+        self.metrics.disk_files.set(len(files))
+        return StoreStats(len(files), total)
+
+    def recover(self) -> list[str]:
+        """Clean up after a crash: temp files, orphan sidecars; sidecar for a folded file without one."""
+        done: list[str] = []
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return done
+        present = set(names)
+        for name in sorted(names):
+            path = os.path.join(self.dir, name)
+            if name.startswith(".") and name.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                    done.append(f"removed temp file {name}")
+                continue
+            m = SIDECAR_RE.match(name)
+            if m and not (m.group("stem") + ".folded" in present or m.group("stem") + ".folded.gz" in present):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                    done.append(f"removed orphan sidecar {name}")
+                continue
+            fm = FILE_RE.match(name)
+            if fm and fm.group("stem") + ".json" not in present:
+                try:
+                    self._recover_sidecar(path, fm.group("stem"), name)
+                    done.append(f"wrote missing sidecar for {name}")
+                except OSError as e:
+                    log.warning("cannot write a sidecar for %s: %s", name, e.strerror or e)
+        for msg in done:
+            log.warning("state directory: %s", msg)
+        return done
+
+    def _recover_sidecar(self, path: str, stem: str, name: str) -> None:
+        with open(path, "rb") as fh:
+            payload = fh.read()
+        st = os.stat(path)
+        meta = {
+            "file": name,
+            "format": "folded",
+            "compressed": name.endswith(".gz"),
+            "host": self.host,
+            "recovered": True,
+            "end": _iso(int(st.st_mtime * 1e9)),
+            "bytes": len(payload),
+            "sha256": hashlib.sha256(payload).hexdigest(),
+            "flamed_version": __version__,
+        }
+        with atomic_write(os.path.join(self.dir, stem + ".json"), fsync=self.output.fsync) as out:
+            out.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _iso(ns: int) -> str:
+    secs, rem = divmod(ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{rem // 1000:06d}Z"
