@@ -1,0 +1,411 @@
+"""Which processes are Python, as they come and go.
+
+Events come from the kernel's proc connector (pyroute2's ``ProcEventSocket``,
+needs CAP_NET_ADMIN): fork, exec and exit, each with a CLOCK_MONOTONIC
+timestamp.  A process is Python when its executable is an interpreter
+(``python3.12``, ``python3``, ``python``) or when it maps a ``libpython3.X``
+(uwsgi, gunicorn under an embedding binary, mod_wsgi...).  On exec the dynamic
+loader has not mapped any library yet, so a process whose executable does not
+say "Python" is looked at again a little later.  A Python process that forks
+without exec (prefork servers, multiprocessing) has a Python child.
+
+A periodic scan of ``/proc`` finds what the socket missed (it overflows under
+fork storms, or is not available at all without CAP_NET_ADMIN) and drops
+processes whose exit was missed.
+
+Include/exclude by comm regex, uid and cgroup path; at most ``max_watched``
+processes at once, the others counted in ``left_out`` and picked up by a later
+scan when a slot frees.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import select
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flamed.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: Interpreter executables py-spy can read (CPython 3.8-3.14; ``t``: free-threaded, ``d``: debug).
+PYTHON_EXE = re.compile(r"^python(?:(?P<ver>3(?:\.(?:[89]|1[0-4]))?)|2(?:\.7)?)?[td]?(?:-dbg)?$")
+#: A mapped libpython, with its version.
+LIBPYTHON = re.compile(rb"/libpython(?P<ver>3\.(?:[89]|1[0-4]))[td]?(?:d)?\.so")
+SUPPORTED = re.compile(r"^3\.(?:[89]|1[0-4])$")
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """What the watcher watches.
+
+    include_comm / exclude_comm: regex searched in the comm (default: all / none).
+    uids: only these real uids (default: any).
+    include_cgroup / exclude_cgroup: regex searched in the cgroup v2 path (default: all / none).
+    pids: only these processes and their descendants (default: all; ``flamed record``).
+    max_watched: processes watched at once (default 32).
+    scan_interval_s: full /proc scan period (default 5).
+    recheck_s: after an exec that does not look like Python, look again at
+        these ages for a mapped libpython (default 0.05, 0.3, 1.0).
+    use_connector: listen to the proc connector; False: scans only (default True).
+    exclude_self: never watch this process (default True).
+    """
+
+    include_comm: str | None = None
+    exclude_comm: str | None = None
+    uids: frozenset[int] | None = None
+    include_cgroup: str | None = None
+    exclude_cgroup: str | None = None
+    pids: frozenset[int] | None = None
+    max_watched: int = 32
+    scan_interval_s: float = 5.0
+    recheck_s: tuple[float, ...] = (0.05, 0.3, 1.0)
+    use_connector: bool = True
+    exclude_self: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_watched < 1:
+            raise ConfigError("python.max_watched must be at least 1")
+        for key in ("include_comm", "exclude_comm", "include_cgroup", "exclude_cgroup"):
+            v = getattr(self, key)
+            if v is not None:
+                try:
+                    re.compile(v)
+                except re.error as e:
+                    raise ConfigError(f"python.{key}: bad regex {v!r}: {e}") from None
+
+
+@dataclass(frozen=True)
+class PyProcess:
+    pid: int
+    comm: str
+    exe: str
+    version: str | None  # "3.11" when known
+    how: str  # "exe", "libpython" or "fork"
+    seen_ns: int  # CLOCK_MONOTONIC of the event (or scan) that found it
+
+
+@dataclass
+class WatcherStats:
+    events: Counter[str] = field(default_factory=Counter)
+    found: Counter[str] = field(default_factory=Counter)  # by how
+    left_out: int = 0  # Python processes not watched because of max_watched
+    filtered: int = 0  # Python processes excluded by comm/uid/cgroup
+    unsupported: int = 0  # Python, but a version py-spy cannot read
+    overruns: int = 0  # proc connector socket overflowed (ENOBUFS)
+    scans: int = 0
+    connector: bool = False
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+class ProcReader:
+    """What the watcher needs from one /proc tree (real or fake)."""
+
+    def __init__(self, root: str = "/proc") -> None:
+        self.root = root
+
+    def pids(self) -> list[int]:
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return []
+        return sorted(int(n) for n in names if n.isdigit())
+
+    def comm(self, pid: int) -> str | None:
+        b = _read(f"{self.root}/{pid}/comm")
+        return b.decode("utf-8", "replace").rstrip("\n") if b is not None else None
+
+    def exe(self, pid: int) -> str:
+        try:
+            return os.readlink(f"{self.root}/{pid}/exe")
+        except OSError:
+            return ""
+
+    def maps(self, pid: int) -> bytes:
+        return _read(f"{self.root}/{pid}/maps") or b""
+
+    def uid(self, pid: int) -> int | None:
+        b = _read(f"{self.root}/{pid}/status")
+        if b is None:
+            return None
+        m = re.search(rb"^Uid:\s+(\d+)", b, re.M)
+        return int(m.group(1)) if m else None
+
+    def cgroup(self, pid: int) -> str:
+        b = _read(f"{self.root}/{pid}/cgroup") or b""
+        for line in b.decode("utf-8", "replace").splitlines():
+            if line.startswith("0::"):
+                return line[3:]
+        return ""
+
+    def ppid(self, pid: int) -> int | None:
+        b = _read(f"{self.root}/{pid}/stat")
+        if b is None:
+            return None
+        try:
+            return int(b.rsplit(b")", 1)[1].split()[1])
+        except (IndexError, ValueError):
+            return None
+
+    def is_thread_group_leader(self, pid: int) -> bool:
+        b = _read(f"{self.root}/{pid}/status")
+        if b is None:
+            return False
+        m = re.search(rb"^Tgid:\s+(\d+)", b, re.M)
+        return m is not None and int(m.group(1)) == pid
+
+
+def python_identity(reader: ProcReader, pid: int) -> tuple[str, str | None] | None:
+    """``(how, version)`` if ``pid`` runs Python, else None."""
+    exe = reader.exe(pid)
+    base = os.path.basename(exe.removesuffix(" (deleted)"))
+    m = PYTHON_EXE.match(base)
+    if m is not None:
+        ver = m.group("ver")
+        if ver is None or "." not in ver:
+            # ``python3`` symlinks are resolved by /proc/PID/exe; a binary named
+            # plainly still may map libpython with its version.
+            lm = LIBPYTHON.search(reader.maps(pid))
+            ver = lm.group("ver").decode() if lm else (None if ver == "3" else ver)
+        return "exe", ver
+    lm = LIBPYTHON.search(reader.maps(pid))
+    if lm is not None:
+        return "libpython", lm.group("ver").decode()
+    return None
+
+
+class ProcessWatcher:
+    """Finds Python processes and reports starts and exits through callbacks.
+
+    Drive it with :meth:`poll` from one thread; ``on_start(PyProcess)`` and
+    ``on_exit(pid)`` are called from there.  ``watched`` is the current set.
+    """
+
+    def __init__(self, options: WatchOptions | None = None, *,
+                 on_start: Callable[[PyProcess], None] | None = None,
+                 on_exit: Callable[[int], None] | None = None,
+                 proc_root: str = "/proc",
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.options = options or WatchOptions()
+        self.reader = ProcReader(proc_root)
+        self.on_start = on_start
+        self.on_exit = on_exit
+        self._now = clock
+        self.watched: dict[int, PyProcess] = {}
+        self.stats = WatcherStats()
+        self._sock: Any = None
+        self._recheck: dict[int, list[int]] = {}  # pid -> remaining recheck times (ns)
+        self._next_scan = 0
+        self._left_out: set[int] = set()
+        self._rejected: set[int] = set()  # decided not to watch (filters); forgotten on exit/exec
+        o = self.options
+        self._inc_comm = re.compile(o.include_comm) if o.include_comm else None
+        self._exc_comm = re.compile(o.exclude_comm) if o.exclude_comm else None
+        self._inc_cg = re.compile(o.include_cgroup) if o.include_cgroup else None
+        self._exc_cg = re.compile(o.exclude_cgroup) if o.exclude_cgroup else None
+        self._family: set[int] | None = set(o.pids) if o.pids is not None else None
+
+    # -- lifecycle --------------------------------------------------------
+    def start(self) -> None:
+        """Open the proc connector (when allowed) and scan /proc once."""
+        if self.options.use_connector:
+            try:
+                from pyroute2.netlink.connector.cn_proc import ProcEventSocket  # noqa: PLC0415
+
+                sock = ProcEventSocket()
+                sock.bind()
+                sock.control(listen=True)
+                self._sock = sock
+                self.stats.connector = True
+            except Exception as e:  # noqa: BLE001 - any failure means: scan only
+                log.warning("proc connector unavailable (%s); finding Python processes by /proc scans "
+                            "every %.0fs (run as root or with CAP_NET_ADMIN for events)", e,
+                            self.options.scan_interval_s)
+                self._sock = None
+        self.scan()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+
+    def fileno(self) -> int:
+        return self._sock.fileno() if self._sock is not None else -1
+
+    # -- driving ----------------------------------------------------------
+    def poll(self, timeout_s: float = 0.1) -> None:
+        """Handle pending events (waiting up to ``timeout_s``), due rechecks and scans."""
+        if self._sock is not None:
+            try:
+                ready, _, _ = select.select([self._sock], [], [], timeout_s)
+            except (OSError, ValueError):
+                ready = []
+            while ready:
+                try:
+                    msgs = self._sock.get()
+                except OSError as e:
+                    if e.errno == errno.ENOBUFS:
+                        # The kernel dropped events: a scan finds what we missed.
+                        self.stats.overruns += 1
+                        self._next_scan = 0
+                        break
+                    raise
+                for m in msgs:
+                    self._event(m)
+                ready, _, _ = select.select([self._sock], [], [], 0)
+        elif timeout_s > 0:
+            time.sleep(timeout_s)
+        now = self._now()
+        for pid, times in list(self._recheck.items()):
+            if times and now >= times[0]:
+                times.pop(0)
+                if self._consider(pid, now, how_hint=None):
+                    self._recheck.pop(pid, None)
+                elif not times:
+                    self._recheck.pop(pid, None)
+        if now >= self._next_scan:
+            self.scan()
+
+    def scan(self) -> None:
+        """Compare /proc with what is watched: add missed Python processes, drop gone ones."""
+        now = self._now()
+        self.stats.scans += 1
+        self._next_scan = now + int(self.options.scan_interval_s * 1e9)
+        live = set(self.reader.pids())
+        for pid in list(self.watched):
+            if pid not in live or self.reader.comm(pid) is None:
+                self._gone(pid)
+        self._rejected &= live
+        self._left_out &= live
+        if self._family is not None:
+            # Descendants of the recorded processes, by parent pid.
+            parents = {pid: self.reader.ppid(pid) for pid in live}
+            changed = True
+            while changed:
+                changed = False
+                for pid, pp in parents.items():
+                    if pp in self._family and pid not in self._family:
+                        self._family.add(pid)
+                        changed = True
+        for pid in sorted(live):
+            if pid in self.watched or pid in self._rejected:
+                continue
+            if pid in self._left_out and len(self.watched) >= self.options.max_watched:
+                continue
+            self._consider(pid, now, how_hint=None)
+
+    # -- internals --------------------------------------------------------
+    def _event(self, m: Any) -> None:
+        ev = str(m["event"]).removeprefix("PROC_EVENT_")
+        self.stats.events[ev] += 1
+        ts = int(m["timestamp_ns"])
+        if ev == "FORK":
+            child, child_pid = int(m["child_tgid"]), int(m["child_pid"])
+            parent = int(m["parent_tgid"])
+            if child != child_pid or child == parent:
+                return  # a new thread
+            if self._family is not None and parent in self._family:
+                self._family.add(child)
+            if parent in self.watched:
+                # Same image as its Python parent until it execs.
+                self._consider(child, ts, how_hint=("fork", self.watched[parent].version))
+        elif ev == "EXEC":
+            pid = int(m["process_tgid"])
+            self._rejected.discard(pid)
+            if pid in self.watched:
+                self._gone(pid)  # a new program: its caches and py-spy are stale
+            if not self._consider(pid, ts, how_hint=None):
+                now = self._now()
+                self._recheck[pid] = [ts + int(d * 1e9) for d in self.options.recheck_s
+                                      if ts + int(d * 1e9) > now] or [now]
+        elif ev == "EXIT":
+            pid, tid = int(m["process_tgid"]), int(m["process_pid"])
+            if pid != tid:
+                return
+            self._recheck.pop(pid, None)
+            self._rejected.discard(pid)
+            self._left_out.discard(pid)
+            if self._family is not None and pid not in (self.options.pids or ()):
+                self._family.discard(pid)
+            if pid in self.watched:
+                self._gone(pid)
+
+    def _consider(self, pid: int, ts: int, how_hint: tuple[str, str | None] | None) -> bool:
+        """Watch ``pid`` if it is Python and passes the filters. True when decided (either way)."""
+        if pid in self.watched:
+            return True
+        if self.options.exclude_self and pid == os.getpid():
+            return True
+        if self._family is not None and pid not in self._family:
+            return True
+        ident = how_hint or python_identity(self.reader, pid)
+        if ident is None:
+            return False
+        how, ver = ident
+        if ver is not None and not SUPPORTED.match(ver):
+            self.stats.unsupported += 1
+            self._rejected.add(pid)
+            return True
+        comm = self.reader.comm(pid)
+        if comm is None:
+            return True  # already gone
+        if not self._passes(pid, comm):
+            self.stats.filtered += 1
+            self._rejected.add(pid)
+            return True
+        if len(self.watched) >= self.options.max_watched:
+            if pid not in self._left_out:
+                self.stats.left_out += 1
+                self._left_out.add(pid)
+            return True
+        self._left_out.discard(pid)
+        proc = PyProcess(pid=pid, comm=comm, exe=self.reader.exe(pid), version=ver, how=how, seen_ns=ts)
+        self.watched[pid] = proc
+        self.stats.found[how] += 1
+        if self.on_start is not None:
+            self.on_start(proc)
+        return True
+
+    def _passes(self, pid: int, comm: str) -> bool:
+        if self._inc_comm is not None and not self._inc_comm.search(comm):
+            return False
+        if self._exc_comm is not None and self._exc_comm.search(comm):
+            return False
+        if self.options.uids is not None and self.reader.uid(pid) not in self.options.uids:
+            return False
+        if self._inc_cg is not None or self._exc_cg is not None:
+            cg = self.reader.cgroup(pid)
+            if self._inc_cg is not None and not self._inc_cg.search(cg):
+                return False
+            if self._exc_cg is not None and self._exc_cg.search(cg):
+                return False
+        return True
+
+    def _gone(self, pid: int) -> None:
+        if self.watched.pop(pid, None) is not None and self.on_exit is not None:
+            self.on_exit(pid)
+
+    def metrics(self) -> dict[str, int]:
+        s = self.stats
+        m = {"watched": len(self.watched), "left_out": s.left_out, "filtered": s.filtered,
+             "unsupported": s.unsupported, "overruns": s.overruns, "scans": s.scans,
+             "connector": int(s.connector)}
+        for k, v in sorted(s.events.items()):
+            m[f"events_{k.lower()}"] = v
+        return m
