@@ -1,0 +1,312 @@
+/* profile.bpf.c -- flamed's stack sampler, loaded by bcc from this file.
+ *
+ * What: on every perf event (CPU cycles, or the software cpu-clock where the
+ * hardware event is missing) on every CPU, take the kernel and user stack ids
+ * of the interrupted task and count {tgid, tid, comm, kernel stack, user stack}
+ * in a hash map.  For processes in `watched` (Python processes in mixed mode)
+ * send a timestamped event through a ring buffer instead, so user space can
+ * join it with Python frames by time.
+ *
+ * Why in the kernel: only unique stacks and their counts cross to user space.
+ *
+ * Generations: the count maps and the stack maps exist twice.  `generation`
+ * says which pair the program writes.  A drain flips it, waits until no
+ * program still runs on the old pair (the per-CPU `inflight` sequence is odd
+ * while a program runs), then reads and clears the old pair at leisure.
+ * Samples are never lost or counted twice across a drain, and stack ids stay
+ * valid until the counts that reference them have been read.
+ *
+ * Every way a sample can degrade is counted per CPU and per generation in
+ * `stats` (indices in flamed.h).
+ *
+ * Header safety: only UAPI types, the perf-event context and helpers.  No
+ * kernel struct is read, so compiling against headers of another kernel
+ * version cannot change what the program means.
+ *
+ * Configured by -D defines only (flamed/bpfsampler.py passes them; `flamed
+ * daemon --print-bpf` shows them):
+ *   FLAMED_STACK_ENTRIES  stack ids per generation (default 16384)
+ *   FLAMED_STACK_DEPTH    frames kept per stack, <= 127 (default 127)
+ *   FLAMED_MAX_ENTRIES    count map entries per generation (default 65536)
+ *   FLAMED_RINGBUF_PAGES  ring buffer size in pages, a power of 2 (default 256)
+ *   FLAMED_MAX_WATCHED    watched processes (default 1024)
+ *   FLAMED_FILTER_MAX     entries of each filter map (default 1024)
+ *   FLAMED_INCLUDE_IDLE   1: also sample the idle task (pid 0)
+ *   FLAMED_FILTER_PIDS, FLAMED_FILTER_TIDS, FLAMED_FILTER_CGROUPS,
+ *   FLAMED_FILTER_COMMS   1: sample only tasks found in that filter map
+ */
+#include <uapi/linux/ptrace.h>
+#include <uapi/linux/bpf_perf_event.h>
+
+#include "flamed.h"
+
+#ifndef FLAMED_STACK_ENTRIES
+#define FLAMED_STACK_ENTRIES 16384
+#endif
+#ifndef FLAMED_STACK_DEPTH
+#define FLAMED_STACK_DEPTH 127
+#endif
+#ifndef FLAMED_MAX_ENTRIES
+#define FLAMED_MAX_ENTRIES 65536
+#endif
+#ifndef FLAMED_RINGBUF_PAGES
+#define FLAMED_RINGBUF_PAGES 256
+#endif
+#ifndef FLAMED_MAX_WATCHED
+#define FLAMED_MAX_WATCHED 1024
+#endif
+#ifndef FLAMED_FILTER_MAX
+#define FLAMED_FILTER_MAX 1024
+#endif
+#ifndef FLAMED_INCLUDE_IDLE
+#define FLAMED_INCLUDE_IDLE 0
+#endif
+#ifndef FLAMED_FILTER_PIDS
+#define FLAMED_FILTER_PIDS 0
+#endif
+#ifndef FLAMED_FILTER_TIDS
+#define FLAMED_FILTER_TIDS 0
+#endif
+#ifndef FLAMED_FILTER_CGROUPS
+#define FLAMED_FILTER_CGROUPS 0
+#endif
+#ifndef FLAMED_FILTER_COMMS
+#define FLAMED_FILTER_COMMS 0
+#endif
+
+#define FLAMED_EFAULT 14
+#define FLAMED_ENOMEM 12
+#define FLAMED_EEXIST 17
+#define FLAMED_ENODATA 61
+
+/* A stack map value: FLAMED_STACK_DEPTH instruction pointers, leaf first,
+ * zero-terminated when shorter.  Fewer than 127 frames make each entry (and
+ * the preallocated map) smaller. */
+struct flamed_stack {
+    __u64 ip[FLAMED_STACK_DEPTH];
+};
+
+BPF_ARRAY(generation, u32, 1);
+BPF_PERCPU_ARRAY(inflight, u64, 1);
+BPF_PERCPU_ARRAY(stats, u64, FLAMED_STATS_SLOTS);
+
+BPF_HASH(counts0, struct flamed_key, u64, FLAMED_MAX_ENTRIES);
+BPF_HASH(counts1, struct flamed_key, u64, FLAMED_MAX_ENTRIES);
+/* No BPF_F_REUSE_STACKID: reusing a bucket would silently rename the stack
+ * behind ids already counted.  A collision returns -EEXIST, which is counted
+ * and shown as a placeholder frame. */
+BPF_TABLE("stacktrace", int, struct flamed_stack, stacks0, FLAMED_STACK_ENTRIES);
+BPF_TABLE("stacktrace", int, struct flamed_stack, stacks1, FLAMED_STACK_ENTRIES);
+
+BPF_HASH(watched, u32, u8, FLAMED_MAX_WATCHED);
+BPF_HASH(filter_pids, u32, u8, FLAMED_FILTER_MAX);
+BPF_HASH(filter_tids, u32, u8, FLAMED_FILTER_MAX);
+BPF_HASH(filter_cgroups, u64, u8, FLAMED_FILTER_MAX);
+BPF_HASH(filter_comms, struct flamed_comm, u8, FLAMED_FILTER_MAX);
+
+BPF_RINGBUF_OUTPUT(events, FLAMED_RINGBUF_PAGES);
+
+static __always_inline void stat_inc(u32 block, u32 which)
+{
+    u32 idx = block * FLAMED_NSTATS + which;
+    u64 *v = stats.lookup(&idx);
+    if (v)
+        (*v)++;
+}
+
+/* Was the task interrupted in user mode?  Tells a missing stack (an error)
+ * from an absent one (no kernel frames while in user mode, no user frames
+ * for a kernel thread). */
+static __always_inline int in_user_mode(struct bpf_perf_event_data *ctx)
+{
+#if defined(__x86_64__)
+    return (ctx->regs.cs & 3) != 0;
+#else
+    /* Kernel text lives in the upper half on the 64-bit architectures. */
+    return (s64)PT_REGS_IP(&ctx->regs) >= 0;
+#endif
+}
+
+/* Count what went wrong with the stack ids.  -EFAULT means "no frames": for
+ * the kernel stack of a task interrupted in user mode, or the user stack of a
+ * kernel thread, that is expected.  Where a stack must exist (the side the
+ * task was interrupted on) and is empty, the id becomes -ENODATA, so user
+ * space shows a "[missing ... stack]" placeholder for exactly those. */
+static __always_inline void stack_errors(u32 block, int user_mode, s32 *kidp, s32 *uidp)
+{
+    s32 kid = *kidp;
+    s32 uid = *uidp;
+    if (kid < 0) {
+        if (kid == -FLAMED_EEXIST)
+            stat_inc(block, FLAMED_STAT_KSTACK_EEXIST);
+        else if (kid == -FLAMED_ENOMEM)
+            stat_inc(block, FLAMED_STAT_KSTACK_ENOMEM);
+        else if (kid != -FLAMED_EFAULT)
+            stat_inc(block, FLAMED_STAT_KSTACK_ERROR);
+        else if (!user_mode) {
+            stat_inc(block, FLAMED_STAT_KSTACK_MISSING);
+            *kidp = -FLAMED_ENODATA;
+        }
+    }
+    if (uid < 0) {
+        if (uid == -FLAMED_EEXIST)
+            stat_inc(block, FLAMED_STAT_USTACK_EEXIST);
+        else if (uid == -FLAMED_ENOMEM)
+            stat_inc(block, FLAMED_STAT_USTACK_ENOMEM);
+        else if (uid != -FLAMED_EFAULT)
+            stat_inc(block, FLAMED_STAT_USTACK_ERROR);
+        else if (user_mode) {
+            stat_inc(block, FLAMED_STAT_USTACK_MISSING);
+            *uidp = -FLAMED_ENODATA;
+        }
+    }
+}
+
+/* Send a watched task's sample to user space; 0 on success. */
+static __always_inline int emit_event(u32 gen, struct flamed_key *key)
+{
+    struct flamed_event *e = events.ringbuf_reserve(sizeof(struct flamed_event));
+    if (!e)
+        return -1;
+    e->ktime_ns = bpf_ktime_get_ns();
+    e->tgid = key->tgid;
+    e->tid = key->tid;
+    e->cpu = bpf_get_smp_processor_id();
+    e->gen = gen;
+    e->kernel_stack_id = key->kernel_stack_id;
+    e->user_stack_id = key->user_stack_id;
+    __builtin_memcpy(e->comm, key->comm, FLAMED_COMM_LEN);
+    events.ringbuf_submit(e, 0);
+    return 0;
+}
+
+/* The two generations differ only in the maps they name; bcc resolves map
+ * names at compile time, so the body is spelled out once per generation. */
+static __always_inline void take_gen0(struct bpf_perf_event_data *ctx, struct flamed_key *key, int is_watched)
+{
+    key->kernel_stack_id = stacks0.get_stackid(ctx, 0);
+    key->user_stack_id = stacks0.get_stackid(ctx, BPF_F_USER_STACK);
+    stack_errors(0, in_user_mode(ctx), &key->kernel_stack_id, &key->user_stack_id);
+    if (is_watched) {
+        if (emit_event(0, key) == 0) {
+            stat_inc(0, FLAMED_STAT_EVENTS);
+            return;
+        }
+        stat_inc(0, FLAMED_STAT_RINGBUF_FULL);
+    }
+    u64 *v = counts0.lookup(key);
+    if (!v) {
+        u64 one = 1;
+        if (counts0.insert(key, &one) == 0) {
+            stat_inc(0, FLAMED_STAT_COUNTED);
+            return;
+        }
+        /* Another CPU may have inserted the same key meanwhile. */
+        v = counts0.lookup(key);
+        if (!v) {
+            stat_inc(0, FLAMED_STAT_MAP_FULL);
+            return;
+        }
+    }
+    __sync_fetch_and_add(v, 1);
+    stat_inc(0, FLAMED_STAT_COUNTED);
+}
+
+static __always_inline void take_gen1(struct bpf_perf_event_data *ctx, struct flamed_key *key, int is_watched)
+{
+    key->kernel_stack_id = stacks1.get_stackid(ctx, 0);
+    key->user_stack_id = stacks1.get_stackid(ctx, BPF_F_USER_STACK);
+    stack_errors(1, in_user_mode(ctx), &key->kernel_stack_id, &key->user_stack_id);
+    if (is_watched) {
+        if (emit_event(1, key) == 0) {
+            stat_inc(1, FLAMED_STAT_EVENTS);
+            return;
+        }
+        stat_inc(1, FLAMED_STAT_RINGBUF_FULL);
+    }
+    u64 *v = counts1.lookup(key);
+    if (!v) {
+        u64 one = 1;
+        if (counts1.insert(key, &one) == 0) {
+            stat_inc(1, FLAMED_STAT_COUNTED);
+            return;
+        }
+        v = counts1.lookup(key);
+        if (!v) {
+            stat_inc(1, FLAMED_STAT_MAP_FULL);
+            return;
+        }
+    }
+    __sync_fetch_and_add(v, 1);
+    stat_inc(1, FLAMED_STAT_COUNTED);
+}
+
+/* 1 when the task passes every enabled filter. */
+static __always_inline int wanted(struct flamed_key *key)
+{
+#if FLAMED_FILTER_PIDS
+    if (!filter_pids.lookup(&key->tgid))
+        return 0;
+#endif
+#if FLAMED_FILTER_TIDS
+    if (!filter_tids.lookup(&key->tid))
+        return 0;
+#endif
+#if FLAMED_FILTER_CGROUPS
+    u64 cg = bpf_get_current_cgroup_id();
+    if (!filter_cgroups.lookup(&cg))
+        return 0;
+#endif
+#if FLAMED_FILTER_COMMS
+    struct flamed_comm c = {};
+    __builtin_memcpy(c.comm, key->comm, FLAMED_COMM_LEN);
+    if (!filter_comms.lookup(&c))
+        return 0;
+#endif
+    return 1;
+}
+
+int flamed_sample(struct bpf_perf_event_data *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    u32 tid = (u32)id;
+
+#if !FLAMED_INCLUDE_IDLE
+    if (tid == 0) {
+        stat_inc(FLAMED_STATS_GLOBAL, FLAMED_STAT_IDLE);
+        return 0;
+    }
+#endif
+
+    struct flamed_key key = {};
+    key.tgid = tgid;
+    key.tid = tid;
+    bpf_get_current_comm(&key.comm, sizeof(key.comm));
+
+    /* A watched process is sampled whatever the filters say: watching is an
+     * explicit request for that process. */
+    int is_watched = watched.lookup(&tgid) != NULL;
+    if (!is_watched && !wanted(&key)) {
+        stat_inc(FLAMED_STATS_GLOBAL, FLAMED_STAT_FILTERED);
+        return 0;
+    }
+
+    u32 zero = 0;
+    u64 *seq = inflight.lookup(&zero);
+    if (!seq)
+        return 0;
+    /* Odd while this program uses a generation.  The atomic add is a full
+     * barrier, so the generation is read only after the odd value is
+     * visible to a draining reader. */
+    __sync_fetch_and_add(seq, 1);
+    u32 *genp = generation.lookup(&zero);
+    u32 gen = genp ? (*genp & 1) : 0;
+    stat_inc(gen, FLAMED_STAT_SAMPLES);
+    if (gen)
+        take_gen1(ctx, &key, is_watched);
+    else
+        take_gen0(ctx, &key, is_watched);
+    __sync_fetch_and_add(seq, 1);
+    return 0;
+}

@@ -1,0 +1,996 @@
+"""The BPF stack sampler: bpf/profile.bpf.c loaded with bcc, drained into Windows.
+
+:class:`BpfSampler` implements :class:`flamed.sampler.Sampler`.  The program
+counts ``{tgid, tid, comm, kernel stack id, user stack id}`` in the kernel, in
+two generations of maps; :meth:`BpfSampler.drain` flips the generation, waits
+until no program still writes the old one, reads and clears it, and returns it
+symbolized as a :class:`~flamed.sampler.Window`.  How and why is in
+docs/bpf.md.
+
+Everything that can degrade a sample is counted (``Window.lost``; reasons in
+:data:`LOST_REASONS`) and shown as a placeholder frame:
+
+* ``[lost stack: EEXIST]`` / ``[lost stack: ENOMEM]`` (``_[k]`` on the kernel
+  side): no stack id; raise ``stack_storage_size``.
+* ``[missing user stack]`` / ``[missing kernel stack]_[k]``: the task was
+  interrupted on that side but no frame could be read.
+
+Only ``map_full`` drops a sample (raise ``max_entries``); a watched task's
+sample that finds the ring buffer full (``ringbuf_full``) is counted instead
+of sent, so for every window::
+
+    window.samples == sum(window.counts.values()) + len(window.events) + window.lost["map_full"]
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import logging
+import os
+import re
+import shlex
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TextIO
+
+from flamed.errors import CapabilityError, ConfigError, FlamedError
+from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Stack
+from flamed.sampler import CountKey, SampleEvent, Window
+from flamed.symbols import Symbolizer
+
+log = logging.getLogger("flamed.bpf")
+
+MAX_FREQUENCY = 999
+#: perf_event_open's type/config for the two events the sampler can use.
+PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES = 0, 0
+PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK = 1, 0
+EVENTS = {"cycles": (PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES), "cpu-clock": (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK)}
+
+#: Window.lost keys, in this order, always all present.
+LOST_REASONS = (
+    "map_full",
+    "ringbuf_full",
+    "kernel_stack_eexist",
+    "kernel_stack_enomem",
+    "kernel_stack_error",
+    "kernel_stack_missing",
+    "user_stack_eexist",
+    "user_stack_enomem",
+    "user_stack_error",
+    "user_stack_missing",
+    "stack_read_failed",
+)
+#: The reasons that drop a sample (the others degrade its stack or its path).
+DROPPING_REASONS = ("map_full",)
+
+_STAT_TO_REASON = {
+    "MAP_FULL": "map_full",
+    "RINGBUF_FULL": "ringbuf_full",
+    "KSTACK_EEXIST": "kernel_stack_eexist",
+    "KSTACK_ENOMEM": "kernel_stack_enomem",
+    "KSTACK_ERROR": "kernel_stack_error",
+    "KSTACK_MISSING": "kernel_stack_missing",
+    "USTACK_EEXIST": "user_stack_eexist",
+    "USTACK_ENOMEM": "user_stack_enomem",
+    "USTACK_ERROR": "user_stack_error",
+    "USTACK_MISSING": "user_stack_missing",
+}
+
+# struct flamed_key and struct flamed_event of bpf/flamed.h.
+_KEY = struct.Struct("<IIii16s")
+_EVENT = struct.Struct("<QIIIIii16s")
+_COMM_LEN = 16
+
+_CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
+
+
+# ---------------------------------------------------------------------------
+# Options and the program text
+
+
+def default_bpf_dir() -> Path:
+    """Where bpf/profile.bpf.c is: $FLAMED_BPF_DIR, the source checkout, or the
+    installed copy (/usr/share/flamed/bpf, <prefix>/share/flamed/bpf)."""
+    env = os.environ.get("FLAMED_BPF_DIR")
+    candidates = [Path(env)] if env else []
+    candidates += [
+        Path(__file__).resolve().parent.parent / "bpf",
+        Path(sys.prefix) / "share" / "flamed" / "bpf",
+        Path("/usr/share/flamed/bpf"),
+    ]
+    for c in candidates:
+        if (c / "profile.bpf.c").is_file():
+            return c
+    return candidates[0]
+
+
+@dataclass(frozen=True)
+class BpfSamplerOptions:
+    """Everything the BPF sampler can be told.  Defaults are the daemon's."""
+
+    #: Samples per second per CPU, 1..999.
+    frequency: int = 19
+    #: ``auto`` (CPU cycles, falling back to cpu-clock when the hardware event
+    #: is missing, as in most VMs), ``cycles`` or ``cpu-clock``.
+    event: str = "auto"
+    #: CPUs to sample; ``None``: every online CPU, including CPUs that come
+    #: online later (checked at each drain).
+    cpus: tuple[int, ...] | None = None
+    #: Also count the idle task (pid 0).
+    include_idle: bool = False
+    #: Kernel-side filters; ``None`` disables one.  Within a filter any entry
+    #: matches; all enabled filters must match.  Watched processes are sampled
+    #: whatever the filters say.
+    pids: frozenset[int] | None = None  # process ids (tgid)
+    tids: frozenset[int] | None = None  # thread ids
+    cgroups: frozenset[int | str] | None = None  # cgroup v2 ids or paths (/sys/fs/cgroup/...)
+    comms: frozenset[str] | None = None  # exact comm (first 15 bytes)
+    #: Stack ids per generation (the stack map is preallocated: about
+    #: 8 * stack_depth + 32 bytes each, twice).  Raise on ``*_stack_eexist``.
+    stack_storage_size: int = 16384
+    #: Frames kept per stack, <= 127.
+    stack_depth: int = 127
+    #: Count-map entries per generation (distinct task/stack keys per
+    #: drain interval).  Raise on ``map_full``.
+    max_entries: int = 65536
+    #: Ring buffer for watched processes, in pages (a power of 2).  Raise on
+    #: ``ringbuf_full``, or call :meth:`BpfSampler.poll_events` more often.
+    ringbuf_pages: int = 1024
+    max_watched: int = 1024
+    #: Entries of each filter map.
+    filter_max: int = 1024
+    #: Directory holding profile.bpf.c and flamed.h (``None``: :func:`default_bpf_dir`).
+    bpf_dir: Path | None = None
+    #: How long a drain waits for a CPU still running the program on the old
+    #: generation before it reads anyway (and counts ``quiesce_timeouts``).
+    quiesce_timeout: float = 1.0
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first bad field."""
+
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(f"sampler option {name}={getattr(self, name)!r}: {why}")
+
+        if not 1 <= self.frequency <= MAX_FREQUENCY:
+            raise bad("frequency", f"must be 1..{MAX_FREQUENCY} Hz")
+        if self.event not in ("auto", *EVENTS):
+            raise bad("event", "must be auto, cycles or cpu-clock")
+        if self.cpus is not None and (not self.cpus or any(c < 0 for c in self.cpus)):
+            raise bad("cpus", "must be a non-empty list of CPU numbers, or unset for all")
+        if not 1 <= self.stack_depth <= 127:
+            raise bad("stack_depth", "must be 1..127 frames")
+        for name in ("stack_storage_size", "max_entries", "max_watched", "filter_max"):
+            if not 1 <= getattr(self, name) <= 1 << 24:
+                raise bad(name, "must be 1..16777216")
+        p = self.ringbuf_pages
+        if p < 1 or p & (p - 1) or p > 1 << 18:
+            raise bad("ringbuf_pages", "must be a power of 2, at most 262144")
+        for name in ("pids", "tids", "cgroups", "comms"):
+            v = getattr(self, name)
+            if v is not None and len(v) > self.filter_max:
+                raise bad(name, f"more entries than filter_max={self.filter_max}")
+        for c in self.comms or ():
+            if not c or len(c.encode()) > _COMM_LEN - 1:
+                raise bad("comms", f"{c!r}: a comm is 1..15 bytes")
+        if self.quiesce_timeout <= 0:
+            raise bad("quiesce_timeout", "must be > 0 seconds")
+
+
+@dataclass(frozen=True)
+class BpfProgram:
+    """The exact source and compiler flags that :class:`BpfSampler` loads."""
+
+    path: Path
+    text: str
+    cflags: tuple[str, ...]
+
+    def render(self) -> str:
+        """What ``flamed daemon --print-bpf`` prints: flags, then the source."""
+        head = [
+            f"// {self.path}",
+            f"// bcc cflags: {' '.join(shlex.quote(c) for c in self.cflags)}",
+            "",
+        ]
+        return "\n".join(head) + self.text
+
+
+def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions()) -> BpfProgram:
+    """The program and -D flags the options select (reads the file)."""
+    d = options.bpf_dir or default_bpf_dir()
+    path = d / "profile.bpf.c"
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise CapabilityError(
+            f"BPF source {path} not readable ({e.strerror}); set FLAMED_BPF_DIR to the directory "
+            "holding profile.bpf.c and flamed.h"
+        ) from None
+    defines = {
+        "FLAMED_STACK_ENTRIES": options.stack_storage_size,
+        "FLAMED_STACK_DEPTH": options.stack_depth,
+        "FLAMED_MAX_ENTRIES": options.max_entries,
+        "FLAMED_RINGBUF_PAGES": options.ringbuf_pages,
+        "FLAMED_MAX_WATCHED": options.max_watched,
+        "FLAMED_FILTER_MAX": options.filter_max,
+        "FLAMED_INCLUDE_IDLE": int(options.include_idle),
+        "FLAMED_FILTER_PIDS": int(options.pids is not None),
+        "FLAMED_FILTER_TIDS": int(options.tids is not None),
+        "FLAMED_FILTER_CGROUPS": int(options.cgroups is not None),
+        "FLAMED_FILTER_COMMS": int(options.comms is not None),
+    }
+    cflags = (f"-I{d}", *(f"-D{k}={v}" for k, v in defines.items()))
+    return BpfProgram(path=path, text=text, cflags=cflags)
+
+
+def print_bpf(options: BpfSamplerOptions = BpfSamplerOptions(), file: TextIO | None = None) -> None:
+    (file or sys.stdout).write(bpf_program(options).render())
+
+
+def _stat_indices(header: Path) -> dict[str, int]:
+    """FLAMED_STAT_* from flamed.h, the one place they are defined."""
+    found = {m[1]: int(m[2]) for m in re.finditer(r"\bFLAMED_STAT_(\w+)\s*=\s*(\d+)", header.read_text())}
+    n = re.search(r"\bFLAMED_NSTATS\s*=\s*(\d+)", header.read_text())
+    if not found or n is None:
+        raise FlamedError(f"{header}: no FLAMED_STAT_* indices found")
+    found["__N__"] = int(n[1])
+    return found
+
+
+# ---------------------------------------------------------------------------
+# Counters for metrics
+
+
+@dataclass
+class SamplerStats:
+    """Cumulative counters and last-drain figures, for metrics and status."""
+
+    event: str = ""  # "cycles" or "cpu-clock" once started
+    frequency: int = 0
+    cpus: tuple[int, ...] = ()
+    samples_total: int = 0  # BPF-side samples that passed the filters
+    counted_total: int = 0
+    events_total: int = 0  # samples sent as events (watched processes)
+    idle_total: int = 0  # idle samples skipped (include_idle=False)
+    filtered_total: int = 0  # samples the filters excluded
+    lost_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOST_REASONS, 0))
+    drains_total: int = 0
+    quiesce_timeouts: int = 0
+    last_drain_seconds: float = 0.0  # whole drain, symbolization included
+    last_symbolize_seconds: float = 0.0
+    last_keys: int = 0  # count-map entries read in the last drain
+    last_stack_ids: int = 0  # distinct stack ids read in the last drain
+    last_stacks: int = 0  # distinct (tgid, tid, comm, stack) in the last Window
+    last_events: int = 0
+    count_map_fill: float = 0.0  # last_keys / max_entries
+    stack_map_fill: float = 0.0  # stack ids used / stack map buckets
+    max_entries: int = 0
+    stack_buckets: int = 0
+    symbol_processes: int = 0  # processes with a live symbol cache
+    symbol_addresses: int = 0  # cached address -> frame results
+
+    def copy(self) -> SamplerStats:
+        c = SamplerStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+        c.lost_total = dict(self.lost_total)
+        return c
+
+
+# ---------------------------------------------------------------------------
+# Helpers around bcc
+
+
+def _effective_caps() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _check_privileges() -> None:
+    caps = _effective_caps()
+    has = lambda c: bool(caps >> c & 1)  # noqa: E731
+    if has(_CAP_SYS_ADMIN) or (has(_CAP_BPF) and has(_CAP_PERFMON)):
+        return
+    raise CapabilityError(
+        "the BPF sampler needs root, or CAP_BPF and CAP_PERFMON (plus CAP_SYS_PTRACE to read other "
+        f"processes' symbols; effective capabilities now: {caps:#x}); run as root, or through the "
+        "systemd unit, which grants them"
+    )
+
+
+def _import_bcc() -> Any:
+    try:
+        import bcc  # type: ignore[import-not-found]
+    except Exception as e:  # noqa: BLE001 -- any import failure means the same thing
+        raise CapabilityError(
+            f"the bcc Python binding does not import ({e}); install Debian's python3-bpfcc and run "
+            f"flamed with /usr/bin/python3 or a venv made with --system-site-packages (now: {sys.executable})"
+        ) from None
+    return bcc
+
+
+def _headers_hint() -> str:
+    rel = os.uname().release
+    build = Path("/lib/modules") / rel / "build"
+    src = os.environ.get("BCC_KERNEL_SOURCE")
+    if src:
+        return f"BCC_KERNEL_SOURCE={src} is used; check that it holds kernel headers"
+    if not build.exists():
+        return (
+            f"no kernel headers for {rel} ({build} missing): install linux-headers-{rel}, or run "
+            "packaging/setup.sh to link the distribution's headers, or set BCC_KERNEL_SOURCE"
+        )
+    return f"kernel headers from {build.resolve()}"
+
+
+def _with_captured_stderr(fn: Callable[[], Any]) -> tuple[Any, str, BaseException | None]:
+    """Run ``fn`` with fd 2 captured: clang and libbpf report there, not in exceptions."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as tmp:
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 -- bcc raises plain Exception
+            error = e
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode("utf-8", "replace")
+    return result, text, error
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    kept = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return "\n  ".join(kept[-lines:])
+
+
+def online_cpus(sysfs: Path = Path("/sys/devices/system/cpu")) -> list[int]:
+    """CPU numbers from ``online`` (``0-3,5``)."""
+    text = (sysfs / "online").read_text().strip()
+    out: list[int] = []
+    for part in text.split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _placeholder(sid: int, kernel: bool) -> Stack:
+    """Frames standing for a stack id that is an error (see bpf/flamed.h)."""
+    if sid == -errno.EFAULT:
+        return ()
+    suffix = KERNEL_SUFFIX if kernel else ""
+    if sid == -errno.ENODATA:
+        return (f"[missing {'kernel' if kernel else 'user'} stack]{suffix}",)
+    name = errno.errorcode.get(-sid, str(-sid))
+    return (f"[lost stack: {name}]{suffix}",)
+
+
+# ---------------------------------------------------------------------------
+# The sampler
+
+
+class BpfSampler:
+    """bpf/profile.bpf.c through bcc; implements :class:`flamed.sampler.Sampler`.
+
+    ``symbolizer`` and ``clock`` (wall-clock ns) can be passed in; the
+    defaults are bcc's symbol caches and :func:`time.time_ns`.
+    """
+
+    def __init__(
+        self,
+        options: BpfSamplerOptions = BpfSamplerOptions(),
+        *,
+        symbolizer: Symbolizer | None = None,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        options.validate()
+        self.options = options
+        self._clock = clock
+        self._symbolizer = symbolizer
+        self._lock = threading.RLock()
+        self._bpf: Any = None
+        self._lib: Any = None
+        self._perf_fds: dict[int, int] = {}
+        self._prog_fd = -1
+        self._gen = 0
+        self._window_start = 0
+        self._watched: set[int] = set()
+        self._pids: set[int] = set(options.pids or ())
+        self._raw_events: list[tuple[int, int, int, int, int, int, int, bytes]] = []
+        self._global_seen: dict[str, int] = {"IDLE": 0, "FILTERED": 0}
+        self._stats = SamplerStats(frequency=options.frequency)
+        self._stat_idx: dict[str, int] = {}
+        self._started = False
+        self._closed = False
+        self._event_name = ""
+        # Buffers reused by every drain.
+        self._keys_buf: Any = None
+        self._vals_buf: Any = None
+        self._stack_buf: Any = None
+        self._comm_cache: dict[bytes, str] = {}
+
+    # -- Sampler protocol -------------------------------------------------
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            if self._closed:
+                raise FlamedError("sampler already closed; make a new one")
+            try:
+                self._start()
+            except BaseException:
+                self._teardown()
+                raise
+            self._started = True
+
+    def drain(self) -> Window:
+        with self._lock:
+            if not self._started or self._closed:
+                raise FlamedError("sampler not started")
+            return self._drain()
+
+    def watch(self, tgid: int) -> None:
+        with self._lock:
+            self._watched.add(tgid)
+            if self._bpf is not None:
+                self._map_set("watched", tgid, ct.c_uint32)
+
+    def unwatch(self, tgid: int) -> None:
+        with self._lock:
+            self._watched.discard(tgid)
+            if self._bpf is not None:
+                self._map_del("watched", tgid, ct.c_uint32)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._teardown()
+
+    # -- beyond the protocol ---------------------------------------------
+    def __enter__(self) -> BpfSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def event(self) -> str:
+        """``cycles`` or ``cpu-clock``: the perf event in use (after start)."""
+        return self._event_name
+
+    @property
+    def watched(self) -> frozenset[int]:
+        return frozenset(self._watched)
+
+    def add_pid(self, tgid: int) -> None:
+        """Add a process to the pid filter (``options.pids`` must be set)."""
+        with self._lock:
+            self._need_pid_filter()
+            self._pids.add(tgid)
+            if self._bpf is not None:
+                self._map_set("filter_pids", tgid, ct.c_uint32)
+
+    def remove_pid(self, tgid: int) -> None:
+        with self._lock:
+            self._need_pid_filter()
+            self._pids.discard(tgid)
+            if self._bpf is not None:
+                self._map_del("filter_pids", tgid, ct.c_uint32)
+
+    def forget(self, pid: int) -> None:
+        """``pid`` exited or exec'd: drop its symbols once the next drain has
+        symbolized the samples it still has in flight."""
+        with self._lock:
+            if self._symbolizer is not None:
+                self._symbolizer.forget(pid)
+
+    def poll_events(self) -> int:
+        """Move events from the ring buffer into the sampler (returned by the
+        next drain).  Call it between drains when watched processes produce
+        more events per drain interval than the ring buffer holds; returns how
+        many were read."""
+        with self._lock:
+            if self._bpf is None:
+                return 0
+            before = len(self._raw_events)
+            self._bpf.ring_buffer_consume()
+            return len(self._raw_events) - before
+
+    def stats(self) -> SamplerStats:
+        with self._lock:
+            s = self._stats.copy()
+            if self._symbolizer is not None:
+                s.symbol_processes = self._symbolizer.stats.processes
+                s.symbol_addresses = self._symbolizer.stats.addresses_cached
+            return s
+
+    def program(self) -> BpfProgram:
+        return bpf_program(self.options)
+
+    # -- start -----------------------------------------------------------
+    def _start(self) -> None:
+        bcc = _import_bcc()
+        _check_privileges()
+        prog = bpf_program(self.options)
+        self._stat_idx = _stat_indices(prog.path.parent / "flamed.h")
+        # Compile from the file's text with -D flags; the header comes through -I.
+        b, text, err = _with_captured_stderr(
+            lambda: bcc.BPF(text=prog.text.encode(), cflags=list(prog.cflags))
+        )
+        if err is not None or b is None:
+            raise CapabilityError(
+                f"bcc could not compile {prog.path} ({_headers_hint()}):\n  {_tail(text) or err}"
+            )
+        self._bpf = b
+        from bcc.libbcc import lib  # type: ignore[import-not-found]
+
+        self._lib = lib
+        fn, text, err = _with_captured_stderr(lambda: b.load_func(b"flamed_sample", bcc.BPF.PERF_EVENT))
+        if err is not None or fn is None:
+            raise CapabilityError(
+                f"the kernel refused the BPF program (verifier or privileges):\n  {_tail(text) or err}"
+            )
+        self._prog_fd = fn.fd
+        self._check_layout()
+        self._symbolizer = self._symbolizer or Symbolizer()
+        for t in self._watched:
+            self._map_set("watched", t, ct.c_uint32)
+        for t in self._pids:
+            self._map_set("filter_pids", t, ct.c_uint32)
+        for t in self.options.tids or ():
+            self._map_set("filter_tids", t, ct.c_uint32)
+        for cg in self.options.cgroups or ():
+            self._map_set("filter_cgroups", self._cgroup_id(cg), ct.c_uint64)
+        comms = b["filter_comms"]
+        for c in self.options.comms or ():
+            k = comms.Key()
+            k.comm = c.encode()
+            comms[k] = comms.Leaf(1)
+        b["events"].open_ring_buffer(self._on_event)
+        n = self.options.max_entries
+        key_t, leaf_t = b["counts0"].Key, b["counts0"].Leaf
+        self._keys_buf = (key_t * n)()
+        self._vals_buf = (leaf_t * n)()
+        self._stack_buf = (ct.c_uint64 * self.options.stack_depth)()
+        self._gen = 0
+        self._map_write_gen(0)
+        self._stats.max_entries = n
+        self._stats.stack_buckets = 1 << max(0, (self.options.stack_storage_size - 1).bit_length())
+        self._window_start = self._clock()
+        self._attach()
+
+    def _check_layout(self) -> None:
+        """The ctypes/struct mirrors must match what clang laid out."""
+        got = ct.sizeof(self._bpf["counts0"].Key)
+        if got != _KEY.size:
+            raise FlamedError(f"struct flamed_key is {got} bytes in BPF, {_KEY.size} in Python: rebuild both")
+
+    def _cgroup_id(self, cg: int | str) -> int:
+        if isinstance(cg, int):
+            return cg
+        try:
+            # The cgroup v2 id that bpf_get_current_cgroup_id returns is the
+            # inode number of the cgroup's directory.
+            return os.stat(cg).st_ino
+        except OSError as e:
+            raise ConfigError(f"sampler option cgroups: {cg}: {e.strerror}") from None
+
+    def _attach(self) -> None:
+        wanted = self.options.event
+        cpus = list(self.options.cpus) if self.options.cpus is not None else online_cpus()
+        order = ["cycles", "cpu-clock"] if wanted == "auto" else [wanted]
+        last_err = 0
+        errors: dict[str, int] = {}
+        for name in order:
+            ok, last_err = self._attach_event(name, cpus)
+            if ok:
+                self._event_name = name
+                self._stats.event = name
+                self._stats.cpus = tuple(sorted(self._perf_fds))
+                if "cycles" in errors:
+                    log.info(
+                        "hardware event cpu-cycles unavailable (%s); sampling with the software cpu-clock",
+                        os.strerror(errors["cycles"]),
+                    )
+                log.info("sampling %s at %d Hz on CPUs %s", name, self.options.frequency, self._stats.cpus)
+                return
+            errors[name] = last_err
+        hint = (
+            "need CAP_PERFMON (or root) and kernel.perf_event_paranoid <= 2"
+            if last_err in (errno.EACCES, errno.EPERM)
+            else "the perf event is not supported here; try event=cpu-clock"
+        )
+        raise CapabilityError(
+            f"perf_event_open({'/'.join(order)}) refused on CPU(s) {cpus}: "
+            f"{os.strerror(last_err) if last_err else 'error'}; {hint}"
+        )
+
+    def _attach_event(self, name: str, cpus: Iterable[int]) -> tuple[bool, int]:
+        ev_type, ev_config = EVENTS[name]
+        opened: dict[int, int] = {}
+        for cpu in cpus:
+            fd = self._open_perf(ev_type, ev_config, cpu)
+            if fd < 0:
+                err = -fd
+                for f in opened.values():
+                    self._lib.bpf_close_perf_event_fd(f)
+                return False, err
+            opened[cpu] = fd
+        self._perf_fds.update(opened)
+        return True, 0
+
+    def _open_perf(self, ev_type: int, ev_config: int, cpu: int) -> int:
+        """fd, or -errno."""
+
+        def call() -> int:
+            # Explicit ctypes: bcc declares no argtypes for this function.
+            fd: int = self._lib.bpf_attach_perf_event(
+                ct.c_int(self._prog_fd), ct.c_uint32(ev_type), ct.c_uint32(ev_config),
+                ct.c_uint64(0), ct.c_uint64(self.options.frequency),
+                ct.c_int(-1), ct.c_int(cpu), ct.c_int(-1),
+            )
+            return fd if fd >= 0 else -(ct.get_errno() or errno.EINVAL)
+
+        fd, _text, _err = _with_captured_stderr(call)
+        return int(fd) if fd is not None else -errno.EINVAL
+
+    def _refresh_cpus(self) -> None:
+        """Attach to CPUs that came online since the last look."""
+        if self.options.cpus is not None or not self._event_name:
+            return
+        try:
+            new = [c for c in online_cpus() if c not in self._perf_fds]
+        except OSError:
+            return
+        if new:
+            ok, err = self._attach_event(self._event_name, new)
+            if ok:
+                log.info("CPUs %s came online: sampling them too", new)
+                self._stats.cpus = tuple(sorted(self._perf_fds))
+            else:
+                log.warning("could not attach to new CPUs %s: %s", new, os.strerror(err))
+
+    def _teardown(self) -> None:
+        for fd in self._perf_fds.values():
+            self._lib.bpf_close_perf_event_fd(fd)
+        self._perf_fds.clear()
+        if self._bpf is not None:
+            try:
+                self._bpf.cleanup()
+            finally:
+                self._bpf = None
+        if self._symbolizer is not None:
+            self._symbolizer.close()
+        self._keys_buf = self._vals_buf = None
+
+    # -- small map helpers -------------------------------------------------
+    def _map_set(self, name: str, key: int, ktype: Any) -> None:
+        t = self._bpf[name]
+        t[ktype(key)] = t.Leaf(1)
+
+    def _map_del(self, name: str, key: int, ktype: Any) -> None:
+        t = self._bpf[name]
+        try:
+            del t[ktype(key)]
+        except KeyError:
+            pass
+
+    def _map_write_gen(self, gen: int) -> None:
+        t = self._bpf["generation"]
+        t[ct.c_int(0)] = ct.c_uint32(gen)
+
+    def _need_pid_filter(self) -> None:
+        if self.options.pids is None:
+            raise FlamedError("the pid filter is off (options.pids is None); set pids=frozenset() to use add_pid")
+
+    def _on_event(self, _ctx: Any, data: Any, size: int) -> int:
+        if size < _EVENT.size:
+            return 0
+        self._raw_events.append(_EVENT.unpack(ct.string_at(data, _EVENT.size)))
+        return 0
+
+    # -- drain -------------------------------------------------------------
+    def _drain(self) -> Window:
+        t0 = time.perf_counter()
+        old = self._gen
+        self._gen = old ^ 1
+        self._map_write_gen(self._gen)
+        end_ns = self._clock()
+        start_ns, self._window_start = self._window_start, end_ns
+        self._quiesce()
+
+        counters = self._take_stats(old)
+        keys = self._take_counts(old)
+        self._bpf.ring_buffer_consume()
+        raw_events = [e for e in self._raw_events if e[4] == old]
+        self._raw_events = [e for e in self._raw_events if e[4] != old]
+
+        ids: set[int] = set()
+        for _tgid, _tid, kid, uid, _comm, _n in keys:
+            ids.add(kid)
+            ids.add(uid)
+        for e in raw_events:
+            ids.add(e[5])
+            ids.add(e[6])
+        ids = {i for i in ids if i >= 0}
+        stacks = self._read_stacks(old, ids)
+        self._clear_stacks(old, ids)
+        t1 = time.perf_counter()
+
+        sym = self._symbolizer
+        assert sym is not None
+        sym.begin_drain()
+        lost = dict.fromkeys(LOST_REASONS, 0)
+        for reason, n in counters.items():
+            if reason in lost:
+                lost[reason] += n
+        lost["stack_read_failed"] = sum(1 for i in ids if i not in stacks)
+        counts, events = self._symbolize(keys, raw_events, stacks)
+        sym.end_drain()
+        self._refresh_cpus()
+        t2 = time.perf_counter()
+
+        samples = counters.get("SAMPLES", 0)
+        s = self._stats
+        s.samples_total += samples
+        s.counted_total += counters.get("COUNTED", 0)
+        s.events_total += counters.get("EVENTS", 0)
+        for r, n in lost.items():
+            s.lost_total[r] += n
+        s.drains_total += 1
+        s.last_drain_seconds = t2 - t0
+        s.last_symbolize_seconds = t2 - t1
+        s.last_keys = len(keys)
+        s.last_stack_ids = len(ids)
+        s.last_stacks = len(counts)
+        s.last_events = len(events)
+        s.count_map_fill = len(keys) / self.options.max_entries
+        s.stack_map_fill = len(ids) / s.stack_buckets if s.stack_buckets else 0.0
+        return Window(
+            start_ns=start_ns,
+            end_ns=end_ns,
+            counts=counts,
+            events=events,
+            samples=samples,
+            lost=lost,
+            sample_rate=float(self.options.frequency),
+        )
+
+    def _read_percpu(self, name: str, index: int) -> list[int]:
+        return [int(v) for v in self._bpf[name][ct.c_int(index)]]
+
+    def _quiesce(self) -> None:
+        """Wait until every program that may have read the old generation is done.
+
+        A program's per-CPU sequence is odd while it runs.  The short sleep
+        first makes the flip visible everywhere (the sleep's context switch is
+        a full barrier) and lets the microseconds-long programs finish; then
+        any CPU still odd (a vCPU the hypervisor paused mid-program) is waited
+        for until its sequence moves.
+        """
+        time.sleep(0.0005)
+        seqs = self._read_percpu("inflight", 0)
+        busy = {cpu: v for cpu, v in enumerate(seqs) if v & 1}
+        deadline = time.monotonic() + self.options.quiesce_timeout
+        while busy and time.monotonic() < deadline:
+            time.sleep(0.0002)
+            now = self._read_percpu("inflight", 0)
+            busy = {cpu: v for cpu, v in busy.items() if now[cpu] == v}
+        if busy:
+            self._stats.quiesce_timeouts += 1
+            log.warning("CPUs %s still in the BPF program after %.1fs; draining anyway", sorted(busy),
+                        self.options.quiesce_timeout)
+
+    def _take_stats(self, gen: int) -> dict[str, int]:
+        """Read and zero the old generation's counters; deltas of the global ones."""
+        idx = self._stat_idx
+        nstats = idx["__N__"]
+        t = self._bpf["stats"]
+        out: dict[str, int] = {}
+        zero = t.Leaf()
+        for name, i in idx.items():
+            if name == "__N__" or name in ("IDLE", "FILTERED"):
+                continue
+            slot = gen * nstats + i
+            vals = t[ct.c_int(slot)]
+            total = sum(int(v) for v in vals)
+            if total:
+                t[ct.c_int(slot)] = zero
+            out[_STAT_TO_REASON.get(name, name)] = total
+        for name in ("IDLE", "FILTERED"):
+            total = sum(int(v) for v in t[ct.c_int(2 * nstats + idx[name])])
+            delta = total - self._global_seen[name]
+            self._global_seen[name] = total
+            if name == "IDLE":
+                self._stats.idle_total += delta
+            else:
+                self._stats.filtered_total += delta
+        return out
+
+    def _take_counts(self, gen: int) -> list[tuple[int, int, int, int, bytes, int]]:
+        """Read and delete every entry of the old count map (it is quiescent).
+
+        Batched (one syscall per few thousand entries); falls back to one key
+        at a time where the kernel lacks batch operations.
+        """
+        table = self._bpf[f"counts{gen}"]
+        fd = table.map_fd
+        lib = self._lib
+        keys, vals = self._keys_buf, self._vals_buf
+        cap = self.options.max_entries
+        ksz = _KEY.size
+        total = 0
+        in_batch = ct.c_uint32(0)
+        out_batch = ct.c_uint32(0)
+        count = ct.c_uint32(0)
+        first = True
+        batch_ok = True
+        while total < cap:
+            count.value = cap - total
+            res = lib.bpf_lookup_and_delete_batch(
+                fd, None if first else ct.byref(in_batch), ct.byref(out_batch),
+                ct.byref(keys, ksz * total), ct.byref(vals, 8 * total), ct.byref(count),
+            )
+            err = ct.get_errno()
+            total += count.value
+            if res != 0:
+                if err != errno.ENOENT:
+                    batch_ok = False
+                    log.debug("batch lookup-and-delete failed (%s); reading key by key", os.strerror(err))
+                break
+            in_batch.value = out_batch.value
+            first = False
+        raw = bytes(memoryview(keys).cast("B")[: total * ksz])
+        values = memoryview(vals).cast("B")[: total * 8].cast("Q").tolist()
+        out = [(*k, n) for k, n in zip(_KEY.iter_unpack(raw), values)]
+        if not batch_ok:
+            log.debug("batch read of %s stopped after %d entries", table.name if hasattr(table, "name") else "counts", total)
+        # Whatever is left (no batch support, a partial batch) one by one; when
+        # the batch emptied the map this is a single get_next_key call.
+        out.extend(self._take_counts_slow(table))
+        return out  # type: ignore[return-value]
+
+    def _take_counts_slow(self, table: Any) -> list[tuple[int, int, int, int, bytes, int]]:
+        lib = self._lib
+        fd = table.map_fd
+        key = table.Key()
+        nxt = table.Key()
+        val = table.Leaf()
+        rest: list[tuple[int, int, int, int, bytes, int]] = []
+        # Collect first: deleting the current key would restart the walk.
+        found: list[Any] = []
+        if lib.bpf_get_next_key(fd, None, ct.byref(nxt)) != 0:
+            return rest
+        while True:
+            found.append(bytes(nxt))
+            ct.memmove(ct.byref(key), ct.byref(nxt), ct.sizeof(key))
+            if lib.bpf_get_next_key(fd, ct.byref(key), ct.byref(nxt)) != 0:
+                break
+        for kb in found:
+            ct.memmove(ct.byref(key), kb, len(kb))
+            if lib.bpf_lookup_elem(fd, ct.byref(key), ct.byref(val)) == 0:
+                rest.append((*_KEY.unpack(kb), int(val.value)))  # type: ignore[arg-type]
+                lib.bpf_delete_elem(fd, ct.byref(key))
+        return rest
+
+    def _read_stacks(self, gen: int, ids: set[int]) -> dict[int, list[int]]:
+        """Stack id -> instruction pointers, leaf first."""
+        fd = self._bpf[f"stacks{gen}"].map_fd
+        lookup = self._lib.bpf_lookup_elem
+        buf = self._stack_buf
+        pbuf = ct.byref(buf)
+        key = ct.c_int(0)
+        pkey = ct.byref(key)
+        mv = memoryview(buf).cast("B").cast("Q")
+        out: dict[int, list[int]] = {}
+        for sid in ids:
+            key.value = sid
+            if lookup(fd, pkey, pbuf) != 0:
+                continue
+            ips = mv.tolist()
+            try:
+                ips = ips[: ips.index(0)]
+            except ValueError:
+                pass
+            out[sid] = ips
+        return out
+
+    def _clear_stacks(self, gen: int, ids: set[int]) -> None:
+        """Empty the old generation's stack map: the ids we know, then any
+        orphan (a stack id whose sample was dropped before it was counted)."""
+        fd = self._bpf[f"stacks{gen}"].map_fd
+        lib = self._lib
+        key = ct.c_int(0)
+        pkey = ct.byref(key)
+        for sid in ids:
+            key.value = sid
+            lib.bpf_delete_elem(fd, pkey)
+        nxt = ct.c_int(0)
+        orphans: list[int] = []
+        if lib.bpf_get_next_key(fd, None, ct.byref(nxt)) == 0:
+            while True:
+                orphans.append(nxt.value)
+                key.value = nxt.value
+                if lib.bpf_get_next_key(fd, pkey, ct.byref(nxt)) != 0:
+                    break
+        for sid in orphans:
+            key.value = sid
+            lib.bpf_delete_elem(fd, pkey)
+
+    # -- symbolization -----------------------------------------------------
+    def _comm(self, raw: bytes) -> str:
+        c = self._comm_cache.get(raw)
+        if c is None:
+            c = raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            if len(self._comm_cache) > 65536:
+                self._comm_cache.clear()
+            self._comm_cache[raw] = c
+        return c
+
+    def _symbolize(
+        self,
+        keys: list[tuple[int, int, int, int, bytes, int]],
+        raw_events: list[tuple[int, int, int, int, int, int, int, bytes]],
+        stacks: dict[int, list[int]],
+    ) -> tuple[dict[CountKey, int], list[SampleEvent]]:
+        sym = self._symbolizer
+        assert sym is not None
+        kmemo: dict[int, Stack] = {}
+        umemo: dict[tuple[int, int], Stack] = {}
+        read_failed = ("[lost stack: read failed]",)
+
+        def kstack(kid: int) -> Stack:
+            s = kmemo.get(kid)
+            if s is None:
+                if kid < 0:
+                    s = _placeholder(kid, True)
+                else:
+                    ips = stacks.get(kid)
+                    s = sym.kernel_stack(ips) if ips is not None else (read_failed[0] + KERNEL_SUFFIX,)
+                kmemo[kid] = s
+            return s
+
+        def ustack(tgid: int, uid: int) -> Stack:
+            s = umemo.get((tgid, uid))
+            if s is None:
+                if uid < 0:
+                    s = _placeholder(uid, False)
+                else:
+                    ips = stacks.get(uid)
+                    s = sym.user_stack(tgid, ips) if ips is not None else read_failed
+                umemo[(tgid, uid)] = s
+            return s
+
+        counts: dict[CountKey, int] = {}
+        comm = self._comm
+        for tgid, tid, kid, uid, rc, n in keys:
+            stack = ustack(tgid, uid) + kstack(kid)
+            ck = (tgid, tid, comm(rc), stack or (EMPTY_STACK_FRAME,))
+            counts[ck] = counts.get(ck, 0) + n
+        events = [
+            SampleEvent(
+                ktime_ns=kt, tgid=tgid, tid=tid, comm=comm(rc),
+                user_stack=ustack(tgid, uid), kernel_stack=kstack(kid), cpu=cpu,
+            )
+            for kt, tgid, tid, cpu, _gen, kid, uid, rc in raw_events
+        ]
+        events.sort(key=lambda e: (e.ktime_ns, e.cpu, e.tid))
+        return counts, events
