@@ -128,6 +128,14 @@ class MetricsServer:
         self._thread: threading.Thread | None = None
 
     @property
+    def bound(self) -> str | None:
+        """``HOST:PORT`` actually bound (the port is real even when 0 was asked), or None."""
+        if self._server is None:
+            return None
+        host, port = self._server.server_address[:2]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    @property
     def port(self) -> int | None:
         return None if self._server is None else int(self._server.server_address[1])
 

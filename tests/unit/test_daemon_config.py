@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from flamed.cli import main
+from flamed.daemon.config import DaemonConfig, config_from_dict, load_config
+from flamed.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_documented_config_is_exactly_the_defaults() -> None:
+    # packaging/flamed.toml documents every key with its default: parsing it must
+    # give the built-in defaults, and it must name every field of every table.
+    cfg = load_config(str(ROOT / "packaging" / "flamed.toml"))
+    assert dataclasses.replace(cfg, source=None) == DaemonConfig()
+    raw = tomllib.loads((ROOT / "packaging" / "flamed.toml").read_text())
+    for section in ("sampling", "output", "retention", "snapshot", "metrics", "control", "log"):
+        fields = {f.name for f in dataclasses.fields(getattr(DaemonConfig(), section))}
+        assert set(raw[section]) == fields, section
+
+
+def test_docs_list_every_key() -> None:
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    for section in ("sampling", "output", "retention", "snapshot", "metrics", "control", "log"):
+        for f in dataclasses.fields(getattr(DaemonConfig(), section)):
+            assert f"`{f.name}`" in doc, f"{section}.{f.name} missing from docs/configuration.md"
+
+
+def test_dev_config_is_valid_and_local() -> None:
+    cfg = load_config(str(ROOT / "packaging" / "flamed.dev.toml"))
+    assert cfg.output.state_dir == "./var/profiles"
+    assert cfg.control.socket == "./var/flamed.sock"
+    assert cfg.metrics.address == "127.0.0.1:9752"
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"sampling": {"frequency": 0}}, "sampling.frequency"),
+        ({"sampling": {"frequency": 1000}}, "sampling.frequency"),
+        ({"sampling": {"frequency": "19"}}, "sampling.frequency"),
+        ({"sampling": {"frequency": True}}, "sampling.frequency"),
+        ({"sampling": {"sampler": "perf"}}, "sampling.sampler"),
+        ({"sampling": {"pids": [1, "x"]}}, "sampling.pids[1]"),
+        ({"sampling": {"pids": 5}}, "sampling.pids"),
+        ({"sampling": {"nope": 1}}, "sampling.nope"),
+        ({"output": {"root_frame": "task"}}, "output.root_frame"),
+        ({"output": {"compress": "yes"}}, "output.compress"),
+        ({"output": {"state_dir": ""}}, "output.state_dir"),
+        ({"output": {"rotate_interval": "fast"}}, "output.rotate_interval"),
+        ({"retention": {"max_bytes": "12 parsecs"}}, "retention.max_bytes"),
+        ({"retention": {"max_files": -1}}, "retention.max_files"),
+        ({"retention": {"max_age": float("nan")}}, "retention.max_age"),
+        ({"metrics": {"address": "localhost"}}, "metrics.address"),
+        ({"metrics": {"address": "127.0.0.1:99999"}}, "metrics.address"),
+        ({"control": {"socket_mode": 0o1777}}, "control.socket_mode"),
+        ({"control": {"max_clients": 0}}, "control.max_clients"),
+        ({"log": {"level": "loud"}}, "log.level"),
+        ({"bogus": {}}, "bogus"),
+        ({"output": 3}, "output"),
+        ({"processors": {"python": 1}}, "processors.python"),
+    ],
+)
+def test_errors_name_the_key(raw: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(raw)
+    assert str(e.value).startswith(key + ":") or str(e.value).startswith(key + " "), str(e.value)
+
+
+def test_cross_key_checks() -> None:
+    with pytest.raises(ConfigError, match="output.rotate_interval"):
+        config_from_dict({"sampling": {"drain_interval": 30}, "output": {"rotate_interval": 10}})
+
+
+def test_units_and_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[retention]\nmax_bytes = "2G"\nmax_age = "2d"\n[output]\nrotate_interval = "5m"\n'
+                 '[control]\nallowed_users = [1000, "alice"]\n')
+    cfg = load_config(str(f), overrides={"sampling.frequency": 99, "output.state_dir": "/x"})
+    assert cfg.retention.max_bytes == 2 << 30
+    assert cfg.retention.max_age == 2 * 86400
+    assert cfg.output.rotate_interval == 300
+    assert cfg.control.allowed_users == ("1000", "alice")
+    assert cfg.sampling.frequency == 99 and cfg.output.state_dir == "/x"
+    assert cfg.source == str(f)
+    with pytest.raises(ConfigError, match="sampling.frequency"):
+        load_config(str(f), overrides={"sampling.frequency": 5000})
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(str(tmp_path / "missing.toml"))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[sampling\nfrequency = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(str(bad))
+
+
+def test_cli_check_config_reports_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[output]\ncompress = 1\n")
+    assert main(["daemon", "--config", str(bad), "--check-config"]) == 2
+    err = capsys.readouterr().err
+    assert "output.compress: expected true or false" in err
+    assert "Traceback" not in err

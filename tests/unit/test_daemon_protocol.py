@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from flamed.daemon.protocol import (
+    MAX_REQUEST_BYTES,
+    ProtocolError,
+    SnapshotFilter,
+    SnapshotRequest,
+    check_regex,
+    parse_request,
+)
+
+FORMATS = ["folded", "svg"]
+
+
+def req(obj: object) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def parse(obj: object):
+    return parse_request(req(obj), formats=FORMATS, max_next=60)
+
+
+def test_valid_snapshot() -> None:
+    r = parse({"request": "snapshot", "seconds": 30, "pid": [1, 2], "tgid": 3, "tid": 4, "comm": "^py",
+               "frame": "ext4_", "frames": "kernel", "format": "svg", "root": "tid"})
+    assert r.snapshot == SnapshotRequest(seconds=30.0, pids=frozenset({1, 2, 3}), tids=frozenset({4}), comm="^py",
+                                         frame="ext4_", frames="kernel", format="svg", root="tid")
+    assert parse({"request": "snapshot"}).snapshot.seconds == 60.0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("obj", "needle"),
+    [
+        ([1, 2], "JSON object"),
+        ({"request": "dance"}, "'request'"),
+        ({"seconds": 3}, "'request'"),
+        ({"request": "status", "seconds": 3}, "unknown field"),
+        ({"request": "snapshot", "pids": [1]}, "unknown field(s) for 'snapshot': pids"),
+        ({"request": "snapshot", "seconds": -1}, "'seconds'"),
+        ({"request": "snapshot", "seconds": "10"}, "'seconds'"),
+        ({"request": "snapshot", "seconds": 1, "next": 1}, "not both"),
+        ({"request": "snapshot", "next": 61}, "at most 60"),
+        ({"request": "snapshot", "pid": "12"}, "'pid'"),
+        ({"request": "snapshot", "pid": []}, "'pid'"),
+        ({"request": "snapshot", "pid": [True]}, "'pid'"),
+        ({"request": "snapshot", "pid": 2**40}, "'pid'"),
+        ({"request": "snapshot", "format": "png"}, "'format' must be one of folded, svg"),
+        ({"request": "snapshot", "frames": "both"}, "'frames'"),
+        ({"request": "snapshot", "root": "x"}, "'root'"),
+        ({"request": "snapshot", "comm": 5}, "'comm'"),
+        ({"request": "snapshot", "comm": "("}, "invalid regular expression"),
+        ({"request": "snapshot", "frame": "(a+)+$"}, "nested repetition"),
+        ({"request": "snapshot", "frame": "(a|aa)*$"}, "alternation inside a repetition"),
+        ({"request": "snapshot", "frame": r"(a)\1"}, "backreferences"),
+        ({"request": "snapshot", "frame": "a" * 300}, "longer than"),
+        ({"request": "snapshot", "title": "x" * 300}, "'title'"),
+    ],
+)
+def test_bad_requests(obj: object, needle: str) -> None:
+    with pytest.raises(ProtocolError) as e:
+        parse(obj)
+    assert needle in str(e.value)
+
+
+def test_not_json_and_too_large() -> None:
+    with pytest.raises(ProtocolError, match="not valid JSON"):
+        parse_request(b"{nope", formats=FORMATS, max_next=1)
+    with pytest.raises(ProtocolError, match="not valid JSON"):
+        parse_request(b"\xff\xfe", formats=FORMATS, max_next=1)
+    with pytest.raises(ProtocolError) as e:
+        parse_request(b" " * (MAX_REQUEST_BYTES + 1), formats=FORMATS, max_next=1)
+    assert e.value.code == "too_large"
+    with pytest.raises(ProtocolError):
+        parse_request(b"[" * 100000, formats=FORMATS, max_next=1)
+
+
+@pytest.mark.parametrize("pattern", ["(a+)+b", "(a*)*b", "(a|a)*b", "(.*a){12}", "((ab)*)+", "(?:a+){2,}c"])
+def test_pathological_regexes_are_refused(pattern: str) -> None:
+    with pytest.raises(ValueError):
+        check_regex(pattern)
+
+
+@pytest.mark.parametrize("pattern", ["^python", "ext4_.*write", r"do_sys_\w+_\[k\]$", "(foo|bar)baz", "a{2,5}b+"])
+def test_ordinary_regexes_pass_and_are_fast(pattern: str) -> None:
+    rx = check_regex(pattern)
+    t = time.perf_counter()
+    rx.search("a" * 5000 + "!")
+    assert time.perf_counter() - t < 1.0
+
+
+def test_filter_tasks_and_frame_kinds() -> None:
+    counts = {
+        (10, 10, "python3", ("main", "f", "sys_read_[k]")): 3,
+        (10, 11, "python3", ("main", "g")): 2,
+        (20, 20, "bash", ("main", "sys_write_[k]")): 5,
+    }
+    out: dict = {}
+    SnapshotFilter(SnapshotRequest(pids=frozenset({10}))).apply(counts, out)
+    assert sum(out.values()) == 5
+    out = {}
+    SnapshotFilter(SnapshotRequest(tids=frozenset({11}))).apply(counts, out)
+    assert list(out.values()) == [2]
+    out = {}
+    SnapshotFilter(SnapshotRequest(comm="^ba")).apply(counts, out)
+    assert list(out) == [(20, 20, "bash", ("main", "sys_write_[k]"))]
+    out = {}
+    SnapshotFilter(SnapshotRequest(frames="kernel")).apply(counts, out)
+    assert out == {(10, 10, "python3", ("sys_read_[k]",)): 3, (20, 20, "bash", ("sys_write_[k]",)): 5}
+    out = {}
+    SnapshotFilter(SnapshotRequest(frames="user", frame="^g$")).apply(counts, out)
+    assert out == {(10, 11, "python3", ("main", "g")): 2}
+    out = {}
+    SnapshotFilter(SnapshotRequest(exclude_frame="_\\[k\\]$")).apply(counts, out)
+    assert sum(out.values()) == 2
