@@ -104,11 +104,55 @@ def _gz_seeds() -> list[bytes]:
     return [gzip.compress(s, mtime=0) for s in FOLDED_SEEDS[:3]]
 
 
+# ---------------------------------------------------------------------------
+# the control socket's request line (flamed/daemon/protocol.py)
+
+PROTOCOL_SEEDS = [
+    b'{"request": "status"}\n',
+    b'{"request": "flush"}',
+    b'{"request": "snapshot", "seconds": 30, "pid": 1234, "format": "folded"}',
+    b'{"request": "snapshot", "next": 2.5, "tgid": [1, 2, 3], "tid": 7, "comm": "^python", "frames": "kernel"}',
+    b'{"request": "snapshot", "frame": "read_\\[k\\]$", "exclude_frame": "idle", "root": "tid", "title": "t"}',
+]
+PROTOCOL_TOKENS = (
+    b'"request"', b'"snapshot"', b'"status"', b'"seconds"', b'"next"', b'"pid"', b'"comm"', b'"frame"',
+    b'"exclude_frame"', b'"frames"', b'"root"', b'"format"', b'"title"', b":", b",", b"1e999", b"-0.0",
+    b'".*.*.*.*x"', b'"(a+)+$"', b'"(a|aa)*b"', b'"\\1"', b'"[a-z]*[a-y]*q"', b'"a{99999999999}"',
+    b"[" * 50, b"NaN", b"true", b'"\\ud800"',
+)
+#: Frames a filter is matched against after acceptance: a long one, so an
+#: accepted regex with exponential or high-degree polynomial cost shows as a hang.
+_ADVERSARIAL_FRAMES = ("a" * 400 + "!", "x" * 200, "python3-1234/5678", "read_[k]")
+
+
+def _protocol(data: bytes) -> object:
+    from flamed.daemon.protocol import SnapshotFilter, parse_request
+
+    req = parse_request(data, formats=["folded", "svg", "json"], max_next=60.0)
+    if req.snapshot is not None:
+        # Acceptance promises bounded cost: exercise the filter the daemon builds.
+        f = SnapshotFilter(req.snapshot)
+        for fr in _ADVERSARIAL_FRAMES:
+            f.keep_task(1, 1, fr)
+            f.stack((fr, "b", fr + "_[k]"))
+    return req
+
+
+def _protocol_target() -> Target:
+    try:
+        from flamed.daemon.protocol import ProtocolError
+    except ImportError as e:
+        return Target("socket-request", _protocol, [], missing=f"flamed.daemon.protocol not importable ({e})")
+    return Target("socket-request", _protocol, PROTOCOL_SEEDS, PROTOCOL_TOKENS, clean=(ProtocolError,),
+                  max_size=70 << 10)
+
+
 def targets() -> list[Target]:
     ts = [
         Target("folded", _folded, FOLDED_SEEDS + _corpus("**/*.folded"), FOLDED_TOKENS, check=_folded_roundtrip),
         Target("folded-strict", _folded_strict, FOLDED_SEEDS, FOLDED_TOKENS),
         Target("folded-file+gzip", _via_file(_folded_file), FOLDED_SEEDS[:2] + _gz_seeds(), FOLDED_TOKENS),
+        _protocol_target(),
     ]
     return ts
 

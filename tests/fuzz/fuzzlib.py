@@ -61,6 +61,8 @@ class Target:
     max_size: int = 16 << 10
     #: Set when the target's module has not landed; tests skip with this reason.
     missing: str | None = None
+    #: Exceptions that count as a clean refusal (FlamedError, or the socket's ProtocolError).
+    clean: tuple[type[BaseException], ...] = (FlamedError,)
 
 
 @dataclass
@@ -107,7 +109,7 @@ def run_one(
             signal.setitimer(signal.ITIMER_REAL, 0)
     except Hang:
         return Outcome(False, "hang", f"no answer within {time_limit:g} s", time.perf_counter() - t0)
-    except FlamedError:
+    except target.clean:
         kind = "error"
     except MemoryError as e:
         return Outcome(False, "memory", "MemoryError", time.perf_counter() - t0, exc=e)
