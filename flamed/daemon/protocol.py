@@ -74,7 +74,7 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
         raise ProtocolError(f"request longer than {MAX_REQUEST_BYTES} bytes", "too_large")
     try:
         obj = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # ValueError: also int() of >4300 digits, not only JSONDecodeError
         raise ProtocolError(f"request is not valid JSON: {e}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("request must be a JSON object such as {\"request\": \"status\"}")
