@@ -237,6 +237,10 @@ class PySpySupervisor:
     def pids(self) -> list[int]:
         return sorted(p for p, t in self._targets.items() if not t.done)
 
+    def busy_pids(self) -> set[int]:
+        """Processes with a py-spy child still running (its trace is yet to come)."""
+        return {p for p, t in self._targets.items() if t.children}
+
     def running(self) -> int:
         return sum(1 for t in self._targets.values() for c in t.children if c.proc.poll() is None)
 

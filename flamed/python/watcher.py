@@ -49,7 +49,8 @@ class WatchOptions:
     include_comm / exclude_comm: regex searched in the comm (default: all / none).
     uids: only these real uids (default: any).
     include_cgroup / exclude_cgroup: regex searched in the cgroup v2 path (default: all / none).
-    pids: only these processes and their descendants (default: all; ``flamed record``).
+    pids: only these processes (default: all; ``flamed record``).
+    descendants: with ``pids``, their descendants too (default True).
     max_watched: processes watched at once (default 32).
     scan_interval_s: full /proc scan period (default 5).
     recheck_s: after an exec that does not look like Python, look again at
@@ -64,6 +65,7 @@ class WatchOptions:
     include_cgroup: str | None = None
     exclude_cgroup: str | None = None
     pids: frozenset[int] | None = None
+    descendants: bool = True
     max_watched: int = 32
     scan_interval_s: float = 5.0
     recheck_s: tuple[float, ...] = (0.05, 0.3, 1.0)
@@ -293,7 +295,7 @@ class ProcessWatcher:
                 self._gone(pid)
         self._rejected &= live
         self._left_out &= live
-        if self._family is not None:
+        if self._family is not None and self.options.descendants:
             # Descendants of the recorded processes, by parent pid.
             parents = {pid: self.reader.ppid(pid) for pid in live}
             changed = True
@@ -320,7 +322,7 @@ class ProcessWatcher:
             parent = int(m["parent_tgid"])
             if child != child_pid or child == parent:
                 return  # a new thread
-            if self._family is not None and parent in self._family:
+            if self._family is not None and self.options.descendants and parent in self._family:
                 self._family.add(child)
             if parent in self.watched:
                 # Same image as its Python parent until it execs.

@@ -1,0 +1,352 @@
+"""``flamed record``: mixed-mode recording of one process tree, no daemon needed (see the class doc)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from flamed import outputs
+from flamed.commands.base import Command
+from flamed.errors import CapabilityError, FlamedError, UsageError
+from flamed.fileio import atomic_write, open_output
+from flamed.folded import read_folded
+from flamed.model import Profile, Stack, task_frame
+from flamed.outputs.base import OutputOptions
+from flamed.python.align import JoinOptions
+from flamed.python.mixed import MixedMode, MixedOptions
+from flamed.python.pyspy import MAX_RATE, PySpyOptions, find_pyspy
+from flamed.python.watcher import PyProcess, WatchOptions
+from flamed.sampler import SampleEvent
+
+DRAIN_S = 0.5
+
+
+class RecordCommand(Command):
+    """Record a Python (or any) process: Python, native and kernel frames in one profile.
+
+    flamed record -p PID [-d SECONDS] [-r HZ] [-o FILE] [--format FORMAT]
+    flamed record [options] -- COMMAND ARGS...
+
+    Run as root with BPF, this is mixed mode: the BPF sampler takes every sample
+    (native and kernel stacks, CLOCK_MONOTONIC time) and py-spy names the Python
+    frames running on the same thread at that instant; each output stack reads
+    `python frames;native frames below the interpreter;kernel frames_[k]`.
+    Samples are weighted by the BPF sampler only.  Without BPF it falls back to
+    py-spy alone (Python frames only) and says so.
+
+    With a COMMAND it runs it, stops when it exits and returns its exit code;
+    --subprocesses also records its Python descendants.  Ctrl-C (or SIGTERM)
+    writes what was recorded.
+
+    examples:
+      flamed record -p 1234 -d 10 -o now.svg
+      sudo flamed record -r 199 -o app.folded -- python app.py --port 8080
+      flamed record --subprocesses --format folded -o - -- gunicorn app:wsgi
+    """
+
+    name = "record"
+    order = 20
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("-p", "--pid", type=int, help="process to record")
+        parser.add_argument("-d", "--duration", type=float, default=None,
+                            help="seconds to record (default: until the process exits or Ctrl-C)")
+        parser.add_argument("-r", "--rate", type=int, default=99, help="BPF samples per second (default 99)")
+        parser.add_argument("-o", "--output", default=None,
+                            help="output file, '-' for stdout (default: flamed-PID.<ext of the format>)")
+        parser.add_argument("-f", "--format", default=None,
+                            help=f"output format: {', '.join(outputs.names())} (default: by -o's extension, else folded)")
+        parser.add_argument("--subprocesses", action="store_true", help="also record Python descendants")
+        parser.add_argument("--root", choices=("none", "comm", "pid", "tid"), default=None,
+                            help="root frame naming the task (default: none; pid with --subprocesses)")
+        parser.add_argument("--pyspy", default=None, help="py-spy binary (default: next to python, else PATH)")
+        parser.add_argument("--pyspy-rate", type=int, default=100,
+                            help=f"py-spy samples per second, 1..{MAX_RATE} (default 100)")
+        parser.add_argument("--blocking", action="store_true",
+                            help="let py-spy pause the target while it reads it (default: non-blocking)")
+        parser.add_argument("--native", action="store_true", help="py-spy's own native frames (implies --blocking)")
+        parser.add_argument("--no-idle", action="store_true",
+                            help="py-spy skips idle threads (weakens the time alignment)")
+        parser.add_argument("--no-refine", action="store_true",
+                            help="place stack changes at the midpoint, without the signature likelihood")
+        parser.add_argument("--no-bpf", action="store_true", help="py-spy alone, even when BPF is available")
+        parser.add_argument("--timeline", metavar="FILE",
+                            help="also write every mixed sample as 'MONOTONIC_NS PID TID STACK' lines")
+        parser.add_argument("--title", default=None, help="graph title for image formats")
+        parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS... to run and record")
+
+    def run(self, args: argparse.Namespace) -> int:
+        cmd = list(args.command)
+        if cmd and cmd[0] == "--":
+            cmd = cmd[1:]
+        if (args.pid is None) == (not cmd):
+            raise UsageError("give either -p PID or -- COMMAND ARGS... (not both)")
+        if args.pid is not None and not os.path.exists(f"/proc/{args.pid}"):
+            raise UsageError(f"no process {args.pid}")
+        if not 1 <= args.rate <= 999:
+            raise UsageError("-r/--rate must be 1..999")
+        if args.duration is not None and args.duration <= 0:
+            raise UsageError("-d/--duration must be positive")
+        fmt = outputs.choose(args.format, args.output)
+        pyspy_opts = PySpyOptions(binary=args.pyspy, rate=args.pyspy_rate, nonblocking=not args.blocking,
+                                  idle=not args.no_idle, native=args.native,
+                                  # one window for the whole recording: the trace arrives at the end
+                                  window_s=(args.duration or 0) + 3600.0, max_children=32)
+        if find_pyspy(args.pyspy) is None:
+            self.warn("py-spy not found: recording native and kernel stacks only")
+        sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(args.rate)
+        with _signals_interrupt():
+            if sampler is None:
+                self.warn(f"BPF unavailable ({why}); recording Python stacks with py-spy alone")
+                return self._pyspy_only(args, cmd, pyspy_opts, fmt)
+            return self._mixed(args, cmd, sampler, pyspy_opts, fmt)
+
+    # -- mixed mode ---------------------------------------------------------
+    def _bpf_sampler(self, rate: int) -> tuple[Any, str]:
+        try:
+            from flamed.bpfsampler import BpfSampler, BpfSamplerOptions  # noqa: PLC0415
+        except ImportError as e:
+            return None, str(e)
+        try:
+            s = BpfSampler(BpfSamplerOptions(frequency=rate, pids=frozenset()))
+            s.start()
+        except FlamedError as e:
+            return None, str(e).splitlines()[0]
+        return s, ""
+
+    def _mixed(self, args: argparse.Namespace, cmd: list[str], sampler: Any, pyspy_opts: PySpyOptions,
+               fmt: outputs.OutputFormat) -> int:
+        child: subprocess.Popen[bytes] | None = None
+        mixed: MixedMode | None = None
+        samples: list[tuple[SampleEvent, Stack]] = []
+        counts: dict[tuple[int, int, str, Stack], int] = {}
+        rc = 0
+        interrupted = False
+        try:
+            target = args.pid
+            if cmd:
+                try:
+                    child = subprocess.Popen(cmd)
+                except OSError as e:
+                    raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
+                target = child.pid
+            sampler.add_pid(target)
+
+            def found(p: PyProcess) -> None:
+                sampler.add_pid(p.pid)
+
+            opts = MixedOptions(
+                pyspy=pyspy_opts,
+                watch=WatchOptions(pids=frozenset({target}), descendants=args.subprocesses,
+                                   scan_interval_s=1.0, exclude_self=True, max_watched=32),
+                join=JoinOptions(refine=not args.no_refine),
+            )
+            mixed = MixedMode(sampler, opts, on_process=found)
+            mixed.start()
+            if mixed.clock_error:
+                self.warn(f"py-spy clock uprobe unavailable ({mixed.clock_error}); alignment is approximate")
+            deadline = time.monotonic() + args.duration if args.duration else None
+            try:
+                while True:
+                    if child is not None and child.poll() is not None:
+                        break
+                    if child is None and not _alive(target):
+                        break
+                    if deadline is not None and time.monotonic() >= deadline:
+                        break
+                    time.sleep(min(DRAIN_S, max(0.0, deadline - time.monotonic())) if deadline else DRAIN_S)
+                    self._drain(sampler, mixed, samples, counts)
+            except KeyboardInterrupt:
+                interrupted = True
+            self._drain(sampler, mixed, samples, counts)
+        finally:
+            if mixed is not None:
+                samples.extend(mixed.close())
+            sampler.close()
+            if child is not None:
+                rc = self._finish_child(child, interrupted)
+        if mixed is not None:
+            st = mixed.stats
+            total = st.matched + st.unmatched
+            calib = mixed.counters.get("runs_calibrated", 0)
+            self.warn(f"{total} Python samples, {st.matched} with Python frames, {st.unmatched} without; "
+                      f"{calib} py-spy run(s) calibrated by uprobe; "
+                      f"py-spy failures: {_failures(mixed)}")
+        profile = self._profile(args, samples, counts, sampler)
+        self._write(args, fmt, profile)
+        if args.timeline:
+            self._write_timeline(args.timeline, samples)
+        if interrupted and child is None:
+            return 130
+        return rc
+
+    def _drain(self, sampler: Any, mixed: MixedMode, samples: list[tuple[SampleEvent, Stack]],
+               counts: dict[tuple[int, int, str, Stack], int]) -> None:
+        w = sampler.drain()
+        for k, n in w.counts.items():
+            counts[k] = counts.get(k, 0) + n
+        samples.extend(mixed.process(w.events))
+
+    def _profile(self, args: argparse.Namespace, samples: list[tuple[SampleEvent, Stack]],
+                 counts: dict[tuple[int, int, str, Stack], int], sampler: Any) -> Profile:
+        root = args.root or ("pid" if args.subprocesses else "none")
+        p = Profile(sample_rate=float(args.rate), labels={"unit": "samples", "source": "flamed record"})
+
+        def key(tgid: int, tid: int, comm: str, stack: Stack) -> Stack:
+            if root == "none":
+                return stack
+            if root == "comm":
+                return (task_frame(comm),) + stack
+            if root == "pid":
+                return (task_frame(comm, tgid),) + stack
+            return (task_frame(comm, tgid, tid),) + stack
+
+        for (tgid, tid, comm, stack), n in counts.items():
+            p.add(key(tgid, tid, comm, stack), n)
+        for ev, stack in samples:
+            p.add(key(ev.tgid, ev.tid, ev.comm, stack), 1)
+        if samples:
+            # ktime to wall clock, for the profile's time range
+            off = time.time_ns() - time.monotonic_ns()
+            p.start_ns = min(ev.ktime_ns for ev, _ in samples) + off
+            p.end_ns = max(ev.ktime_ns for ev, _ in samples) + off
+        return p
+
+    def _write_timeline(self, path: str, samples: list[tuple[SampleEvent, Stack]]) -> None:
+        with atomic_write(path) as f:
+            for ev, stack in sorted(samples, key=lambda s: (s[0].ktime_ns, s[0].tid)):
+                f.write(f"{ev.ktime_ns} {ev.tgid} {ev.tid} {';'.join(stack)}\n".encode("utf-8", "surrogateescape"))
+
+    # -- py-spy alone -----------------------------------------------------
+    def _pyspy_only(self, args: argparse.Namespace, cmd: list[str], opts: PySpyOptions,
+                    fmt: outputs.OutputFormat) -> int:
+        binary = find_pyspy(opts.binary)
+        if binary is None:
+            raise CapabilityError("neither BPF nor py-spy is available: nothing can record; install py-spy "
+                                  "(pip install py-spy) or run as root with bcc")
+        child: subprocess.Popen[bytes] | None = None
+        rc = 0
+        interrupted = False
+        with tempfile.TemporaryDirectory(prefix="flamed-record-") as tmp:
+            out = os.path.join(tmp, "raw.txt")
+            try:
+                if cmd:
+                    try:
+                        child = subprocess.Popen(cmd)
+                    except OSError as e:
+                        raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
+                target = child.pid if child is not None else args.pid
+                pcmd = [binary, "record", "--pid", str(target), "--format", "raw", "--rate", str(opts.rate),
+                        "--output", out]
+                if opts.nonblocking and not opts.native:
+                    pcmd.append("--nonblocking")
+                if opts.native:
+                    pcmd.append("--native")
+                if args.subprocesses:
+                    pcmd.append("--subprocesses")
+                if args.duration:
+                    pcmd += ["--duration", str(max(1, round(args.duration)))]
+                spy = subprocess.Popen(pcmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       start_new_session=True)
+                try:
+                    while spy.poll() is None:
+                        if child is not None and child.poll() is not None:
+                            break
+                        time.sleep(0.1)
+                except KeyboardInterrupt:
+                    interrupted = True
+                if spy.poll() is None:
+                    spy.send_signal(signal.SIGINT)
+                try:
+                    _, err = spy.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    spy.kill()
+                    _, err = spy.communicate()
+            finally:
+                if child is not None:
+                    rc = self._finish_child(child, interrupted)
+            if not os.path.exists(out):
+                msg = (err or b"").decode(errors="replace").strip().splitlines()
+                raise CapabilityError(f"py-spy recorded nothing: {msg[0] if msg else 'no output'}")
+            with open(out, "rb") as f:
+                profile = read_folded(f, source="py-spy")
+        profile.sample_rate = float(opts.rate)
+        profile.labels = {"unit": "samples", "source": "flamed record (py-spy only)"}
+        self._write(args, fmt, profile)
+        if interrupted and child is None:
+            return 130
+        return rc
+
+    # -- shared -----------------------------------------------------------
+    def _finish_child(self, child: subprocess.Popen[bytes], interrupted: bool) -> int:
+        if child.poll() is None and interrupted:
+            # Ctrl-C reached the child through the terminal, or we were signalled alone.
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGINT)
+        try:
+            rc = child.wait(timeout=10 if interrupted else None)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            rc = child.wait()
+        return 128 - rc if rc < 0 else rc
+
+    def _write(self, args: argparse.Namespace, fmt: outputs.OutputFormat, profile: Profile) -> None:
+        path = args.output
+        if path is None:
+            ext = fmt.extensions[0] if fmt.extensions else ".out"
+            path = f"flamed-{args.pid or 'record'}{ext}"
+        opts = OutputOptions(title=args.title, palette="mixed" if "mixed" in _palettes() else "hot")
+        with open_output(path) as out:
+            fmt.write(profile, out, opts)
+        if path != "-":
+            self.warn(f"wrote {path} ({int(profile.total())} samples, {len(profile)} stacks)")
+
+
+def _palettes() -> tuple[str, ...]:
+    try:
+        from flamed.palette import PALETTES  # noqa: PLC0415
+
+        return tuple(PALETTES)
+    except ImportError:
+        return ()
+
+
+def _failures(mixed: MixedMode) -> str:
+    m = mixed.supervisor.metrics()
+    bad = {k.removeprefix("failed_"): v for k, v in m.items() if k.startswith("failed_") and v}
+    return ", ".join(f"{k}={v}" for k, v in sorted(bad.items())) or "none"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C: stop and write what was recorded."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (tests calling main() from a thread)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

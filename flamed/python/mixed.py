@@ -1,0 +1,233 @@
+"""Mixed mode assembled: watcher + py-spy supervisor + clock uprobe + join.
+
+:class:`MixedMode` is what ``flamed record`` and the daemon's ``python``
+window processor drive.  A background thread (the one that forks py-spy, so
+``PR_SET_PDEATHSIG`` holds for as long as it runs) polls the process watcher
+and ticks the supervisor; every Python process found is ``watch()``-ed on the
+sampler and gets a py-spy.  :meth:`MixedMode.process` takes the sampler's
+timestamped events and returns those that can be joined now, each with its
+mixed stack; an event waits until the py-spy run covering its instant has
+finished (at most ``max_delay_s``), so Python samples reach the output one
+py-spy window late.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from flamed.errors import CapabilityError
+from flamed.model import Stack
+from flamed.python.align import (
+    AlignedTrace,
+    JoinOptions,
+    JoinStats,
+    align_trace,
+    fit_clock,
+    join_events,
+    sample_times,
+)
+from flamed.python.clock import PySpyClock
+from flamed.python.pyspy import CompletedRun, PySpyOptions, PySpySupervisor
+from flamed.python.watcher import ProcessWatcher, PyProcess, WatchOptions
+from flamed.sampler import Sampler, SampleEvent
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MixedOptions:
+    """Mixed mode as a whole.
+
+    pyspy / watch / join: the parts' options (see their classes).
+    clock: calibrate py-spy's clock with the uprobe of bpf/pyspy_clock.bpf.c (default True).
+    max_delay_s: how long an event waits for its py-spy trace before it is
+        emitted under ``[python: no frame]`` (default: 2 windows + 5 s).
+    """
+
+    pyspy: PySpyOptions = field(default_factory=PySpyOptions)
+    watch: WatchOptions = field(default_factory=WatchOptions)
+    join: JoinOptions = field(default_factory=JoinOptions)
+    clock: bool = True
+    max_delay_s: float | None = None
+
+    @property
+    def delay_ns(self) -> int:
+        d = self.max_delay_s if self.max_delay_s is not None else 2 * self.pyspy.window_s + 5
+        return int(d * 1e9)
+
+
+class MixedMode:
+    """Python stacks joined into a sampler's events; see the module doc."""
+
+    def __init__(self, sampler: Sampler | None, options: MixedOptions | None = None, *,
+                 proc_root: str = "/proc", on_process: Callable[[PyProcess], None] | None = None,
+                 on_exit: Callable[[int], None] | None = None,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.options = options or MixedOptions()
+        self.sampler = sampler
+        self._now = clock
+        self._on_process = on_process
+        self._on_exit_cb = on_exit
+        self.supervisor = PySpySupervisor(self.options.pyspy, proc_root=proc_root, clock=clock)
+        self.watcher = ProcessWatcher(self.options.watch, on_start=self._started, on_exit=self._exited,
+                                      proc_root=proc_root, clock=clock)
+        self.clock: PySpyClock | None = None
+        self.clock_error: str | None = None
+        self._lock = threading.RLock()
+        self._traces: list[AlignedTrace] = []
+        self._pending: list[SampleEvent] = []
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.stats = JoinStats()
+        self.counters: Counter[str] = Counter()
+        self.processes: dict[int, PyProcess] = {}
+
+    # -- lifecycle --------------------------------------------------------
+    def start(self) -> None:
+        if self.options.clock and self.supervisor.binary is not None:
+            clk = PySpyClock(self.supervisor.binary)
+            try:
+                clk.start()
+                self.clock = clk
+            except CapabilityError as e:
+                self.clock_error = str(e)
+                log.warning("py-spy clock uprobe unavailable (%s); aligning by py-spy's start time, "
+                            "which is off by milliseconds", e)
+        if self.supervisor.binary is None:
+            log.warning("py-spy not found: Python processes keep their native and kernel stacks only")
+        self._stop.clear()
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.watcher.start()
+            except BaseException as e:  # noqa: BLE001 - reported to start()'s caller
+                errors.append(e)
+                ready.set()
+                return
+            ready.set()
+            self._loop()
+
+        self._thread = threading.Thread(target=run, name="flamed-mixed", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        if errors:
+            raise errors[0]
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                self.watcher.poll(0)
+                runs = self.supervisor.tick()
+                if runs:
+                    self._add_runs(runs)
+            # The socket wait happens outside the lock so process() never waits long.
+            self._stop.wait(0.05)
+        with self._lock:
+            self._add_runs(self.supervisor.close())
+            self.watcher.close()
+
+    def close(self) -> list[tuple[SampleEvent, Stack]]:
+        """Stop py-spy children and the thread; returns every event still pending, joined."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.options.pyspy.stop_timeout_s + 5)
+            self._thread = None
+        with self._lock:
+            out = self._join(self._pending, final=True)
+            self._pending = []
+        if self.clock is not None:
+            self.clock.close()
+            self.clock = None
+        return out
+
+    # -- watcher callbacks (mixed thread) ---------------------------------
+    def _started(self, proc: PyProcess) -> None:
+        if not self.supervisor.add(proc.pid):
+            self.counters["left_out"] += 1
+            return
+        self.processes[proc.pid] = proc
+        if self.sampler is not None:
+            self.sampler.watch(proc.pid)
+        if self._on_process is not None:
+            self._on_process(proc)
+
+    def _exited(self, pid: int) -> None:
+        self.supervisor.remove(pid)
+        self.processes.pop(pid, None)
+        # The sampler keeps sending what is in flight; unwatching now only
+        # stops new events, and the process is gone anyway.
+        if self.sampler is not None:
+            self.sampler.unwatch(pid)
+        if self._on_exit_cb is not None:
+            self._on_exit_cb(pid)
+
+    def _add_runs(self, runs: list[CompletedRun]) -> None:
+        if self.clock is not None and runs:
+            self.clock.drain()
+        for r in runs:
+            hits = self.clock.hits(r.pyspy_pid) if self.clock is not None else []
+            if self.clock is not None:
+                self.clock.forget(r.pyspy_pid)
+            fit = fit_clock(r.trace, hits, spawn_ns=r.spawn_ns, interval_ns=r.interval_ns)
+            self.counters["runs_calibrated" if fit.calibrated else "runs_uncalibrated"] += 1
+            self._traces.append(align_trace(r.pid, r.trace, fit, sample_times(hits, r.interval_ns),
+                                            r.interval_ns))
+
+    # -- the join ---------------------------------------------------------
+    def process(self, events: list[SampleEvent]) -> list[tuple[SampleEvent, Stack]]:
+        """Queue ``events``; return the queued ones whose Python stacks are known now."""
+        with self._lock:
+            self._pending.extend(events)
+            if not self._pending:
+                return []
+            now = self._now()
+            ready: list[SampleEvent] = []
+            keep: list[SampleEvent] = []
+            ends: dict[int, int] = {}
+            for t in self._traces:
+                ends[t.pid] = max(ends.get(t.pid, 0), t.end_ns)
+            supervised = set(self.supervisor.pids()) | self.supervisor.busy_pids()
+            for ev in self._pending:
+                if (ev.ktime_ns <= ends.get(ev.tgid, -1) or ev.tgid not in supervised
+                        or now - ev.ktime_ns > self.options.delay_ns):
+                    ready.append(ev)
+                else:
+                    keep.append(ev)
+            self._pending = keep
+            out = self._join(ready, final=False)
+            # Traces older than anything that can still arrive are dropped.
+            horizon = now - self.options.delay_ns - int(self.options.pyspy.window_s * 1e9)
+            self._traces = [t for t in self._traces if t.end_ns >= horizon]
+            return out
+
+    def _join(self, events: list[SampleEvent], final: bool) -> list[tuple[SampleEvent, Stack]]:
+        if not events:
+            return []
+        events.sort(key=lambda e: e.ktime_ns)
+        stacks, stats = join_events(events, self._traces, self.options.join)
+        self.stats.add(stats)
+        return list(zip(events, stacks))
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def metrics(self) -> dict[str, int]:
+        with self._lock:
+            m = {f"pyspy_{k}": v for k, v in self.supervisor.metrics().items()}
+            m.update({f"watcher_{k}": v for k, v in self.watcher.metrics().items()})
+            for k, v in vars(self.stats).items():
+                m[f"join_{k}"] = v
+            m.update({k: v for k, v in self.counters.items()})
+            m["pending_events"] = len(self._pending)
+            if self.clock is not None:
+                for k, v in self.clock.stats().items():
+                    m[f"clock_hits_{k}"] = v
+            return m
