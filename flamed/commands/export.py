@@ -1,0 +1,63 @@
+"""Command ``flamed export``: profiles to pprof, speedscope, chrome trace and the other formats."""
+
+from __future__ import annotations
+
+import argparse
+
+from flamed.commands.base import Command
+from flamed.errors import UsageError
+from flamed.fileio import open_output
+from flamed.folded import ReadStats
+from flamed.inputs import load_profile
+from flamed.outputs import choose, names
+from flamed.outputs.base import OutputOptions
+
+
+class ExportCommand(Command):
+    """Convert profiles to another format (pprof, speedscope, chrometrace, json, svg, folded).
+
+    Inputs may be folded text, pprof or speedscope files, or anything
+    `flamed collapse` reads; they are summed into one profile.  The format
+    comes from --format, else from the output's extension (.pb.gz, .svg,
+    .speedscope.json, .trace.json, ...).
+
+    examples:
+      flamed export --format pprof -o cpu.pb.gz out.folded && go tool pprof -top cpu.pb.gz
+      flamed export -o out.speedscope.json a.folded b.folded
+      flamed export --format folded cpu.pb.gz > back.folded
+      flamed export --format pprof --sample-rate 99 --start-ns 1764676800000000000 out.folded > out.pb.gz
+    """
+
+    name = "export"
+    order = 35
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("inputs", nargs="*", metavar="INPUT", help="input files (gzip ok); default stdin")
+        parser.add_argument("-f", "--format", help=f"output format: {', '.join(names())}")
+        parser.add_argument("-o", "--output", help="output file (default stdout), written atomically")
+        parser.add_argument("--strict", action="store_true", help="fail on the first malformed line")
+        parser.add_argument("--sample-rate", type=float, help="sampling rate in Hz, when the input does not say")
+        parser.add_argument("--start-ns", type=int, help="start time (ns since the epoch), when the input does not say")
+        parser.add_argument("--duration-ns", type=int, help="duration in ns, when the input does not say")
+        parser.add_argument("--title", help="profile name (speedscope) or graph title (svg)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        if args.format is None and (args.output is None or args.output == "-"):
+            raise UsageError("name the output format with --format (or use an output file with a known extension)")
+        fmt = choose(args.format, args.output)
+        if args.sample_rate is not None and not args.sample_rate > 0:
+            raise UsageError("--sample-rate must be positive")
+        stats = ReadStats()
+        profile = load_profile(args.inputs, strict=args.strict, stats=stats)
+        if args.sample_rate is not None and profile.sample_rate is None:
+            profile.sample_rate = args.sample_rate
+        if args.start_ns is not None and profile.start_ns is None:
+            profile.start_ns = args.start_ns
+        if args.duration_ns is not None and profile.start_ns is not None and profile.end_ns is None:
+            profile.end_ns = profile.start_ns + args.duration_ns
+        with open_output(args.output) as out:
+            fmt.write(profile, out, OutputOptions(title=args.title))
+        summary = stats.summary()
+        if summary:
+            self.warn(summary)
+        return 0

@@ -1,0 +1,142 @@
+"""Reading any input the renderers and exporters accept into a Profile.
+
+Formats told apart by content, not name:
+
+* pprof (gzipped or raw ``profile.proto``) and speedscope JSON -- read here,
+  by the readers beside their writers (:mod:`flamed.outputs.pprof`,
+  :mod:`flamed.outputs.speedscope`);
+* everything else goes to :mod:`flamed.collapse` (perf script, bcc, py-spy,
+  folded, ...) when it can tell the format, and is read as folded otherwise.
+
+``sniff`` names the format of one input from its first bytes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any, BinaryIO
+
+from flamed.errors import InputError
+from flamed.fastfolded import count_folded, profile_from_counts
+from flamed.fileio import input_name, open_input
+from flamed.folded import ReadStats
+from flamed.model import Profile, Weight
+
+HEAD = 4096
+
+
+def _head(f: BinaryIO) -> bytes:
+    peek = getattr(f, "peek", None)
+    if peek is not None:
+        return bytes(peek(HEAD)[:HEAD])
+    return b""
+
+
+def _looks_pprof(head: bytes) -> bool:
+    # A serialized profile.proto starts with field 1 (sample_type, length-delimited:
+    # 0x0a), a short length, then the ValueType's field 1 (varint: 0x08). No text
+    # format starts with those three bytes.
+    return len(head) >= 3 and head[0] == 0x0A and head[1] < 0x80 and head[2] == 0x08
+
+
+def sniff(head: bytes) -> str:
+    """``pprof``, ``speedscope`` or ``other`` for the first bytes of a (decompressed) input."""
+    stripped = head.lstrip()
+    if stripped.startswith(b"{") and (b"speedscope" in head or b'"profiles"' in head):
+        return "speedscope"
+    if _looks_pprof(head):
+        return "pprof"
+    return "other"
+
+
+def _collapse_guess(head: bytes, source: str) -> Any | None:
+    try:
+        mod = importlib.import_module("flamed.collapse")
+    except ImportError:
+        return None
+    guess = getattr(mod, "guess", None)
+    if guess is None:
+        return None
+    try:
+        c = guess(head, source=source)
+    except InputError:
+        return None
+    return c
+
+
+def _read_with_collapser(collapser: Any, f: BinaryIO, source: str, strict: bool, stats: ReadStats) -> Profile | None:
+    """Use a flamed.collapse format if it offers a whole-stream reader; ``None`` if not."""
+    for attr in ("read_profile", "read"):
+        fn = getattr(collapser, attr, None)
+        if callable(fn):
+            try:
+                got = fn(f, source=source)
+            except TypeError:
+                continue
+            if isinstance(got, Profile):
+                return got
+    samples = getattr(collapser, "samples", None)
+    if callable(samples):
+        try:
+            mod = importlib.import_module("flamed.collapse")
+            opts = mod.CollapseOptions()
+        except Exception:
+            return None
+        p = Profile()
+        for s in samples(f, opts, source=source):
+            p.add(s.stack, s.weight)
+        return p
+    return None
+
+
+def load_profile(
+    paths: Sequence[str], *, strict: bool = False, stats: ReadStats | None = None
+) -> Profile:
+    """All ``paths`` (``-`` or none: stdin) read and summed into one Profile."""
+    st = stats if stats is not None else ReadStats()
+    folded_counts: dict[bytes, Weight] = {}
+    profiles: list[Profile] = []
+    for path in paths or ["-"]:
+        source = input_name(path)
+        with open_input(path) as f:
+            head = _head(f)
+            kind = sniff(head)
+            if kind == "pprof":
+                from flamed.outputs.pprof import read_pprof
+
+                profiles.append(read_pprof(f.read(), source=source))
+                continue
+            if kind == "speedscope":
+                from flamed.outputs.speedscope import read_speedscope
+
+                profiles.append(read_speedscope(f.read(), source=source))
+                continue
+            collapser = _collapse_guess(head, source)
+            if collapser is not None and getattr(collapser, "name", "folded") != "folded":
+                got = _read_with_collapser(collapser, f, source, strict, st)
+                if got is not None:
+                    profiles.append(got)
+                    continue
+            count_folded(f, counts=folded_counts, source=source, strict=strict, stats=st)
+    p = profile_from_counts(folded_counts) if folded_counts or not profiles else Profile()
+    if profiles:
+        first = profiles[0] if not folded_counts else p
+        rest = profiles[1:] if not folded_counts else profiles
+        p = first.merged(*rest) if rest else first
+    return p
+
+
+def all_folded(paths: Sequence[str]) -> bool:
+    """True when every input is plain folded text (the renderers' fast path applies)."""
+    for path in paths or ["-"]:
+        if path == "-":
+            continue  # stdin cannot be peeked twice; read it as folded
+        with open_input(path) as f:
+            head = _head(f)
+            if sniff(head) != "other":
+                return False
+            c = _collapse_guess(head, input_name(path))
+            if c is not None and getattr(c, "name", "folded") != "folded":
+                return False
+    return True

@@ -1,0 +1,313 @@
+"""pprof: gzipped ``profile.proto``, what ``go tool pprof`` and most profiling UIs read.
+
+Written with the ``protobuf`` package through the generated module
+:mod:`flamed.outputs.profile_pb2` (from ``profile.proto`` beside it).
+
+How flamed's frames map onto pprof:
+
+* one Location per distinct frame (no addresses are known), one Line each;
+* Python frames ``func (path/file.py:N)`` become Function ``func`` in file
+  ``path/file.py`` and a Line with number ``N`` -- so ``pprof -top`` groups a
+  function's lines and ``-lines`` still tells them apart;
+* kernel frames ``name_[k]`` become Function ``name`` in a Mapping
+  ``[kernel.kallsyms]``; frames that name their module (``[libc.so.6]``,
+  ``libc.so.6`func``) get a Mapping of that file;
+* every other frame is a Function of that exact name;
+* sample types ``samples/count`` and, when the sample rate is known,
+  ``cpu/nanoseconds`` (count times the period ``1e9/rate``), the latter the
+  default, as in Go's CPU profiles; ``time_nanos``/``duration_nanos`` from the
+  Profile's time range; the task of a ``comm-PID/TID`` root frame as numeric
+  ``pid``/``tid`` sample labels; Profile labels as ``key=value`` comments.
+
+pprof values are integers: fractional weights are rounded.
+
+:func:`read_pprof` reads pprof files (ours and others', gzipped or not) back
+into a Profile; for files written here, ``read_pprof(write_pprof(p))``
+gives ``p``'s stacks, weights, time range, rate and labels.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from google.protobuf.message import DecodeError
+
+from flamed.errors import InputError
+from flamed.fileio import GZIP_MAGIC
+from flamed.model import KERNEL_SUFFIX, Profile, Stack, Weight, parse_task_frame
+from flamed.outputs import profile_pb2 as pb
+from flamed.outputs.base import OutputFormat, OutputOptions
+
+KERNEL_MAPPING = "[kernel.kallsyms]"
+_PY = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*\.pyx?):(?P<line>[1-9][0-9]{0,9})\)$", re.S)
+_BRACKET_MODULE = re.compile(r"^\[(?P<module>[^\[\]]+\.so[^\[\]]*|[^\[\]]+)\]$")
+_BACKTICK = re.compile(r"^(?P<module>[^`]+)`(?P<name>.+)$", re.S)
+#: Comment carrying the exact sample rate (a period in ns cannot hold e.g. 99 Hz exactly).
+_RATE_COMMENT = "flamed.sample_rate="
+
+
+@dataclass(frozen=True, slots=True)
+class FrameInfo:
+    """What pprof is told about one frame."""
+
+    name: str
+    filename: str = ""
+    line: int = 0
+    mapping: str = ""
+
+
+def frame_info(frame: str) -> FrameInfo:
+    """The Function name, file, line and mapping of a flamed frame."""
+    if frame.endswith(KERNEL_SUFFIX):
+        return FrameInfo(frame[: -len(KERNEL_SUFFIX)], mapping=KERNEL_MAPPING)
+    m = _PY.match(frame)
+    if m is not None:
+        return FrameInfo(m.group("name"), m.group("file"), int(m.group("line")))
+    m = _BRACKET_MODULE.match(frame)
+    if m is not None and m.group("module") != "unknown":
+        return FrameInfo(frame, mapping=m.group("module"))
+    m = _BACKTICK.match(frame)
+    if m is not None:
+        return FrameInfo(frame, mapping=m.group("module"))
+    return FrameInfo(frame)
+
+
+def function_name(frame: str) -> str:
+    """The name pprof shows for ``frame`` (what ``pprof -top`` groups by)."""
+    return frame_info(frame).name
+
+
+class _Strings:
+    def __init__(self, table: list[str]) -> None:
+        self.table = table
+        self.index: dict[str, int] = {}
+        self.get("")
+
+    def get(self, s: str) -> int:
+        i = self.index.get(s)
+        if i is None:
+            i = len(self.table)
+            self.table.append(s)
+            self.index[s] = i
+        return i
+
+
+def to_proto(profile: Profile) -> pb.Profile:
+    """The pprof message of ``profile`` (deterministic: stacks sorted, ids in first-use order)."""
+    msg = pb.Profile()
+    strings = _Strings(msg.string_table)  # type: ignore[arg-type]
+    s = strings.get
+    unit = profile.labels.get("unit", "samples")
+    count_type = pb.ValueType(type=s("samples" if unit == "samples" else unit), unit=s("count"))
+    msg.sample_type.append(count_type)
+    period = 0
+    if profile.sample_rate and profile.sample_rate > 0 and unit == "samples":
+        period = max(1, round(1e9 / profile.sample_rate))
+        msg.sample_type.append(pb.ValueType(type=s("cpu"), unit=s("nanoseconds")))
+        msg.period_type.CopyFrom(pb.ValueType(type=s("cpu"), unit=s("nanoseconds")))
+        msg.period = period
+        msg.default_sample_type = s("cpu")
+        msg.comment.append(s(_RATE_COMMENT + repr(float(profile.sample_rate))))
+    if profile.start_ns is not None:
+        msg.time_nanos = profile.start_ns
+        if profile.end_ns is not None:
+            msg.duration_nanos = max(0, profile.end_ns - profile.start_ns)
+    for k in sorted(profile.labels):
+        msg.comment.append(s(f"{k}={profile.labels[k]}"))
+
+    mappings: dict[str, int] = {}
+    functions: dict[tuple[str, str], int] = {}
+    locations: dict[str, int] = {}
+
+    def location(frame: str) -> int:
+        lid = locations.get(frame)
+        if lid is not None:
+            return lid
+        info = frame_info(frame)
+        mid = 0
+        if info.mapping:
+            mid = mappings.get(info.mapping, 0)
+            if not mid:
+                mid = len(mappings) + 1
+                mappings[info.mapping] = mid
+                msg.mapping.add(id=mid, filename=s(info.mapping), has_functions=True)
+        fkey = (info.name, info.filename)
+        fid = functions.get(fkey)
+        if fid is None:
+            fid = len(functions) + 1
+            functions[fkey] = fid
+            msg.function.add(id=fid, name=s(info.name), system_name=s(info.name), filename=s(info.filename))
+        lid = len(locations) + 1
+        locations[frame] = lid
+        loc = msg.location.add(id=lid, mapping_id=mid)
+        loc.line.add(function_id=fid, line=info.line)
+        return lid
+
+    pid_key = tid_key = 0
+    for stack, w in profile.sorted_items():
+        count = int(round(w))
+        if count <= 0:
+            continue
+        sample = msg.sample.add()
+        sample.location_id.extend([location(f) for f in reversed(stack)])
+        sample.value.append(count)
+        if period:
+            sample.value.append(count * period)
+        task = parse_task_frame(stack[0])
+        if task.pid is not None:
+            pid_key = pid_key or s("pid")
+            sample.label.add(key=pid_key, num=task.pid)
+            if task.tid is not None:
+                tid_key = tid_key or s("tid")
+                sample.label.add(key=tid_key, num=task.tid)
+    return msg
+
+
+def write_pprof(profile: Profile, out: BinaryIO) -> None:
+    data = to_proto(profile).SerializeToString(deterministic=True)
+    # mtime=0 keeps the gzip header, and so the file, byte-stable.
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=6) as gz:
+        gz.write(data)
+
+
+def _frames_of_location(msg: pb.Profile, loc: pb.Location, funcs: dict[int, pb.Function], maps: dict[int, str]) -> list[str]:
+    table = msg.string_table
+    kernel = maps.get(loc.mapping_id) == KERNEL_MAPPING
+    out = []
+    for line in loc.line:  # innermost first
+        fn = funcs.get(line.function_id)
+        if fn is None:
+            raise InputError(f"location {loc.id} names missing function {line.function_id}")
+        name = table[fn.name] if 0 <= fn.name < len(table) else ""
+        filename = table[fn.filename] if 0 <= fn.filename < len(table) else ""
+        if kernel:
+            out.append(name + KERNEL_SUFFIX)
+        elif filename and line.line > 0 and re.search(r"\.pyx?$", filename):
+            out.append(f"{name} ({filename}:{line.line})")
+        else:
+            out.append(name)
+    if not out:
+        mapping = maps.get(loc.mapping_id, "")
+        out.append(f"[{mapping}]" if mapping else f"[unknown {loc.address:#x}]")
+    return out
+
+
+def read_pprof(stream: BinaryIO | bytes, *, source: str = "<input>", sample_type: str | None = None) -> Profile:
+    """A Profile from pprof bytes (gzipped or not).
+
+    The weight is the ``samples`` value when the file has one (else the
+    default sample type, else the first); ``sample_type`` picks another by name.
+    """
+    data = stream if isinstance(stream, bytes) else stream.read()
+    if data[:2] == GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise InputError(f"corrupt gzip data: {e}", source=source) from None
+    msg = pb.Profile()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as e:
+        raise InputError(f"not a pprof profile: {e}", source=source) from None
+    table = list(msg.string_table)
+    if table and table[0] != "":
+        raise InputError("not a pprof profile: string_table[0] must be empty", source=source)
+
+    def st(i: int) -> str:
+        if not 0 <= i < len(table):
+            raise InputError(f"string index {i} out of range", source=source)
+        return table[i]
+
+    types = [st(t.type) for t in msg.sample_type]
+    index = 0
+    if sample_type is not None:
+        if sample_type not in types:
+            raise InputError(f"no sample type {sample_type!r}; the file has {', '.join(types)}", source=source)
+        index = types.index(sample_type)
+    elif "samples" in types:
+        index = types.index("samples")
+    elif msg.default_sample_type and st(msg.default_sample_type) in types:
+        index = types.index(st(msg.default_sample_type))
+
+    funcs = {f.id: f for f in msg.function}
+    maps = {m.id: st(m.filename) for m in msg.mapping}
+    locs: dict[int, list[str]] = {}
+    for loc in msg.location:
+        try:
+            locs[loc.id] = _frames_of_location(msg, loc, funcs, maps)
+        except InputError as e:
+            raise InputError(str(e), source=source) from None
+
+    p = Profile()
+    labels: dict[str, str] = {}
+    rate: float | None = None
+    for c in msg.comment:
+        text = st(c)
+        if text.startswith(_RATE_COMMENT):
+            try:
+                rate = float(text[len(_RATE_COMMENT):])
+            except ValueError:
+                pass
+            continue
+        k, sep, v = text.partition("=")
+        if sep:
+            labels[k] = v
+    if rate is None and msg.period > 0 and msg.HasField("period_type") and st(msg.period_type.unit) == "nanoseconds":
+        rate = 1e9 / msg.period
+    if types and types[index] not in ("samples", "cpu") and "unit" not in labels:
+        labels["unit"] = types[index]
+    p.labels = labels
+    p.sample_rate = rate
+    if msg.time_nanos:
+        p.start_ns = msg.time_nanos
+        p.end_ns = msg.time_nanos + msg.duration_nanos
+    stacks = p.stacks
+    for sample in msg.sample:
+        if index >= len(sample.value):
+            continue
+        w = sample.value[index]
+        if w <= 0:
+            continue
+        frames: list[str] = []
+        for lid in sample.location_id:
+            lf = locs.get(lid)
+            if lf is None:
+                raise InputError(f"sample names missing location {lid}", source=source)
+            frames.extend(lf)
+        frames.reverse()
+        key: Stack = tuple(frames) if frames else ("[no frames]",)
+        stacks[key] = stacks.get(key, 0) + w
+    return p
+
+
+def top_functions(profile: Profile) -> dict[str, tuple[Weight, Weight]]:
+    """Per pprof function name: (flat, cum) weight -- what ``pprof -top`` lists."""
+    flat: dict[str, Weight] = {}
+    cum: dict[str, Weight] = {}
+    for stack, w in profile.stacks.items():
+        names = [function_name(f) for f in stack]
+        flat[names[-1]] = flat.get(names[-1], 0) + w
+        for n in set(names):
+            cum[n] = cum.get(n, 0) + w
+    return {n: (flat.get(n, 0), cum[n]) for n in cum}
+
+
+class PprofFormat(OutputFormat):
+    name = "pprof"
+    extensions = (".pb.gz", ".pprof", ".pb")
+    description = "gzipped pprof profile.proto (go tool pprof, Grafana Pyroscope, ...)"
+
+    def write(self, profile: Profile, out: BinaryIO, options: OutputOptions | None = None) -> None:
+        write_pprof(profile, out)
+
+
+def profile_bytes(profile: Profile) -> bytes:
+    buf = io.BytesIO()
+    write_pprof(profile, buf)
+    return buf.getvalue()
+
+
