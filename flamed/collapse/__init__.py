@@ -1,1 +1,99 @@
-"""Input formats that collapse into Profiles (perf script, bcc, py-spy, traces, folded)."""
+"""Input formats that collapse into Profiles: perf script, bcc, py-spy, traces, folded.
+
+One module per format, each defining a :class:`flamed.collapse.base.Collapser`
+subclass with a ``name``; they are discovered automatically.
+:func:`guess` asks each one "is this yours?" on the head of an input and takes
+the most confident.  :mod:`flamed.collapse.driver` runs a format over inputs,
+in parallel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser
+from flamed.errors import InputError, UsageError
+
+__all__ = ["ChunkParser", "ChunkResult", "CollapseOptions", "Collapser", "registry", "get", "guess", "names"]
+
+_REGISTRY: dict[str, Collapser] | None = None
+_SKIP = {"base", "driver"}
+
+
+def registry() -> dict[str, Collapser]:
+    global _REGISTRY
+    if _REGISTRY is None:
+        found: dict[str, Collapser] = {}
+        for info in pkgutil.iter_modules(__path__):
+            if info.name.startswith("_") or info.name in _SKIP:
+                continue
+            mod = importlib.import_module(f"{__name__}.{info.name}")
+            for obj in vars(mod).values():
+                if (
+                    isinstance(obj, type)
+                    and issubclass(obj, Collapser)
+                    and obj is not Collapser
+                    and obj.name
+                    and obj.__module__ == mod.__name__
+                ):
+                    found[obj.name] = obj()
+        _REGISTRY = dict(sorted(found.items()))
+    return _REGISTRY
+
+
+def names() -> list[str]:
+    return list(registry())
+
+
+def get(name: str) -> Collapser:
+    reg = registry()
+    try:
+        return reg[name]
+    except KeyError:
+        raise UsageError(f"unknown input format {name!r}; known formats: {', '.join(reg)}") from None
+
+
+def guess(head: bytes, *, source: str = "<input>") -> Collapser:
+    """The format most confident that ``head`` is its own (ties: registry order)."""
+    best: tuple[int, Collapser] | None = None
+    for c in registry().values():
+        score = c.detect(head)
+        if score > 0 and (best is None or score > best[0]):
+            best = (score, c)
+    if best is None:
+        if not head.strip():
+            return get("folded")  # empty input: nothing to collapse, folded reads it as empty
+        raise InputError(
+            f"cannot tell the input format (tried {', '.join(registry())}); name it with --format",
+            source=source,
+        )
+    return best[1]
+
+
+def read_profile(
+    paths: list[str] | tuple[str, ...],
+    *,
+    fmt: str | None = None,
+    strict: bool = False,
+    stats: object | None = None,
+    jobs: int = 1,
+    options: CollapseOptions | None = None,
+) -> object:
+    """Any supported input(s) -> one :class:`flamed.model.Profile` (format guessed per input).
+
+    For commands that accept perf script, bcc, py-spy, traces or folded alike.
+    ``stats`` (a :class:`flamed.folded.ReadStats`) receives the line counts.
+    """
+    from dataclasses import replace
+
+    from flamed.collapse.driver import collapse
+    from flamed.folded import ReadStats
+
+    opts = options if options is not None else CollapseOptions()
+    if strict and not opts.strict:
+        opts = replace(opts, strict=True)
+    res = collapse(list(paths) or [None], fmt=fmt, options=opts, jobs=jobs)  # type: ignore[list-item]
+    if isinstance(stats, ReadStats):
+        stats.merge(res.stats)
+    return res.profile

@@ -70,8 +70,8 @@ trap 'kill $HOT $PYW 2>/dev/null; rm -rf "$WORK"' EXIT
 sleep 0.3
 profile-bpfcc -f -F 199 -p "$HOT" 2 2>/dev/null | gzip -9n > "$DATA/bcc/profile-folded.txt.gz"
 profile-bpfcc -f -a -d -F 199 2 2>/dev/null | gzip -9n > "$DATA/bcc/profile-folded-annotated.txt.gz"
-profile-bpfcc -F 199 -p "$PYW" 1 2>/dev/null | gzip -9n > "$DATA/bcc/profile-multiline.txt.gz"
-profile-bpfcc -d -F 199 1 2>/dev/null | gzip -9n > "$DATA/bcc/profile-multiline-delimited.txt.gz"
+profile-bpfcc -F 199 -p "$PYW" 3 2>/dev/null | gzip -9n > "$DATA/bcc/profile-multiline.txt.gz"
+profile-bpfcc -d -F 199 2 2>/dev/null | gzip -9n > "$DATA/bcc/profile-multiline-delimited.txt.gz"
 kill "$HOT" "$PYW" 2>/dev/null || true
 wait "$HOT" "$PYW" 2>/dev/null || true
 ls -l "$DATA/perf" "$DATA/bcc"

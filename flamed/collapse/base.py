@@ -1,0 +1,159 @@
+"""The protocol every input format implements, and what a parsed chunk gives back.
+
+An input format (a *collapser*) answers three questions:
+
+* :meth:`Collapser.detect` -- "is this yours?", asked on the first lines of an
+  input, with a confidence so :func:`flamed.collapse.guess` can pick the best;
+* :meth:`Collapser.boundary` -- where a buffer can be cut so that no sample is
+  split across two chunks (the parallel driver cuts the input there);
+* :meth:`Collapser.parser` -- a :class:`ChunkParser` that turns one chunk of
+  bytes into a :class:`ChunkResult` (stacks to weights, per event).
+
+Formats that keep time (timestamped traces, perf script) also implement
+:meth:`Collapser.samples`, a stream of :class:`flamed.model.Sample` in input
+order, which ``flamed merge`` merges by timestamp.
+
+A chunk parser may keep caches between chunks (the perf parser caches parsed
+frame blocks); the driver creates one per worker process, so results never
+depend on which worker saw which chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO, ClassVar
+
+from flamed.errors import InputError
+from flamed.folded import ReadStats
+from flamed.model import Sample, Stack, Weight
+
+#: Annotations a collapser may add to frames (see :class:`CollapseOptions`).
+ANNOTATIONS = ("kernel", "jit", "inline")
+
+
+@dataclass(frozen=True)
+class CollapseOptions:
+    """How an input is collapsed. Every field says its default.
+
+    include_pid: root frame ``comm-PID`` instead of ``comm`` (default False).
+    include_tid: root frame ``comm-PID/TID`` (default False; implies include_pid).
+    annotate: suffixes to add -- ``kernel`` (``_[k]``), ``jit`` (``_[j]``),
+        ``inline`` (``_[i]``) (default: all three).
+    event: keep only samples of this event (perf); ``None`` keeps the first
+        event seen and says so on stderr when there were others (default None).
+    weight: ``"period"`` weighs a perf sample by its period when the input has
+        one (what stackcollapse-perf.pl and inferno do), ``"samples"`` counts
+        each sample once (default "period").
+    strict: a malformed line is an error instead of being skipped and counted
+        (default False).
+    """
+
+    include_pid: bool = False
+    include_tid: bool = False
+    annotate: frozenset[str] = frozenset(ANNOTATIONS)
+    event: str | None = None
+    weight: str = "period"
+    strict: bool = False
+
+
+@dataclass
+class ChunkResult:
+    """What one chunk held: stacks per event, in the order events first appeared.
+
+    Formats without events use the event name ``""``.  ``start_ns``/``end_ns``
+    are the sample times seen, when the format has epoch timestamps.
+    """
+
+    groups: dict[str, dict[Stack, Weight]] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    stats: ReadStats = field(default_factory=ReadStats)
+    start_ns: int | None = None
+    end_ns: int | None = None
+    #: One-line remarks for the user (e.g. "pid not in input"), deduplicated.
+    notes: set[str] = field(default_factory=set)
+
+    def group(self, event: str) -> dict[Stack, Weight]:
+        g = self.groups.get(event)
+        if g is None:
+            g = self.groups[event] = {}
+            self.order.append(event)
+        return g
+
+    def add_time(self, t: int) -> None:
+        if self.start_ns is None or t < self.start_ns:
+            self.start_ns = t
+        if self.end_ns is None or t > self.end_ns:
+            self.end_ns = t
+
+
+class ChunkParser:
+    """Parses chunks of one input format; may cache between chunks."""
+
+    def __init__(self, options: CollapseOptions) -> None:
+        self.options = options
+
+    def parse(self, data: bytes, *, source: str, first_line: int) -> ChunkResult:
+        raise NotImplementedError
+
+    def malformed(self, result: ChunkResult, source: str, line: int, why: str) -> None:
+        """Count a malformed line, or raise under ``strict``."""
+        if self.options.strict:
+            raise InputError(why, source=source, line=line)
+        result.stats.skip(source, line, why)
+
+
+class Collapser:
+    """An input format. Subclasses set ``name`` and implement the methods."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    #: True when :meth:`samples` gives timestamps (usable by ``flamed merge``).
+    timestamped: ClassVar[bool] = False
+
+    def detect(self, head: bytes) -> int:
+        """Confidence 0..100 that ``head`` (the first KBs of an input) is this format."""
+        return 0
+
+    def boundary(self, buf: bytes) -> int:
+        """Index just past the last complete record in ``buf``; -1 if there is none.
+
+        Default: records are lines.
+        """
+        i = buf.rfind(b"\n")
+        return -1 if i < 0 else i + 1
+
+    def parser(self, options: CollapseOptions) -> ChunkParser:
+        raise NotImplementedError
+
+    def samples(self, stream: BinaryIO, options: CollapseOptions, *, source: str) -> Iterator[Sample]:
+        """Timestamped samples in input order (only for ``timestamped`` formats)."""
+        raise InputError(f"{self.name} input carries no timestamps", source=source)
+
+
+def block_boundary(buf: bytes) -> int:
+    """Cut after the last blank line, else before the last unindented line.
+
+    Multi-line records (perf script samples, bcc's default output) end at a
+    blank line; a record's first line is never indented and its other lines
+    always are, so when a buffer holds no blank line (perf script without
+    ``-g``: one line per sample) an unindented line still starts a record.
+    """
+    i = buf.rfind(b"\n\n")
+    if i >= 0:
+        return i + 2
+    j = buf.rfind(b"\n", 0, len(buf) - 1)
+    while j >= 0:
+        nxt = buf[j + 1 : j + 2]
+        if nxt not in (b" ", b"\t", b"\n", b"\r"):
+            return j + 1
+        j = buf.rfind(b"\n", 0, j)
+    return -1
+
+
+def first_lines(head: bytes, n: int = 64) -> list[bytes]:
+    """Up to ``n`` complete lines of ``head`` (the last, maybe cut, line dropped if more follow)."""
+    lines = head.split(b"\n")
+    if len(lines) > 1:
+        lines = lines[:-1] if head and not head.endswith(b"\n") else lines
+    return [ln.rstrip(b"\r") for ln in lines[:n]]

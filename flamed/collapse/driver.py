@@ -1,0 +1,318 @@
+"""Run an input format over files, in parallel, with memory bounded by unique stacks.
+
+The input is read in chunks of about ``chunk_bytes``; each chunk is cut where
+the format says a record ends (:meth:`Collapser.boundary`), so no sample is
+split.  Chunks go to worker processes (``jobs > 1``) that each keep one parser
+per format, and come back as partial :class:`ChunkResult`\\ s, which are summed
+in chunk order.  The chunking does not depend on ``jobs`` and the partial sums
+are added in the same order, so ``--jobs N`` gives exactly the bytes of
+``--jobs 1`` (float weights included).
+
+Only ``2 * jobs`` chunks are in flight at once, and nothing else of the input
+is held: memory is the unique stacks plus a few chunks, whatever the input size.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.pool
+import os
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import BinaryIO, TextIO
+
+from flamed.collapse import get, guess
+from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser
+from flamed.collapse.perf import _event_matches
+from flamed.errors import InputError
+from flamed.fileio import input_name, input_size, open_input
+from flamed.folded import ReadStats
+from flamed.model import Profile, Stack, Weight
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+HEAD_BYTES = 64 << 10
+#: Show a progress bar for inputs larger than this (when stderr is a terminal).
+PROGRESS_MIN_BYTES = 4 << 20
+
+
+@dataclass
+class CollapseResult:
+    profile: Profile
+    stats: ReadStats
+    #: Events in the order they first appeared, with their sample weights.
+    events: dict[str, Weight] = field(default_factory=dict)
+    kept_event: str | None = None
+    #: Format used for each input, by input name.
+    formats: dict[str, str] = field(default_factory=dict)
+    #: Remarks for stderr (which event was kept, pid missing, ...).
+    messages: list[str] = field(default_factory=list)
+
+
+class Progress:
+    """A one-line progress bar on a terminal, at most a few redraws a second."""
+
+    def __init__(self, stream: TextIO, total: int | None, label: str = "collapse") -> None:
+        self.stream = stream
+        self.total = total
+        self.label = label
+        self.done = 0
+        self.t0 = time.monotonic()
+        self._last = 0.0
+        self._drawn = False
+
+    def advance(self, nbytes: int) -> None:
+        self.done += nbytes
+        now = time.monotonic()
+        if now - self._last < 0.2:
+            return
+        self._last = now
+        mb = self.done / 1e6
+        rate = mb / max(now - self.t0, 1e-6)
+        if self.total:
+            frac = min(1.0, self.done / self.total)
+            bar = "#" * int(frac * 30)
+            text = f"{self.label}: [{bar:<30}] {frac * 100:5.1f}% {mb:8.1f}/{self.total / 1e6:.1f} MB {rate:6.1f} MB/s"
+        else:
+            text = f"{self.label}: {mb:8.1f} MB {rate:6.1f} MB/s"
+        self.stream.write("\r" + text)
+        self.stream.flush()
+        self._drawn = True
+
+    def finish(self) -> None:
+        if self._drawn:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+# -- worker side -------------------------------------------------------------
+_PARSERS: dict[str, ChunkParser] = {}
+_OPTIONS: CollapseOptions | None = None
+
+
+def _init_worker(options: CollapseOptions) -> None:
+    global _OPTIONS
+    _OPTIONS = options
+    _PARSERS.clear()
+
+
+def _parse_task(task: tuple[str, bytes, str, int]) -> ChunkResult:
+    fmt, data, source, first_line = task
+    p = _PARSERS.get(fmt)
+    if p is None:
+        assert _OPTIONS is not None
+        p = _PARSERS[fmt] = get(fmt).parser(_OPTIONS)
+    return p.parse(data, source=source, first_line=first_line)
+
+
+# -- chunking ----------------------------------------------------------------
+def iter_chunks(
+    stream: BinaryIO, collapser: Collapser, *, head: bytes = b"", chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[tuple[bytes, int]]:
+    """``(chunk, first line number)`` pairs, each chunk ending at a record boundary."""
+    buf = head
+    line = 1
+    eof = False
+    want = chunk_bytes
+    while True:
+        if len(buf) < want and not eof:
+            parts = [buf]
+            have = len(buf)
+            while have < want:
+                d = stream.read(want - have)
+                if not d:
+                    eof = True
+                    break
+                parts.append(d)
+                have += len(d)
+            buf = b"".join(parts)
+        if not buf:
+            return
+        if eof:
+            chunk, buf = buf, b""
+        else:
+            cut = collapser.boundary(buf)
+            if cut <= 0:
+                # One record larger than a chunk: read on until it ends.
+                want = len(buf) * 2
+                continue
+            chunk, buf = buf[:cut], buf[cut:]
+            want = chunk_bytes
+        yield chunk, line
+        line += chunk.count(b"\n")
+
+
+def read_head(stream: BinaryIO, n: int = HEAD_BYTES) -> bytes:
+    parts: list[bytes] = []
+    have = 0
+    while have < n:
+        d = stream.read(n - have)
+        if not d:
+            break
+        parts.append(d)
+        have += len(d)
+    return b"".join(parts)
+
+
+def open_with_format(path: str | None, fmt: str | None) -> tuple[BinaryIO, bytes, Collapser]:
+    """Open an input, read its head, and pick its format (``fmt`` or a guess)."""
+    stream = open_input(path)
+    try:
+        head = read_head(stream)
+    except OSError as e:
+        stream.close()
+        raise InputError(f"cannot read: {e}", source=input_name(path)) from None
+    collapser = get(fmt) if fmt else guess(head, source=input_name(path))
+    return stream, head, collapser
+
+
+# -- driver ------------------------------------------------------------------
+def collapse(
+    inputs: Sequence[str | None],
+    *,
+    fmt: str | None = None,
+    options: CollapseOptions | None = None,
+    jobs: int = 1,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    progress_stream: TextIO | None = None,
+) -> CollapseResult:
+    """Collapse ``inputs`` (paths; ``None``/``-`` is stdin) into one Profile.
+
+    ``progress_stream``: where to draw a progress bar (only drawn when it is a
+    terminal and the input is larger than :data:`PROGRESS_MIN_BYTES`).
+    """
+    opts = options if options is not None else CollapseOptions()
+    if not inputs:
+        inputs = [None]
+    stats = ReadStats()
+    groups: dict[str, dict[Stack, Weight]] = {}
+    order: list[str] = []
+    event_weight: dict[str, Weight] = {}
+    notes: set[str] = set()
+    result = CollapseResult(profile=Profile(), stats=stats)
+    lo: int | None = None
+    hi: int | None = None
+
+    def merge(part: ChunkResult) -> None:
+        nonlocal lo, hi
+        stats.merge(part.stats)
+        notes.update(part.notes)
+        for ev in part.order:
+            src = part.groups[ev]
+            dst = groups.get(ev)
+            if dst is None:
+                groups[ev] = dst = {}
+                order.append(ev)
+                event_weight[ev] = 0
+            if not dst:
+                dst.update(src)
+            else:
+                for k, w in src.items():
+                    dst[k] = dst.get(k, 0) + w
+            event_weight[ev] += sum(src.values())
+        if part.start_ns is not None and (lo is None or part.start_ns < lo):
+            lo = part.start_ns
+        if part.end_ns is not None and (hi is None or part.end_ns > hi):
+            hi = part.end_ns
+
+    total = 0
+    sizes = [input_size(p) for p in inputs]
+    total = sum(s for s in sizes if s) if all(s is not None for s in sizes) else 0
+    prog: Progress | None = None
+    if progress_stream is not None and _isatty(progress_stream) and (total == 0 or total > PROGRESS_MIN_BYTES):
+        prog = Progress(progress_stream, total or None)
+
+    def tasks() -> Iterator[tuple[str, bytes, str, int]]:
+        for path in inputs:
+            stream, head, collapser = open_with_format(path, fmt)
+            name = input_name(path)
+            result.formats[name] = collapser.name
+            try:
+                for chunk, first in iter_chunks(stream, collapser, head=head, chunk_bytes=chunk_bytes):
+                    yield collapser.name, chunk, name, first
+            except OSError as e:
+                raise InputError(f"cannot read: {e}", source=name) from None
+            finally:
+                stream.close()
+
+    local: dict[str, ChunkParser] = {}
+    pool = None
+    try:
+        window: deque[multiprocessing.pool.AsyncResult[ChunkResult]] = deque()
+        it = tasks()
+        for task in it:
+            if prog is not None:
+                prog.advance(len(task[1]))
+            if jobs <= 1:
+                p = local.get(task[0])
+                if p is None:
+                    p = local[task[0]] = get(task[0]).parser(opts)
+                merge(p.parse(task[1], source=task[2], first_line=task[3]))
+                continue
+            if pool is None:
+                # Fork: the workers start in milliseconds and share the imported code.
+                ctx = multiprocessing.get_context("fork")
+                pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(opts,))
+            window.append(pool.apply_async(_parse_task, (task,)))
+            while len(window) >= 2 * jobs:
+                merge(window.popleft().get())
+        while window:
+            merge(window.popleft().get())
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+        if prog is not None:
+            prog.finish()
+
+    result.events = dict(event_weight)
+    chosen: list[str]
+    if opts.event is not None:
+        chosen = [e for e in order if e == opts.event or _event_matches(e, opts.event)]
+        if not chosen and order and any(e for e in order):
+            raise InputError(
+                f"no samples of event {opts.event!r}; the input has: {', '.join(repr(e) for e in order)}",
+                source=", ".join(result.formats) or None,
+            )
+    else:
+        chosen = order[:1]
+        named = [e for e in order if e]
+        if len(named) > 1:
+            others = ", ".join(f"{e} ({_fmt_w(event_weight[e])})" for e in order[1:])
+            result.messages.append(
+                f"kept event {order[0]!r} (the first in the input, weight {_fmt_w(event_weight[order[0]])}); "
+                f"also present: {others}; choose one with --event"
+            )
+    stacks: dict[Stack, Weight] = {}
+    for e in chosen:
+        g = groups[e]
+        if not stacks:
+            stacks = g
+        else:
+            for k, w in g.items():
+                stacks[k] = stacks.get(k, 0) + w
+    result.kept_event = chosen[0] if chosen and chosen[0] else None
+    result.profile = Profile(stacks=stacks, start_ns=lo, end_ns=hi)
+    result.messages.extend(sorted(notes))
+    return result
+
+
+def _fmt_w(w: Weight) -> str:
+    return f"{w:,}" if isinstance(w, int) else f"{w:,.3f}"
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def default_jobs() -> int:
+    """Worker processes by default: the CPUs this process may run on, at most 8."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))

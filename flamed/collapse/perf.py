@@ -1,0 +1,520 @@
+"""``perf script`` text, with or without ``-g`` and ``-F`` fields.
+
+A sample is a header line followed by its frames (leaf first), one per line,
+indented, and a blank line::
+
+    worker 0 10719/10721 [001]   719.874582:    2004008 cpu-clock:ppp:
+    \t            1384 recurse+0x34 (/tmp/flamed-capture/hot)
+    \t            14bb worker+0x2b (/tmp/flamed-capture/hot)
+
+The header is ``COMM PID[/TID] [CPU] TIME: PERIOD EVENT: TRAILING`` where every
+field after the task may be missing (``perf script -F``).  ``COMM`` may hold
+spaces and end in digits (``worker 0``), so the header is read around the
+fields whose form is unambiguous: the timestamp (``719.874582:``), else the
+event (first token ending in ``:``), and the task id is the token just before
+them (and before ``[CPU]``).  Only when there is neither a time nor an event
+field is the task id simply the last token.  Tracepoint headers carry
+trailing fields (``comm=python3 pid=9910``); they are ignored.
+
+Frames: ``IP SYMBOL[+OFFSET] (DSO)``, where the DSO is the last balanced
+parenthesised group (paths may contain spaces and parentheses) and may be
+absent; ``(inlined)`` marks a frame perf inlined into its caller.  The offset
+is dropped; a ``;`` in a symbol (Rust's ``<[u8; 32] as T>::f``) becomes ``:``
+(:func:`flamed.model.sanitize_frame`); everything else (parentheses, quotes,
+``operator""``) is kept as perf printed it.  ``[unknown]`` symbols become
+``[DSO-BASENAME]`` when the DSO is known.  Annotations: ``_[k]`` for kernel
+DSOs (``[kernel.kallsyms]``, modules, ``vmlinux``), ``_[j]`` for perf JIT maps
+(``/tmp/perf-PID.map``), ``_[i]`` for inlined frames.  A sample without frames
+is kept as ``comm;[no frames]``.
+
+Several events in one capture: ``--event`` picks one; by default the first
+event seen is kept, and the driver says on stderr which one and what else
+there was.  The weight of a sample is its period when the header has one
+(as stackcollapse-perf.pl and inferno do), else 1; ``--weight samples``
+counts samples.
+
+Speed: samples repeat the same frame block over and over, so the parser
+caches ``frame block bytes -> frames`` and ``header without its timestamp ->
+(root frame, event, period)``; both caches are bounded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from flamed.collapse.base import (
+    ChunkParser,
+    ChunkResult,
+    CollapseOptions,
+    Collapser,
+    block_boundary,
+    first_lines,
+)
+from flamed.model import EMPTY_STACK_FRAME, Sample, Stack, sanitize_frame, task_frame
+
+_TOKEN = re.compile(r"\S+")
+_TIME = re.compile(r"^\d+\.\d+:$")
+_TASK = re.compile(r"^(\d+)(?:/(\d+))?$")
+_CPU = re.compile(r"^\[\d+\]$")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_HEXSTR = frozenset("0123456789abcdef")
+_JIT_MAP = re.compile(r"^/tmp/perf-\d+\.map$")
+#: Bracketed DSOs that are not the kernel.
+_NOT_KERNEL = frozenset(
+    {"[unknown]", "[vdso]", "[vsyscall]", "[vectors]", "[heap]", "[stack]", "[anon]", "[uprobes]", "[vvar]", "[jit]"}
+)
+_HEADER_HINT = re.compile(rb"^\S.*?\s\d+(?:/\d+)?\s+(?:\[\d+\]\s+)?\d+\.\d+:\s")
+_FRAME_HINT = re.compile(rb"^\s+[0-9a-f]+ \S.*")
+
+#: Cache bounds: enough for the distinct stacks of a long capture, small next to the 300 MB budget.
+_BODY_CACHE_BYTES = 48 << 20
+_HEADER_CACHE_ENTRIES = 100_000
+_LINE_CACHE_ENTRIES = 200_000
+
+_Header = tuple[str, str, int, str]  # root frame, event, period (0 = none), trailing text
+
+
+class PerfCollapser(Collapser):
+    name = "perf"
+    description = "perf script text (perf record -g; perf script [-F ...])"
+    timestamped = True
+
+    def detect(self, head: bytes) -> int:
+        lines = first_lines(head)
+        score = 0
+        for i, ln in enumerate(lines):
+            if ln.startswith(b"#") or not ln:
+                continue
+            if _HEADER_HINT.match(ln):
+                score = max(score, 70)
+                if i + 1 < len(lines) and _FRAME_HINT.match(lines[i + 1]):
+                    return 95
+            elif ln[:1] in (b"\t", b" ") and _FRAME_HINT.match(ln) and ln.rstrip().endswith(b")"):
+                score = max(score, 60)
+        return score
+
+    def boundary(self, buf: bytes) -> int:
+        return block_boundary(buf)
+
+    def parser(self, options: CollapseOptions) -> PerfParser:
+        return PerfParser(options)
+
+    def samples(self, stream: BinaryIO, options: CollapseOptions, *, source: str) -> Iterator[Sample]:
+        p = PerfParser(options)
+        yield from p.iter_samples(stream, source=source)
+
+
+class PerfParser(ChunkParser):
+    def __init__(self, options: CollapseOptions) -> None:
+        super().__init__(options)
+        self._bodies: dict[bytes, tuple[str, ...] | None] = {}
+        self._body_bytes = 0
+        self._headers: dict[bytes, _Header | None] = {}
+        self._lines: dict[bytes, tuple[str, bool] | None] = {}
+        ann = options.annotate
+        self._ann_kernel = "kernel" in ann
+        self._ann_jit = "jit" in ann
+        self._ann_inline = "inline" in ann
+        self._by_period = options.weight == "period"
+        self._want_event = options.event
+
+    # -- chunks ------------------------------------------------------------
+    def parse(self, data: bytes, *, source: str, first_line: int) -> ChunkResult:
+        res = ChunkResult()
+        stats = res.stats
+        want = self._want_event
+        by_period = self._by_period
+        bodies = self._bodies
+        headers = self._headers
+        cur_event: str | None = None
+        cur_group: dict[Stack, int | float] = {}
+        offset = 0
+        n_blocks = 0
+        for block in data.split(b"\n\n"):
+            start = offset
+            offset += len(block) + 2
+            if not block:
+                continue
+            if block[0] == 10 or block[0] == 35 or block[0] == 13:  # "\n", "#", "\r": blank lines, comments
+                block, start = _skip_leading(block, start)
+                if not block:
+                    continue
+            header, _, body = block.partition(b"\n")
+            key = _header_key(header)
+            h = headers.get(key)
+            if h is None:
+                if key in headers:
+                    # Known-bad header: count it again (it is another sample).
+                    self.malformed(res, source, _line_at(data, start, first_line), "unrecognised perf script header")
+                    continue
+                h = self._parse_header(header)
+                if len(headers) >= _HEADER_CACHE_ENTRIES:
+                    headers.clear()
+                headers[key] = h
+                if h is None:
+                    self.malformed(res, source, _line_at(data, start, first_line), "unrecognised perf script header")
+                    continue
+            root, event, period, trailing = h
+            if want is not None and event != want and not _event_matches(event, want):
+                continue
+            if event != cur_event:
+                cur_event = event
+                cur_group = res.group(event)
+            frames = bodies.get(body)
+            if frames is None:
+                frames = self._parse_body(body, trailing, res, data, start, first_line, source)
+            n_blocks += 1
+            stack = (root,) + frames
+            w = period if (by_period and period) else 1
+            cur_group[stack] = cur_group.get(stack, 0) + w
+        stats.records += n_blocks
+        stats.lines += data.count(b"\n")
+        return res
+
+    def _parse_body(
+        self,
+        body: bytes,
+        trailing: str,
+        res: ChunkResult,
+        data: bytes,
+        start: int,
+        first_line: int,
+        source: str,
+    ) -> tuple[str, ...]:
+        """Frames of a block, root first; cached by the block's bytes when that is safe."""
+        body_s = body.rstrip(b"\n\r ")
+        frames: list[str] = []
+        flat = False
+        if body_s:
+            lines = body_s.split(b"\n")
+            for i, ln in enumerate(lines):
+                if ln[:1] not in (b"\t", b" "):
+                    # Another sample's header inside the block: perf script without -g
+                    # prints one line per sample and no blank lines between them.
+                    flat = True
+                    self._parse_flat(b"\n".join(lines[i:]), res, data, start, first_line, source, i + 1)
+                    break
+                fr = self._frame(ln)
+                if fr is not None:
+                    frames.append(fr[0])
+        if not frames and trailing:
+            # No callchain: the header itself ends with "IP SYM (DSO)".
+            fr = self._frame(trailing.encode("utf-8", "surrogateescape"))
+            if fr is not None:
+                frames.append(fr[0])
+        if not frames:
+            frames.append(EMPTY_STACK_FRAME)
+        frames.reverse()
+        out = tuple(frames)
+        if body_s and not flat and not trailing:
+            self._remember(body, out)
+        return out
+
+    def _parse_flat(
+        self, rest: bytes, res: ChunkResult, data: bytes, start: int, first_line: int, source: str, skip: int
+    ) -> None:
+        """Samples of a ``perf script`` without ``-g``: a header per line, its frame in the header."""
+        # The block parser on a synthetic chunk with one sample per block.
+        # (Line numbers of errors in it are approximate: the blank lines are synthetic.)
+        sub = rest.replace(b"\n", b"\n\n")
+        line0 = _line_at(data, start, first_line) + skip
+        part = self.parse(sub, source=source, first_line=line0)
+        for ev in part.order:
+            g = res.group(ev)
+            for k, w in part.groups[ev].items():
+                g[k] = g.get(k, 0) + w
+        res.stats.records += part.stats.records
+        res.stats.skipped += part.stats.skipped
+        res.stats.first_errors.extend(part.stats.first_errors[: max(0, 5 - len(res.stats.first_errors))])
+
+    def _remember(self, body: bytes, frames: tuple[str, ...]) -> None:
+        if self._body_bytes > _BODY_CACHE_BYTES:
+            self._bodies.clear()
+            self._body_bytes = 0
+        self._bodies[body] = frames
+        self._body_bytes += len(body) + 64
+
+    # -- frames ------------------------------------------------------------
+    def _frame(self, line: bytes) -> tuple[str, bool] | None:
+        cache = self._lines
+        r = cache.get(line, False)
+        if r is not False:
+            return r  # type: ignore[return-value]
+        r = self._parse_frame(line)
+        if len(cache) >= _LINE_CACHE_ENTRIES:
+            cache.clear()
+        cache[line] = r
+        return r
+
+    def _parse_frame(self, line: bytes) -> tuple[str, bool] | None:
+        s = line.strip()
+        ip, _, rest_b = s.partition(b" ")
+        if not ip or not _HEX.issuperset(ip):
+            return None  # a srcline line (perf script -F+srcline) or noise
+        rest = rest_b.decode("utf-8", "surrogateescape").strip()
+        if not rest:
+            return ("[unknown]", False)
+        inlined = False
+        if rest.endswith(" (inlined)"):
+            inlined = True
+            rest = rest[: -len(" (inlined)")].rstrip()
+        sym, dso = _split_dso(rest)
+        # Strip the "+0x1f" offset perf prints since Linux 4.8.
+        p = sym.rfind("+0x")
+        if p > 0 and _HEXSTR.issuperset(sym[p + 3 :]) and len(sym) > p + 3:
+            sym = sym[:p]
+        if sym == "[unknown]" or not sym:
+            if dso and dso != "[unknown]":
+                base = dso.rsplit("/", 1)[-1]
+                sym = base if base.startswith("[") and base.endswith("]") else f"[{base}]"
+            else:
+                sym = "[unknown]"
+        sym = sanitize_frame(sym)
+        if inlined and self._ann_inline:
+            sym += "_[i]"
+        elif dso is not None:
+            if self._ann_kernel and _is_kernel_dso(dso):
+                sym += "_[k]"
+            elif self._ann_jit and _JIT_MAP.match(dso):
+                sym += "_[j]"
+        return (sym, inlined)
+
+    # -- headers -----------------------------------------------------------
+    def _parse_header(self, header: bytes) -> _Header | None:
+        h = parse_header(header.decode("utf-8", "surrogateescape").rstrip("\r"))
+        if h is None:
+            return None
+        comm, pid, tid, event, period, trailing, _ = h
+        o = self.options
+        if o.include_tid:
+            root = _task(comm, pid, tid, True)
+        elif o.include_pid:
+            root = _task(comm, pid, tid, False)
+        else:
+            root = sanitize_frame(comm)
+        return (root, event, period, trailing)
+
+    # -- samples (timestamps kept) -----------------------------------------
+    def iter_samples(self, stream: BinaryIO, *, source: str) -> Iterator[Sample]:
+        """Samples in input order, with the perf timestamp (seconds) in ns."""
+        want = self._want_event
+        by_period = self._by_period
+        buf = b""
+        line = 1
+        while True:
+            data = stream.read(1 << 20)
+            buf += data
+            if data:
+                cut = block_boundary(buf)
+                if cut < 0:
+                    continue
+                chunk, buf = buf[:cut], buf[cut:]
+            else:
+                chunk, buf = buf, b""
+            if chunk:
+                for header, body, start in _records(chunk):
+                    full = parse_header(header.decode("utf-8", "surrogateescape").rstrip("\r"))
+                    if full is None:
+                        self.malformed(ChunkResult(), source, _line_at(chunk, start, line), "unrecognised perf script header")
+                        continue
+                    comm, pid, tid, event, period, trailing, t_ns = full
+                    if want is not None and event != want and not _event_matches(event, want):
+                        continue
+                    if t_ns is None:
+                        self.malformed(ChunkResult(), source, _line_at(chunk, start, line), "sample without a time field")
+                        continue
+                    h = self._parse_header(header)
+                    assert h is not None
+                    frames = self._bodies.get(body)
+                    if frames is None:
+                        frames = self._parse_body(body, trailing, ChunkResult(), chunk, start, line, source)
+                    yield Sample(
+                        time_ns=t_ns,
+                        stack=(h[0],) + frames,
+                        weight=period if (by_period and period) else 1,
+                        pid=pid,
+                        tid=tid,
+                    )
+                line += chunk.count(b"\n")
+            if not data:
+                return
+
+
+_UNINDENTED = re.compile(rb"(?m)^[^\s]")
+
+
+def _records(chunk: bytes) -> Iterator[tuple[bytes, bytes, int]]:
+    """``(header, frame lines, offset)`` of each sample, with or without blank lines between them."""
+    offset = 0
+    for block in chunk.split(b"\n\n"):
+        start = offset
+        offset += len(block) + 2
+        block, start = _skip_leading(block, start)
+        if not block:
+            continue
+        header, _, body = block.partition(b"\n")
+        if not body or _UNINDENTED.search(body) is None:
+            yield header, body, start
+            continue
+        pos = start
+        cur_h, cur_body, cur_start = header, [], start
+        pos += len(header) + 1
+        for ln in body.split(b"\n"):
+            if ln[:1] in (b" ", b"\t") or not ln:
+                cur_body.append(ln)
+            else:
+                yield cur_h, b"\n".join(cur_body), cur_start
+                cur_h, cur_body, cur_start = ln, [], pos
+            pos += len(ln) + 1
+        yield cur_h, b"\n".join(cur_body), cur_start
+
+
+def _skip_leading(block: bytes, start: int) -> tuple[bytes, int]:
+    """Drop leading blank and ``#`` comment lines of a block."""
+    while block and (block[0] in (10, 13) or block[0] == 35):
+        nl = block.find(b"\n")
+        if nl < 0:
+            return b"", start + len(block)
+        block = block[nl + 1 :]
+        start += nl + 1
+    return block, start
+
+
+def _line_at(data: bytes, offset: int, first_line: int) -> int:
+    return first_line + data.count(b"\n", 0, offset)
+
+
+def _header_key(header: bytes) -> bytes:
+    """The header without its timestamp, so samples of one task/event share a cache entry."""
+    i = header.find(b": ")
+    if i < 0:
+        if not header.endswith(b":"):
+            return header
+        i = len(header) - 1
+    s = header.rfind(b" ", 0, i) + 1
+    tok = header[s:i]
+    if tok.replace(b".", b"", 1).isdigit() and b"." in tok:
+        return header[:s] + header[i + 1 :]
+    return header
+
+
+def _event_matches(event: str, want: str) -> bool:
+    """``--event cpu-clock`` also matches ``cpu-clock:ppp`` (perf's precision modifiers)."""
+    if not event.startswith(want + ":"):
+        return False
+    return all(c in "ukhpGHSDIWe" for c in event[len(want) + 1 :])
+
+
+def _task(comm: str, pid: int | None, tid: int | None, with_tid: bool) -> str:
+    if pid is None:
+        # Default perf script output prints only the thread id; say so rather than guess.
+        c = sanitize_frame(comm)
+        if tid is None:
+            return c
+        return f"{c}-?/{tid}" if with_tid else f"{c}-?"
+    return task_frame(comm, pid, tid if with_tid else None)
+
+
+def _split_dso(rest: str) -> tuple[str, str | None]:
+    """``sym (dso)`` -> (sym, dso); the DSO is the last balanced parenthesised group."""
+    if not rest.endswith(")"):
+        return rest, None
+    i = rest.rfind(" (")
+    if i < 0:
+        return rest, None
+    inner = rest[i + 2 : -1]
+    if "(" not in inner and ")" not in inner:
+        return rest[:i], inner
+    # Parentheses inside the DSO path: find the "(" that balances the final ")".
+    depth = 0
+    for j in range(len(rest) - 1, -1, -1):
+        c = rest[j]
+        if c == ")":
+            depth += 1
+        elif c == "(":
+            depth -= 1
+            if depth == 0:
+                if j > 0 and rest[j - 1] == " ":
+                    return rest[: j - 1], rest[j + 1 : -1]
+                return rest, None
+    return rest, None
+
+
+def _is_kernel_dso(dso: str) -> bool:
+    if dso.startswith("["):
+        return dso.endswith("]") and dso not in _NOT_KERNEL
+    return dso.endswith("vmlinux") or dso.endswith(".ko") or ".ko." in dso.rsplit("/", 1)[-1]
+
+
+def _time_ns(tok: str) -> int:
+    sec, _, frac = tok.partition(".")
+    return int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
+
+
+def parse_header(h: str) -> tuple[str, int | None, int | None, str, int, str, int | None] | None:
+    """``(comm, pid, tid, event, period, trailing, time_ns)`` of a perf script header, or None.
+
+    ``pid`` is None when perf printed only the thread id (its default).
+    ``event`` is ``""`` and ``period`` 0 when the header has no such field.
+    """
+    toks = [(m.start(), m.end()) for m in _TOKEN.finditer(h)]
+    if not toks:
+        return None
+    words = [h[a:b] for a, b in toks]
+    k = next((i for i, w in enumerate(words) if i >= 1 and _TIME.match(w)), -1)
+    time_ns: int | None = None
+    period = 0
+    event = ""
+    trailing = ""
+    if k >= 0:
+        time_ns = _time_ns(words[k][:-1])
+        pre = k
+        j = k + 1
+        if j < len(words) and words[j].isdigit():
+            period = int(words[j])
+            j += 1
+        if j < len(words) and words[j].endswith(":"):
+            event = words[j][:-1]
+            j += 1
+        if j < len(words):
+            trailing = h[toks[j][0] :].strip()
+    else:
+        e = next((i for i, w in enumerate(words) if i >= 1 and w.endswith(":") and not _TASK.match(w[:-1])), -1)
+        if e >= 0:
+            event = words[e][:-1]
+            pre = e
+            if e + 1 < len(words):
+                trailing = h[toks[e + 1][0] :].strip()
+            # "comm tid [cpu] period event:": a number right before the event is the period
+            # when a task id (or cpu) precedes it.
+            if pre >= 3 and words[pre - 1].isdigit() and (_TASK.match(words[pre - 2]) or _CPU.match(words[pre - 2])):
+                period = int(words[pre - 1])
+                pre -= 1
+        else:
+            pre = len(words)
+            # No time, no event: "comm tid [cpu]", maybe followed by "ip sym (dso)" (no -g).
+            last = len(words) - 1
+            if _CPU.match(words[last]) or _TASK.match(words[last]):
+                pre = len(words)
+            else:
+                for i in range(len(words) - 3, 0, -1):
+                    if _TASK.match(words[i]) and _HEXSTR.issuperset(words[i + 1]):
+                        pre = i + 1
+                        trailing = h[toks[i + 1][0] :].strip()
+                        break
+    if pre >= 1 and _CPU.match(words[pre - 1]):
+        pre -= 1
+    if pre < 1:
+        return None
+    m = _TASK.match(words[pre - 1])
+    if m is None:
+        return None
+    comm = h[: toks[pre - 1][0]].strip() if pre >= 2 else ""
+    if m.group(2) is not None:
+        pid: int | None = int(m.group(1))
+        tid: int | None = int(m.group(2))
+    else:
+        pid, tid = None, int(m.group(1))
+    return comm, pid, tid, event, period, trailing, time_ns

@@ -1,0 +1,161 @@
+"""Timestamped traces: one sample per line, ``TIMESTAMP STACK [COUNT]``.
+
+``TIMESTAMP`` is a number: with a decimal point it is seconds (``1700000000.123456789``,
+up to 9 decimals, read exactly, no float rounding), without one it is
+nanoseconds (``1700000000123456789``).  ``STACK`` is folded (``a;b;c``, root
+first, frames may contain spaces).  ``COUNT`` is optional (default 1): the last
+token is taken as the count when it is a number, so a stack whose leaf frame
+ends in `` <digits>`` must be written with an explicit count (flamed always
+writes one).  A root frame ``comm-PID[/TID]`` names the task
+(:func:`flamed.model.parse_task_frame`); ``flamed merge`` remaps those ids.
+``#`` comments and blank lines are skipped; flamed's own traces start with
+``# flamed trace`` so they are recognised even when empty.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser, first_lines
+from flamed.errors import InputError
+from flamed.folded import MAX_COUNT
+from flamed.model import EMPTY_STACK_FRAME, Sample, Stack, Weight, parse_task_frame
+
+TRACE_MAGIC = b"# flamed trace"
+_TRACE_LINE = re.compile(rb"^[0-9]+(?:\.[0-9]{1,9})?[ \t]+\S")
+_COUNT = re.compile(r"^[0-9]+(?:\.[0-9]*)?$")
+
+
+def parse_timestamp(tok: str) -> int | None:
+    """Nanoseconds of a trace timestamp (seconds with decimals, or integer ns); None if invalid."""
+    sec, dot, frac = tok.partition(".")
+    if not sec.isascii() or not sec.isdigit() or len(sec) > 19:
+        return None
+    if not dot:
+        return int(sec)
+    if not frac or len(frac) > 9 or not frac.isascii() or not frac.isdigit():
+        return None
+    return int(sec) * 1_000_000_000 + int(frac.ljust(9, "0"))
+
+
+def format_timestamp(ns: int, style: str = "ns") -> str:
+    """``ns`` as written in a trace: integer ns, or ``style="seconds"`` with 9 decimals."""
+    if style == "seconds":
+        return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
+    return str(ns)
+
+
+def parse_trace_line(line: str) -> tuple[int, Stack, Weight] | None:
+    """``(time_ns, stack, weight)`` of one decoded trace line (no line end), or None."""
+    ts, sep, rest = line.partition(" ")
+    if not sep:
+        ts, sep, rest = line.partition("\t")
+        if not sep:
+            return None
+    t = parse_timestamp(ts)
+    if t is None:
+        return None
+    rest = rest.strip()
+    if not rest:
+        return None
+    weight: Weight = 1
+    head, sp, cnt = rest.rpartition(" ")
+    if sp and _COUNT.match(cnt) and head.strip():
+        if len(cnt.partition(".")[0]) > 19:
+            return None
+        weight = float(cnt) if "." in cnt else int(cnt)
+        if weight > MAX_COUNT:
+            return None
+        rest = head.rstrip()
+    return t, tuple(rest.split(";")) if rest else (EMPTY_STACK_FRAME,), weight
+
+
+class TraceCollapser(Collapser):
+    name = "trace"
+    description = "timestamped trace: 'TIMESTAMP STACK [COUNT]' per line (seconds.decimals or integer ns)"
+    timestamped = True
+
+    def detect(self, head: bytes) -> int:
+        if head.startswith(TRACE_MAGIC):
+            return 100
+        lines = [ln for ln in first_lines(head) if ln.strip() and not ln.startswith(b"#")]
+        if not lines:
+            return 0
+        hits = 0
+        for ln in lines:
+            if not _TRACE_LINE.match(ln):
+                return 0
+            # "123 5" alone is as much folded as trace: need a stack after the timestamp.
+            rest = ln.split(None, 1)[1] if len(ln.split(None, 1)) > 1 else b""
+            if b";" in rest or len(rest.split()) >= 2 or not rest.strip().isdigit():
+                hits += 1
+        return 80 if hits == len(lines) else 0
+
+    def parser(self, options: CollapseOptions) -> ChunkParser:
+        return TraceParser(options)
+
+    def samples(self, stream: BinaryIO, options: CollapseOptions, *, source: str) -> Iterator[Sample]:
+        return iter_trace(stream, source=source, strict=options.strict)
+
+
+class TraceParser(ChunkParser):
+    def parse(self, data: bytes, *, source: str, first_line: int) -> ChunkResult:
+        res = ChunkResult()
+        group = res.group("")
+        lines = data.decode("utf-8", "surrogateescape").split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        lo: int | None = None
+        hi: int | None = None
+        records = 0
+        for n, line in enumerate(lines):
+            if not line or line[0] == "#" or line.isspace():
+                continue
+            rec = parse_trace_line(line.rstrip("\r"))
+            if rec is None:
+                self.malformed(res, source, first_line + n, "expected 'TIMESTAMP STACK [COUNT]'")
+                continue
+            t, stack, w = rec
+            group[stack] = group.get(stack, 0) + w
+            records += 1
+            if lo is None or t < lo:
+                lo = t
+            if hi is None or t > hi:
+                hi = t
+        res.start_ns, res.end_ns = lo, hi
+        res.stats.lines += len(lines)
+        res.stats.records += records
+        return res
+
+
+def iter_trace(stream: BinaryIO, *, source: str, strict: bool = False, skipped: list[int] | None = None) -> Iterator[Sample]:
+    """Samples of a trace in file order; the task ids come from a ``comm-PID[/TID]`` root frame.
+
+    Malformed lines raise under ``strict``, else are skipped (and counted in
+    ``skipped[0]`` when a list is given).
+    """
+    lineno = 0
+    tasks: dict[str, tuple[int | None, int | None]] = {}
+    for raw in stream:
+        lineno += 1
+        line = raw.decode("utf-8", "surrogateescape").rstrip("\r\n")
+        if not line or line[0] == "#" or line.isspace():
+            continue
+        rec = parse_trace_line(line)
+        if rec is None:
+            if strict:
+                raise InputError("expected 'TIMESTAMP STACK [COUNT]'", source=source, line=lineno)
+            if skipped is not None:
+                skipped[0] += 1
+            continue
+        t, stack, w = rec
+        root = stack[0]
+        ids = tasks.get(root)
+        if ids is None:
+            task = parse_task_frame(root)
+            ids = (task.pid, task.tid)
+            if len(tasks) < 100_000:
+                tasks[root] = ids
+        yield Sample(time_ns=t, stack=stack, weight=w, pid=ids[0], tid=ids[1])
