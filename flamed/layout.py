@@ -93,11 +93,13 @@ def table_from_items(
 ) -> StackTable[str]:
     """A StackTable of ``(stack, weight)`` pairs (weights <= 0 are left out).
 
-    ``deltas`` (optional) gives each stack's change for differential graphs.
+    ``deltas`` (optional) gives each stack's change for differential graphs;
+    then stacks of weight 0 are kept too: they draw nothing but their change
+    counts in their ancestors' boxes.
     """
     rows: list[tuple[str, Weight, Weight]] = []
     for stack, w in items:
-        if not w > 0:
+        if not w > 0 and not (deltas is not None and w == 0):
             continue
         # A NUL inside a frame would be taken for a separator; show it as text instead.
         key = "\x00".join(f.replace("\x00", "\\x00") if "\x00" in f else f for f in stack)

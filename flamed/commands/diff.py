@@ -1,0 +1,84 @@
+"""Command ``flamed diff``: differential flame graph or table of two profiles."""
+
+from __future__ import annotations
+
+import argparse
+
+from flamed.commands._render import add_render_arguments, render_options
+from flamed.commands.base import Command
+from flamed.diff import diff_profiles, format_table
+from flamed.errors import UsageError
+from flamed.fileio import open_output
+from flamed.folded import ReadStats, folded_line
+from flamed.inputs import load_profile
+from flamed.layout import flame_frames, table_from_items
+from flamed.model import format_weight
+from flamed.outputs.svg import _min_weight, render_boxes
+
+_BY_EXT = {".svg": "svg", ".txt": "table", ".folded": "folded"}
+
+
+class DiffCommand(Command):
+    """Compare two profiles: differential flame graph (red grew, blue shrank) or a table.
+
+    Widths are AFTER's, colors the change (after - before) of the stacks under
+    each box, as difffolded.pl + flamegraph.pl draw it.  --normalize scales
+    BEFORE to AFTER's total first, for captures of different length or load.
+    --format table lists the functions whose own (self) weight changed most;
+    --format folded writes difffolded.pl's "stack BEFORE AFTER" lines.
+
+    examples:
+      flamed diff before.folded after.folded -o diff.svg
+      flamed diff --normalize --format table before.folded after.pb.gz
+      flamed diff --format folded a.folded b.folded | flamegraph.pl > diff.svg
+    """
+
+    name = "diff"
+    order = 32
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("before", metavar="BEFORE", help="the baseline profile (folded, pprof, speedscope, ...)")
+        parser.add_argument("after", metavar="AFTER", help="the profile to compare with it")
+        parser.add_argument("-o", "--output", help="output file (default stdout), written atomically")
+        parser.add_argument(
+            "--format",
+            choices=("svg", "table", "folded"),
+            help="svg (default), table, or folded (difffolded.pl's 3-column lines); default from -o's extension",
+        )
+        parser.add_argument("--normalize", action="store_true", help="scale BEFORE to AFTER's total first")
+        parser.add_argument("--limit", type=int, default=20, help="rows of the table (default 20)")
+        parser.add_argument("--strict", action="store_true", help="fail on the first malformed line")
+        add_render_arguments(parser, chart=False)
+
+    def run(self, args: argparse.Namespace) -> int:
+        fmt = args.format
+        if fmt is None:
+            fmt = "svg"
+            if args.output:
+                for ext, name in _BY_EXT.items():
+                    if args.output.lower().endswith(ext):
+                        fmt = name
+        if args.limit < 0:
+            raise UsageError("--limit must not be negative")
+        stats = ReadStats()
+        before = load_profile([args.before], strict=args.strict, stats=stats)
+        after = load_profile([args.after], strict=args.strict, stats=stats)
+        diff = diff_profiles(before, after, normalize=args.normalize)
+        with open_output(args.output) as out:
+            if fmt == "table":
+                out.write(format_table(diff, limit=args.limit, countname=args.countname).encode("utf-8", "surrogateescape"))
+            elif fmt == "folded":
+                for stack in sorted(diff.pairs):
+                    b, a = diff.pairs[stack]
+                    line = folded_line(stack, b)
+                    out.write(line[:-1] + b" " + format_weight(a).encode() + b"\n")
+            else:
+                options = render_options(args)
+                # Stacks gone in AFTER have no width but still count in their ancestors' change.
+                table = table_from_items(diff.after_items(include_gone=True), diff.deltas())
+                boxes = flame_frames(table, _min_weight(table.total, options)) if len(table) else []
+                render_boxes(boxes, out, options, diff=True)
+        summary = stats.summary()
+        if summary:
+            self.warn(summary)
+        return 0

@@ -1,0 +1,116 @@
+"""Differential profiles: what grew and what shrank between two profiles.
+
+The semantics of difffolded.pl + flamegraph.pl: every stack of either
+profile gets a (before, after) pair; the graph is drawn with the AFTER
+widths and colored by ``after - before`` of the stacks under each box (red
+grew, blue shrank, white unchanged).  ``normalize`` first scales BEFORE to
+AFTER's total, so a longer or busier second capture does not paint
+everything red.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flamed.model import Profile, Stack, Weight, normalize_weight
+
+
+@dataclass
+class DiffProfile:
+    """Stacks to (before, after) weights; ``after`` is a Profile with the AFTER weights."""
+
+    pairs: dict[Stack, tuple[Weight, Weight]]
+    before_total: Weight
+    after_total: Weight
+    normalized: bool
+
+    def deltas(self) -> dict[Stack, Weight]:
+        return {k: normalize_weight(a - b) for k, (b, a) in self.pairs.items()}
+
+    def after_items(self, *, include_gone: bool = False) -> list[tuple[Stack, Weight]]:
+        """AFTER's stacks; with ``include_gone`` also those only BEFORE had (weight 0)."""
+        return [(k, a) for k, (_, a) in self.pairs.items() if a > 0 or include_gone]
+
+
+def diff_profiles(before: Profile, after: Profile, *, normalize: bool = False) -> DiffProfile:
+    bt = before.total()
+    at = after.total()
+    factor = (float(at) / float(bt)) if normalize and bt else 1.0
+    pairs: dict[Stack, tuple[Weight, Weight]] = {}
+    for k, w in before.stacks.items():
+        # Rounded like difffolded.pl, so normalized counts stay counts.
+        b = normalize_weight(int(w * factor + 0.5)) if normalize and isinstance(w, int) else normalize_weight(w * factor)
+        pairs[k] = (b, 0)
+    for k, w in after.stacks.items():
+        b, _ = pairs.get(k, (0, 0))
+        pairs[k] = (b, w)
+    return DiffProfile(pairs, normalize_weight(sum(b for b, _ in pairs.values())), at, normalize)
+
+
+@dataclass(frozen=True)
+class Change:
+    function: str
+    self_before: Weight
+    self_after: Weight
+    total_before: Weight
+    total_after: Weight
+
+    @property
+    def self_delta(self) -> Weight:
+        return normalize_weight(self.self_after - self.self_before)
+
+    @property
+    def total_delta(self) -> Weight:
+        return normalize_weight(self.total_after - self.total_before)
+
+
+def changes(diff: DiffProfile) -> list[Change]:
+    """Per function: self and inclusive weights before and after, biggest self change first."""
+    sb: dict[str, Weight] = {}
+    sa: dict[str, Weight] = {}
+    tb: dict[str, Weight] = {}
+    ta: dict[str, Weight] = {}
+    for stack, (b, a) in diff.pairs.items():
+        leaf = stack[-1]
+        sb[leaf] = sb.get(leaf, 0) + b
+        sa[leaf] = sa.get(leaf, 0) + a
+        for f in set(stack):
+            tb[f] = tb.get(f, 0) + b
+            ta[f] = ta.get(f, 0) + a
+    out = [
+        Change(f, normalize_weight(sb.get(f, 0)), normalize_weight(sa.get(f, 0)), normalize_weight(tb[f]), normalize_weight(ta[f]))
+        for f in tb
+    ]
+    out.sort(key=lambda c: (-abs(c.self_delta), -abs(c.total_delta), c.function))
+    return out
+
+
+def format_table(diff: DiffProfile, *, limit: int = 20, countname: str = "samples") -> str:
+    """The biggest changes as an aligned text table (percentages of the AFTER total)."""
+    rows = [c for c in changes(diff) if c.self_delta or c.total_delta][: max(0, limit)]
+    total = float(diff.after_total) or 1.0
+    head = (
+        f"before: {diff.before_total} {countname}{' (normalized)' if diff.normalized else ''}, "
+        f"after: {diff.after_total} {countname}\n"
+    )
+    cols = ("self Δ", "self Δ%", "self before", "self after", "total Δ", "total Δ%", "function")
+    table = [cols]
+    for c in rows:
+        table.append(
+            (
+                f"{c.self_delta:+}",
+                f"{100.0 * float(c.self_delta) / total:+.2f}%",
+                str(c.self_before),
+                str(c.self_after),
+                f"{c.total_delta:+}",
+                f"{100.0 * float(c.total_delta) / total:+.2f}%",
+                c.function,
+            )
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(cols) - 1)]
+    lines = [head]
+    for r in table:
+        lines.append("  ".join(r[i].rjust(widths[i]) for i in range(len(cols) - 1)) + "  " + r[-1] + "\n")
+    if not rows:
+        lines.append("no changes\n")
+    return "".join(lines)
