@@ -1,0 +1,184 @@
+"""The daemon's mixed-mode processor: Python frames in the stacks of Python processes.
+
+Configured by ``[processors.python]``; runs only with the BPF sampler.  Every
+Python process the watcher finds is ``watch()``-ed (its samples arrive as
+timestamped events) and gets a py-spy child; each drained window's events are
+joined with py-spy's Python stacks (:mod:`flamed.python.align`) and added to
+the window's counts.  An event waits for the py-spy window that covers it, so
+Python samples are stored up to one ``window_s`` (+ a drain) after they were
+taken; their weights are the BPF samples', never py-spy's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from flamed.daemon.processors.base import ProcessorContext, WindowProcessor
+from flamed.python.align import JoinOptions
+from flamed.python.mixed import MixedMode, MixedOptions
+from flamed.python.pyspy import Failure, PySpyOptions
+from flamed.python.watcher import WatchOptions
+from flamed.sampler import Window
+
+
+@dataclass(frozen=True)
+class PythonProcessorOptions:
+    """``[processors.python]``; every key optional.
+
+    enabled: mixed mode on (default true; only ever active with the BPF sampler).
+    pyspy: py-spy binary ("" = next to flamed's python, else PATH).
+    rate: py-spy samples per second per process (default 100, max 250).
+    nonblocking: py-spy does not pause the target (default true).
+    idle: py-spy reports idle threads too, which keeps its sample times exact (default true).
+    native: py-spy's own native frames; implies blocking (default false).
+    window_s: one py-spy run; Python samples are delayed by about this much (default 10).
+    max_processes: Python processes watched at once, ~180 MB of py-spy each (default 32).
+    include_comm / exclude_comm: regexes on the comm ("" = none).
+    include_cgroup / exclude_cgroup: regexes on the cgroup v2 path ("" = none).
+    uids: only processes of these real uids (default: any).
+    scan_interval: seconds between /proc scans for missed processes (default 5).
+    refine: place stack changes by signature likelihood (default true).
+    clock_uprobe: calibrate py-spy's clock by a uprobe on its recorder (default true).
+    """
+
+    enabled: bool = True
+    pyspy: str = ""
+    rate: int = 100
+    nonblocking: bool = True
+    idle: bool = True
+    native: bool = False
+    window_s: float = 10.0
+    max_processes: int = 32
+    include_comm: str = ""
+    exclude_comm: str = ""
+    include_cgroup: str = ""
+    exclude_cgroup: str = ""
+    uids: tuple[int, ...] = ()
+    scan_interval: float = 5.0
+    refine: bool = True
+    clock_uprobe: bool = True
+
+    def mixed(self) -> MixedOptions:
+        return MixedOptions(
+            pyspy=PySpyOptions(binary=self.pyspy or None, rate=self.rate, nonblocking=self.nonblocking,
+                               idle=self.idle, native=self.native, window_s=self.window_s,
+                               max_children=self.max_processes),
+            watch=WatchOptions(include_comm=self.include_comm or None, exclude_comm=self.exclude_comm or None,
+                               include_cgroup=self.include_cgroup or None,
+                               exclude_cgroup=self.exclude_cgroup or None,
+                               uids=frozenset(self.uids) if self.uids else None,
+                               max_watched=self.max_processes, scan_interval_s=self.scan_interval),
+            join=JoinOptions(refine=self.refine),
+            clock=self.clock_uprobe,
+        )
+
+
+class PythonProcessor(WindowProcessor):
+    name = "python"
+    order = 10
+    options_class = PythonProcessorOptions
+
+    def __init__(self, ctx: ProcessorContext, options: PythonProcessorOptions) -> None:
+        super().__init__(ctx, options)
+        self.mixed: MixedMode | None = None
+        self.lost_at_close = 0
+        sampler_kind = getattr(getattr(ctx.config, "sampling", None), "sampler", "bpf")
+        if sampler_kind != "bpf":
+            ctx.log.info("mixed mode off: it needs the BPF sampler (sampling.sampler = %r)", sampler_kind)
+            return
+        self._start(options)
+        ctx.registry.register(_Collector(self))
+
+    def _start(self, options: PythonProcessorOptions) -> None:
+        forget = getattr(self.ctx.sampler, "forget", None)
+        self.mixed = MixedMode(self.ctx.sampler, options.mixed(),
+                               on_exit=forget if callable(forget) else None)
+        self.mixed.start()
+
+    def process(self, window: Window) -> None:
+        if self.mixed is None or not window.events:
+            if self.mixed is not None:
+                self._add(window, self.mixed.process([]))
+            return
+        events, window.events = window.events, []
+        self._add(window, self.mixed.process(events))
+
+    @staticmethod
+    def _add(window: Window, joined: list[Any]) -> None:
+        counts = window.counts
+        for ev, stack in joined:
+            key = (ev.tgid, ev.tid, ev.comm, stack)
+            counts[key] = counts.get(key, 0) + 1
+
+    def reload(self, options: Any, config: Any) -> None:
+        if options != self.options and self.mixed is not None:
+            self.lost_at_close += len(self.mixed.close())
+            self.options = options
+            self._start(options)
+        self.options = options
+
+    def sampler_changed(self, sampler: Any) -> None:
+        super().sampler_changed(sampler)
+        if self.mixed is not None:
+            self.mixed.sampler = sampler
+            for pid in list(self.mixed.processes):
+                sampler.watch(pid)
+
+    def status(self) -> dict[str, Any]:
+        if self.mixed is None:
+            return {"active": False}
+        m = self.mixed.metrics()
+        return {"active": True, "processes": sorted(self.mixed.processes), **m}
+
+    def close(self) -> None:
+        if self.mixed is not None:
+            self.lost_at_close += len(self.mixed.close())
+            self.mixed = None
+
+
+class _Collector(Collector):
+    """Mixed-mode metrics, computed at scrape time."""
+
+    def __init__(self, proc: PythonProcessor) -> None:
+        self.proc = proc
+
+    def collect(self) -> Iterator[Any]:
+        mixed = self.proc.mixed
+        if mixed is None:
+            return
+        m = mixed.metrics()
+        g = GaugeMetricFamily("flamed_pyspy_children", "py-spy children running.")
+        g.add_metric([], m.get("pyspy_running", 0))
+        yield g
+        c = CounterMetricFamily("flamed_pyspy_failures", "py-spy children that failed, by reason.",
+                                labels=["reason"])
+        for r in Failure:
+            c.add_metric([r.value], m.get(f"pyspy_failed_{r.value}", 0))
+        yield c
+        c = CounterMetricFamily("flamed_pyspy_runs", "py-spy windows completed, by clock calibration.",
+                                labels=["clock"])
+        c.add_metric(["uprobe"], m.get("runs_calibrated", 0))
+        c.add_metric(["guess"], m.get("runs_uncalibrated", 0))
+        yield c
+        g = GaugeMetricFamily("flamed_python_processes", "Python processes watched.")
+        g.add_metric([], m.get("watcher_watched", 0))
+        yield g
+        c = CounterMetricFamily("flamed_python_left_out", "Python processes not watched: max_processes reached.")
+        c.add_metric([], m.get("watcher_left_out", 0) + m.get("left_out", 0))
+        yield c
+        c = CounterMetricFamily("flamed_python_samples", "Samples of Python processes, by join result.",
+                                labels=["result"])
+        for k in ("matched", "no_trace", "no_thread"):
+            c.add_metric([k], m.get(f"join_{k}", 0))
+        yield c
+        g = GaugeMetricFamily("flamed_python_pending_events", "Python samples waiting for their py-spy trace.")
+        g.add_metric([], m.get("pending_events", 0))
+        yield g
+        c = CounterMetricFamily("flamed_proc_connector_overruns", "Proc connector overflows (then /proc is scanned).")
+        c.add_metric([], m.get("watcher_overruns", 0))
+        yield c
