@@ -44,7 +44,9 @@ struct flamed_comm {
 /* Per-CPU counters.  The stats array holds three blocks of FLAMED_NSTATS
  * slots: generation 0, generation 1 (both drained with their generation, so a
  * window's counters match its counts exactly) and a block for what happens
- * outside any window (FLAMED_STATS_GLOBAL).  Keep the "= N" form: Python
+ * outside any window (FLAMED_STATS_GLOBAL: IDLE, FILTERED, and SAMPLES
+ * again, counted before the generation is chosen and never reset, so the
+ * windows can be checked to add up to it).  Keep the "= N" form: Python
  * parses these lines. */
 enum flamed_stat {
     FLAMED_STAT_SAMPLES = 0,        /* samples that passed the filters */

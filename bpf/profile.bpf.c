@@ -292,6 +292,9 @@ int flamed_sample(struct bpf_perf_event_data *ctx)
         return 0;
     }
 
+    /* Never reset: lets a test check that the windows add up to it. */
+    stat_inc(FLAMED_STATS_GLOBAL, FLAMED_STAT_SAMPLES);
+
     u32 zero = 0;
     u64 *seq = inflight.lookup(&zero);
     if (!seq)

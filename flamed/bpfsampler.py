@@ -190,26 +190,32 @@ class BpfProgram:
     path: Path
     text: str
     cflags: tuple[str, ...]
+    header_path: Path
+    header: str
 
     def render(self) -> str:
-        """What ``flamed daemon --print-bpf`` prints: flags, then the source."""
-        head = [
-            f"// {self.path}",
-            f"// bcc cflags: {' '.join(shlex.quote(c) for c in self.cflags)}",
-            "",
-        ]
-        return "\n".join(head) + self.text
+        """What ``flamed daemon --print-bpf`` prints: the flags, the shared
+        header, then the program (whose ``#include "flamed.h"`` the header's
+        include guard then makes a no-op, so the output compiles as is)."""
+        flags = " ".join(shlex.quote(c) for c in self.cflags)
+        return (
+            f"// flamed BPF program, as bcc would load it\n// bcc cflags: {flags}\n"
+            f"// ---- {self.header_path} ----\n{self.header}"
+            f"// ---- {self.path} ----\n{self.text}"
+        )
 
 
 def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions()) -> BpfProgram:
     """The program and -D flags the options select (reads the file)."""
     d = options.bpf_dir or default_bpf_dir()
     path = d / "profile.bpf.c"
+    header = d / "flamed.h"
     try:
         text = path.read_text()
+        header_text = header.read_text()
     except OSError as e:
         raise CapabilityError(
-            f"BPF source {path} not readable ({e.strerror}); set FLAMED_BPF_DIR to the directory "
+            f"BPF source {e.filename} not readable ({e.strerror}); set FLAMED_BPF_DIR to the directory "
             "holding profile.bpf.c and flamed.h"
         ) from None
     defines = {
@@ -226,7 +232,7 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions()) -> BpfProgram:
         "FLAMED_FILTER_COMMS": int(options.comms is not None),
     }
     cflags = (f"-I{d}", *(f"-D{k}={v}" for k, v in defines.items()))
-    return BpfProgram(path=path, text=text, cflags=cflags)
+    return BpfProgram(path=path, text=text, cflags=cflags, header_path=header, header=header_text)
 
 
 def print_bpf(options: BpfSamplerOptions = BpfSamplerOptions(), file: TextIO | None = None) -> None:
@@ -254,7 +260,11 @@ class SamplerStats:
     event: str = ""  # "cycles" or "cpu-clock" once started
     frequency: int = 0
     cpus: tuple[int, ...] = ()
-    samples_total: int = 0  # BPF-side samples that passed the filters
+    samples_total: int = 0  # sum of Window.samples over all drains
+    #: The program's own never-reset count of samples that passed the filters,
+    #: as of the last drain.  After stop() and a final drain it equals
+    #: samples_total: no sample was lost or counted twice between windows.
+    bpf_samples_total: int = 0
     counted_total: int = 0
     events_total: int = 0  # samples sent as events (watched processes)
     idle_total: int = 0  # idle samples skipped (include_idle=False)
@@ -412,10 +422,11 @@ class BpfSampler:
         self._watched: set[int] = set()
         self._pids: set[int] = set(options.pids or ())
         self._raw_events: list[tuple[int, int, int, int, int, int, int, bytes]] = []
-        self._global_seen: dict[str, int] = {"IDLE": 0, "FILTERED": 0}
+        self._global_seen: dict[str, int] = {"IDLE": 0, "FILTERED": 0, "SAMPLES": 0}
         self._stats = SamplerStats(frequency=options.frequency)
         self._stat_idx: dict[str, int] = {}
         self._started = False
+        self._stopped = False
         self._closed = False
         self._event_name = ""
         # Buffers reused by every drain.
@@ -462,6 +473,13 @@ class BpfSampler:
                 return
             self._closed = True
             self._teardown()
+
+    def stop(self) -> None:
+        """Stop sampling but keep the maps: a last :meth:`drain` then returns
+        everything up to now (what a daemon does on SIGTERM)."""
+        with self._lock:
+            self._detach()
+            self._stopped = True
 
     # -- beyond the protocol ---------------------------------------------
     def __enter__(self) -> BpfSampler:
@@ -654,7 +672,7 @@ class BpfSampler:
 
     def _refresh_cpus(self) -> None:
         """Attach to CPUs that came online since the last look."""
-        if self.options.cpus is not None or not self._event_name:
+        if self.options.cpus is not None or not self._event_name or self._stopped:
             return
         try:
             new = [c for c in online_cpus() if c not in self._perf_fds]
@@ -668,10 +686,13 @@ class BpfSampler:
             else:
                 log.warning("could not attach to new CPUs %s: %s", new, os.strerror(err))
 
-    def _teardown(self) -> None:
+    def _detach(self) -> None:
         for fd in self._perf_fds.values():
             self._lib.bpf_close_perf_event_fd(fd)
         self._perf_fds.clear()
+
+    def _teardown(self) -> None:
+        self._detach()
         if self._bpf is not None:
             try:
                 self._bpf.cleanup()
@@ -815,14 +836,16 @@ class BpfSampler:
             if total:
                 t[ct.c_int(slot)] = zero
             out[_STAT_TO_REASON.get(name, name)] = total
-        for name in ("IDLE", "FILTERED"):
+        for name in ("IDLE", "FILTERED", "SAMPLES"):
             total = sum(int(v) for v in t[ct.c_int(2 * nstats + idx[name])])
             delta = total - self._global_seen[name]
             self._global_seen[name] = total
             if name == "IDLE":
                 self._stats.idle_total += delta
-            else:
+            elif name == "FILTERED":
                 self._stats.filtered_total += delta
+            else:
+                self._stats.bpf_samples_total += delta
         return out
 
     def _take_counts(self, gen: int) -> list[tuple[int, int, int, int, bytes, int]]:
@@ -994,3 +1017,49 @@ class BpfSampler:
         ]
         events.sort(key=lambda e: (e.ktime_ns, e.cpu, e.tid))
         return counts, events
+
+
+# ---------------------------------------------------------------------------
+# The daemon's [sampling] table
+
+
+def options_from_config(cfg: Any) -> BpfSamplerOptions:
+    """BpfSamplerOptions from the daemon's ``SamplingConfig`` (or anything with
+    the same attribute names).  Empty filter lists mean "no filter"; keys the
+    config does not have keep the sampler's defaults."""
+    d = BpfSamplerOptions()
+
+    def get(name: str, default: Any) -> Any:
+        return getattr(cfg, name, default)
+
+    def filt(name: str) -> frozenset[Any] | None:
+        v = get(name, None)
+        return frozenset(v) if v else None
+
+    cpus = get("cpus", None)
+    bpf_dir = get("bpf_dir", None)
+    return BpfSamplerOptions(
+        frequency=int(get("frequency", d.frequency)),
+        event=str(get("event", d.event)),
+        cpus=tuple(cpus) if cpus else None,
+        include_idle=bool(get("include_idle", d.include_idle)),
+        pids=filt("pids"),
+        tids=filt("tids"),
+        cgroups=filt("cgroups"),
+        comms=filt("comms"),
+        stack_storage_size=int(get("stack_map_size", get("stack_storage_size", d.stack_storage_size))),
+        stack_depth=int(get("stack_depth", d.stack_depth)),
+        max_entries=int(get("counts_map_size", get("max_entries", d.max_entries))),
+        ringbuf_pages=int(get("ringbuf_pages", d.ringbuf_pages)),
+        bpf_dir=Path(bpf_dir) if bpf_dir else None,
+    )
+
+
+def from_config(cfg: Any) -> BpfSampler:
+    """The daemon's sampler: a :class:`BpfSampler` for its ``[sampling]`` table."""
+    return BpfSampler(options_from_config(cfg))
+
+
+def program_text_for_config(cfg: Any) -> str:
+    """``flamed daemon --print-bpf``: the flags and source that would load."""
+    return bpf_program(options_from_config(cfg)).render()
