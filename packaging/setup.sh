@@ -14,7 +14,7 @@ WANT_TEST=0
 log() { echo "setup: $*" >&2; }
 
 RUNTIME_PKGS="python3 python3-venv python3-bpfcc bpfcc-tools python3-systemd linux-headers-amd64 libcap2-bin util-linux"
-TEST_PKGS="golang-go prometheus chromium linux-perf bpftool perl gzip procps gcc libc6-dev"
+TEST_PKGS="golang-go prometheus chromium linux-perf bpftool perl gzip procps gcc libc6-dev nodejs"
 
 missing=""
 check_pkgs() {
@@ -78,4 +78,19 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$sum" ] || [ ! -x "$VENV/bin/fla
     echo "$sum" > "$STAMP"
 fi
 "$VENV/bin/python" -c 'import bcc' 2>/dev/null || log "warning: bcc does not import in $VENV (is python3-bpfcc installed?)"
+# speedscope (npm) for the test that loads our speedscope JSON with its own importer;
+# project-local, pinned, installed once.
+if [ "$WANT_TEST" = 1 ]; then
+    NODE_DIR="$HERE/tests/.node"
+    if [ ! -f "$NODE_DIR/node_modules/speedscope/package.json" ]; then
+        if ! command -v npm >/dev/null 2>&1; then
+            # Debian's nodejs comes without npm (NodeSource's bundles it).
+            log "installing Debian package: npm"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+        fi
+        log "installing speedscope (npm) into $NODE_DIR"
+        mkdir -p "$NODE_DIR"
+        npm install --prefix "$NODE_DIR" --no-audit --no-fund --no-save --silent speedscope@1.25.0 >/dev/null
+    fi
+fi
 log "ready: $VENV/bin/flamed"
