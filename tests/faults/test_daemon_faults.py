@@ -1,0 +1,240 @@
+"""Faults the daemon must survive with nothing lost: a real daemon, real BPF, real files.
+
+SIGTERM mid-window, SIGKILL at random points (also mid-write and mid-snapshot),
+a full disk, BPF map pressure and an invalid config on SIGHUP.  Every wait is
+bounded; every daemon and workload is killed in ``finally`` (fixtures).
+``FLAMED_FAULT_SCALE`` scales the number of runs (1 = the issue's figures).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import scaled
+from daemonproc import BUSY, check_state_dir, metric_value, profile_files, workload
+
+pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+
+FIGURES = Path(os.environ.get("FLAMED_FIGURES_DIR", Path(__file__).resolve().parents[2] / "tests" / "artifacts"))
+
+
+def record_figure(name: str, value: Any) -> None:
+    """Keep a measured figure for docs/reliability.md (tests/artifacts/reliability.json)."""
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    path = FIGURES / "reliability.json"
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        data = {}
+    data[name] = value
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def bpf_total_from_log(text: str) -> int | None:
+    m = re.findall(r"BPF program counted (\d+) samples", text)
+    return int(m[-1]) if m else None
+
+
+# ---------------------------------------------------------------------------
+# SIGTERM
+
+
+def test_sigterm_mid_window_loses_nothing(require_bpf: None, daemon_factory: Any) -> None:
+    with workload(BUSY, 2):
+        d = daemon_factory()
+        # Let two files rotate, then stop in the middle of a window (drain grid is 1 s).
+        d.wait_for(lambda: d.status()["files"]["count"] >= 1, 20, "a first file")
+        frac = time.time() % 1.0
+        time.sleep((1.5 - frac) % 1.0 or 0.5)  # ~half a second into a window
+        t_stop = time.time_ns()
+        d.signal(signal.SIGTERM)
+        rc = d.wait_exit(60)
+    log = d.log()
+    assert rc == 0, log[-3000:]
+    tot = check_state_dir(d.state_dir)
+    assert tot["temps"] == [], f"temp files left: {tot['temps']}"
+    assert tot["weight"] > 0
+    # Per window, the program's own sample counter equals what was written (+ samples it could not key).
+    assert tot["samples"] == tot["weight"] + tot["lost"].get("map_full", 0), tot
+    # The last file holds the partial window up to the signal.
+    last = max(profile_files(d.state_dir), key=lambda p: p.stat().st_mtime)
+    meta = json.loads(last.with_name(re.sub(r"\.folded(\.gz)?$", ".json", last.name)).read_text())
+    assert meta["end_ns"] >= t_stop - 50_000_000, (meta["end_ns"], t_stop)
+    # And the never-reset counter of the BPF program (all samples since attach) is all in the files.
+    bpf_total = bpf_total_from_log(log)
+    assert bpf_total is not None, "the daemon must log 'BPF program counted N samples' when it stops:\n" + log[-2000:]
+    assert bpf_total == tot["samples"], (bpf_total, tot)
+    record_figure("sigterm", {"bpf_samples": bpf_total, "written_weight": tot["weight"],
+                              "map_full": tot["lost"].get("map_full", 0), "difference": bpf_total - tot["samples"]})
+
+
+# ---------------------------------------------------------------------------
+# SIGKILL at random points
+
+
+def _kill_when_temp_file_appears(d: Any, timeout: float) -> bool:
+    """Spin on the state directory; SIGKILL the moment a write is in flight (a .tmp exists)."""
+    deadline = time.monotonic() + timeout
+    state = str(d.state_dir)
+    while time.monotonic() < deadline:
+        try:
+            names = os.listdir(state)
+        except FileNotFoundError:
+            names = []
+        if any(n.endswith(".tmp") for n in names):
+            os.kill(d.pid, signal.SIGKILL)
+            return True
+    return False
+
+
+def test_sigkill_random_points_then_restart(require_bpf: None, daemon_factory: Any) -> None:
+    runs = scaled(20, 4)
+    rng = random.Random(int(os.environ.get("FLAMED_FAULT_SEED", "20261202")))
+    modes = ["random", "mid_write", "mid_snapshot", "at_rotation"]
+    kept = 4
+    d = daemon_factory(
+        start=False,
+        sampling={"frequency": 99, "drain_interval": 0.5},
+        output={"rotate_interval": 1.0, "fsync": True},
+        retention={"max_files": kept, "max_bytes": 0, "max_age": 0},
+    )
+    stats: dict[str, int] = {m: 0 for m in modes}
+    stats["hit_mid_write"] = 0
+    files_before: list[int] = []
+    with workload(BUSY, 1):
+        for run in range(runs):
+            mode = modes[run % len(modes)]
+            d.start()
+            # After a restart: every file parses, sidecars agree, retention holds.
+            tot = check_state_dir(d.state_dir)
+            assert tot["temps"] == [], f"run {run}: temp files survived recovery: {tot['temps']}"
+            assert tot["files"] <= kept, f"run {run}: {tot['files']} files, retention keeps {kept}"
+            files_before.append(d.status()["files"]["count"])
+            # The daemon carries on: it writes a new file after the restart.
+            written0 = d.status()["files"]["latest"]
+            d.wait_for(lambda: d.status()["files"]["latest"] not in (None, written0), 10, f"run {run}: a new file")
+            stats[mode] += 1
+            if mode == "random":
+                time.sleep(rng.uniform(0.0, 1.5))
+                d.kill9()
+            elif mode == "mid_write":
+                hit = _kill_when_temp_file_appears(d, 5.0)
+                stats["hit_mid_write"] += hit
+                if not hit:
+                    d.kill9()
+                d.proc.wait(30)
+            elif mode == "mid_snapshot":
+                errs: list[BaseException] = []
+
+                def snap() -> None:
+                    try:
+                        d.request({"request": "snapshot", "next": 1.0, "format": "svg"}, timeout=10)
+                    except BaseException as e:  # noqa: BLE001 - the daemon dies under it
+                        errs.append(e)
+
+                t = threading.Thread(target=snap)
+                t.start()
+                time.sleep(rng.uniform(0.2, 1.2))
+                d.kill9()
+                t.join(15)
+                assert not t.is_alive(), "the snapshot client hung after the daemon died"
+            else:  # at_rotation: within a few ms of a file boundary (1 s grid)
+                time.sleep(1.0 - time.time() % 1.0 + rng.uniform(0.0, 0.02))
+                d.kill9()
+            d.log_fh.close()
+        # A last restart proves the state directory of the final kill is clean, and the daemon works.
+        d.start()
+        tot = check_state_dir(d.state_dir)
+        assert tot["temps"] == []
+        assert tot["files"] <= kept
+        head, payload = d.request({"request": "snapshot", "seconds": 5, "format": "folded"})
+        assert head["ok"] and payload
+    log = d.log()
+    assert "Traceback" not in log, log[-3000:]
+    record_figure("sigkill", {"runs": runs, "modes": stats, "corrupt_files": 0})
+
+
+# ---------------------------------------------------------------------------
+# Disk full
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Any:
+    mnt = tmp_path / "state"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k,mode=0755", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs (needs root): {r.stderr}")
+    try:
+        yield mnt
+    finally:
+        for _ in range(20):
+            if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.2)
+        else:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_disk_full_keeps_sampling_and_writes_again(require_bpf: None, daemon_factory: Any,
+                                                   small_tmpfs: Path) -> None:
+    budget = 256 * 1024
+    with workload(BUSY, 2):
+        d = daemon_factory(
+            sampling={"frequency": 99, "drain_interval": 0.5},
+            output={"state_dir": str(small_tmpfs), "rotate_interval": 1.0, "backlog_max_bytes": budget},
+            retention={"max_files": 0, "max_bytes": 0, "max_age": 0},
+        )
+        # Fill what is left of the filesystem with a ballast file, as another program would.
+        ballast = small_tmpfs / "ballast"
+        with open(ballast, "wb") as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        d.wait_for(lambda: d.metric("flamed_write_errors_total", {"errno": "ENOSPC"}) > 0, 20, "an ENOSPC write error")
+        s0 = d.status()
+        assert s0["write_error"] and "space" in s0["write_error"].lower(), s0["write_error"]
+        # Keeps sampling while the disk is full; memory stays within the backlog budget.
+        rss0 = d.rss_bytes()
+        d.wait_for(lambda: d.status()["samples"] > s0["samples"] + 100, 20, "samples while the disk is full")
+        time.sleep(4)
+        s1 = d.status()
+        assert s1["backlog"]["files"] >= 1 and s1["backlog"]["bytes"] <= budget + 128 * 1024, s1["backlog"]
+        rss1 = d.rss_bytes()
+        # Snapshots come from memory.
+        head, payload = d.request({"request": "snapshot", "seconds": 3, "format": "folded"})
+        assert head["ok"] and head["weight"] > 0 and payload.count(b"\n") == head["stacks"]
+        # Nothing half-written on the full disk.
+        tot = check_state_dir(small_tmpfs)
+        assert tot["temps"] == [], tot["temps"]
+        log_full = d.log()
+        assert re.search(r"No space left on device", log_full), log_full[-2000:]
+        # Space returns: the backlog is written, in order, and the error clears.
+        ballast.unlink()
+        d.wait_for(lambda: d.status()["backlog"]["files"] == 0 and d.status()["write_error"] is None, 20,
+                   "the backlog to be written once space returned")
+        s2 = d.status()
+        dropped = d.metric("flamed_backlog_dropped_files_total")
+        d.signal(signal.SIGTERM)
+        assert d.wait_exit(60) == 0
+    tot = check_state_dir(small_tmpfs)
+    assert tot["temps"] == []
+    # Whatever the budget had to drop is counted; everything else is on disk, exactly.
+    assert tot["samples"] == tot["weight"] + tot["lost"].get("map_full", 0)
+    record_figure("disk_full", {
+        "backlog_budget": budget, "backlog_bytes_max_seen": s1["backlog"]["bytes"],
+        "rss_growth_bytes": rss1 - rss0, "files_after_recovery": s2["files"]["count"],
+        "files_dropped_over_budget": dropped,
+    })
