@@ -126,8 +126,14 @@ class Collapser:
     def parser(self, options: CollapseOptions) -> ChunkParser:
         raise NotImplementedError
 
-    def samples(self, stream: BinaryIO, options: CollapseOptions, *, source: str) -> Iterator[Sample]:
-        """Timestamped samples in input order (only for ``timestamped`` formats)."""
+    def samples(
+        self, stream: BinaryIO, options: CollapseOptions, *, source: str, where: list[int] | None = None
+    ) -> Iterator[Sample]:
+        """Timestamped samples in input order (only for ``timestamped`` formats).
+
+        ``where[0]`` is set to the input line of each sample before it is
+        yielded, so a consumer can name the line at fault.
+        """
         raise InputError(f"{self.name} input carries no timestamps", source=source)
 
 

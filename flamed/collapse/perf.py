@@ -56,7 +56,7 @@ from flamed.model import EMPTY_STACK_FRAME, Sample, Stack, sanitize_frame, task_
 
 _TOKEN = re.compile(r"\S+")
 _TIME = re.compile(r"^\d+\.\d+:$")
-_TASK = re.compile(r"^(\d+)(?:/(\d+))?$")
+_TASK = re.compile(r"^(-?\d+)(?:/(-?\d+))?$")
 _CPU = re.compile(r"^\[\d+\]$")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _HEXSTR = frozenset("0123456789abcdef")
@@ -101,9 +101,11 @@ class PerfCollapser(Collapser):
     def parser(self, options: CollapseOptions) -> PerfParser:
         return PerfParser(options)
 
-    def samples(self, stream: BinaryIO, options: CollapseOptions, *, source: str) -> Iterator[Sample]:
+    def samples(
+        self, stream: BinaryIO, options: CollapseOptions, *, source: str, where: list[int] | None = None
+    ) -> Iterator[Sample]:
         p = PerfParser(options)
-        yield from p.iter_samples(stream, source=source)
+        yield from p.iter_samples(stream, source=source, where=where)
 
 
 class PerfParser(ChunkParser):
@@ -297,7 +299,7 @@ class PerfParser(ChunkParser):
         return (root, event, period, trailing)
 
     # -- samples (timestamps kept) -----------------------------------------
-    def iter_samples(self, stream: BinaryIO, *, source: str) -> Iterator[Sample]:
+    def iter_samples(self, stream: BinaryIO, *, source: str, where: list[int] | None = None) -> Iterator[Sample]:
         """Samples in input order, with the perf timestamp (seconds) in ns."""
         want = self._want_event
         by_period = self._by_period
@@ -314,6 +316,7 @@ class PerfParser(ChunkParser):
             else:
                 chunk, buf = buf, b""
             if chunk:
+                at_off, at_line = 0, line  # incremental line numbers: counting from 0 each time is quadratic
                 for header, body, start in _records(chunk):
                     full = parse_header(header.decode("utf-8", "surrogateescape").rstrip("\r"))
                     if full is None:
@@ -330,6 +333,10 @@ class PerfParser(ChunkParser):
                     frames = self._bodies.get(body)
                     if frames is None:
                         frames = self._parse_body(body, trailing, ChunkResult(), chunk, start, line, source)
+                    if where is not None:
+                        at_line += chunk.count(b"\n", at_off, start)
+                        at_off = start
+                        where[0] = at_line
                     yield Sample(
                         time_ns=t_ns,
                         stack=(h[0],) + frames,

