@@ -21,7 +21,6 @@ from flamed.model import EMPTY_STACK_FRAME, Profile, Weight, decode_frame, encod
 
 CHUNK = 1 << 22
 _EMPTY = encode_frame(EMPTY_STACK_FRAME)
-_TRAILING_WS = b" \t\r\f\v"
 
 
 def count_folded(
@@ -47,22 +46,23 @@ def count_folded(
         for line in lines:
             lineno += 1
             stack, sep, cnt = line.rpartition(b" ")
-            try:
-                w = int(cnt)
-                # int() also takes '+5', '-5', '1_0' and surrounding blanks, which
-                # the folded grammar does not: hand those to the exact parser.
-                if w < 0 or w > MAX_COUNT or not sep or not stack or stack[:1] == b"#" or not cnt[:1].isdigit():
-                    raise ValueError
-            except ValueError:
+            if cnt[-1:] == b"\r":
+                cnt = cnt[:-1]  # CRLF line end
+            # Only plain digits take the fast path: int() would also accept
+            # '+5', '1_0' and blanks, which the folded grammar does not.
+            w: Weight = int(cnt) if sep and stack and cnt.isdigit() and len(cnt) <= 19 and stack[:1] != b"#" else -1
+            if 0 <= w <= MAX_COUNT:
+                last = stack[-1]
+                if last <= 0x20 or last >= 0x80:
+                    # Possibly trailing whitespace (str.rstrip's idea of it, Unicode
+                    # included): strip it the way read_folded does.
+                    text = decode_frame(stack).rstrip()
+                    stack = encode_frame(text) if text else _EMPTY
+            else:
                 rec = _slow(line, lineno, source, strict, st)
                 if rec is None:
                     continue
                 stack, w = rec
-            else:
-                if stack[-1:] in b" \t":
-                    stack = stack.rstrip(_TRAILING_WS)
-                    if not stack:
-                        stack = _EMPTY
             records += 1
             try:
                 d[stack] += w
