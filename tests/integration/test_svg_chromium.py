@@ -1,0 +1,152 @@
+"""The SVG's script in a real browser: hover, search, click-zoom, reset (headless Chromium over CDP)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cdp import Browser, chromium_path
+from conftest import ARTIFACTS, DATA, need
+from flamed.folded import read_folded
+from flamed.model import Profile
+from flamed.outputs.base import OutputOptions
+from flamed.outputs.svg import render_profile
+from svgparse import ParsedBox, parse_svg
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    need(chromium_path() is not None, "chromium (Debian package chromium)")
+    b = Browser(tmp_path / "chromium-profile")
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def _profile() -> Profile:
+    with gzip.open(DATA / "bcc" / "profile-folded.txt.gz", "rb") as f:
+        p = read_folded(f)
+    # A Python frame and a kernel frame under two different parents, so that a
+    # search matches nested and separate boxes.
+    p.add(("worker 0", "start_thread", "worker", "recurse", "recurse", "sys_read_[k]"), 20)
+    p.add(("job", "2", "start_thread", "worker", "recurse", "handle (app/web.py:12)", "recurse"), 10)
+    return p
+
+
+def _center(b: Browser, selector_js: str) -> tuple[float, float]:
+    r = b.eval(f"(() => {{ const r = ({selector_js}).getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; }})()")
+    return r[0] + r[2] / 2, r[1] + r[3] / 2
+
+
+def _frame_js(name: str) -> str:
+    # The widest box of that name.
+    return f"F.filter(f => f.name === {name!r}).sort((a, b) => b.w - a.w)[0].r"
+
+
+def _widest(boxes: list[ParsedBox], name: str) -> ParsedBox:
+    return max((x for x in boxes if x.name == name), key=lambda x: x.width)
+
+
+def test_svg_in_chromium_hover_search_zoom_reset(browser: Browser, tmp_path: Path) -> None:
+    p = _profile()
+    buf = io.BytesIO()
+    render_profile(p, buf, OutputOptions(title="bcc profile", palette="mixed", minwidth=0))
+    svg = tmp_path / "graph.svg"
+    svg.write_bytes(buf.getvalue())
+    _, boxes = parse_svg(buf.getvalue())
+    total = p.total()
+    b = browser
+    b.navigate(svg.as_uri())
+    b.wait_for("typeof F !== 'undefined' && F.length > 0")
+
+    # Loaded: the script saw every box, and the labels it would draw equal the server's.
+    assert b.eval("F.length") == len(boxes)
+    server_labels = b.eval("[...document.querySelectorAll('#labels text')].map(t => t.textContent)")
+    assert server_labels
+    b.eval("relabel()")
+    assert b.eval("[...document.querySelectorAll('#labels text')].map(t => t.textContent)") == server_labels
+
+    # Hover: the details line names the frame, its samples and share.
+    x, y = _center(b, _frame_js("spin_for"))
+    b.mouse("mouseMoved", x, y)
+    details = b.eval("document.getElementById('details').textContent")
+    spin = int(_widest(boxes, "spin_for").width)
+    assert spin > 1
+    assert details == f"Function: spin_for ({spin:,} samples, {100 * spin / total:.2f}%)"
+
+    # Search through the real button and prompt: nested matches count once.
+    sx, sy = _center(b, "document.getElementById('search')")
+    b.click_nowait(sx, sy)
+    dialog = b.answer_prompt("^recurse$")
+    assert dialog["params"]["type"] == "prompt"
+    b.wait_for("!document.getElementById('matched').classList.contains('hide')")
+    want = sum(w for s, w in p.stacks.items() if "recurse" in s)
+    matched_text = b.eval("document.getElementById('matched').textContent")
+    assert matched_text == f"Matched: {100 * want / total:.2f}%"
+    n_recurse = sum(1 for x in boxes if x.name == "recurse")
+    assert n_recurse >= 3
+    assert b.eval("F.filter(f => f.r.getAttribute('fill') === '#e600e6').length") == n_recurse
+    assert b.eval("F.filter(f => f.name !== 'recurse' && f.r.getAttribute('fill') === '#e600e6').length") == 0
+
+    # Click-zoom on 'spin_for': the view becomes its range, ancestors fade, siblings leave the view.
+    spin_box = _widest(boxes, "spin_for")
+    x, y = _center(b, _frame_js("spin_for"))
+    b.click(x, y)
+    vb = b.eval("document.getElementById('fv').getAttribute('viewBox')").split()
+    assert [float(vb[0]), float(vb[2])] == [spin_box.x, spin_box.width]
+    assert not b.eval("document.getElementById('unzoom').classList.contains('hide')")
+    faded = set(b.eval("F.filter(f => f.g.classList.contains('a')).map(f => f.name)"))
+    ancestors = {
+        x.name for x in boxes
+        if x.y > spin_box.y and x.x <= spin_box.x and x.x + x.width >= spin_box.x + spin_box.width
+    }
+    assert faded == ancestors and "all" in faded and len(faded) >= 3
+    # The zoomed box now spans the drawing; a box outside it is out of view.
+    zr = b.eval(f"(() => {{ const r = {_frame_js('spin_for')}.getBoundingClientRect(); return [r.x, r.width]; }})()")
+    assert zr[0] == pytest.approx(10, abs=1) and zr[1] == pytest.approx(1180, abs=1)
+    other = next(x for x in boxes if x.x + x.width <= spin_box.x or x.x >= spin_box.x + spin_box.width)
+    idx = boxes.index(other)
+    orect = b.eval(f"(() => {{ const r = F[{idx}].r.getBoundingClientRect(); return [r.x, r.width]; }})()")
+    assert orect[0] + orect[1] <= 10.5 or orect[0] >= 1189.5, f"box {other.name} should be out of view: {orect}"
+    labels = b.eval("[...document.querySelectorAll('#labels text')].map(t => t.textContent)")
+    assert "lib_inner" in labels and "spin_for" in labels
+    # Search share of the zoomed view is shown too.
+    assert "of view" in b.eval("document.getElementById('matched').textContent")
+    b.screenshot(ARTIFACTS / "svg-zoomed-search.png")
+
+    # Reset: full view, no fading, the original labels; Escape clears the search.
+    ux, uy = _center(b, "document.getElementById('unzoom')")
+    b.click(ux, uy)
+    vb = b.eval("document.getElementById('fv').getAttribute('viewBox')").split()
+    assert float(vb[0]) == 0 and float(vb[2]) == total
+    assert b.eval("document.getElementById('unzoom').classList.contains('hide')")
+    assert b.eval("F.filter(f => f.g.classList.contains('a')).length") == 0
+    assert b.eval("[...document.querySelectorAll('#labels text')].map(t => t.textContent)") == server_labels
+    b.key("Escape", 27)
+    assert b.eval("F.filter(f => f.r.getAttribute('fill') === '#e600e6').length") == 0
+    assert b.eval("document.getElementById('matched').classList.contains('hide')")
+    b.screenshot(ARTIFACTS / "svg-reset.png")
+
+
+def test_svg_search_from_url_and_bad_regex(browser: Browser, tmp_path: Path) -> None:
+    p = _profile()
+    buf = io.BytesIO()
+    render_profile(p, buf, OutputOptions(minwidth=0))
+    svg = tmp_path / "graph.svg"
+    svg.write_bytes(buf.getvalue())
+    b = browser
+    b.navigate(svg.as_uri() + "?s=" + urllib.parse.quote(r"_\[k\]$"))
+    b.wait_for("typeof F !== 'undefined' && F.length > 0")
+    want = sum(w for s, w in p.stacks.items() if any(f.endswith("_[k]") for f in s))
+    assert b.eval("document.getElementById('matched').textContent") == f"Matched: {100 * want / p.total():.2f}%"
+    b.eval("search('(')")
+    assert re.match(r"Bad regex", b.eval("document.getElementById('matched').textContent"))
