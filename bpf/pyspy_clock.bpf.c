@@ -7,11 +7,14 @@
 // a py-spy process pins its clock offset; bursts of hits are its samples.
 // flamed/python/align.py turns them into a calibration (see docs/mixed-mode.md).
 //
-// Why a uprobe and not sys_enter_process_vm_readv: the uprobe only fires in
-// py-spy processes; a syscall tracepoint runs for every syscall on the host.
+// The increment runs after py-spy has read the stacks, late by 0.2-5 ms on a
+// busy host (measured).  With TRACE_VM_READV, a tracepoint on
+// sys_enter_process_vm_readv, filtered to the py-spy pids user space puts in
+// `pyspy_pids`, also reports when each sample's reads began.  It runs for
+// every syscall on the host (a map lookup, tens of ns), so it is optional.
 //
 // Loaded by bcc (flamed/python/clock.py), separately from the main sampler.
-// Configured by defines: RINGBUF_PAGES (power of two).
+// Configured by defines: RINGBUF_PAGES (power of two), TRACE_VM_READV, MAX_PYSPY.
 
 #include <uapi/linux/ptrace.h>
 
@@ -19,17 +22,24 @@
 #define RINGBUF_PAGES 64
 #endif
 
+#ifndef MAX_PYSPY
+#define MAX_PYSPY 256
+#endif
+
+#define HIT_INCREMENT 1
+#define HIT_VM_READV 2
+
 struct pyspy_hit {
     u64 ktime_ns;
     u32 tgid;
-    u32 tid;
+    u32 kind;
 };
 
 BPF_RINGBUF_OUTPUT(pyspy_hits, RINGBUF_PAGES);
 // [0] hits submitted, [1] hits dropped (ring buffer full)
 BPF_ARRAY(pyspy_clock_stats, u64, 2);
 
-int on_increment(struct pt_regs *ctx)
+static __always_inline int emit(u32 kind)
 {
     u64 now = bpf_ktime_get_ns();
     u64 id = bpf_get_current_pid_tgid();
@@ -44,10 +54,27 @@ int on_increment(struct pt_regs *ctx)
     }
     h->ktime_ns = now;
     h->tgid = id >> 32;
-    h->tid = (u32)id;
+    h->kind = kind;
     pyspy_hits.ringbuf_submit(h, 0);
     u64 *c = pyspy_clock_stats.lookup(&idx);
     if (c)
         __sync_fetch_and_add(c, 1);
     return 0;
 }
+
+int on_increment(struct pt_regs *ctx)
+{
+    return emit(HIT_INCREMENT);
+}
+
+#ifdef TRACE_VM_READV
+BPF_HASH(pyspy_pids, u32, u8, MAX_PYSPY);
+
+TRACEPOINT_PROBE(syscalls, sys_enter_process_vm_readv)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!pyspy_pids.lookup(&tgid))
+        return 0;
+    return emit(HIT_VM_READV);
+}
+#endif

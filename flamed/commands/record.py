@@ -132,6 +132,19 @@ class RecordCommand(Command):
         rc = 0
         interrupted = False
         try:
+            def found(p: PyProcess) -> None:
+                sampler.add_pid(p.pid)
+
+            opts = MixedOptions(
+                pyspy=pyspy_opts,
+                watch=WatchOptions(pids=frozenset(), descendants=args.subprocesses,
+                                   scan_interval_s=1.0, exclude_self=True, max_watched=32),
+                join=JoinOptions(refine=not args.no_refine),
+            )
+            # Everything that compiles (BPF) is ready before the command starts,
+            # so a short command is recorded from its first samples.
+            mixed = MixedMode(sampler, opts, on_process=found)
+            mixed.start()
             target = args.pid
             if cmd:
                 try:
@@ -140,18 +153,7 @@ class RecordCommand(Command):
                     raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
                 target = child.pid
             sampler.add_pid(target)
-
-            def found(p: PyProcess) -> None:
-                sampler.add_pid(p.pid)
-
-            opts = MixedOptions(
-                pyspy=pyspy_opts,
-                watch=WatchOptions(pids=frozenset({target}), descendants=args.subprocesses,
-                                   scan_interval_s=1.0, exclude_self=True, max_watched=32),
-                join=JoinOptions(refine=not args.no_refine),
-            )
-            mixed = MixedMode(sampler, opts, on_process=found)
-            mixed.start()
+            mixed.follow(target)
             if mixed.clock_error:
                 self.warn(f"py-spy clock uprobe unavailable ({mixed.clock_error}); alignment is approximate")
             deadline = time.monotonic() + args.duration if args.duration else None
@@ -179,7 +181,7 @@ class RecordCommand(Command):
             total = st.matched + st.unmatched
             calib = mixed.counters.get("runs_calibrated", 0)
             self.warn(f"{total} Python samples, {st.matched} with Python frames, {st.unmatched} without; "
-                      f"{calib} py-spy run(s) calibrated by uprobe; "
+                      f"{calib} py-spy run(s) calibrated by uprobe ({mixed.counters.get('runs_read_times', 0)} with read times); "
                       f"py-spy failures: {_failures(mixed)}")
         profile = self._profile(args, samples, counts, sampler)
         self._write(args, fmt, profile)

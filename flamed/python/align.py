@@ -243,13 +243,40 @@ def fit_clock(trace: PyTrace, hits_ns: Sequence[int], *, spawn_ns: int | None = 
 
 def sample_times(hits_ns: Sequence[int], interval_ns: int) -> list[int]:
     """Start of each py-spy sample: bursts of increment calls (one per thread)."""
+    return _bursts(hits_ns, min(interval_ns // 2, 2_000_000))
+
+
+def _bursts(times: Sequence[int], gap: int) -> list[int]:
     out: list[int] = []
-    gap = min(interval_ns // 2, 2_000_000)
     prev: int | None = None
-    for h in hits_ns:
+    for h in times:
         if prev is None or h - prev > gap:
             out.append(h)
         prev = h
+    return out
+
+
+def observed_times(samples_ns: Sequence[int], reads_ns: Sequence[int], interval_ns: int) -> list[int]:
+    """When each sample (an increment burst) actually read the stacks.
+
+    ``reads_ns``: the py-spy process's process_vm_readv calls.  Each sample is
+    one burst of reads followed, after a queueing delay, by its increment
+    burst; they pair up in order.  A read burst more than one interval older
+    than the next increment while a later burst also precedes it had no
+    increments (a failed sample) and is skipped.  Samples with no read burst
+    keep their increment time.
+    """
+    bursts = _bursts(reads_ns, interval_ns // 2)
+    out: list[int] = []
+    b = 0
+    for s in samples_ns:
+        while (b + 1 < len(bursts) and bursts[b + 1] <= s and s - bursts[b] > interval_ns):
+            b += 1
+        if b < len(bursts) and bursts[b] <= s:
+            out.append(bursts[b])
+            b += 1
+        else:
+            out.append(s)
     return out
 
 
@@ -283,8 +310,13 @@ class AlignedTrace:
 
 
 def align_trace(pid: int, trace: PyTrace, clock: ClockFit, samples_ns: Sequence[int],
-                interval_ns: int) -> AlignedTrace:
-    """Put each stack change of ``trace`` in its gap between py-spy samples."""
+                interval_ns: int, observed_ns: Sequence[int] | None = None) -> AlignedTrace:
+    """Put each stack change of ``trace`` in its gap between py-spy samples.
+
+    ``samples_ns``: increment-burst starts (:func:`sample_times`);
+    ``observed_ns``: the same samples' read times (:func:`observed_times`), when known.
+    """
+    obs = observed_ns if observed_ns is not None and len(observed_ns) == len(samples_ns) else samples_ns
     threads: dict[int, list[Segment]] = {}
     for tid, changes in trace.threads.items():
         segs: list[Segment] = []
@@ -293,8 +325,8 @@ def align_trace(pid: int, trace: PyTrace, clock: ClockFit, samples_ns: Sequence[
             if samples_ns:
                 # The sample whose increment stamped ``ts`` starts at or just before it.
                 j = bisect.bisect_right(samples_ns, at + 2_000) - 1
-                hi = samples_ns[j] if j >= 0 else at
-                lo = samples_ns[j - 1] if j >= 1 else hi - interval_ns
+                hi = obs[j] if j >= 0 else at
+                lo = obs[j - 1] if j >= 1 else hi - interval_ns
             else:
                 hi = at
                 lo = at - interval_ns
@@ -304,8 +336,8 @@ def align_trace(pid: int, trace: PyTrace, clock: ClockFit, samples_ns: Sequence[
         threads[tid] = segs
     first = clock.to_mono(trace.first_ts_us or 0)
     if samples_ns:
-        start = samples_ns[0]
-        end = samples_ns[-1]
+        start = obs[0]
+        end = obs[-1]
     else:
         start = first
         end = clock.to_mono(trace.last_ts_us or 0)

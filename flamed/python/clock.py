@@ -29,7 +29,11 @@ BPF_SOURCE = Path(__file__).resolve().parent.parent.parent / "bpf" / "pyspy_cloc
 
 
 class _Hit(ctypes.Structure):
-    _fields_ = [("ktime_ns", ctypes.c_uint64), ("tgid", ctypes.c_uint32), ("tid", ctypes.c_uint32)]
+    _fields_ = [("ktime_ns", ctypes.c_uint64), ("tgid", ctypes.c_uint32), ("kind", ctypes.c_uint32)]
+
+
+HIT_INCREMENT = 1
+HIT_VM_READV = 2
 
 
 def bpf_source() -> str:
@@ -62,8 +66,10 @@ class PySpyClock:
     ``forget(tgid)`` frees them.  A background thread polls the ring buffer.
     """
 
-    def __init__(self, pyspy: str) -> None:
+    def __init__(self, pyspy: str, *, vm_readv: bool = True) -> None:
         self.pyspy = os.path.realpath(pyspy)
+        self.vm_readv = vm_readv
+        self._reads: dict[int, list[int]] = defaultdict(list)
         self._bpf: Any = None
         self._hits: dict[int, list[int]] = defaultdict(list)
         self._lock = threading.Lock()
@@ -81,7 +87,8 @@ class PySpyClock:
         name, addr = find_increment_symbol(self.pyspy)
         self.symbol = name
         try:
-            self._bpf = BPF(text=bpf_source())
+            cflags = ["-DTRACE_VM_READV"] if self.vm_readv else []
+            self._bpf = BPF(text=bpf_source(), cflags=cflags)
             self._bpf.attach_uprobe(name=self.pyspy, addr=addr, fn_name=b"on_increment")
         except Exception as e:
             self.close()
@@ -94,7 +101,10 @@ class PySpyClock:
     def _on_hit(self, ctx: Any, data: Any, size: int) -> None:
         h = ctypes.cast(data, ctypes.POINTER(_Hit)).contents
         with self._lock:
-            self._hits[int(h.tgid)].append(int(h.ktime_ns))
+            if h.kind == HIT_VM_READV:
+                self._reads[int(h.tgid)].append(int(h.ktime_ns))
+            else:
+                self._hits[int(h.tgid)].append(int(h.ktime_ns))
 
     def _poll(self) -> None:
         while not self._stop.is_set():
@@ -118,9 +128,27 @@ class PySpyClock:
         out.sort()
         return out
 
+    def reads(self, tgid: int) -> list[int]:
+        """Times of the py-spy process's process_vm_readv calls (with ``vm_readv``)."""
+        with self._lock:
+            out = list(self._reads.get(tgid, ()))
+        out.sort()
+        return out
+
+    def track(self, tgid: int) -> None:
+        """Report this py-spy process's stack reads (call right after spawning it)."""
+        if self._bpf is not None and self.vm_readv:
+            self._bpf[b"pyspy_pids"][ctypes.c_uint32(tgid)] = ctypes.c_uint8(1)
+
     def forget(self, tgid: int) -> None:
         with self._lock:
             self._hits.pop(tgid, None)
+            self._reads.pop(tgid, None)
+        if self._bpf is not None and self.vm_readv:
+            try:
+                del self._bpf[b"pyspy_pids"][ctypes.c_uint32(tgid)]
+            except KeyError:
+                pass
 
     def stats(self) -> dict[str, int]:
         if self._bpf is None:

@@ -29,6 +29,7 @@ from flamed.python.align import (
     align_trace,
     fit_clock,
     join_events,
+    observed_times,
     sample_times,
 )
 from flamed.python.clock import PySpyClock
@@ -45,6 +46,8 @@ class MixedOptions:
 
     pyspy / watch / join: the parts' options (see their classes).
     clock: calibrate py-spy's clock with the uprobe of bpf/pyspy_clock.bpf.c (default True).
+    vm_readv: also trace py-spy's process_vm_readv calls, the exact time of each
+        sample (a filtered syscall tracepoint: tens of ns on every syscall; default True).
     max_delay_s: how long an event waits for its py-spy trace before it is
         emitted under ``[python: no frame]`` (default: 2 windows + 5 s).
     """
@@ -53,6 +56,7 @@ class MixedOptions:
     watch: WatchOptions = field(default_factory=WatchOptions)
     join: JoinOptions = field(default_factory=JoinOptions)
     clock: bool = True
+    vm_readv: bool = True
     max_delay_s: float | None = None
 
     @property
@@ -73,7 +77,8 @@ class MixedMode:
         self._now = clock
         self._on_process = on_process
         self._on_exit_cb = on_exit
-        self.supervisor = PySpySupervisor(self.options.pyspy, proc_root=proc_root, clock=clock)
+        self.supervisor = PySpySupervisor(self.options.pyspy, proc_root=proc_root, clock=clock,
+                                          on_spawn=self._spawned)
         self.watcher = ProcessWatcher(self.options.watch, on_start=self._started, on_exit=self._exited,
                                       proc_root=proc_root, clock=clock)
         self.clock: PySpyClock | None = None
@@ -90,7 +95,7 @@ class MixedMode:
     # -- lifecycle --------------------------------------------------------
     def start(self) -> None:
         if self.options.clock and self.supervisor.binary is not None:
-            clk = PySpyClock(self.supervisor.binary)
+            clk = PySpyClock(self.supervisor.binary, vm_readv=self.options.vm_readv)
             try:
                 clk.start()
                 self.clock = clk
@@ -120,6 +125,17 @@ class MixedMode:
         if errors:
             raise errors[0]
 
+    def follow(self, pid: int) -> None:
+        """Record ``pid`` (and, per the watch options, its descendants) from now on.
+
+        Call from a thread that outlives the recording: a py-spy it starts dies with it.
+        """
+        with self._lock:
+            if not self.watcher.follow(pid):
+                # Not Python (yet): rechecked like an exec, and by every scan.
+                now = self._now()
+                self.watcher._recheck[pid] = [now + int(d * 1e9) for d in self.options.watch.recheck_s]
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             with self._lock:
@@ -148,6 +164,10 @@ class MixedMode:
         return out
 
     # -- watcher callbacks (mixed thread) ---------------------------------
+    def _spawned(self, pyspy_pid: int) -> None:
+        if self.clock is not None:
+            self.clock.track(pyspy_pid)
+
     def _started(self, proc: PyProcess) -> None:
         if not self.supervisor.add(proc.pid):
             self.counters["left_out"] += 1
@@ -173,12 +193,16 @@ class MixedMode:
             self.clock.drain()
         for r in runs:
             hits = self.clock.hits(r.pyspy_pid) if self.clock is not None else []
+            reads = self.clock.reads(r.pyspy_pid) if self.clock is not None else []
             if self.clock is not None:
                 self.clock.forget(r.pyspy_pid)
             fit = fit_clock(r.trace, hits, spawn_ns=r.spawn_ns, interval_ns=r.interval_ns)
             self.counters["runs_calibrated" if fit.calibrated else "runs_uncalibrated"] += 1
-            self._traces.append(align_trace(r.pid, r.trace, fit, sample_times(hits, r.interval_ns),
-                                            r.interval_ns))
+            samples = sample_times(hits, r.interval_ns)
+            observed = observed_times(samples, reads, r.interval_ns) if reads else None
+            if observed is not None:
+                self.counters["runs_read_times"] += 1
+            self._traces.append(align_trace(r.pid, r.trace, fit, samples, r.interval_ns, observed))
 
     # -- the join ---------------------------------------------------------
     def process(self, events: list[SampleEvent]) -> list[tuple[SampleEvent, Stack]]:

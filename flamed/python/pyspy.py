@@ -198,8 +198,10 @@ class PySpySupervisor:
     """
 
     def __init__(self, options: PySpyOptions | None = None, *, proc_root: str = "/proc",
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 on_spawn: Callable[[int], None] | None = None) -> None:
         self.options = options or PySpyOptions()
+        self.on_spawn = on_spawn
         self.binary = find_pyspy(self.options.binary)
         self.proc_root = proc_root
         self._now = clock
@@ -214,7 +216,13 @@ class PySpySupervisor:
     # -- membership -------------------------------------------------------
     def add(self, pid: int) -> bool:
         """Record ``pid`` from now on; False (and a ``limit`` failure) when the bound is reached."""
-        if pid in self._targets:
+        t = self._targets.get(pid)
+        if t is not None:
+            if t.done:
+                # Removed and added again (exec): a fresh run, the old one finishes on its own.
+                t.done = False
+                t.failures = 0
+                t.next_try_ns = 0
             return True
         if len(self._targets) >= self.options.max_children:
             self.failures[Failure.LIMIT.value] += 1
@@ -327,6 +335,8 @@ class PySpySupervisor:
             self._fail(t, Failure.PERMISSION, f"{self.binary} is not executable")
             return
         self.started += 1
+        if self.on_spawn is not None:
+            self.on_spawn(proc.pid)
         t.children.append(_Child(pid=t.pid, proc=proc, out=out, err=err, spawn_ns=spawn))
 
     def _finish(self, t: _Target, c: _Child, rc: int) -> CompletedRun | None:

@@ -312,6 +312,13 @@ class ProcessWatcher:
                 continue
             self._consider(pid, now, how_hint=None)
 
+    def follow(self, pid: int) -> bool:
+        """Add ``pid`` to the ``pids`` set (``flamed record`` after spawning) and look at it now."""
+        if self._family is None:
+            self._family = set()
+        self._family.add(pid)
+        return self._consider(pid, self._now(), how_hint=None)
+
     # -- internals --------------------------------------------------------
     def _event(self, m: Any) -> None:
         ev = str(m["event"]).removeprefix("PROC_EVENT_")
@@ -331,6 +338,8 @@ class ProcessWatcher:
             pid = int(m["process_tgid"])
             self._rejected.discard(pid)
             if pid in self.watched:
+                if ts <= self.watched[pid].seen_ns:
+                    return  # an event older than the scan that found the process
                 self._gone(pid)  # a new program: its caches and py-spy are stale
             if not self._consider(pid, ts, how_hint=None):
                 now = self._now()

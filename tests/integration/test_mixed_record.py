@@ -1,0 +1,98 @@
+"""`flamed record` in mixed mode on the ground-truth workload: real BPF, real py-spy.
+
+tests/workloads/phases.py alternates 200 ms phases of a syscall-heavy and a
+pure-compute Python function on its main thread and logs each phase start
+(CLOCK_MONOTONIC); the recorded timeline is scored by tests/workloads/accuracy.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.workloads.accuracy import accuracy
+
+FLAMED = [sys.executable, "-m", "flamed"]
+PHASES = str(ROOT / "tests" / "workloads" / "phases.py")
+
+pytestmark = [pytest.mark.bpf, pytest.mark.pyspy, pytest.mark.slow]
+
+
+def run_record(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(FLAMED + ["record", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+def test_record_command_attributes_phases(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
+    log, tl, out = tmp_path / "phases.log", tmp_path / "timeline.txt", tmp_path / "out.folded"
+    r = run_record(["-r", "199", "-o", str(out), "--timeline", str(tl), "--",
+                    sys.executable, PHASES, str(log), "200", "6"])
+    assert r.returncode == 0, r.stderr
+    acc = accuracy(str(log), str(tl))
+    assert acc.syscall_samples >= 30 and acc.compute_samples >= 100, acc
+    assert acc.syscall >= 0.90, acc
+    assert acc.compute >= 0.90, acc
+    assert acc.background >= 0.90, acc
+    text = out.read_text()
+    # one stack reads python frames; native frames; kernel frames
+    mixed = [ln for ln in text.splitlines()
+             if "syscall_phase (" in ln and "do_syscall_64_[k]" in ln]
+    assert mixed, text[:2000]
+    frames = mixed[0].rsplit(" ", 1)[0].split(";")
+    py = max(i for i, f in enumerate(frames) if f.startswith("syscall_phase ("))
+    k = min(i for i, f in enumerate(frames) if f.endswith("_[k]"))
+    assert py < k
+    # weights are BPF samples: the folded total equals the timeline's samples plus counted ones
+    total = sum(int(ln.rsplit(" ", 1)[1]) for ln in text.splitlines())
+    assert total >= len(tl.read_text().splitlines())
+
+
+def test_record_returns_command_exit_code(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
+    r = run_record(["-o", str(tmp_path / "o.folded"), "--", sys.executable, "-c",
+                    "import time; t=time.time()\nwhile time.time()-t<1: pass\nraise SystemExit(7)"])
+    assert r.returncode == 7, r.stderr
+    assert (tmp_path / "o.folded").stat().st_size > 0
+
+
+def test_record_pid_with_duration_and_ctrl_c(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
+    log = tmp_path / "p.log"
+    env = dict(os.environ, PHASES_WARMUP_S="0")
+    target = subprocess.Popen([sys.executable, PHASES, str(log), "50", "400"], env=env)
+    try:
+        out = tmp_path / "p.folded"
+        rec = subprocess.Popen(FLAMED + ["record", "-p", str(target.pid), "-d", "60", "-o", str(out)],
+                               cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        time.sleep(6)  # BPF compile + a few seconds of samples
+        rec.send_signal(signal.SIGINT)
+        _, err = rec.communicate(timeout=60)
+        assert rec.returncode == 130, err
+        text = out.read_text()
+        assert "compute_phase (" in text and "syscall_phase (" in text, err
+        assert target.poll() is None  # recording never disturbed the target
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_record_without_bpf_falls_back_to_pyspy(tmp_path: Path, require_pyspy: str) -> None:
+    out = tmp_path / "f.folded"
+    r = run_record(["--no-bpf", "-o", str(out), "--", sys.executable, PHASES, str(tmp_path / "l"), "100", "6"])
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "py-spy alone" in ln]
+    assert len(lines) == 1, r.stderr
+    text = out.read_text()
+    assert "compute_phase (" in text and "_[k]" not in text
+
+
+def test_record_usage_errors_are_one_line() -> None:
+    r = run_record([])
+    assert r.returncode == 2 and "either -p PID or -- COMMAND" in r.stderr and "Traceback" not in r.stderr
+    r = run_record(["-p", "999999999"])
+    assert r.returncode == 2 and "no process" in r.stderr
