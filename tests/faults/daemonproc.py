@@ -233,7 +233,7 @@ def profile_files(state: Path) -> list[Path]:
                   and not p.is_symlink())
 
 
-def check_state_dir(state: Path) -> dict[str, Any]:
+def check_state_dir(state: Path, *, allow_orphans: bool = False) -> dict[str, Any]:
     """Every file parses strictly and agrees with its sidecar; returns totals.
 
     Raises AssertionError naming the first file that is partial, corrupt,
@@ -266,11 +266,16 @@ def check_state_dir(state: Path) -> dict[str, Any]:
         totals["samples"] += meta["samples"]
         for r, n in meta.get("lost", {}).items():
             totals["lost"][r] = totals["lost"].get(r, 0) + n
+    orphans = []
     for n in names:
         if n.endswith(".json") and not n.startswith("latest"):
             stem = n[: -len(".json")]
-            assert (stem + ".folded") in names or (stem + ".folded.gz") in names, f"orphan sidecar {n}"
+            if (stem + ".folded") not in names and (stem + ".folded.gz") not in names:
+                orphans.append(n)
+    # A crash between the sidecar's rename and the file's leaves an orphan sidecar, which recovery removes.
+    assert allow_orphans or not orphans, f"orphan sidecars {orphans}"
     totals["temps"] = temps
+    totals["orphans"] = orphans
     return totals
 
 

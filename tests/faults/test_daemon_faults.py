@@ -110,7 +110,7 @@ def test_sigkill_random_points_then_restart(require_bpf: None, daemon_factory: A
         retention={"max_files": kept, "max_bytes": 0, "max_age": 0},
     )
     stats: dict[str, int] = {m: 0 for m in modes}
-    stats["hit_mid_write"] = 0
+    stats.update(hit_mid_write=0, temps_after_kill=0, orphans_after_kill=0)
     files_before: list[int] = []
     with workload(BUSY, 1):
         for run in range(runs):
@@ -153,6 +153,11 @@ def test_sigkill_random_points_then_restart(require_bpf: None, daemon_factory: A
                 time.sleep(1.0 - time.time() % 1.0 + rng.uniform(0.0, 0.02))
                 d.kill9()
             d.log_fh.close()
+            # The crash state itself: only temp files or an orphan sidecar may be incomplete;
+            # every complete-looking file is complete.
+            crash = check_state_dir(d.state_dir, allow_orphans=True)
+            stats["temps_after_kill"] += len(crash["temps"])
+            stats["orphans_after_kill"] += len(crash["orphans"])
         # A last restart proves the state directory of the final kill is clean, and the daemon works.
         d.start()
         tot = check_state_dir(d.state_dir)
@@ -199,10 +204,9 @@ def test_disk_full_keeps_sampling_and_writes_again(require_bpf: None, daemon_fac
         )
         # Fill what is left of the filesystem with a ballast file, as another program would.
         ballast = small_tmpfs / "ballast"
-        with open(ballast, "wb") as f, contextlib.suppress(OSError):
+        with open(ballast, "wb", buffering=0) as f, contextlib.suppress(OSError):
             while True:
                 f.write(b"\0" * 4096)
-                f.flush()
         d.wait_for(lambda: d.metric("flamed_write_errors_total", {"errno": "ENOSPC"}) > 0, 20, "an ENOSPC write error")
         s0 = d.status()
         assert s0["write_error"] and "space" in s0["write_error"].lower(), s0["write_error"]
@@ -221,8 +225,9 @@ def test_disk_full_keeps_sampling_and_writes_again(require_bpf: None, daemon_fac
         assert tot["temps"] == [], tot["temps"]
         log_full = d.log()
         assert re.search(r"No space left on device", log_full), log_full[-2000:]
-        # Space returns: the backlog is written, in order, and the error clears.
+        # Space returns (ballast deleted, filesystem grown): the backlog is written and the error clears.
         ballast.unlink()
+        subprocess.run(["mount", "-o", "remount,size=16m", str(small_tmpfs)], check=True)
         d.wait_for(lambda: d.status()["backlog"]["files"] == 0 and d.status()["write_error"] is None, 20,
                    "the backlog to be written once space returned")
         s2 = d.status()
@@ -238,3 +243,124 @@ def test_disk_full_keeps_sampling_and_writes_again(require_bpf: None, daemon_fac
         "rss_growth_bytes": rss1 - rss0, "files_after_recovery": s2["files"]["count"],
         "files_dropped_over_budget": dropped,
     })
+
+
+# ---------------------------------------------------------------------------
+# BPF pressure: more unique stacks than the maps hold
+
+MANY_STACKS_C = r"""
+/* Every sample lands in a different call path: f0..f3 chosen by the bits of
+   a pseudo-random number at each of 14 levels (4^14 paths). */
+volatile unsigned long sink;
+void f0(int d, unsigned x); void f1(int d, unsigned x); void f2(int d, unsigned x); void f3(int d, unsigned x);
+#define BODY(n) __attribute__((noinline)) void f##n(int d, unsigned x) { \
+    if (d == 0) { for (volatile int i = 0; i < 20000; i++) sink += i; return; } \
+    switch (x & 3) { case 0: f0(d - 1, x >> 2); break; case 1: f1(d - 1, x >> 2); break; \
+                     case 2: f2(d - 1, x >> 2); break; default: f3(d - 1, x >> 2); } \
+    sink++; }
+BODY(0) BODY(1) BODY(2) BODY(3)
+int main(void) { unsigned x = 1; for (long i = 0; i < 400000000L; i++) { x = x * 1103515245u + 12345u; f0(14, x >> 3); } return 0; }
+"""
+
+
+@pytest.fixture
+def many_stacks_binary(tmp_path: Path) -> Path:
+    import shutil
+
+    from conftest import need  # tests/conftest.py
+
+    gcc = shutil.which("gcc")
+    need(gcc is not None, "gcc (Debian gcc, libc6-dev) to build the C workload")
+    src = tmp_path / "manystacks.c"
+    src.write_text(MANY_STACKS_C)
+    out = tmp_path / "manystacks"
+    subprocess.run([str(gcc), "-O0", "-fno-omit-frame-pointer", "-o", str(out), str(src)], check=True, timeout=60)
+    return out
+
+
+def test_bpf_map_pressure_counts_losses_and_names_the_setting(require_bpf: None, daemon_factory: Any,
+                                                              many_stacks_binary: Path) -> None:
+    p = subprocess.Popen([str(many_stacks_binary)], start_new_session=True)
+    try:
+        d = daemon_factory(
+            sampling={"frequency": 499, "drain_interval": 1.0, "stack_map_size": 64, "counts_map_size": 64},
+        )
+        d.wait_for(lambda: d.status()["windows"] >= 6, 30, "six windows under pressure")
+        text = d.metrics_text()
+        st = d.status()
+        assert p.poll() is None, "the workload died"
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+    lost = {r: metric_value(text, "flamed_samples_lost_total", {"reason": r}) for r in
+            ("map_full", "kernel_stack_eexist", "user_stack_eexist", "kernel_stack_enomem", "user_stack_enomem")}
+    stack_lost = sum(v for k, v in lost.items() if k != "map_full")
+    assert stack_lost > 0, lost
+    assert lost["map_full"] > 0, lost
+    assert st["lost"], st["lost"]
+    log = d.log()
+    # The warning says which setting to raise.
+    assert "sampling.stack_map_size" in log, log[-2000:]
+    assert "sampling.counts_map_size" in log, log[-2000:]
+    # It keeps its schedule and does not crash: drains on time, fast.
+    drains = metric_value(text, "flamed_drains_total")
+    assert drains >= 6
+    late_sum = metric_value(text, "flamed_drain_lateness_seconds_sum")
+    late_n = metric_value(text, "flamed_drain_lateness_seconds_count")
+    dur_sum = metric_value(text, "flamed_drain_duration_seconds_sum")
+    assert dur_sum / drains < 1.0, "a drain took longer than the drain interval"
+    assert "Traceback" not in log, log[-3000:]
+    # The accounting still holds: every sample is a count or a counted loss.
+    assert d.alive()
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit(60) == 0
+    tot = check_state_dir(d.state_dir)
+    assert tot["samples"] == tot["weight"] + tot["lost"].get("map_full", 0)
+    record_figure("bpf_pressure", {"lost_by_reason": lost, "drains": drains,
+                                   "mean_drain_lateness_s": late_sum / max(late_n, 1),
+                                   "mean_drain_s": dur_sum / drains, "samples_written": tot["weight"]})
+
+
+# ---------------------------------------------------------------------------
+# Config errors on SIGHUP
+
+
+def test_invalid_config_on_sighup_keeps_running_config(require_bpf: None, daemon_factory: Any) -> None:
+    from daemonproc import write_config
+
+    d = daemon_factory(sampling={"frequency": 49, "drain_interval": 1.0})
+    good = d.status()
+    assert good["frequency"] == 49
+    bad_cases = [
+        ("sampling.frequency", lambda c: c["sampling"].update(frequency=100000)),
+        ("output.rotatte_interval", lambda c: c["output"].update(rotatte_interval=5)),
+        ("retention.max_bytes", lambda c: c.setdefault("retention", {}).update(max_bytes="lots")),
+    ]
+    import copy
+
+    for i, (key, mutate) in enumerate(bad_cases, 1):
+        cfg = copy.deepcopy(d.config)
+        mutate(cfg)
+        write_config(d.cfg_path, cfg)
+        n0 = d.log().count("keeping the running one")
+        d.signal(signal.SIGHUP)
+        d.wait_for(lambda: d.log().count("keeping the running one") > n0, 15, f"the reload error for {key}")
+        line = [ln for ln in d.log().splitlines() if "keeping the running one" in ln][-1]
+        assert key.split(".")[-1] in line, f"the log line does not name {key}: {line}"
+        st = d.status()
+        assert st["frequency"] == 49 and st["config"] == good["config"]
+        assert d.metric("flamed_config_reloads_total", {"result": "error"}) == i
+        # Still sampling after the refused reload.
+        w0 = st["windows"]
+        d.wait_for(lambda: d.status()["windows"] > w0, 10, "a drain after the refused reload")
+    # A valid change then applies.
+    cfg = copy.deepcopy(d.config)
+    cfg["sampling"]["frequency"] = 29
+    write_config(d.cfg_path, cfg)
+    d.signal(signal.SIGHUP)
+    d.wait_for(lambda: d.status()["frequency"] == 29, 60, "the valid reload")
+    assert d.metric("flamed_config_reloads_total", {"result": "ok"}) == 1
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit(60) == 0
+    tot = check_state_dir(d.state_dir)
+    assert tot["samples"] == tot["weight"] + tot["lost"].get("map_full", 0)
