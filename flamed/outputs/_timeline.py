@@ -56,7 +56,7 @@ def typical_interval(samples: list[Sample], rate_hz: float | None = None) -> int
     if rate_hz and rate_hz > 0:
         return max(1, round(1e9 / rate_hz))
     gaps = sorted(b.time_ns - a.time_ns for a, b in zip(samples, samples[1:]) if b.time_ns > a.time_ns)
-    return gaps[len(gaps) // 2] if gaps else DEFAULT_INTERVAL_NS
+    return gaps[(len(gaps) - 1) // 2] if gaps else DEFAULT_INTERVAL_NS  # lower median: idle gaps must not set it
 
 
 def intervals(samples: list[Sample], interval_ns: int) -> Iterator[Interval]:

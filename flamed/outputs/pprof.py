@@ -43,6 +43,7 @@ from flamed.outputs import profile_pb2 as pb
 from flamed.outputs.base import OutputFormat, OutputOptions
 
 KERNEL_MAPPING = "[kernel.kallsyms]"
+INT64_MAX = 2**63 - 1
 _PY = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*\.pyx?):(?P<line>[1-9][0-9]{0,9})\)$", re.S)
 _BRACKET_MODULE = re.compile(r"^\[(?P<module>[^\[\]]+\.so[^\[\]]*|[^\[\]]+)\]$")
 _BACKTICK = re.compile(r"^(?P<module>[^`]+)`(?P<name>.+)$", re.S)
@@ -149,14 +150,15 @@ def to_proto(profile: Profile) -> pb.Profile:
 
     pid_key = tid_key = 0
     for stack, w in profile.sorted_items():
-        count = int(round(w))
+        # pprof values are int64: saturate rather than fail on absurd weights.
+        count = min(int(round(w)), INT64_MAX)
         if count <= 0:
             continue
         sample = msg.sample.add()
         sample.location_id.extend([location(f) for f in reversed(stack)])
         sample.value.append(count)
         if period:
-            sample.value.append(count * period)
+            sample.value.append(min(count * period, INT64_MAX))
         task = parse_task_frame(stack[0])
         if task.pid is not None:
             pid_key = pid_key or s("pid")

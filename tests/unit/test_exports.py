@@ -1,0 +1,212 @@
+"""pprof, speedscope and chrome trace: contents, readers, round trips, CLI."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import DATA
+from flamed.cli import main
+from flamed.errors import InputError
+from flamed.folded import read_folded
+from flamed.model import Profile, Sample
+from flamed.outputs import choose, get
+from flamed.outputs import profile_pb2 as pb
+from flamed.outputs.chrometrace import samples_trace
+from flamed.outputs.pprof import read_pprof, to_proto, write_pprof
+from flamed.outputs.speedscope import read_speedscope, samples_document, to_document
+
+
+def real_profile() -> Profile:
+    with gzip.open(DATA / "bcc" / "profile-folded.txt.gz", "rb") as f:
+        return read_folded(f)
+
+
+def pprof_bytes(p: Profile) -> bytes:
+    buf = io.BytesIO()
+    write_pprof(p, buf)
+    return buf.getvalue()
+
+
+def test_pprof_contents() -> None:
+    p = Profile(sample_rate=99.0, start_ns=1_764_000_000_000_000_000, end_ns=1_764_000_010_000_000_000,
+                labels={"host": "web-1"})
+    p.add(("app-10/11", "main", "handle (app/web.py:42)", "sys_read_[k]"), 7)
+    p.add(("app-10/11", "main", "handle (app/web.py:43)"), 3)
+    p.add(("app-10/12", "[libc.so.6]"), 2)
+    data = pprof_bytes(p)
+    assert data[:2] == b"\x1f\x8b"
+    msg = pb.Profile()
+    msg.ParseFromString(gzip.decompress(data))
+    s = list(msg.string_table)
+    assert s[0] == ""
+    assert [(s[t.type], s[t.unit]) for t in msg.sample_type] == [("samples", "count"), ("cpu", "nanoseconds")]
+    assert msg.period == round(1e9 / 99) and s[msg.period_type.type] == "cpu"
+    assert msg.time_nanos == p.start_ns and msg.duration_nanos == 10_000_000_000
+    assert s[msg.default_sample_type] == "cpu"
+    funcs = {f.id: f for f in msg.function}
+    maps = {m.id: s[m.filename] for m in msg.mapping}
+    by_frame = {}
+    for loc in msg.location:
+        (line,) = loc.line
+        f = funcs[line.function_id]
+        by_frame[(s[f.name], s[f.filename], line.line)] = maps.get(loc.mapping_id, "")
+    assert by_frame[("handle", "app/web.py", 42)] == ""
+    assert by_frame[("handle", "app/web.py", 43)] == ""
+    assert by_frame[("sys_read", "", 0)] == "[kernel.kallsyms]"
+    assert by_frame[("[libc.so.6]", "", 0)] == "libc.so.6"
+    # One Function for both lines of handle().
+    assert sum(1 for f in msg.function if s[f.name] == "handle") == 1
+    vals = sorted((list(x.value), {s[lb.key]: lb.num for lb in x.label}) for x in msg.sample)
+    assert vals[0] == ([2, 2 * msg.period], {"pid": 10, "tid": 12})
+    assert sorted(v[0][0] for v in vals) == [2, 3, 7]
+    assert "host=web-1" in [s[c] for c in msg.comment]
+    # Deterministic bytes.
+    assert pprof_bytes(p.copy()) == data
+
+
+def test_pprof_without_rate_has_only_counts() -> None:
+    p = real_profile()
+    msg = to_proto(p)
+    assert len(msg.sample_type) == 1 and msg.period == 0 and msg.time_nanos == 0
+    q = read_pprof(pprof_bytes(p))
+    assert q.stacks == p.stacks and q.sample_rate is None and q.start_ns is None
+
+
+def test_pprof_rejects_garbage() -> None:
+    with pytest.raises(InputError, match="not a pprof profile"):
+        read_pprof(b"\x0a\x05\x08garbage-here", source="x.pb")
+    with pytest.raises(InputError, match="corrupt gzip"):
+        read_pprof(b"\x1f\x8b\x08\x00broken", source="x.pb.gz")
+
+
+_frames = st.one_of(
+    st.text(min_size=0, max_size=8).filter(lambda f: ";" not in f and "\n" not in f),
+    st.builds(lambda n, f, ln: f"{n} ({f}.py:{ln})", st.text(max_size=5), st.text(alphabet="abc/_", max_size=6),
+              st.integers(1, 10**6)),
+    st.builds(lambda n: f"{n}_[k]", st.text(max_size=6)),
+    st.sampled_from(["[unknown]", "[libc.so.6]", "libc.so.6`malloc", "x (a.py)", "y (b.py:0)", "app-1/2"]),
+)
+_profiles = st.builds(
+    lambda stacks, rate, start, dur, labels: _mk(stacks, rate, start, dur, labels),
+    st.dictionaries(st.lists(_frames, min_size=1, max_size=6).map(tuple), st.integers(1, 10**12), max_size=12),
+    st.one_of(st.none(), st.floats(0.5, 10_000, allow_nan=False)),
+    st.one_of(st.none(), st.integers(1, 2**62)),
+    st.integers(0, 10**12),
+    st.dictionaries(st.text(alphabet="abcxyz_", min_size=1, max_size=5), st.text(max_size=8), max_size=3),
+)
+
+
+def _mk(stacks: dict[tuple[str, ...], int], rate: float | None, start: int | None, dur: int,
+        labels: dict[str, str]) -> Profile:
+    p = Profile(stacks=dict(stacks), sample_rate=rate, labels=labels)
+    if start is not None:
+        p.start_ns, p.end_ns = start, start + dur
+    return p
+
+
+@settings(max_examples=150, deadline=None)
+@given(_profiles)
+def test_pprof_round_trip(p: Profile) -> None:
+    q = read_pprof(pprof_bytes(p))
+    assert q.stacks == p.stacks
+    assert q.sample_rate == p.sample_rate
+    assert (q.start_ns, q.end_ns) == (p.start_ns, p.end_ns)
+    assert q.labels == p.labels
+
+
+@settings(max_examples=150, deadline=None)
+@given(_profiles)
+def test_speedscope_round_trip(p: Profile) -> None:
+    doc = to_document(p)
+    data = json.dumps(doc).encode()
+    assert read_speedscope(data).stacks == p.stacks
+
+
+def test_speedscope_one_profile_per_task() -> None:
+    p = Profile()
+    p.add(("app-1/1", "main", "a"), 3)
+    p.add(("app-1/2", "main", "b"), 4)
+    p.add(("app-1/2", "run (w.py:3)"), 1)
+    doc = to_document(p)
+    assert [x["name"] for x in doc["profiles"]] == ["app-1/1", "app-1/2"]
+    assert [x["endValue"] for x in doc["profiles"]] == [3, 5]
+    assert {"name": "run", "file": "w.py", "line": 3} in doc["shared"]["frames"]
+    q = Profile()
+    q.add(("main", "a"), 1)
+    assert len(to_document(q)["profiles"]) == 1
+
+
+def _stream() -> list[Sample]:
+    ms = 1_000_000
+    out = []
+    for i in range(10):  # thread 2: f for 5 samples, then g; 1 ms apart
+        out.append(Sample(1000 * ms + i * ms, ("app-1/2", "main", "f" if i < 5 else "g"), 1, pid=1, tid=2))
+    for i in range(3):  # thread 3: idle gap after the second sample
+        t = 1000 * ms + (i if i < 2 else 8) * ms
+        out.append(Sample(t, ("app-1/3", "loop"), 1, pid=1, tid=3))
+    return sorted(out, key=lambda s: s.time_ns)
+
+
+def test_speedscope_evented_from_samples() -> None:
+    doc = samples_document(_stream())
+    assert [x["name"] for x in doc["profiles"]] == ["app-1/2", "app-1/3"]
+    frames = [f["name"] for f in doc["shared"]["frames"]]
+    ev = doc["profiles"][0]["events"]
+    opened = [(e["at"], frames[e["frame"]]) for e in ev if e["type"] == "O"]
+    assert opened == [(0, "app-1/2"), (0, "main"), (0, "f"), (5_000_000, "g")]
+    ats = [e["at"] for e in ev]
+    assert ats == sorted(ats)
+    # Durations read back: f 5 ms, g 5 ms (the last sample lasts one interval).
+    back = read_speedscope(json.dumps(doc).encode())
+    assert back.stacks[("app-1/2", "main", "f")] == 5_000_000
+    assert back.stacks[("app-1/2", "main", "g")] == 5_000_000
+    # Thread 3 was idle from 2 ms to 8 ms: 3 samples = 3 ms, not 9.
+    assert back.stacks[("app-1/3", "loop")] == 3_000_000
+    assert back.labels["unit"] == "nanoseconds"
+
+
+def test_chrometrace_from_samples() -> None:
+    doc = samples_trace(_stream())
+    ev = doc["traceEvents"]
+    names = {(e["args"]["name"]) for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names == {"app-1/2", "app-1/3"}
+    xs = [(e["tid"], e["name"], e["ts"], e["dur"]) for e in ev if e["ph"] == "X"]
+    assert (2, "f", 0.0, 5000.0) in xs and (2, "g", 5000.0, 5000.0) in xs and (2, "main", 0.0, 10000.0) in xs
+    assert (3, "loop", 0.0, 2000.0) in xs and (3, "loop", 8000.0, 1000.0) in xs
+    json.dumps(doc, allow_nan=False)
+
+
+def test_registry_and_extensions() -> None:
+    assert choose(None, "x.pb.gz").name == "pprof"
+    assert choose(None, "x.speedscope.json").name == "speedscope"
+    assert choose(None, "x.trace.json").name == "chrometrace"
+    assert get("chrometrace").wants_samples
+
+
+def test_cli_export_round_trip_through_every_reader(tmp_path: Path) -> None:
+    src = DATA / "bcc" / "profile-folded.txt.gz"
+    pb_path = tmp_path / "p.pb.gz"
+    assert main(["export", "-o", str(pb_path), "--sample-rate", "49", "--start-ns", "1000", "--duration-ns", "5",
+                 str(src)]) == 0
+    q = read_pprof(pb_path.read_bytes())
+    assert q.stacks == real_profile().stacks and q.sample_rate == 49 and (q.start_ns, q.end_ns) == (1000, 1005)
+    ss = tmp_path / "p.speedscope.json"
+    assert main(["export", "-o", str(ss), str(pb_path)]) == 0
+    back = tmp_path / "back.folded"
+    assert main(["export", "--format", "folded", "-o", str(back), str(ss)]) == 0
+    assert read_folded(back.open("rb")).stacks == real_profile().stacks
+    err = io.StringIO()
+    assert main(["export", str(src)], stderr=err) == 2
+    assert "--format" in err.getvalue()
+    bad = tmp_path / "bad.pb"
+    bad.write_bytes(b"\x0a\x03\x08\x01")  # looks like pprof, truncated
+    err = io.StringIO()
+    assert main(["export", "-f", "folded", str(bad)], stderr=err) == 1
+    assert "bad.pb" in err.getvalue()
