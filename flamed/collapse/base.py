@@ -26,7 +26,7 @@ from typing import BinaryIO, ClassVar
 
 from flamed.errors import InputError
 from flamed.folded import ReadStats
-from flamed.model import Sample, Stack, Weight
+from flamed.model import Sample, Weight
 
 #: Annotations a collapser may add to frames (see :class:`CollapseOptions`).
 ANNOTATIONS = ("kernel", "jit", "inline")
@@ -61,11 +61,15 @@ class CollapseOptions:
 class ChunkResult:
     """What one chunk held: stacks per event, in the order events first appeared.
 
-    Formats without events use the event name ``""``.  ``start_ns``/``end_ns``
+    Stacks are keyed by their folded text (``a;b;c``, root first; frames never
+    contain ``;``): one string per stack is much cheaper to send between
+    processes and to hash than a tuple of frames, and the driver splits each
+    distinct stack once at the end.  Formats without events use the event
+    name ``""``.  ``start_ns``/``end_ns``
     are the sample times seen, when the format has epoch timestamps.
     """
 
-    groups: dict[str, dict[Stack, Weight]] = field(default_factory=dict)
+    groups: dict[str, dict[str, Weight]] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     stats: ReadStats = field(default_factory=ReadStats)
     start_ns: int | None = None
@@ -73,7 +77,7 @@ class ChunkResult:
     #: One-line remarks for the user (e.g. "pid not in input"), deduplicated.
     notes: set[str] = field(default_factory=set)
 
-    def group(self, event: str) -> dict[Stack, Weight]:
+    def group(self, event: str) -> dict[str, Weight]:
         g = self.groups.get(event)
         if g is None:
             g = self.groups[event] = {}

@@ -96,7 +96,7 @@ class BccParser(ChunkParser):
                     frames = []
                     continue
                 i += 1
-                group_key = self._multiline_stack(frames, comm, pid, kernel)
+                group_key = ";".join(self._multiline_stack(frames, comm, pid, kernel))
                 group[group_key] = group.get(group_key, 0) + int(cm.group(1))
                 records += 1
                 frames = []
@@ -111,9 +111,9 @@ class BccParser(ChunkParser):
             stack, w = rec
             if "-" in stack:
                 stack = self._folded_delimited(stack, kernel)
-            group[stack] = group.get(stack, 0) + w
+            key = ";".join(stack)
+            group[key] = group.get(key, 0) + w
             records += 1
-        res.stats.lines += n - (1 if lines and lines[-1] == "" else 0)
         res.stats.records += records
         return res
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.pool
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -29,7 +30,7 @@ from flamed.collapse.perf import _event_matches
 from flamed.errors import InputError
 from flamed.fileio import input_name, input_size, open_input
 from flamed.folded import ReadStats
-from flamed.model import Profile, Stack, Weight
+from flamed.model import EMPTY_STACK_FRAME, Profile, Stack, Weight
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 HEAD_BYTES = 64 << 10
@@ -186,7 +187,7 @@ def collapse(
     if not inputs:
         inputs = [None]
     stats = ReadStats()
-    groups: dict[str, dict[Stack, Weight]] = {}
+    groups: dict[str, dict[str, Weight]] = {}
     order: list[str] = []
     event_weight: dict[str, Weight] = {}
     notes: set[str] = set()
@@ -223,14 +224,21 @@ def collapse(
     if progress_stream is not None and _isatty(progress_stream) and (total == 0 or total > PROGRESS_MIN_BYTES):
         prog = Progress(progress_stream, total or None)
 
+    lines_seen = [0]
+
     def tasks() -> Iterator[tuple[str, bytes, str, int]]:
         for path in inputs:
             stream, head, collapser = open_with_format(path, fmt)
             name = input_name(path)
             result.formats[name] = collapser.name
             try:
+                last = b""
                 for chunk, first in iter_chunks(stream, collapser, head=head, chunk_bytes=chunk_bytes):
+                    lines_seen[0] = lines_seen[0] + chunk.count(b"\n")
+                    last = chunk
                     yield collapser.name, chunk, name, first
+                if last and not last.endswith(b"\n"):
+                    lines_seen[0] += 1
             except OSError as e:
                 raise InputError(f"cannot read: {e}", source=name) from None
             finally:
@@ -266,6 +274,7 @@ def collapse(
         if prog is not None:
             prog.finish()
 
+    stats.lines = lines_seen[0]
     result.events = dict(event_weight)
     chosen: list[str]
     if opts.event is not None:
@@ -284,14 +293,21 @@ def collapse(
                 f"kept event {order[0]!r} (the first in the input, weight {_fmt_w(event_weight[order[0]])}); "
                 f"also present: {others}; choose one with --event"
             )
-    stacks: dict[Stack, Weight] = {}
+    texts: dict[str, Weight] = {}
     for e in chosen:
         g = groups[e]
-        if not stacks:
-            stacks = g
+        if not texts:
+            texts = g
         else:
             for k, w in g.items():
-                stacks[k] = stacks.get(k, 0) + w
+                texts[k] = texts.get(k, 0) + w
+    # One split per distinct stack; the frame strings are interned so equal
+    # frames of different stacks share memory.
+    intern = sys.intern
+    stacks: dict[Stack, Weight] = {}
+    for k, w in texts.items():
+        st: Stack = tuple(map(intern, k.split(";"))) if k else (EMPTY_STACK_FRAME,)
+        stacks[st] = stacks.get(st, 0) + w
     result.kept_event = chosen[0] if chosen and chosen[0] else None
     result.profile = Profile(stacks=stacks, start_ns=lo, end_ns=hi)
     result.messages.extend(sorted(notes))

@@ -11,7 +11,7 @@ import re
 
 from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser, first_lines
 from flamed.folded import parse_line
-from flamed.model import EMPTY_STACK_FRAME, Stack, Weight
+from flamed.model import Weight
 
 _FOLDED_LINE = re.compile(rb"^\S.*\s[0-9]+(?:\.[0-9]*)?\r?$")
 
@@ -51,7 +51,7 @@ class FoldedParser(ChunkParser):
             stack_text, sep, count = line.rpartition(" ")
             # Fast path: "stack INTEGER" with one space and a sane count.
             if sep and count.isascii() and count.isdigit() and len(count) <= _MAX_INT_DIGITS and stack_text and not stack_text[-1].isspace():
-                stack: Stack = tuple(stack_text.split(";"))
+                key = stack_text
                 w: Weight = int(count)
             else:
                 if line[-1] == "\r":
@@ -62,13 +62,9 @@ class FoldedParser(ChunkParser):
                 if rec is None:
                     self.malformed(res, source, first_line + n, "expected 'frame;frame;... COUNT'")
                     continue
-                stack, w = rec
+                key = ";".join(rec[0])
+                w = rec[1]
             records += 1
-            group[stack] = group.get(stack, 0) + w
-        res.stats.lines += len(lines)
+            group[key] = group.get(key, 0) + w
         res.stats.records += records
         return res
-
-
-def split_stack(stack_text: str) -> Stack:
-    return tuple(stack_text.split(";")) if stack_text else (EMPTY_STACK_FRAME,)

@@ -52,7 +52,7 @@ from flamed.collapse.base import (
     block_boundary,
     first_lines,
 )
-from flamed.model import EMPTY_STACK_FRAME, Sample, Stack, sanitize_frame, task_frame
+from flamed.model import EMPTY_STACK_FRAME, Sample, Weight, sanitize_frame, task_frame
 
 _TOKEN = re.compile(r"\S+")
 _TIME = re.compile(r"^\d+\.\d+:$")
@@ -65,6 +65,10 @@ _JIT_MAP = re.compile(r"^/tmp/perf-\d+\.map$")
 _NOT_KERNEL = frozenset(
     {"[unknown]", "[vdso]", "[vsyscall]", "[vectors]", "[heap]", "[stack]", "[anon]", "[uprobes]", "[vvar]", "[jit]"}
 )
+#: An indented frame line's address ("\t    7f12ab sym"), replaced by \x01 to normalise a block.
+_IP = re.compile(rb"(?m)^[ \t]+[0-9a-fA-F]+(?: |$)")
+#: A symbol offset just before the DSO or the line end.
+_OFFSET = re.compile(rb"\+0x[0-9a-fA-F]+(?= \(|\r?$)", re.M)
 _HEADER_HINT = re.compile(rb"^\S.*?\s\d+(?:/\d+)?\s+(?:\[\d+\]\s+)?\d+\.\d+:\s")
 _FRAME_HINT = re.compile(rb"^\s+[0-9a-f]+ \S.*")
 
@@ -111,10 +115,12 @@ class PerfCollapser(Collapser):
 class PerfParser(ChunkParser):
     def __init__(self, options: CollapseOptions) -> None:
         super().__init__(options)
-        self._bodies: dict[bytes, tuple[str, ...] | None] = {}
+        self._bodies: dict[bytes, str] = {}
         self._body_bytes = 0
+        self._norm: dict[bytes, str] = {}
+        self._norm_bytes = 0
         self._headers: dict[bytes, _Header | None] = {}
-        self._lines: dict[bytes, tuple[str, bool] | None] = {}
+        self._lines: dict[bytes, str] = {}
         ann = options.annotate
         self._ann_kernel = "kernel" in ann
         self._ann_jit = "jit" in ann
@@ -131,7 +137,7 @@ class PerfParser(ChunkParser):
         bodies = self._bodies
         headers = self._headers
         cur_event: str | None = None
-        cur_group: dict[Stack, int | float] = {}
+        cur_group: dict[str, Weight] = {}
         offset = 0
         n_blocks = 0
         for block in data.split(b"\n\n"):
@@ -168,11 +174,10 @@ class PerfParser(ChunkParser):
             if frames is None:
                 frames = self._parse_body(body, trailing, res, data, start, first_line, source)
             n_blocks += 1
-            stack = (root,) + frames
+            stack = root + frames
             w = period if (by_period and period) else 1
             cur_group[stack] = cur_group.get(stack, 0) + w
         stats.records += n_blocks
-        stats.lines += data.count(b"\n")
         return res
 
     def _parse_body(
@@ -184,35 +189,71 @@ class PerfParser(ChunkParser):
         start: int,
         first_line: int,
         source: str,
-    ) -> tuple[str, ...]:
-        """Frames of a block, root first; cached by the block's bytes when that is safe."""
+    ) -> str:
+        """``;frame;frame...`` (root first) of a block's frame lines, cached when that is safe.
+
+        Two caches: the block's bytes as they are, and the block with its
+        instruction addresses and symbol offsets taken out -- the same stack
+        sampled at another address, or through another ``[unknown]`` address,
+        is then a hit too.
+        """
         body_s = body.rstrip(b"\n\r ")
-        frames: list[str] = []
-        flat = False
-        if body_s:
+        if body_s and not _all_indented(body_s) and _UNINDENTED.search(body_s) is not None:
+            # Another sample's header inside the block: perf script without -g
+            # prints one line per sample and no blank lines between them.
             lines = body_s.split(b"\n")
-            for i, ln in enumerate(lines):
-                if ln[:1] not in (b"\t", b" "):
-                    # Another sample's header inside the block: perf script without -g
-                    # prints one line per sample and no blank lines between them.
-                    flat = True
-                    self._parse_flat(b"\n".join(lines[i:]), res, data, start, first_line, source, i + 1)
-                    break
-                fr = self._frame(ln)
-                if fr is not None:
-                    frames.append(fr[0])
+            i = next(i for i, ln in enumerate(lines) if ln[:1] not in (b"\t", b" ") and ln)
+            self._parse_flat(b"\n".join(lines[i:]), res, data, start, first_line, source, i + 1)
+            return self._frames_of(b"\n".join(lines[:i]), trailing)
+        if not body_s:
+            return self._frames_of(b"", trailing)
+        norm = _OFFSET.sub(b"", _IP.sub(b"\x01", body_s))
+        out = self._norm.get(norm)
+        if out is None:
+            out = self._frames_of(norm, "")
+            if self._norm_bytes > _BODY_CACHE_BYTES:
+                self._norm.clear()
+                self._norm_bytes = 0
+            self._norm[norm] = out
+            self._norm_bytes += len(norm) + len(out) + 100
+        if not trailing:
+            if self._body_bytes > _BODY_CACHE_BYTES:
+                self._bodies.clear()
+                self._body_bytes = 0
+            self._bodies[body] = out
+            self._body_bytes += len(body) + 100
+        return out
+
+    def _frames_of(self, norm: bytes, trailing: str) -> str:
+        """Frames of normalised lines (``\\x01SYM (DSO)``; others are srclines, skipped)."""
+        frames: list[str] = []
+        cache = self._lines
+        for ln in norm.split(b"\n") if norm else ():
+            if ln[:1] != b"\x01":
+                if ln[:1] in (b"\t", b" "):
+                    # Not normalised yet (flat path): normalise this line.
+                    ln = _OFFSET.sub(b"", _IP.sub(b"\x01", ln))
+                    if ln[:1] != b"\x01":
+                        continue
+                else:
+                    continue
+            rest = ln[1:]
+            fr = cache.get(rest)
+            if fr is None:
+                fr = self._parse_rest(rest)
+                if len(cache) >= _LINE_CACHE_ENTRIES:
+                    cache.clear()
+                cache[rest] = fr
+            frames.append(fr)
         if not frames and trailing:
             # No callchain: the header itself ends with "IP SYM (DSO)".
-            fr = self._frame(trailing.encode("utf-8", "surrogateescape"))
-            if fr is not None:
-                frames.append(fr[0])
+            ip, _, rest_t = trailing.partition(" ")
+            if ip and _HEXSTR.issuperset(ip.lower()):
+                frames.append(self._parse_rest(rest_t.encode("utf-8", "surrogateescape")))
         if not frames:
             frames.append(EMPTY_STACK_FRAME)
         frames.reverse()
-        out = tuple(frames)
-        if body_s and not flat and not trailing:
-            self._remember(body, out)
-        return out
+        return ";" + ";".join(frames)
 
     def _parse_flat(
         self, rest: bytes, res: ChunkResult, data: bytes, start: int, first_line: int, source: str, skip: int
@@ -231,33 +272,12 @@ class PerfParser(ChunkParser):
         res.stats.skipped += part.stats.skipped
         res.stats.first_errors.extend(part.stats.first_errors[: max(0, 5 - len(res.stats.first_errors))])
 
-    def _remember(self, body: bytes, frames: tuple[str, ...]) -> None:
-        if self._body_bytes > _BODY_CACHE_BYTES:
-            self._bodies.clear()
-            self._body_bytes = 0
-        self._bodies[body] = frames
-        self._body_bytes += len(body) + 64
-
     # -- frames ------------------------------------------------------------
-    def _frame(self, line: bytes) -> tuple[str, bool] | None:
-        cache = self._lines
-        r = cache.get(line, False)
-        if r is not False:
-            return r  # type: ignore[return-value]
-        r = self._parse_frame(line)
-        if len(cache) >= _LINE_CACHE_ENTRIES:
-            cache.clear()
-        cache[line] = r
-        return r
-
-    def _parse_frame(self, line: bytes) -> tuple[str, bool] | None:
-        s = line.strip()
-        ip, _, rest_b = s.partition(b" ")
-        if not ip or not _HEX.issuperset(ip):
-            return None  # a srcline line (perf script -F+srcline) or noise
+    def _parse_rest(self, rest_b: bytes) -> str:
+        """One frame from ``SYM[+OFF] [(DSO)] [(inlined)]`` (the part after the address)."""
         rest = rest_b.decode("utf-8", "surrogateescape").strip()
         if not rest:
-            return ("[unknown]", False)
+            return "[unknown]"
         inlined = False
         if rest.endswith(" (inlined)"):
             inlined = True
@@ -265,7 +285,7 @@ class PerfParser(ChunkParser):
         sym, dso = _split_dso(rest)
         # Strip the "+0x1f" offset perf prints since Linux 4.8.
         p = sym.rfind("+0x")
-        if p > 0 and _HEXSTR.issuperset(sym[p + 3 :]) and len(sym) > p + 3:
+        if p > 0 and len(sym) > p + 3 and _HEXSTR.issuperset(sym[p + 3 :]):
             sym = sym[:p]
         if sym == "[unknown]" or not sym:
             if dso and dso != "[unknown]":
@@ -276,12 +296,12 @@ class PerfParser(ChunkParser):
         sym = sanitize_frame(sym)
         if inlined and self._ann_inline:
             sym += "_[i]"
-        elif dso is not None:
+        elif dso is not None and not inlined:
             if self._ann_kernel and _is_kernel_dso(dso):
                 sym += "_[k]"
             elif self._ann_jit and _JIT_MAP.match(dso):
                 sym += "_[j]"
-        return (sym, inlined)
+        return sym
 
     # -- headers -----------------------------------------------------------
     def _parse_header(self, header: bytes) -> _Header | None:
@@ -332,14 +352,14 @@ class PerfParser(ChunkParser):
                     assert h is not None
                     frames = self._bodies.get(body)
                     if frames is None:
-                        frames = self._parse_body(body, trailing, ChunkResult(), chunk, start, line, source)
+                        frames = self._frames_of(_OFFSET.sub(b"", _IP.sub(b"\x01", body.rstrip(b"\n\r "))), trailing)
                     if where is not None:
                         at_line += chunk.count(b"\n", at_off, start)
                         at_off = start
                         where[0] = at_line
                     yield Sample(
                         time_ns=t_ns,
-                        stack=(h[0],) + frames,
+                        stack=tuple((h[0] + frames).split(";")),
                         weight=period if (by_period and period) else 1,
                         pid=pid,
                         tid=tid,
@@ -376,6 +396,11 @@ def _records(chunk: bytes) -> Iterator[tuple[bytes, bytes, int]]:
                 cur_h, cur_body, cur_start = ln, [], pos
             pos += len(ln) + 1
         yield cur_h, b"\n".join(cur_body), cur_start
+
+
+def _all_indented(body: bytes) -> bool:
+    """Every line starts with a tab (perf's frame lines do): C-speed counts instead of a regex scan."""
+    return body[:1] == b"\t" and body.count(b"\n\t") == body.count(b"\n")
 
 
 def _skip_leading(block: bytes, start: int) -> tuple[bytes, int]:

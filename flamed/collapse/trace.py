@@ -120,14 +120,14 @@ class TraceParser(ChunkParser):
                 self.malformed(res, source, first_line + n, "expected 'TIMESTAMP STACK [COUNT]'")
                 continue
             t, stack, w = rec
-            group[stack] = group.get(stack, 0) + w
+            key = ";".join(stack)
+            group[key] = group.get(key, 0) + w
             records += 1
             if lo is None or t < lo:
                 lo = t
             if hi is None or t > hi:
                 hi = t
         res.start_ns, res.end_ns = lo, hi
-        res.stats.lines += len(lines)
         res.stats.records += records
         return res
 
