@@ -155,7 +155,8 @@ class ControlServer:
             if gid >= 0:
                 os.chown(path, -1, gid)
         os.chmod(path, self.config.socket_mode)
-        sock.listen(64)
+        # A burst of clients must queue (then be served or told "busy"), not get EAGAIN at connect.
+        sock.listen(socket.SOMAXCONN)
         return sock
 
     def stop(self, timeout: float = 5.0) -> None:
