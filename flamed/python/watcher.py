@@ -36,9 +36,9 @@ from flamed.errors import ConfigError
 log = logging.getLogger(__name__)
 
 #: Interpreter executables py-spy can read (CPython 3.8-3.14; ``t``: free-threaded, ``d``: debug).
-PYTHON_EXE = re.compile(r"^python(?:(?P<ver>3(?:\.(?:[89]|1[0-4]))?)|2(?:\.7)?)?[td]?(?:-dbg)?$")
+PYTHON_EXE = re.compile(r"^python(?P<ver>[23](?:\.\d+)?)?[td]?(?:-dbg)?$")
 #: A mapped libpython, with its version.
-LIBPYTHON = re.compile(rb"/libpython(?P<ver>3\.(?:[89]|1[0-4]))[td]?(?:d)?\.so")
+LIBPYTHON = re.compile(rb"/libpython(?P<ver>[23]\.\d+)[td]?(?:d)?\.so")
 SUPPORTED = re.compile(r"^3\.(?:[89]|1[0-4])$")
 
 
@@ -210,6 +210,7 @@ class ProcessWatcher:
         self.watched: dict[int, PyProcess] = {}
         self.stats = WatcherStats()
         self._sock: Any = None
+        self._fd = -1
         self._recheck: dict[int, list[int]] = {}  # pid -> remaining recheck times (ns)
         self._next_scan = 0
         self._left_out: set[int] = set()
@@ -231,6 +232,11 @@ class ProcessWatcher:
                 sock = ProcEventSocket()
                 sock.bind()
                 sock.control(listen=True)
+                # From here on the datagrams are read straight from the fd and
+                # parsed by pyroute2's marshal: its own reader queues them
+                # behind the fd's back, so select() would miss queued events.
+                self._fd = sock.fileno()
+                os.set_blocking(self._fd, False)
                 self._sock = sock
                 self.stats.connector = True
             except Exception as e:  # noqa: BLE001 - any failure means: scan only
@@ -248,29 +254,17 @@ class ProcessWatcher:
                 self._sock = None
 
     def fileno(self) -> int:
-        return self._sock.fileno() if self._sock is not None else -1
+        return self._fd if self._sock is not None else -1
 
     # -- driving ----------------------------------------------------------
     def poll(self, timeout_s: float = 0.1) -> None:
         """Handle pending events (waiting up to ``timeout_s``), due rechecks and scans."""
         if self._sock is not None:
             try:
-                ready, _, _ = select.select([self._sock], [], [], timeout_s)
+                select.select([self._fd], [], [], timeout_s)
             except (OSError, ValueError):
-                ready = []
-            while ready:
-                try:
-                    msgs = self._sock.get()
-                except OSError as e:
-                    if e.errno == errno.ENOBUFS:
-                        # The kernel dropped events: a scan finds what we missed.
-                        self.stats.overruns += 1
-                        self._next_scan = 0
-                        break
-                    raise
-                for m in msgs:
-                    self._event(m)
-                ready, _, _ = select.select([self._sock], [], [], 0)
+                pass
+            self._read_events()
         elif timeout_s > 0:
             time.sleep(timeout_s)
         now = self._now()
@@ -283,6 +277,30 @@ class ProcessWatcher:
                     self._recheck.pop(pid, None)
         if now >= self._next_scan:
             self.scan()
+
+    def _read_events(self) -> None:
+        for _ in range(10_000):  # bounded: a fork storm cannot keep us here
+            try:
+                data = os.read(self._fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno == errno.ENOBUFS:
+                    # The kernel dropped events: a scan finds what we missed.
+                    self.stats.overruns += 1
+                    self._next_scan = 0
+                    continue
+                raise
+            try:
+                msgs = list(self._sock.marshal.parse(data))
+            except Exception:  # noqa: BLE001 - a malformed datagram is skipped, not fatal
+                self.stats.events["malformed"] += 1
+                continue
+            for m in msgs:
+                try:
+                    self._event(m)
+                except (KeyError, TypeError, ValueError):
+                    self.stats.events["malformed"] += 1
 
     def scan(self) -> None:
         """Compare /proc with what is watched: add missed Python processes, drop gone ones."""

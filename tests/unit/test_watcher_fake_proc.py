@@ -1,0 +1,100 @@
+"""Python recognition and filters of the process watcher, on a fake /proc tree."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from flamed.errors import ConfigError
+from flamed.python.watcher import ProcessWatcher, ProcReader, PyProcess, WatchOptions, python_identity
+
+LIBPY = "7f0000000000-7f0000100000 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libpython{ver}.so.1.0\n"
+
+
+def make_proc(root: Path, pid: int, *, exe: str, comm: str, maps: str = "", uid: int = 0,
+              cgroup: str = "/system.slice/app.service", ppid: int = 1) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    os.symlink(exe, d / "exe")
+    (d / "comm").write_text(comm + "\n")
+    (d / "maps").write_text(maps)
+    (d / "status").write_text(f"Name:\t{comm}\nTgid:\t{pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (d / "cgroup").write_text(f"0::{cgroup}\n")
+    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} 0 0\n")
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    root = tmp_path / "proc"
+    make_proc(root, 100, exe="/usr/bin/python3.12", comm="python3.12")
+    make_proc(root, 101, exe="/usr/bin/python3", comm="python3", maps=LIBPY.format(ver="3.11"))
+    make_proc(root, 102, exe="/usr/local/bin/uwsgi", comm="uwsgi", maps=LIBPY.format(ver="3.10"), uid=33,
+              cgroup="/system.slice/uwsgi.service")
+    make_proc(root, 103, exe="/usr/bin/bash", comm="bash")
+    make_proc(root, 104, exe="/usr/bin/python2.7", comm="python2.7")
+    make_proc(root, 105, exe="/opt/gunicorn-bin", comm="gunicorn", maps=LIBPY.format(ver="3.14"), ppid=102)
+    make_proc(root, 106, exe="/usr/bin/python3.13t", comm="python3.13t")
+    make_proc(root, 107, exe="/usr/bin/python3.7", comm="python3.7")
+    return root
+
+
+def test_identity_by_exe_and_libpython(proc: Path) -> None:
+    r = ProcReader(str(proc))
+    assert python_identity(r, 100) == ("exe", "3.12")
+    assert python_identity(r, 101) == ("exe", "3.11")
+    assert python_identity(r, 102) == ("libpython", "3.10")
+    assert python_identity(r, 103) is None
+    assert python_identity(r, 105) == ("libpython", "3.14")
+    assert python_identity(r, 106) == ("exe", "3.13")
+
+
+def scan(proc: Path, **kw: object) -> tuple[ProcessWatcher, list[PyProcess]]:
+    found: list[PyProcess] = []
+    w = ProcessWatcher(WatchOptions(use_connector=False, **kw), on_start=found.append,  # type: ignore[arg-type]
+                       proc_root=str(proc))
+    w.start()
+    return w, found
+
+
+def test_scan_finds_supported_pythons_only(proc: Path) -> None:
+    w, found = scan(proc)
+    assert sorted(p.pid for p in found) == [100, 101, 102, 105, 106]
+    assert w.stats.unsupported == 2  # python2.7 and 3.7
+
+
+@pytest.mark.parametrize("kw,expected", [
+    ({"include_comm": r"^python"}, [100, 101, 106]),
+    ({"exclude_comm": r"uwsgi|gunicorn"}, [100, 101, 106]),
+    ({"uids": frozenset({33})}, [102]),
+    ({"include_cgroup": r"uwsgi\.service$"}, [102]),
+    ({"exclude_cgroup": r"uwsgi"}, [100, 101, 105, 106]),
+    ({"pids": frozenset({102}), "descendants": True}, [102, 105]),
+    ({"pids": frozenset({102}), "descendants": False}, [102]),
+])
+def test_filters(proc: Path, kw: dict[str, object], expected: list[int]) -> None:
+    _, found = scan(proc, **kw)
+    assert sorted(p.pid for p in found) == expected
+
+
+def test_bound_counts_left_out_and_frees_slots(proc: Path) -> None:
+    exits: list[int] = []
+    found: list[PyProcess] = []
+    w = ProcessWatcher(WatchOptions(use_connector=False, max_watched=2), on_start=found.append,
+                       on_exit=exits.append, proc_root=str(proc))
+    w.start()
+    assert len(w.watched) == 2 and w.stats.left_out == 3
+    first = sorted(w.watched)[0]
+    # the process exits: the next scan notices, frees the slot and takes a left-out one
+    for f in (proc / str(first)).iterdir():
+        f.unlink()
+    (proc / str(first)).rmdir()
+    w.scan()
+    assert exits == [first] and len(w.watched) == 2 and len(found) == 3
+    assert w.stats.left_out == 3  # counted once per process, not per scan
+
+
+def test_bad_regex_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="include_comm"):
+        WatchOptions(include_comm="(")
