@@ -1,0 +1,90 @@
+"""Differential profiles: difffolded semantics, normalization, colors, table, CLI."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from flamed.cli import main
+from flamed.diff import changes, diff_profiles, format_table
+from flamed.model import Profile
+from svgparse import box_paths, parse_svg
+
+
+def _pair() -> tuple[Profile, Profile]:
+    before = Profile()
+    before.add(("main", "parse", "lex"), 10)
+    before.add(("main", "parse"), 5)
+    before.add(("main", "gone"), 3)
+    after = Profile()
+    after.add(("main", "parse", "lex"), 20)
+    after.add(("main", "parse"), 2)
+    after.add(("main", "new"), 4)
+    return before, after
+
+
+def test_pairs_and_normalize_like_difffolded() -> None:
+    b, a = _pair()
+    d = diff_profiles(b, a)
+    assert d.pairs == {("main", "parse", "lex"): (10, 20), ("main", "parse"): (5, 2), ("main", "gone"): (3, 0),
+                       ("main", "new"): (0, 4)}
+    n = diff_profiles(b, a, normalize=True)  # 18 -> 26: factor 26/18, rounded half up
+    assert n.pairs[("main", "parse", "lex")] == (14, 20)
+    assert n.pairs[("main", "parse")] == (7, 2)
+    assert n.pairs[("main", "gone")] == (4, 0)
+
+
+def test_changes_rank_by_self_delta() -> None:
+    d = diff_profiles(*_pair())
+    ch = changes(d)
+    assert [(c.function, c.self_delta) for c in ch[:4]] == [("lex", 10), ("new", 4), ("parse", -3), ("gone", -3)]
+    parse = next(c for c in ch if c.function == "parse")
+    assert (parse.total_before, parse.total_after, parse.total_delta) == (15, 22, 7)
+    text = format_table(d, limit=2)
+    assert "+10" in text and "lex" in text and "gone" not in text
+
+
+def _rgb(fill: str) -> tuple[int, int, int]:
+    return int(fill[1:3], 16), int(fill[3:5], 16), int(fill[5:7], 16)
+
+
+def test_diff_svg_widths_after_colors_by_delta(tmp_path: Path) -> None:
+    b, a = _pair()
+    bp, ap = tmp_path / "b.folded", tmp_path / "a.folded"
+    bp.write_text("main;parse;lex 10\nmain;parse 5\nmain;gone 3\n")
+    ap.write_text("main;parse;lex 20\nmain;parse 2\nmain;new 4\n")
+    out = tmp_path / "d.svg"
+    assert main(["diff", str(bp), str(ap), "-o", str(out), "--minwidth", "0"]) == 0
+    _, boxes = parse_svg(out.read_bytes())
+    assert box_paths(boxes) == {("all",): 26, ("all", "main"): 26, ("all", "main", "parse"): 22,
+                                ("all", "main", "parse", "lex"): 20, ("all", "main", "new"): 4}
+    fill = {x.name: _rgb(x.fill) for x in boxes}
+    assert fill["lex"][0] == 255 and fill["lex"][1] < 100, "grew the most: deep red"
+    assert fill["new"][0] == 255 and fill["new"][1] > fill["lex"][1], "grew less: paler red"
+    # main: +10 (lex) - 3 (parse) + 4 (new) - 3 (gone, no box of its own) = +8
+    title = next(x.title for x in boxes if x.name == "main")
+    assert title.endswith(f"; {100 * 8 / 26:+.2f}%)")
+    shrink = Profile()
+    shrink.add(("main", "parse"), 1)
+    sp = tmp_path / "s.folded"
+    sp.write_text("main;parse 1\n")
+    assert main(["diff", str(bp), str(sp), "-o", str(out), "--minwidth", "0"]) == 0
+    _, boxes = parse_svg(out.read_bytes())
+    r, g, bl = _rgb(next(x.fill for x in boxes if x.name == "parse"))
+    assert bl == 255 and r < 255, "shrank: blue"
+
+
+def test_diff_cli_table_and_folded(tmp_path: Path) -> None:
+    bp, ap = tmp_path / "b.folded", tmp_path / "a.folded"
+    bp.write_text("main;parse;lex 10\nmain;parse 5\nmain;gone 3\n")
+    ap.write_text("main;parse;lex 20\nmain;parse 2\nmain;new 4\n")
+    out = io.StringIO()
+    table = tmp_path / "t.txt"
+    assert main(["diff", str(bp), str(ap), "-o", str(table)], stdout=out) == 0
+    assert table.read_text().splitlines()[2].split()[:1] == ["+10"]
+    fo = tmp_path / "d.folded"
+    assert main(["diff", "--format", "folded", str(bp), str(ap), "-o", str(fo)]) == 0
+    assert fo.read_text() == "main;gone 3 0\nmain;new 0 4\nmain;parse 5 2\nmain;parse;lex 10 20\n"
+    err = io.StringIO()
+    assert main(["diff", str(bp), str(tmp_path / "missing")], stderr=err) == 1
+    assert "no such file" in err.getvalue()
