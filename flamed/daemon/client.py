@@ -64,7 +64,10 @@ def request(path: str, req: dict[str, Any], out: BinaryIO | None = None, *, time
     wait = float(req.get("next") or 0)
     s = _connect(path, timeout + wait)
     try:
-        s.sendall(json.dumps(req).encode() + b"\n")
+        try:
+            s.sendall(json.dumps(req).encode() + b"\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon refused before reading (busy, denied): its error line is still readable
         f = s.makefile("rb")
         try:
             head = _read_header(f, path)
@@ -84,5 +87,7 @@ def request(path: str, req: dict[str, Any], out: BinaryIO | None = None, *, time
             f.close()
     except TimeoutError:
         raise FlamedError(f"the daemon at {path} did not answer within {timeout:g} s") from None
+    except OSError as e:
+        raise FlamedError(f"connection to the daemon at {path} failed: {e.strerror or e}") from None
     finally:
         s.close()

@@ -42,16 +42,22 @@ class SamplingConfig:
     sampler: str = "bpf"
     #: Seconds between drains of the BPF maps; one window per drain.
     drain_interval: float = 10.0
+    #: Perf event: ``auto`` (CPU cycles, else the software cpu-clock), ``cycles`` or ``cpu-clock``.
+    event: str = "auto"
     #: Count samples of the idle task (pid 0) too.
     include_idle: bool = False
     #: Only these process ids (tgid) are sampled; empty = all.
     pids: tuple[int, ...] = ()
     #: Only tasks whose comm is one of these (exact, up to 15 bytes); empty = all.
     comms: tuple[str, ...] = ()
+    #: Only tasks in these cgroups (v2 paths under /sys/fs/cgroup, or ids); empty = all.
+    cgroups: tuple[str, ...] = ()
     #: Capacity of the stack-trace map (unique stacks between two drains).
     stack_map_size: int = 16384
+    #: Frames kept per stack (1..127).
+    stack_depth: int = 127
     #: Capacity of each generation of the counts map (unique keys between two drains).
-    counts_map_size: int = 40960
+    counts_map_size: int = 65536
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "sampling.frequency": (1, 999),
     "sampling.drain_interval": (0.05, 3600),
     "sampling.stack_map_size": (64, 1 << 24),
+    "sampling.stack_depth": (1, 127),
     "sampling.counts_map_size": (64, 1 << 24),
     "output.rotate_interval": (0.05, 86400),
     "output.backlog_max_bytes": (0, 1 << 40),
@@ -212,6 +219,7 @@ _RANGES: dict[str, tuple[float, float]] = {
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "sampling.sampler": SAMPLERS,
+    "sampling.event": ("auto", "cycles", "cpu-clock"),
     "output.root_frame": ROOT_FRAMES,
     "log.level": LOG_LEVELS,
     "log.target": LOG_TARGETS,

@@ -50,11 +50,25 @@ def peer_credentials(conn: socket.socket) -> Peer:
     pid, uid, gid = struct.unpack("3i", raw)
     groups: tuple[int, ...] = ()
     try:
-        graw = conn.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * 65536)
+        # Python caps getsockopt buffers at 1024 bytes: 256 groups.
+        graw = conn.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 1024)
         groups = struct.unpack(f"{len(graw) // 4}I", graw[: len(graw) // 4 * 4])
     except OSError:
-        pass  # old kernel: the primary gid still counts
+        # ERANGE (more groups) or an old kernel: read them from /proc; the
+        # primary gid from SO_PEERCRED counts in any case.
+        groups = _proc_groups(pid)
     return Peer(pid, uid, gid, groups)
+
+
+def _proc_groups(pid: int) -> tuple[int, ...]:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return tuple(int(g) for g in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return ()
 
 
 def resolve_ids(names: Iterable[str], kind: str) -> frozenset[int]:

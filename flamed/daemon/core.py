@@ -76,6 +76,7 @@ class Daemon:
         notifier: Notifier | None = None,
         listen_fd: int | None = None,
         manage_logging: bool = False,
+        processor_classes: list[type[WindowProcessor]] | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -84,6 +85,8 @@ class Daemon:
         self.clock_ns = clock_ns
         self.notifier = notifier if notifier is not None else Notifier()
         self.manage_logging = manage_logging
+        # None: the processors discovered in flamed/daemon/processors/ (tests pass their own).
+        self.processor_classes = processor_classes
         self.metrics = DaemonMetrics()
         self.registry = self.metrics.registry
         self.ring = WindowRing(config.snapshot.ring_seconds, config.snapshot.ring_max_stacks, clock_ns=clock_ns)
@@ -235,6 +238,13 @@ class Daemon:
         self.notifier.stopping()
         try:
             if self.sampler is not None:
+                stop = getattr(self.sampler, "stop", None)
+                if callable(stop):
+                    # Detach first, keep the maps: the last drain then holds every sample up to now.
+                    try:
+                        stop()
+                    except Exception as e:
+                        log.warning("stopping the sampler: %s", e)
                 self._drain_once(rotate_now=True)
             if self.store.backlog:
                 log.error("exiting with %d profile file(s) (%d bytes) that could not be written: %s",
@@ -278,15 +288,16 @@ class Daemon:
 
     def _take_window(self, window: Window, drain_seconds: float) -> None:
         m = self.metrics
-        stats = getattr(self.sampler, "drain_stats", None)
-        if isinstance(stats, Mapping):
-            sym = stats.get("symbolize_seconds")
-            if isinstance(sym, (int, float)):
-                m.symbolize_duration.observe(sym)
-            fill = stats.get("map_fill")
-            if isinstance(fill, Mapping):
-                for name, ratio in fill.items():
-                    m.map_fill.labels(map=str(name)).set(float(ratio))
+        # Beyond the Sampler protocol: BpfSampler.stats() tells how the drain went.
+        stats_fn = getattr(self.sampler, "stats", None)
+        if callable(stats_fn):
+            try:
+                st = stats_fn()
+                m.symbolize_duration.observe(float(st.last_symbolize_seconds))
+                m.map_fill.labels(map="counts").set(float(st.count_map_fill))
+                m.map_fill.labels(map="stacks").set(float(st.stack_map_fill))
+            except (AttributeError, TypeError, ValueError):
+                pass
         for p in self.processors:
             try:
                 p.process(window)
@@ -322,7 +333,7 @@ class Daemon:
     # -- processors ------------------------------------------------------
     def _processor_options(self, cfg: DaemonConfig) -> dict[str, tuple[type[WindowProcessor], Any]]:
         """Validate every [processors.NAME] table; raises ConfigError naming the key."""
-        classes = {c.name: c for c in discover()}
+        classes = {c.name: c for c in (discover() if self.processor_classes is None else self.processor_classes)}
         for name in cfg.processors:
             if name not in classes:
                 raise ConfigError(f"processors.{name}: unknown processor (known: {', '.join(classes) or 'none'})")

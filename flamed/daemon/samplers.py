@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flamed.daemon.config import SamplingConfig
-from flamed.errors import CapabilityError
+from flamed.errors import CapabilityError, ConfigError
 from flamed.sampler import Sampler
+
+
+def bpf_options(cfg: SamplingConfig) -> Any:
+    """The :class:`flamed.bpfsampler.BpfSamplerOptions` for ``[sampling]``."""
+    from flamed.bpfsampler import BpfSamplerOptions
+
+    cgroups: list[int | str] = [int(c) if c.isdigit() else c for c in cfg.cgroups]
+    opts = BpfSamplerOptions(
+        frequency=cfg.frequency,
+        event=cfg.event,
+        include_idle=cfg.include_idle,
+        pids=frozenset(cfg.pids) if cfg.pids else None,
+        comms=frozenset(cfg.comms) if cfg.comms else None,
+        cgroups=frozenset(cgroups) if cgroups else None,
+        stack_storage_size=cfg.stack_map_size,
+        stack_depth=cfg.stack_depth,
+        max_entries=cfg.counts_map_size,
+    )
+    try:
+        opts.validate()
+    except ConfigError as e:
+        raise ConfigError(f"[sampling]: {e}") from None
+    return opts
 
 
 def make_sampler(cfg: SamplingConfig) -> Sampler:
@@ -13,15 +38,15 @@ def make_sampler(cfg: SamplingConfig) -> Sampler:
 
         return FakeSampler(cfg.frequency)
     try:
-        from flamed import bpfsampler
+        from flamed.bpfsampler import BpfSampler
     except ImportError as e:
         raise CapabilityError(f"the BPF sampler cannot be loaded: {e}; is python3-bpfcc installed "
                               "(apt-get install python3-bpfcc) and flamed run by /usr/bin/python3?") from None
-    return bpfsampler.from_config(cfg)  # type: ignore[attr-defined, no-any-return]
+    return BpfSampler(bpf_options(cfg))
 
 
 def bpf_program_text(cfg: SamplingConfig) -> str:
     """The BPF C program (with its -D defines) the daemon would load, for ``--print-bpf``."""
-    from flamed import bpfsampler
+    from flamed.bpfsampler import bpf_program
 
-    return bpfsampler.program_text_for_config(cfg)  # type: ignore[attr-defined, no-any-return]
+    return bpf_program(bpf_options(cfg)).render()  # type: ignore[no-any-return]

@@ -1,0 +1,327 @@
+"""The daemon in-process with the fake sampler: drain totals, files, socket, metrics, processors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from flamed import outputs
+from flamed.daemon.client import DaemonError, request
+from flamed.daemon.core import Daemon
+from flamed.daemon.fake import FakeSampler
+from flamed.daemon.processors import WindowProcessor
+from flamed.daemon.testing import fast_config, running_daemon
+from flamed.errors import CapabilityError
+from flamed.fileio import open_input
+from flamed.folded import read_folded
+from flamed.sampler import Window
+
+from conftest import have_root, need
+
+
+def fake_factory(holder: list[FakeSampler], **kw: object):
+    def make(cfg):  # type: ignore[no-untyped-def]
+        s = FakeSampler(cfg.sampling.frequency, **kw)  # type: ignore[arg-type]
+        holder.append(s)
+        return s
+    return make
+
+
+def files_total(d: Path) -> tuple[int, int, int]:
+    """(sum of weights in folded files, sum of sidecar samples, number of files)."""
+    weight = samples = n = 0
+    for f in sorted(d.glob("*.folded*")):
+        if f.is_symlink():
+            continue
+        with open_input(f) as fh:
+            weight += int(read_folded(fh).total())
+        meta = json.loads(f.with_name(f.name.split(".folded")[0] + ".json").read_text())
+        samples += meta["samples"]
+        n += 1
+    return weight, samples, n
+
+
+def raw(path: str, data: bytes, *, shut: bool = True, timeout: float = 5.0) -> bytes:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(path)
+    try:
+        s.sendall(data)
+        if shut:
+            s.shutdown(socket.SHUT_WR)
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        return out
+    finally:
+        s.close()
+
+
+def test_every_sample_lands_in_a_file_exactly_once(tmp_path: Path) -> None:
+    samplers: list[FakeSampler] = []
+    cfg = fast_config(tmp_path)
+    with running_daemon(cfg, sampler_factory=fake_factory(samplers)) as d:
+        deadline = time.monotonic() + 10
+        while d.store.files_written < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    fake = samplers[0]
+    assert fake.closed and fake.produced > 0
+    weight, samples, n = files_total(tmp_path / "profiles")
+    assert n >= 3
+    # the last partial window was drained and written at stop
+    assert weight == samples == fake.produced == d.totals["samples"]
+    latest = tmp_path / "profiles" / "latest.folded"
+    assert latest.is_symlink() and os.readlink(latest) == os.path.basename(d.store.last_written or "")
+
+
+def test_snapshot_every_registered_format(tmp_path: Path) -> None:
+    with running_daemon(fast_config(tmp_path), sampler_factory=fake_factory([])) as d:
+        time.sleep(0.3)
+        sock = str(tmp_path / "flamed.sock")
+        served = 0
+        for fmt in outputs.names():
+            if not _writes_profiles(fmt):
+                # a format that needs timestamped samples: a clean error, not a traceback
+                with pytest.raises(DaemonError):
+                    request(sock, {"request": "snapshot", "format": fmt})
+                continue
+            served += 1
+            out = tmp_path / f"snap.{fmt}"
+            with open(out, "wb") as f:
+                head = request(sock, {"request": "snapshot", "seconds": 30, "format": fmt, "pid": 4242}, f)
+            data = out.read_bytes()
+            assert head["ok"] and head["format"] == fmt and head["length"] == len(data) > 0, fmt
+            assert head["stacks"] == 3 and head["weight"] > 0, fmt
+        with open(tmp_path / "snap.folded", "rb") as f:
+            p = read_folded(f)
+        assert {s[0] for s in p.stacks} == {"fake-busy-4242"}
+        assert ("fake-busy-4242", "_start", "main", "busy_loop", "spin") in p.stacks
+        # root and frame filters are applied by the daemon
+        import io
+
+        buf = io.BytesIO()
+        request(sock, {"request": "snapshot", "frames": "kernel", "root": "comm", "comm": "idle"}, buf)
+        assert buf.getvalue().split(b" ")[0] == b"fake-idle;entry_SYSCALL_64_[k];do_sys_poll_[k]"
+        st = request(sock, {"request": "status"})["status"]
+        assert st["sampler"] == "fake" and st["samples"] > 0 and st["socket"] == sock
+        assert d.metrics.registry.get_sample_value("flamed_control_requests_total",
+                                                   {"request": "snapshot", "result": "ok"}) == served + 1
+        assert served >= 2
+
+
+def _writes_profiles(fmt: str) -> bool:
+    """Can ``fmt`` write an aggregated Profile (not only a sample stream)?"""
+    import io
+
+    from flamed.errors import FlamedError
+    from flamed.model import Profile
+
+    try:
+        outputs.get(fmt).write(Profile({("a", "b"): 1}, start_ns=0, end_ns=1), io.BytesIO())
+    except FlamedError:
+        return False
+    return True
+
+
+def test_next_snapshot_covers_only_the_future(tmp_path: Path) -> None:
+    import io
+
+    with running_daemon(fast_config(tmp_path, sampling={"drain_interval": 1.0}, output={"rotate_interval": 5.0}),
+                        sampler_factory=fake_factory([])):
+        before = time.time_ns()
+        buf = io.BytesIO()
+        head = request(str(tmp_path / "flamed.sock"), {"request": "snapshot", "next": 0.6}, buf)
+        after = time.time_ns()
+        assert before - 250_000_000 <= head["start_ns"] and head["end_ns"] <= after
+        # ~0.6 s at 100 Hz: the span is 0.6 s give or take one forced-drain spacing
+        assert 0.5e9 <= head["end_ns"] - head["start_ns"] <= 1.0e9
+        assert 40 <= head["weight"] <= 110
+
+
+def test_flush_rotates_now(tmp_path: Path) -> None:
+    with running_daemon(fast_config(tmp_path, output={"rotate_interval": 60.0}),
+                        sampler_factory=fake_factory([])) as d:
+        time.sleep(0.25)
+        head = request(str(tmp_path / "flamed.sock"), {"request": "flush"})
+        assert head["file"] and Path(head["file"]).exists()
+        assert d.store.files_written == 1
+
+
+def test_bad_clients_get_errors_and_do_not_stall_others(tmp_path: Path) -> None:
+    cfg = fast_config(tmp_path, control={"client_timeout": 1.0, "max_clients": 3})
+    with running_daemon(cfg, sampler_factory=fake_factory([])) as d:
+        sock = str(tmp_path / "flamed.sock")
+
+        def err(data: bytes) -> dict:
+            line = raw(sock, data).split(b"\n")[0]
+            obj = json.loads(line)
+            assert obj["ok"] is False and "Traceback" not in obj["error"]
+            return obj
+
+        assert err(b"{not json\n")["code"] == "bad_request"
+        assert "unknown field" in err(b'{"request":"snapshot","color":"red"}\n')["error"]
+        assert err(b"x" * (70 * 1024) + b"\n")["code"] == "too_large"
+        assert err(b'{"request":"snapshot","frame":"(a+)+$"}\n')["code"] == "bad_request"
+        assert err(b"\n")["code"] == "bad_request"
+        # two silent clients hold two of three slots; a third client is still served at once
+        silent = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
+        for s in silent:
+            s.connect(sock)
+        assert request(sock, {"request": "status"})["ok"]
+        for s in silent:  # served while both silent clients were still waiting for their timeout
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)
+            s.setblocking(True)
+        # a fourth connection while three are busy is told so
+        third = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        third.connect(sock)
+        deadline = time.monotonic() + 5
+        while d.control.active < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(DaemonError) as e:
+            request(sock, {"request": "status"})
+        assert e.value.code == "busy"
+        third.close()
+        # the silent ones time out with an error, and the drain kept its schedule meanwhile
+        for s in silent:
+            s.settimeout(3)
+            obj = json.loads(s.recv(4096).split(b"\n")[0])
+            assert obj["code"] == "timeout"
+            s.close()
+        drains = d.metrics.registry.get_sample_value("flamed_drains_total")
+        assert drains is not None and drains >= 8
+        results = {s.labels["result"] for fam in d.metrics.registry.collect() for s in fam.samples
+                   if s.name == "flamed_control_requests_total"}
+        assert {"bad_request", "too_large", "busy", "timeout", "ok"} <= results
+
+
+def test_metrics_over_http_pass_promtool_and_match_files(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    need(promtool is not None, "promtool (Debian package prometheus)")
+    samplers: list[FakeSampler] = []
+    with running_daemon(fast_config(tmp_path), sampler_factory=fake_factory(samplers)) as d:
+        deadline = time.monotonic() + 10
+        while d.store.files_written < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        request(str(tmp_path / "flamed.sock"), {"request": "flush"})
+        addr = d.metrics_server.bound
+        with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        _, _, nfiles = files_total(tmp_path / "profiles")
+        files_written = d.store.files_written
+        disk = sum(f.stat().st_size for f in (tmp_path / "profiles").iterdir() if not f.is_symlink())
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stdout + check.stderr
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, v = line.rpartition(" ")
+            values[name] = float(v)
+    assert values["flamed_files_written_total"] == files_written == nfiles
+    assert values["flamed_disk_files"] == nfiles
+    assert values["flamed_disk_bytes"] == disk
+    assert values["flamed_samples_total"] == d.totals["samples"] - 0 or values["flamed_samples_total"] <= d.totals["samples"]
+    assert 'flamed_build_info{python="%s",version="0.1.0"}' % __import__("platform").python_version() in values
+    for name in ("flamed_drain_duration_seconds_count", "flamed_last_rotation_timestamp_seconds",
+                 "flamed_drain_unique_stacks", "process_resident_memory_bytes"):
+        assert name in values, name
+
+
+class TagPython(WindowProcessor):
+    """Turns the events of watched pids into stacks with a Python frame on top."""
+
+    name = "tag"
+
+    def __init__(self, ctx, options) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx, options)
+        ctx.sampler.watch(4242)
+        self.seen = 0
+
+    def process(self, window: Window) -> None:
+        keep = []
+        for ev in window.events:
+            if ev.tid == 4242:
+                key = (ev.tgid, ev.tid, ev.comm, ev.user_stack + ("work (app.py:3)",) + ev.kernel_stack)
+                window.counts[key] = window.counts.get(key, 0) + 1
+                self.seen += 1
+            else:
+                keep.append(ev)  # left for the daemon: counted with native frames
+        window.events = keep
+
+
+def test_processor_hook_and_leftover_events(tmp_path: Path) -> None:
+    samplers: list[FakeSampler] = []
+    with running_daemon(fast_config(tmp_path), sampler_factory=fake_factory(samplers),
+                        processor_classes=[TagPython]) as d:
+        time.sleep(0.5)
+        proc = d.processors[0]
+    weight, samples, _ = files_total(tmp_path / "profiles")
+    assert weight == samples == samplers[0].produced
+    assert isinstance(proc, TagPython) and proc.seen > 0
+    stacks: dict = {}
+    for f in (tmp_path / "profiles").glob("testhost-*.folded"):
+        with open(f, "rb") as fh:
+            read_folded(fh, profile=None).stacks and stacks.update(read_folded(open(f, "rb")).stacks)
+    assert any("work (app.py:3)" in s for s in stacks)
+    # tid 4243's events were not claimed: still there, with their native frames
+    assert ("fake-busy-4242", "_start", "main", "busy_loop", "hash_block") in stacks
+
+
+def test_capability_error_refuses_to_start(tmp_path: Path) -> None:
+    msg = "perf events not permitted: run as root or grant CAP_PERFMON"
+    with pytest.raises(CapabilityError, match="CAP_PERFMON"):
+        with running_daemon(fast_config(tmp_path), sampler_factory=fake_factory([], fail_start=msg)):
+            pass
+    assert not (tmp_path / "flamed.sock").exists()
+
+
+def test_peer_credentials_decide(tmp_path: Path) -> None:
+    need(have_root(), "root (to connect as another uid with setpriv)")
+    setpriv = shutil.which("setpriv")
+    need(setpriv is not None, "setpriv (util-linux)")
+    # mode 0666 so the file permission does not decide: SO_PEERCRED must
+    # pytest's tmp dirs are 0700: the socket goes where uid 65534 can reach it
+    sockdir = Path(tempfile.mkdtemp(prefix="flamed-test-"))
+    os.chmod(sockdir, 0o755)
+    sock = str(sockdir / "flamed.sock")
+    cfg = fast_config(tmp_path, control={"socket": sock, "socket_mode": 0o666, "allowed_users": (),
+                                         "allowed_groups": ("4321",)})
+    code = ("import sys; from flamed.daemon.client import request; "
+            "print(request(sys.argv[1], {'request': 'status'})['ok'])")
+
+    def as_user(uid: int, gid: int, groups: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([setpriv, f"--reuid={uid}", f"--regid={gid}", f"--groups={groups}" if groups else
+                               "--clear-groups", sys.executable, "-c", code, sock],
+                              capture_output=True, text=True, timeout=30, cwd="/")
+
+    try:
+        _check_peers(cfg, as_user)
+    finally:
+        shutil.rmtree(sockdir, ignore_errors=True)
+
+
+def _check_peers(cfg, as_user) -> None:  # type: ignore[no-untyped-def]
+    with running_daemon(cfg, sampler_factory=fake_factory([])) as d:
+        denied = as_user(65534, 65534, "")
+        assert denied.returncode != 0 and "permission denied for uid 65534" in denied.stderr
+        member = as_user(65534, 65534, "4321")  # supplementary group only
+        assert member.returncode == 0 and member.stdout.strip() == "True", member.stderr
+        assert d.metrics.registry.get_sample_value("flamed_control_requests_total",
+                                                   {"request": "unknown", "result": "denied"}) == 1
