@@ -65,29 +65,21 @@ def _collapse_guess(head: bytes, source: str) -> Any | None:
     return c
 
 
-def _read_with_collapser(collapser: Any, f: BinaryIO, source: str, strict: bool, stats: ReadStats) -> Profile | None:
-    """Use a flamed.collapse format if it offers a whole-stream reader; ``None`` if not."""
-    for attr in ("read_profile", "read"):
-        fn = getattr(collapser, attr, None)
-        if callable(fn):
-            try:
-                got = fn(f, source=source)
-            except TypeError:
-                continue
-            if isinstance(got, Profile):
-                return got
-    samples = getattr(collapser, "samples", None)
-    if callable(samples):
-        try:
-            mod = importlib.import_module("flamed.collapse")
-            opts = mod.CollapseOptions()
-        except Exception:
-            return None
-        p = Profile()
-        for s in samples(f, opts, source=source):
-            p.add(s.stack, s.weight)
-        return p
-    return None
+def _collapse_file(path: str, strict: bool, stats: ReadStats) -> Profile | None:
+    """Read one input with flamed.collapse's driver (perf, bcc, py-spy, traces); ``None``
+    when that package offers no driver."""
+    try:
+        driver = importlib.import_module("flamed.collapse.driver")
+        base = importlib.import_module("flamed.collapse.base")
+    except ImportError:
+        return None
+    collapse = getattr(driver, "collapse", None)
+    if collapse is None:
+        return None
+    opts = base.CollapseOptions(strict=strict) if strict else base.CollapseOptions()
+    result = collapse([None if path == "-" else path], options=opts)
+    stats.merge(result.stats)
+    return result.profile  # type: ignore[no-any-return]
 
 
 def load_profile(
@@ -113,8 +105,8 @@ def load_profile(
                 profiles.append(read_speedscope(f.read(), source=source))
                 continue
             collapser = _collapse_guess(head, source)
-            if collapser is not None and getattr(collapser, "name", "folded") != "folded":
-                got = _read_with_collapser(collapser, f, source, strict, st)
+            if collapser is not None and getattr(collapser, "name", "folded") != "folded" and path != "-":
+                got = _collapse_file(path, strict, st)
                 if got is not None:
                     profiles.append(got)
                     continue

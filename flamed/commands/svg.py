@@ -8,12 +8,16 @@ from flamed.commands._render import add_render_arguments, read_counts, read_orde
 from flamed.commands.base import Command
 from flamed.fileio import open_output
 from flamed.folded import ReadStats
-from flamed.layout import table_from_keyed
+from flamed.inputs import all_folded, load_profile
+from flamed.layout import StackTable, table_from_keyed, table_from_profile
 from flamed.outputs.svg import render_chart, render_table
 
 
 class SvgCommand(Command):
     """Draw folded stacks as an interactive SVG flame graph.
+
+    Inputs are folded text (fastest), or anything `flamed collapse` reads
+    (perf script, bcc, py-spy), or pprof / speedscope files.
 
     The SVG is self-contained (no network): hover for details, click a box to
     zoom, "Reset Zoom" (or Esc) to go back, "Search" (or Ctrl-F) for a regex,
@@ -39,12 +43,21 @@ class SvgCommand(Command):
     def run(self, args: argparse.Namespace) -> int:
         options = render_options(args)
         stats = ReadStats()
+        folded = all_folded(args.inputs)
         if options.flamechart:
-            items = read_ordered(args.inputs, strict=args.strict, stats=stats)
+            if folded:
+                items = read_ordered(args.inputs, strict=args.strict, stats=stats)
+            else:
+                items = list(load_profile(args.inputs, strict=args.strict, stats=stats).stacks.items())
             with open_output(args.output) as out:
                 n = render_chart(items, out, options)
         else:
-            table = table_from_keyed(read_counts(args.inputs, strict=args.strict, stats=stats))
+            # Folded text skips the Profile: counted by stack text, split once per box drawn.
+            table: StackTable[bytes] | StackTable[str]
+            if folded:
+                table = table_from_keyed(read_counts(args.inputs, strict=args.strict, stats=stats))
+            else:
+                table = table_from_profile(load_profile(args.inputs, strict=args.strict, stats=stats))
             with open_output(args.output) as out:
                 n = render_table(table, out, options)
         summary = stats.summary()
