@@ -30,9 +30,10 @@ from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Coll
 from flamed.folded import parse_line
 from flamed.model import KERNEL_SUFFIX, Stack, sanitize_frame, task_frame
 
-_TASK_LINE = re.compile(r"^    -\s+(.*) \((\d+)\)\s*$")
+# Digit runs are bounded: int() refuses more than 4300 digits (ValueError).
+_TASK_LINE = re.compile(r"^    -\s+(.*) \((\d{1,19})\)\s*$")
 _TASK_LINE_B = re.compile(rb"^    -\s+.* \(\d+\)\s*$", re.M)
-_COUNT_LINE = re.compile(r"^\s+(\d+)\s*$")
+_COUNT_LINE = re.compile(r"^\s+(\d{1,19})\s*$")
 _FOLDED = re.compile(rb"^\S.*\s[0-9]+\r?$")
 
 

@@ -166,6 +166,8 @@ class PerfParser(ChunkParser):
                     continue
             root, event, period, trailing = h
             if want is not None and event != want and not _event_matches(event, want):
+                if event not in res.groups:
+                    res.group(event)  # remembered (empty) so an unknown --event can list what exists
                 continue
             if event != cur_event:
                 cur_event = event
@@ -477,7 +479,8 @@ def _split_dso(rest: str) -> tuple[str, str | None]:
 def _is_kernel_dso(dso: str) -> bool:
     if dso.startswith("["):
         return dso.endswith("]") and dso not in _NOT_KERNEL
-    return dso.endswith("vmlinux") or dso.endswith(".ko") or ".ko." in dso.rsplit("/", 1)[-1]
+    base = dso.rsplit("/", 1)[-1]
+    return base.startswith("vmlinux") or base.endswith(".ko") or ".ko." in base
 
 
 def _time_ns(tok: str) -> int:

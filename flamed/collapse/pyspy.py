@@ -14,7 +14,9 @@ import re
 from flamed.collapse.base import ChunkParser, CollapseOptions, Collapser, first_lines
 from flamed.collapse.folded import FoldedParser
 
-_PY_FRAME = re.compile(rb"[^;]+ \([^;()]*\.pyx?(?::\d+)?\)(?:;|\s+[0-9]+\r?$)")
+# Anchored at a frame start (line start or ';'): unanchored, search() retried
+# [^;]+ from every byte of a long line, quadratic (1 s for a 12 KB line).
+_PY_FRAME = re.compile(rb"(?:^|;)[^;]+ \([^;()]*\.pyx?(?::\d+)?\)(?:;|\s+[0-9]+\r?$)")
 _PY_ROOT = re.compile(rb"^(?:process \d+:|thread \(0x[0-9A-Fa-f]+\)|thread \(\d+\))")
 
 

@@ -85,3 +85,19 @@ perf record -q -o "$WORK/sys.data" -a -F 999 -g -- sleep 2.5 >/dev/null 2>&1
 wait "$HOT" "$PYW" "$DD" 2>/dev/null || true
 script sys system-wide.txt
 ls -l "$DATA/perf/system-wide.txt.gz"
+
+# A few MB (compressed) of the same kind, for the parallel == serial test on real data.
+"$WORK/hot" 8 "$LIBDIR/libhot.so" >/dev/null & HOT=$!
+$PY "$HERE/work.py" 8 & PYW=$!
+dd if=/dev/zero of=/dev/null bs=4k count=10000000 2>/dev/null & DD=$!
+perf record -q -o "$WORK/large.data" -a -F 1999 -g -- sleep 7 >/dev/null 2>&1
+wait "$HOT" "$PYW" 2>/dev/null || true
+kill "$DD" 2>/dev/null || true
+script large system-wide-large.txt
+ls -l "$DATA/perf/system-wide-large.txt.gz"
+
+# py-spy raw output (folded Python frames), plain and with --threads.
+mkdir -p "$DATA/pyspy"
+PYSPY=${PYSPY:-$(dirname "$0")/../../../.venv/bin/py-spy}
+"$PYSPY" record -r 200 -f raw -o "$DATA/pyspy/work-raw.txt" -- "$PY" "$HERE/work.py" 1.5 >/dev/null 2>&1
+"$PYSPY" record -r 200 -t -f raw -o "$DATA/pyspy/work-raw-threads.txt" -- "$PY" "$HERE/work.py" 1 >/dev/null 2>&1

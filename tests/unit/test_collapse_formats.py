@@ -1,0 +1,140 @@
+"""bcc, py-spy, trace and folded readers, and format guessing, on real captures and edge cases."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from flamed.collapse import guess
+from flamed.collapse.base import CollapseOptions
+from flamed.collapse.driver import collapse
+from flamed.collapse.trace import format_timestamp, parse_timestamp, parse_trace_line
+from flamed.errors import InputError
+from flamed.model import EMPTY_STACK_FRAME
+from tests.conftest import DATA
+
+
+def texts(path: Path | str, **kw: object) -> dict[str, object]:
+    p = collapse([str(path)], options=CollapseOptions(**kw), jobs=1).profile  # type: ignore[arg-type]
+    return {";".join(k): v for k, v in p.stacks.items()}
+
+
+@pytest.mark.parametrize(
+    ("path", "fmt"),
+    [
+        ("perf/c-default.txt.gz", "perf"),
+        ("perf/c-minimal.txt.gz", "perf"),
+        ("perf/c-noperiod.txt.gz", "perf"),
+        ("perf/tracepoint.txt.gz", "perf"),
+        ("perf/hostile.txt", "perf"),
+        ("bcc/profile-multiline.txt.gz", "bcc"),
+        ("bcc/profile-multiline-delimited.txt.gz", "bcc"),
+        ("bcc/profile-folded-annotated.txt.gz", "bcc"),
+        ("pyspy/work-raw.txt", "pyspy"),
+        ("pyspy/work-raw-threads.txt", "pyspy"),
+    ],
+)
+def test_guess_real_captures(path: str, fmt: str) -> None:
+    raw = (DATA / path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    assert guess(raw[:65536]).name == fmt
+
+
+def test_guess_trace_folded_and_garbage() -> None:
+    assert guess(b"# flamed trace: TIMESTAMP(ns) STACK COUNT\n").name == "trace"
+    assert guess(b"1700000000.5 app-1/2;main;work 3\n1700000000.6 app-1/2;main 1\n").name == "trace"
+    assert guess(b"main;work 3\nmain 1\n").name == "folded"
+    assert guess(b"").name == "folded"
+    with pytest.raises(InputError, match="cannot tell the input format"):
+        guess(b"\x00\x01binary\xff\n\x02")
+
+
+def test_bcc_multiline_real_capture() -> None:
+    got = texts(DATA / "bcc" / "profile-multiline.txt.gz")
+    assert got and all(k.startswith("python3;") for k in got)
+    assert sum(got.values()) > 10  # type: ignore[arg-type]
+
+
+def test_bcc_multiline_delimiter_annotates_kernel(tmp_path: Path) -> None:
+    f = tmp_path / "bcc.txt"
+    f.write_text(
+        "Sampling at 49 Hertz of all threads by user + kernel stack... Hit Ctrl-C to end.\n\n"
+        "    _raw_spin_unlock_irqrestore\n    do_syscall_64\n    --\n    write\n    main\n"
+        "    -                worker 0 (4242)\n        7\n\n"
+        "    b'only_user'\n    -                job;2 (17)\n        2\n\n"
+        "    [Missed User Stack]\n    -                x (1)\n        1\n\n"
+    )
+    assert texts(f) == {
+        "worker 0;main;write;do_syscall_64_[k];_raw_spin_unlock_irqrestore_[k]": 7,
+        "job:2;only_user": 2,
+        "x;[Missed User Stack]": 1,
+    }
+    assert "worker 0-4242;main;write;do_syscall_64_[k];_raw_spin_unlock_irqrestore_[k]" in texts(f, include_pid=True)
+
+
+def test_bcc_folded_delimiter(tmp_path: Path) -> None:
+    f = tmp_path / "bcc-f.txt"
+    f.write_text("dd;main;write;-;ksys_write;vfs_write 5\ndd;main;-;do_exit_[k] 1\n")
+    assert texts(f) == {"dd;main;write;ksys_write_[k];vfs_write_[k]": 5, "dd;main;do_exit_[k]": 1}
+
+
+def test_pyspy_raw_real_capture() -> None:
+    got = texts(DATA / "pyspy" / "work-raw.txt")
+    assert any("fib (work.py:15)" in k for k in got)
+    threads = texts(DATA / "pyspy" / "work-raw-threads.txt")
+    assert all(k.startswith("thread (") for k in threads)
+
+
+@pytest.mark.parametrize(
+    ("tok", "ns"),
+    [("1700000000.123456789", 1_700_000_000_123_456_789), ("1700000000.5", 1_700_000_000_500_000_000), ("42", 42), ("0.000000001", 1)],
+)
+def test_timestamps(tok: str, ns: int) -> None:
+    assert parse_timestamp(tok) == ns
+
+
+@pytest.mark.parametrize("tok", ["", "1e9", "-5", "1.", "1.1234567891", "abc", "１２"])
+def test_bad_timestamps(tok: str) -> None:
+    assert parse_timestamp(tok) is None
+
+
+def test_timestamp_round_trip() -> None:
+    for ns in (0, 1, 999_999_999, 1_700_000_000_123_456_789):
+        assert parse_timestamp(format_timestamp(ns, "seconds")) == ns
+        assert parse_timestamp(format_timestamp(ns)) == ns
+
+
+def test_trace_lines() -> None:
+    assert parse_trace_line("5 a;b 3") == (5, ("a", "b"), 3)
+    assert parse_trace_line("5 a;b") == (5, ("a", "b"), 1)
+    assert parse_trace_line("5 a;handle (app.py:12) 2.5") == (5, ("a", "handle (app.py:12)"), 2.5)
+    assert parse_trace_line("1.5 worker 0;run 1") == (1_500_000_000, ("worker 0", "run"), 1)
+    assert parse_trace_line("x a;b 1") is None
+    assert parse_trace_line("5") is None
+
+
+def test_trace_collapse_time_range(tmp_path: Path) -> None:
+    f = tmp_path / "t.trace"
+    f.write_text("# flamed trace\n3.0 a;b\n1.0 a;b 2\n\n2.5 a;c 1\nnot a line\n")
+    res = collapse([str(f)], jobs=1)
+    assert {";".join(k): v for k, v in res.profile.stacks.items()} == {"a;b": 3, "a;c": 1}
+    assert (res.profile.start_ns, res.profile.end_ns) == (1_000_000_000, 3_000_000_000)
+    assert res.stats.skipped == 1 and "t.trace:6:" in res.stats.first_errors[0]
+
+
+def test_folded_input_edge_cases(tmp_path: Path) -> None:
+    f = tmp_path / "f.folded"
+    f.write_bytes(b"a;b 1\r\na;b\t2\n\n# c\n a 1\nbad\n;; 3\n\xff\xfe;x 1\n 5\n")
+    res = collapse([str(f)], jobs=1)
+    got = {";".join(k): v for k, v in res.profile.stacks.items()}
+    assert got["a;b"] == 3
+    assert got[" a"] == 1
+    assert got[";;"] == 3
+    assert got[EMPTY_STACK_FRAME] == 5
+    assert "\udcff\udcfe;x" in got
+    assert res.stats.skipped == 1
+    with pytest.raises(InputError, match=r"f.folded:6:"):
+        collapse([str(f)], jobs=1, options=CollapseOptions(strict=True))

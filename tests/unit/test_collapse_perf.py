@@ -1,0 +1,176 @@
+"""perf script reader: headers, frames, the hostile fixture, events, -F variants."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from flamed.cli import main
+from flamed.collapse import get
+from flamed.collapse.base import CollapseOptions
+from flamed.collapse.driver import collapse
+from flamed.collapse.perf import _split_dso, parse_header
+from flamed.errors import InputError
+from flamed.model import EMPTY_STACK_FRAME, Profile
+from tests.conftest import DATA, golden
+
+HOSTILE = DATA / "perf" / "hostile.txt"
+
+
+def folded_of(tmp_path: Path, path: str, *args: str) -> tuple[str, str]:
+    """Run ``flamed collapse`` through main(); the folded text and stderr."""
+    out = tmp_path / "out.folded"
+    err = io.StringIO()
+    rc = main(["collapse", "--jobs", "1", path, *args, "-o", str(out)], stderr=err)
+    assert rc == 0, err.getvalue()
+    return out.read_bytes().decode("utf-8", "surrogateescape"), err.getvalue()
+
+
+def prof(path: str, **kw: object) -> Profile:
+    return collapse([path], options=CollapseOptions(**kw), jobs=1).profile  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        # default perf script: comm with a space and a trailing digit, tid only, cpu, time, period, event
+        ("worker 0 10721 [001]   719.874582:    2004008 cpu-clock:ppp: ", ("worker 0", None, 10721, "cpu-clock:ppp", 2004008)),
+        # -F comm,pid,tid,...
+        ("worker 0 10719/10721   719.874582:    2004008 cpu-clock:ppp: ", ("worker 0", 10719, 10721, "cpu-clock:ppp", 2004008)),
+        # tracepoint with trailing fields and no period
+        (
+            "hot  9991 [001]   625.344618: sched:sched_wakeup: comm=python3 pid=9910 prio=120 target_cpu=001",
+            ("hot", None, 9991, "sched:sched_wakeup", 0),
+        ),
+        # no time field: the event anchors the task id
+        ("a 1 2 3 cpu-clock:", ("a 1", None, 2, "cpu-clock", 3)),
+        ("worker 0 10721 2004008 cpu-clock:", ("worker 0", None, 10721, "cpu-clock", 2004008)),
+        # neither time nor event: -F comm,tid
+        ("worker 0 10721", ("worker 0", None, 10721, "", 0)),
+        ("worker 0 10721 [001]", ("worker 0", None, 10721, "", 0)),
+        # an exited task, as perf prints it
+        (":-1    -1 [000]  1264.315782:     500250 cpu-clock:ppp: ", (":-1", None, -1, "cpu-clock:ppp", 500250)),
+        # a comm made only of digits and spaces
+        ("1 2 3 4 [000] 1.5: 7 e:", ("1 2 3", None, 4, "e", 7)),
+    ],
+)
+def test_header_fields(header: str, expected: tuple[object, ...]) -> None:
+    h = parse_header(header)
+    assert h is not None
+    assert h[:5] == expected
+
+
+def test_header_time_is_exact_ns() -> None:
+    h = parse_header("x 1 [000] 719.874582: 1 e:")
+    assert h is not None and h[6] == 719_874_582_000
+
+
+@pytest.mark.parametrize("bad", ["", "   ", "justoneword", "no task id here: e:"])
+def test_unparseable_headers(bad: str) -> None:
+    assert parse_header(bad) is None
+
+
+@pytest.mark.parametrize(
+    ("rest", "sym", "dso"),
+    [
+        ("recurse+0x34 (/opt/hot)", "recurse+0x34", "/opt/hot"),
+        ("lib_hot (/tmp/lib dir (x86)/libhot.so)", "lib_hot", "/tmp/lib dir (x86)/libhot.so"),
+        ("f(int) const (/srv/a (b) c)", "f(int) const", "/srv/a (b) c"),
+        ("no_dso_here", "no_dso_here", None),
+        ("weird(", "weird(", None),
+    ],
+)
+def test_dso_is_last_balanced_group(rest: str, sym: str, dso: str | None) -> None:
+    assert _split_dso(rest) == (sym, dso)
+
+
+def test_hostile_fixture_lines() -> None:
+    p = prof(str(HOSTILE), include_tid=True)
+    got = {";".join(k): v for k, v in p.stacks.items()}
+    # Thread names keep their spaces and trailing digits; a ';' in a comm becomes ':'.
+    assert got["worker 0-100/101;start_thread;worker;recurse"] == 1000
+    assert got["worker 1-100/102;start_thread;worker;recurse"] == 1000
+    # Symbols with parentheses, quotes, operator"", and ';' (replaced by ':'); DSO paths with spaces/parens.
+    assert got[
+        'job:2-100/103;quote\'s "name";operator""_spins(unsigned long long);'
+        "(anonymous namespace)::helper(char const*);"
+        "Box<std::vector<int, std::allocator<int> > >::work(unsigned long) const;"
+        "<[u8: 32] as hot::Hot>::churn"
+    ] == 1000
+    # Kernel (kallsyms, modules, vmlinux) get _[k]; vdso does not; JIT maps get _[j];
+    # [unknown] with a known DSO names the DSO.
+    assert got[
+        "hot-100/100;Interpreter_[j];[libfoo.so.1];[unknown];__vdso_clock_gettime;"
+        "entry_SYSCALL_64_after_hwframe_[k];nf_hook_slow_[k];_raw_spin_unlock_irqrestore_[k]"
+    ] == 1000
+    assert got["kworker/1:1H-55/55;kthread_[k];worker_thread_[k]"] == 1000
+    # Inlined frames get _[i]; srcline lines are not frames.
+    assert got["hot-100/100;main;recurse;mix_[i]"] == 1000
+    # A sample without frames is kept, visibly.
+    assert got[f"idle thread 7-0/0;{EMPTY_STACK_FRAME}"] == 1000
+    # Only the first event (cpu-clock:ppp) by default.
+    assert sum(p.stacks.values()) == 8000
+
+
+def test_hostile_fixture_golden(tmp_path: Path) -> None:
+    out, err = folded_of(tmp_path, str(HOSTILE), "--tid")
+    golden(DATA / "collapse" / "hostile-tid.folded", out.encode("utf-8", "surrogateescape"))
+    assert "kept event 'cpu-clock:ppp'" in err
+    assert "task-clock:ppp" in err and "sched:sched_switch" in err and "--event" in err
+
+
+def test_event_selection() -> None:
+    p = prof(str(HOSTILE), event="task-clock")
+    assert {";".join(k): v for k, v in p.stacks.items()} == {"hot;recurse": 1000}
+    # Tracepoint samples have no period: weight 1 each.
+    p = prof(str(HOSTILE), event="sched:sched_switch")
+    assert {";".join(k): v for k, v in p.stacks.items()} == {"hot;schedule_[k];__schedule_[k]": 1}
+    with pytest.raises(InputError, match="no samples of event 'cycles'.*cpu-clock:ppp"):
+        prof(str(HOSTILE), event="cycles")
+
+
+def test_weight_samples_and_annotations_off() -> None:
+    p = prof(str(HOSTILE), weight="samples", annotate=frozenset())
+    assert sum(p.stacks.values()) == 8
+    frames = {f for k in p.stacks for f in k}
+    assert not any(f.endswith(("_[k]", "_[j]", "_[i]")) for f in frames)
+    assert "mix" in frames and "kthread" in frames
+
+
+def test_pid_without_pid_field_is_marked_unknown(tmp_path: Path) -> None:
+    data = b"dd 42 [000] 1.000000: 1 cpu-clock: \n\t 1 main+0x1 (/bin/dd)\n\n"
+    f = tmp_path / "perf-pid.txt"
+    f.write_bytes(data)
+    assert list(prof(str(f), include_pid=True).stacks) == [("dd-?", "main")]
+    assert list(prof(str(f), include_tid=True).stacks) == [("dd-?/42", "main")]
+
+
+def test_no_callchain_one_line_per_sample(tmp_path: Path) -> None:
+    # perf record without -g: the frame is on the header line, no blank lines between samples.
+    data = (
+        b"hot 7 [000] 1.000001: 10 cpu-clock:  401136 recurse+0x4 (/bin/hot)\n"
+        b"hot 7 [000] 1.000002: 10 cpu-clock:  401136 recurse+0x4 (/bin/hot)\n"
+        b"worker 0 8 [001] 1.000003: 10 cpu-clock:  ffffffff81000130 do_syscall_64+0x76 ([kernel.kallsyms])\n"
+    )
+    f = tmp_path / "flat.txt"
+    f.write_bytes(data)
+    for chunk in (1024, 1 << 20):
+        p = collapse([str(f)], jobs=1, chunk_bytes=chunk).profile
+        assert {";".join(k): v for k, v in p.stacks.items()} == {"hot;recurse": 20, "worker 0;do_syscall_64_[k]": 10}
+
+
+def test_malformed_header_counted_or_strict(tmp_path: Path) -> None:
+    f = tmp_path / "bad.txt"
+    f.write_bytes(b"dd 1 [000] 1.0: 1 e: \n\t 1 main (/bin/dd)\n\n???\n\t 1 x (/y)\n\n")
+    res = collapse([str(f)], jobs=1)
+    assert res.stats.skipped == 1 and ":4:" in res.stats.first_errors[0]
+    with pytest.raises(InputError, match=r"bad.txt:4: unrecognised perf script header"):
+        collapse([str(f)], jobs=1, options=CollapseOptions(strict=True))
+
+
+def test_detect() -> None:
+    perf = get("perf")
+    assert perf.detect(HOSTILE.read_bytes()[:4096]) >= 90
+    assert perf.detect(b"a;b;c 1\n") == 0
