@@ -31,6 +31,7 @@ from __future__ import annotations
 import gzip
 import io
 import re
+import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -208,7 +209,7 @@ def read_pprof(stream: BinaryIO | bytes, *, source: str = "<input>", sample_type
     if data[:2] == GZIP_MAGIC:
         try:
             data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:  # zlib.error: a corrupt deflate stream
             raise InputError(f"corrupt gzip data: {e}", source=source) from None
     msg = pb.Profile()
     try:
