@@ -153,7 +153,7 @@ def read_speedscope(stream: BinaryIO | bytes, *, source: str = "<input>") -> Pro
     data = stream if isinstance(stream, bytes) else stream.read()
     try:
         doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: [[[[... nested too deep
         raise InputError(f"not JSON: {e}", source=source) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("profiles"), list):
         raise InputError("not a speedscope file (no 'profiles' list)", source=source)

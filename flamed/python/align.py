@@ -96,7 +96,7 @@ def parse_chrometrace(data: bytes | str | BinaryIO, *, source: str = "<chrometra
         data = data.read()
     try:
         events = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deep
         raise InputError(f"not a py-spy chrometrace: {e}", source=source) from None
     if not isinstance(events, list):
         raise InputError("not a py-spy chrometrace: expected a JSON list of events", source=source)
