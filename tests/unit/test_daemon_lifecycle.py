@@ -1,0 +1,209 @@
+"""The daemon as a real process: sd_notify over a real NOTIFY_SOCKET, signals, reload, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flamed.daemon.client import request
+from flamed.fileio import open_input
+from flamed.folded import read_folded
+
+FLAMED = [sys.executable, "-m", "flamed"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_config(path: Path, tmp: Path, extra: str = "") -> None:
+    path.write_text(
+        f"""
+[sampling]
+sampler = "fake"
+frequency = 100
+drain_interval = 0.2
+[output]
+state_dir = "{tmp / 'profiles'}"
+rotate_interval = 1.0
+host = "lc"
+fsync = false
+[metrics]
+address = ""
+[control]
+socket = "{tmp / 'flamed.sock'}"
+[log]
+target = "stderr"
+{extra}
+"""
+    )
+
+
+class Notifications:
+    """A NOTIFY_SOCKET datagram socket, as systemd opens it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.messages: list[str] = []
+
+    def wait_for(self, needle: str, timeout: float = 15.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for m in self.messages:
+                if needle in m.split("\n"):
+                    return m
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except TimeoutError:
+                break
+        raise AssertionError(f"no {needle!r} notification; got {self.messages}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def start(cfg: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    e = dict(os.environ)
+    e.pop("NOTIFY_SOCKET", None)
+    e.pop("INVOCATION_ID", None)
+    e.pop("JOURNAL_STREAM", None)
+    e.update(env or {})
+    return subprocess.Popen([*FLAMED, "daemon", "--config", str(cfg)], stderr=subprocess.PIPE, text=True, env=e)
+
+
+def stop(p: subprocess.Popen[str]) -> str:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+    try:
+        _, err = p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+        raise
+    return err
+
+
+def wait_socket(path: Path, p: subprocess.Popen[str], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise AssertionError(f"daemon exited {p.returncode}: {p.stderr.read() if p.stderr else ''}")
+        if path.exists():
+            return
+        time.sleep(0.05)
+    raise AssertionError("control socket never appeared")
+
+
+def test_sd_notify_ready_watchdog_stopping_and_sigterm_writes_last_window(tmp_path: Path) -> None:
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)
+    # one file per minute: everything the daemon sampled is only in memory until SIGTERM
+    cfg.write_text(cfg.read_text().replace("rotate_interval = 1.0", "rotate_interval = 60.0"))
+    n = Notifications(tmp_path / "notify")
+    p = start(cfg, {"NOTIFY_SOCKET": n.path, "WATCHDOG_USEC": "400000"})
+    try:
+        ready = n.wait_for("READY=1")
+        assert f"MAINPID={p.pid}" in ready.split("\n")
+        assert any(line.startswith("STATUS=") for line in ready.split("\n"))
+        n.wait_for("WATCHDOG=1")
+        count = sum(m == "WATCHDOG=1" for m in n.messages)
+        time.sleep(0.5)
+        n.wait_for("WATCHDOG=1")
+        while True:  # pings keep coming at half the period
+            n.sock.settimeout(1.0)
+            n.messages.append(n.sock.recv(4096).decode())
+            if sum(m == "WATCHDOG=1" for m in n.messages) >= count + 2:
+                break
+        st = request(str(tmp_path / "flamed.sock"), {"request": "status"})["status"]
+        assert st["files"]["count"] == 0
+        p.send_signal(signal.SIGTERM)
+        n.wait_for("STOPPING=1")
+        err = stop(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        n.close()
+    assert p.returncode == 0, err
+    assert "SIGTERM" in err and "Traceback" not in err
+    files = [f for f in (tmp_path / "profiles").glob("lc-*.folded")]
+    assert len(files) == 1
+    meta = json.loads(files[0].with_suffix(".json").read_text())
+    with open_input(files[0]) as f:
+        total = read_folded(f).total()
+    assert total == meta["samples"] > 0
+    # the window ran up to the signal: from start to (at least) the status request
+    assert meta["end_ns"] >= st["last_drain_ns"]
+    assert not (tmp_path / "flamed.sock").exists()
+
+
+def test_sighup_reload_keeps_old_config_on_error_and_applies_good_one(tmp_path: Path) -> None:
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)
+    sock = tmp_path / "flamed.sock"
+    p = start(cfg)
+    try:
+        wait_socket(sock, p)
+        before = request(str(sock), {"request": "status"})["status"]
+        assert before["frequency"] == 100
+        cfg.write_text(cfg.read_text().replace("frequency = 100", "frequency = 100\nfrequncy = 50"))
+        p.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        mid = request(str(sock), {"request": "status"})["status"]
+        assert mid["frequency"] == 100 and mid["samples"] > before["samples"]
+        cfg.write_text(cfg.read_text().replace("frequency = 100\nfrequncy = 50", "frequency = 50"))
+        p.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            after = request(str(sock), {"request": "status"})["status"]
+            if after["frequency"] == 50:
+                break
+            time.sleep(0.1)
+        assert after["frequency"] == 50
+    finally:
+        err = stop(p)
+    assert p.returncode == 0, err
+    assert "reload: invalid configuration, keeping the running one" in err
+    assert "sampling.frequncy: unknown key" in err
+    assert "reloaded configuration" in err
+    # no sample lost across the sampler swap: every file's weight equals its sidecar's count
+    for f in (tmp_path / "profiles").glob("lc-*.folded"):
+        meta = json.loads(f.with_suffix(".json").read_text())
+        with open_input(f) as fh:
+            assert read_folded(fh).total() == meta["samples"]
+
+
+def test_refuses_to_start_with_actionable_message() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another user")
+    scratch = Path(tempfile.mkdtemp(prefix="flamed-nopriv-"))
+    os.chmod(scratch, 0o777)
+    try:
+        # no privileges at all: the BPF sampler must say what is missing, exit 3, no traceback
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                            "--bounding-set=-all", *FLAMED, "daemon", "--sampler", "bpf", "--metrics-address", "",
+                            "--state-dir", str(scratch / "p"), "--socket", str(scratch / "s.sock")],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "CAP_BPF" in r.stderr or "root" in r.stderr, r.stderr
+
+
+def test_bad_config_exit_code_names_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path, "[retention]\nmax_age = \"forever\"\n")
+    r = subprocess.run([*FLAMED, "daemon", "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert "retention.max_age" in r.stderr and "Traceback" not in r.stderr
