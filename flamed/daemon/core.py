@@ -108,6 +108,8 @@ class Daemon:
         self.totals = {"windows": 0, "samples": 0, "weight": 0}
         self.lost_totals: dict[str, int] = {}
         self.last_drain_seconds = 0.0
+        self._loss_warned: dict[str, float] = {}
+        self._bpf_retired = 0  # BPF samples counted by samplers replaced on reload
 
     # -- requests from other threads and signal handlers -----------------
     def request_stop(self) -> None:
@@ -246,6 +248,11 @@ class Daemon:
                     except Exception as e:
                         log.warning("stopping the sampler: %s", e)
                 self._drain_once(rotate_now=True)
+                bpf = self.bpf_samples_total()
+                if bpf is not None:
+                    # The fault tests compare this with the sum of the files' sidecar sample counts.
+                    log.info("stopping: the BPF program counted %d samples since start; %d went into windows",
+                             bpf, self.totals["samples"])
             if self.store.backlog:
                 log.error("exiting with %d profile file(s) (%d bytes) that could not be written: %s",
                           len(self.store.backlog), self.store.backlog_bytes, self.store.last_error)
@@ -316,6 +323,7 @@ class Daemon:
         m.drain_duration.observe(drain_seconds)
         m.samples.inc(window.samples)
         m.observe_lost(window.lost)
+        self._warn_losses(window.lost)
         m.unique_stacks.set(len(counts))
         m.window_seconds.set((window.end_ns - window.start_ns) / 1e9)
         self.totals["windows"] += 1
@@ -329,6 +337,34 @@ class Daemon:
         nw, ns = self.ring.stats()
         m.ring_windows.set(nw)
         m.ring_stacks.set(ns)
+
+    #: Loss reason prefix -> the setting that makes room (logged so the operator knows what to raise).
+    _LOSS_SETTINGS = (("map_full", "sampling.counts_map_size"), ("kernel_stack_e", "sampling.stack_map_size"),
+                      ("user_stack_e", "sampling.stack_map_size"))
+
+    def _warn_losses(self, lost: Mapping[str, int]) -> None:
+        now = time.monotonic()
+        for prefix, key in self._LOSS_SETTINGS:
+            n = sum(v for r, v in lost.items() if r.startswith(prefix) and r not in ("kernel_stack_error",
+                                                                                    "user_stack_error"))
+            if n <= 0 or now - self._loss_warned.get(key, -1e9) < 60.0:
+                continue
+            self._loss_warned[key] = now
+            section, _, name = key.partition(".")
+            current = getattr(getattr(self.config, section), name, "?")
+            log.warning("the BPF maps are too small: %d samples lost their stack or count in the last window "
+                        "(%s); raise %s (now %s)", n, ", ".join(f"{r}={v}" for r, v in sorted(lost.items())
+                                                         if v and r.startswith(prefix)), key, current)
+
+    def bpf_samples_total(self) -> int | None:
+        """Samples the BPF program(s) counted since start (its never-reset counter), if the sampler tells."""
+        stats_fn = getattr(self.sampler, "stats", None)
+        if not callable(stats_fn):
+            return None
+        try:
+            return self._bpf_retired + int(stats_fn().bpf_samples_total)
+        except (AttributeError, TypeError, ValueError):
+            return None
 
     # -- processors ------------------------------------------------------
     def _processor_options(self, cfg: DaemonConfig) -> dict[str, tuple[type[WindowProcessor], Any]]:
@@ -386,6 +422,7 @@ class Daemon:
             fresh.start()
             assert self.sampler is not None
             self._drain_once()
+            self._bpf_retired = (self.bpf_samples_total() or 0)
             self.sampler.close()
             self.sampler = fresh
             for p in self.processors:
@@ -572,6 +609,7 @@ class Daemon:
             "last_drain_seconds": round(self.last_drain_seconds, 6),
             "windows": self.totals["windows"],
             "samples": self.totals["samples"],
+            "bpf_samples": self.bpf_samples_total(),
             "weight": self.totals["weight"],
             "lost": dict(sorted(self.lost_totals.items())),
             "ring": {"windows": nw, "stacks": ns, "seconds": cfg.snapshot.ring_seconds},
