@@ -42,7 +42,7 @@ def record_figure(name: str, value: Any) -> None:
 
 
 def bpf_total_from_log(text: str) -> int | None:
-    m = re.findall(r"BPF program counted (\d+) samples", text)
+    m = re.findall(r"BPF program counted (\d+) samples since start", text)
     return int(m[-1]) if m else None
 
 
