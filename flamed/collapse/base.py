@@ -20,7 +20,7 @@ depend on which worker saw which chunk.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, ClassVar
 
@@ -100,11 +100,20 @@ class ChunkParser:
     def parse(self, data: bytes, *, source: str, first_line: int) -> ChunkResult:
         raise NotImplementedError
 
-    def malformed(self, result: ChunkResult, source: str, line: int, why: str) -> None:
-        """Count a malformed line, or raise under ``strict``."""
-        if self.options.strict:
-            raise InputError(why, source=source, line=line)
-        result.stats.skip(source, line, why)
+    def malformed(self, result: ChunkResult, source: str, line: int | Callable[[], int], why: str) -> None:
+        """Count a malformed line, or raise under ``strict``.
+
+        ``line`` may be a function: finding a line number can mean counting
+        newlines, which is only worth it for the few errors that are reported.
+        """
+        st = result.stats
+        if self.options.strict or len(st.first_errors) < st.max_errors_kept:
+            n = line() if callable(line) else line
+            if self.options.strict:
+                raise InputError(why, source=source, line=n)
+            st.skip(source, n, why)
+        else:
+            st.skipped += 1
 
 
 class Collapser:

@@ -155,14 +155,14 @@ class PerfParser(ChunkParser):
             if h is None:
                 if key in headers:
                     # Known-bad header: count it again (it is another sample).
-                    self.malformed(res, source, _line_at(data, start, first_line), "unrecognised perf script header")
+                    self.malformed(res, source, lambda: _line_at(data, start, first_line), "unrecognised perf script header")
                     continue
                 h = self._parse_header(header)
                 if len(headers) >= _HEADER_CACHE_ENTRIES:
                     headers.clear()
                 headers[key] = h
                 if h is None:
-                    self.malformed(res, source, _line_at(data, start, first_line), "unrecognised perf script header")
+                    self.malformed(res, source, lambda: _line_at(data, start, first_line), "unrecognised perf script header")
                     continue
             root, event, period, trailing = h
             if want is not None and event != want and not _event_matches(event, want):
@@ -205,7 +205,7 @@ class PerfParser(ChunkParser):
             # prints one line per sample and no blank lines between them.
             lines = body_s.split(b"\n")
             i = next(i for i, ln in enumerate(lines) if ln[:1] not in (b"\t", b" ") and ln)
-            self._parse_flat(b"\n".join(lines[i:]), res, data, start, first_line, source, i + 1)
+            self._parse_flat(lines[i:], res, data, start, first_line, source, i + 1)
             return self._frames_of(b"\n".join(lines[:i]), trailing)
         if not body_s:
             return self._frames_of(b"", trailing)
@@ -258,14 +258,31 @@ class PerfParser(ChunkParser):
         return ";" + ";".join(frames)
 
     def _parse_flat(
-        self, rest: bytes, res: ChunkResult, data: bytes, start: int, first_line: int, source: str, skip: int
+        self, lines: list[bytes], res: ChunkResult, data: bytes, start: int, first_line: int, source: str, skip: int
     ) -> None:
-        """Samples of a ``perf script`` without ``-g``: a header per line, its frame in the header."""
-        # The block parser on a synthetic chunk with one sample per block.
-        # (Line numbers of errors in it are approximate: the blank lines are synthetic.)
-        sub = rest.replace(b"\n", b"\n\n")
-        line0 = _line_at(data, start, first_line) + skip
-        part = self.parse(sub, source=source, first_line=line0)
+        """Samples that were not separated by blank lines, from their lines.
+
+        perf script without ``-g`` prints one line per sample and no blank
+        lines; concatenated captures can also run into each other.  Every
+        unindented line starts a sample, indented lines are its frames,
+        ``#`` comment lines are dropped.
+        """
+        records: list[bytes] = []
+        cur: list[bytes] = []
+        for ln in lines:
+            if not ln or ln.startswith(b"#"):
+                continue
+            if ln[:1] in (b"\t", b" "):
+                if cur:
+                    cur.append(ln)
+                continue
+            if cur:
+                records.append(b"\n".join(cur))
+            cur = [ln]
+        if cur:
+            records.append(b"\n".join(cur))
+        # (Line numbers of errors in here are approximate: the blocks are rebuilt.)
+        part = self.parse(b"\n\n".join(records), source=source, first_line=_line_at(data, start, first_line) + skip)
         for ev in part.order:
             g = res.group(ev)
             for k, w in part.groups[ev].items():
@@ -416,8 +433,18 @@ def _skip_leading(block: bytes, start: int) -> tuple[bytes, int]:
     return block, start
 
 
+_LINE_MEMO: list[object] = [None, 0, 0]  # chunk, offset, newlines before offset
+
+
 def _line_at(data: bytes, offset: int, first_line: int) -> int:
-    return first_line + data.count(b"\n", 0, offset)
+    """Line number of ``offset``; incremental for increasing offsets in one chunk (else quadratic)."""
+    memo = _LINE_MEMO
+    if memo[0] is data and offset >= memo[1]:  # type: ignore[operator]
+        n = memo[2] + data.count(b"\n", memo[1], offset)  # type: ignore[operator, arg-type]
+    else:
+        n = data.count(b"\n", 0, offset)
+    memo[0], memo[1], memo[2] = data, offset, n
+    return first_line + n
 
 
 def _header_key(header: bytes) -> bytes:
