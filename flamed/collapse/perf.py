@@ -55,8 +55,9 @@ from flamed.collapse.base import (
 from flamed.model import EMPTY_STACK_FRAME, Sample, Weight, sanitize_frame, task_frame
 
 _TOKEN = re.compile(r"\S+")
-_TIME = re.compile(r"^\d+\.\d+:$")
-_TASK = re.compile(r"^(-?\d+)(?:/(-?\d+))?$")
+# Digit runs are bounded: int() refuses more than 4300 digits (ValueError; found by tests/fuzz).
+_TIME = re.compile(r"^\d{1,19}\.\d{1,19}:$")
+_TASK = re.compile(r"^(-?\d{1,19})(?:/(-?\d{1,19}))?$")
 _CPU = re.compile(r"^\[\d+\]$")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _HEXSTR = frozenset("0123456789abcdef")
@@ -510,6 +511,11 @@ def _is_kernel_dso(dso: str) -> bool:
     return base.startswith("vmlinux") or base.endswith(".ko") or ".ko." in base
 
 
+def _is_period(w: str) -> bool:
+    # str.isdigit() is also true for "²" (int() refuses it) and for 5,000-digit runs.
+    return w.isascii() and w.isdigit() and len(w) <= 19
+
+
 def _time_ns(tok: str) -> int:
     sec, _, frac = tok.partition(".")
     return int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
@@ -534,7 +540,7 @@ def parse_header(h: str) -> tuple[str, int | None, int | None, str, int, str, in
         time_ns = _time_ns(words[k][:-1])
         pre = k
         j = k + 1
-        if j < len(words) and words[j].isdigit():
+        if j < len(words) and _is_period(words[j]):
             period = int(words[j])
             j += 1
         if j < len(words) and words[j].endswith(":"):
@@ -551,7 +557,7 @@ def parse_header(h: str) -> tuple[str, int | None, int | None, str, int, str, in
                 trailing = h[toks[e + 1][0] :].strip()
             # "comm tid [cpu] period event:": a number right before the event is the period
             # when a task id (or cpu) precedes it.
-            if pre >= 3 and words[pre - 1].isdigit() and (_TASK.match(words[pre - 2]) or _CPU.match(words[pre - 2])):
+            if pre >= 3 and _is_period(words[pre - 1]) and (_TASK.match(words[pre - 2]) or _CPU.match(words[pre - 2])):
                 period = int(words[pre - 1])
                 pre -= 1
         else:
