@@ -32,3 +32,28 @@ def test_found_input(name: str, data: bytes) -> None:
         pytest.skip(target.missing)
     out = run_one(target, data, measure_memory=True)
     assert out.ok, f"{name}: {out.kind}: {out.detail}"
+
+
+LATER = [
+    # zlib.error from a corrupt deflate stream inside a gzip header.
+    ("pprof-reader", lambda: __import__("gzip").compress(b"\x08\x01" * 50)[:12] + b"\xff" * 40),
+    # json.loads: RecursionError on deep nesting.
+    ("speedscope-reader", lambda: b"[" * 100_000),
+    ("pyspy-chrometrace", lambda: b"[" * 100_000),
+    # Format guessing: pyspy's unanchored frame regex was quadratic in the line length (~25 s on 64 KB).
+    ("collapse-auto-file", lambda: b"(thread " * 8000),
+    # bcc multi-line output: a count of >4300 digits.
+    ("collapse-bcc", lambda: b"    main\n    -                python3 (1234)\n        " + b"7" * 5000 + b"\n\n"),
+    # perf script header: a period of >4300 digits (flamed/collapse/perf.py, int() of a digit run).
+    ("collapse-perf", lambda: b"python3 1234 [001] 1.5: " + b"9" * 5000 + b" cpu-clock: \n\t abc main (/bin/x)\n\n"),
+]
+
+
+@pytest.mark.parametrize("name,make", LATER, ids=[f"{n}-{i}" for i, (n, _) in enumerate(LATER)])
+def test_found_input_later(name: str, make: object) -> None:
+    target = T[name]
+    if target.missing:
+        pytest.skip(target.missing)
+    data = make()  # type: ignore[operator]
+    out = run_one(target, data, time_limit=5.0)
+    assert out.ok, f"{name}: {out.kind}: {out.detail}"
