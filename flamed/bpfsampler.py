@@ -274,6 +274,7 @@ class SamplerStats:
     quiesce_timeouts: int = 0
     last_drain_seconds: float = 0.0  # whole drain, symbolization included
     last_symbolize_seconds: float = 0.0
+    last_drain_cpu_seconds: float = 0.0  # CPU time of the draining thread (less than wall on a busy host)
     last_keys: int = 0  # count-map entries read in the last drain
     last_stack_ids: int = 0  # distinct stack ids read in the last drain
     last_stacks: int = 0  # distinct (tgid, tid, comm, stack) in the last Window
@@ -731,6 +732,7 @@ class BpfSampler:
     # -- drain -------------------------------------------------------------
     def _drain(self) -> Window:
         t0 = time.perf_counter()
+        c0 = time.thread_time()
         old = self._gen
         self._gen = old ^ 1
         self._map_write_gen(self._gen)
@@ -778,6 +780,7 @@ class BpfSampler:
             s.lost_total[r] += n
         s.drains_total += 1
         s.last_drain_seconds = t2 - t0
+        s.last_drain_cpu_seconds = time.thread_time() - c0
         s.last_symbolize_seconds = t2 - t1
         s.last_keys = len(keys)
         s.last_stack_ids = len(ids)

@@ -12,8 +12,18 @@ of thousands of stacks, and a dictionary hit is ~50x cheaper than a call into
 bcc.
 
 An address without a symbol becomes ``[unknown] (module)`` when the module is
-known (``[unknown] (libc.so.6)``), else ``[unknown]``.  Unknown results are not
-cached across drains: a library mapped later may resolve them.
+known (``[unknown] (libc.so.6)``), else ``[unknown]``.  The first kind is
+cached with the process like a symbol.  The second is mostly garbage from a
+frame-pointer walk through code built without frame pointers (a Python
+interpreter yields a new one in nearly every sample), so it is recognised
+without asking bcc: the address lies in no executable mapping of
+``/proc/PID/maps`` (re-read at most once per drain, when such an address
+shows up, so a library mapped meanwhile is found).  The frame chain broke
+there, and every address beyond it (towards the root) is as meaningless, so
+the stack is cut: its root becomes a single ``[unknown]`` frame.  That keeps
+one broken walk from spreading into dozens of made-up frames and distinct
+stacks.  Unnamed addresses inside anonymous executable mappings (JIT code)
+are cached for ``unknown_ttl`` drains only.
 
 bcc is imported lazily; constructing a :class:`Symbolizer` needs it, importing
 this module does not.
@@ -21,6 +31,7 @@ this module does not.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 from dataclasses import dataclass, field
@@ -68,6 +79,9 @@ class Resolver(Protocol):
     def resolve(self, addr: int) -> tuple[bytes | None, bytes | None]:
         """(symbol name, module path); either may be ``None``."""
 
+    def refresh(self) -> None:
+        """Re-read the process's mappings (a library was loaded since)."""
+
     def close(self) -> None: ...
 
 
@@ -105,6 +119,9 @@ class BccResolver:
         module = ct.cast(sym.module, ct.c_char_p).value if sym.module else None
         return name, module
 
+    def refresh(self) -> None:
+        self._lib.bcc_symcache_refresh(self._cache)
+
     def close(self) -> None:
         if self._cache:
             self._lib.bcc_free_symcache(self._cache, self._pid)
@@ -125,6 +142,13 @@ class _ProcessSymbols:
     identity: ProcessIdentity | None
     resolver: Resolver | None
     known: dict[int, str] = field(default_factory=dict)
+    #: Addresses outside any module, kept for ``unknown_ttl`` drains.
+    unknown: dict[int, str] = field(default_factory=dict)
+    #: Executable mappings: sorted starts, and (start, end, path) alike.
+    starts: list[int] = field(default_factory=list)
+    ranges: list[tuple[int, int, str]] = field(default_factory=list)
+    maps_drain: int = -1  # the drain in which /proc/PID/maps was last read
+    refresh_drain: int = -1  # the drain in which the resolver was last refreshed
 
 
 @dataclass
@@ -132,7 +156,8 @@ class SymbolStats:
     processes: int = 0
     addresses_cached: int = 0
     resolver_calls: int = 0
-    invalidations: int = 0
+    invalidations: int = 0  # processes whose image changed (exec, pid reuse)
+    refreshes: int = 0  # resolvers re-read after a library was loaded
 
 
 class Symbolizer:
@@ -141,29 +166,39 @@ class Symbolizer:
     ``resolver_factory(pid)`` makes a :class:`Resolver` (``-1`` for the kernel);
     the default is bcc's.  ``proc`` is the /proc to read identities from.
     Call :meth:`begin_drain` once per drain before resolving: it is when
-    identities are re-read (once per pid per drain) and when the per-drain
-    caches of unknown addresses are dropped.
+    identities are re-read (once per pid per drain) and when the cache of
+    addresses outside any module expires (every ``unknown_ttl`` drains, or
+    beyond ``unknown_max`` entries).
     """
 
     def __init__(
         self,
         resolver_factory: Any = None,
         proc: Path = Path("/proc"),
+        unknown_ttl: int = 6,
+        unknown_max: int = 1_000_000,
     ) -> None:
         self._factory = resolver_factory or BccResolver
         self._proc = proc
+        self._unknown_ttl = unknown_ttl
+        self._unknown_max = unknown_max
+        self._drains = 0
         self._kernel: Resolver | None = None
         self._kernel_known: dict[int, str] = {}
         self._procs: dict[int, _ProcessSymbols] = {}
         self._checked: set[int] = set()
-        self._unknown: dict[tuple[int, int], str] = {}
+        self._unknown_count = 0
         self._forget: set[int] = set()
         self.stats = SymbolStats()
 
     # -- lifecycle -------------------------------------------------------
     def begin_drain(self) -> None:
         self._checked.clear()
-        self._unknown.clear()
+        self._drains += 1
+        if self._drains % self._unknown_ttl == 0 or self._unknown_count > self._unknown_max:
+            for p in self._procs.values():
+                p.unknown.clear()
+            self._unknown_count = 0
 
     def end_drain(self) -> None:
         """Drop the processes :meth:`forget` was called for, now that the
@@ -210,12 +245,11 @@ class Symbolizer:
 
     def kernel_stack(self, addrs_leaf_first: list[int]) -> tuple[str, ...]:
         """Root-first frames for kernel addresses given leaf first."""
-        known = self._kernel_known
-        out: list[str] = []
-        for a in reversed(addrs_leaf_first):
-            f = known.get(a)
-            out.append(f if f is not None else self.kernel(a))
-        return tuple(out)
+        try:
+            # The common case, every address seen before, at C speed.
+            return tuple(map(self._kernel_known.__getitem__, reversed(addrs_leaf_first)))
+        except KeyError:
+            return tuple(self.kernel(a) for a in reversed(addrs_leaf_first))
 
     # -- user ------------------------------------------------------------
     def _process(self, pid: int) -> _ProcessSymbols:
@@ -246,26 +280,78 @@ class Symbolizer:
         """Root-first frames for user addresses of ``pid`` given leaf first."""
         p = self._process(pid)
         known = p.known
+        try:
+            return tuple(map(known.__getitem__, reversed(addrs_leaf_first)))
+        except KeyError:
+            pass
         out: list[str] = []
-        for a in reversed(addrs_leaf_first):
+        for a in addrs_leaf_first:
             f = known.get(a)
             if f is None:
                 f = self._resolve_user(p, pid, a)
+                if f is None:
+                    out.append(UNKNOWN)
+                    break
             out.append(f)
+        out.reverse()
         return tuple(out)
 
-    def _resolve_user(self, p: _ProcessSymbols, pid: int, addr: int) -> str:
-        f = self._unknown.get((pid, addr))
+    def _read_maps(self, p: _ProcessSymbols, pid: int) -> None:
+        p.maps_drain = self._drains
+        ranges: list[tuple[int, int, str]] = []
+        try:
+            text = (self._proc / str(pid) / "maps").read_text(errors="surrogateescape")
+        except OSError:
+            text = ""
+        for line in text.splitlines():
+            parts = line.split(None, 5)
+            if len(parts) < 5 or "x" not in parts[1]:
+                continue
+            lo, _, hi = parts[0].partition("-")
+            ranges.append((int(lo, 16), int(hi, 16), parts[5].strip() if len(parts) > 5 else ""))
+        if ranges or not p.ranges:
+            # An exited process keeps the mappings last seen.
+            ranges.sort()
+            p.ranges = ranges
+            p.starts = [r[0] for r in ranges]
+
+    def _mapping(self, p: _ProcessSymbols, pid: int, addr: int) -> str | None:
+        """Path of the executable mapping holding ``addr`` (``""``: anonymous),
+        ``None`` when there is none."""
+        i = bisect.bisect_right(p.starts, addr) - 1
+        if i >= 0 and addr < p.ranges[i][1]:
+            return p.ranges[i][2]
+        if p.maps_drain != self._drains:
+            self._read_maps(p, pid)
+            i = bisect.bisect_right(p.starts, addr) - 1
+            if i >= 0 and addr < p.ranges[i][1]:
+                return p.ranges[i][2]
+        return None
+
+    def _resolve_user(self, p: _ProcessSymbols, pid: int, addr: int) -> str | None:
+        """The frame for ``addr``; ``None`` when no executable mapping holds it."""
+        f = p.unknown.get(addr)
         if f is not None:
             return f
-        if p.resolver is None:
-            self._unknown[(pid, addr)] = UNKNOWN
-            return UNKNOWN
-        self.stats.resolver_calls += 1
-        name, module = p.resolver.resolve(addr)
-        f = _frame(name, module)
-        if name:
-            p.known[addr] = f
-        else:
-            self._unknown[(pid, addr)] = f
+        path = self._mapping(p, pid, addr)
+        if path is None:
+            return None
+        f = UNKNOWN
+        if p.resolver is not None:
+            self.stats.resolver_calls += 1
+            name, module = p.resolver.resolve(addr)
+            if not name and not module and path and p.refresh_drain != self._drains:
+                # A file-backed mapping bcc does not know: loaded (dlopen)
+                # after bcc read the maps.  Once per drain at most.
+                p.refresh_drain = self._drains
+                self.stats.refreshes += 1
+                p.resolver.refresh()
+                self.stats.resolver_calls += 1
+                name, module = p.resolver.resolve(addr)
+            f = _frame(name, module)
+            if name or module:
+                p.known[addr] = f
+                return f
+        p.unknown[addr] = f
+        self._unknown_count += 1
         return f

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Benchmark of flamed's BPF sampler (root, bcc, gcc).
+
+Part A -- drain + symbolize of >= 100,000 unique stacks: four copies of
+tests/workloads/busy.c in ``paths`` mode (random recursion, up to 2^26
+distinct stacks) sampled at 999 Hz on every CPU into a large stack map for
+``--unique-seconds``; the workloads are SIGSTOPped (alive, so /proc still
+has their maps, but off the CPU) and one drain is timed, wall and CPU.  The
+first window runs with cold symbol caches, the second with warm ones.
+
+Part B -- cost while sampling at 19 and 99 Hz, the daemon's drain interval
+scaled down: two ``busy`` workloads keep both CPUs busy for ``--rate-seconds``
+per rate, with a drain every ``--drain-interval`` s.  Sampler CPU is this
+process's user+sys time; BPF time is the program's run_time_ns from
+``bpftool prog show`` with ``kernel.bpf_stats_enabled=1`` (restored after).
+
+    sudo .venv/bin/python bench/sampler.py [--unique-seconds 70] [--rate-seconds 30]
+
+The machine is shared: the table prints the load average next to the figures.
+Wall times include waiting for the CPU; the CPU column is what flamed used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from flamed.bpfsampler import BpfSampler, BpfSamplerOptions  # noqa: E402
+
+
+def build(tmp: Path) -> Path:
+    out = tmp / "flamed_busy"
+    subprocess.run(["gcc", "-O0", "-g", "-fno-omit-frame-pointer", "-o", str(out),
+                    str(ROOT / "tests" / "workloads" / "busy.c")], check=True)
+    return out
+
+
+@contextmanager
+def workloads(argv: list[str], n: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    ps = [subprocess.Popen(argv, stdout=subprocess.DEVNULL) for _ in range(n)]
+    try:
+        yield ps
+    finally:
+        for p in ps:
+            p.kill()
+        for p in ps:
+            p.wait(timeout=10)
+
+
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def loadavg() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+def prog_id(fd: int) -> int:
+    for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
+        if line.startswith("prog_id:"):
+            return int(line.split()[1])
+    raise RuntimeError("no prog_id in fdinfo")
+
+
+def prog_runtime(pid: int) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) of BPF program ``pid``."""
+    out = subprocess.run(["bpftool", "-j", "prog", "show", "id", str(pid)], check=True,
+                         capture_output=True, text=True).stdout
+    d = json.loads(out)
+    return int(d.get("run_time_ns", 0)), int(d.get("run_cnt", 0))
+
+
+def part_a(binary: Path, seconds: float, windows: int) -> list[list[str]]:
+    rows = []
+    opts = BpfSamplerOptions(frequency=999, stack_storage_size=524288, stack_depth=48, max_entries=262144)
+    with BpfSampler(opts) as s, workloads([str(binary), "paths", str(windows * (seconds + 30)), "26"], 4) as ps:
+        s.drain()  # start clean, after the compile
+        for i in range(windows):
+            time.sleep(seconds)
+            for p in ps:
+                p.send_signal(signal.SIGSTOP)
+            load = loadavg()
+            c0, t0 = cpu_seconds(), time.perf_counter()
+            w = s.drain()
+            wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+            st = s.stats()
+            for p in ps:
+                p.send_signal(signal.SIGCONT)
+            rows.append([
+                "cold" if i == 0 else "warm", f"{w.samples}", f"{st.last_keys}", f"{st.last_stack_ids}",
+                f"{len(w.counts)}", f"{st.last_drain_seconds - st.last_symbolize_seconds:.2f}",
+                f"{st.last_symbolize_seconds:.2f}", f"{wall:.2f}", f"{cpu:.2f}",
+                f"{w.lost['user_stack_eexist'] + w.lost['kernel_stack_eexist']}", load,
+            ])
+    return rows
+
+
+def part_b(binary: Path, rate: int, seconds: float, drain_interval: float) -> list[str]:
+    with BpfSampler(BpfSamplerOptions(frequency=rate)) as s, workloads([str(binary), "busy", str(seconds + 30)], 2):
+        pid = prog_id(s._prog_fd)  # noqa: SLF001 -- the bench needs the program's id
+        s.drain()
+        r0, n0 = prog_runtime(pid)
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        drains: list[float] = []
+        samples = 0
+        end = t0 + seconds
+        while True:
+            time.sleep(max(0.0, min(drain_interval, end - time.perf_counter())))
+            w = s.drain()
+            samples += w.samples
+            drains.append(s.stats().last_drain_seconds)
+            if time.perf_counter() >= end:
+                break
+        wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        r1, n1 = prog_runtime(pid)
+    runs = n1 - n0
+    bpf_ns = r1 - r0
+    return [
+        f"{rate}", f"{s.event}", f"{samples}", f"{samples / wall:.0f}",
+        f"{100 * cpu / wall:.3f}", f"{100 * bpf_ns / 1e9 / wall:.3f}",
+        f"{bpf_ns / runs:.0f}" if runs else "-", f"{max(drains) * 1000:.1f}", loadavg(),
+    ]
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths)), *(fmt.format(*r) for r in rows)])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--unique-seconds", type=float, default=70.0, help="sampling time per window of part A")
+    ap.add_argument("--windows", type=int, default=2, help="windows of part A (first cold, then warm)")
+    ap.add_argument("--rate-seconds", type=float, default=30.0, help="sampling time per rate of part B")
+    ap.add_argument("--drain-interval", type=float, default=5.0)
+    ap.add_argument("--skip-unique", action="store_true")
+    ap.add_argument("--skip-rates", action="store_true")
+    args = ap.parse_args()
+    if os.geteuid() != 0 or shutil.which("gcc") is None or shutil.which("bpftool") is None:
+        print("bench/sampler.py needs root, gcc and bpftool", file=sys.stderr)
+        return 2
+    print(f"# {os.cpu_count()} CPUs, kernel {os.uname().release}, load average {loadavg()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = build(Path(tmp))
+        if not args.skip_unique:
+            rows = part_a(binary, args.unique_seconds, args.windows)
+            print(f"\n## A. drain + symbolize, 999 Hz, {args.unique_seconds:.0f} s windows")
+            print(table(["caches", "samples", "bpf keys", "stack ids", "stacks", "read s", "symbolize s",
+                         "drain wall s", "drain cpu s", "eexist", "load"], rows))
+        if not args.skip_rates:
+            stats_path = Path("/proc/sys/kernel/bpf_stats_enabled")
+            before = stats_path.read_text().strip()
+            stats_path.write_text("1")
+            try:
+                rows = [part_b(binary, rate, args.rate_seconds, args.drain_interval) for rate in (19, 99)]
+            finally:
+                stats_path.write_text(before)
+            print(f"\n## B. cost while sampling, {args.rate_seconds:.0f} s per rate, drain every "
+                  f"{args.drain_interval:g} s, 2 busy workloads")
+            print(table(["Hz", "event", "samples", "samples/s", "sampler cpu %", "bpf cpu %", "ns/run",
+                         "max drain ms", "load"], rows))
+            print("(% of one core; sampler cpu = this process's user+sys while sampling and draining)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

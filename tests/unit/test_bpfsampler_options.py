@@ -1,0 +1,108 @@
+"""What the BPF sampler decides without loading anything: options, the
+program's -D flags, header indices, placeholders (the loaded program is in
+tests/integration/test_bpf_sampler.py)."""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from flamed import bpfsampler
+from flamed.bpfsampler import (
+    LOST_REASONS,
+    BpfSampler,
+    BpfSamplerOptions,
+    bpf_program,
+    online_cpus,
+    options_from_config,
+)
+from flamed.errors import ConfigError, FlamedError
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("frequency", 0),
+        ("frequency", 1000),
+        ("event", "instructions"),
+        ("cpus", ()),
+        ("stack_depth", 128),
+        ("stack_storage_size", 0),
+        ("max_entries", 0),
+        ("ringbuf_pages", 3),
+        ("comms", frozenset({"a-comm-longer-than-15"})),
+        ("comms", frozenset({""})),
+    ],
+)
+def test_bad_options_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"sampler option {field}="):
+        BpfSampler(BpfSamplerOptions(**{field: value}))  # type: ignore[arg-type]
+
+
+def test_defines_follow_the_options() -> None:
+    prog = bpf_program(BpfSamplerOptions(include_idle=True, comms=frozenset({"x"}), stack_storage_size=99,
+                                         stack_depth=20, max_entries=1234))
+    flags = set(prog.cflags)
+    assert {"-DFLAMED_INCLUDE_IDLE=1", "-DFLAMED_FILTER_COMMS=1", "-DFLAMED_FILTER_PIDS=0",
+            "-DFLAMED_STACK_ENTRIES=99", "-DFLAMED_STACK_DEPTH=20", "-DFLAMED_MAX_ENTRIES=1234"} <= flags
+    assert f"-I{prog.path.parent}" in flags
+    # Every define the program reads is one the sampler sets (no string surgery,
+    # no default silently used).
+    used = set(__import__("re").findall(r"#ifndef (FLAMED_\w+)", prog.text))
+    set_ = {f.split("=")[0][2:] for f in prog.cflags if f.startswith("-D")}
+    assert used == set_
+    text = prog.render()
+    assert text.index(prog.header) < text.index(prog.text)
+
+
+def test_header_indices_cover_every_lost_reason() -> None:
+    idx = bpfsampler._stat_indices(bpf_program().path.parent / "flamed.h")
+    n = idx.pop("__N__")
+    assert sorted(idx.values()) == list(range(n))
+    reasons = {bpfsampler._STAT_TO_REASON[k] for k in idx if k in bpfsampler._STAT_TO_REASON}
+    # Every BPF-side reason is reported; stack_read_failed is the user-space one.
+    assert reasons | {"stack_read_failed"} == set(LOST_REASONS)
+
+
+def test_placeholders() -> None:
+    ph = bpfsampler._placeholder
+    assert ph(-errno.EFAULT, False) == () and ph(-errno.EFAULT, True) == ()
+    assert ph(-errno.EEXIST, False) == ("[lost stack: EEXIST]",)
+    assert ph(-errno.ENOMEM, True) == ("[lost stack: ENOMEM]_[k]",)
+    assert ph(-errno.ENODATA, False) == ("[missing user stack]",)
+    assert ph(-errno.ENODATA, True) == ("[missing kernel stack]_[k]",)
+
+
+def test_online_cpus(tmp_path: Path) -> None:
+    (tmp_path / "online").write_text("0-3,5,7-8\n")
+    assert online_cpus(tmp_path) == [0, 1, 2, 3, 5, 7, 8]
+
+
+def test_options_from_the_daemon_config() -> None:
+    @dataclass(frozen=True)
+    class Sampling:
+        frequency: int = 99
+        include_idle: bool = True
+        pids: tuple[int, ...] = ()
+        comms: tuple[str, ...] = ("nginx",)
+        stack_map_size: int = 4096
+        counts_map_size: int = 2048
+
+    o = options_from_config(Sampling())
+    assert (o.frequency, o.include_idle, o.pids, o.comms) == (99, True, None, frozenset({"nginx"}))
+    assert (o.stack_storage_size, o.max_entries) == (4096, 2048)
+
+
+def test_unstarted_sampler() -> None:
+    s = BpfSampler()
+    with pytest.raises(FlamedError, match="not started"):
+        s.drain()
+    with pytest.raises(FlamedError, match="pid filter is off"):
+        s.add_pid(1)
+    s.watch(5)  # remembered, applied at start
+    assert s.watched == frozenset({5})
+    s.close()
+    s.close()

@@ -1,0 +1,181 @@
+"""flamed.symbols against a fake /proc and fake resolvers (the real bcc path is
+covered by tests/integration/test_bpf_sampler.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flamed.symbols import ProcessIdentity, Symbolizer, read_identity
+
+LIBC = b"/usr/lib/x86_64-linux-gnu/libc.so.6"
+APP = b"/opt/app/bin/app"
+
+
+def write_proc(proc: Path, pid: int, *, start: int, code: int = 0x400000, stack: int = 0x7FFF0000,
+               comm: str = "app", maps: str | None = None) -> None:
+    d = proc / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    # Fields 3.. after "(comm)"; field 22 starttime, 26 startcode, 28 startstack.
+    rest = ["S"] + ["0"] * 49
+    rest[22 - 3] = str(start)
+    rest[26 - 3] = str(code)
+    rest[28 - 3] = str(stack)
+    (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(rest) + "\n")
+    if maps is None:
+        maps = (
+            "00400000-00500000 r-xp 00000000 08:01 11 /opt/app/bin/app\n"
+            "00600000-00601000 rw-p 00000000 08:01 11 /opt/app/bin/app\n"
+            "7f0000000000-7f0000100000 r-xp 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+        )
+    (d / "maps").write_text(maps)
+
+
+class FakeResolver:
+    """Symbols: app 0x400000.. as app_fn_<n> (per 0x100), libc named only below 0x7f0000080000."""
+
+    instances: list[FakeResolver] = []
+
+    def __init__(self, pid: int, table: dict[int, tuple[bytes | None, bytes | None]] | None = None) -> None:
+        self.pid = pid
+        self.calls = 0
+        self.closed = False
+        self.refreshed = 0
+        self.extra: dict[int, tuple[bytes | None, bytes | None]] = {}
+        FakeResolver.instances.append(self)
+
+    def resolve(self, addr: int) -> tuple[bytes | None, bytes | None]:
+        self.calls += 1
+        if self.pid < 0:
+            return (b"kfn_%x" % (addr >> 8), b"kernel") if addr >= 0xFFFF800000000000 else (None, None)
+        if self.refreshed and addr in self.extra:
+            return self.extra[addr]
+        if 0x400000 <= addr < 0x500000:
+            return b"app_fn_%d" % ((addr - 0x400000) >> 8), APP
+        if 0x7F0000000000 <= addr < 0x7F0000080000:
+            return b"libc_fn", LIBC
+        if 0x7F0000080000 <= addr < 0x7F0000100000:
+            return None, LIBC
+        return None, None
+
+    def refresh(self) -> None:
+        self.refreshed += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    FakeResolver.instances.clear()
+    p = tmp_path / "proc"
+    p.mkdir()
+    return p
+
+
+def make(proc: Path) -> Symbolizer:
+    return Symbolizer(resolver_factory=FakeResolver, proc=proc)
+
+
+def test_read_identity_survives_parentheses_and_spaces_in_comm(proc: Path) -> None:
+    write_proc(proc, 42, start=777, code=0x1000, stack=0x2000, comm="we ird) (x")
+    assert read_identity(42, proc) == ProcessIdentity(42, 777, 0x1000, 0x2000)
+    assert read_identity(43, proc) is None
+
+
+def test_user_stack_is_root_first_and_cached(proc: Path) -> None:
+    write_proc(proc, 10, start=1)
+    s = make(proc)
+    s.begin_drain()
+    leaf_first = [0x400210, 0x400105, 0x7F0000000100]
+    assert s.user_stack(10, leaf_first) == ("libc_fn", "app_fn_1", "app_fn_2")
+    r = FakeResolver.instances[0]
+    calls = r.calls
+    s.end_drain()
+    s.begin_drain()
+    assert s.user_stack(10, leaf_first) == ("libc_fn", "app_fn_1", "app_fn_2")
+    assert r.calls == calls  # every address answered from the cache
+    assert len(FakeResolver.instances) == 1
+
+
+def test_unknown_with_module_and_broken_walks(proc: Path) -> None:
+    write_proc(proc, 10, start=1)
+    s = make(proc)
+    s.begin_drain()
+    # In libc but no symbol: the module is named.
+    assert s.user_stack(10, [0x7F0000090000]) == ("[unknown] (libc.so.6)",)
+    # The walk leaves every executable mapping at the third address: the rest
+    # (towards the root) is garbage and becomes one [unknown] frame.
+    got = s.user_stack(10, [0x400100, 0x400200, 0xDEAD0000, 0x400300, 0x12345])
+    assert got == ("[unknown]", "app_fn_2", "app_fn_1")
+
+
+def test_pid_reuse_and_exec_get_new_symbols(proc: Path) -> None:
+    write_proc(proc, 10, start=1)
+    s = make(proc)
+    s.begin_drain()
+    s.user_stack(10, [0x400100])
+    first = FakeResolver.instances[-1]
+    s.end_drain()
+    # Same pid, new process (start time differs).
+    write_proc(proc, 10, start=2)
+    s.begin_drain()
+    s.user_stack(10, [0x400100])
+    assert len(FakeResolver.instances) == 2 and first.closed
+    s.end_drain()
+    # exec: same start time, new image (ASLR moved the stack).
+    write_proc(proc, 10, start=2, stack=0x7FFE0000)
+    s.begin_drain()
+    s.user_stack(10, [0x400100])
+    assert len(FakeResolver.instances) == 3
+    assert s.stats.invalidations == 2
+
+
+def test_exited_process_keeps_its_symbols_until_forgotten_after_a_drain(proc: Path) -> None:
+    write_proc(proc, 10, start=1)
+    s = make(proc)
+    s.begin_drain()
+    assert s.user_stack(10, [0x400100]) == ("app_fn_1",)
+    s.end_drain()
+    for f in (proc / "10").iterdir():
+        f.unlink()
+    (proc / "10").rmdir()
+    s.begin_drain()
+    # Gone from /proc, but its samples of the last interval still resolve.
+    assert s.user_stack(10, [0x400100, 0x400200]) == ("app_fn_2", "app_fn_1")
+    s.forget(10)
+    # forget() waits for the drain in progress to finish.
+    assert s.user_stack(10, [0x400100]) == ("app_fn_1",)
+    s.end_drain()
+    assert FakeResolver.instances[0].closed
+    s.begin_drain()
+    assert s.user_stack(10, [0x400100]) == ("[unknown]",)
+
+
+def test_library_loaded_later_refreshes_the_resolver(proc: Path) -> None:
+    write_proc(proc, 10, start=1)
+    s = make(proc)
+    s.begin_drain()
+    s.user_stack(10, [0x400100])
+    s.end_drain()
+    # dlopen: a new mapping appears in /proc/PID/maps; the resolver only
+    # knows it after a refresh.
+    write_proc(proc, 10, start=1, maps=(
+        "00400000-00500000 r-xp 00000000 08:01 11 /opt/app/bin/app\n"
+        "7e0000000000-7e0000001000 r-xp 00000000 08:01 13 /opt/app/lib/plugin.so\n"
+    ))
+    r = FakeResolver.instances[0]
+    r.extra[0x7E0000000010] = (b"plugin_fn", b"/opt/app/lib/plugin.so")
+    s.begin_drain()
+    assert s.user_stack(10, [0x7E0000000010, 0x400100]) == ("app_fn_1", "plugin_fn")
+    assert r.refreshed == 1 and s.stats.refreshes == 1
+
+
+def test_kernel_frames_carry_the_suffix(proc: Path) -> None:
+    s = make(proc)
+    s.begin_drain()
+    assert s.kernel_stack([0xFFFFFFFF81000100, 0xFFFFFFFF81000200]) == ("kfn_ffffffff810002_[k]", "kfn_ffffffff810001_[k]")
+    assert s.kernel_stack([0x10]) == ("[unknown]_[k]",)
+    s.close()
+    assert FakeResolver.instances[0].closed
