@@ -6,9 +6,9 @@ and the streams are merged by a k-way merge on timestamps
 On the way:
 
 * task ids are remapped so two sources never share one (:class:`IdRemapper`):
-  a pid/tid keeps its number when no earlier source used it, else it gets a
-  fresh one above Linux's ``PID_MAX_LIMIT``; root frames ``comm-PID[/TID]`` are
-  rewritten to match;
+  a pid/tid keeps its number unless another source used it first (in merge
+  order, which is deterministic), else it gets a fresh one above Linux's
+  ``PID_MAX_LIMIT``; root frames ``comm-PID[/TID]`` are rewritten to match;
 * a source label (host, file) can become the root frame;
 * ``start_ns <= t < end_ns`` filters by time; timestamps are never changed;
 * a source whose timestamps go backwards is an error naming the file and line,

@@ -1,0 +1,145 @@
+"""Merging sample streams: id remapping, labels, time range, order checks, external sort."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+from pathlib import Path
+
+import pytest
+
+from flamed.cli import main
+from flamed.collapse import get
+from flamed.errors import InputError
+from flamed.merge import FRESH_ID_BASE, IdRemapper, MergeOptions, Source, _external_sort, merge_sources
+from flamed.model import Sample
+
+
+def trace(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def merged(paths: list[Path], opts: MergeOptions | None = None, labels: list[str] | None = None) -> list[Sample]:
+    srcs = [Source(str(p), str(p), (labels or [p.stem] * len(paths))[i], get("trace")) for i, p in enumerate(paths)]
+    with contextlib.ExitStack() as stack:
+        return list(merge_sources(srcs, opts or MergeOptions(), stack))
+
+
+def test_remapper_keeps_first_owner_and_is_stable() -> None:
+    r = IdRemapper()
+    assert r(0, 10) == 10 and r(0, 11) == 11
+    assert r(1, 10) == FRESH_ID_BASE  # taken by source 0
+    assert r(1, 12) == 12
+    assert r(1, 10) == FRESH_ID_BASE  # same answer again
+    assert r(0, 10) == 10
+    assert r(2, 10) == FRESH_ID_BASE + 1
+    assert r.remapped == 2
+
+
+def test_kway_merge_preserves_timestamps_and_remaps(tmp_path: Path) -> None:
+    a = trace(tmp_path / "a.trace", ["1.0 app-10/11;main;work 1", "3.0 app-10/11;main;idle", "5 app-10/12;x 2"])
+    b = trace(tmp_path / "b.trace", ["1.0 db-10/11;q 1", "2.000000001 db-10/11;q 1", "4.0 other;z 7"])
+    # (the last line of a.trace is 5 ns: integer timestamps are ns. Keep it sorted by moving it first.)
+    a = trace(tmp_path / "a.trace", ["5 app-10/12;x 2", "1.0 app-10/11;main;work 1", "3.0 app-10/11;main;idle"])
+    out = merged([a, b])
+    assert [s.time_ns for s in out] == [5, 10**9, 10**9, 2 * 10**9 + 1, 3 * 10**9, 4 * 10**9]
+    # Ties: the earlier source first.
+    assert out[1].source == 0 and out[2].source == 1
+    # No id is shared between sources, and root frames name the remapped ids.
+    ids = {src: {i for s in out if s.source == src for i in (s.pid, s.tid) if i is not None} for src in (0, 1)}
+    assert ids[0] and ids[1] and not ids[0] & ids[1]
+    assert ids[0] | ids[1] >= {10, FRESH_ID_BASE}
+    for s in out:
+        if s.pid is not None:
+            assert s.stack[0].endswith(f"-{s.pid}/{s.tid}")
+    assert out[5].stack == ("other", "z") and out[5].weight == 7 and out[5].pid is None
+    kept = merged([a, b], MergeOptions(remap_ids=False))
+    assert [s.stack[0] for s in kept[:3]] == ["app-10/12", "app-10/11", "db-10/11"]
+
+
+def test_time_range_and_labels(tmp_path: Path) -> None:
+    a = trace(tmp_path / "a.trace", ["1.0 a;x", "2.0 a;y", "3.0 a;z"])
+    b = trace(tmp_path / "b.trace.gz", [])
+    import gzip
+
+    b.write_bytes(gzip.compress(b"2.5 b;y 2\n"))
+    out = merged([a, b], MergeOptions(start_ns=2 * 10**9, end_ns=3 * 10**9, label_root="label"), labels=["web1", "web2"])
+    assert [(s.time_ns, s.stack, s.weight) for s in out] == [
+        (2 * 10**9, ("web1", "a", "y"), 1),
+        (2_500_000_000, ("web2", "b", "y"), 2),
+    ]
+    out = merged([a, b], MergeOptions(label_root="file"))
+    assert {s.stack[0] for s in out} == {"a.trace", "b.trace.gz"}
+
+
+def test_unsorted_input_names_file_and_line(tmp_path: Path) -> None:
+    a = trace(tmp_path / "a.trace", ["# flamed trace", "1.0 a;x", "", "3.0 a;y", "2.0 a;z"])
+    with pytest.raises(InputError, match=r"a.trace:5: timestamps go backwards.*--sort"):
+        merged([a])
+
+
+@pytest.mark.parametrize("run", [1, 3, 1000])
+def test_external_sort_equals_stable_sort(run: int) -> None:
+    rnd = random.Random(run)
+    samples = [Sample(time_ns=rnd.randrange(20), stack=(f"f{i}",), weight=1) for i in range(200)]
+    with contextlib.ExitStack() as stack:
+        got = list(_external_sort(iter(samples), run=run, tmpdir=None, stack=stack))
+    assert got == sorted(samples, key=lambda s: s.time_ns)  # stable: ties keep input order
+
+
+def test_sort_option_merges_unsorted(tmp_path: Path) -> None:
+    a = trace(tmp_path / "a.trace", ["3.0 a;y", "1.0 a;x", "2.0 a;z"])
+    b = trace(tmp_path / "b.trace", ["1.5 b;q"])
+    out = merged([a, b], MergeOptions(sort=True, sort_run=2))
+    assert [s.stack[-1] for s in out] == ["x", "q", "z", "y"]
+
+
+def run_main(*args: str) -> tuple[int, str]:
+    err = io.StringIO()
+    return main(list(args), stderr=err), err.getvalue()
+
+
+def test_cli_trace_output_round_trips(tmp_path: Path) -> None:
+    a = trace(tmp_path / "a.trace", ["1.000000001 app-1/1;main 1", "2.0 app-1/1;main;f 2"])
+    b = trace(tmp_path / "b.trace", ["1.5 app-1/1;main 3"])
+    out = tmp_path / "all.trace"
+    rc, err = run_main("merge", str(a), str(b), "-o", str(out))
+    assert rc == 0, err
+    assert "remapped 1 pid/tid" in err
+    text = out.read_text().splitlines()
+    assert text[0].startswith("# flamed trace")
+    assert text[1:] == [
+        "1000000001 app-1/1;main 1",
+        f"1500000000 app-{FRESH_ID_BASE}/{FRESH_ID_BASE};main 3",
+        "2000000000 app-1/1;main;f 2",
+    ]
+    # Merging the merged trace again changes nothing (its ids no longer collide).
+    out2 = tmp_path / "again.trace"
+    assert run_main("merge", str(out), "-o", str(out2))[0] == 0
+    assert out2.read_text() == out.read_text()
+    out3 = tmp_path / "s.trace"
+    assert run_main("merge", str(out), "--time-format", "seconds", "-o", str(out3))[0] == 0
+    assert out3.read_text().splitlines()[1] == "1.000000001 app-1/1;main 1"
+
+
+def test_cli_folded_sum_and_errors(tmp_path: Path) -> None:
+    a = tmp_path / "a.folded"
+    a.write_text("x-1;f 1\ng 2\n")
+    b = tmp_path / "b.folded"
+    b.write_text("x-1;f 4\n")
+    out = tmp_path / "sum.folded"
+    rc, err = run_main("merge", str(a), str(b), "-o", str(out))
+    assert rc == 0, err
+    assert out.read_text() == f"g 2\nx-1;f 1\nx-{FRESH_ID_BASE};f 4\n"
+    rc, err = run_main("merge", "--keep-ids", str(a), str(b), "-o", str(out))
+    assert out.read_text() == "g 2\nx-1;f 5\n"
+    rc, err = run_main("merge", "--from", "1.0", str(a), str(b))
+    assert rc == 2 and "need timestamps" in err
+    rc, err = run_main("merge", "--output-format", "trace", str(a))
+    assert rc == 2 and "needs timestamps" in err
+    rc, err = run_main("merge", "--label", "one", str(a), str(b))
+    assert rc == 2 and "one per input" in err
+    rc, err = run_main("merge", "--from", "yesterday", str(a))
+    assert rc == 2 and "--from" in err
