@@ -86,7 +86,7 @@ def check_accounting(w: Window) -> None:
 
 
 def test_busy_workload_has_its_frames_under_its_own_task(require_bpf: None, busy_bin: Path) -> None:
-    with sampling(frequency=199) as s, workload(busy_bin, "busy", "10") as p:
+    with sampling(frequency=199) as s, workload(busy_bin, "busy", "60") as p:
         time.sleep(1.5)
         w = s.drain()
         check_accounting(w)
@@ -138,7 +138,7 @@ def test_syscall_heavy_workload_has_kernel_frames(require_bpf: None) -> None:
 def test_drains_add_up_to_the_bpf_count_at_high_frequency(require_bpf: None, busy_bin: Path) -> None:
     """Many drains racing the program at 999 Hz: every sample exactly once."""
     windows: list[Window] = []
-    with sampling(frequency=999) as s, workload(busy_bin, "busy", "10") as a, workload(busy_bin, "busy", "10") as b:
+    with sampling(frequency=999) as s, workload(busy_bin, "busy", "60") as a, workload(busy_bin, "busy", "60") as b:
         s.watch(b.pid)  # events go through the generations too
         deadline = time.monotonic() + 2.5
         while time.monotonic() < deadline:
@@ -166,7 +166,7 @@ def test_drains_add_up_to_the_bpf_count_at_high_frequency(require_bpf: None, bus
 
 
 def test_watched_process_gives_events_not_counts(require_bpf: None, busy_bin: Path) -> None:
-    with sampling(frequency=199) as s, workload(busy_bin, "busy", "10") as p:
+    with sampling(frequency=199) as s, workload(busy_bin, "busy", "60") as p:
         s.watch(p.pid)
         s.drain()  # start a clean window with the watch in place
         t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -193,7 +193,7 @@ def test_watched_process_gives_events_not_counts(require_bpf: None, busy_bin: Pa
 
 
 def test_pid_filter(require_bpf: None, busy_bin: Path) -> None:
-    with workload(busy_bin, "busy", "10") as a, workload(busy_bin, "busy", "10") as b:
+    with workload(busy_bin, "busy", "60") as a, workload(busy_bin, "busy", "60") as b:
         with sampling(frequency=199, pids=frozenset({a.pid})) as s:
             time.sleep(1.0)
             w = s.drain()
@@ -212,7 +212,7 @@ def test_pid_filter(require_bpf: None, busy_bin: Path) -> None:
 def test_comm_filter(require_bpf: None, busy_bin: Path, tmp_path: Path) -> None:
     other = tmp_path / "flamed_other"
     shutil.copy(busy_bin, other)
-    with workload(busy_bin, "busy", "10"), workload(other, "busy", "10") as o:
+    with workload(busy_bin, "busy", "60"), workload(other, "busy", "60") as o:
         with sampling(frequency=199, comms=frozenset({"flamed_other"})) as s:
             time.sleep(1.0)
             w = s.drain()
@@ -235,7 +235,7 @@ def test_cgroup_filter(require_bpf: None, busy_bin: Path) -> None:
     cg = root / f"flamed-test-{os.getpid()}"
     cg.mkdir()
     try:
-        with workload(busy_bin, "busy", "10") as inside, workload(busy_bin, "busy", "10") as outside:
+        with workload(busy_bin, "busy", "60") as inside, workload(busy_bin, "busy", "60") as outside:
             (cg / "cgroup.procs").write_text(str(inside.pid))
             with sampling(frequency=199, cgroups=frozenset({str(cg)})) as s:
                 time.sleep(1.0)
@@ -256,7 +256,7 @@ def test_cgroup_filter(require_bpf: None, busy_bin: Path) -> None:
 
 
 def test_tiny_stack_map_counts_collisions_and_shows_placeholders(require_bpf: None, busy_bin: Path) -> None:
-    with sampling(frequency=199, stack_storage_size=4) as s, workload(busy_bin, "paths", "10", "12") as p:
+    with sampling(frequency=199, stack_storage_size=4) as s, workload(busy_bin, "paths", "60", "12") as p:
         time.sleep(1.2)
         w = s.drain()
         stats = s.stats()
