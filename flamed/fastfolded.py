@@ -46,12 +46,12 @@ def count_folded(
         for line in lines:
             lineno += 1
             stack, sep, cnt = line.rpartition(b" ")
-            if cnt[-1:] == b"\r":
-                cnt = cnt[:-1]  # CRLF line end
-            # Only plain digits take the fast path: int() would also accept
-            # '+5', '1_0' and blanks, which the folded grammar does not.
-            w: Weight = int(cnt) if sep and stack and cnt.isdigit() and len(cnt) <= 19 and stack[:1] != b"#" else -1
-            if 0 <= w <= MAX_COUNT:
+            # Only plain digits take the fast path (int() would also accept '+5',
+            # '1_0' and blanks, which the folded grammar does not); a CR of a CRLF
+            # line end, '#' comments, huge counts go the exact way.
+            digits = cnt.isdigit() or (cnt[-1:] == b"\r" and (cnt := cnt[:-1]).isdigit())
+            if digits and stack and len(cnt) < 19 and line[0] != 35:
+                w: Weight = int(cnt)
                 last = stack[-1]
                 if last <= 0x20 or last >= 0x80:
                     # Possibly trailing whitespace (str.rstrip's idea of it, Unicode

@@ -22,7 +22,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from flamed.model import Profile, Stack, Weight, decode_frame, normalize_weight
 
@@ -54,16 +54,14 @@ class StackTable(Generic[K]):
     __slots__ = ("keys", "cum", "dcum", "sep", "nxt")
 
     def __init__(self, keys: list[K], weights: Sequence[Weight], deltas: Sequence[Weight] | None = None) -> None:
-        self.keys = keys
+        self.keys: list[K] = keys
         self.cum = _prefix_sums(weights)
         self.dcum = _prefix_sums(deltas) if deltas is not None else None
-        sample: K = keys[0] if keys else ""  # type: ignore[assignment]
-        if isinstance(sample, bytes):
-            self.sep: K = b"\x00"  # type: ignore[assignment]
-            self.nxt: K = b"\x01"  # type: ignore[assignment]
-        else:
-            self.sep = "\x00"  # type: ignore[assignment]
-            self.nxt = "\x01"  # type: ignore[assignment]
+        binary = bool(keys) and isinstance(keys[0], bytes)
+        # The separator, and the smallest string greater than every key that ends a
+        # frame here: bisecting for prefix+nxt finds the end of a prefix's run.
+        self.sep: K = cast(K, b"\x00" if binary else "\x00")
+        self.nxt: K = cast(K, b"\x01" if binary else "\x01")
 
     @property
     def total(self) -> Weight:
@@ -152,22 +150,23 @@ def _dedupe(table: StackTable[K]) -> StackTable[K]:
     return StackTable(nk, nw, nd if dcum is not None else None)
 
 
-def flame_frames(table: StackTable[K], min_width: float = 0.0) -> list[Box]:
+def flame_frames(table: StackTable[str] | StackTable[bytes], min_width: float = 0.0) -> list[Box]:
     """Boxes of the flame graph of ``table``, root first, then by (depth, start).
 
     Boxes narrower than ``min_width`` weight units are left out with their
     subtrees (flamegraph.pl's ``--minwidth``, converted to weight units).
     """
-    keys = table.keys
+    # str or bytes alike: both have find, slicing and ordering, which is all this needs.
+    keys: Any = table.keys
     cum = table.cum
     dcum = table.dcum
-    sep = table.sep
-    nxt = table.nxt
+    sep: Any = table.sep
+    nxt: Any = table.nxt
     n = len(keys)
     total = cum[-1]
     if n == 0 or not total > 0:
         return []
-    names: dict[K, str] = {}
+    names: dict[Any, str] = {}
     is_bytes = isinstance(sep, bytes)
     out: list[Box] = [Box(0, 0, normalize_weight(total), ROOT_NAME, dcum[-1] if dcum is not None else None)]
     # Work list of (lo, hi, offset of the next frame in the keys, depth of the parent).
@@ -183,20 +182,20 @@ def flame_frames(table: StackTable[K], min_width: float = 0.0) -> list[Box]:
             i += 1
         while i < hi:
             k = keys[i]
-            end = k.find(sep, off)  # type: ignore[arg-type]
+            end = k.find(sep, off)
             if end < 0:
                 end = len(k)
             prefix = k[:end]
-            j = bisect_left(keys, prefix + nxt, i + 1, hi)  # type: ignore[operator]
+            j = bisect_left(keys, prefix + nxt, i + 1, hi)
             width = cum[j] - cum[i]
             if width >= min_width and width > 0:
                 raw = k[off:end]
-                name = names.get(raw)  # type: ignore[arg-type]
+                name = names.get(raw)
                 if name is None:
-                    name = decode_frame(raw) if is_bytes else raw  # type: ignore[arg-type,assignment]
-                    names[raw] = name  # type: ignore[index]
+                    name = decode_frame(raw) if is_bytes else raw
+                    names[raw] = name
                 delta = (dcum[j] - dcum[i]) if dcum is not None else None
-                emit(Box(depth + 1, normalize_weight(cum[i]), normalize_weight(width), name, delta))  # type: ignore[arg-type]
+                emit(Box(depth + 1, normalize_weight(cum[i]), normalize_weight(width), name, delta))
                 push((i, j, end + 1, depth + 1))
             i = j
     out.sort(key=lambda b: (b.depth, b.start))

@@ -101,7 +101,7 @@ class _Strings:
 def to_proto(profile: Profile) -> pb.Profile:
     """The pprof message of ``profile`` (deterministic: stacks sorted, ids in first-use order)."""
     msg = pb.Profile()
-    strings = _Strings(msg.string_table)  # type: ignore[arg-type]
+    strings = _Strings(msg.string_table)
     s = strings.get
     unit = profile.labels.get("unit", "samples")
     count_type = pb.ValueType(type=s("samples" if unit == "samples" else unit), unit=s("count"))
@@ -216,7 +216,7 @@ def read_pprof(stream: BinaryIO | bytes, *, source: str = "<input>", sample_type
         msg.ParseFromString(data)
     except DecodeError as e:
         raise InputError(f"not a pprof profile: {e}", source=source) from None
-    table = list(msg.string_table)
+    table: list[str] = list(msg.string_table)
     if table and table[0] != "":
         raise InputError("not a pprof profile: string_table[0] must be empty", source=source)
 
