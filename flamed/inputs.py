@@ -13,15 +13,16 @@ Formats told apart by content, not name:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from flamed.errors import InputError
 from flamed.fastfolded import count_folded, profile_from_counts
 from flamed.fileio import input_name, open_input
 from flamed.folded import ReadStats
-from flamed.model import Profile, Weight
+from flamed.model import Profile, Sample, Weight, merge_streams
 
 HEAD = 4096
 
@@ -117,6 +118,29 @@ def load_profile(
         rest = profiles[1:] if not folded_counts else profiles
         p = first.merged(*rest) if rest else first
     return p
+
+
+def open_sample_streams(paths: Sequence[str], stack: contextlib.ExitStack, *, strict: bool = False) -> Iterator[Sample] | None:
+    """One time-ordered stream of all inputs' samples, when every input keeps time
+    (perf script, timestamped traces); ``None`` otherwise. Files stay open in ``stack``."""
+    try:
+        base = importlib.import_module("flamed.collapse.base")
+    except ImportError:
+        return None
+    streams = []
+    for path in paths:
+        if path == "-":
+            return None
+        f = stack.enter_context(open_input(path))
+        head = _head(f)
+        if sniff(head) != "other":
+            return None
+        c = _collapse_guess(head, input_name(path))
+        if c is None or not getattr(c, "timestamped", False) or not callable(getattr(c, "samples", None)):
+            return None
+        opts = base.CollapseOptions(strict=strict) if strict else base.CollapseOptions()
+        streams.append(c.samples(f, opts, source=input_name(path)))
+    return merge_streams(streams) if streams else None
 
 
 def all_folded(paths: Sequence[str]) -> bool:

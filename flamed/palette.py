@@ -24,7 +24,7 @@ import re
 import zlib
 from collections.abc import Callable
 
-from flamed.errors import InputError, UsageError
+from flamed.errors import FlamedError, InputError, UsageError
 from flamed.fileio import atomic_write
 from flamed.model import encode_frame, frame_kind, parse_task_frame
 
@@ -239,8 +239,11 @@ def write_palette_file(path: str, colors: dict[str, str]) -> None:
         c = colors[name]
         r, g, b = int(c[1:3], 16), int(c[3:5], 16), int(c[5:7], 16)
         lines.append(encode_frame(name) + b"->rgb(%d,%d,%d)\n" % (r, g, b))
-    with atomic_write(path) as f:
-        f.write(b"".join(lines))
+    try:
+        with atomic_write(path) as f:
+            f.write(b"".join(lines))
+    except OSError as e:
+        raise FlamedError(f"cannot write palette file {path}: {e.strerror or e}") from None
 
 
 def diff_color(delta: float, max_delta: float) -> str:

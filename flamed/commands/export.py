@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import open_output
 from flamed.folded import ReadStats
-from flamed.inputs import load_profile
+from flamed.inputs import load_profile, open_sample_streams
 from flamed.outputs import choose, names
 from flamed.outputs.base import OutputOptions
 
@@ -17,7 +18,10 @@ class ExportCommand(Command):
     """Convert profiles to another format (pprof, speedscope, chrometrace, json, svg, folded).
 
     Inputs may be folded text, pprof or speedscope files, or anything
-    `flamed collapse` reads; they are summed into one profile.  The format
+    `flamed collapse` reads; they are summed into one profile.  For
+    speedscope and chrometrace, inputs that keep time (perf script,
+    'TIMESTAMP STACK' traces) become per-thread timelines instead
+    (--aggregate writes the summed profile).  The format
     comes from --format, else from the output's extension (.pb.gz, .svg,
     .speedscope.json, .trace.json, ...).
 
@@ -25,6 +29,7 @@ class ExportCommand(Command):
       flamed export --format pprof -o cpu.pb.gz out.folded && go tool pprof -top cpu.pb.gz
       flamed export -o out.speedscope.json a.folded b.folded
       flamed export --format folded cpu.pb.gz > back.folded
+      flamed export -o timeline.trace.json perf-script.txt     # open in ui.perfetto.dev
       flamed export --format pprof --sample-rate 99 --start-ns 1764676800000000000 out.folded > out.pb.gz
     """
 
@@ -40,6 +45,11 @@ class ExportCommand(Command):
         parser.add_argument("--start-ns", type=int, help="start time (ns since the epoch), when the input does not say")
         parser.add_argument("--duration-ns", type=int, help="duration in ns, when the input does not say")
         parser.add_argument("--title", help="profile name (speedscope) or graph title (svg)")
+        parser.add_argument(
+            "--aggregate",
+            action="store_true",
+            help="for speedscope/chrometrace: write the summed profile even when the inputs keep time",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         if args.format is None and (args.output is None or args.output == "-"):
@@ -47,6 +57,16 @@ class ExportCommand(Command):
         fmt = choose(args.format, args.output)
         if args.sample_rate is not None and not args.sample_rate > 0:
             raise UsageError("--sample-rate must be positive")
+        extra = {"sample_rate": str(args.sample_rate)} if args.sample_rate else {}
+        options = OutputOptions(title=args.title, extra=extra)
+        if fmt.wants_samples and not args.aggregate and args.inputs:
+            # Inputs with timestamps (perf script, traces) become a timeline.
+            with contextlib.ExitStack() as files:
+                stream = open_sample_streams(args.inputs, files, strict=args.strict)
+                if stream is not None:
+                    with open_output(args.output) as out:
+                        fmt.write_samples(stream, out, options)
+                    return 0
         stats = ReadStats()
         profile = load_profile(args.inputs, strict=args.strict, stats=stats)
         if args.sample_rate is not None and profile.sample_rate is None:
@@ -56,7 +76,7 @@ class ExportCommand(Command):
         if args.duration_ns is not None and profile.start_ns is not None and profile.end_ns is None:
             profile.end_ns = profile.start_ns + args.duration_ns
         with open_output(args.output) as out:
-            fmt.write(profile, out, OutputOptions(title=args.title))
+            fmt.write(profile, out, options)
         summary = stats.summary()
         if summary:
             self.warn(summary)

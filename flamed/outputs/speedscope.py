@@ -216,6 +216,7 @@ class SpeedscopeFormat(OutputFormat):
     name = "speedscope"
     extensions = (".speedscope.json", ".speedscope")
     description = "speedscope JSON: sampled profiles per task, or evented per thread from a sample stream"
+    wants_samples = True
 
     def write(self, profile: Profile, out: BinaryIO, options: OutputOptions | None = None) -> None:
         title = options.title if options is not None else None

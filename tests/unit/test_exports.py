@@ -210,3 +210,31 @@ def test_cli_export_round_trip_through_every_reader(tmp_path: Path) -> None:
     err = io.StringIO()
     assert main(["export", "-f", "folded", str(bad)], stderr=err) == 1
     assert "bad.pb" in err.getvalue()
+
+
+def test_cli_export_timeline_from_real_perf_capture(tmp_path: Path) -> None:
+    from flamed.collapse import get as get_collapser
+    from flamed.collapse.base import CollapseOptions
+
+    src = DATA / "perf" / "c-pid-tid.txt.gz"
+    with gzip.open(src, "rb") as f:
+        samples = list(get_collapser("perf").samples(f, CollapseOptions(), source=str(src)))
+    threads = {(s.pid, s.tid) for s in samples}
+    assert len(samples) > 20 and len(threads) >= 2
+    trace = tmp_path / "t.trace.json"
+    assert main(["export", "-o", str(trace), str(src)]) == 0
+    ev = json.loads(trace.read_text())["traceEvents"]
+    assert {(e["pid"], e["tid"]) for e in ev if e["ph"] == "X"} == threads
+    # Every sample's leaf is on its thread's track at the sample's time.
+    t0 = min(s.time_ns for s in samples)
+    spans = [(e["tid"], e["name"], e["ts"], e["ts"] + e["dur"]) for e in ev if e["ph"] == "X"]
+    for s in samples[:50]:
+        at = (s.time_ns - t0) / 1000.0
+        assert any(tid == s.tid and name == s.stack[-1] and a <= at < b + 1e-3 for tid, name, a, b in spans), s
+    ss = tmp_path / "t.speedscope.json"
+    assert main(["export", "-o", str(ss), str(src)]) == 0
+    doc = json.loads(ss.read_text())
+    assert {p["type"] for p in doc["profiles"]} == {"evented"} and len(doc["profiles"]) == len(threads)
+    agg = tmp_path / "a.speedscope.json"
+    assert main(["export", "--aggregate", "-o", str(agg), str(src)]) == 0
+    assert {p["type"] for p in json.loads(agg.read_text())["profiles"]} == {"sampled"}
