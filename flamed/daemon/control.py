@@ -225,6 +225,14 @@ class ControlServer:
         with contextlib.suppress(OSError):
             conn.settimeout(0.2)
             conn.sendall(error_header(message, code))
+        # Closing a Unix socket with the client's request still unread makes the kernel
+        # reset the connection, and the client gets ECONNRESET instead of the error above:
+        # consume what has already arrived first (without waiting: this may run in the accept loop).
+        with contextlib.suppress(OSError):
+            conn.setblocking(False)
+            for _ in range(16):
+                if not conn.recv(65536):
+                    break
         with contextlib.suppress(OSError):
             conn.close()
 
