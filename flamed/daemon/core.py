@@ -247,7 +247,7 @@ class Daemon:
                         stop()
                     except Exception as e:
                         log.warning("stopping the sampler: %s", e)
-                self._drain_once(rotate_now=True)
+                self._drain_once(rotate_now=True, final=True)
                 bpf = self.bpf_samples_total()
                 if bpf is not None:
                     # The fault tests compare this with the sum of the files' sidecar sample counts.
@@ -274,7 +274,7 @@ class Daemon:
         self.metrics_server.stop()
 
     # -- drain -----------------------------------------------------------
-    def _drain_once(self, *, rotate_now: bool = False) -> None:
+    def _drain_once(self, *, rotate_now: bool = False, final: bool = False) -> None:
         assert self.sampler is not None
         t0 = time.perf_counter()
         try:
@@ -286,14 +286,14 @@ class Daemon:
             if rotate_now:
                 self.store.rotate()
             return
-        self._take_window(window, time.perf_counter() - t0)
+        self._take_window(window, time.perf_counter() - t0, final=final)
         if rotate_now or self.store.due(window.end_ns, int(self.config.sampling.drain_interval * 0.5e9)):
             self.store.rotate()
         elif self.store.backlog:
             self.store.write_pending()
         self.notifier.status(self._status_line())
 
-    def _take_window(self, window: Window, drain_seconds: float) -> None:
+    def _take_window(self, window: Window, drain_seconds: float, *, final: bool = False) -> None:
         m = self.metrics
         # Beyond the Sampler protocol: BpfSampler.stats() tells how the drain went.
         stats_fn = getattr(self.sampler, "stats", None)
@@ -307,7 +307,10 @@ class Daemon:
                 pass
         for p in self.processors:
             try:
-                p.process(window)
+                if final:
+                    p.finish(window)  # the last window: everything still pending goes in
+                else:
+                    p.process(window)
             except Exception:
                 m.processor_errors.labels(processor=p.name).inc()
                 log.exception("window processor %s failed; its events are kept as native stacks", p.name)

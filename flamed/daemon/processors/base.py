@@ -67,6 +67,13 @@ class WindowProcessor:
         so that ``sum(counts) + len(events) == samples`` stays true.
         """
 
+    def finish(self, window: Window) -> None:
+        """The last window, at shutdown: like :meth:`process`, but also add
+        whatever is still held back from earlier windows (as native stacks if
+        it cannot be joined any more), because :meth:`close` comes after the
+        last file is written.  Default: :meth:`process`."""
+        self.process(window)
+
     def reload(self, options: Any, config: Any) -> None:
         """New options after SIGHUP (already validated)."""
         self.options = options
