@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from flamed.commands._render import add_render_arguments, read_counts, read_ordered, render_options
 from flamed.commands.base import Command
 from flamed.fileio import open_output
 from flamed.folded import ReadStats
-from flamed.inputs import all_folded, load_profile
+from flamed.inputs import all_folded, load_profile, open_sample_streams
 from flamed.layout import StackTable, table_from_keyed, table_from_profile
 from flamed.outputs.svg import render_chart, render_table
 
@@ -48,7 +49,12 @@ class SvgCommand(Command):
             if folded:
                 items = read_ordered(args.inputs, strict=args.strict, stats=stats)
             else:
-                items = list(load_profile(args.inputs, strict=args.strict, stats=stats).stacks.items())
+                with contextlib.ExitStack() as files:
+                    # Inputs with timestamps (perf script, traces): their samples in time order.
+                    stream = open_sample_streams(args.inputs, files, strict=args.strict)
+                    items = [(s.stack, s.weight) for s in stream] if stream is not None else []
+                if stream is None:
+                    items = list(load_profile(args.inputs, strict=args.strict, stats=stats).stacks.items())
             with open_output(args.output) as out:
                 n = render_chart(items, out, options)
         else:

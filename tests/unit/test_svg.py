@@ -263,3 +263,28 @@ def test_keyed_and_profile_tables_lay_out_alike() -> None:
     a = flame_frames(table_from_keyed(counts), 0)
     b = flame_frames(table_from_profile(real_profile()), 0)
     assert a == b
+
+
+def test_cli_flamechart_of_real_perf_capture_is_in_time_order(tmp_path: Path) -> None:
+    from flamed.collapse import get as get_collapser
+    from flamed.collapse.base import CollapseOptions
+
+    src = DATA / "perf" / "c-pid-tid.txt.gz"
+    with gzip.open(src, "rb") as f:
+        samples = sorted(get_collapser("perf").samples(f, CollapseOptions(), source=str(src)), key=lambda s: s.time_ns)
+    out = tmp_path / "chart.svg"
+    assert main(["svg", "--flamechart", str(src), "-o", str(out), "--minwidth", "0"]) == 0
+    _, boxes = parse_svg(out.read_bytes())
+    root = next(b for b in boxes if b.name == "all")
+    assert root.width == sum(s.weight for s in samples)
+    # Walking the samples in time order, each one's root frame box starts where the
+    # previous samples end: the x axis is time.
+    x = 0.0
+    firsts = sorted((b for b in boxes if b.width and b.y == root.y - 16), key=lambda b: b.x)
+    for b in firsts:
+        assert b.x == x
+        x += b.width
+    assert x == root.width
+    seq = [s.stack[0] for s in samples]
+    runs = [seq[0]] + [b for a, b in zip(seq, seq[1:]) if a != b]
+    assert [b.name for b in firsts] == runs
