@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from flamed.model import KERNEL_SUFFIX, Stack
 from flamed.sampler import CountKey
@@ -168,6 +168,38 @@ def _regex(obj: dict[str, Any], key: str) -> str | None:
 
 # -- bounded-cost regular expressions -----------------------------------------
 
+class _Matcher(Protocol):
+    def search(self, text: str) -> Any: ...
+
+
+def _re2_compile(pattern: str) -> _Matcher | None:
+    """``pattern`` compiled by RE2 (google-re2): matching is linear in the text, whatever the pattern.
+
+    The structural checks below stop exponential patterns, but not polynomial
+    ones: ``.*.*.*.*.*.*.*.*=`` has no nested repeat and still takes minutes on
+    one 3,000-character C++ frame with Python's backtracking ``re`` (measured
+    by tests/faults/test_security_socket.py), holding the GIL the drain needs.
+    ``None`` when google-re2 is not installed.
+    """
+    try:
+        import re2  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    opts = re2.Options()
+    opts.log_errors = False  # a client's bad pattern is its error, not a line in our log
+    try:
+        return re2.compile(pattern, opts)  # type: ignore[no-any-return]
+    except re2.error as e:
+        msg = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise ValueError(f"unsupported regular expression ({msg}); lookarounds and backreferences "
+                         "are not allowed") from None
+
+
+def compile_filter(pattern: str) -> _Matcher:
+    """The matcher the snapshot filter uses: RE2 when installed, else Python's ``re``."""
+    return _re2_compile(pattern) or re.compile(pattern)
+
+
 def check_regex(pattern: str) -> re.Pattern[str]:
     """Compile ``pattern`` if its matching cost is bounded; ValueError otherwise.
 
@@ -212,6 +244,7 @@ def check_regex(pattern: str) -> re.Pattern[str]:
         walk(sre_parse.parse(pattern), False)
     except RecursionError:
         raise ValueError("regular expression nested too deeply") from None
+    _re2_compile(pattern)  # refuses what RE2 cannot run in linear time
     return compiled
 
 
@@ -224,14 +257,14 @@ class SnapshotFilter:
 
     def __init__(self, req: SnapshotRequest) -> None:
         self.req = req
-        self.comm_re = re.compile(req.comm) if req.comm else None
-        self.frame_re = re.compile(req.frame) if req.frame else None
-        self.exclude_re = re.compile(req.exclude_frame) if req.exclude_frame else None
+        self.comm_re = compile_filter(req.comm) if req.comm else None
+        self.frame_re = compile_filter(req.frame) if req.frame else None
+        self.exclude_re = compile_filter(req.exclude_frame) if req.exclude_frame else None
         self._comm_cache: dict[str, bool] = {}
         self._frame_cache: dict[str, bool] = {}
         self._exclude_cache: dict[str, bool] = {}
 
-    def _match(self, cache: dict[str, bool], rx: re.Pattern[str], text: str) -> bool:
+    def _match(self, cache: dict[str, bool], rx: _Matcher, text: str) -> bool:
         hit = cache.get(text)
         if hit is None:
             hit = cache[text] = rx.search(text) is not None
