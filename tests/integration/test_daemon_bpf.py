@@ -1,0 +1,252 @@
+"""The daemon with the real BPF sampler, as a real process, against real workloads.
+
+One daemon (bcc compiles once) serves the tests of this module in order; the
+last one stops it with SIGTERM and checks that the last partial window is in
+the files and that the files hold exactly what the BPF program counted.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from flamed import outputs
+from flamed.daemon.client import DaemonError, request
+from flamed.errors import FlamedError
+from flamed.fileio import open_input
+from flamed.folded import read_folded
+from flamed.model import Profile
+from conftest import ROOT, have_bcc, have_root, need
+
+pytestmark = pytest.mark.bpf
+
+BUSY = ["busy_outer", "busy_middle", "busy_leaf"]
+
+
+@dataclass
+class Running:
+    proc: subprocess.Popen[str]
+    dir: Path
+    sock: str
+    busy_pid: int
+    busy: subprocess.Popen[bytes]
+
+
+def _build_busy(out: Path) -> Path:
+    gcc = shutil.which("gcc")
+    need(gcc is not None, "gcc (Debian gcc, libc6-dev) to build the C workload")
+    assert gcc is not None
+    exe = out / "flamed_busy"
+    subprocess.run([gcc, "-O0", "-g", "-fno-omit-frame-pointer", "-o", str(exe),
+                    str(ROOT / "tests" / "workloads" / "busy.c")], check=True, timeout=120)
+    return exe
+
+
+def _config(d: Path) -> Path:
+    cfg = d / "flamed.toml"
+    cfg.write_text(f"""
+[sampling]
+frequency = 99
+drain_interval = 1.0
+[output]
+state_dir = "{d / 'profiles'}"
+rotate_interval = 60.0
+host = "itest"
+[metrics]
+address = "127.0.0.1:0"
+[control]
+socket = "{d / 'flamed.sock'}"
+[log]
+target = "stderr"
+[processors.python]
+enabled = false
+""")
+    return cfg
+
+
+def _wait_socket(p: subprocess.Popen[str], sock: Path, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise AssertionError(f"daemon exited {p.returncode}: {p.stderr.read() if p.stderr else ''}")
+        if sock.exists():
+            return
+        time.sleep(0.1)
+    raise AssertionError("the daemon's socket never appeared")
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    need(have_root(), "root (BPF and perf events need CAP_BPF/CAP_PERFMON)")
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    d = tmp_path_factory.mktemp("bpfdaemon")
+    exe = _build_busy(d)
+    busy = subprocess.Popen([str(exe), "busy", "60"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen([sys.executable, "-m", "flamed", "daemon", "--config", str(_config(d))],
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert busy.stdout is not None and busy.stdout.readline().strip() == b"ready"
+        _wait_socket(p, d / "flamed.sock")
+        yield Running(p, d, str(d / "flamed.sock"), busy.pid, busy)
+    finally:
+        busy.kill()
+        busy.wait(timeout=10)
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+
+
+def _snapshot(r: Running, **req: object) -> tuple[dict, bytes]:
+    buf = io.BytesIO()
+    head = request(r.sock, {"request": "snapshot", **req}, buf, timeout=60)
+    return head, buf.getvalue()
+
+
+def _writes_profiles(fmt: str) -> bool:
+    try:
+        outputs.get(fmt).write(Profile({("a", "b"): 1}, start_ns=0, end_ns=1), io.BytesIO())
+    except FlamedError:
+        return False
+    return True
+
+
+def test_busy_workload_in_a_snapshot_in_every_format(daemon: Running) -> None:
+    time.sleep(2.5)
+    head, data = _snapshot(daemon, seconds=30, pid=daemon.busy_pid)
+    p = read_folded(io.BytesIO(data))
+    task = f"flamed_busy-{daemon.busy_pid}"
+    assert p.total() > 50 and {s[0] for s in p.stacks} == {task}
+    busiest = max(p.stacks.items(), key=lambda kv: kv[1])[0]
+    assert [f for f in busiest if f in BUSY] == BUSY, busiest
+    assert head["weight"] == p.total() and head["end_ns"] > head["start_ns"]
+    served = 0
+    for fmt in outputs.names():
+        if not _writes_profiles(fmt):
+            with pytest.raises(DaemonError):
+                _snapshot(daemon, seconds=30, pid=daemon.busy_pid, format=fmt)
+            continue
+        h, payload = _snapshot(daemon, seconds=30, pid=daemon.busy_pid, format=fmt, root="comm")
+        assert h["length"] == len(payload) > 0 and h["stacks"] >= 1, fmt
+        if fmt in ("svg", "json", "speedscope", "folded"):
+            assert b"busy_leaf" in payload, fmt
+        served += 1
+    assert served >= 3
+
+
+def test_next_snapshot_of_a_syscall_heavy_workload_has_kernel_frames(daemon: Running) -> None:
+    dd = subprocess.Popen(["dd", "if=/dev/zero", "of=/dev/null", "bs=1", "count=4000000000"],
+                          stderr=subprocess.DEVNULL)
+    try:
+        head, data = _snapshot(daemon, next=2.0, pid=dd.pid, frames="kernel")
+    finally:
+        dd.kill()
+        dd.wait(timeout=10)
+    p = read_folded(io.BytesIO(data))
+    assert p.total() > 20
+    assert all(f.endswith("_[k]") for s in p.stacks for f in s[1:])
+    assert any(re.search(r"(read|write)", f) for s in p.stacks for f in s)
+    assert head["end_ns"] - head["start_ns"] >= 1.9e9
+
+
+def test_metrics_over_http_match_the_files(daemon: Running) -> None:
+    promtool = shutil.which("promtool")
+    need(promtool is not None, "promtool (Debian prometheus)")
+    flushed = request(daemon.sock, {"request": "flush"})["file"]
+    assert flushed and Path(flushed).exists()
+    st = request(daemon.sock, {"request": "status"})["status"]
+    with urllib.request.urlopen(f"http://{st['metrics']}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            values[k] = float(v)
+    files = [f for f in (daemon.dir / "profiles").glob("itest-*.folded") if not f.is_symlink()]
+    metas = [json.loads(f.with_suffix(".json").read_text()) for f in files]
+    assert values["flamed_files_written_total"] == len(files) == 1
+    assert values["flamed_disk_files"] == len(files)
+    assert values["flamed_disk_bytes"] == sum(f.stat().st_size + f.with_suffix(".json").stat().st_size for f in files)
+    # every sample the daemon counted up to the flush is in that file
+    assert values["flamed_samples_total"] == sum(m["samples"] for m in metas)
+    assert values['flamed_bpf_map_fill_ratio{map="counts"}'] > 0
+    assert values["flamed_symbolize_duration_seconds_count"] >= 1
+
+
+def test_sigterm_writes_the_last_partial_window_and_nothing_is_lost(daemon: Running) -> None:
+    time.sleep(1.5)
+    t_stop = time.time_ns()
+    daemon.proc.send_signal(signal.SIGTERM)
+    _, err = daemon.proc.communicate(timeout=60)
+    assert daemon.proc.returncode == 0, err
+    files = sorted(f for f in (daemon.dir / "profiles").glob("itest-*.folded") if not f.is_symlink())
+    assert len(files) == 2  # the flushed one, and the partial window written at SIGTERM
+    weight = samples = 0
+    for f in files:
+        meta = json.loads(f.with_suffix(".json").read_text())
+        with open_input(f) as fh:
+            prof = read_folded(fh)
+        assert prof.total() == meta["weight"]
+        weight += meta["weight"]
+        samples += meta["samples"] - meta["lost"].get("map_full", 0)
+    last = json.loads(files[-1].with_suffix(".json").read_text())
+    assert last["end_ns"] >= t_stop
+    m = re.search(r"the BPF program counted (\d+) samples since start; (\d+) went into windows", err)
+    assert m is not None, err
+    # drain totals equal the BPF program's own counter; the files hold every counted sample
+    assert int(m.group(1)) == int(m.group(2)) == samples + sum(
+        json.loads(f.with_suffix(".json").read_text())["lost"].get("map_full", 0) for f in files)
+    assert weight == samples
+    with open_input(files[-1]) as fh:
+        assert any(f"flamed_busy-{daemon.busy_pid}" == s[0] for s in read_folded(fh).stacks)
+
+
+def test_runs_with_exactly_the_units_capabilities(tmp_path: Path) -> None:
+    need(have_root(), "root")
+    need(have_bcc(), "bcc")
+    need(shutil.which("setpriv") is not None, "setpriv (util-linux)")
+    unit = (ROOT / "systemd" / "flamed.service").read_text()
+    m = re.search(r"^CapabilityBoundingSet=(.*)$", unit, re.M)
+    assert m is not None
+    caps = ",".join("+" + c.lower().removeprefix("cap_") for c in m.group(1).split())
+    exe = _build_busy(tmp_path)
+    busy = subprocess.Popen([str(exe), "busy", "30"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    # root's uid with only the unit's bounding set, no new privileges: what systemd gives the service
+    p = subprocess.Popen(["setpriv", f"--bounding-set=-all,{caps}", "--inh-caps=-all", "--no-new-privs",
+                          sys.executable, "-m", "flamed", "daemon", "--config", str(_config(tmp_path))],
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert busy.stdout is not None and busy.stdout.readline().strip() == b"ready"
+        _wait_socket(p, tmp_path / "flamed.sock")
+        status = Path(f"/proc/{p.pid}/status").read_text()
+        bnd = int(re.search(r"^CapBnd:\s*([0-9a-f]+)$", status, re.M).group(1), 16)  # type: ignore[union-attr]
+        assert bin(bnd).count("1") == len(m.group(1).split())
+        time.sleep(2.5)
+        buf = io.BytesIO()
+        request(str(tmp_path / "flamed.sock"), {"request": "snapshot", "seconds": 30, "pid": busy.pid}, buf)
+        prof = read_folded(io.BytesIO(buf.getvalue()))
+        assert prof.total() > 50
+        assert any([f for f in s if f in BUSY] == BUSY for s in prof.stacks)
+    finally:
+        busy.kill()
+        busy.wait(timeout=10)
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0
