@@ -311,10 +311,12 @@ def _check_privileges() -> None:
     has = lambda c: bool(caps >> c & 1)  # noqa: E731
     if has(_CAP_SYS_ADMIN) or (has(_CAP_BPF) and has(_CAP_PERFMON)):
         return
+    # Name what is missing: under a unit's CapabilityBoundingSet it is usually one of them.
+    missing = " and ".join(n for c, n in ((_CAP_BPF, "CAP_BPF"), (_CAP_PERFMON, "CAP_PERFMON")) if not has(c))
     raise CapabilityError(
-        "the BPF sampler needs root, or CAP_BPF and CAP_PERFMON (plus CAP_SYS_PTRACE to read other "
-        f"processes' symbols; effective capabilities now: {caps:#x}); run as root, or through the "
-        "systemd unit, which grants them"
+        f"the BPF sampler is missing {missing}: it needs root, or CAP_BPF and CAP_PERFMON (plus "
+        f"CAP_SYS_PTRACE to read other processes' symbols; effective capabilities now: {caps:#x}); "
+        "run as root, or through the systemd unit, which grants them"
     )
 
 
