@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flamed.fastfolded import count_folded, profile_from_counts
+from flamed.fastfolded import count_folded, count_folded_file, profile_from_counts
 from flamed.fileio import input_name, open_input
 from flamed.folded import ReadStats, iter_folded
 from flamed.model import Profile, Stack, Weight
@@ -76,13 +78,29 @@ def collapse_reader() -> Callable[..., Any] | None:
     return None
 
 
-def read_counts(paths: Sequence[str], *, strict: bool, stats: ReadStats) -> dict[bytes, Weight]:
-    """Folded inputs summed by stack text (the fast path of the renderers)."""
+def read_counts(paths: Sequence[str], *, strict: bool, stats: ReadStats, jobs: int = 1) -> dict[bytes, Weight]:
+    """Folded inputs summed by stack text (the fast path of the renderers).
+
+    Large plain files are counted by ``jobs`` processes; gzip and stdin by one.
+    """
     counts: dict[bytes, Weight] = {}
     for path in paths or ["-"]:
         with open_input(path) as f:
-            count_folded(f, counts=counts, source=input_name(path), strict=strict, stats=stats)
+            plain = path != "-" and not isinstance(f, gzip.GzipFile)
+            if not plain or jobs <= 1:
+                count_folded(f, counts=counts, source=input_name(path), strict=strict, stats=stats)
+                continue
+        count_folded_file(path, counts=counts, strict=strict, stats=stats, jobs=jobs)
     return counts
+
+
+def default_jobs() -> int:
+    """Worker processes for large inputs: the CPUs this process may use, at most 4."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(4, n))
 
 
 def read_ordered(paths: Sequence[str], *, strict: bool, stats: ReadStats) -> list[tuple[Stack, Weight]]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from flamed.commands._render import add_render_arguments, read_counts, read_ordered, render_options
+from flamed.commands._render import add_render_arguments, default_jobs, read_counts, read_ordered, render_options
 from flamed.commands.base import Command
+from flamed.errors import UsageError
 from flamed.fileio import open_output
 from flamed.folded import ReadStats
 from flamed.inputs import all_folded, load_profile, open_sample_streams
@@ -39,10 +40,19 @@ class SvgCommand(Command):
         parser.add_argument("inputs", nargs="*", metavar="INPUT", help="folded files (gzip ok); default stdin")
         parser.add_argument("-o", "--output", help="output file (default stdout), written atomically")
         parser.add_argument("--strict", action="store_true", help="fail on the first malformed line")
+        parser.add_argument(
+            "-j",
+            "--jobs",
+            type=int,
+            default=default_jobs(),
+            help="processes counting a large (>64 MB, not gzip) folded file; output is the same for any number",
+        )
         add_render_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         options = render_options(args)
+        if args.jobs < 1:
+            raise UsageError("--jobs must be at least 1")
         stats = ReadStats()
         folded = all_folded(args.inputs)
         if options.flamechart:
@@ -61,7 +71,7 @@ class SvgCommand(Command):
             # Folded text skips the Profile: counted by stack text, split once per box drawn.
             table: StackTable[bytes] | StackTable[str]
             if folded:
-                table = table_from_keyed(read_counts(args.inputs, strict=args.strict, stats=stats))
+                table = table_from_keyed(read_counts(args.inputs, strict=args.strict, stats=stats, jobs=args.jobs))
             else:
                 table = table_from_profile(load_profile(args.inputs, strict=args.strict, stats=stats))
             with open_output(args.output) as out:

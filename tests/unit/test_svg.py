@@ -288,3 +288,27 @@ def test_cli_flamechart_of_real_perf_capture_is_in_time_order(tmp_path: Path) ->
     seq = [s.stack[0] for s in samples]
     runs = [seq[0]] + [b for a, b in zip(seq, seq[1:]) if a != b]
     assert [b.name for b in firsts] == runs
+
+
+def test_parallel_counting_gives_the_same_counts_and_line_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import flamed.fastfolded as ff
+
+    lines = []
+    for i in range(3000):
+        lines.append(f"root;f{i % 37};g{i % 11} {i % 5 + 1}")
+        if i % 997 == 0:
+            lines.append("no count here")
+    src = tmp_path / "big.folded"
+    src.write_text("\n".join(lines) + "\n")
+    one, s1 = ff.count_folded_file(str(src), jobs=1), ReadStats()
+    ff.count_folded_file(str(src), jobs=1, stats=s1)
+    monkeypatch.setattr(ff, "PARALLEL_MIN_BYTES", 0)
+    s3 = ReadStats()
+    three = ff.count_folded_file(str(src), jobs=3, stats=s3)
+    assert three == one
+    assert (s3.lines, s3.records, s3.skipped) == (s1.lines, s1.records, s1.skipped) == (3004, 3000, 4)
+    assert sorted(s3.first_errors) == sorted(s1.first_errors)
+    out1, out3 = tmp_path / "1.svg", tmp_path / "3.svg"
+    assert main(["svg", "-j", "1", str(src), "-o", str(out1)]) == 0
+    assert main(["svg", "-j", "3", str(src), "-o", str(out3)]) == 0
+    assert out1.read_bytes() == out3.read_bytes()
