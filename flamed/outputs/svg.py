@@ -16,6 +16,7 @@ three characters, and the script recomputes them after a zoom.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -262,6 +263,10 @@ def render_chart(items: Sequence[tuple[Stack, Weight]], out: BinaryIO, options: 
 
 def render_profile(profile: Profile, out: BinaryIO, options: OutputOptions | None = None) -> int:
     o = options or OutputOptions()
+    unit = profile.labels.get("unit")
+    if unit and unit != "samples" and o.countname == "samples":
+        # The profile says what its weights count (e.g. nanoseconds): say it in the details.
+        o = dataclasses.replace(o, countname=unit)
     if o.flamechart:
         # A Profile keeps the order stacks were first seen in: the closest to time order it has.
         return render_chart(list(profile.stacks.items()), out, o)
