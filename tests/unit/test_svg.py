@@ -312,3 +312,18 @@ def test_parallel_counting_gives_the_same_counts_and_line_numbers(tmp_path: Path
     assert main(["svg", "-j", "1", str(src), "-o", str(out1)]) == 0
     assert main(["svg", "-j", "3", str(src), "-o", str(out3)]) == 0
     assert out1.read_bytes() == out3.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "capture",
+    sorted(p.name for p in (DATA / "perf").glob("*.txt*")) + sorted(p.name for p in (DATA / "bcc").glob("*.txt.gz")),
+)
+def test_real_captures_every_frame_with_its_width(capture: str) -> None:
+    from flamed.inputs import load_profile
+
+    path = DATA / ("perf" if (DATA / "perf" / capture).exists() else "bcc") / capture
+    p = load_profile([str(path)])
+    assert len(p) > 0
+    for opts in ({"minwidth": 0}, {"minwidth": 0, "inverted": True, "palette": "mixed"}):
+        _, boxes = parse_svg(render(p, **opts))  # parses as XML whatever the frame text
+        assert box_paths(boxes, inverted=bool(opts.get("inverted"))) == expected_paths(p)
