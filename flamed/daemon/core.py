@@ -162,6 +162,7 @@ class Daemon:
         self.store.apply_retention()
         self.sampler = self.sampler_factory(cfg)
         self.sampler.start()
+        _release_heap()
         try:
             self._start_processors(cfg)
             try:
@@ -423,6 +424,7 @@ class Daemon:
             # and the old one's last window is drained into the current period.
             fresh = self.sampler_factory(new)
             fresh.start()
+            _release_heap()
             assert self.sampler is not None
             self._drain_once()
             self._bpf_retired = (self.bpf_samples_total() or 0)
@@ -626,6 +628,20 @@ class Daemon:
             "processors": {p.name: _safe_status(p) for p in self.processors},
             "formats": outputs.names(),
         }
+
+
+def _release_heap() -> None:
+    """Give the heap that compiling the BPF program used (clang/LLVM, tens of MB) back to the OS.
+
+    glibc keeps freed memory in its arenas; without this the daemon's RSS
+    stays at its start-up peak for its whole life.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc
 
 
 def _safe_status(p: WindowProcessor) -> dict[str, Any]:

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""The daemon's cost while a fixed CPU-bound workload runs (driven by bench/daemon.sh).
+
+Per rate: the workload (a C loop doing a fixed amount of work, one copy per
+CPU, so every CPU is busy and sampled) runs without the daemon, then for
+SECONDS with the daemon sampling at that rate (defaults otherwise: drain every
+10 s, a file per 60 s; mixed mode off, to measure the daemon itself), then
+without it again.  Slowdown compares the median run time with and without the
+daemon, in the same invocation.  Daemon CPU is utime+stime of its process from
+/proc/PID/stat over the sampling period; BPF time is the delta of run_time_ns
+of the program ``flamed_sample`` (``bpftool prog show``, with
+kernel.bpf_stats_enabled=1, restored afterwards).  RSS is VmRSS at the end and
+VmHWM (peak).  The machine may be shared: the load average is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+static volatile unsigned long sink;
+__attribute__((noinline)) void work(unsigned long n) { for (unsigned long i = 0; i < n; i++) sink += i * i; }
+int main(int argc, char **argv) {
+    unsigned long n = strtoul(argv[1], 0, 10);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    work(n);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    printf("%.6f\n", (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9);
+    return 0;
+}
+"""
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def build(tmp: Path) -> Path:
+    src = tmp / "work.c"
+    src.write_text(WORK_C)
+    exe = tmp / "flamed_work"
+    subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+def run_batch(exe: Path, n: int, copies: int) -> list[float]:
+    procs = [subprocess.Popen([str(exe), str(n)], stdout=subprocess.PIPE, text=True) for _ in range(copies)]
+    return [float(p.communicate()[0]) for p in procs]
+
+
+def calibrate(exe: Path, target: float) -> int:
+    n = 50_000_000
+    t = run_batch(exe, n, 1)[0]
+    return max(1, int(n * target / t))
+
+
+def proc_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def proc_mem(pid: int) -> tuple[int, int, int]:
+    """VmRSS, RssAnon (the daemon's own memory; the rest is mostly libLLVM/libclang code) and VmHWM."""
+    kv = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        k, _, v = line.partition(":")
+        kv[k] = v.strip()
+    return tuple(int(kv[k].split()[0]) * 1024 for k in ("VmRSS", "RssAnon", "VmHWM"))  # type: ignore[return-value]
+
+
+def bpf_runtime() -> tuple[int, int]:
+    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
+    ns = cnt = 0
+    for prog in json.loads(out):
+        if prog.get("name") == "flamed_sample":
+            ns += int(prog.get("run_time_ns", 0))
+            cnt += int(prog.get("run_cnt", 0))
+    return ns, cnt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--rates", default="19 99")
+    ap.add_argument("--run-seconds", type=float, default=5.0, help="length of one workload run")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench/daemon.sh: needs root (BPF)", file=sys.stderr)
+        return 1
+    for tool in ("gcc", "bpftool"):
+        if shutil.which(tool) is None:
+            print(f"bench/daemon.sh: {tool} missing (packaging/setup.sh --test)", file=sys.stderr)
+            return 1
+    copies = os.cpu_count() or 1
+    old_stats = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="flamed-bench-") as t:
+        tmp = Path(t)
+        exe = build(tmp)
+        n = calibrate(exe, args.run_seconds)
+        Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
+        try:
+            for rate in [int(r) for r in args.rates.split()]:
+                rows.append(measure(tmp, exe, n, copies, rate, args.seconds))
+        finally:
+            Path("/proc/sys/kernel/bpf_stats_enabled").write_text(old_stats)
+    print()
+    print(f"flamed daemon cost, {args.seconds:g} s per rate, {copies} CPUs, workload: {copies} x fixed C loop "
+          f"(~{args.run_seconds:g} s per run), load average {os.getloadavg()[0]:.2f}")
+    hdr = ("rate Hz", "daemon CPU %core", "BPF %core", "BPF ns/sample", "samples", "workload base s",
+           "with daemon s", "slowdown %", "RSS MB", "anon RSS MB", "peak RSS MB")
+    print(" | ".join(hdr))
+    print(" | ".join("---" for _ in hdr))
+    for r in rows:
+        print(" | ".join(str(x) for x in r))
+    return 0
+
+
+def measure(tmp: Path, exe: Path, n: int, copies: int, rate: int, seconds: float) -> tuple[object, ...]:
+    base = run_batch(exe, n, copies) + run_batch(exe, n, copies)
+    cfg = tmp / f"bench-{rate}.toml"
+    cfg.write_text(f"""
+[sampling]
+frequency = {rate}
+[output]
+state_dir = "{tmp / f'profiles-{rate}'}"
+[metrics]
+address = "127.0.0.1:0"
+[control]
+socket = "{tmp / f'flamed-{rate}.sock'}"
+[log]
+target = "stderr"
+[processors.python]
+enabled = false
+""")
+    log = open(tmp / f"daemon-{rate}.log", "w")
+    d = subprocess.Popen([str(ROOT / ".venv" / "bin" / "python"), "-m", "flamed", "daemon", "--config", str(cfg)],
+                         stderr=log, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp / f"flamed-{rate}.sock").exists():
+            if d.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"daemon did not start; see {tmp}/daemon-{rate}.log")
+            time.sleep(0.2)
+        time.sleep(1.0)  # past start-up (bcc compile), which is not steady-state cost
+        cpu0, (bpf0, cnt0), t0 = proc_cpu(d.pid), bpf_runtime(), time.monotonic()
+        with_d: list[float] = []
+        while time.monotonic() - t0 < seconds:
+            with_d += run_batch(exe, n, copies)
+        cpu1, (bpf1, cnt1), t1 = proc_cpu(d.pid), bpf_runtime(), time.monotonic()
+        rss, anon, hwm = proc_mem(d.pid)
+    finally:
+        d.send_signal(signal.SIGTERM)
+        try:
+            d.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            d.kill()
+            d.wait()
+        log.close()
+    base += run_batch(exe, n, copies) + run_batch(exe, n, copies)
+    el = t1 - t0
+    b, w = statistics.median(base), statistics.median(with_d)
+    return (rate, f"{100 * (cpu1 - cpu0) / el:.2f}", f"{100 * (bpf1 - bpf0) / 1e9 / el:.3f}",
+            f"{(bpf1 - bpf0) / max(1, cnt1 - cnt0):.0f}", cnt1 - cnt0, f"{b:.3f}", f"{w:.3f}",
+            f"{100 * (w / b - 1):+.2f}", f"{rss / 2**20:.0f}", f"{anon / 2**20:.0f}", f"{hwm / 2**20:.0f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
