@@ -223,7 +223,14 @@ def render_boxes(
     w("</svg>\n")
     w('<g id="labels">\n')
     parts.extend(labels)
-    w("</g>\n</svg>\n")
+    w("</g>\n")
+    # The floating tooltip, last so it is drawn over everything; filled by the script.
+    w(
+        '<g id="tip" class="hide"><rect x="0" y="0" width="0" height="0" rx="3"/>'
+        f'<text><tspan id="tipname" x="6" y="{FONT_SIZE + 2}"> </tspan>'
+        f'<tspan id="tipinfo" x="6" dy="{FONT_SIZE + 3}"> </tspan></text></g>\n'
+    )
+    w("</svg>\n")
     out.write("".join(parts).encode("utf-8"))
     colorer.save()
 

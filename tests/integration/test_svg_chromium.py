@@ -82,6 +82,15 @@ def test_svg_in_chromium_hover_search_zoom_reset(browser: Browser, tmp_path: Pat
     spin = int(_widest(boxes, "spin_for").width)
     assert spin > 1
     assert details == f"Function: spin_for ({spin:,} samples, {100 * spin / total:.2f}%)"
+    # The floating tooltip shows the same, next to the pointer.
+    assert not b.eval("document.getElementById('tip').classList.contains('hide')")
+    assert b.eval("document.getElementById('tipname').textContent") == "spin_for"
+    assert b.eval("document.getElementById('tipinfo').textContent") == f"{spin:,} samples, {100 * spin / total:.2f}%"
+    tr = b.eval("(() => { const r = document.getElementById('tip').getBoundingClientRect(); return [r.x, r.y, r.width]; })()")
+    assert abs(tr[1] - y) < 60 and tr[2] > 50, tr
+    b.screenshot(ARTIFACTS / "svg-hover.png")
+    b.mouse("mouseMoved", 5, 5)
+    assert b.eval("document.getElementById('tip').classList.contains('hide')")
 
     # Search through the real button and prompt: nested matches count once.
     sx, sy = _center(b, "document.getElementById('search')")

@@ -3,7 +3,7 @@
 // Boxes live in the nested <svg id="fv"> whose user units are weights (samples):
 // zooming only changes its viewBox, so positions stay exact at any depth of zoom.
 // Labels are plain px text outside it, recomputed after every zoom.
-var F = [], fv, labels, details, matched, unzoomBtn, icBtn, root;
+var F = [], fv, labels, details, matched, unzoomBtn, icBtn, root, tip, tipName, tipInfo, tipBg;
 var total = 0, left = 0, dw = 0, fs = 12, fw = 0.59, fh = 16, H = 0;
 var view = null, searchRe = null, ignoreCase = false, NS = "http://www.w3.org/2000/svg";
 
@@ -17,6 +17,10 @@ function init() {
   matched = document.getElementById("matched");
   unzoomBtn = document.getElementById("unzoom");
   icBtn = document.getElementById("ignorecase");
+  tip = document.getElementById("tip");
+  tipBg = tip.firstElementChild;
+  tipName = document.getElementById("tipname");
+  tipInfo = document.getElementById("tipinfo");
   total = num(fv.getAttribute("data-total"));
   left = num(fv.getAttribute("x"));
   dw = num(fv.getAttribute("width"));
@@ -33,8 +37,14 @@ function init() {
             name: txt.slice(0, txt.lastIndexOf(" ("))});
   }
   fv.addEventListener("click", function (e) { var f = frameOf(e); if (f) zoom(f); });
-  fv.addEventListener("mouseover", function (e) { var f = frameOf(e); if (f) details.nodeValue = "Function: " + f.title; });
-  fv.addEventListener("mouseout", function () { details.nodeValue = " "; });
+  fv.addEventListener("mouseover", function (e) {
+    var f = frameOf(e);
+    if (!f) return;
+    details.nodeValue = "Function: " + f.title;
+    showTip(f, e);
+  });
+  fv.addEventListener("mousemove", function (e) { if (!tip.classList.contains("hide")) placeTip(e); });
+  fv.addEventListener("mouseout", function () { details.nodeValue = " "; tip.classList.add("hide"); });
   unzoomBtn.addEventListener("click", unzoom);
   document.getElementById("search").addEventListener("click", searchPrompt);
   icBtn.addEventListener("click", function () {
@@ -49,6 +59,30 @@ function init() {
   var p = new URLSearchParams(document.location.search);
   if (p.get("s")) search(p.get("s"));
   if (p.get("z") !== null && F[+p.get("z")]) zoom(F[+p.get("z")]);
+}
+
+// The floating tooltip: the frame's name, then its weight and share.
+function showTip(f, e) {
+  var name = f.name.length > 100 ? f.name.slice(0, 98) + ".." : f.name;
+  tipName.textContent = name;
+  tipInfo.textContent = f.title.slice(f.name.length + 2, -1);
+  tip.classList.remove("hide");
+  var bb = tip.lastElementChild.getBBox();
+  tipBg.setAttribute("width", Math.ceil(bb.width) + 12);
+  tipBg.setAttribute("height", Math.ceil(bb.height) + 8);
+  placeTip(e);
+}
+
+function placeTip(e) {
+  var ctm = root.getScreenCTM(), p = root.createSVGPoint();
+  p.x = e.clientX; p.y = e.clientY;
+  if (ctm) p = p.matrixTransform(ctm.inverse());
+  var w = num(tipBg.getAttribute("width")), h = num(tipBg.getAttribute("height"));
+  var W = num(root.getAttribute("width")), Hh = num(root.getAttribute("height"));
+  var x = p.x + 12, y = p.y + 16;
+  if (x + w > W) x = Math.max(0, p.x - w - 8);
+  if (y + h > Hh) y = Math.max(0, p.y - h - 8);
+  tip.setAttribute("transform", "translate(" + x.toFixed(1) + "," + y.toFixed(1) + ")");
 }
 
 function frameOf(e) {
