@@ -238,3 +238,15 @@ def test_cli_export_timeline_from_real_perf_capture(tmp_path: Path) -> None:
     agg = tmp_path / "a.speedscope.json"
     assert main(["export", "--aggregate", "-o", str(agg), str(src)]) == 0
     assert {p["type"] for p in json.loads(agg.read_text())["profiles"]} == {"sampled"}
+
+
+def test_golden_exports() -> None:
+    from conftest import golden
+
+    p = real_profile()
+    p.sample_rate = 99.0
+    p.start_ns = 1_764_676_800_000_000_000
+    p.end_ns = p.start_ns + 2_000_000_000
+    golden(DATA / "exports" / "bcc.pb", to_proto(p).SerializeToString(deterministic=True))
+    golden(DATA / "exports" / "bcc.speedscope.json", json.dumps(to_document(p), indent=1).encode())
+    golden(DATA / "exports" / "stream.trace.json", json.dumps(samples_trace(_stream()), indent=1).encode())
