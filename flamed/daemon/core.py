@@ -370,6 +370,17 @@ class Daemon:
         except (AttributeError, TypeError, ValueError):
             return None
 
+    def _symbol_cache_stats(self) -> dict[str, int] | None:
+        """Per-process symbol caches of the sampler (fault tests count them before and after churn)."""
+        stats_fn = getattr(self.sampler, "stats", None)
+        if not callable(stats_fn):
+            return None
+        try:
+            st = stats_fn()
+            return {"processes": int(st.symbol_processes), "addresses": int(st.symbol_addresses)}
+        except (AttributeError, TypeError, ValueError):
+            return None
+
     # -- processors ------------------------------------------------------
     def _processor_options(self, cfg: DaemonConfig) -> dict[str, tuple[type[WindowProcessor], Any]]:
         """Validate every [processors.NAME] table; raises ConfigError naming the key."""
@@ -615,6 +626,7 @@ class Daemon:
             "windows": self.totals["windows"],
             "samples": self.totals["samples"],
             "bpf_samples": self.bpf_samples_total(),
+            "symbol_caches": self._symbol_cache_stats(),
             "weight": self.totals["weight"],
             "lost": dict(sorted(self.lost_totals.items())),
             "ring": {"windows": nw, "stacks": ns, "seconds": cfg.snapshot.ring_seconds},
