@@ -18,7 +18,7 @@ from flamed.outputs.svg import parse_minwidth
 from flamed.palette import PALETTES
 
 
-def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True) -> None:
+def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True, colors: bool = True) -> None:
     g = parser.add_argument_group("drawing")
     g.add_argument("--title", help="graph title (default: 'Flame Graph', 'Icicle Graph', ...)")
     g.add_argument("--subtitle", help="second line under the title")
@@ -36,6 +36,10 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True)
             action="store_true",
             help="flame chart: keep the input's (time) order instead of sorting; x is time",
         )
+    if not colors:
+        # Differentials are colored by change; the palette options would do nothing.
+        parser.set_defaults(palette="hot", hash=False, palette_file=None)
+        return
     g.add_argument(
         "--palette",
         default="hot",

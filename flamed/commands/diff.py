@@ -48,7 +48,7 @@ class DiffCommand(Command):
         parser.add_argument("--normalize", action="store_true", help="scale BEFORE to AFTER's total first")
         parser.add_argument("--limit", type=int, default=20, help="rows of the table (default 20)")
         parser.add_argument("--strict", action="store_true", help="fail on the first malformed line")
-        add_render_arguments(parser, chart=False)
+        add_render_arguments(parser, chart=False, colors=False)
 
     def run(self, args: argparse.Namespace) -> int:
         fmt = args.format
