@@ -9,7 +9,11 @@ exec changes -- ASLR randomizes both -- so a re-exec'd process gets fresh
 symbols).  On top of bcc's cache each process keeps its own address -> frame
 dictionary: a profile repeats the same few thousand addresses across hundreds
 of thousands of stacks, and a dictionary hit is ~50x cheaper than a call into
-bcc.
+bcc.  Below that, one cache shared by all processes is keyed by what the code
+*is* -- the mapped file's device, inode and the file offset of the address,
+from ``/proc/PID/maps`` -- so the tenth process running the same interpreter
+costs neither bcc calls nor bcc loading its ELF symbol tables again; bcc's
+per-process cache is only created for a process when that shared cache misses.
 
 An address without a symbol becomes ``[unknown] (module)`` when the module is
 known (``[unknown] (libc.so.6)``), else ``[unknown]``.  The first kind is
@@ -36,7 +40,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from flamed.model import KERNEL_SUFFIX, sanitize_frame
 
@@ -137,18 +141,137 @@ def _frame(name: bytes | None, module: bytes | None) -> str:
     return UNKNOWN
 
 
+class _Mapping(NamedTuple):
+    start: int
+    end: int
+    path: str  # "" for anonymous memory (JIT code)
+    offset: int  # file offset of ``start``
+    dev: str
+    inode: int
+
+
 @dataclass
 class _ProcessSymbols:
     identity: ProcessIdentity | None
-    resolver: Resolver | None
+    resolver: Resolver | None = None
+    resolver_tried: bool = False
     known: dict[int, str] = field(default_factory=dict)
     #: Addresses outside any module, kept for ``unknown_ttl`` drains.
     unknown: dict[int, str] = field(default_factory=dict)
     #: Executable mappings: sorted starts, and (start, end, path) alike.
     starts: list[int] = field(default_factory=list)
-    ranges: list[tuple[int, int, str]] = field(default_factory=list)
+    ranges: list[_Mapping] = field(default_factory=list)
     maps_drain: int = -1  # the drain in which /proc/PID/maps was last read
     refresh_drain: int = -1  # the drain in which the resolver was last refreshed
+
+
+# ---------------------------------------------------------------------------
+# Function symbols of one ELF file, shared by every process that maps it
+
+
+_STT_FUNC, _STT_GNU_IFUNC = 2, 10
+_demangler: Any = None
+
+
+def demangle(name: bytes) -> bytes:
+    """C++ (Itanium ABI) names through libstdc++'s __cxa_demangle; others as is."""
+    global _demangler
+    if not name.startswith(b"_Z"):
+        return name
+    import ctypes as ct
+
+    if _demangler is None:
+        try:
+            fn = ct.CDLL("libstdc++.so.6").__cxa_demangle
+            fn.restype = ct.c_void_p
+            fn.argtypes = [ct.c_char_p, ct.c_void_p, ct.c_void_p, ct.POINTER(ct.c_int)]
+            free = ct.CDLL(None).free
+            free.argtypes = [ct.c_void_p]
+            _demangler = (fn, free)
+        except (OSError, AttributeError):
+            _demangler = False
+    if not _demangler:
+        return name
+    fn, free = _demangler
+    status = ct.c_int(0)
+    out = fn(name, None, None, ct.byref(status))
+    if not out:
+        return name
+    try:
+        return ct.string_at(out)
+    finally:
+        free(out)
+
+
+def _alias_rank(name: bytes) -> tuple[int, int, bytes]:
+    """Among symbols at one address prefer the plain name (``read`` over
+    ``__GI___libc_read``): fewest leading underscores, then shortest."""
+    return (len(name) - len(name.lstrip(b"_")), len(name), name)
+
+
+class ElfSymbols:
+    """The function symbols of one ELF file (with its debug file when bcc
+    finds one), looked up by *file offset*, so one table serves every process
+    mapping the file wherever ASLR put it.  Read with bcc's ELF reader, once."""
+
+    def __init__(self, path: str) -> None:
+        import ctypes as ct
+
+        from bcc.libbcc import bcc_symbol_option, lib  # type: ignore[import-not-found]
+
+        raw: dict[int, tuple[int, bytes]] = {}
+
+        def on_sym(name: bytes | None, start: int, size: int, _payload: Any) -> int:
+            if name and start:
+                old = raw.get(start)
+                if old is None or _alias_rank(name) < _alias_rank(old[1]):
+                    raw[start] = (max(size, old[0] if old else 0), name)
+                elif size > old[0]:
+                    raw[start] = (size, old[1])
+            return 0
+
+        segs: list[tuple[int, int, int]] = []
+
+        def on_seg(vaddr: int, memsz: int, offset: int, _payload: Any) -> int:
+            segs.append((offset, offset + memsz, vaddr))
+            return 0
+
+        sym_cb = ct.CFUNCTYPE(ct.c_int, ct.c_char_p, ct.c_uint64, ct.c_uint64, ct.c_void_p)(on_sym)
+        seg_cb = ct.CFUNCTYPE(ct.c_int, ct.c_uint64, ct.c_uint64, ct.c_uint64, ct.c_void_p)(on_seg)
+        opt = bcc_symbol_option(use_debug_file=1, check_debug_file_crc=1, lazy_symbolize=0,
+                                use_symbol_type=(1 << _STT_FUNC) | (1 << _STT_GNU_IFUNC))
+        bpath = path.encode("utf-8", "surrogateescape")
+        lib.bcc_elf_foreach_sym.argtypes = [ct.c_char_p, ct.c_void_p, ct.c_void_p, ct.c_void_p]
+        lib.bcc_elf_foreach_sym.restype = ct.c_int
+        lib.bcc_elf_foreach_load_section.argtypes = [ct.c_char_p, ct.c_void_p, ct.c_void_p]
+        lib.bcc_elf_foreach_load_section.restype = ct.c_int
+        if lib.bcc_elf_foreach_load_section(bpath, ct.cast(seg_cb, ct.c_void_p), None) < 0 or not segs:
+            raise OSError(f"{path}: not an ELF file with executable segments")
+        lib.bcc_elf_foreach_sym(bpath, ct.cast(sym_cb, ct.c_void_p), ct.byref(opt), None)
+        self.segments = sorted(segs)
+        items = sorted(raw.items())
+        self.starts = [a for a, _ in items]
+        self.ends = []
+        for i, (a, (size, _n)) in enumerate(items):
+            # A symbol without a size runs to the next one.
+            nxt = items[i + 1][0] if i + 1 < len(items) else a + 1
+            self.ends.append(a + size if size else nxt)
+        self.names = [n for _, (_s, n) in items]
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def lookup(self, file_offset: int) -> bytes | None:
+        for lo, hi, vaddr in self.segments:
+            if lo <= file_offset < hi:
+                v = file_offset - lo + vaddr
+                break
+        else:
+            return None
+        i = bisect.bisect_right(self.starts, v) - 1
+        if i >= 0 and v < self.ends[i]:
+            return self.names[i]
+        return None
 
 
 @dataclass
@@ -158,6 +281,7 @@ class SymbolStats:
     resolver_calls: int = 0
     invalidations: int = 0  # processes whose image changed (exec, pid reuse)
     refreshes: int = 0  # resolvers re-read after a library was loaded
+    elf_files: int = 0  # symbol tables read (each shared by all processes mapping the file)
 
 
 class Symbolizer:
@@ -177,8 +301,12 @@ class Symbolizer:
         proc: Path = Path("/proc"),
         unknown_ttl: int = 6,
         unknown_max: int = 1_000_000,
+        elf_loader: Any = None,
     ) -> None:
         self._factory = resolver_factory or BccResolver
+        self._elf_loader = elf_loader or ElfSymbols
+        #: (device, inode) -> the file's symbols (None: unreadable, use bcc).
+        self._elves: dict[tuple[str, int], ElfSymbols | None] = {}
         self._proc = proc
         self._unknown_ttl = unknown_ttl
         self._unknown_max = unknown_max
@@ -188,6 +316,9 @@ class Symbolizer:
         self._procs: dict[int, _ProcessSymbols] = {}
         self._checked: set[int] = set()
         self._unknown_count = 0
+        #: (device, inode, file offset) -> frame, shared by all processes.
+        self._module_known: dict[tuple[str, int, int], str] = {}
+        self._module_max = 4_000_000
         self._forget: set[int] = set()
         self.stats = SymbolStats()
 
@@ -206,8 +337,14 @@ class Symbolizer:
         for pid in self._forget:
             self._drop(pid)
         self._forget.clear()
+        if len(self._module_known) > self._module_max:
+            self._module_known.clear()
+        if len(self._elves) > 1024:
+            self._elves.clear()
         self.stats.processes = len(self._procs)
-        self.stats.addresses_cached = len(self._kernel_known) + sum(len(p.known) for p in self._procs.values())
+        self.stats.addresses_cached = (
+            len(self._kernel_known) + len(self._module_known) + sum(len(p.known) for p in self._procs.values())
+        )
 
     def forget(self, pid: int) -> None:
         """The process exited or exec'd: drop its cache after the next drain."""
@@ -266,15 +403,22 @@ class Symbolizer:
             self.stats.invalidations += 1
             log.debug("pid %d changed image (%s -> %s): new symbol cache", pid, p.identity, ident)
             self._drop(pid)
-        resolver: Resolver | None
-        try:
-            resolver = self._factory(pid) if ident is not None else None
-        except Exception as e:  # noqa: BLE001 -- bcc raises plain Exception
-            log.debug("no symbol cache for pid %d: %s", pid, e)
-            resolver = None
-        p = _ProcessSymbols(ident, resolver)
+        p = _ProcessSymbols(ident)
         self._procs[pid] = p
         return p
+
+    def _resolver(self, p: _ProcessSymbols, pid: int) -> Resolver | None:
+        """bcc's cache for the process, made on first need (it reads the maps
+        and, lazily, each module's symbols: worth avoiding when the shared
+        cache answers)."""
+        if not p.resolver_tried:
+            p.resolver_tried = True
+            if p.identity is not None:
+                try:
+                    p.resolver = self._factory(pid)
+                except Exception as e:  # noqa: BLE001 -- bcc raises plain Exception
+                    log.debug("no symbol cache for pid %d: %s", pid, e)
+        return p.resolver
 
     def user_stack(self, pid: int, addrs_leaf_first: list[int]) -> tuple[str, ...]:
         """Root-first frames for user addresses of ``pid`` given leaf first."""
@@ -298,7 +442,7 @@ class Symbolizer:
 
     def _read_maps(self, p: _ProcessSymbols, pid: int) -> None:
         p.maps_drain = self._drains
-        ranges: list[tuple[int, int, str]] = []
+        ranges: list[_Mapping] = []
         try:
             text = (self._proc / str(pid) / "maps").read_text(errors="surrogateescape")
         except OSError:
@@ -308,49 +452,97 @@ class Symbolizer:
             if len(parts) < 5 or "x" not in parts[1]:
                 continue
             lo, _, hi = parts[0].partition("-")
-            ranges.append((int(lo, 16), int(hi, 16), parts[5].strip() if len(parts) > 5 else ""))
+            try:
+                ranges.append(_Mapping(int(lo, 16), int(hi, 16), parts[5].strip() if len(parts) > 5 else "",
+                                       int(parts[2], 16), parts[3], int(parts[4])))
+            except ValueError:
+                continue
         if ranges or not p.ranges:
             # An exited process keeps the mappings last seen.
             ranges.sort()
             p.ranges = ranges
             p.starts = [r[0] for r in ranges]
 
-    def _mapping(self, p: _ProcessSymbols, pid: int, addr: int) -> str | None:
-        """Path of the executable mapping holding ``addr`` (``""``: anonymous),
-        ``None`` when there is none."""
+    def _mapping(self, p: _ProcessSymbols, pid: int, addr: int) -> _Mapping | None:
+        """The executable mapping holding ``addr``, if any."""
         i = bisect.bisect_right(p.starts, addr) - 1
-        if i >= 0 and addr < p.ranges[i][1]:
-            return p.ranges[i][2]
+        if i >= 0 and addr < p.ranges[i].end:
+            return p.ranges[i]
         if p.maps_drain != self._drains:
             self._read_maps(p, pid)
             i = bisect.bisect_right(p.starts, addr) - 1
-            if i >= 0 and addr < p.ranges[i][1]:
-                return p.ranges[i][2]
+            if i >= 0 and addr < p.ranges[i].end:
+                return p.ranges[i]
         return None
+
+    def _from_elf(self, m: _Mapping, pid: int, file_offset: int) -> str | None:
+        """The frame from the mapped file's own symbol table; ``None`` when the
+        file cannot be read here (then bcc's per-process cache decides)."""
+        key = (m.dev, m.inode)
+        if key in self._elves:
+            elf = self._elves[key]
+        else:
+            if m.path.endswith(" (deleted)"):
+                # Replaced on disk (an upgrade): the mapped copy is still there.
+                path = str(self._proc / str(pid) / "map_files" / f"{m.start:x}-{m.end:x}")
+            elif m.path.startswith("/"):
+                # Through the process's root: right inside containers too.
+                path = str(self._proc / str(pid) / "root") + m.path
+            else:
+                path = ""
+            elf = None
+            if path:
+                try:
+                    elf = self._elf_loader(path)
+                    self.stats.elf_files += 1
+                except Exception as e:  # noqa: BLE001 -- bcc and ctypes raise plain errors
+                    log.debug("no ELF symbols from %s: %s", path, e)
+            self._elves[key] = elf
+        if elf is None:
+            return None
+        name = elf.lookup(file_offset)
+        if name:
+            return sanitize_frame(demangle(name).decode("utf-8", "surrogateescape"))
+        return _frame(None, m.path.removesuffix(" (deleted)").encode("utf-8", "surrogateescape"))
 
     def _resolve_user(self, p: _ProcessSymbols, pid: int, addr: int) -> str | None:
         """The frame for ``addr``; ``None`` when no executable mapping holds it."""
         f = p.unknown.get(addr)
         if f is not None:
             return f
-        path = self._mapping(p, pid, addr)
-        if path is None:
+        m = self._mapping(p, pid, addr)
+        if m is None:
             return None
+        mkey = (m.dev, m.inode, addr - m.start + m.offset) if m.inode else None
+        if mkey is not None:
+            f = self._module_known.get(mkey)
+            if f is not None:
+                p.known[addr] = f
+                return f
+        if mkey is not None:
+            f = self._from_elf(m, pid, mkey[2])
+            if f is not None:
+                p.known[addr] = f
+                self._module_known[mkey] = f
+                return f
         f = UNKNOWN
-        if p.resolver is not None:
+        resolver = self._resolver(p, pid)
+        if resolver is not None:
             self.stats.resolver_calls += 1
-            name, module = p.resolver.resolve(addr)
-            if not name and not module and path and p.refresh_drain != self._drains:
+            name, module = resolver.resolve(addr)
+            if not name and not module and m.path and p.refresh_drain != self._drains:
                 # A file-backed mapping bcc does not know: loaded (dlopen)
                 # after bcc read the maps.  Once per drain at most.
                 p.refresh_drain = self._drains
                 self.stats.refreshes += 1
-                p.resolver.refresh()
+                resolver.refresh()
                 self.stats.resolver_calls += 1
-                name, module = p.resolver.resolve(addr)
+                name, module = resolver.resolve(addr)
             f = _frame(name, module)
             if name or module:
                 p.known[addr] = f
+                if mkey is not None:
+                    self._module_known[mkey] = f
                 return f
         p.unknown[addr] = f
         self._unknown_count += 1

@@ -14,7 +14,7 @@ APP = b"/opt/app/bin/app"
 
 
 def write_proc(proc: Path, pid: int, *, start: int, code: int = 0x400000, stack: int = 0x7FFF0000,
-               comm: str = "app", maps: str | None = None) -> None:
+               comm: str = "app", maps: str | None = None, inode: int = 11) -> None:
     d = proc / str(pid)
     d.mkdir(parents=True, exist_ok=True)
     # Fields 3.. after "(comm)"; field 22 starttime, 26 startcode, 28 startstack.
@@ -25,8 +25,8 @@ def write_proc(proc: Path, pid: int, *, start: int, code: int = 0x400000, stack:
     (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(rest) + "\n")
     if maps is None:
         maps = (
-            "00400000-00500000 r-xp 00000000 08:01 11 /opt/app/bin/app\n"
-            "00600000-00601000 rw-p 00000000 08:01 11 /opt/app/bin/app\n"
+            f"00400000-00500000 r-xp 00000000 08:01 {inode} /opt/app/bin/app\n"
+            f"00600000-00601000 rw-p 00000000 08:01 {inode} /opt/app/bin/app\n"
             "7f0000000000-7f0000100000 r-xp 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
         )
     (d / "maps").write_text(maps)
@@ -118,14 +118,14 @@ def test_pid_reuse_and_exec_get_new_symbols(proc: Path) -> None:
     s.user_stack(10, [0x400100])
     first = FakeResolver.instances[-1]
     s.end_drain()
-    # Same pid, new process (start time differs).
-    write_proc(proc, 10, start=2)
+    # Same pid, new process (start time differs), another program.
+    write_proc(proc, 10, start=2, inode=21)
     s.begin_drain()
     s.user_stack(10, [0x400100])
     assert len(FakeResolver.instances) == 2 and first.closed
     s.end_drain()
     # exec: same start time, new image (ASLR moved the stack).
-    write_proc(proc, 10, start=2, stack=0x7FFE0000)
+    write_proc(proc, 10, start=2, stack=0x7FFE0000, inode=31)
     s.begin_drain()
     s.user_stack(10, [0x400100])
     assert len(FakeResolver.instances) == 3
@@ -179,3 +179,18 @@ def test_kernel_frames_carry_the_suffix(proc: Path) -> None:
     assert s.kernel_stack([0x10]) == ("[unknown]_[k]",)
     s.close()
     assert FakeResolver.instances[0].closed
+
+
+def test_processes_of_the_same_program_share_symbols(proc: Path) -> None:
+    for pid in (10, 11, 12):
+        write_proc(proc, pid, start=pid)
+    s = make(proc)
+    s.begin_drain()
+    for pid in (10, 11, 12):
+        assert s.user_stack(pid, [0x400100, 0x7F0000000010]) == ("libc_fn", "app_fn_1")
+    # Only the first process needed a resolver: same files, same offsets.
+    assert len(FakeResolver.instances) == 1
+    # Another build of the program (another inode) is resolved on its own.
+    write_proc(proc, 13, start=13, inode=99)
+    assert s.user_stack(13, [0x400100]) == ("app_fn_1",)
+    assert len(FakeResolver.instances) == 2
