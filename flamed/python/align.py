@@ -307,6 +307,14 @@ class AlignedTrace:
     start_ns: int  # first py-spy sample
     end_ns: int  # py-spy's last sample (or the write, when unknown)
     interval_ns: int
+    _los: dict[int, list[int]] = field(default_factory=dict, repr=False)
+
+    def los(self, tid: int) -> list[int]:
+        """Start of each segment's gap for ``tid`` (cached: the join bisects it per sample)."""
+        v = self._los.get(tid)
+        if v is None:
+            v = self._los[tid] = [s.lo_ns for s in self.threads.get(tid, ())]
+        return v
 
 
 def align_trace(pid: int, trace: PyTrace, clock: ClockFit, samples_ns: Sequence[int],
@@ -427,7 +435,7 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
             segs = tr.threads.get(ev.tid)
             if not segs:
                 continue
-            i = bisect.bisect_right([s.lo_ns for s in segs], ev.ktime_ns) - 1
+            i = bisect.bisect_right(tr.los(ev.tid), ev.ktime_ns) - 1
             if i < 0:
                 # Before py-spy first saw the thread: only its first sample's
                 # half interval is taken as that stack.

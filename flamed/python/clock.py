@@ -48,7 +48,7 @@ def find_increment_symbol(pyspy: str) -> tuple[str, int]:
     from bcc import BPF  # noqa: PLC0415 - bcc only where BPF is used
 
     try:
-        found = BPF.get_user_functions_and_addresses(pyspy, INCREMENT_SYMBOL)
+        found = BPF.get_user_functions_and_addresses(pyspy.encode(), INCREMENT_SYMBOL.encode())
     except Exception as e:  # bcc raises bare Exception for unreadable ELF files
         raise CapabilityError(f"cannot read symbols of {pyspy}: {e}") from None
     if not found:
@@ -88,8 +88,8 @@ class PySpyClock:
         self.symbol = name
         try:
             cflags = ["-DTRACE_VM_READV"] if self.vm_readv else []
-            self._bpf = BPF(text=bpf_source(), cflags=cflags)
-            self._bpf.attach_uprobe(name=self.pyspy, addr=addr, fn_name=b"on_increment")
+            self._bpf = BPF(text=bpf_source().encode(), cflags=cflags)
+            self._bpf.attach_uprobe(name=self.pyspy.encode(), addr=addr, fn_name=b"on_increment")
         except Exception as e:
             self.close()
             raise CapabilityError(f"cannot load the py-spy clock uprobe: {e}") from None
@@ -127,6 +127,11 @@ class PySpyClock:
             out = list(self._hits.get(tgid, ()))
         out.sort()
         return out
+
+    def has_hits(self, tgid: int) -> bool:
+        """Has this py-spy process recorded a sample yet?"""
+        with self._lock:
+            return bool(self._hits.get(tgid))
 
     def reads(self, tgid: int) -> list[int]:
         """Times of the py-spy process's process_vm_readv calls (with ``vm_readv``)."""

@@ -78,7 +78,7 @@ class MixedMode:
         self._on_process = on_process
         self._on_exit_cb = on_exit
         self.supervisor = PySpySupervisor(self.options.pyspy, proc_root=proc_root, clock=clock,
-                                          on_spawn=self._spawned)
+                                          on_spawn=self._spawned, ready=self._pyspy_sampling)
         self.watcher = ProcessWatcher(self.options.watch, on_start=self._started, on_exit=self._exited,
                                       proc_root=proc_root, clock=clock)
         self.clock: PySpyClock | None = None
@@ -164,19 +164,22 @@ class MixedMode:
         return out
 
     # -- watcher callbacks (mixed thread) ---------------------------------
+    def _pyspy_sampling(self, pyspy_pid: int) -> bool:
+        return self.clock is not None and self.clock.has_hits(pyspy_pid)
+
     def _spawned(self, pyspy_pid: int) -> None:
         if self.clock is not None:
             self.clock.track(pyspy_pid)
 
-    def _started(self, proc: PyProcess) -> None:
-        if not self.supervisor.add(proc.pid):
-            self.counters["left_out"] += 1
-            return
+    def _started(self, proc: PyProcess) -> bool:
+        if not self.supervisor.add(proc.pid, started_ns=proc.seen_ns):
+            return False  # the watcher counts it as left out and offers it again later
         self.processes[proc.pid] = proc
         if self.sampler is not None:
             self.sampler.watch(proc.pid)
         if self._on_process is not None:
             self._on_process(proc)
+        return True
 
     def _exited(self, pid: int) -> None:
         self.supervisor.remove(pid)
@@ -202,7 +205,11 @@ class MixedMode:
             observed = observed_times(samples, reads, r.interval_ns) if reads else None
             if observed is not None:
                 self.counters["runs_read_times"] += 1
-            self._traces.append(align_trace(r.pid, r.trace, fit, samples, r.interval_ns, observed))
+            aligned = align_trace(r.pid, r.trace, fit, samples, r.interval_ns, observed)
+            self._traces.append(aligned)
+            log.debug("py-spy %d on pid %d: %s..%s, %d threads, %d samples, clock %s", r.pyspy_pid, r.pid,
+                      aligned.start_ns, aligned.end_ns, len(aligned.threads), len(samples),
+                      "uprobe" if fit.calibrated else "guess")
 
     # -- the join ---------------------------------------------------------
     def process(self, events: list[SampleEvent]) -> list[tuple[SampleEvent, Stack]]:

@@ -71,6 +71,9 @@ class PySpyOptions:
     max_children: py-spy processes at once, ~180 MB RSS each (default 8).
     backoff_s / backoff_max_s: first and longest delay before a restart (default 1 / 60).
     stop_timeout_s: SIGINT to file written, else SIGKILL and a ``timeout`` (default 10).
+    attach_timeout_s: a child not known to sample is stopped no earlier than this (default 5).
+    min_age_s: a process gets py-spy once it is this old (default 0.3).
+    exit_grace_s: after its target exits, a child that has not stopped by itself gets SIGINT (default 2).
     workdir: where trace files go (default: a private temporary directory).
     """
 
@@ -85,6 +88,9 @@ class PySpyOptions:
     backoff_s: float = 1.0
     backoff_max_s: float = 60.0
     stop_timeout_s: float = 10.0
+    attach_timeout_s: float = 5.0
+    min_age_s: float = 0.3
+    exit_grace_s: float = 2.0
     workdir: str | None = None
 
     def __post_init__(self) -> None:
@@ -177,6 +183,7 @@ class _Child:
     spawn_ns: int
     stop_at_ns: int | None = None  # when to send SIGINT
     sigint_ns: int | None = None
+    successor: _Child | None = None  # stop only once this one samples
     killed: bool = False
 
 
@@ -199,9 +206,12 @@ class PySpySupervisor:
 
     def __init__(self, options: PySpyOptions | None = None, *, proc_root: str = "/proc",
                  clock: Callable[[], int] = time.monotonic_ns,
-                 on_spawn: Callable[[int], None] | None = None) -> None:
+                 on_spawn: Callable[[int], None] | None = None,
+                 ready: Callable[[int], bool] | None = None) -> None:
         self.options = options or PySpyOptions()
         self.on_spawn = on_spawn
+        self.ready = ready
+        self._closing = False
         self.binary = find_pyspy(self.options.binary)
         self.proc_root = proc_root
         self._now = clock
@@ -214,8 +224,13 @@ class PySpySupervisor:
         self._warned: set[str] = set()
 
     # -- membership -------------------------------------------------------
-    def add(self, pid: int) -> bool:
-        """Record ``pid`` from now on; False (and a ``limit`` failure) when the bound is reached."""
+    def add(self, pid: int, *, started_ns: int | None = None) -> bool:
+        """Record ``pid`` from now on; False (and a ``limit`` failure) when the bound is reached.
+
+        ``started_ns``: when the process started (CLOCK_MONOTONIC); py-spy is
+        started once it is ``min_age_s`` old, so the many processes that live
+        for milliseconds cost nothing.
+        """
         t = self._targets.get(pid)
         if t is not None:
             if t.done:
@@ -224,11 +239,18 @@ class PySpySupervisor:
                 t.failures = 0
                 t.next_try_ns = 0
             return True
-        if len(self._targets) >= self.options.max_children:
+        # Targets being stopped (their process exited) no longer count: their
+        # py-spy is finishing and goes away within stop_timeout_s.
+        if sum(1 for t in self._targets.values() if not t.done) >= self.options.max_children:
             self.failures[Failure.LIMIT.value] += 1
             return False
-        self._targets[pid] = _Target(pid)
-        self._start(self._targets[pid])
+        t = _Target(pid)
+        self._targets[pid] = t
+        due = (started_ns if started_ns is not None else self._now()) + int(self.options.min_age_s * 1e9)
+        if due <= self._now():
+            self._start(t)
+        else:
+            t.next_try_ns = due
         return True
 
     def remove(self, pid: int) -> None:
@@ -238,9 +260,12 @@ class PySpySupervisor:
             return
         t.done = True
         now = self._now()
+        # py-spy stops by itself when its target exits, and writes its trace;
+        # SIGINT is only the fallback for a target that lingers (zombie, exec).
+        grace = now + int(self.options.exit_grace_s * 1e9)
         for c in t.children:
-            if c.stop_at_ns is None or c.stop_at_ns > now:
-                c.stop_at_ns = now
+            if c.stop_at_ns is None or c.stop_at_ns > grace:
+                c.stop_at_ns = grace
 
     def pids(self) -> list[int]:
         return sorted(p for p, t in self._targets.items() if not t.done)
@@ -268,8 +293,10 @@ class PySpySupervisor:
                     if run is not None:
                         out.append(run)
                     continue
-                if c.stop_at_ns is not None and now >= c.stop_at_ns and c.sigint_ns is None:
+                if (c.stop_at_ns is not None and now >= c.stop_at_ns and c.sigint_ns is None
+                        and self._may_stop(c, now)):
                     self._signal(c, signal.SIGINT)
+                    log.debug("py-spy %d for pid %d: SIGINT", c.proc.pid, t.pid)
                     c.sigint_ns = now
                 elif c.sigint_ns is not None and now - c.sigint_ns > opts.stop_timeout_s * 1e9 and not c.killed:
                     self._signal(c, signal.SIGKILL)
@@ -282,17 +309,25 @@ class PySpySupervisor:
             if not live:
                 if now >= t.next_try_ns:
                     self._start(t)
-            elif now - live[-1].spawn_ns >= window:
+            elif now - live[-1].spawn_ns >= window and self._sampling(live[-1], now):
+                # (a child still attaching is not rotated: a successor would only
+                # add a second attach to a host that is already slow)
                 # Rotate: the successor starts now, the predecessor stops after the overlap.
-                live[-1].stop_at_ns = now + int(opts.overlap_s * 1e9)
+                old = live[-1]
+                old.stop_at_ns = now + int(opts.overlap_s * 1e9)
                 self._start(t)
+                fresh = [c for c in t.children if c.stop_at_ns is None]
+                old.successor = fresh[-1] if fresh else None
         self.completed_runs += len(out)
         return out
 
     def close(self, timeout_s: float | None = None) -> list[CompletedRun]:
         """Stop every child (SIGINT, then SIGKILL past the timeout) and collect the traces."""
+        self._closing = True
         for pid in list(self._targets):
             self.remove(pid)
+            for c in self._targets[pid].children:
+                c.stop_at_ns = self._now()
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.options.stop_timeout_s)
         out: list[CompletedRun] = []
         while self._targets and time.monotonic() < deadline:
@@ -313,6 +348,29 @@ class PySpySupervisor:
         return out
 
     # -- internals --------------------------------------------------------
+    def _sampling(self, c: _Child, now: int) -> bool:
+        """Has py-spy started sampling (so SIGINT makes it write, not die)?
+
+        py-spy installs its Ctrl-C handler only after attaching, which takes
+        from tens of ms to seconds on a loaded host; a SIGINT before that
+        kills it without a trace.  ``ready`` (the clock uprobe's first hit)
+        says so exactly; without it, an age is the proxy.
+        """
+        if c.proc.poll() is not None:
+            return False
+        if self.ready is not None and self.ready(c.proc.pid):
+            return True
+        return now - c.spawn_ns >= int(self.options.attach_timeout_s * 1e9)
+
+    def _may_stop(self, c: _Child, now: int) -> bool:
+        if self._closing:
+            return self._sampling(c, now) or now - c.spawn_ns >= int(self.options.attach_timeout_s * 1e9)
+        if not self._sampling(c, now):
+            return False
+        s = c.successor
+        # The predecessor of a rotation keeps sampling until its successor does.
+        return s is None or s.proc.poll() is not None or self._sampling(s, now)
+
     def _start(self, t: _Target) -> None:
         if self.binary is None:
             self._fail(t, Failure.MISSING_BINARY, "py-spy not found (set the py-spy binary or install py-spy); "
@@ -335,6 +393,7 @@ class PySpySupervisor:
             self._fail(t, Failure.PERMISSION, f"{self.binary} is not executable")
             return
         self.started += 1
+        log.debug("py-spy %d started for pid %d", proc.pid, t.pid)
         if self.on_spawn is not None:
             self.on_spawn(proc.pid)
         t.children.append(_Child(pid=t.pid, proc=proc, out=out, err=err, spawn_ns=spawn))
@@ -362,6 +421,8 @@ class PySpySupervisor:
                 # The process is gone: nothing to retry, and not a fault of py-spy.
                 self.failures[Failure.TARGET_EXITED.value] += 1
                 t.done = True
+                log.debug("py-spy %d on pid %d: target exited (rc %d, %s)", c.proc.pid, t.pid, rc,
+                          (stderr.strip().splitlines() or ["no message"])[0])
             else:
                 last = stderr.strip().splitlines()[:1]
                 self._fail(t, failure, f"py-spy on pid {t.pid} failed ({failure.value}): "

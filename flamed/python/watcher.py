@@ -195,10 +195,12 @@ class ProcessWatcher:
 
     Drive it with :meth:`poll` from one thread; ``on_start(PyProcess)`` and
     ``on_exit(pid)`` are called from there.  ``watched`` is the current set.
+    ``on_start`` may return False to refuse a process for now (no room): it is
+    counted as left out and offered again by a later scan.
     """
 
     def __init__(self, options: WatchOptions | None = None, *,
-                 on_start: Callable[[PyProcess], None] | None = None,
+                 on_start: Callable[[PyProcess], bool | None] | None = None,
                  on_exit: Callable[[int], None] | None = None,
                  proc_root: str = "/proc",
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
@@ -212,6 +214,7 @@ class ProcessWatcher:
         self._sock: Any = None
         self._fd = -1
         self._recheck: dict[int, list[int]] = {}  # pid -> remaining recheck times (ns)
+        self._fork_hint: dict[int, tuple[str, str | None]] = {}  # forked from a Python process, not exec'd
         self._next_scan = 0
         self._left_out: set[int] = set()
         self._rejected: set[int] = set()  # decided not to watch (filters); forgotten on exit/exec
@@ -271,7 +274,7 @@ class ProcessWatcher:
         for pid, times in list(self._recheck.items()):
             if times and now >= times[0]:
                 times.pop(0)
-                if self._consider(pid, now, how_hint=None):
+                if self._consider(pid, now, how_hint=self._fork_hint.pop(pid, None)):
                     self._recheck.pop(pid, None)
                 elif not times:
                     self._recheck.pop(pid, None)
@@ -350,11 +353,15 @@ class ProcessWatcher:
             if self._family is not None and self.options.descendants and parent in self._family:
                 self._family.add(child)
             if parent in self.watched:
-                # Same image as its Python parent until it execs.
-                self._consider(child, ts, how_hint=("fork", self.watched[parent].version))
+                # Same image as its Python parent until it execs -- which most
+                # forks (subprocess) do at once: decide after the first recheck,
+                # and only if it is still the parent's image.
+                self._fork_hint[child] = ("fork", self.watched[parent].version)
+                self._recheck[child] = [ts + int(d * 1e9) for d in self.options.recheck_s[:1]]
         elif ev == "EXEC":
             pid = int(m["process_tgid"])
             self._rejected.discard(pid)
+            self._fork_hint.pop(pid, None)
             if pid in self.watched:
                 if ts <= self.watched[pid].seen_ns:
                     return  # an event older than the scan that found the process
@@ -368,6 +375,7 @@ class ProcessWatcher:
             if pid != tid:
                 return
             self._recheck.pop(pid, None)
+            self._fork_hint.pop(pid, None)
             self._rejected.discard(pid)
             self._left_out.discard(pid)
             if self._family is not None and pid not in (self.options.pids or ()):
@@ -405,10 +413,14 @@ class ProcessWatcher:
             return True
         self._left_out.discard(pid)
         proc = PyProcess(pid=pid, comm=comm, exe=self.reader.exe(pid), version=ver, how=how, seen_ns=ts)
+        if self.on_start is not None and self.on_start(proc) is False:
+            # The consumer has no room now (its own bound): a later scan retries.
+            if pid not in self._left_out:
+                self.stats.left_out += 1
+                self._left_out.add(pid)
+            return True
         self.watched[pid] = proc
         self.stats.found[how] += 1
-        if self.on_start is not None:
-            self.on_start(proc)
         return True
 
     def _passes(self, pid: int, comm: str) -> bool:
