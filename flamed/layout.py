@@ -116,15 +116,20 @@ def table_from_profile(profile: Profile, deltas: Mapping[Stack, Weight] | None =
 def table_from_keyed(counts: Mapping[bytes, Weight]) -> StackTable[bytes]:
     """A StackTable from folded stack text (``;``-separated bytes) to weight."""
     tr = bytes.maketrans(b";", b"\x00")
-    rows: list[tuple[bytes, Weight]] = []
-    for raw, w in counts.items():
-        if not w > 0:
-            continue
-        if b"\x00" in raw:
-            raw = raw.replace(b"\x00", b"\\x00")
-        rows.append((raw.translate(tr), w))
-    rows.sort(key=lambda r: r[0])
+    if any(b"\x00" in raw for raw in counts):
+        # A NUL inside a frame would be taken for a separator; show it as text instead.
+        fixed: dict[bytes, Weight] = {}
+        for raw, w in counts.items():
+            k = raw.replace(b"\x00", b"\\x00")
+            fixed[k] = fixed.get(k, 0) + w
+        counts = fixed
+    rows = [(raw.translate(tr), w) for raw, w in counts.items() if w > 0]
+    rows.sort(key=_first)
     return _dedupe(StackTable([r[0] for r in rows], [r[1] for r in rows]))
+
+
+def _first(row: tuple[bytes, Weight]) -> bytes:
+    return row[0]
 
 
 def _dedupe(table: StackTable[K]) -> StackTable[K]:
