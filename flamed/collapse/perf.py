@@ -219,17 +219,20 @@ class PerfParser(ChunkParser):
         same address) and, on a miss, without their address (a hit for the
         same symbol and offset at another address, e.g. ``[unknown]``).
         """
-        frames: list[str] = []
         cache = self._lines
-        for ln in body.split(b"\n") if body else ():
-            fr = cache.get(ln)
-            if fr is None:
-                fr = self._line_frame(ln)
-                if len(cache) >= _LINE_CACHE_ENTRIES:
-                    cache.clear()
-                cache[ln] = fr
-            if fr:
-                frames.append(fr)
+        lines = body.split(b"\n") if body else []
+        # One C-level pass of lookups; only misses go through Python code.
+        frames: list[str] = list(map(cache.get, lines))
+        if None in frames:
+            for i, fr in enumerate(frames):
+                if fr is None:
+                    ln = lines[i]
+                    fr = frames[i] = self._line_frame(ln)
+                    if len(cache) >= _LINE_CACHE_ENTRIES:
+                        cache.clear()
+                    cache[ln] = fr
+        if "" in frames:
+            frames = [f for f in frames if f]  # srcline lines: not frames
         if not frames and trailing:
             # No callchain: the header itself ends with "IP SYM (DSO)".
             ip, _, rest_t = trailing.partition(" ")
