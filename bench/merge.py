@@ -96,7 +96,9 @@ def main() -> int:
     print(f"input: {len(traces)} traces, {mb:.0f} MB, {n_lines} samples; load average {open('/proc/loadavg').read().split()[0]}")
     rows = []
     out_trace = DIR / "merged.trace"
-    rows.append(("flamed merge -> trace", *rss_of([*FLAMED, "merge", *map(str, traces)], out_trace)))
+    # --keep-ids: these copies of one capture share every id; remapping would make the
+    # lines differ from sort -m (it costs the same).
+    rows.append(("flamed merge -> trace", *rss_of([*FLAMED, "merge", "--keep-ids", *map(str, traces)], out_trace)))
     out_folded = DIR / "merged.folded"
     rows.append(("flamed merge -> folded", *rss_of([*FLAMED, "merge", "--output-format", "folded", *map(str, traces)], out_folded)))
     out_sort = DIR / "sort-m.txt"

@@ -309,9 +309,13 @@ def collapse(
                 texts[k] = texts.get(k, 0) + w
     # One split per distinct stack; the frame strings are interned so equal
     # frames of different stacks share memory.
+    # Popping as we go frees each text as its tuple is made: the peak holds one
+    # form of each stack, not both.
     intern = sys.intern
     stacks: dict[Stack, Weight] = {}
-    for k, w in texts.items():
+    groups.clear()
+    while texts:
+        k, w = texts.popitem()
         st: Stack = tuple(map(intern, k.split(";"))) if k else (EMPTY_STACK_FRAME,)
         stacks[st] = stacks.get(st, 0) + w
     result.kept_event = chosen[0] if chosen and chosen[0] else None
