@@ -162,6 +162,7 @@ class _ProcessSymbols:
     starts: list[int] = field(default_factory=list)
     ranges: list[_Mapping] = field(default_factory=list)
     maps_drain: int = -1  # the drain in which /proc/PID/maps was last read
+    seen_drain: int = 0  # the last drain that symbolized one of its samples
     refresh_drain: int = -1  # the drain in which the resolver was last refreshed
 
 
@@ -333,10 +334,19 @@ class Symbolizer:
 
     def end_drain(self) -> None:
         """Drop the processes :meth:`forget` was called for, now that the
-        drain that may still hold their samples is done."""
+        drain that may still hold their samples is done; and the caches of
+        processes that exited (or exec'd) and were not sampled for two
+        drains, whether or not anyone called :meth:`forget` (otherwise every
+        short-lived process ever sampled kept its cache: found by
+        tests/faults/test_mixed_faults.py's churn test)."""
         for pid in self._forget:
             self._drop(pid)
         self._forget.clear()
+        for pid, p in list(self._procs.items()):
+            if self._drains - p.seen_drain >= 2:
+                now = read_identity(pid, self._proc)
+                if now is None or now != p.identity:
+                    self._drop(pid)
         if len(self._module_known) > self._module_max:
             self._module_known.clear()
         if len(self._elves) > 1024:
@@ -394,6 +404,8 @@ class Symbolizer:
         if pid in self._checked and p is not None:
             return p
         self._checked.add(pid)
+        if p is not None:
+            p.seen_drain = self._drains
         ident = read_identity(pid, self._proc)
         if p is not None:
             if ident is None or ident == p.identity:
@@ -403,7 +415,7 @@ class Symbolizer:
             self.stats.invalidations += 1
             log.debug("pid %d changed image (%s -> %s): new symbol cache", pid, p.identity, ident)
             self._drop(pid)
-        p = _ProcessSymbols(ident)
+        p = _ProcessSymbols(ident, seen_drain=self._drains)
         self._procs[pid] = p
         return p
 
