@@ -1,0 +1,421 @@
+"""Mixed-mode faults: process churn, pid reuse, and every way py-spy can fail.
+
+The workloads run in a cgroup of their own, and the daemon samples (BPF
+filter) and watches (mixed-mode filter) only that cgroup, so the counts
+before and after are ours, not those of other programs on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import need, scaled
+from daemonproc import check_state_dir
+from test_daemon_faults import record_figure
+
+pytestmark = [pytest.mark.bpf, pytest.mark.pyspy, pytest.mark.slow]
+
+CGROUP2 = next((p for p in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup") if os.path.exists(f"{p}/cgroup.procs")
+                and os.path.exists(f"{p}/cgroup.controllers")), None)
+
+
+@pytest.fixture
+def cgroup() -> Iterator[str]:
+    need(CGROUP2 is not None, "a cgroup v2 hierarchy")
+    assert CGROUP2 is not None
+    path = f"{CGROUP2}/flamed-fault-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+    os.mkdir(path)
+    try:
+        yield path
+    finally:
+        # Kill whatever is left in it, then remove it.
+        for _ in range(50):
+            try:
+                pids = [int(x) for x in Path(path, "cgroup.procs").read_text().split()]
+            except OSError:
+                pids = []
+            if not pids:
+                break
+            for p in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+            time.sleep(0.1)
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
+def in_cgroup(path: str) -> Any:
+    def enter() -> None:
+        Path(path, "cgroup.procs").write_text(str(os.getpid()))
+        os.setsid()
+
+    return enter
+
+
+def daemon_children(pid: int) -> dict[str, int]:
+    """Children of ``pid`` by comm."""
+    out: dict[str, int] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            st = Path(f"/proc/{d}/status").read_text()
+        except OSError:
+            continue
+        m = re.search(r"^PPid:\s+(\d+)", st, re.M)
+        if m and int(m.group(1)) == pid:
+            comm = re.search(r"^Name:\s+(.*)$", st, re.M)
+            name = comm.group(1) if comm else "?"
+            out[name] = out.get(name, 0) + 1
+    return out
+
+
+def steady(d: Any, samples: int = 12, every: float = 0.25) -> dict[str, Any]:
+    """:func:`resources` at its lowest over a few seconds.
+
+    py-spy runs in windows: the run that ends overlaps the next one for a moment
+    (two children, their pipes), so one reading can be high; a leak raises the floor.
+    """
+    rs = []
+    for _ in range(samples):
+        rs.append(resources(d))
+        time.sleep(every)
+    return {k: (min(r[k] for r in rs) if isinstance(rs[0][k], (int, float)) else rs[-1][k]) for k in rs[0]}
+
+
+def resources(d: Any) -> dict[str, Any]:
+    """What could leak: fds, threads and children of the daemon, watched processes, caches."""
+    fds = len(os.listdir(f"/proc/{d.pid}/fd"))
+    threads = len(os.listdir(f"/proc/{d.pid}/task"))
+    kids = daemon_children(d.pid)
+    st = d.status()
+    py = st["processors"].get("python", {})
+    return {
+        "fds": fds, "threads": threads, "pyspy_children": kids.get("py-spy", 0),
+        "watched": len(py.get("processes", [])), "pyspy_running": py.get("pyspy_running", 0),
+        "symbol_cache_processes": (st.get("symbol_caches") or {}).get("processes"),
+        "rss_mb": round(d.rss_bytes() / 2**20, 1),
+    }
+
+
+LONG = r"""
+import sys, time
+def long_lived_work():
+    s = 0
+    for i in range(30000):
+        s += i * i
+    return s
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    long_lived_work()
+    time.sleep(0.002)
+"""
+
+SHORT = r"""
+import sys, time
+def short_lived_work():
+    s = 0
+    for i in range(3000):
+        s += i
+    return s
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    short_lived_work()
+"""
+
+
+def _mixed_daemon(daemon_factory: Any, cg: str, **python: Any) -> Any:
+    rel = cg.removeprefix(CGROUP2 or "")
+    opts = {"enabled": True, "window_s": 1.0, "include_cgroup": re.escape(rel) + "$", "scan_interval": 1.0}
+    opts.update(python)
+    return daemon_factory(sampling={"frequency": 99, "drain_interval": 1.0, "cgroups": [cg]},
+                          output={"rotate_interval": 5.0}, processors__python=opts)
+
+
+def test_churn_leaks_nothing(require_bpf: None, require_pyspy: str, daemon_factory: Any, cgroup: str) -> None:
+    n_short = scaled(1000, 100)
+    span = 60.0 * n_short / 1000
+    d = _mixed_daemon(daemon_factory, cgroup)
+    longs = [subprocess.Popen([sys.executable, "-c", LONG, str(span + 90)], preexec_fn=in_cgroup(cgroup))
+             for _ in range(3)]
+    try:
+        d.wait_for(lambda: steady(d, samples=4)["pyspy_children"] == 3 and resources(d)["watched"] == 3, 40,
+                   "py-spy on the three long-lived processes")
+        time.sleep(2)
+        before = steady(d)
+        # Churn: n_short Python processes, 50-300 ms each, started evenly over `span` seconds.
+        started = 0
+        t0 = time.monotonic()
+        live: list[subprocess.Popen[bytes]] = []
+        import random
+
+        rng = random.Random(7)
+        while started < n_short:
+            due = t0 + span * started / n_short
+            now = time.monotonic()
+            if now < due:
+                time.sleep(min(0.05, due - now))
+            live.append(subprocess.Popen([sys.executable, "-c", SHORT, f"{rng.uniform(0.05, 0.3):.3f}"],
+                                         preexec_fn=in_cgroup(cgroup)))
+            started += 1
+            live = [p for p in live if p.poll() is None]
+            assert time.monotonic() - t0 < span * 3 + 60, "spawning fell far behind"
+        churn_s = time.monotonic() - t0
+        for p in live:
+            p.wait(30)
+        during = d.status()["processors"]["python"]
+        # Let exits, windows and the /proc scan settle.
+        def settled() -> bool:
+            r = steady(d, samples=4)
+            return r["pyspy_children"] <= before["pyspy_children"] and r["watched"] == before["watched"]
+
+        d.wait_for(settled, 30, "py-spy children and watched processes back to the long-lived three")
+        time.sleep(3)
+        after = steady(d)
+        # Then the long ones exit too: everything goes.
+        for p in longs:
+            p.kill()
+            p.wait(10)
+        d.wait_for(lambda: steady(d, samples=4)["pyspy_children"] == 0 and resources(d)["watched"] == 0, 30,
+                   "no py-spy child once every Python process exited")
+        time.sleep(3)
+        empty = steady(d)
+        head, payload = d.request({"request": "snapshot", "seconds": 600, "format": "folded"})
+    finally:
+        for p in longs:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+    assert after["pyspy_children"] == before["pyspy_children"] == 3, (before, after)
+    assert after["watched"] == before["watched"] == 3, (before, after)
+    assert after["fds"] <= before["fds"] + 2, (before, after)
+    assert after["threads"] <= before["threads"] + 1, (before, after)
+    assert empty["pyspy_children"] == 0 and empty["watched"] == 0, empty
+    caches_before = before["symbol_cache_processes"]
+    caches_after = after["symbol_cache_processes"]
+    if caches_before is not None and caches_after is not None:
+        # Only the long-lived three (and the daemon's own helpers) may keep a symbol cache.
+        assert caches_after <= caches_before + 2, (before, after)
+    # The short-lived processes were really sampled (so the churn exercised the caches).
+    assert b"short_lived_work" in payload or head["weight"] > 0
+    assert d.alive()
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit(60) == 0
+    check_state_dir(d.state_dir)
+    record_figure("churn", {"short_lived": n_short, "churn_seconds": round(churn_s, 1), "long_lived": 3,
+                            "before": before, "after": after, "all_exited": empty,
+                            "pyspy_started": during.get("pyspy_started"),
+                            "watcher_left_out": during.get("watcher_left_out")})
+
+
+# ---------------------------------------------------------------------------
+# pid reuse
+
+REUSE_C = r"""
+#include <unistd.h>
+volatile unsigned long sink;
+__attribute__((noinline)) void FUNCNAME(void) { for (volatile int i = 0; i < 3000000; i++) sink += i; }
+int main(void) { for (int i = 0; i < 400; i++) FUNCNAME(); return 0; }
+"""
+
+
+def _spawn_with_pid(want: int, argv: list[str], cg: str, tries: int = 200) -> subprocess.Popen[bytes] | None:
+    """Start ``argv`` as pid ``want`` (ns_last_pid); None if other forks keep taking it."""
+    for _ in range(tries):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(want - 1))
+        p = subprocess.Popen(argv, preexec_fn=in_cgroup(cg))
+        if p.pid == want:
+            return p
+        p.kill()
+        p.wait(5)
+    return None
+
+
+def test_pid_reuse_does_not_attach_old_symbols(require_bpf: None, daemon_factory: Any, cgroup: str,
+                                               tmp_path: Path) -> None:
+    gcc = shutil.which("gcc")
+    need(gcc is not None, "gcc (Debian gcc, libc6-dev)")
+    bins = {}
+    for name in ("alpha_old_process", "omega_new_process"):  # same length: same layout, same addresses
+        src = tmp_path / f"{name}.c"
+        src.write_text(REUSE_C.replace("FUNCNAME", name))
+        out = tmp_path / name
+        subprocess.run([str(gcc), "-O0", "-no-pie", "-fno-omit-frame-pointer", "-o", str(out), str(src)],
+                       check=True, timeout=60)
+        bins[name] = out
+    nm = {n: subprocess.run(["nm", str(b)], capture_output=True, text=True).stdout for n, b in bins.items()}
+    addr = {n: re.search(rf"^([0-9a-f]+) T {n}$", t, re.M).group(1) for n, t in nm.items()}  # type: ignore[union-attr]
+    assert addr["alpha_old_process"] == addr["omega_new_process"], addr
+    d = daemon_factory(sampling={"frequency": 199, "drain_interval": 0.5, "cgroups": [cgroup]},
+                       output={"rotate_interval": 5.0})
+    old = subprocess.Popen([str(bins["alpha_old_process"])], preexec_fn=in_cgroup(cgroup))
+    pid = old.pid
+    try:
+        d.wait_for(lambda: b"alpha_old_process" in d.request(
+            {"request": "snapshot", "seconds": 5, "pid": pid})[1], 30, "the old process's frames")
+        old.kill()
+        old.wait(10)
+        new = _spawn_with_pid(pid, [str(bins["omega_new_process"])], cgroup)
+        if new is None:
+            pytest.skip(f"could not get pid {pid} again (busy machine)")
+        try:
+            t_new = time.time_ns()
+            d.wait_for(lambda: b"omega_new_process" in d.request(
+                {"request": "snapshot", "next": 1.0, "pid": pid})[1], 30, "the new process's frames")
+            time.sleep(1.0)
+            head, payload = d.request({"request": "snapshot", "next": 1.5, "pid": pid, "format": "folded"})
+        finally:
+            new.kill()
+            new.wait(10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            old.kill()
+    assert head["start_ns"] >= t_new - 1_000_000_000
+    assert b"omega_new_process" in payload, payload[:500]
+    assert b"alpha_old_process" not in payload, "the new process under a reused pid got the old one's symbols"
+    record_figure("pid_reuse", {"pid": pid, "stale_symbols": 0})
+
+
+# ---------------------------------------------------------------------------
+# py-spy failures
+
+FAKE_PYSPY = r"""#!/bin/sh
+# py-spy stand-in: behaves by the comm of the target.  Real py-spy for the others.
+pid=""; prev=""
+for a in "$@"; do [ "$prev" = "--pid" ] && pid=$a; prev=$a; done
+comm=$(cat /proc/$pid/comm 2>/dev/null)
+case "$comm" in
+  pyhang*) trap '' INT TERM; while :; do sleep 1; done ;;
+  pyperm*) echo "Error: Permission Denied (os error 13)" >&2; exit 1 ;;
+  *) exec REAL "$@" ;;
+esac
+"""
+
+NAMED = r"""
+import ctypes, sys, time, os
+ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)
+def named_busy_work():
+    s = 0
+    for i in range(20000):
+        s += i * i
+    return s
+end = time.time() + 120
+while time.time() < end:
+    named_busy_work()
+    os.stat("/")
+"""
+
+BACKOFF = re.compile(r"py-spy on pid (\d+) failed \((\w+)\).*?retry in ([0-9.]+)s")
+
+
+def _backoffs(log: str) -> dict[int, list[tuple[str, float]]]:
+    out: dict[int, list[tuple[str, float]]] = {}
+    for m in BACKOFF.finditer(log):
+        out.setdefault(int(m.group(1)), []).append((m.group(2), float(m.group(3))))
+    return out
+
+
+def test_pyspy_failures_keep_native_stacks_count_and_back_off(require_bpf: None, require_pyspy: str,
+                                                              daemon_factory: Any, cgroup: str,
+                                                              tmp_path: Path) -> None:
+    fake = tmp_path / "py-spy"
+    fake.write_text(FAKE_PYSPY.replace("REAL", require_pyspy))
+    fake.chmod(0o755)
+    # Unsupported interpreter: a native program whose name says Python (the watcher takes it, py-spy cannot).
+    unsupported = tmp_path / "python3.11"
+    shutil.copy("/usr/bin/yes", unsupported)
+    d = _mixed_daemon(daemon_factory, cgroup, pyspy=str(fake))
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    killer_stop = threading.Event()
+    kills = [0]
+    try:
+        for name in ("pyhang", "pyperm", "pykill"):
+            procs[name] = subprocess.Popen([sys.executable, "-c", NAMED, name], preexec_fn=in_cgroup(cgroup))
+        procs["unsupported"] = subprocess.Popen([str(unsupported)], stdout=subprocess.DEVNULL,
+                                                preexec_fn=in_cgroup(cgroup))
+
+        def killer() -> None:
+            # Kill py-spy whenever it runs on pykill: a crash, every time.
+            target = str(procs["pykill"].pid)
+            while not killer_stop.wait(0.3):
+                for dd in os.listdir("/proc"):
+                    if not dd.isdigit():
+                        continue
+                    try:
+                        cmd = Path(f"/proc/{dd}/cmdline").read_bytes().split(b"\0")
+                    except OSError:
+                        continue
+                    if b"record" in cmd and target.encode() in cmd and any(c.endswith(b"py-spy") for c in cmd[:2]):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(dd), signal.SIGKILL)
+                            kills[0] += 1
+
+        kt = threading.Thread(target=killer)
+        kt.start()
+
+        def reasons() -> dict[str, int]:
+            py = d.status()["processors"]["python"]
+            return {k.removeprefix("pyspy_failed_"): v for k, v in py.items() if k.startswith("pyspy_failed_")}
+
+        want = ("timeout", "permission", "crash", "unsupported_interpreter")
+        d.wait_for(lambda: all(reasons().get(r, 0) >= 1 for r in want) and
+                   len([1 for v in _backoffs(d.log()).values() if len(v) >= 2]) >= 3, 60,
+                   "every py-spy failure reason counted and retried")
+        got = reasons()
+        text = d.metrics_text()
+        weights = {}
+        for name, p in procs.items():
+            head, payload = d.request({"request": "snapshot", "seconds": 30, "pid": p.pid, "format": "folded"})
+            weights[name] = head["weight"]
+            assert head["weight"] > 0, f"{name}: no native/kernel stacks recorded while py-spy fails"
+            if name != "unsupported":
+                assert b"_[k]" in payload or b"PyEval" in payload or b"python" in payload, payload[:300]
+    finally:
+        killer_stop.set()
+        for p in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+    # Retried with backoff: each failing target's delays double (up to the cap).
+    back = _backoffs(d.log())
+    doubled = 0
+    for pid, seq in back.items():
+        delays = [s for _, s in seq]
+        if len(delays) >= 2:
+            assert all(b >= a for a, b in zip(delays, delays[1:])), (pid, seq)
+            doubled += delays[1] >= 2 * delays[0] * 0.99
+    assert doubled >= 3, back
+    # Counted in metrics too, by reason.
+    for r in want:
+        assert f'reason="{r}"' in text or f"pyspy_failed_{r}" in text, f"metric for {r} missing"
+    assert kills[0] >= 1
+    # Missing binary: a daemon whose py-spy does not exist still records the Python process natively.
+    d2 = _mixed_daemon(daemon_factory, cgroup, pyspy=str(tmp_path / "no-such-py-spy"))
+    p = subprocess.Popen([sys.executable, "-c", NAMED, "pymissing"], preexec_fn=in_cgroup(cgroup))
+    try:
+        d2.wait_for(lambda: d2.status()["processors"]["python"].get("pyspy_failed_missing_binary", 0) >= 1, 30,
+                    "missing_binary counted")
+        head, _ = d2.request({"request": "snapshot", "seconds": 10, "pid": p.pid})
+        assert head["weight"] > 0
+        missing_log = [ln for ln in d2.log().splitlines() if "no-such-py-spy" in ln]
+        assert missing_log, d2.log()[-1500:]
+    finally:
+        p.kill()
+        p.wait(10)
+    record_figure("pyspy_failures", {"reasons_counted": got, "native_weight_per_target": weights,
+                                     "pyspy_killed_by_test": kills[0],
+                                     "backoff_delays": {str(k): [s for _, s in v][:5] for k, v in back.items()}})
