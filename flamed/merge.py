@@ -207,7 +207,10 @@ def _relabel(
             stack = (label,) + stack
         elif label_root == "pid":
             stack = (f"pid-{pid if pid is not None else '?'}",) + stack
-        yield Sample(time_ns=t, stack=stack, weight=s.weight, pid=pid, tid=tid, source=index)
+        if stack is s.stack and pid == s.pid and tid == s.tid and index == s.source:
+            yield s  # unchanged: no new object (a frozen dataclass costs a microsecond to build)
+        else:
+            yield Sample(time_ns=t, stack=stack, weight=s.weight, pid=pid, tid=tid, source=index)
 
 
 def merge_sources(

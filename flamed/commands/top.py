@@ -21,7 +21,7 @@ class TopCommand(Command):
 
     Self: weight of the stacks a function is the leaf of. Total: weight of
     the stacks it appears in, counted once per stack even when it recurses
-    (so no total exceeds 100%%). Reads everything 'flamed collapse' reads.
+    (so no total exceeds 100%). Reads everything 'flamed collapse' reads.
 
     examples:
       flamed top out.folded
