@@ -159,3 +159,25 @@ def test_svg_search_from_url_and_bad_regex(browser: Browser, tmp_path: Path) -> 
     assert b.eval("document.getElementById('matched').textContent") == f"Matched: {100 * want / p.total():.2f}%"
     b.eval("search('(')")
     assert re.match(r"Bad regex", b.eval("document.getElementById('matched').textContent"))
+
+
+def test_svg_icicle_zoom_from_url(browser: Browser, tmp_path: Path) -> None:
+    p = _profile()
+    buf = io.BytesIO()
+    render_profile(p, buf, OutputOptions(minwidth=0, inverted=True))
+    svg = tmp_path / "icicle.svg"
+    svg.write_bytes(buf.getvalue())
+    _, boxes = parse_svg(buf.getvalue())
+    target = _widest(boxes, "lib_inner")
+    idx = boxes.index(target)
+    b = browser
+    b.navigate(svg.as_uri() + f"?z={idx}")
+    b.wait_for("typeof F !== 'undefined' && F.length > 0")
+    vb = b.eval("document.getElementById('fv').getAttribute('viewBox')").split()
+    assert [float(vb[0]), float(vb[2])] == [target.x, target.width]
+    # In an icicle the ancestors are above (smaller y).
+    faded = b.eval("F.filter(f => f.g.classList.contains('a')).map(f => f.y)")
+    assert faded and all(y < target.y for y in faded)
+    want = {x.y for x in boxes if x.y < target.y and x.x <= target.x and x.x + x.width >= target.x + target.width}
+    assert set(faded) == want
+    b.screenshot(ARTIFACTS / "svg-icicle-zoomed.png")
