@@ -141,3 +141,28 @@ def test_speedscope_rejects_what_it_should(browser: Browser, tmp_path: Path) -> 
     broken["name"] = "broken"
     with pytest.raises((AssertionError, CDPError)):
         _load_in_speedscope(browser, broken, "broken.speedscope.json", tmp_path)
+
+
+def test_go_tool_pprof_top_matches_flamed_top(tmp_path: Path) -> None:
+    # A real capture; `flamed top` and `go tool pprof -top` must list the same
+    # functions with the same self and total weights, and the same total.
+    import csv
+
+    from flamed.cli import main
+
+    src = DATA / "bcc" / "profile-folded.txt.gz"
+    pb_path = tmp_path / "p.pb.gz"
+    assert main(["export", "-o", str(pb_path), str(src)]) == 0
+    top_csv = tmp_path / "top.csv"
+    assert main(["top", "--csv", "--limit", "0", "-o", str(top_csv), str(src)]) == 0
+    with top_csv.open(newline="") as f:
+        ours = {r["function"]: (int(r["self"]), int(r["total"])) for r in csv.DictReader(f)}
+    out = _go_pprof(["-top", "-nodecount=100000", "-nodefraction=0", "-edgefraction=0", str(pb_path)], tmp_path)
+    rows = {}
+    for line in out.splitlines():
+        m = _ROW.match(line)
+        if m:
+            rows[m.group(3).strip()] = (int(m.group(1)), int(m.group(2)))
+    assert rows == ours
+    total = re.search(r"Total samples = (\d+)", out) or re.search(r"of (\d+) total", out)
+    assert total is not None and int(total.group(1)) == sum(s for s, _ in ours.values())
