@@ -91,6 +91,7 @@ class MixedMode:
         self.stats = JoinStats()
         self.counters: Counter[str] = Counter()
         self.processes: dict[int, PyProcess] = {}
+        self.loop_lag_max_ns = 0
 
     # -- lifecycle --------------------------------------------------------
     def start(self) -> None:
@@ -137,7 +138,12 @@ class MixedMode:
                 self.watcher._recheck[pid] = [now + int(d * 1e9) for d in self.options.watch.recheck_s]
 
     def _loop(self) -> None:
+        last = self._now()
         while not self._stop.is_set():
+            now = self._now()
+            # How late this thread runs (GIL, CPU): py-spy starts and stops wait for it.
+            self.loop_lag_max_ns = max(self.loop_lag_max_ns, now - last)
+            last = now
             with self._lock:
                 self.watcher.poll(0)
                 runs = self.supervisor.tick()
@@ -258,6 +264,7 @@ class MixedMode:
                 m[f"join_{k}"] = v
             m.update({k: v for k, v in self.counters.items()})
             m["pending_events"] = len(self._pending)
+            m["loop_lag_max_ms"] = self.loop_lag_max_ns // 1_000_000
             if self.clock is not None:
                 for k, v in self.clock.stats().items():
                     m[f"clock_hits_{k}"] = v

@@ -79,14 +79,15 @@ def pyspy_children() -> list[int]:
 
 
 def test_supervisor_counts_reasons_and_leaves_no_child(require_pyspy: str) -> None:
-    sup = PySpySupervisor(PySpyOptions(binary=require_pyspy, window_s=0.6, backoff_s=0.2))
-    py = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<4: sum(range(999))"])
+    sup = PySpySupervisor(PySpyOptions(binary=require_pyspy, window_s=0.6, backoff_s=0.2, min_age_s=0))
+    py = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<20: sum(range(999))"])
     sleeper = subprocess.Popen(["sleep", "5"])
     runs = []
     try:
         assert sup.add(py.pid) and sup.add(sleeper.pid)
-        end = time.monotonic() + 2.5
-        while time.monotonic() < end:
+        # bounded: rotations need py-spy to attach, which a loaded host slows down
+        end = time.monotonic() + 20
+        while time.monotonic() < end and len([r for r in runs if r.pid == py.pid]) < 2:
             runs += sup.tick()
             time.sleep(0.05)
         assert sup.failures[Failure.UNSUPPORTED.value] >= 1  # `sleep` is no Python
@@ -104,7 +105,7 @@ def test_supervisor_counts_reasons_and_leaves_no_child(require_pyspy: str) -> No
 
 
 def test_supervisor_missing_binary_is_counted() -> None:
-    sup = PySpySupervisor(PySpyOptions(binary="/nonexistent/py-spy"))
+    sup = PySpySupervisor(PySpyOptions(binary="/nonexistent/py-spy", min_age_s=0))
     assert sup.binary is None
     assert sup.add(os.getpid())
     assert sup.failures[Failure.MISSING_BINARY.value] == 1
@@ -117,7 +118,7 @@ def test_pyspy_dies_with_its_parent(require_pyspy: str, tmp_path: Path) -> None:
     script.write_text(
         "import sys, time\n"
         "from flamed.python.pyspy import PySpyOptions, PySpySupervisor\n"
-        f"sup = PySpySupervisor(PySpyOptions(binary={require_pyspy!r}))\n"
+        f"sup = PySpySupervisor(PySpyOptions(binary={require_pyspy!r}, min_age_s=0))\n"
         "sup.add(int(sys.argv[1]))\n"
         "print(sup._targets[int(sys.argv[1])].children[0].proc.pid, flush=True)\n"
         "time.sleep(60)\n")
