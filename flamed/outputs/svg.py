@@ -68,6 +68,8 @@ def xml_escape(s: str) -> str:
         s = s.replace(">", "&gt;")
     if '"' in s:
         s = s.replace('"', "&quot;")
+    if "\r" in s:
+        s = s.replace("\r", "&#13;")  # else XML parsers read it back as a newline
     return s
 
 

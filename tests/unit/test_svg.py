@@ -327,3 +327,29 @@ def test_real_captures_every_frame_with_its_width(capture: str) -> None:
     for opts in ({"minwidth": 0}, {"minwidth": 0, "inverted": True, "palette": "mixed"}):
         _, boxes = parse_svg(render(p, **opts))  # parses as XML whatever the frame text
         assert box_paths(boxes, inverted=bool(opts.get("inverted"))) == expected_paths(p)
+
+
+_any_frame = st.one_of(
+    st.text(max_size=8).filter(lambda f: ";" not in f and "\n" not in f and "\x00" not in f),
+    st.binary(max_size=8).map(lambda b: b.decode("utf-8", "surrogateescape")).filter(
+        lambda f: ";" not in f and "\n" not in f and "\x00" not in f
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.dictionaries(st.lists(_any_frame, min_size=1, max_size=5).map(tuple), st.integers(1, 10**9), min_size=1,
+                    max_size=15),
+    st.booleans(),
+)
+def test_any_frame_text_gives_well_formed_svg_with_every_frame(stacks: dict[tuple[str, ...], int], inverted: bool) -> None:
+    from flamed.outputs.svg import visible_text
+
+    p = Profile(stacks=stacks)
+    data = render(p, minwidth=0, inverted=inverted, palette="mixed")
+    _, boxes = parse_svg(data)
+    shown = Profile()
+    for stack, w in stacks.items():
+        shown.add(tuple(visible_text(f) for f in stack), w)
+    assert box_paths(boxes, inverted=inverted) == expected_paths(shown)
