@@ -110,6 +110,7 @@ class Daemon:
         self.last_drain_seconds = 0.0
         self._loss_warned: dict[str, float] = {}
         self._bpf_retired = 0  # BPF samples counted by samplers replaced on reload
+        self._sampler_stats: Any = None  # the sampler's stats() as of the last drain
 
     # -- requests from other threads and signal handlers -----------------
     def request_stop(self) -> None:
@@ -249,7 +250,7 @@ class Daemon:
                     except Exception as e:
                         log.warning("stopping the sampler: %s", e)
                 self._drain_once(rotate_now=True, final=True)
-                bpf = self.bpf_samples_total()
+                bpf = self.bpf_samples_total(live=True)
                 if bpf is not None:
                     # The fault tests compare this with the sum of the files' sidecar sample counts.
                     log.info("stopping: the BPF program counted %d samples since start; %d went into windows",
@@ -301,6 +302,7 @@ class Daemon:
         if callable(stats_fn):
             try:
                 st = stats_fn()
+                self._sampler_stats = st  # for status(): the sampler's lock is held during drains
                 m.symbolize_duration.observe(float(st.last_symbolize_seconds))
                 m.map_fill.labels(map="counts").set(float(st.count_map_fill))
                 m.map_fill.labels(map="stacks").set(float(st.stack_map_fill))
@@ -360,23 +362,27 @@ class Daemon:
                         "(%s); raise %s (now %s)", n, ", ".join(f"{r}={v}" for r, v in sorted(lost.items())
                                                          if v and r.startswith(prefix)), key, current)
 
-    def bpf_samples_total(self) -> int | None:
-        """Samples the BPF program(s) counted since start (its never-reset counter), if the sampler tells."""
-        stats_fn = getattr(self.sampler, "stats", None)
-        if not callable(stats_fn):
-            return None
+    def bpf_samples_total(self, *, live: bool = False) -> int | None:
+        """Samples the BPF program(s) counted since start (its never-reset counter), if the sampler tells.
+
+        ``live`` asks the sampler (main thread only: it waits for a running
+        drain); otherwise the figure as of the last drain.
+        """
+        st: Any = self._sampler_stats
+        if live:
+            stats_fn = getattr(self.sampler, "stats", None)
+            st = stats_fn() if callable(stats_fn) else None
         try:
-            return self._bpf_retired + int(stats_fn().bpf_samples_total)
+            return None if st is None else self._bpf_retired + int(st.bpf_samples_total)
         except (AttributeError, TypeError, ValueError):
             return None
 
     def _symbol_cache_stats(self) -> dict[str, int] | None:
         """Per-process symbol caches of the sampler (fault tests count them before and after churn)."""
-        stats_fn = getattr(self.sampler, "stats", None)
-        if not callable(stats_fn):
+        st: Any = self._sampler_stats  # as of the last drain: status must not wait for one
+        if st is None:
             return None
         try:
-            st = stats_fn()
             return {"processes": int(st.symbol_processes), "addresses": int(st.symbol_addresses)}
         except (AttributeError, TypeError, ValueError):
             return None
@@ -438,9 +444,10 @@ class Daemon:
             _release_heap()
             assert self.sampler is not None
             self._drain_once()
-            self._bpf_retired = (self.bpf_samples_total() or 0)
+            self._bpf_retired = (self.bpf_samples_total(live=True) or 0)
             self.sampler.close()
             self.sampler = fresh
+            self._sampler_stats = None
             for p in self.processors:
                 p.sampler_changed(fresh)
         self.store.configure(new.output, new.retention)
