@@ -35,7 +35,7 @@ from flamed.python.align import (
 from flamed.python.clock import PySpyClock
 from flamed.python.pyspy import CompletedRun, PySpyOptions, PySpySupervisor
 from flamed.python.watcher import ProcessWatcher, PyProcess, WatchOptions
-from flamed.sampler import Sampler, SampleEvent
+from flamed.sampler import Sampler, SampleEvent, Window
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,11 @@ class MixedOptions:
     clock: calibrate py-spy's clock with the uprobe of bpf/pyspy_clock.bpf.c (default True).
     vm_readv: also trace py-spy's process_vm_readv calls, the exact time of each
         sample (a filtered syscall tracepoint: tens of ns on every syscall; default True).
+    active_only: give py-spy (and timestamped events) only to Python processes
+        the sampler saw on a CPU: a found process is a candidate until a drained
+        window counts ``active_min_samples`` samples for it, and goes back to
+        being one after ``idle_windows`` windows without any (default False;
+        the daemon sets it, so idle interpreters cost no py-spy).
     max_delay_s: how long an event waits for its py-spy trace before it is
         emitted under ``[python: no frame]`` (default: 2 windows + 5 s).
     """
@@ -57,6 +62,9 @@ class MixedOptions:
     join: JoinOptions = field(default_factory=JoinOptions)
     clock: bool = True
     vm_readv: bool = True
+    active_only: bool = False
+    active_min_samples: int = 1
+    idle_windows: int = 6
     max_delay_s: float | None = None
 
     @property
@@ -91,6 +99,8 @@ class MixedMode:
         self.stats = JoinStats()
         self.counters: Counter[str] = Counter()
         self.processes: dict[int, PyProcess] = {}
+        self.candidates: dict[int, PyProcess] = {}  # found, not yet seen on a CPU (active_only)
+        self._idle: dict[int, int] = {}  # watched pid -> windows without a sample
         self.loop_lag_max_ns = 0
 
     # -- lifecycle --------------------------------------------------------
@@ -178,6 +188,12 @@ class MixedMode:
             self.clock.track(pyspy_pid)
 
     def _started(self, proc: PyProcess) -> bool:
+        if self.options.active_only:
+            self.candidates[proc.pid] = proc
+            return True
+        return self._promote(proc)
+
+    def _promote(self, proc: PyProcess) -> bool:
         if not self.supervisor.add(proc.pid, started_ns=proc.seen_ns):
             return False  # the watcher counts it as left out and offers it again later
         self.processes[proc.pid] = proc
@@ -188,6 +204,8 @@ class MixedMode:
         return True
 
     def _exited(self, pid: int) -> None:
+        self.candidates.pop(pid, None)
+        self._idle.pop(pid, None)
         self.supervisor.remove(pid)
         self.processes.pop(pid, None)
         # The sampler keeps sending what is in flight; unwatching now only
@@ -216,6 +234,42 @@ class MixedMode:
             log.debug("py-spy %d on pid %d: %s..%s, %d threads, %d samples, clock %s", r.pyspy_pid, r.pid,
                       aligned.start_ns, aligned.end_ns, len(aligned.threads), len(samples),
                       "uprobe" if fit.calibrated else "guess")
+
+    def observe(self, window: Window) -> None:
+        """With ``active_only``: promote candidates the window saw on a CPU, demote idle ones.
+
+        Call with each drained window before :meth:`process` (the daemon's
+        processor does), from a long-lived thread.
+        """
+        if not self.options.active_only:
+            return
+        with self._lock:
+            seen: dict[int, int] = {}
+            for (tgid, _tid, _comm, _stack), n in window.counts.items():
+                if tgid in self.candidates:
+                    seen[tgid] = seen.get(tgid, 0) + n
+            for tgid, n in sorted(seen.items()):
+                if n >= self.options.active_min_samples:
+                    proc = self.candidates.pop(tgid)
+                    if self._promote(proc):
+                        self.counters["promoted"] += 1
+                        self._idle[tgid] = 0
+                    else:
+                        self.candidates[tgid] = proc
+            active = {ev.tgid for ev in window.events}
+            for pid in list(self.processes):
+                if pid in active:
+                    self._idle[pid] = 0
+                    continue
+                self._idle[pid] = self._idle.get(pid, 0) + 1
+                if self._idle[pid] >= self.options.idle_windows:
+                    proc = self.processes.pop(pid)
+                    self.supervisor.remove(pid)
+                    if self.sampler is not None:
+                        self.sampler.unwatch(pid)
+                    self._idle.pop(pid, None)
+                    self.candidates[pid] = proc
+                    self.counters["demoted"] += 1
 
     # -- the join ---------------------------------------------------------
     def process(self, events: list[SampleEvent]) -> list[tuple[SampleEvent, Stack]]:
@@ -264,6 +318,7 @@ class MixedMode:
                 m[f"join_{k}"] = v
             m.update({k: v for k, v in self.counters.items()})
             m["pending_events"] = len(self._pending)
+            m["candidates"] = len(self.candidates)
             m["loop_lag_max_ms"] = self.loop_lag_max_ns // 1_000_000
             if self.clock is not None:
                 for k, v in self.clock.stats().items():

@@ -44,6 +44,11 @@ class PythonProcessorOptions:
     scan_interval: seconds between /proc scans for missed processes (default 5).
     refine: place stack changes by signature likelihood (default true).
     clock_uprobe: calibrate py-spy's clock by a uprobe on its recorder (default true).
+    vm_readv_tracepoint: time py-spy's samples by its process_vm_readv calls (a
+        syscall tracepoint filtered to py-spy: tens of ns per syscall host-wide; default true).
+    active_min_samples: a Python process gets py-spy once a window counts this
+        many of its samples (default 1): idle interpreters cost nothing.
+    idle_windows: windows without a sample before its py-spy is stopped (default 6).
     """
 
     enabled: bool = True
@@ -62,6 +67,9 @@ class PythonProcessorOptions:
     scan_interval: float = 5.0
     refine: bool = True
     clock_uprobe: bool = True
+    vm_readv_tracepoint: bool = True
+    active_min_samples: int = 1
+    idle_windows: int = 6
 
     def mixed(self) -> MixedOptions:
         return MixedOptions(
@@ -75,6 +83,10 @@ class PythonProcessorOptions:
                                max_watched=self.max_processes, scan_interval_s=self.scan_interval),
             join=JoinOptions(refine=self.refine),
             clock=self.clock_uprobe,
+            vm_readv=self.vm_readv_tracepoint,
+            active_only=True,
+            active_min_samples=self.active_min_samples,
+            idle_windows=self.idle_windows,
         )
 
 
@@ -101,6 +113,8 @@ class PythonProcessor(WindowProcessor):
         self.mixed.start()
 
     def process(self, window: Window) -> None:
+        if self.mixed is not None:
+            self.mixed.observe(window)
         if self.mixed is None or not window.events:
             if self.mixed is not None:
                 self._add(window, self.mixed.process([]))

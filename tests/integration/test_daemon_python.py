@@ -1,0 +1,97 @@
+"""The daemon's mixed-mode processor: a real daemon, real BPF, real py-spy, a real Python workload.
+
+The workload runs under its own comm (a symlink to the interpreter), and the
+processor is told to include only that comm, so the test never profiles the
+other Python processes of the machine.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flamed.daemon.client import request
+from flamed.folded import read_folded
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.bpf, pytest.mark.pyspy, pytest.mark.slow]
+
+COMM = "flamedpyproc"
+
+
+def test_daemon_joins_python_frames(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
+    interp = tmp_path / COMM
+    os.symlink(os.path.realpath(sys.executable), interp)
+    cfg = tmp_path / "flamed.toml"
+    cfg.write_text(f"""
+[sampling]
+frequency = 99
+drain_interval = 1.0
+[output]
+state_dir = "{tmp_path / 'profiles'}"
+rotate_interval = 60.0
+[metrics]
+address = "127.0.0.1:0"
+[control]
+socket = "{tmp_path / 'flamed.sock'}"
+[log]
+target = "stderr"
+[processors.python]
+pyspy = "{require_pyspy}"
+include_comm = "^{COMM}$"
+window_s = 2.0
+scan_interval = 1.0
+""")
+    sock = tmp_path / "flamed.sock"
+    daemon = subprocess.Popen([sys.executable, "-m", "flamed", "daemon", "--config", str(cfg)],
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    work: subprocess.Popen[bytes] | None = None
+    try:
+        deadline = time.monotonic() + 120
+        while not sock.exists():
+            assert daemon.poll() is None, daemon.stderr.read() if daemon.stderr else ""
+            assert time.monotonic() < deadline, "daemon socket never appeared"
+            time.sleep(0.1)
+        time.sleep(2)  # the processor's uprobe and watcher start with the daemon
+        work = subprocess.Popen([str(interp), str(ROOT / "tests" / "workloads" / "phases.py"),
+                                 str(tmp_path / "phases.log"), "100", "40"])
+        assert work.wait(timeout=120) == 0
+        # Python samples are stored one py-spy window (+ a drain) after they were taken.
+        time.sleep(5)
+        buf = io.BytesIO()
+        request(str(sock), {"request": "snapshot", "seconds": 120, "pid": [work.pid], "root": "none"}, buf,
+                timeout=60)
+        p = read_folded(io.BytesIO(buf.getvalue()))
+        stacks = {";".join(k): v for k, v in p.stacks.items()}
+        sys_k = sum(v for k, v in stacks.items() if "syscall_phase (" in k and "do_syscall_64_[k]" in k)
+        comp = sum(v for k, v in stacks.items() if "compute_phase (" in k)
+        none = sum(v for k, v in stacks.items() if k.startswith("[python: no frame]"))
+        assert sys_k > 20 and comp > 50, sorted(stacks.items(), key=lambda kv: -kv[1])[:10]
+        # most samples of the process carry Python frames
+        assert none < 0.2 * p.total(), (none, p.total())
+        st = subprocess.run([sys.executable, "-m", "flamed", "status", "--json", "--socket", str(sock)],
+                            capture_output=True, text=True, timeout=30, cwd=ROOT)
+        status = json.loads(st.stdout)
+        proc = status["processors"]["python"]
+        assert proc["active"] and proc["join_matched"] > 0 and proc["runs_calibrated"] >= 1, proc
+    finally:
+        if work is not None and work.poll() is None:
+            work.kill()
+            work.wait()
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+    # no py-spy child of the daemon outlives it
+    left = subprocess.run(["pgrep", "-f", f"py-spy record --pid {work.pid if work else 0} "],
+                          capture_output=True, text=True).stdout.split()
+    assert left == []
