@@ -173,12 +173,15 @@ def read_speedscope(stream: BinaryIO | bytes, *, source: str = "<input>") -> Pro
     for prof in doc["profiles"]:
         if not isinstance(prof, dict):
             raise InputError("speedscope profile is not an object", source=source)
-        units.add(prof.get("unit", "none"))
+        unit = prof.get("unit", "none")
+        units.add(unit if isinstance(unit, str) else "none")
         kind = prof.get("type")
         if kind == "sampled":
             samples = prof.get("samples", [])
+            if not isinstance(samples, list):
+                raise InputError("sampled profile: 'samples' is not a list", source=source)
             weights = prof.get("weights") or [1] * len(samples)
-            if not isinstance(samples, list) or not isinstance(weights, list) or len(samples) != len(weights):
+            if not isinstance(weights, list) or len(samples) != len(weights):
                 raise InputError("sampled profile: 'samples' and 'weights' differ in length", source=source)
             for stack_ids, w in zip(samples, weights):
                 if not isinstance(stack_ids, list) or not isinstance(w, (int, float)) or isinstance(w, bool):
@@ -188,7 +191,10 @@ def read_speedscope(stream: BinaryIO | bytes, *, source: str = "<input>") -> Pro
         elif kind == "evented":
             stack: list[str] = []
             last: float | None = None
-            for ev in prof.get("events", []):
+            events = prof.get("events", [])
+            if not isinstance(events, list):
+                raise InputError("evented profile: 'events' is not a list", source=source)
+            for ev in events:
                 if not isinstance(ev, dict) or not isinstance(ev.get("at"), (int, float)):
                     raise InputError("evented profile: bad event", source=source)
                 at = ev["at"]

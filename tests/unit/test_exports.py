@@ -250,3 +250,43 @@ def test_golden_exports() -> None:
     golden(DATA / "exports" / "bcc.pb", to_proto(p).SerializeToString(deterministic=True))
     golden(DATA / "exports" / "bcc.speedscope.json", json.dumps(to_document(p), indent=1).encode())
     golden(DATA / "exports" / "stream.trace.json", json.dumps(samples_trace(_stream()), indent=1).encode())
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 5) | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["profiles", "shared", "frames", "type", "samples", "weights", "events", "at", "frame",
+                         "name", "unit", "file", "line"]), inner, max_size=5),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json)
+def test_speedscope_reader_never_crashes(doc: object) -> None:
+    try:
+        read_speedscope(json.dumps(doc).encode())
+    except InputError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_pprof_reader_never_crashes(data: bytes) -> None:
+    # Garbage, and valid profiles with bytes flipped.
+    try:
+        read_pprof(data)
+    except InputError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10**6), st.integers(0, 255))
+def test_pprof_reader_survives_corruption(pos: int, byte: int) -> None:
+    raw = to_proto(real_profile()).SerializeToString()
+    i = pos % len(raw)
+    data = raw[:i] + bytes([byte]) + raw[i + 1:]
+    try:
+        read_pprof(data)
+    except InputError:
+        pass
