@@ -40,7 +40,7 @@ def fast_config(tmp: Path, **sections: dict[str, Any]) -> DaemonConfig:
 
 
 @contextlib.contextmanager
-def running_daemon(config: DaemonConfig, timeout: float = 20.0, **kwargs: Any) -> Iterator[Daemon]:
+def running_daemon(config: DaemonConfig, timeout: float = 60.0, **kwargs: Any) -> Iterator[Daemon]:
     d = Daemon(config, **kwargs)
     errors: list[BaseException] = []
 

@@ -55,7 +55,7 @@ class Notifications:
         self.sock.bind(self.path)
         self.messages: list[str] = []
 
-    def wait_for(self, needle: str, timeout: float = 15.0) -> str:
+    def wait_for(self, needle: str, timeout: float = 60.0) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for m in self.messages:
@@ -85,7 +85,7 @@ def stop(p: subprocess.Popen[str]) -> str:
     if p.poll() is None:
         p.send_signal(signal.SIGTERM)
     try:
-        _, err = p.communicate(timeout=20)
+        _, err = p.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         p.kill()
         _, err = p.communicate()
@@ -93,7 +93,7 @@ def stop(p: subprocess.Popen[str]) -> str:
     return err
 
 
-def wait_socket(path: Path, p: subprocess.Popen[str], timeout: float = 15.0) -> None:
+def wait_socket(path: Path, p: subprocess.Popen[str], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if p.poll() is not None:
@@ -207,3 +207,38 @@ def test_bad_config_exit_code_names_key(tmp_path: Path) -> None:
     r = subprocess.run([*FLAMED, "daemon", "--config", str(cfg)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     assert "retention.max_age" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_systemd_socket_activation(tmp_path: Path) -> None:
+    # what flamed.socket does: systemd binds the socket and passes it as fd 3
+    # with LISTEN_FDS=1 and LISTEN_PID=<the daemon's pid>
+    path = tmp_path / "activated.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(16)
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)  # its control.socket (flamed.sock) must be ignored
+    fd = listener.fileno()
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "INVOCATION_ID", "JOURNAL_STREAM")}
+    p = subprocess.Popen(["bash", "-c", f'LISTEN_PID=$$ LISTEN_FDS=1 exec "$@" 3<&{fd}', "bash", *FLAMED, "daemon",
+                          "--config", str(cfg)], pass_fds=(fd,), stderr=subprocess.PIPE, text=True, env=env)
+    listener.close()  # the daemon holds it now
+    try:
+        deadline = time.monotonic() + 90  # generous: a loaded CI machine takes seconds to import
+        st = None
+        while time.monotonic() < deadline and p.poll() is None:
+            try:
+                st = request(str(path), {"request": "status"}, timeout=2)["status"]
+                break
+            except Exception:
+                time.sleep(0.1)
+        if st is None:
+            p.kill()
+            raise AssertionError(f"no answer on the activated socket: {p.communicate()[1]}")
+        assert st["socket"] == str(path)
+        assert not (tmp_path / "flamed.sock").exists()
+    finally:
+        err = stop(p)
+    assert p.returncode == 0, err
+    # the socket belongs to systemd: the daemon does not remove it
+    assert path.exists()
