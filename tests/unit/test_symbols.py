@@ -194,3 +194,23 @@ def test_processes_of_the_same_program_share_symbols(proc: Path) -> None:
     write_proc(proc, 13, start=13, inode=99)
     assert s.user_stack(13, [0x400100]) == ("app_fn_1",)
     assert len(FakeResolver.instances) == 2
+
+
+def test_real_elf_symbols_of_this_process() -> None:
+    """The shared ELF tables against libc as this very process maps it."""
+    import ctypes as ct
+    import os
+
+    from conftest import have_bcc, need
+
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc)")
+    addr = ct.cast(ct.CDLL("libc.so.6").getpid, ct.c_void_p).value
+    assert addr is not None
+    s = Symbolizer()
+    try:
+        s.begin_drain()
+        # Root first: the frame is the function the address lies in, by its plain name.
+        assert s.user_stack(os.getpid(), [addr + 1]) == ("getpid",)
+        assert s.stats.elf_files == 1 and s.stats.resolver_calls == 0
+    finally:
+        s.close()
