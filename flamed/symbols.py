@@ -77,6 +77,32 @@ def read_identity(pid: int, proc: Path = Path("/proc")) -> ProcessIdentity | Non
         return None
 
 
+def _kallsyms_hidden(proc: Path) -> bool:
+    """True when /proc/kallsyms shows every address as zero to this process.
+
+    That is kernel.kptr_restrict >= 1 without CAP_SYSLOG (or 2): kernel
+    frames cannot be named, and bcc's lookups in an all-zero table cost
+    seconds per drain (found by tests/faults/test_security_caps.py), so the
+    caller shows ``[unknown]_[k]`` and says which capability is missing.
+    """
+    try:
+        with open(proc / "kallsyms", "rb") as f:
+            head = [f.readline() for _ in range(64)]
+    except OSError:
+        return False
+    addrs = [ln.split(b" ", 1)[0] for ln in head if ln]
+    if not addrs or any(a.strip(b"0") for a in addrs):
+        return False
+    try:
+        restrict = (proc / "sys" / "kernel" / "kptr_restrict").read_text().strip()
+    except OSError:
+        restrict = "?"
+    log.warning("kernel frames will show as [unknown]_[k]: /proc/kallsyms hides kernel addresses "
+                "(kernel.kptr_restrict=%s) from a process without CAP_SYSLOG; grant CAP_SYSLOG "
+                "(the systemd unit does) or set kernel.kptr_restrict=0", restrict)
+    return True
+
+
 class Resolver(Protocol):
     """One address space: bcc's SymbolCache, or a fake in tests."""
 
@@ -321,6 +347,7 @@ class Symbolizer:
         self._module_known: dict[tuple[str, int, int], str] = {}
         self._module_max = 4_000_000
         self._forget: set[int] = set()
+        self._kernel_blind: bool | None = None  # /proc/kallsyms hides its addresses from us
         self.stats = SymbolStats()
 
     # -- lifecycle -------------------------------------------------------
@@ -380,6 +407,12 @@ class Symbolizer:
     def kernel(self, addr: int) -> str:
         f = self._kernel_known.get(addr)
         if f is not None:
+            return f
+        if self._kernel_blind is None:
+            self._kernel_blind = _kallsyms_hidden(self._proc)
+        if self._kernel_blind:
+            # bcc would scan a table of zero addresses for every frame (seconds per drain).
+            f = self._kernel_known[addr] = UNKNOWN + KERNEL_SUFFIX
             return f
         if self._kernel is None:
             self._kernel = self._factory(-1)
