@@ -165,9 +165,14 @@ class ControlServer:
         if self.config.socket_group:
             with contextlib.suppress(KeyError):
                 gid = grp.getgrnam(self.config.socket_group).gr_gid
-        with contextlib.suppress(OSError):
-            if gid >= 0:
+        if gid >= 0:
+            try:
                 os.chown(path, -1, gid)
+            except OSError as e:
+                # Not fatal (root still gets in), but the group's members cannot: say why.
+                log.warning("cannot give control socket %s to group %s: %s; members of the group cannot "
+                            "connect (the daemon needs CAP_CHOWN, or let systemd create it: flamed.socket)",
+                            path, self.config.socket_group, e.strerror or e)
         os.chmod(path, self.config.socket_mode)
         # A burst of clients must queue (then be served or told "busy"), not get EAGAIN at connect.
         sock.listen(socket.SOMAXCONN)
