@@ -205,13 +205,13 @@ def test_each_capability_is_needed_and_named(cap: str, full_run: dict[str, Any],
     with _conditions_for(cap) as extra_cfg:
         r = run_with(tmp_path_factory.mktemp(f"no-{cap}"), f"no-{cap}", setpriv_argv(settings, drop=cap),
                      **extra_cfg)
-    name = f"CAP_{cap.upper()}"
-    if cap == "chown" and r["started"]:
-        # Observable effect: the socket keeps root's group, members of the group cannot connect.
-        import grp
+        if cap == "chown" and r["started"]:
+            # Observable effect: the socket keeps root's group, members of the group cannot connect.
+            import grp
 
-        if r["socket_group"] != grp.getgrnam(extra_cfg["control"]["socket_group"]).gr_gid:
-            r["workload_frames"] += "\n[socket not given to its group]"
+            if r["socket_group"] != grp.getgrnam(extra_cfg["control"]["socket_group"]).gr_gid:
+                r["workload_frames"] += "\n[socket not given to its group]"
+    name = f"CAP_{cap.upper()}"
     if cap == "syslog" and r["started"] and not re.search(r"\w_\[k\]", r["workload_frames"].replace("[unknown]_[k]", "")):
         r["workload_frames"] = r["workload_frames"].replace("capwork_hot", "capwork_hot (kernel frames unsymbolized)")
     effect: str
