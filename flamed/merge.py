@@ -280,3 +280,141 @@ class _Prepend:
             if tail:
                 yield tail + self._rest.readline()
         yield from self._rest
+
+
+# ---------------------------------------------------------------------------
+# Fast path: trace files in, trace out, line by line.
+
+
+def _trace_lines(
+    f: BinaryIO, index: int, src: Source, opts: MergeOptions, remap: IdRemapper | None, *, strict: bool, seconds: bool
+) -> Iterator[tuple[int, bytes]]:
+    """``(time_ns, output line)`` of one trace, bytes for bytes what the Sample path writes.
+
+    The stack is never split: only the root frame is looked at (task ids,
+    labels), and the common line ``INTEGER_NS STACK INTEGER`` is passed on
+    nearly as is.  Anything unusual goes through :func:`parse_trace_line`.
+    """
+    from flamed.collapse.trace import format_timestamp, parse_trace_line
+    from flamed.model import encode_frame, format_weight
+
+    label_root = opts.label_root
+    label = src.label if label_root in ("label", "host") else os.path.basename(src.name) if label_root == "file" else None
+    label_b = encode_frame(label) + b";" if label is not None else b""
+    lo, hi = opts.start_ns, opts.end_ns
+    roots: dict[bytes, tuple[bytes, int | None]] = {}
+    prev: int | None = None
+    lineno = 0
+    for raw in f:
+        lineno += 1
+        if raw[:1] == b"#":
+            continue
+        ts, sep, rest = raw.partition(b" ")
+        body = rest.strip()
+        head, sp, cnt = body.rpartition(b" ")
+        if (
+            sep
+            and sp
+            and ts.isdigit()
+            and len(ts) <= 19
+            and cnt.isdigit()
+            and len(cnt) <= 18
+            and (cnt[0] != 48 or len(cnt) == 1)
+            and head
+            and head[-1] not in b" \t"
+        ):
+            t = int(ts)
+            stack_b, count_b = head, cnt
+        else:
+            line = raw.decode("utf-8", "surrogateescape").rstrip("\r\n")
+            if not line or line.isspace():
+                continue
+            rec = parse_trace_line(line)
+            if rec is None:
+                if strict:
+                    raise InputError("expected 'TIMESTAMP STACK [COUNT]'", source=src.name, line=lineno)
+                continue
+            t, stack, w = rec
+            stack_b = encode_frame(";".join(stack))
+            count_b = format_weight(w).encode()
+        if prev is not None and t < prev:
+            raise InputError(
+                f"timestamps go backwards ({t} ns after {prev} ns): the input is not sorted by time; "
+                "sort it, or pass --sort to sort it on the fly",
+                source=src.name,
+                line=lineno,
+            )
+        prev = t
+        if lo is not None and t < lo:
+            continue
+        if hi is not None and t >= hi:
+            continue
+        if remap is not None or label_root == "pid":
+            root_b, semi, tail = stack_b.partition(b";")
+            hit = roots.get(root_b)
+            if hit is None:
+                # Once per distinct root: the id table answers the same for a (source, id)
+                # from its first call on, which happens at the same sample as in the Sample path.
+                task = parse_task_frame(root_b.decode("utf-8", "surrogateescape"))
+                pid = task.pid
+                new_root = root_b
+                if remap is not None and pid is not None:
+                    npid = remap(index, pid)
+                    ntid = remap(index, task.tid) if task.tid is not None else None
+                    if npid != pid or ntid != task.tid:
+                        new_root = encode_frame(task_frame(task.comm, npid, ntid))
+                    pid = npid
+                hit = (new_root, pid)
+                if len(roots) >= 100_000:
+                    roots.clear()
+                roots[root_b] = hit
+            if hit[0] != root_b:
+                stack_b = hit[0] + semi + tail
+            if label_root == "pid":
+                stack_b = f"pid-{hit[1] if hit[1] is not None else '?'};".encode() + stack_b
+        if label_b:
+            stack_b = label_b + stack_b
+        t_b = format_timestamp(t, "seconds").encode() if seconds else str(t).encode()
+        yield t, b"%s %s %s\n" % (t_b, stack_b, count_b)
+
+
+def merge_trace_files(
+    sources: Sequence[Source],
+    opts: MergeOptions,
+    stack: contextlib.ExitStack,
+    out: BinaryIO,
+    *,
+    strict: bool = False,
+    time_format: str = "ns",
+    stats: MergeStats | None = None,
+) -> int:
+    """Merge trace files into a trace on ``out``; the same bytes as the Sample path, faster."""
+    from operator import itemgetter
+
+    from flamed.collapse.trace import TRACE_MAGIC
+    from flamed.fileio import open_input
+
+    remap = IdRemapper() if opts.remap_ids else None
+    seconds = time_format == "seconds"
+    gens = []
+    for i, src in enumerate(sources):
+        f = open_input(src.path)
+        stack.callback(f.close)
+        gens.append(_trace_lines(f, i, src, opts, remap, strict=strict, seconds=seconds))
+    unit = "seconds" if seconds else "ns"
+    out.write(TRACE_MAGIC + f": TIMESTAMP({unit}) STACK COUNT\n".encode())
+    n = 0
+    buf: list[bytes] = []
+    for _, line in heapq.merge(*gens, key=itemgetter(0)):
+        buf.append(line)
+        if len(buf) >= 8192:
+            out.write(b"".join(buf))
+            n += len(buf)
+            buf.clear()
+    out.write(b"".join(buf))
+    n += len(buf)
+    if stats is not None:
+        stats.samples_out = n
+        if remap is not None:
+            stats.ids_remapped = remap.remapped
+    return n

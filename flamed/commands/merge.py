@@ -16,7 +16,7 @@ from flamed.collapse.trace import parse_timestamp
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import input_name, open_input, open_output
-from flamed.merge import LABEL_ROOTS, IdRemapper, MergeOptions, MergeStats, Source, merge_sources
+from flamed.merge import LABEL_ROOTS, IdRemapper, MergeOptions, MergeStats, Source, merge_sources, merge_trace_files
 from flamed.model import Profile, Stack, parse_task_frame, profile_from_samples, task_frame
 from flamed.outputs import choose
 from flamed.outputs import names as output_formats
@@ -124,6 +124,12 @@ class MergeCommand(Command):
             if not timed:
                 untimed = ", ".join(s.name for s in sources if not s.collapser.timestamped)
                 raise UsageError(f"{fmt.name} output needs timestamps, and these inputs have none: {untimed}")
+            if fmt.name == "trace" and not opts.sort and all(s.collapser.name == "trace" for s in sources):
+                # Traces to a trace: line by line, stacks never split (same bytes, several times faster).
+                with contextlib.ExitStack() as stack, open_output(args.output) as out:
+                    merge_trace_files(sources, opts, stack, out, strict=args.strict, time_format=args.time_format, stats=stats)
+                self._report(stats)
+                return 0
             with contextlib.ExitStack() as stack:
                 merged = merge_sources(sources, opts, stack, collapse_options=copts, stats=stats)
                 with open_output(args.output) as out:
@@ -131,10 +137,7 @@ class MergeCommand(Command):
                         fmt.write_samples(merged, out, OutputOptions(extra={"time_format": args.time_format}))
                     else:
                         fmt.write(profile_from_samples(merged), out, OutputOptions())
-            if stats.ids_remapped:
-                self.warn(f"remapped {stats.ids_remapped} pid/tid(s) that collided between inputs")
-            if stats.samples_out == 0:
-                self.warn("no samples in the output")
+            self._report(stats)
             return 0
         if opts.start_ns is not None or opts.end_ns is not None:
             untimed = ", ".join(s.name for s in sources if not s.collapser.timestamped)
@@ -143,6 +146,12 @@ class MergeCommand(Command):
         with open_output(args.output) as out:
             fmt.write(profile, out, OutputOptions())
         return 0
+
+    def _report(self, stats: MergeStats) -> None:
+        if stats.ids_remapped:
+            self.warn(f"remapped {stats.ids_remapped} pid/tid(s) that collided between inputs")
+        if stats.samples_out == 0:
+            self.warn("no samples in the output")
 
     def _format(self, path: str | None, fmt: str | None):  # type: ignore[no-untyped-def]
         if fmt:

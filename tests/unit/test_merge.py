@@ -143,3 +143,46 @@ def test_cli_folded_sum_and_errors(tmp_path: Path) -> None:
     assert rc == 2 and "one per input" in err
     rc, err = run_main("merge", "--from", "yesterday", str(a))
     assert rc == 2 and "--from" in err
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        MergeOptions(),
+        MergeOptions(remap_ids=False),
+        MergeOptions(label_root="label"),
+        MergeOptions(label_root="file", start_ns=1_200_000_000, end_ns=3_000_000_000),
+        MergeOptions(label_root="pid"),
+        MergeOptions(label_root="pid", remap_ids=False),
+    ],
+)
+@pytest.mark.parametrize("time_format", ["ns", "seconds"])
+def test_trace_fast_path_writes_the_sample_path_bytes(tmp_path: Path, opts: MergeOptions, time_format: str) -> None:
+    from flamed.merge import merge_trace_files
+    from flamed.outputs.trace import write_trace
+
+    a = trace(
+        tmp_path / "a.trace",
+        [
+            "# flamed trace",
+            "1000000000 app-10/11;main;work 1",
+            "1.1 app-10/11;main;idle",
+            "1200000000 app-10/12;x 007",
+            "1300000000 worker 0;run 2.50",
+            "",
+            "1400000000  spaced;stack  3 \r",
+            "1500000000 \xff\xfe-3;y 4",
+            "not a line at all",
+            "2000000000 db-7;q 1",
+        ],
+    )
+    b = trace(tmp_path / "b.trace", ["1000000000 db-10/11;q 2", "1.25 app-10/12;x 1", "2.5 db-7;q 9"])
+    srcs = [Source(str(p), str(p), p.stem, get("trace")) for p in (a, b)]
+    slow = io.BytesIO()
+    with contextlib.ExitStack() as stack:
+        write_trace(merge_sources(srcs, opts, stack), slow, time_format=time_format)
+    fast = io.BytesIO()
+    with contextlib.ExitStack() as stack:
+        merge_trace_files(srcs, opts, stack, fast, time_format=time_format)
+    assert fast.getvalue() == slow.getvalue()
+    assert fast.getvalue().count(b"\n") > 3
