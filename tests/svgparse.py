@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
@@ -18,26 +19,37 @@ class ParsedBox:
     width: float
     y: float
     fill: str
+    #: The weight: the rect's width, or (when the drawing is scaled) the title's count.
+    weight: float
 
 
 def parse_svg(data: bytes) -> tuple[ET.Element, list[ParsedBox]]:
     root = ET.fromstring(data)
     fv = root.find(".//s:svg[@id='fv']", NS)
     assert fv is not None, "no #fv group of boxes"
+    scaled = fv.get("data-per-unit") is not None
     boxes = []
     for g in fv.findall("s:g", NS):
         title = g.find("s:title", NS)
         rect = g.find("s:rect", NS)
         assert title is not None and rect is not None
         text = title.text or ""
+        width = float(rect.get("width", "nan"))
+        if scaled:
+            m = re.search(r" \(([\d,.]+) [^(]*\)$", text)
+            assert m is not None, text
+            weight = float(m.group(1).replace(",", ""))
+        else:
+            weight = width
         boxes.append(
             ParsedBox(
                 name=text[: text.rindex(" (")],
                 title=text,
                 x=float(rect.get("x", "nan")),
-                width=float(rect.get("width", "nan")),
+                width=width,
                 y=float(rect.get("y", "nan")),
                 fill=rect.get("fill", ""),
+                weight=weight,
             )
         )
     return root, boxes
@@ -64,7 +76,7 @@ def box_paths(boxes: list[ParsedBox], inverted: bool = False) -> dict[Stack, flo
                 path = paths[id(parents[0])] + (b.name,)
             assert path not in out, f"frame {path} drawn twice"
             paths[id(b)] = path
-            out[path] = b.width
+            out[path] = b.weight
     return out
 
 

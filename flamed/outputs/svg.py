@@ -35,6 +35,8 @@ FONT_SIZE = 12
 FONT_WIDTH = 0.59
 FRAME_HEIGHT = 16
 XPAD = 10
+#: Largest coordinate written into the drawing (see render_boxes).
+MAX_UNITS = 1 << 24
 BG_TOP = "#eeeeee"
 BG_BOTTOM = "#eeeeb0"
 
@@ -150,7 +152,6 @@ def render_boxes(
     max_delta = 0.0
     if diff:
         max_delta = max((abs(float(b.delta or 0)) for b in boxes[1:]), default=0.0)
-    scale = dw / float(total) if total else 0.0
     char_px = FONT_SIZE * FONT_WIDTH
     inverted = o.inverted
 
@@ -184,10 +185,17 @@ def render_boxes(
     if not boxes:
         msg = "No stacks to draw" + (": " + "; ".join(notes) if notes else "")
         w(f'<text id="empty" x="{width / 2:g}" y="{ypad1 + FRAME_HEIGHT}" text-anchor="middle">{xml_escape(msg)}</text>\n')
-    tot = format_weight(total)
+    # Browsers clamp coordinates beyond ~2^25 (Chromium's layout units), and a
+    # profile weighted in nanoseconds easily exceeds that: such profiles are drawn
+    # in units of total/2^24, rounded at both edges so neighbours still tile.
+    # Exact weights stay in the titles; data-per-unit says how many weights a unit is.
+    per_unit = float(total) / MAX_UNITS if float(total) > MAX_UNITS else None
+    tot = format_weight(total) if per_unit is None else str(MAX_UNITS)
+    scale = dw / float(tot) if total else 0.0
+    extra = "" if per_unit is None else f' data-per-unit="{per_unit!r}"'
     w(
         f'<svg id="fv" x="{XPAD}" y="0" width="{dw}" height="{height}" viewBox="0 0 {tot} {height}" '
-        f'preserveAspectRatio="none" data-total="{tot}">\n'
+        f'preserveAspectRatio="none" data-total="{tot}"{extra}>\n'
     )
     labels: list[str] = []
     lab = labels.append
@@ -210,16 +218,22 @@ def render_boxes(
         else:
             fill = colorer.color(name, b.depth)
             title = f"{esc} ({format_count(bw)} {countname}, {pct:.2f}%)"
-        w(
-            f'<g><title>{title}</title><rect x="{format_weight(b.start)}" y="{y}" width="{format_weight(bw)}" '
-            f'height="{rh}" fill="{fill}"/></g>\n'
-        )
-        px = float(bw) * scale
-        chars = int(px / char_px)
+        if per_unit is None:
+            x0: float = float(b.start)
+            wu: float = float(bw)
+            xs, ws = format_weight(b.start), format_weight(bw)
+        else:
+            ix0 = round(float(b.start) / per_unit)
+            iwu = round((float(b.start) + float(bw)) / per_unit) - ix0
+            if iwu <= 0:
+                continue  # under 1/2^24 of the total: nothing to draw at any zoom
+            x0, wu, xs, ws = ix0, iwu, str(ix0), str(iwu)
+        w(f'<g><title>{title}</title><rect x="{xs}" y="{y}" width="{ws}" height="{rh}" fill="{fill}"/></g>\n')
+        chars = int(wu * scale / char_px)
         if chars >= 3:
             label = name if len(name) <= chars else name[: chars - 2] + ".."
             lab(
-                f'<text x="{XPAD + float(b.start) * scale + 3:.1f}" y="{y + FRAME_HEIGHT - 5}">'
+                f'<text x="{XPAD + x0 * scale + 3:.1f}" y="{y + FRAME_HEIGHT - 5}">'
                 f"{esc if label is name else xml_escape(label)}</text>\n"
             )
     w("</svg>\n")

@@ -181,3 +181,30 @@ def test_svg_icicle_zoom_from_url(browser: Browser, tmp_path: Path) -> None:
     want = {x.y for x in boxes if x.y < target.y and x.x <= target.x and x.x + x.width >= target.x + target.width}
     assert set(faded) == want
     b.screenshot(ARTIFACTS / "svg-icicle-zoomed.png")
+
+
+def test_svg_nanosecond_weights_draw_to_scale(browser: Browser, tmp_path: Path) -> None:
+    # Weights in ns (perf's period) make totals of 1e10 and more; boxes must still
+    # be drawn to scale and zoom exactly (browsers clamp huge coordinates).
+    p = Profile()
+    p.add(("main", "left"), 6_000_000_000)
+    p.add(("main", "right", "leaf"), 3_000_000_000)
+    p.add(("main", "right"), 3_000_000_000)
+    buf = io.BytesIO()
+    render_profile(p, buf, OutputOptions(minwidth=0, countname="ns"))
+    svg = tmp_path / "ns.svg"
+    svg.write_bytes(buf.getvalue())
+    b = browser
+    b.navigate(svg.as_uri())
+    b.wait_for("typeof F !== 'undefined' && F.length > 0")
+
+    def width(name: str) -> float:
+        return float(b.eval(f"{_frame_js(name)}.getBoundingClientRect().width"))
+
+    assert width("all") == pytest.approx(1180, abs=1)
+    assert width("left") == pytest.approx(590, abs=1)
+    assert width("leaf") == pytest.approx(295, abs=1)
+    x, y = _center(b, _frame_js("right"))
+    b.click(x, y)
+    assert width("right") == pytest.approx(1180, abs=1)
+    assert width("leaf") == pytest.approx(590, abs=1)

@@ -276,7 +276,7 @@ def test_cli_flamechart_of_real_perf_capture_is_in_time_order(tmp_path: Path) ->
     assert main(["svg", "--flamechart", str(src), "-o", str(out), "--minwidth", "0"]) == 0
     _, boxes = parse_svg(out.read_bytes())
     root = next(b for b in boxes if b.name == "all")
-    assert root.width == sum(s.weight for s in samples)
+    assert root.weight == sum(s.weight for s in samples)  # ns: drawn in scaled units, exact in titles
     # Walking the samples in time order, each one's root frame box starts where the
     # previous samples end: the x axis is time.
     x = 0.0
@@ -339,7 +339,7 @@ _any_frame = st.one_of(
 
 @settings(max_examples=150, deadline=None)
 @given(
-    st.dictionaries(st.lists(_any_frame, min_size=1, max_size=5).map(tuple), st.integers(1, 10**9), min_size=1,
+    st.dictionaries(st.lists(_any_frame, min_size=1, max_size=5).map(tuple), st.integers(1, 10**6), min_size=1,
                     max_size=15),
     st.booleans(),
 )
@@ -353,3 +353,32 @@ def test_any_frame_text_gives_well_formed_svg_with_every_frame(stacks: dict[tupl
     for stack, w in stacks.items():
         shown.add(tuple(visible_text(f) for f in stack), w)
     assert box_paths(boxes, inverted=inverted) == expected_paths(shown)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.lists(st.sampled_from("abcdef"), min_size=1, max_size=4).map(tuple),
+                       st.integers(1, 10**12), min_size=1, max_size=20))
+def test_huge_weights_are_drawn_in_scaled_units(stacks: dict[tuple[str, ...], int]) -> None:
+    # Browsers clamp coordinates past ~2^25: big totals are drawn in units of total/2^24.
+    from flamed.outputs.svg import MAX_UNITS
+
+    p = Profile(stacks=stacks)
+    data = render(p, minwidth=0)
+    root, boxes = parse_svg(data)
+    fv = root.find(".//s:svg[@id='fv']", NS)
+    assert fv is not None
+    assert max(b.x + b.width for b in boxes) <= MAX_UNITS
+    total = p.total()
+    if total <= MAX_UNITS:
+        assert fv.get("data-per-unit") is None
+        assert box_paths(boxes) == expected_paths(p)
+        return
+    per_unit = float(fv.get("data-per-unit", "nan"))
+    assert per_unit == pytest.approx(total / MAX_UNITS)
+    drawn = box_paths(boxes)
+    exp = expected_paths(p)
+    # Every box drawn has its exact weight; only boxes under one unit are left out.
+    assert all(exp[k] == v for k, v in drawn.items())
+    assert all(v < 1.5 * per_unit for k, v in exp.items() if k not in drawn)
+    for b in boxes:
+        assert abs(b.width - b.weight / per_unit) <= 1.0
