@@ -26,6 +26,7 @@ import contextlib
 import heapq
 import os
 import pickle
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from typing import BinaryIO
 
 from flamed.collapse.base import CollapseOptions, Collapser
 from flamed.errors import InputError
-from flamed.model import Sample, merge_streams, parse_task_frame, task_frame
+from flamed.model import Profile, Sample, Weight, decode_frame, merge_streams, parse_task_frame, task_frame
 
 #: First id handed out on a collision: above Linux's PID_MAX_LIMIT (2**22), so never a real id.
 FRESH_ID_BASE = 10_000_000
@@ -418,3 +419,49 @@ def merge_trace_files(
         if remap is not None:
             stats.ids_remapped = remap.remapped
     return n
+
+
+def aggregate_trace_files(
+    sources: Sequence[Source],
+    opts: MergeOptions,
+    stack: contextlib.ExitStack,
+    *,
+    strict: bool = False,
+    stats: MergeStats | None = None,
+) -> Profile:
+    """Merge trace files and sum them into a Profile (what ``profile_from_samples`` of the
+    merged stream gives, weights added in the same order), line by line."""
+    from operator import itemgetter
+
+    from flamed.fileio import open_input
+
+    remap = IdRemapper() if opts.remap_ids else None
+    gens = []
+    for i, src in enumerate(sources):
+        f = open_input(src.path)
+        stack.callback(f.close)
+        gens.append(_trace_lines(f, i, src, opts, remap, strict=strict, seconds=False))
+    counts: dict[bytes, Weight] = {}
+    lo: int | None = None
+    hi: int | None = None
+    n = 0
+    for t, line in heapq.merge(*gens, key=itemgetter(0)):
+        if lo is None:
+            lo = t
+        hi = t
+        n += 1
+        stack_b, _, cnt = line[line.index(b" ") + 1 : -1].rpartition(b" ")
+        w: Weight = int(cnt) if cnt.isdigit() else float(cnt)
+        counts[stack_b] = counts.get(stack_b, 0) + w
+    p = Profile(start_ns=lo, end_ns=hi)
+    stacks = p.stacks
+    intern = sys.intern
+    while counts:
+        k, w = counts.popitem()
+        st = tuple(map(intern, decode_frame(k).split(";")))
+        stacks[st] = stacks.get(st, 0) + w
+    if stats is not None:
+        stats.samples_out = n
+        if remap is not None:
+            stats.ids_remapped = remap.remapped
+    return p

@@ -16,7 +16,16 @@ from flamed.collapse.trace import parse_timestamp
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import input_name, open_input, open_output
-from flamed.merge import LABEL_ROOTS, IdRemapper, MergeOptions, MergeStats, Source, merge_sources, merge_trace_files
+from flamed.merge import (
+    LABEL_ROOTS,
+    IdRemapper,
+    MergeOptions,
+    MergeStats,
+    Source,
+    aggregate_trace_files,
+    merge_sources,
+    merge_trace_files,
+)
 from flamed.model import Profile, Stack, parse_task_frame, profile_from_samples, task_frame
 from flamed.outputs import choose
 from flamed.outputs import names as output_formats
@@ -124,6 +133,13 @@ class MergeCommand(Command):
             if not timed:
                 untimed = ", ".join(s.name for s in sources if not s.collapser.timestamped)
                 raise UsageError(f"{fmt.name} output needs timestamps, and these inputs have none: {untimed}")
+            if not fmt.wants_samples and not opts.sort and all(s.collapser.name == "trace" for s in sources):
+                with contextlib.ExitStack() as stack:
+                    profile = aggregate_trace_files(sources, opts, stack, strict=args.strict, stats=stats)
+                with open_output(args.output) as out:
+                    fmt.write(profile, out, OutputOptions())
+                self._report(stats)
+                return 0
             if fmt.name == "trace" and not opts.sort and all(s.collapser.name == "trace" for s in sources):
                 # Traces to a trace: line by line, stacks never split (same bytes, several times faster).
                 with contextlib.ExitStack() as stack, open_output(args.output) as out:

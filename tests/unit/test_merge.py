@@ -186,3 +186,21 @@ def test_trace_fast_path_writes_the_sample_path_bytes(tmp_path: Path, opts: Merg
         merge_trace_files(srcs, opts, stack, fast, time_format=time_format)
     assert fast.getvalue() == slow.getvalue()
     assert fast.getvalue().count(b"\n") > 3
+
+
+@pytest.mark.parametrize("opts", [MergeOptions(), MergeOptions(label_root="pid", start_ns=1_100_000_000), MergeOptions(remap_ids=False, label_root="label")])
+def test_trace_aggregate_fast_path_equals_sample_path(tmp_path: Path, opts: MergeOptions) -> None:
+    from flamed.merge import aggregate_trace_files
+    from flamed.model import profile_from_samples
+
+    a = trace(tmp_path / "a.trace", ["1.0 app-10/11;main 1", "1.1 app-10/11;main 2.5", "1.2 app-10/12;x 007"])
+    with a.open("ab") as f:
+        f.write(b"2.0 \xff;y 1\n")  # invalid UTF-8 stays byte-exact
+    b = trace(tmp_path / "b.trace", ["1.0 app-10/11;main 2", "1.3 z 1"])
+    srcs = [Source(str(p), str(p), p.stem, get("trace")) for p in (a, b)]
+    with contextlib.ExitStack() as stack:
+        slow = profile_from_samples(merge_sources(srcs, opts, stack))
+    with contextlib.ExitStack() as stack:
+        fast = aggregate_trace_files(srcs, opts, stack)
+    assert fast.stacks == slow.stacks
+    assert (fast.start_ns, fast.end_ns) == (slow.start_ns, slow.end_ns)
