@@ -157,6 +157,11 @@ def mixed_kind(name: str, depth: int | None = None) -> str:
     return frame_kind(name)
 
 
+def kind_color(kind: str) -> str:
+    """The middle shade of a kind's scheme in the mixed palette (for legends)."""
+    return hex_color(_SCHEMES[MIXED_KINDS[kind]](0.5, 0.5, 0.5))
+
+
 def hex_color(rgb: RGB) -> str:
     return "#%02x%02x%02x" % rgb
 

@@ -13,7 +13,7 @@ from flamed.folded import ReadStats, folded_line
 from flamed.inputs import load_profile
 from flamed.layout import flame_frames, table_from_items
 from flamed.model import format_weight
-from flamed.outputs.svg import _min_weight, render_boxes
+from flamed.outputs.svg import min_weight, render_boxes
 
 _BY_EXT = {".svg": "svg", ".txt": "table", ".folded": "folded"}
 
@@ -76,7 +76,7 @@ class DiffCommand(Command):
                 options = render_options(args)
                 # Stacks gone in AFTER have no width but still count in their ancestors' change.
                 table = table_from_items(diff.after_items(include_gone=True), diff.deltas())
-                boxes = flame_frames(table, _min_weight(table.total, options)) if len(table) else []
+                boxes = flame_frames(table, min_weight(table.total, options)) if len(table) else []
                 render_boxes(boxes, out, options, diff=True)
         summary = stats.summary()
         if summary:

@@ -28,7 +28,7 @@ from flamed.errors import UsageError
 from flamed.layout import Box, StackTable, chart_frames, flame_frames, table_from_profile
 from flamed.model import Profile, Sample, Stack, Weight, format_weight
 from flamed.outputs.base import OutputFormat, OutputOptions
-from flamed.palette import MIXED_KINDS, Colorer, diff_color
+from flamed.palette import Colorer, diff_color, kind_color
 
 FONT_SIZE = 12
 #: Average glyph width as a fraction of the font size, used to fit labels.
@@ -106,7 +106,8 @@ def parse_minwidth(text: str, width: int = 1200) -> float:
     return v
 
 
-def _min_weight(total: Weight, options: OutputOptions) -> float:
+def min_weight(total: Weight, options: OutputOptions) -> float:
+    """``options.minwidth`` (px) in weight units, for a graph of ``total``."""
     dw = options.width - 2 * XPAD
     if dw <= 0:
         raise UsageError(f"--width {options.width} is too small (need more than {2 * XPAD} px)")
@@ -181,7 +182,7 @@ def render_boxes(
     w(f'<text id="ignorecase" x="{width - XPAD}" y="24">ic</text>\n')
     w(f'<text id="matched" class="hide" x="{width - XPAD}" y="{ybottom:g}"> </text>\n')
     if o.palette == "mixed" and not diff:
-        w(_legend(colorer))
+        w(_legend())
     if not boxes:
         msg = "No stacks to draw" + (": " + "; ".join(notes) if notes else "")
         w(f'<text id="empty" x="{width / 2:g}" y="{ypad1 + FRAME_HEIGHT}" text-anchor="middle">{xml_escape(msg)}</text>\n')
@@ -251,26 +252,23 @@ def render_boxes(
     colorer.save()
 
 
-def _legend(colorer: Colorer) -> str:
-    # A key for the mixed palette: one swatch per kind, in a fixed order.
+def _legend() -> str:
+    # A key for the mixed palette: one swatch per kind (its middle shade), in a fixed order.
     x = XPAD + 100
     items = []
-    samples = {"kernel": "do_syscall_64_[k]", "native": "malloc", "python": "run (app.py:1)"}
     for kind in ("kernel", "native", "python"):
-        fill = colorer.color(samples[kind], 5) if colorer.palette == "mixed" else "#888888"
         items.append(
-            f'<rect x="{x}" y="14" width="10" height="10" fill="{fill}" data-kind="{kind}"/>'
+            f'<rect x="{x}" y="14" width="10" height="10" fill="{kind_color(kind)}" data-kind="{kind}"/>'
             f'<text x="{x + 14}" y="24">{kind}</text>'
         )
         x += 80
-    assert set(MIXED_KINDS) >= {"kernel", "native", "python"}
     return '<g id="legend">' + "".join(items) + "</g>\n"
 
 
 def render_table(table: StackTable[str] | StackTable[bytes], out: BinaryIO, options: OutputOptions | None = None) -> int:
     """Flame (or icicle) graph of a prepared StackTable; returns the number of boxes drawn."""
     o = options or OutputOptions()
-    boxes = flame_frames(table, _min_weight(table.total, o)) if len(table) else []
+    boxes = flame_frames(table, min_weight(table.total, o)) if len(table) else []
     render_boxes(boxes, out, o, diff=table.dcum is not None)
     return len(boxes)
 
@@ -279,7 +277,7 @@ def render_chart(items: Sequence[tuple[Stack, Weight]], out: BinaryIO, options: 
     """Flame chart: ``items`` in time order, not sorted."""
     o = options or OutputOptions()
     total = sum(w for _, w in items if w > 0)
-    boxes = chart_frames(items, _min_weight(total, o)) if total else []
+    boxes = chart_frames(items, min_weight(total, o)) if total else []
     render_boxes(boxes, out, o)
     return len(boxes)
 
