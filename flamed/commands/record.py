@@ -78,6 +78,8 @@ class RecordCommand(Command):
                             help="py-spy skips idle threads (weakens the time alignment)")
         parser.add_argument("--no-refine", action="store_true",
                             help="place stack changes at the midpoint, without the signature likelihood")
+        parser.add_argument("--no-clock-uprobe", action="store_true",
+                            help="do not calibrate py-spy's clock by a uprobe (guess it from its start; for comparison)")
         parser.add_argument("--no-bpf", action="store_true", help="py-spy alone, even when BPF is available")
         parser.add_argument("--timeline", metavar="FILE",
                             help="also write every mixed sample as 'MONOTONIC_NS PID TID STACK' lines")
@@ -100,7 +102,9 @@ class RecordCommand(Command):
         pyspy_opts = PySpyOptions(binary=args.pyspy, rate=args.pyspy_rate, nonblocking=not args.blocking,
                                   idle=not args.no_idle, native=args.native,
                                   # one window for the whole recording: the trace arrives at the end
-                                  window_s=(args.duration or 0) + 3600.0, max_children=32)
+                                  window_s=(args.duration or 0) + 3600.0, max_children=32,
+                                  # the user named these processes: no reason to wait
+                                  min_age_s=0.0)
         if find_pyspy(args.pyspy) is None:
             self.warn("py-spy not found: recording native and kernel stacks only")
         sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(args.rate)
@@ -140,6 +144,7 @@ class RecordCommand(Command):
                 watch=WatchOptions(pids=frozenset(), descendants=args.subprocesses,
                                    scan_interval_s=1.0, exclude_self=True, max_watched=32),
                 join=JoinOptions(refine=not args.no_refine),
+                clock=not args.no_clock_uprobe,
             )
             # Everything that compiles (BPF) is ready before the command starts,
             # so a short command is recorded from its first samples.
