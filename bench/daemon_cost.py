@@ -55,14 +55,23 @@ def build(tmp: Path) -> Path:
     return exe
 
 
-def run_batch(exe: Path, n: int, copies: int) -> list[float]:
+def run_batch(exe: Path, n: int, copies: int) -> list[tuple[float, float]]:
+    """(wall seconds, CPU seconds) of each copy; CPU time (wait4 rusage) is what a
+    loaded, shared machine distorts least: waiting for a CPU does not count."""
     procs = [subprocess.Popen([str(exe), str(n)], stdout=subprocess.PIPE, text=True) for _ in range(copies)]
-    return [float(p.communicate()[0]) for p in procs]
+    out = []
+    for p in procs:
+        assert p.stdout is not None
+        wall = float(p.stdout.read())
+        _, _, ru = os.wait4(p.pid, 0)
+        p.returncode = 0
+        out.append((wall, ru.ru_utime + ru.ru_stime))
+    return out
 
 
 def calibrate(exe: Path, target: float) -> int:
     n = 50_000_000
-    t = run_batch(exe, n, 1)[0]
+    t = run_batch(exe, n, 1)[0][1]
     return max(1, int(n * target / t))
 
 
@@ -80,11 +89,26 @@ def proc_mem(pid: int) -> tuple[int, int, int]:
     return tuple(int(kv[k].split()[0]) * 1024 for k in ("VmRSS", "RssAnon", "VmHWM"))  # type: ignore[return-value]
 
 
-def bpf_runtime() -> tuple[int, int]:
+def prog_ids(pid: int) -> set[int]:
+    """Ids of the BPF programs whose fds ``pid`` holds (other flamed daemons may run too)."""
+    ids = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:bpf-prog":
+                continue
+            for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines():
+                if line.startswith("prog_id:"):
+                    ids.add(int(line.split()[1]))
+        except OSError:
+            continue
+    return ids
+
+
+def bpf_runtime(ids: set[int]) -> tuple[int, int]:
     out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
     ns = cnt = 0
     for prog in json.loads(out):
-        if prog.get("name") == "flamed_sample":
+        if prog.get("id") in ids:
             ns += int(prog.get("run_time_ns", 0))
             cnt += int(prog.get("run_cnt", 0))
     return ns, cnt
@@ -119,8 +143,8 @@ def main() -> int:
     print()
     print(f"flamed daemon cost, {args.seconds:g} s per rate, {copies} CPUs, workload: {copies} x fixed C loop "
           f"(~{args.run_seconds:g} s per run), load average {os.getloadavg()[0]:.2f}")
-    hdr = ("rate Hz", "daemon CPU %core", "BPF %core", "BPF ns/sample", "samples", "workload base s",
-           "with daemon s", "slowdown %", "RSS MB", "anon RSS MB", "peak RSS MB")
+    hdr = ("rate Hz", "daemon CPU %core", "BPF %core", "BPF ns/run", "BPF runs", "workload CPU s",
+           "with daemon CPU s", "slowdown CPU %", "slowdown wall %", "RSS MB", "anon RSS MB", "peak RSS MB")
     print(" | ".join(hdr))
     print(" | ".join("---" for _ in hdr))
     for r in rows:
@@ -155,11 +179,14 @@ enabled = false
                 raise SystemExit(f"daemon did not start; see {tmp}/daemon-{rate}.log")
             time.sleep(0.2)
         time.sleep(1.0)  # past start-up (bcc compile), which is not steady-state cost
-        cpu0, (bpf0, cnt0), t0 = proc_cpu(d.pid), bpf_runtime(), time.monotonic()
-        with_d: list[float] = []
+        ids = prog_ids(d.pid)
+        if not ids:
+            raise SystemExit("the daemon holds no BPF program")
+        cpu0, (bpf0, cnt0), t0 = proc_cpu(d.pid), bpf_runtime(ids), time.monotonic()
+        with_d: list[tuple[float, float]] = []
         while time.monotonic() - t0 < seconds:
             with_d += run_batch(exe, n, copies)
-        cpu1, (bpf1, cnt1), t1 = proc_cpu(d.pid), bpf_runtime(), time.monotonic()
+        cpu1, (bpf1, cnt1), t1 = proc_cpu(d.pid), bpf_runtime(ids), time.monotonic()
         rss, anon, hwm = proc_mem(d.pid)
     finally:
         d.send_signal(signal.SIGTERM)
@@ -171,10 +198,11 @@ enabled = false
         log.close()
     base += run_batch(exe, n, copies) + run_batch(exe, n, copies)
     el = t1 - t0
-    b, w = statistics.median(base), statistics.median(with_d)
+    bw, ww = statistics.median(x[0] for x in base), statistics.median(x[0] for x in with_d)
+    bc, wc = statistics.median(x[1] for x in base), statistics.median(x[1] for x in with_d)
     return (rate, f"{100 * (cpu1 - cpu0) / el:.2f}", f"{100 * (bpf1 - bpf0) / 1e9 / el:.3f}",
-            f"{(bpf1 - bpf0) / max(1, cnt1 - cnt0):.0f}", cnt1 - cnt0, f"{b:.3f}", f"{w:.3f}",
-            f"{100 * (w / b - 1):+.2f}", f"{rss / 2**20:.0f}", f"{anon / 2**20:.0f}", f"{hwm / 2**20:.0f}")
+            f"{(bpf1 - bpf0) / max(1, cnt1 - cnt0):.0f}", cnt1 - cnt0, f"{bc:.3f}", f"{wc:.3f}",
+            f"{100 * (wc / bc - 1):+.2f}", f"{100 * (ww / bw - 1):+.2f}", f"{rss / 2**20:.0f}", f"{anon / 2**20:.0f}", f"{hwm / 2**20:.0f}")
 
 
 if __name__ == "__main__":
