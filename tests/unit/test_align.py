@@ -234,3 +234,34 @@ def test_mixed_stack_replaces_eval_frames() -> None:
         "_PyTime_AsSecondsDouble",)
     assert native_below_interpreter(("[unknown]",)) == ("[unknown]",)
     assert native_below_interpreter(("_PyEval_EvalFrameDefault",)) == ()
+
+
+def test_observed_times_pair_read_bursts_with_increments() -> None:
+    from flamed.python.align import observed_times
+
+    iv = 10_000_000
+    reads, incs = [], []
+    for k in range(20):
+        start = 1_000_000_000 + k * iv
+        if k == 7:
+            reads += [start, start + 50_000]  # a sample that failed: reads, no increment
+            continue
+        reads += [start + j * 20_000 for j in range(30)]  # one burst of reads
+        incs.append(start + 600_000 + (k % 3) * 3_000_000)  # queued up to 6.6 ms late
+    samples = sample_times(incs, iv)
+    obs = observed_times(samples, reads, iv)
+    expected = [1_000_000_000 + k * iv for k in range(20) if k != 7]
+    assert obs == expected
+    # without reads, samples keep their increment times
+    assert observed_times(samples, [], iv) == samples
+
+
+def test_trace_times_move_to_read_times() -> None:
+    # a late increment must not push the change later than when py-spy looked
+    spy, trace, clock, _, _, _ = build(50, 2)
+    samples = sample_times(spy.hits, spy.interval)
+    early = [s - 2_000_000 for s in samples]
+    a = align_trace(PID, trace, clock, samples, spy.interval)
+    b = align_trace(PID, trace, clock, samples, spy.interval, early)
+    for sa, sb in zip(a.threads[TID], b.threads[TID]):
+        assert sb.hi_ns == sa.hi_ns - 2_000_000

@@ -98,3 +98,24 @@ def test_bound_counts_left_out_and_frees_slots(proc: Path) -> None:
 def test_bad_regex_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="include_comm"):
         WatchOptions(include_comm="(")
+
+
+def test_parse_proc_events_decodes_connector_datagrams() -> None:
+    import struct
+
+    from flamed.python.watcher import parse_proc_events
+
+    def msg(what: int, ts: int, body: bytes) -> bytes:
+        payload = struct.pack("=IIIIHH", 1, 1, 0, 0, 16 + len(body), 0) + struct.pack("=IIQ", what, 0, ts) + body
+        return struct.pack("=IHHII", 16 + len(payload), 3, 0, 0, 0) + payload
+
+    data = (msg(0x1, 10, struct.pack("=IIII", 5, 5, 6, 6))
+            + msg(0x2, 11, struct.pack("=II", 6, 6))
+            + msg(0x200, 12, struct.pack("=II16s", 6, 6, b"x"))  # comm: skipped
+            + msg(0x80000000, 13, struct.pack("=IIIIII", 6, 6, 0, 17, 5, 5)))
+    evs = list(parse_proc_events(data))
+    assert [e["event"] for e in evs] == ["PROC_EVENT_FORK", "PROC_EVENT_EXEC", "PROC_EVENT_EXIT"]
+    assert evs[0]["child_tgid"] == 6 and evs[0]["parent_tgid"] == 5 and evs[0]["timestamp_ns"] == 10
+    assert evs[2]["process_tgid"] == 6 and evs[2]["timestamp_ns"] == 13
+    # truncated input: no exception, nothing beyond what is complete
+    assert [e["event"] for e in parse_proc_events(data[:-10])] == ["PROC_EVENT_FORK", "PROC_EVENT_EXEC"]
