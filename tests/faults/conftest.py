@@ -12,7 +12,7 @@ from daemonproc import DaemonProc, base_config
 
 #: Scale of the fault runs: 1.0 is the issue's figure (20 kills, 1,000 churn
 #: processes...); CI may lower it, a bench run raise it.
-SCALE = float(os.environ.get("FLAMED_FAULT_SCALE", "1"))
+SCALE = float(os.environ.get("FLAMED_FAULT_SCALE", "0.25"))
 
 
 def need(condition: bool, what: str) -> None:

@@ -258,7 +258,7 @@ EXPOSURE_REASONS = {
     "SystemCallFilter=~@debug": "perf_event_open (sampling), ptrace and process_vm_readv (py-spy)",
     "RootDirectory=/RootImage=": "symbols are read from every binary on the host",
     "User=/DynamicUser=": "uid 0 owns tracefs (uprobe_events) and reads every process's binaries; capabilities are bounded",
-    "ProtectKernelLogs=": "marked because CAP_SYSLOG is in the bounding set (see below)",
+    "ProtectKernelLogs=": "ProtectKernelLogs=yes would drop CAP_SYSLOG, which names kernel frames under kptr_restrict=1",
     "CapabilityBoundingSet=~CAP_BPF": "the BPF sampler",
     "PrivateMounts=": "the daemon reads /proc/PID/root of every process for symbols",
     "CapabilityBoundingSet=~CAP_(CHOWN|FSETID|SETFCAP)": "CAP_CHOWN: give the control socket to group flamed",
