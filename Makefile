@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-test run test clean
+.PHONY: setup setup-test run test reliability clean
 
 setup:
 	@sh packaging/setup.sh
@@ -17,6 +17,12 @@ run: setup
 # The whole test suite. Exit 5 (no tests collected) counts as failure.
 test: setup-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# docs/reliability.md's figures: the fault and security suite at the issue's scale
+# (20 kills, 1,000 churn processes, every capability), then 100,000 fuzz inputs per parser.
+reliability: setup-test
+	FLAMED_FAULT_SCALE=1 $(PY) -m pytest -q -rxXfs tests/faults tests/fuzz $(PYTEST_ARGS)
+	$(PY) bench/fuzz.py -n 100000 -j 2
 
 clean:
 	rm -rf $(VENV) var build *.egg-info
