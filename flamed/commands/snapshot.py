@@ -93,8 +93,10 @@ class FlushCommand(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--socket", metavar="PATH", default=DEFAULT_SOCKET, help=f"control socket (default {DEFAULT_SOCKET})")
+        parser.add_argument("--timeout", metavar="S", type=float, default=60.0,
+                            help="seconds to wait for the daemon (default 60)")
 
     def run(self, args: argparse.Namespace) -> int:
-        head = request(args.socket, {"request": "flush"})
+        head = request(args.socket, {"request": "flush"}, timeout=args.timeout)
         print(head.get("file") or "nothing to write yet", file=self.stdout)
         return 0
