@@ -43,7 +43,8 @@ from typing import Any, TextIO
 from flamed.errors import CapabilityError, ConfigError, FlamedError
 from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Stack
 from flamed.sampler import CountKey, SampleEvent, Window
-from flamed.symbols import Symbolizer
+from flamed.kallsyms import Kallsyms
+from flamed.symbols import BccResolver, Resolver, Symbolizer
 
 log = logging.getLogger("flamed.bpf")
 
@@ -382,6 +383,11 @@ def online_cpus(sysfs: Path = Path("/sys/devices/system/cpu")) -> list[int]:
     return out
 
 
+def _default_resolver(pid: int) -> Resolver:
+    """kallsyms read by flamed for the kernel (bcc's needs euid 0), bcc per process."""
+    return Kallsyms() if pid < 0 else BccResolver(pid)
+
+
 def _placeholder(sid: int, kernel: bool) -> Stack:
     """Frames standing for a stack id that is an error (see bpf/flamed.h)."""
     if sid == -errno.EFAULT:
@@ -571,7 +577,7 @@ class BpfSampler:
             )
         self._prog_fd = fn.fd
         self._check_layout()
-        self._symbolizer = self._symbolizer or Symbolizer()
+        self._symbolizer = self._symbolizer or Symbolizer(resolver_factory=_default_resolver)
         for t in self._watched:
             self._map_set("watched", t, ct.c_uint32)
         for t in self._pids:

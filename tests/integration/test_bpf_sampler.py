@@ -140,8 +140,10 @@ def test_drains_add_up_to_the_bpf_count_at_high_frequency(require_bpf: None, bus
     windows: list[Window] = []
     with sampling(frequency=999) as s, workload(busy_bin, "busy", "60") as a, workload(busy_bin, "busy", "60") as b:
         s.watch(b.pid)  # events go through the generations too
-        deadline = time.monotonic() + 2.5
-        while time.monotonic() < deadline:
+        # By count, not by time: the first drains are slow (cold symbol
+        # caches) on a loaded machine.  The deadline only bounds the loop.
+        deadline = time.monotonic() + 60
+        while len(windows) < 40 and time.monotonic() < deadline:
             time.sleep(0.03)
             windows.append(s.drain())
         s.stop()
@@ -168,8 +170,8 @@ def test_drains_add_up_to_the_bpf_count_at_high_frequency(require_bpf: None, bus
 def test_watched_process_gives_events_not_counts(require_bpf: None, busy_bin: Path) -> None:
     with sampling(frequency=199) as s, workload(busy_bin, "busy", "60") as p:
         s.watch(p.pid)
-        s.drain()  # start a clean window with the watch in place
         t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        s.drain()  # start a clean window with the watch in place
         time.sleep(1.2)
         w = s.drain()
         t1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -178,7 +180,7 @@ def test_watched_process_gives_events_not_counts(require_bpf: None, busy_bin: Pa
         ev = [e for e in w.events if e.tgid == p.pid]
         assert len(ev) >= 20
         assert [e.ktime_ns for e in ev] == sorted(e.ktime_ns for e in ev)
-        assert all(t0 - 10**9 < e.ktime_ns < t1 for e in ev)
+        assert all(t0 < e.ktime_ns < t1 for e in ev)
         assert all(e.tid == p.pid and e.comm == "flamed_busy" and 0 <= e.cpu < os.cpu_count() for e in ev)
         good = [e for e in ev if contains_run(e.user_stack, BUSY_FRAMES)]
         assert len(good) / len(ev) >= 0.7

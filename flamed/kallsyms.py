@@ -1,0 +1,58 @@
+"""Kernel symbols straight from /proc/kallsyms.
+
+bcc's kernel symbol cache only loads kallsyms when the effective uid is 0
+(``bcc_procutils_each_ksym`` returns early otherwise), so a daemon running as
+an unprivileged user with CAP_SYSLOG would name no kernel frame.  Reading the
+file here works for any process the kernel shows the addresses to (root, or
+CAP_SYSLOG), and a bisect in a sorted list is cheaper per lookup than a call
+into bcc.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from pathlib import Path
+
+log = logging.getLogger("flamed.symbols")
+
+#: Symbol types that can hold code: text (t/T) and weak (w/W).
+_CODE = frozenset(b"tTwW")
+
+
+class Kallsyms:
+    """A :class:`flamed.symbols.Resolver` for the kernel (the ``pid`` is ignored)."""
+
+    def __init__(self, pid: int = -1, path: Path = Path("/proc/kallsyms")) -> None:
+        rows: list[tuple[int, bytes]] = []
+        with open(path, "rb") as f:
+            for line in f:
+                parts = line.split(None, 3)
+                if len(parts) < 3 or parts[1][0] not in _CODE:
+                    continue
+                rows.append((int(parts[0], 16), parts[2]))
+        rows.sort()
+        self.hidden = not rows or rows[-1][0] == 0
+        if self.hidden:
+            log.warning(
+                "%s shows no kernel addresses to this process: kernel frames will be [unknown]_[k]; "
+                "run as root or grant CAP_SYSLOG (kernel.kptr_restrict=2 hides them from everyone)", path)
+            rows = []
+        self._starts = [a for a, _ in rows]
+        self._names = [n for _, n in rows]
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def resolve(self, addr: int) -> tuple[bytes | None, bytes | None]:
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i < 0:
+            return None, None
+        return self._names[i], b"kernel"
+
+    def refresh(self) -> None:  # modules loaded later: not worth a re-read per drain
+        pass
+
+    def close(self) -> None:
+        self._starts = []
+        self._names = []
