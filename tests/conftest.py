@@ -75,3 +75,37 @@ def golden(path: Path, actual: bytes) -> None:
         return
     expected = path.read_bytes()
     assert actual == expected, f"output differs from {path}; rerun with FLAMED_BLESS=1 if the change is intended"
+
+
+# -- `from conftest import ...` with several conftest.py files -----------------
+# pytest imports each conftest.py outside a package as the module "conftest", the
+# last one loaded replacing the others in sys.modules (tests/faults has its own).
+# Before a test module is imported, and before a test runs (some import inside the
+# test), point "conftest" at the conftest.py nearest to that file.
+
+
+def _nearest_conftest(config: pytest.Config, path: Path) -> object | None:
+    best: tuple[int, object] | None = None
+    for plugin in config.pluginmanager.get_plugins():
+        f = getattr(plugin, "__file__", None)
+        if not f or os.path.basename(f) != "conftest.py":
+            continue
+        d = Path(f).resolve().parent
+        if (d == path or d in path.parents) and (best is None or len(d.parts) > best[0]):
+            best = (len(d.parts), plugin)
+    return best[1] if best else None
+
+
+def _point_conftest_at(config: pytest.Config, path: Path) -> None:
+    mod = _nearest_conftest(config, path.resolve())
+    if mod is not None:
+        sys.modules["conftest"] = mod  # type: ignore[assignment]
+
+
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    if isinstance(collector, pytest.Module):
+        _point_conftest_at(collector.config, Path(collector.path))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _point_conftest_at(item.config, Path(item.path))
