@@ -242,3 +242,28 @@ def test_systemd_socket_activation(tmp_path: Path) -> None:
     assert p.returncode == 0, err
     # the socket belongs to systemd: the daemon does not remove it
     assert path.exists()
+
+
+def test_log_target_journal_under_systemd_else_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from flamed.daemon import logs
+
+    def handlers() -> list[logging.Handler]:
+        return [h for h in logging.getLogger("flamed").handlers if getattr(h, "_flamed_daemon_handler", False)]
+
+    try:
+        for var in ("INVOCATION_ID", "JOURNAL_STREAM"):
+            monkeypatch.delenv(var, raising=False)
+        assert logs.setup_logging("info", "auto") == "stderr"
+        assert isinstance(handlers()[0], logging.StreamHandler)
+        monkeypatch.setenv("INVOCATION_ID", "0123456789abcdef")
+        monkeypatch.setattr(logs.os.path, "exists", lambda p: p == "/run/systemd/journal/socket")
+        assert logs.setup_logging("debug", "auto") == "journal"
+        (h,) = handlers()  # replaced, not added
+        assert type(h).__name__ == "JournalHandler"
+        assert logging.getLogger("flamed").level == logging.DEBUG
+        assert logs.setup_logging("info", "stderr") == "stderr"
+    finally:
+        for h in handlers():
+            logging.getLogger("flamed").removeHandler(h)
