@@ -160,7 +160,7 @@ def _spill(batch: list[Sample], tmpdir: str | None, stack: contextlib.ExitStack)
     for i in range(0, len(batch), _RUN_BATCH):
         pickle.dump([(s.time_ns, s.stack, s.weight, s.pid, s.tid) for s in batch[i : i + _RUN_BATCH]], f, protocol=5)
     f.seek(0)
-    return f  # type: ignore[return-value]
+    return f
 
 
 def _read_run(f: BinaryIO) -> Iterator[Sample]:

@@ -93,7 +93,8 @@ def read_profile(
     opts = options if options is not None else CollapseOptions()
     if strict and not opts.strict:
         opts = replace(opts, strict=True)
-    res = collapse(list(paths) or [None], fmt=fmt, options=opts, jobs=jobs)  # type: ignore[list-item]
+    inputs: list[str | None] = list(paths) or [None]
+    res = collapse(inputs, fmt=fmt, options=opts, jobs=jobs)
     if isinstance(stats, ReadStats):
         stats.merge(res.stats)
     return res.profile

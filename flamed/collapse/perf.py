@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from flamed.collapse.base import (
     ChunkParser,
@@ -222,17 +222,17 @@ class PerfParser(ChunkParser):
         cache = self._lines
         lines = body.split(b"\n") if body else []
         # One C-level pass of lookups; only misses go through Python code.
-        frames: list[str] = list(map(cache.get, lines))
-        if None in frames:
-            for i, fr in enumerate(frames):
+        got: list[str | None] = list(map(cache.get, lines))
+        if None in got:
+            for i, fr in enumerate(got):
                 if fr is None:
                     ln = lines[i]
-                    fr = frames[i] = self._line_frame(ln)
+                    fr = got[i] = self._line_frame(ln)
                     if len(cache) >= _LINE_CACHE_ENTRIES:
                         cache.clear()
                     cache[ln] = fr
-        if "" in frames:
-            frames = [f for f in frames if f]  # srcline lines: not frames
+        # ("" marks srcline lines: not frames.)
+        frames: list[str] = [f for f in got if f] if "" in got else cast("list[str]", got)
         if not frames and trailing:
             # No callchain: the header itself ends with "IP SYM (DSO)".
             ip, _, rest_t = trailing.partition(" ")

@@ -10,7 +10,7 @@ import sys
 from flamed.collapse import get as get_input_format
 from flamed.collapse import guess
 from flamed.collapse import names as input_formats
-from flamed.collapse.base import CollapseOptions
+from flamed.collapse.base import CollapseOptions, Collapser
 from flamed.collapse.driver import HEAD_BYTES, collapse, default_jobs, read_head
 from flamed.collapse.trace import parse_timestamp
 from flamed.commands.base import Command
@@ -169,11 +169,14 @@ class MergeCommand(Command):
         if stats.samples_out == 0:
             self.warn("no samples in the output")
 
-    def _format(self, path: str | None, fmt: str | None):  # type: ignore[no-untyped-def]
+    def _format(self, path: str | None, fmt: str | None) -> Collapser:
         if fmt:
             return get_input_format(fmt)
         if path is None or path == "-":
-            head = sys.stdin.buffer.peek(HEAD_BYTES)
+            # Peek, do not read: the merge reads stdin again from its start.
+            stdin = sys.stdin.buffer
+            peek = getattr(stdin, "peek", None)
+            head = peek(HEAD_BYTES) if peek is not None else b""
             return guess(head, source="<stdin>")
         with open_input(path) as f:
             return guess(read_head(f), source=input_name(path))

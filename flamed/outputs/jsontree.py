@@ -10,13 +10,13 @@ depth work (no recursion limit).  Non-ASCII and undecodable bytes are
 from __future__ import annotations
 
 import json
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from flamed.model import Profile, Weight, format_weight
 from flamed.outputs.base import OutputFormat, OutputOptions
 
-# A node is [total weight, {child name: node}].
-Node = list  # type: ignore[type-arg]
+# A node is [total weight, {child name: node}] (a list, mutated in place while summing).
+Node = list[Any]
 
 
 def build_tree(profile: Profile) -> Node:
