@@ -60,7 +60,8 @@ class Progress:
         self.label = label
         self.done = 0
         self.t0 = time.monotonic()
-        self._last = 0.0
+        # First drawn after a moment: a short run (stdin of unknown size) shows nothing.
+        self._last = self.t0
         self._drawn = False
 
     def advance(self, nbytes: int) -> None:
