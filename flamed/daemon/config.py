@@ -99,7 +99,7 @@ class SnapshotConfig:
     #: Seconds of history kept in memory.
     ring_seconds: float = 600.0
     #: At most this many (task, stack) entries over all windows in the ring.
-    ring_max_stacks: int = 2_000_000
+    ring_max_stacks: int = 500_000
     #: Longest ``next`` snapshot a client may ask for, in seconds.
     max_next_seconds: float = 600.0
 
