@@ -51,11 +51,11 @@ def compute(n):
 def syscalls(n):
     for _ in range(n):
         os.stat("/")
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 for _ in range(int(sys.argv[1])):
     compute(200000)
     syscalls(20000)
-print(time.perf_counter() - t)
+print(time.perf_counter() - t, time.process_time() - c)
 """
 
 
@@ -96,12 +96,14 @@ def watch_pyspy(parent: int, stop: threading.Event, out: dict[str, float]) -> No
         stop.wait(0.2)
 
 
-def timed_work(extra: list[str] | None, iters: int, tmp: Path) -> tuple[float, dict[str, float]]:
+def timed_work(extra: list[str] | None, iters: int, tmp: Path) -> tuple[tuple[float, float], dict[str, float]]:
+    """((wall s, cpu s) of the workload, py-spy stats)."""
     script = tmp / "work.py"
     script.write_text(WORK)
     if extra is None:
         r = subprocess.run([PY, str(script), str(iters)], capture_output=True, text=True, timeout=600)
-        return float(r.stdout.strip()), {}
+        wall, cpu = r.stdout.split()
+        return (float(wall), float(cpu)), {}
     p = subprocess.Popen(FLAMED + ["-r", "99", "-o", str(tmp / "w.folded"), *extra, "--", PY, str(script), str(iters)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     stats: dict[str, float] = {}
@@ -113,7 +115,50 @@ def timed_work(extra: list[str] | None, iters: int, tmp: Path) -> tuple[float, d
     th.join()
     if p.returncode != 0:
         raise SystemExit(f"flamed record failed: {err}")
-    return float(out.strip().splitlines()[-1]), stats
+    wall, cpu = out.strip().splitlines()[-1].split()
+    return (float(wall), float(cpu)), stats
+
+
+def bench_accuracy(repeat: int, tmp: Path, raw: dict[str, object]) -> None:
+    print(f"# mixed-mode attribution accuracy, {repeat} runs per cell (min / median); load {os.getloadavg()[0]:.1f}")
+    print(f"{'phase':>6} {'method':>11} {'syscall':>15} {'compute':>15} {'samples':>8}")
+    for phase in (20, 50, 200):
+        for name, flags in METHODS.items():
+            rs = [record_accuracy(phase, flags, tmp) for _ in range(repeat)]
+            raw[f"acc_{phase}_{name}"] = rs
+            sc = sorted(r["syscall"] for r in rs)
+            cp = sorted(r["compute"] for r in rs)
+            n = int(statistics.median(r["n"] for r in rs))
+            print(f"{phase:>4}ms {name:>11} {sc[0]:>7.3f}/{statistics.median(sc):<7.3f} "
+                  f"{cp[0]:>7.3f}/{statistics.median(cp):<7.3f} {n:>8}")
+
+
+def bench_overhead(repeat: int, iters: int, tmp: Path, raw: dict[str, object]) -> None:
+    print(f"# overhead: {iters} work units, {repeat} interleaved rounds (median); load {os.getloadavg()[0]:.1f}")
+    print("# wall: elapsed seconds; cpu: the workload's own CPU seconds (less sensitive to the host's load)")
+    print(f"{'mode':>22} {'wall s':>8} {'slowdown':>9} {'cpu s':>7} {'cpu +':>7} {'py-spy cpu':>11} {'py-spy rss':>11}")
+    modes = {"alone": None, "record, BPF only": ["--pyspy", "/nonexistent/py-spy"],
+             "record non-blocking": [], "record --blocking": ["--blocking"]}
+    results: dict[str, list[tuple[tuple[float, float], dict[str, float]]]] = {m: [] for m in modes}
+    # Round-robin, so that the host's load drifts over every mode alike.
+    for _ in range(repeat):
+        for name, extra in modes.items():
+            results[name].append(timed_work(extra, iters, tmp))
+    base_w = statistics.median(r[0][0] for r in results["alone"])
+    base_c = statistics.median(r[0][1] for r in results["alone"])
+    for name, runs in results.items():
+        w = statistics.median(r[0][0] for r in runs)
+        c = statistics.median(r[0][1] for r in runs)
+        if name == "alone":
+            print(f"{name:>22} {w:>8.3f} {'':>9} {c:>7.3f} {'':>7}")
+            continue
+        spy = [r[1] for r in runs if r[1]]
+        cpu = statistics.median(x.get("cpu_s", 0.0) / max(x.get("age_s", 1e-9), 1e-9) for x in spy) if spy else 0.0
+        rss = max((x.get("rss_mb", 0.0) for x in spy), default=0.0)
+        spy_cols = f"{100 * cpu:>10.1f}% {rss:>8.0f} MB" if spy else f"{'-':>11} {'-':>11}"
+        print(f"{name:>22} {w:>8.3f} {100 * (w / base_w - 1):>8.1f}% {c:>7.3f} {100 * (c / base_c - 1):>6.1f}% "
+              f"{spy_cols}")
+        raw[f"over_{name}"] = runs
 
 
 def main() -> int:
@@ -121,38 +166,18 @@ def main() -> int:
     ap.add_argument("-r", "--repeat", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20, help="work units of the overhead workload (default 20)")
     ap.add_argument("--json", help="also write the raw figures here")
+    ap.add_argument("--only", choices=("accuracy", "overhead"), help="run one half")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench/mixed.sh needs root (BPF, py-spy)")
     raw: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="flamed-bench-mixed-") as t:
         tmp = Path(t)
-        print(f"# mixed-mode attribution accuracy, {args.repeat} runs per cell (min / median); load {os.getloadavg()[0]:.1f}")
-        print(f"{'phase':>6} {'method':>11} {'syscall':>15} {'compute':>15} {'samples':>8}")
-        for phase in (20, 50, 200):
-            for name, flags in METHODS.items():
-                rs = [record_accuracy(phase, flags, tmp) for _ in range(args.repeat)]
-                raw[f"acc_{phase}_{name}"] = rs
-                sc = sorted(r["syscall"] for r in rs)
-                cp = sorted(r["compute"] for r in rs)
-                n = int(statistics.median(r["n"] for r in rs))
-                print(f"{phase:>4}ms {name:>11} {sc[0]:>7.3f}/{statistics.median(sc):<7.3f} "
-                      f"{cp[0]:>7.3f}/{statistics.median(cp):<7.3f} {n:>8}")
-        print()
-        print(f"# overhead: {args.iters} work units, {args.repeat} runs each (median seconds); load {os.getloadavg()[0]:.1f}")
-        print(f"{'mode':>22} {'seconds':>9} {'slowdown':>9} {'py-spy cpu':>11} {'py-spy rss':>11}")
-        alone = [timed_work(None, args.iters, tmp)[0] for _ in range(args.repeat)]
-        base = statistics.median(alone)
-        print(f"{'alone':>22} {base:>9.3f} {'':>9} {'':>11} {'':>11}")
-        for name, extra in (("record, BPF only", ["--pyspy", "/nonexistent/py-spy"]),
-                            ("record non-blocking", []), ("record --blocking", ["--blocking"])):
-            runs = [timed_work(extra, args.iters, tmp) for _ in range(args.repeat)]
-            secs = statistics.median(r[0] for r in runs)
-            cpu = statistics.median(r[1].get("cpu_s", 0.0) / max(r[1].get("age_s", 1e-9), 1e-9) for r in runs)
-            rss = max(r[1].get("rss_mb", 0.0) for r in runs)
-            raw[f"over_{name}"] = runs
-            print(f"{name:>22} {secs:>9.3f} {100 * (secs / base - 1):>8.1f}% {100 * cpu:>10.1f}% {rss:>8.0f} MB")
-        raw["alone"] = alone
+        if args.only != "overhead":
+            bench_accuracy(args.repeat, tmp, raw)
+            print()
+        if args.only != "accuracy":
+            bench_overhead(args.repeat, args.iters, tmp, raw)
     if args.json:
         Path(args.json).write_text(json.dumps(raw, indent=1))
     return 0
