@@ -98,6 +98,7 @@ def _kill_when_temp_file_appears(d: Any, timeout: float) -> bool:
     return False
 
 
+@pytest.mark.timeout(120 + 45 * scaled(20, 4))  # a BPF daemon start takes 5-20 s on a loaded machine
 def test_sigkill_random_points_then_restart(require_bpf: None, daemon_factory: Any) -> None:
     runs = scaled(20, 4)
     rng = random.Random(int(os.environ.get("FLAMED_FAULT_SEED", "20261202")))

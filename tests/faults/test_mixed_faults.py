@@ -145,6 +145,7 @@ def _mixed_daemon(daemon_factory: Any, cg: str, log_level: str = "info", name: s
                           log={"target": "stderr", "level": log_level})
 
 
+@pytest.mark.timeout(300 + int(0.3 * scaled(1000, 100)))
 def test_churn_leaks_nothing(require_bpf: None, require_pyspy: str, daemon_factory: Any, cgroup: str) -> None:
     n_short = scaled(1000, 100)
     span = 60.0 * n_short / 1000
