@@ -259,6 +259,12 @@ class Daemon:
                 log.error("exiting with %d profile file(s) (%d bytes) that could not be written: %s",
                           len(self.store.backlog), self.store.backlog_bytes, self.store.last_error)
         finally:
+            # Flush requests that came in while stopping: the last rotation above answered them.
+            with self._lock:
+                waiters, self._flush_waiters = self._flush_waiters, []
+            for ev, holder in waiters:
+                holder[0] = self.store.last_written
+                ev.set()
             self.ring.wake_all()
             self._close_all()
             log.info("stopped")
