@@ -896,7 +896,7 @@ class BpfSampler:
         values = memoryview(vals).cast("B")[: total * 8].cast("Q").tolist()
         out = [(*k, n) for k, n in zip(_KEY.iter_unpack(raw), values)]
         if not batch_ok:
-            log.debug("batch read of %s stopped after %d entries", table.name if hasattr(table, "name") else "counts", total)
+            log.debug("batch read of counts%d stopped after %d entries", gen, total)
         # Whatever is left (no batch support, a partial batch) one by one; when
         # the batch emptied the map this is a single get_next_key call.
         out.extend(self._take_counts_slow(table))
