@@ -164,7 +164,8 @@ def test_flush_rotates_now(tmp_path: Path) -> None:
 
 
 def test_bad_clients_get_errors_and_do_not_stall_others(tmp_path: Path) -> None:
-    cfg = fast_config(tmp_path, control={"client_timeout": 1.0, "max_clients": 3})
+    # the silent clients must hold their slots through the checks below, even on a loaded machine
+    cfg = fast_config(tmp_path, control={"client_timeout": 4.0, "max_clients": 3})
     with running_daemon(cfg, sampler_factory=fake_factory([])) as d:
         sock = str(tmp_path / "flamed.sock")
 
@@ -201,7 +202,7 @@ def test_bad_clients_get_errors_and_do_not_stall_others(tmp_path: Path) -> None:
         third.close()
         # the silent ones time out with an error, and the drain kept its schedule meanwhile
         for s in silent:
-            s.settimeout(3)
+            s.settimeout(15)
             obj = json.loads(s.recv(4096).split(b"\n")[0])
             assert obj["code"] == "timeout"
             s.close()
