@@ -60,8 +60,9 @@ class Progress:
         self.label = label
         self.done = 0
         self.t0 = time.monotonic()
-        # First drawn after a moment: a short run (stdin of unknown size) shows nothing.
-        self._last = self.t0
+        # A known large input is drawn at once; one of unknown size (stdin) only
+        # after a moment, so a short run shows nothing.
+        self._last = 0.0 if total else self.t0
         self._drawn = False
 
     def advance(self, nbytes: int) -> None:
