@@ -14,7 +14,7 @@
 // every syscall on the host (a map lookup, tens of ns), so it is optional.
 //
 // Loaded by bcc (flamed/python/clock.py), separately from the main sampler.
-// Configured by defines: RINGBUF_PAGES (power of two), TRACE_VM_READV, MAX_PYSPY.
+// Configured by defines: RINGBUF_PAGES (power of two), TRACE_VM_READV, MAX_PYSPY, BURST_GAP_NS.
 
 #include <uapi/linux/ptrace.h>
 
@@ -68,12 +68,24 @@ int on_increment(struct pt_regs *ctx)
 }
 
 #ifdef TRACE_VM_READV
-BPF_HASH(pyspy_pids, u32, u8, MAX_PYSPY);
+#ifndef BURST_GAP_NS
+#define BURST_GAP_NS 1000000
+#endif
+// py-spy pid -> time of its last process_vm_readv.  A sample is a burst of
+// dozens of reads; only a read that follows a quiet BURST_GAP_NS (the first
+// of a burst) is sent, so user space gets one record per sample.
+BPF_HASH(pyspy_pids, u32, u64, MAX_PYSPY);
 
 TRACEPOINT_PROBE(syscalls, sys_enter_process_vm_readv)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!pyspy_pids.lookup(&tgid))
+    u64 *last = pyspy_pids.lookup(&tgid);
+    if (!last)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u64 prev = *last;
+    *last = now;
+    if (prev && now - prev < BURST_GAP_NS)
         return 0;
     return emit(HIT_VM_READV);
 }

@@ -107,8 +107,15 @@ class RecordCommand(Command):
                                   min_age_s=0.0)
         if find_pyspy(args.pyspy) is None:
             self.warn("py-spy not found: recording native and kernel stacks only")
-        sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(args.rate)
         with _signals_interrupt():
+            try:
+                if not args.no_bpf:
+                    self.warn("loading the BPF programs (compiling takes a few seconds)")
+                sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(args.rate)
+            except KeyboardInterrupt:
+                # Nothing recorded yet: the output says so rather than not existing.
+                self._write(args, fmt, Profile(labels={"unit": "samples", "source": "flamed record"}))
+                return 130
             if sampler is None:
                 self.warn(f"BPF unavailable ({why}); recording Python stacks with py-spy alone")
                 return self._pyspy_only(args, cmd, pyspy_opts, fmt)
@@ -136,45 +143,49 @@ class RecordCommand(Command):
         rc = 0
         interrupted = False
         try:
-            def found(p: PyProcess) -> None:
-                sampler.add_pid(p.pid)
-
-            opts = MixedOptions(
-                pyspy=pyspy_opts,
-                watch=WatchOptions(pids=frozenset(), descendants=args.subprocesses,
-                                   scan_interval_s=1.0, exclude_self=True, max_watched=32),
-                join=JoinOptions(refine=not args.no_refine),
-                clock=not args.no_clock_uprobe,
-            )
-            # Everything that compiles (BPF) is ready before the command starts,
-            # so a short command is recorded from its first samples.
-            mixed = MixedMode(sampler, opts, on_process=found)
-            mixed.start()
-            target = args.pid
-            if cmd:
-                try:
-                    child = subprocess.Popen(cmd)
-                except OSError as e:
-                    raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
-                target = child.pid
-            sampler.add_pid(target)
-            mixed.follow(target)
-            if mixed.clock_error:
-                self.warn(f"py-spy clock uprobe unavailable ({mixed.clock_error}); alignment is approximate")
-            deadline = time.monotonic() + args.duration if args.duration else None
             try:
-                while True:
-                    if child is not None and child.poll() is not None:
-                        break
-                    if child is None and not _alive(target):
-                        break
-                    if deadline is not None and time.monotonic() >= deadline:
-                        break
-                    time.sleep(min(DRAIN_S, max(0.0, deadline - time.monotonic())) if deadline else DRAIN_S)
-                    self._drain(sampler, mixed, samples, counts)
+                def found(p: PyProcess) -> None:
+                    sampler.add_pid(p.pid)
+
+                opts = MixedOptions(
+                    pyspy=pyspy_opts,
+                    watch=WatchOptions(pids=frozenset(), descendants=args.subprocesses,
+                                       scan_interval_s=1.0, exclude_self=True, max_watched=32),
+                    join=JoinOptions(refine=not args.no_refine),
+                    clock=not args.no_clock_uprobe,
+                )
+                # Everything that compiles (BPF) is ready before the command starts,
+                # so a short command is recorded from its first samples.
+                mixed = MixedMode(sampler, opts, on_process=found)
+                mixed.start()
+                target = args.pid
+                if cmd:
+                    try:
+                        child = subprocess.Popen(cmd)
+                    except OSError as e:
+                        raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
+                    target = child.pid
+                sampler.add_pid(target)
+                mixed.follow(target)
+                if mixed.clock_error:
+                    self.warn(f"py-spy clock uprobe unavailable ({mixed.clock_error}); alignment is approximate")
+                deadline = time.monotonic() + args.duration if args.duration else None
+                try:
+                    while True:
+                        if child is not None and child.poll() is not None:
+                            break
+                        if child is None and not _alive(target):
+                            break
+                        if deadline is not None and time.monotonic() >= deadline:
+                            break
+                        time.sleep(min(DRAIN_S, max(0.0, deadline - time.monotonic())) if deadline else DRAIN_S)
+                        self._drain(sampler, mixed, samples, counts)
+                except KeyboardInterrupt:
+                    interrupted = True
+                self._drain(sampler, mixed, samples, counts)
             except KeyboardInterrupt:
+                # Ctrl-C before or between drains: still write what was recorded.
                 interrupted = True
-            self._drain(sampler, mixed, samples, counts)
         finally:
             if mixed is not None:
                 samples.extend(mixed.close())

@@ -146,7 +146,7 @@ class PySpyClock:
         if self._bpf is not None and self.vm_readv:
             table = self._bpf[b"pyspy_pids"]
             try:
-                table[ctypes.c_uint32(tgid)] = ctypes.c_uint8(1)
+                table[ctypes.c_uint32(tgid)] = ctypes.c_uint64(0)
             except Exception:  # noqa: BLE001 - bcc raises plain Exception (E2BIG: the map is full)
                 # Only completed runs are forgotten; py-spy runs that failed (target exited,
                 # crash, timeout) stay in the map until it is full -- found by the churn test
@@ -157,7 +157,7 @@ class PySpyClock:
                         with contextlib.suppress(KeyError):
                             del table[k]
                 try:
-                    table[ctypes.c_uint32(tgid)] = ctypes.c_uint8(1)
+                    table[ctypes.c_uint32(tgid)] = ctypes.c_uint64(0)
                 except Exception as e:  # noqa: BLE001
                     log.warning("py-spy clock: cannot track py-spy %d (%s); its reads are not timed", tgid, e)
 
@@ -185,6 +185,8 @@ class PySpyClock:
         if self._bpf is not None:
             try:
                 self._bpf.cleanup()
+            except Exception as e:  # noqa: BLE001 - detaching at exit must not turn into a traceback
+                log.debug("py-spy clock: cleanup: %s", e)
             finally:
                 self._bpf = None
 

@@ -86,7 +86,8 @@ class MixedMode:
         self._on_process = on_process
         self._on_exit_cb = on_exit
         self.supervisor = PySpySupervisor(self.options.pyspy, proc_root=proc_root, clock=clock,
-                                          on_spawn=self._spawned, ready=self._pyspy_sampling)
+                                          on_spawn=self._spawned, ready=self._pyspy_sampling,
+                                          on_discard=self._discarded)
         self.watcher = ProcessWatcher(self.options.watch, on_start=self._started, on_exit=self._exited,
                                       proc_root=proc_root, clock=clock)
         self.clock: PySpyClock | None = None
@@ -182,6 +183,10 @@ class MixedMode:
     # -- watcher callbacks (mixed thread) ---------------------------------
     def _pyspy_sampling(self, pyspy_pid: int) -> bool:
         return self.clock is not None and self.clock.has_hits(pyspy_pid)
+
+    def _discarded(self, pyspy_pid: int) -> None:
+        if self.clock is not None:
+            self.clock.forget(pyspy_pid)
 
     def _spawned(self, pyspy_pid: int) -> None:
         if self.clock is not None:

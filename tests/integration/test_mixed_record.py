@@ -33,10 +33,11 @@ def run_record(args: list[str], timeout: float = 120) -> subprocess.CompletedPro
 def test_record_command_attributes_phases(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
     log, tl, out = tmp_path / "phases.log", tmp_path / "timeline.txt", tmp_path / "out.folded"
     r = run_record(["-r", "199", "-o", str(out), "--timeline", str(tl), "--",
-                    sys.executable, PHASES, str(log), "200", "6"])
+                    sys.executable, PHASES, str(log), "200", "10"])
     assert r.returncode == 0, r.stderr
     acc = accuracy(str(log), str(tl))
-    assert acc.syscall_samples >= 30 and acc.compute_samples >= 100, acc
+    # enough samples to mean something, few enough for a loaded CI host
+    assert acc.syscall_samples >= 10 and acc.compute_samples >= 30, acc
     assert acc.syscall >= 0.90, acc
     assert acc.compute >= 0.90, acc
     assert acc.background >= 0.90, acc
@@ -69,7 +70,11 @@ def test_record_pid_with_duration_and_ctrl_c(tmp_path: Path, require_bpf: None, 
         out = tmp_path / "p.folded"
         rec = subprocess.Popen(FLAMED + ["record", "-p", str(target.pid), "-d", "60", "-o", str(out)],
                                cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        time.sleep(6)  # BPF compile + a few seconds of samples
+        # BPF compiles first (seconds on a loaded host): wait for py-spy to run, then record a little
+        deadline = time.monotonic() + 90
+        while not pyspy_children(rec.pid) and time.monotonic() < deadline and rec.poll() is None:
+            time.sleep(0.2)
+        time.sleep(3)
         rec.send_signal(signal.SIGINT)
         _, err = rec.communicate(timeout=60)
         assert rec.returncode == 130, err
@@ -79,6 +84,39 @@ def test_record_pid_with_duration_and_ctrl_c(tmp_path: Path, require_bpf: None, 
     finally:
         target.kill()
         target.wait()
+
+
+def test_record_interrupted_early_still_writes(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
+    # Ctrl-C while BPF is still compiling: an (empty) profile is written, no traceback
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        out = tmp_path / "e.folded"
+        rec = subprocess.Popen(FLAMED + ["record", "-p", str(target.pid), "-o", str(out)], cwd=ROOT,
+                               stderr=subprocess.PIPE, text=True)
+        assert rec.stderr is not None
+        first = rec.stderr.readline()  # "loading the BPF programs ..."
+        assert "BPF" in first, first
+        rec.send_signal(signal.SIGINT)
+        _, err = rec.communicate(timeout=60)
+        err = first + err
+        assert rec.returncode == 130, err
+        assert "Traceback" not in err and out.exists(), err
+    finally:
+        target.kill()
+        target.wait()
+
+
+def pyspy_children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "comm").read_text().strip() == "py-spy" and \
+                        int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
 
 
 def test_record_without_bpf_falls_back_to_pyspy(tmp_path: Path, require_pyspy: str) -> None:

@@ -37,7 +37,7 @@ class PythonProcessorOptions:
     idle: py-spy reports idle threads too, which keeps its sample times exact (default true).
     native: py-spy's own native frames; implies blocking (default false).
     window_s: one py-spy run; Python samples are delayed by about this much (default 10).
-    max_processes: Python processes watched at once, ~180 MB of py-spy each (default 32).
+    max_processes: Python processes watched at once, a py-spy each (default 32).
     include_comm / exclude_comm: regexes on the comm ("" = none).
     include_cgroup / exclude_cgroup: regexes on the cgroup v2 path ("" = none).
     uids: only processes of these real uids (default: any).
