@@ -257,7 +257,17 @@ def collapse(
     try:
         window: deque[multiprocessing.pool.AsyncResult[ChunkResult]] = deque()
         it = tasks()
-        for task in it:
+        first = next(it, None)
+        second = next(it, None) if first is not None else None
+        if second is None:
+            jobs = 1  # one chunk: starting worker processes would cost more than it saves
+        pending = [t for t in (first, second) if t is not None]
+
+        def all_tasks() -> Iterator[tuple[str, bytes, str, int]]:
+            yield from pending
+            yield from it
+
+        for task in all_tasks():
             if prog is not None:
                 prog.advance(len(task[1]))
             if jobs <= 1:
