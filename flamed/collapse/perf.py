@@ -194,16 +194,16 @@ class PerfParser(ChunkParser):
         their bytes; a miss costs one dictionary lookup per line.
         """
         body_s = body.rstrip(b"\n\r ")
-        if body_s and not _all_indented(body_s) and _UNINDENTED.search(body_s) is not None:
+        if not body_s:
+            return self._frames_of(b"", trailing) or ""
+        out = self._frames_of(body_s, "")
+        if out is None:
             # Another sample's header inside the block: perf script without -g
             # prints one line per sample and no blank lines between them.
             lines = body_s.split(b"\n")
             i = next(i for i, ln in enumerate(lines) if ln[:1] not in (b"\t", b" ") and ln)
             self._parse_flat(lines[i:], res, data, start, first_line, source, i + 1)
-            return self._frames_of(b"\n".join(lines[:i]), trailing)
-        if not body_s:
-            return self._frames_of(b"", trailing)
-        out = self._frames_of(body_s, "")
+            return self._frames_of(b"\n".join(lines[:i]), trailing) or ""
         if not trailing:
             if self._body_bytes > _BODY_CACHE_BYTES:
                 self._bodies.clear()
@@ -212,8 +212,10 @@ class PerfParser(ChunkParser):
             self._body_bytes += len(body) + len(out) + 100
         return out
 
-    def _frames_of(self, body: bytes, trailing: str) -> str:
+    def _frames_of(self, body: bytes, trailing: str) -> str | None:
         """``;frame;frame...`` (root first) of indented frame lines; srcline lines are skipped.
+
+        ``None`` when a line is not indented (another sample's header).
 
         Lines are cached as they are (``addr sym+off (dso)``: a hit for the
         same address) and, on a miss, without their address (a hit for the
@@ -228,6 +230,8 @@ class PerfParser(ChunkParser):
                 if fr is None:
                     ln = lines[i]
                     fr = got[i] = self._line_frame(ln)
+                    if fr is None:
+                        return None
                     if len(cache) >= _LINE_CACHE_ENTRIES:
                         cache.clear()
                     cache[ln] = fr
@@ -243,8 +247,11 @@ class PerfParser(ChunkParser):
         frames.reverse()
         return ";" + ";".join(frames)
 
-    def _line_frame(self, line: bytes) -> str:
-        """The frame of one indented line, or ``""`` for a line that is not a frame (srcline)."""
+    def _line_frame(self, line: bytes) -> str | None:
+        """The frame of one indented line, ``""`` for a line that is not a frame (srcline),
+        ``None`` for an unindented line (not cached: it is a header)."""
+        if line[:1] not in (b"\t", b" ") and line:
+            return None
         s = line.strip()
         ip, _, rest = s.partition(b" ")
         if not ip or not _HEX.issuperset(ip):
@@ -371,7 +378,7 @@ class PerfParser(ChunkParser):
                     assert h is not None
                     frames = self._bodies.get(body)
                     if frames is None:
-                        frames = self._frames_of(body.rstrip(b"\n\r "), trailing)
+                        frames = self._frames_of(body.rstrip(b"\n\r "), trailing) or ""
                     if where is not None:
                         at_line += chunk.count(b"\n", at_off, start)
                         at_off = start
@@ -415,11 +422,6 @@ def _records(chunk: bytes) -> Iterator[tuple[bytes, bytes, int]]:
                 cur_h, cur_body, cur_start = ln, [], pos
             pos += len(ln) + 1
         yield cur_h, b"\n".join(cur_body), cur_start
-
-
-def _all_indented(body: bytes) -> bool:
-    """Every line starts with a tab (perf's frame lines do): C-speed counts instead of a regex scan."""
-    return body[:1] == b"\t" and body.count(b"\n\t") == body.count(b"\n")
 
 
 def _skip_leading(block: bytes, start: int) -> tuple[bytes, int]:
