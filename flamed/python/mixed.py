@@ -33,7 +33,7 @@ from flamed.python.align import (
     sample_times,
 )
 from flamed.python.clock import PySpyClock
-from flamed.python.pyspy import CompletedRun, PySpyOptions, PySpySupervisor
+from flamed.python.pyspy import CompletedRun, Failure, PySpyOptions, PySpySupervisor
 from flamed.python.watcher import ProcessWatcher, PyProcess, WatchOptions
 from flamed.sampler import Sampler, SampleEvent, Window
 
@@ -193,6 +193,11 @@ class MixedMode:
             self.clock.track(pyspy_pid)
 
     def _started(self, proc: PyProcess) -> bool:
+        if self.supervisor.binary is None:
+            # No py-spy: the process keeps native and kernel stacks (counted by
+            # the sampler as usual); the reason is counted once per process.
+            self.supervisor.failures[Failure.MISSING_BINARY.value] += 1
+            return True
         if self.options.active_only:
             self.candidates[proc.pid] = proc
             return True
