@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from flamed.model import Stack
 from flamed.python.mixed import MixedMode, MixedOptions
 from flamed.python.pyspy import PySpyOptions
 from flamed.python.watcher import PyProcess, WatchOptions
+from flamed.sampler import SampleEvent
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.bpf, pytest.mark.pyspy, pytest.mark.slow]
@@ -44,7 +46,7 @@ def test_churn_200_processes(tmp_path: Path, require_bpf: None, require_pyspy: s
 
     sampler = BpfSampler(BpfSamplerOptions(frequency=99, pids=frozenset()))
     sampler.start()
-    joined = []
+    joined: list[tuple[SampleEvent, Stack]] = []
     found: list[PyProcess] = []
     mixed: MixedMode | None = None
     churn: subprocess.Popen[bytes] | None = None
@@ -59,12 +61,6 @@ def test_churn_200_processes(tmp_path: Path, require_bpf: None, require_pyspy: s
             pyspy=PySpyOptions(binary=require_pyspy, window_s=DRAIN_S, max_children=32),
             watch=WatchOptions(pids=frozenset(), descendants=True, scan_interval_s=1.0)), on_process=on_process)
         mixed.start()
-        all_traces = []
-        orig_add = mixed._add_runs
-        def keep(runs):  # type: ignore[no-untyped-def]
-            orig_add(runs)
-            all_traces.extend(mixed._traces[-len(runs):] if runs else [])
-        mixed._add_runs = keep  # type: ignore[method-assign]
         churn = subprocess.Popen([sys.executable, str(ROOT / "tests" / "workloads" / "churn.py"), str(log),
                                   "200", "20", "2.5", "6"])
         mixed.follow(churn.pid)
@@ -94,21 +90,7 @@ def test_churn_200_processes(tmp_path: Path, require_bpf: None, require_pyspy: s
     with_python = {ev.tgid for ev, stack in joined
                    if any(f.startswith("long_lived_work (") for f in stack)}
     missing = [pid for pid in long_lived if pid not in with_python]
-    if missing and os.environ.get("CHURN_DEBUG"):
-        print("DEBUG", [ (r.pid, r.pyspy_pid) for r in []])
-        print("METRICS", mixed.metrics() if mixed else None)
-        for pid in missing:
-            print("MISSING", pid, [c for c in children if int(c[0]) == pid], [p for p in found if p.pid == pid])
-            from collections import Counter
-            print(Counter(stack[:3] for ev, stack in joined if ev.tgid == pid).most_common(5))
-            for tr in all_traces:
-                if tr.pid == pid:
-                    print("TRACE", tr.start_ns, tr.end_ns, {t: [(sg.lo_ns, sg.hi_ns, sg.stack[-1:]) for sg in segs][:3] for t, segs in tr.threads.items()})
-            from flamed.python.align import join
-            evs = [ev for ev, st in joined if ev.tgid == pid]
-            print("REJOIN", join(evs, all_traces)[1], [ (ev.tid, ev.ktime_ns) for ev in evs[:2]])
-            print("EVENTS", [ev.ktime_ns for ev, stack in joined if ev.tgid == pid][:3], [ev.ktime_ns for ev, stack in joined if ev.tgid == pid][-3:])
-    assert not missing, (missing, [pid in seen for pid in missing], mixed.metrics() if mixed else None, children)
+    assert not missing, (missing, [pid in seen for pid in missing], mixed.metrics() if mixed else None)
     assert set(long_lived) <= seen
     # Children that were gone before they could be looked at are simply not
     # watched; those that died under py-spy count as target_exited, not as faults.
