@@ -143,10 +143,7 @@ class MixedMode:
         Call from a thread that outlives the recording: a py-spy it starts dies with it.
         """
         with self._lock:
-            if not self.watcher.follow(pid):
-                # Not Python (yet): rechecked like an exec, and by every scan.
-                now = self._now()
-                self.watcher._recheck[pid] = [now + int(d * 1e9) for d in self.options.watch.recheck_s]
+            self.watcher.follow(pid)
 
     def _loop(self) -> None:
         last = self._now()

@@ -370,7 +370,12 @@ class ProcessWatcher:
         if self._family is None:
             self._family = set()
         self._family.add(pid)
-        return self._consider(pid, self._now(), how_hint=None)
+        now = self._now()
+        if self._consider(pid, now, how_hint=None):
+            return True
+        # Not Python (yet): looked at again like after an exec, and by every scan.
+        self._recheck[pid] = [now + int(d * 1e9) for d in self.options.recheck_s]
+        return False
 
     # -- internals --------------------------------------------------------
     def _event(self, m: Any) -> None:
