@@ -25,6 +25,9 @@ from flamed.folded import ReadStats
 from flamed.model import Profile, Sample, Weight, merge_streams
 
 HEAD = 4096
+#: flamed.collapse formats whose text is folded stacks (py-spy's raw output is):
+#: the fast folded reader takes them.
+FOLDED_FORMATS = frozenset({"folded", "pyspy"})
 
 
 def _head(f: BinaryIO) -> bytes:
@@ -106,7 +109,7 @@ def load_profile(
                 profiles.append(read_speedscope(f.read(), source=source))
                 continue
             collapser = _collapse_guess(head, source)
-            if collapser is not None and getattr(collapser, "name", "folded") != "folded" and path != "-":
+            if collapser is not None and getattr(collapser, "name", "folded") not in FOLDED_FORMATS and path != "-":
                 got = _collapse_file(path, strict, st)
                 if got is not None:
                     profiles.append(got)
@@ -153,6 +156,6 @@ def all_folded(paths: Sequence[str]) -> bool:
             if sniff(head) != "other":
                 return False
             c = _collapse_guess(head, input_name(path))
-            if c is not None and getattr(c, "name", "folded") != "folded":
+            if c is not None and getattr(c, "name", "folded") not in FOLDED_FORMATS:
                 return False
     return True

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import importlib
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -96,15 +95,6 @@ def read_counts(paths: Sequence[str], *, strict: bool, stats: ReadStats, jobs: i
                 continue
         count_folded_file(path, counts=counts, strict=strict, stats=stats, jobs=jobs)
     return counts
-
-
-def default_jobs() -> int:
-    """Worker processes for large inputs: the CPUs this process may use, at most 4."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    return max(1, min(4, n))
 
 
 def read_ordered(paths: Sequence[str], *, strict: bool, stats: ReadStats) -> list[tuple[Stack, Weight]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from flamed.commands._render import add_render_arguments, default_jobs, read_counts, read_ordered, render_options
+from flamed.commands._render import add_render_arguments, read_counts, read_ordered, render_options
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import open_output
@@ -44,8 +44,9 @@ class SvgCommand(Command):
             "-j",
             "--jobs",
             type=int,
-            default=default_jobs(),
-            help="processes counting a large (>64 MB, not gzip) folded file; output is the same for any number",
+            default=1,
+            help="processes counting a large (>64 MB, not gzip) folded file (default 1: on a busy machine more "
+            "is slower); output is the same for any number",
         )
         add_render_arguments(parser)
 

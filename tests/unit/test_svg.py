@@ -382,3 +382,21 @@ def test_huge_weights_are_drawn_in_scaled_units(stacks: dict[tuple[str, ...], in
     assert all(v < 1.5 * per_unit for k, v in exp.items() if k not in drawn)
     for b in boxes:
         assert abs(b.width - b.weight / per_unit) <= 1.0
+
+
+def test_pyspy_raw_takes_the_fast_path_with_identical_output(tmp_path: Path) -> None:
+    from flamed.collapse.driver import collapse
+    from flamed.inputs import all_folded
+
+    src = tmp_path / "pyspy.txt"
+    src.write_text(
+        "process 12:\"python app.py\";<module> (app.py:3);main (app.py:9);work (lib/w.py:4) 7\n"
+        "process 12:\"python app.py\";<module> (app.py:3);main (app.py:9) 2\n"
+        "process 12:\"python app.py\";<module> (app.py:3);main (app.py:9);work (lib/w.py:5) 1\n"
+    )
+    assert all_folded([str(src)])
+    out = tmp_path / "fast.svg"
+    assert main(["svg", str(src), "-o", str(out)]) == 0
+    slow = io.BytesIO()
+    render_profile(collapse([str(src)]).profile, slow, OutputOptions())
+    assert out.read_bytes() == slow.getvalue()
