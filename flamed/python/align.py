@@ -139,7 +139,7 @@ def _build_trace(events: list[Any], source: str) -> PyTrace:
             filename = str(args.get("filename") or "")
             line_raw = args.get("line")
             line = int(line_raw) if line_raw is not None else None
-        except (KeyError, TypeError, ValueError, AttributeError):
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):  # Overflow: "ts": 1e999
             raise InputError(f"event {i} is not a py-spy trace event", source=source) from None
         if cur_ts is not None and ts != cur_ts:
             flush(cur_ts, touched)
