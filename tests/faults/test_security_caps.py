@@ -192,7 +192,7 @@ def test_unit_capabilities_sample_and_run_pyspy(full_run: dict[str, Any]) -> Non
 
 #: What removing each capability must produce: a refusal to start, or a log line, naming it.
 ALL_CAPS = ["bpf", "perfmon", "sys_ptrace", "sys_resource", "syslog", "chown"]
-CORE = ["bpf", "perfmon", "sys_ptrace"]
+CORE = ["perfmon", "sys_ptrace"]  # CI: one refusal, one degradation; FLAMED_FAULT_SCALE=1 runs all
 
 
 @pytest.mark.parametrize("cap", ALL_CAPS if SCALE >= 1 else CORE)
