@@ -73,6 +73,10 @@ class MergeCommand(Command):
     line; --sort sorts it on the fly instead (external sort, bounded memory).
     Folded inputs are summed.
 
+    Times (--from/--to, and in traces): seconds when written with a decimal
+    point (1700000000.5), nanoseconds when an integer (1700000000500000000),
+    or with a unit (1700000000s, 250ms).
+
     Output: a merged trace when every input has timestamps, else folded;
     --output-format (or the -o extension) picks any other format (folded
     aggregates the trace; svg, json, ...).
@@ -80,7 +84,8 @@ class MergeCommand(Command):
     examples:
       flamed merge host-a.trace host-b.trace -o all.trace
       flamed merge --label web1 --label web2 --label-root label w1.trace w2.trace > all.trace
-      flamed merge --from 1700000000 --to 1700000060.5 *.trace.gz --output-format folded > minute.folded
+      flamed merge --from 1700000000s --to 1700000060.5 *.trace.gz --output-format folded > minute.folded
+      flamed merge w1.trace w2.trace -o timeline.json --output-format chrometrace
       flamed merge --sort unsorted.trace other.trace -o all.trace
       flamed merge a.folded b.folded.gz -o sum.folded
     """
