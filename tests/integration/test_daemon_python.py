@@ -10,9 +10,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,9 @@ COMM = "flamedpyproc"
 def test_daemon_joins_python_frames(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
     interp = tmp_path / COMM
     os.symlink(os.path.realpath(sys.executable), interp)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     cfg = tmp_path / "flamed.toml"
     cfg.write_text(f"""
 [sampling]
@@ -38,7 +44,7 @@ drain_interval = 1.0
 state_dir = "{tmp_path / 'profiles'}"
 rotate_interval = 60.0
 [metrics]
-address = "127.0.0.1:0"
+address = "127.0.0.1:{port}"
 [control]
 socket = "{tmp_path / 'flamed.sock'}"
 [log]
@@ -81,6 +87,17 @@ scan_interval = 1.0
         status = json.loads(st.stdout)
         proc = status["processors"]["python"]
         assert proc["active"] and proc["join_matched"] > 0 and proc["runs_calibrated"] >= 1, proc
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+        matched = [ln for ln in text.splitlines() if ln.startswith('flamed_python_samples_total{result="matched"}')]
+        assert matched and float(matched[0].split()[-1]) > 0, text[-3000:]
+        assert 'flamed_pyspy_failures_total{reason="permission"}' in text
+        assert "flamed_pyspy_children " in text
+        promtool = shutil.which("promtool")
+        if promtool:
+            chk = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
+                                 timeout=30)
+            # promtool lints names/help; only errors (not style warnings) would fail here
+            assert "error" not in chk.stderr.lower(), chk.stderr
     finally:
         if work is not None and work.poll() is None:
             work.kill()
