@@ -449,6 +449,14 @@ class Daemon:
             fresh.start()
             _release_heap()
             assert self.sampler is not None
+            # Detach the old program at once (its maps stay readable), so the two
+            # sample together only for the moment between attach and detach.
+            stop_old = getattr(self.sampler, "stop", None)
+            if callable(stop_old):
+                try:
+                    stop_old()
+                except Exception as e:
+                    log.warning("reload: stopping the old sampler: %s", e)
             self._drain_once()
             self._bpf_retired = (self.bpf_samples_total(live=True) or 0)
             self.sampler.close()
