@@ -9,6 +9,8 @@ How it stays small and exact: the boxes sit in a nested ``<svg id="fv">``
 whose user units are weights (``viewBox="0 0 TOTAL H"``), so a box is
 ``<rect x=START y=Y width=WEIGHT ...>`` in samples, integers for integer
 profiles, with no rounding to pixels.  Zooming only changes that viewBox.
+(Totals past 2^24, e.g. nanosecond weights, are drawn in units of total/2^24,
+since browsers clamp larger coordinates; titles keep the exact weights.)
 Each box carries one ``<title>`` (``name (N samples, P%)``) that the script
 reads the name from; labels are emitted only for boxes wide enough to show
 three characters, and the script recomputes them after a zoom.
