@@ -219,11 +219,13 @@ class Daemon:
                 self._drain_wanted = False
                 if scheduled:
                     self.metrics.drain_lateness.observe(max(0, now - next_drain) / 1e9)
+                written_before = self.store.files_written
                 self._drain_once(rotate_now=bool(flushes))
                 if scheduled:
                     next_drain = self._next_grid(self.clock_ns())
                 for ev, holder in flushes:
-                    holder[0] = self.store.last_written
+                    # None when this flush wrote nothing (e.g. the disk refuses writes)
+                    holder[0] = self.store.last_written if self.store.files_written != written_before else None
                     ev.set()
             wait = (next_drain - self.clock_ns()) / 1e9
             if self._drain_wanted:
