@@ -324,8 +324,8 @@ class ProfileStore:
         out: list[tuple[str, str, str, int, float]] = []
         try:
             entries = list(os.scandir(self.dir))
-        except FileNotFoundError:
-            return []
+        except OSError:
+            return []  # missing, not a directory, unreadable: the write errors say why
         sizes: dict[str, int] = {}
         for e in entries:
             if SIDECAR_RE.match(e.name):
@@ -377,7 +377,7 @@ class ProfileStore:
         done: list[str] = []
         try:
             names = os.listdir(self.dir)
-        except FileNotFoundError:
+        except OSError:
             return done
         present = set(names)
         for name in sorted(names):

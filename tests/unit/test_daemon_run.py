@@ -333,3 +333,34 @@ def _check_peers(cfg, as_user) -> None:  # type: ignore[no-untyped-def]
         assert member.returncode == 0 and member.stdout.strip() == "True", member.stderr
         assert d.metrics.registry.get_sample_value("flamed_control_requests_total",
                                                    {"request": "unknown", "result": "denied"}) == 1
+
+
+def test_disk_refusing_writes_keeps_windows_in_memory_and_serves_snapshots(tmp_path: Path) -> None:
+    import io
+
+    samplers: list[FakeSampler] = []
+    cfg = fast_config(tmp_path, output={"rotate_interval": 60.0})
+    prof = tmp_path / "profiles"
+    with running_daemon(cfg, sampler_factory=fake_factory(samplers)) as d:
+        sock = str(tmp_path / "flamed.sock")
+        # the state directory becomes unwritable: a file where the directory was (ENOTDIR/EEXIST)
+        shutil.rmtree(prof)
+        prof.write_text("not a directory")
+        time.sleep(0.3)
+        assert request(sock, {"request": "flush"})["file"] is None
+        st = request(sock, {"request": "status"})["status"]
+        assert st["write_error"] and st["backlog"]["files"] == 1
+        buf = io.BytesIO()
+        head = request(sock, {"request": "snapshot", "seconds": 30}, buf)
+        assert head["weight"] > 0  # served from memory
+        errors = sum(s.value for fam in d.metrics.registry.collect() for s in fam.samples
+                     if s.name == "flamed_write_errors_total")
+        assert errors >= 1
+        # space returns: the next drain writes the backlog, oldest first
+        prof.unlink()
+        path = request(sock, {"request": "flush"})["file"]
+        assert path is not None
+        st = request(sock, {"request": "status"})["status"]
+        assert st["write_error"] is None and st["backlog"]["files"] == 0
+    weight, samples, n = files_total(prof)
+    assert n >= 2 and weight == samples == samplers[0].produced
