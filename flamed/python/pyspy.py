@@ -281,14 +281,15 @@ class PySpySupervisor:
                 c.stop_at_ns = grace
 
     def pids(self) -> list[int]:
-        return sorted(p for p, t in self._targets.items() if not t.done)
+        return sorted(p for p, t in list(self._targets.items()) if not t.done)
 
     def busy_pids(self) -> set[int]:
         """Processes with a py-spy child still running (its trace is yet to come)."""
-        return {p for p, t in self._targets.items() if t.children}
+        return {p for p, t in list(self._targets.items()) if t.children}
 
     def running(self) -> int:
-        return sum(1 for t in self._targets.values() for c in t.children if c.proc.poll() is None)
+        # list(): also called from other threads (metrics) while tick() changes the dict
+        return sum(1 for t in list(self._targets.values()) for c in list(t.children) if c.proc.poll() is None)
 
     # -- the loop ---------------------------------------------------------
     def tick(self) -> list[CompletedRun]:
@@ -438,8 +439,10 @@ class PySpySupervisor:
                           (stderr.strip().splitlines() or ["no message"])[0])
             else:
                 last = stderr.strip().splitlines()[:1]
+                hint = ("; py-spy needs root or CAP_SYS_PTRACE (and kernel.yama.ptrace_scope <= 1, or 3 never)"
+                        if failure is Failure.PERMISSION else "")
                 self._fail(t, failure, f"py-spy on pid {t.pid} failed ({failure.value}): "
-                           f"{last[0] if last else f'exit {rc}'}")
+                           f"{last[0] if last else f'exit {rc}'}{hint}")
         else:
             t.failures = 0
             if not self._alive(t.pid):
