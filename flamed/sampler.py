@@ -65,20 +65,38 @@ class Window:
         ``root``: ``comm`` (``python3``), ``pid`` (``python3-1234``), ``tid``
         (``python3-1234/1240``) or ``none``.
         """
-        p = Profile(start_ns=self.start_ns, end_ns=self.end_ns, sample_rate=self.sample_rate,
-                    labels=dict(labels or {}))
-        stacks = p.stacks
-        for (tgid, tid, comm, stack), n in self.counts.items():
-            if root == "none":
-                key = stack
-            elif root == "pid":
-                key = (task_frame(comm, tgid),) + stack
-            elif root == "tid":
-                key = (task_frame(comm, tgid, tid),) + stack
-            else:
-                key = (task_frame(comm),) + stack
-            stacks[key] = stacks.get(key, 0) + n
-        return p
+        return counts_to_profile(self.counts, root, start_ns=self.start_ns, end_ns=self.end_ns,
+                                 sample_rate=self.sample_rate, labels=labels)
+
+
+def counts_to_profile(
+    counts: dict[CountKey, int],
+    root: str,
+    *,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    sample_rate: float | None = None,
+    labels: dict[str, str] | None = None,
+) -> Profile:
+    """Task-keyed counts as a Profile whose root frame names the task.
+
+    ``root``: ``comm`` (``python3``), ``pid`` (``python3-1234``), ``tid``
+    (``python3-1234/1240``) or ``none``.
+    """
+    p = Profile(start_ns=start_ns, end_ns=end_ns, sample_rate=sample_rate, labels=dict(labels or {}))
+    stacks = p.stacks
+    for (tgid, tid, comm, stack), n in counts.items():
+        key: Stack
+        if root == "none":
+            key = stack
+        elif root == "pid":
+            key = (task_frame(comm, tgid),) + stack
+        elif root == "tid":
+            key = (task_frame(comm, tgid, tid),) + stack
+        else:
+            key = (task_frame(comm),) + stack
+        stacks[key] = stacks.get(key, 0) + n
+    return p
 
 
 class Sampler(Protocol):

@@ -39,8 +39,7 @@ from flamed.daemon.config import OutputConfig, RetentionConfig
 from flamed.daemon.metrics import DaemonMetrics
 from flamed.fileio import atomic_write
 from flamed.folded import write_folded
-from flamed.model import Profile, Stack, task_frame
-from flamed.sampler import CountKey
+from flamed.sampler import CountKey, counts_to_profile
 
 log = logging.getLogger("flamed.daemon")
 
@@ -48,32 +47,6 @@ log = logging.getLogger("flamed.daemon")
 FILE_RE = re.compile(r"^(?P<stem>(?P<host>.+)-(?P<ts>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?)\.folded(?P<gz>\.gz)?$")
 SIDECAR_RE = re.compile(r"^(?P<stem>.+-\d{8}T\d{6}Z(?:-\d+)?)\.json$")
 LATEST = "latest"
-
-
-def counts_to_profile(
-    counts: dict[CountKey, int],
-    root: str,
-    *,
-    start_ns: int | None = None,
-    end_ns: int | None = None,
-    sample_rate: float | None = None,
-    labels: dict[str, str] | None = None,
-) -> Profile:
-    """Task-keyed counts as a Profile whose root frame names the task (see ``root``)."""
-    p = Profile(start_ns=start_ns, end_ns=end_ns, sample_rate=sample_rate, labels=dict(labels or {}))
-    stacks = p.stacks
-    for (tgid, tid, comm, stack), n in counts.items():
-        key: Stack
-        if root == "none":
-            key = stack
-        elif root == "pid":
-            key = (task_frame(comm, tgid),) + stack
-        elif root == "tid":
-            key = (task_frame(comm, tgid, tid),) + stack
-        else:
-            key = (task_frame(comm),) + stack
-        stacks[key] = stacks.get(key, 0) + n
-    return p
 
 
 def host_name(configured: str) -> str:
