@@ -156,6 +156,8 @@ class ProcReader:
 
     def __init__(self, root: str = "/proc") -> None:
         self.root = root
+        #: /proc/PID/exe reads refused (ptrace access mode): those processes cannot be recognised.
+        self.denied = 0
 
     def pids(self) -> list[int]:
         try:
@@ -171,6 +173,14 @@ class ProcReader:
     def exe(self, pid: int) -> str:
         try:
             return os.readlink(f"{self.root}/{pid}/exe")
+        except PermissionError:
+            # Found by tests/faults/test_security_caps.py: without CAP_SYS_PTRACE every Python
+            # process was skipped silently.  Count it, and say once what is missing.
+            if self.denied == 0:
+                log.warning("cannot read /proc/%d/exe: permission denied; Python processes cannot be "
+                            "recognised (mixed mode needs CAP_SYS_PTRACE, or root)", pid)
+            self.denied += 1
+            return ""
         except OSError:
             return ""
 
@@ -483,6 +493,7 @@ class ProcessWatcher:
         s = self.stats
         m = {"watched": len(self.watched), "left_out": s.left_out, "filtered": s.filtered,
              "unsupported": s.unsupported, "overruns": s.overruns, "scans": s.scans,
+             "unreadable": int(getattr(self.reader, "denied", 0)),
              "connector": int(s.connector)}
         for k, v in sorted(s.events.items()):
             m[f"events_{k.lower()}"] = v
