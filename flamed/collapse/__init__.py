@@ -9,9 +9,7 @@ in parallel.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from flamed import plugins
 from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser
 from flamed.errors import InputError, UsageError
 
@@ -24,20 +22,7 @@ _SKIP = {"base", "driver"}
 def registry() -> dict[str, Collapser]:
     global _REGISTRY
     if _REGISTRY is None:
-        found: dict[str, Collapser] = {}
-        for info in pkgutil.iter_modules(__path__):
-            if info.name.startswith("_") or info.name in _SKIP:
-                continue
-            mod = importlib.import_module(f"{__name__}.{info.name}")
-            for obj in vars(mod).values():
-                if (
-                    isinstance(obj, type)
-                    and issubclass(obj, Collapser)
-                    and obj is not Collapser
-                    and obj.name
-                    and obj.__module__ == mod.__name__
-                ):
-                    found[obj.name] = obj()
+        found = {name: cls() for name, cls in plugins.discover(__name__, __path__, Collapser, _SKIP).items()}
         _REGISTRY = dict(sorted(found.items()))
     return _REGISTRY
 

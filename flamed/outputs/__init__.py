@@ -8,10 +8,9 @@ Commands pick a format by ``--format NAME`` or by the output file's extension
 
 from __future__ import annotations
 
-import importlib
 import os
-import pkgutil
 
+from flamed import plugins
 from flamed.errors import UsageError
 from flamed.outputs.base import OutputFormat, OutputOptions
 
@@ -23,20 +22,7 @@ _REGISTRY: dict[str, OutputFormat] | None = None
 def registry() -> dict[str, OutputFormat]:
     global _REGISTRY
     if _REGISTRY is None:
-        found: dict[str, OutputFormat] = {}
-        for info in pkgutil.iter_modules(__path__):
-            if info.name.startswith("_") or info.name == "base":
-                continue
-            mod = importlib.import_module(f"{__name__}.{info.name}")
-            for obj in vars(mod).values():
-                if (
-                    isinstance(obj, type)
-                    and issubclass(obj, OutputFormat)
-                    and obj is not OutputFormat
-                    and obj.name
-                    and obj.__module__ == mod.__name__
-                ):
-                    found[obj.name] = obj()
+        found = {name: cls() for name, cls in plugins.discover(__name__, __path__, OutputFormat).items()}
         _REGISTRY = dict(sorted(found.items()))
     return _REGISTRY
 
