@@ -156,15 +156,36 @@ _UNSUPPORTED = re.compile(r"Failed to find python version|Unsupported version|fa
                           r"not a python|Unsupported python", re.I)
 
 
-def classify(returncode: int, stderr: str, target_alive: bool, killed_by_us: bool) -> Failure | None:
-    """Why a py-spy child failed (``None``: it did not)."""
+CAP_SYS_PTRACE = 19
+
+
+def have_cap_sys_ptrace(proc_root: str = "/proc") -> bool:
+    """Is CAP_SYS_PTRACE in this process's effective set (what py-spy inherits)?"""
+    try:
+        with open(os.path.join(proc_root, "self", "status")) as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
+
+
+def classify(returncode: int, stderr: str, target_alive: bool, killed_by_us: bool,
+             can_ptrace: bool = True) -> Failure | None:
+    """Why a py-spy child failed (``None``: it did not).
+
+    Without CAP_SYS_PTRACE py-spy's reads fail in ways it reports as anything
+    from "permission denied" to "failed to find python version"; then any
+    failure on a live target is a permission failure.
+    """
     if killed_by_us:
         return Failure.TIMEOUT
     if returncode == 0:
         return None
     if returncode < 0:
         return Failure.CRASH
-    if _PERMISSION.search(stderr):
+    if _PERMISSION.search(stderr) or (not can_ptrace and target_alive):
         return Failure.PERMISSION
     if not target_alive or _GONE.search(stderr):
         return Failure.TARGET_EXITED
@@ -226,6 +247,10 @@ class PySpySupervisor:
         self.on_discard = on_discard  # a child ended without a usable trace
         self._closing = False
         self.binary = find_pyspy(self.options.binary)
+        self.can_ptrace = have_cap_sys_ptrace(proc_root)
+        if self.binary is not None and not self.can_ptrace:
+            log.warning("no CAP_SYS_PTRACE: py-spy cannot read Python processes, which keep native and "
+                        "kernel stacks only (grant CAP_SYS_PTRACE or run as root)")
         self.proc_root = proc_root
         self._now = clock
         self._targets: dict[int, _Target] = {}
@@ -427,7 +452,7 @@ class PySpySupervisor:
         # A child we stopped exits 0 after writing; SIGINT may also end it by the signal.
         stopped = c.sigint_ns is not None and not c.killed
         failure = None if (trace is not None and (rc == 0 or stopped)) else classify(
-            rc, stderr, self._alive(t.pid), c.killed)
+            rc, stderr, self._alive(t.pid), c.killed, self.can_ptrace)
         if failure is None and trace is None:
             failure = Failure.CRASH
         if failure is not None:

@@ -62,6 +62,11 @@ def test_classify() -> None:
                     False) is Failure.TARGET_EXITED
     assert classify(-11, "", True, False) is Failure.CRASH
     assert classify(-9, "", True, True) is Failure.TIMEOUT
+    # without CAP_SYS_PTRACE py-spy's reads fail in many words; a live target means permission
+    assert classify(1, "Error: Failed to find python version from target process", True, False,
+                    can_ptrace=False) is Failure.PERMISSION
+    assert classify(1, "Error: Check that the process is running.", False, False,
+                    can_ptrace=False) is Failure.TARGET_EXITED
 
 
 def pyspy_children() -> list[int]:
