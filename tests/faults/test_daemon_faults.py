@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import scaled
+from support import scaled
 from daemonproc import BUSY, check_state_dir, metric_value, profile_files, workload
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
@@ -268,7 +268,7 @@ int main(void) { unsigned x = 1; for (long i = 0; i < 400000000L; i++) { x = x *
 def many_stacks_binary(tmp_path: Path) -> Path:
     import shutil
 
-    from conftest import need  # tests/conftest.py
+    from support import need  # tests/conftest.py
 
     gcc = shutil.which("gcc")
     need(gcc is not None, "gcc (Debian gcc, libc6-dev) to build the C workload")

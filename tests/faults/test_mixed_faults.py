@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import need, scaled
+from support import need, scaled
 from daemonproc import check_state_dir
 from test_daemon_faults import record_figure
 

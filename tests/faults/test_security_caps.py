@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SCALE, need
+from support import SCALE, need
 from daemonproc import DaemonProc, base_config
 from test_daemon_faults import record_figure
 

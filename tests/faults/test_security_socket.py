@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import need
+from support import need
 
 pytestmark = [pytest.mark.bpf]
 

@@ -22,7 +22,7 @@ import pytest
 from flamed.bpfsampler import BpfSampler, BpfSamplerOptions, bpf_program
 from flamed.errors import CapabilityError
 from flamed.sampler import Window
-from conftest import ROOT, have_bcc, have_root, need
+from support import ROOT, have_bcc, have_root, need
 
 pytestmark = pytest.mark.bpf
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from flamed.cli import main
-from tests.conftest import DATA, golden, have_root, need
+from support import DATA, golden, have_root, need
 
 FLAMED = [sys.executable, "-m", "flamed"]
 CAPTURES = sorted(

@@ -28,7 +28,7 @@ from flamed.errors import FlamedError
 from flamed.fileio import open_input
 from flamed.folded import read_folded
 from flamed.model import Profile
-from conftest import ROOT, have_bcc, have_root, need
+from support import ROOT, have_bcc, have_root, need
 
 pytestmark = pytest.mark.bpf
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import have_bcc, have_root, need
+from support import have_bcc, have_root, need
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "systemd"

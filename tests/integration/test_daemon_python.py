@@ -22,7 +22,7 @@ import pytest
 
 from flamed.daemon.client import request
 from flamed.folded import read_folded
-from tests.conftest import ROOT
+from support import ROOT
 
 pytestmark = [pytest.mark.bpf, pytest.mark.pyspy, pytest.mark.slow]
 

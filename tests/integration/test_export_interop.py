@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cdp import Browser, CDPError, chromium_path
-from conftest import ARTIFACTS, DATA, ROOT, need
+from support import ARTIFACTS, DATA, ROOT, need
 from flamed.folded import read_folded
 from flamed.model import Profile, Sample
 from flamed.outputs.pprof import top_functions, write_pprof

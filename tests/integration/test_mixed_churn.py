@@ -19,7 +19,7 @@ from flamed.python.mixed import MixedMode, MixedOptions
 from flamed.python.pyspy import PySpyOptions
 from flamed.python.watcher import PyProcess, WatchOptions
 from flamed.sampler import SampleEvent
-from tests.conftest import ROOT
+from support import ROOT
 
 pytestmark = [pytest.mark.bpf, pytest.mark.pyspy, pytest.mark.slow]
 

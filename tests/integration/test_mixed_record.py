@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from support import ROOT
 from tests.workloads.accuracy import accuracy
 
 FLAMED = [sys.executable, "-m", "flamed"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cdp import Browser, chromium_path
-from conftest import ARTIFACTS, DATA, need
+from support import ARTIFACTS, DATA, need
 from flamed.folded import read_folded
 from flamed.model import Profile
 from flamed.outputs.base import OutputOptions

@@ -13,7 +13,7 @@ from pathlib import Path
 from flamed.cli import main
 from flamed.collapse.trace import parse_trace_line
 from flamed.merge import FRESH_ID_BASE
-from tests.conftest import DATA, golden
+from support import DATA, golden
 
 
 def cli(*args: str) -> tuple[int, str]:

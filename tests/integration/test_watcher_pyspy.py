@@ -12,7 +12,7 @@ import pytest
 
 from flamed.python.pyspy import Failure, PySpyOptions, PySpySupervisor, classify
 from flamed.python.watcher import ProcessWatcher, PyProcess, WatchOptions
-from tests.conftest import need
+from support import need
 
 pytestmark = pytest.mark.pyspy
 

@@ -13,7 +13,7 @@ from flamed.collapse.driver import collapse
 from flamed.collapse.trace import format_timestamp, parse_timestamp, parse_trace_line
 from flamed.errors import InputError
 from flamed.model import EMPTY_STACK_FRAME
-from tests.conftest import DATA
+from support import DATA
 
 
 def texts(path: Path | str, **kw: object) -> dict[str, object]:

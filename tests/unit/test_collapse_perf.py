@@ -14,7 +14,7 @@ from flamed.collapse.driver import collapse
 from flamed.collapse.perf import _split_dso, parse_header
 from flamed.errors import InputError
 from flamed.model import EMPTY_STACK_FRAME, Profile
-from tests.conftest import DATA, golden
+from support import DATA, golden
 
 HOSTILE = DATA / "perf" / "hostile.txt"
 

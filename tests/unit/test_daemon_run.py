@@ -26,7 +26,7 @@ from flamed.fileio import open_input
 from flamed.folded import read_folded
 from flamed.sampler import Window
 
-from conftest import have_root, need
+from support import have_root, need
 
 
 def fake_factory(holder: list[FakeSampler], **kw: object):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import DATA
+from support import DATA
 from flamed.cli import main
 from flamed.errors import InputError
 from flamed.folded import read_folded
@@ -241,7 +241,7 @@ def test_cli_export_timeline_from_real_perf_capture(tmp_path: Path) -> None:
 
 
 def test_golden_exports() -> None:
-    from conftest import golden
+    from support import golden
 
     p = real_profile()
     p.sample_rate = 99.0

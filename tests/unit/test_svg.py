@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import DATA, golden
+from support import DATA, golden
 from flamed.cli import main
 from flamed.fastfolded import count_folded, profile_from_counts
 from flamed.folded import ReadStats, read_folded

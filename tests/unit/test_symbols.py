@@ -201,7 +201,7 @@ def test_real_elf_symbols_of_this_process() -> None:
     import ctypes as ct
     import os
 
-    from conftest import have_bcc, need
+    from support import have_bcc, need
 
     need(have_bcc(), "bcc Python binding (Debian python3-bpfcc)")
     addr = ct.cast(ct.CDLL("libc.so.6").getpid, ct.c_void_p).value
