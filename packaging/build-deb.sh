@@ -4,7 +4,7 @@
 #   packaging/build-deb.sh [OUTDIR]       (default: ./build)
 # Layout of the package:
 #   /usr/bin/flamed                      launcher (Debian's /usr/bin/python3, for bcc)
-#   /usr/lib/flamed/site/                flamed + prometheus_client, pyroute2, protobuf (pinned)
+#   /usr/lib/flamed/site/                flamed + prometheus_client, pyroute2, protobuf, google-re2 (pinned)
 #   /usr/lib/flamed/bin/py-spy           py-spy (pinned), found through PATH by the launcher
 #   /usr/share/flamed/bpf/               profile.bpf.c + flamed.h, compiled by bcc at start
 #   /etc/flamed/flamed.toml              documented default config (conffile)
@@ -32,10 +32,10 @@ copy_tree() {  # copy a Python package without caches
     (cd "$1" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - "$2") | (cd "$3" && tar -xf -)
 }
 copy_tree "$HERE" flamed "$R/usr/lib/flamed/site"
-for pkg in prometheus_client pyroute2 google; do
+for pkg in prometheus_client pyroute2 google re2; do
     copy_tree "$SITE" "$pkg" "$R/usr/lib/flamed/site"
 done
-for d in "$SITE"/prometheus_client-*.dist-info "$SITE"/pyroute2-*.dist-info "$SITE"/protobuf-*.dist-info; do
+for d in "$SITE"/prometheus_client-*.dist-info "$SITE"/pyroute2-*.dist-info "$SITE"/protobuf-*.dist-info "$SITE"/google_re2-*.dist-info; do
     copy_tree "$SITE" "$(basename "$d")" "$R/usr/lib/flamed/site"
 done
 install -m 0755 "$VENV/bin/py-spy" "$R/usr/lib/flamed/bin/py-spy"
