@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from flamed.folded import read_folded
 from support import ROOT
 from tests.workloads.accuracy import accuracy
 
@@ -84,6 +85,31 @@ def test_record_pid_with_duration_and_ctrl_c(tmp_path: Path, require_bpf: None, 
     finally:
         target.kill()
         target.wait()
+
+
+def test_record_subprocesses_follows_python_children(tmp_path: Path, require_bpf: None,
+                                                     require_pyspy: str) -> None:
+    parent = tmp_path / "parent.py"
+    parent.write_text(
+        "import subprocess, sys, time\n"
+        "code = 'import time\\ndef child_work(end):\\n    while time.monotonic() < end: pass\\n"
+        "child_work(time.monotonic() + 2.5)\\n'\n"
+        "p = subprocess.Popen([sys.executable, '-c', code])\n"
+        "def parent_work(end):\n    while time.monotonic() < end: sum(range(100))\n"
+        "parent_work(time.monotonic() + 2.5)\n"
+        "sys.exit(p.wait() + 3)\n")
+    out = tmp_path / "sub.folded"
+    r = run_record(["--subprocesses", "-o", str(out), "--", sys.executable, str(parent)])
+    assert r.returncode == 3, r.stderr
+    p = read_folded(out.open("rb"))
+    roots: dict[str, set[str]] = {}
+    for stack in p.stacks:
+        for f in stack[1:]:
+            if f.startswith(("child_work (", "parent_work (")):
+                roots.setdefault(f.split(" ")[0], set()).add(stack[0])
+    # each function under its own process's root frame (--root pid by default with --subprocesses)
+    assert set(roots) == {"child_work", "parent_work"}, roots
+    assert roots["child_work"].isdisjoint(roots["parent_work"]), roots
 
 
 def test_record_interrupted_early_still_writes(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
