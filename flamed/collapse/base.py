@@ -123,6 +123,9 @@ class Collapser:
     description: ClassVar[str] = ""
     #: True when :meth:`samples` gives timestamps (usable by ``flamed merge``).
     timestamped: ClassVar[bool] = False
+    #: True when every weight is an int: the driver may then sum large files by
+    #: byte range in parallel (float sums would depend on the grouping).
+    integer_weights: ClassVar[bool] = False
 
     def detect(self, head: bytes) -> int:
         """Confidence 0..100 that ``head`` (the first KBs of an input) is this format."""

@@ -14,6 +14,7 @@ is held: memory is the unique stacks plus a few chunks, whatever the input size.
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import multiprocessing.pool
 import os
@@ -107,6 +108,99 @@ def _parse_task(task: tuple[str, bytes, str, int]) -> ChunkResult:
         assert _OPTIONS is not None
         p = _PARSERS[fmt] = get(fmt).parser(_OPTIONS)
     return p.parse(data, source=source, first_line=first_line)
+
+
+class _RangeReader:
+    """Reads ``[start, end)`` of a regular file, then reports end of file."""
+
+    def __init__(self, f: BinaryIO, start: int, end: int) -> None:
+        f.seek(start)
+        self._f = f
+        self._left = end - start
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left <= 0:
+            return b""
+        d = self._f.read(self._left if n < 0 else min(n, self._left))
+        self._left -= len(d)
+        return d
+
+
+def _merge_part(acc: ChunkResult, part: ChunkResult) -> None:
+    """Add ``part`` to ``acc`` (both in input order; weights are integers here)."""
+    acc.stats.merge(part.stats)
+    acc.notes.update(part.notes)
+    for ev in part.order:
+        src = part.groups[ev]
+        dst = acc.groups.get(ev)
+        if dst is None:
+            acc.groups[ev] = dst = {}
+            acc.order.append(ev)
+        if not dst:
+            dst.update(src)
+        else:
+            get_ = dst.get
+            for k, w in src.items():
+                dst[k] = get_(k, 0) + w
+    if part.start_ns is not None and (acc.start_ns is None or part.start_ns < acc.start_ns):
+        acc.start_ns = part.start_ns
+    if part.end_ns is not None and (acc.end_ns is None or part.end_ns > acc.end_ns):
+        acc.end_ns = part.end_ns
+
+
+def _parse_range(
+    fmt: str, path: str, start: int, end: int, source: str, chunk_bytes: int, options: CollapseOptions
+) -> tuple[ChunkResult, int, int]:
+    """One byte range of a regular file, read here and summed into one result.
+
+    Line numbers in the result's errors count from the start of the range; the
+    caller shifts them.  Returns ``(result, lines, bytes)``.
+    """
+    collapser = get(fmt)
+    parser = collapser.parser(options)
+    acc = ChunkResult()
+    lines = [0]
+    nbytes = 0
+    with open(path, "rb") as f:
+        for chunk, first in iter_chunks(_RangeReader(f, start, end), collapser, chunk_bytes=chunk_bytes, lines=lines):  # type: ignore[arg-type]
+            nbytes += len(chunk)
+            _merge_part(acc, parser.parse(chunk, source=source, first_line=first))
+    return acc, lines[0], nbytes
+
+
+def _range_cuts(path: str, size: int, collapser: Collapser, parts: int) -> list[int]:
+    """Offsets cutting ``path`` into ``parts`` ranges of about equal size at record boundaries."""
+    cuts = [0]
+    with open(path, "rb") as f:
+        for i in range(1, parts):
+            target = size * i // parts
+            back = 1 << 16
+            while True:
+                lo = max(cuts[-1], target - back)
+                f.seek(lo)
+                buf = f.read(target - lo)
+                cut = collapser.boundary(buf)
+                if cut > 0:
+                    cuts.append(lo + cut)
+                    break
+                if lo == cuts[-1]:
+                    break  # no boundary since the previous cut: merge the ranges
+                back *= 4
+    cuts.append(size)
+    return sorted(set(cuts))
+
+
+def _shift_errors(errors: list[str], source: str, by: int) -> list[str]:
+    """``source:LINE: why`` with LINE increased by ``by``."""
+    out = []
+    pre = source + ":"
+    for e in errors:
+        if by and e.startswith(pre):
+            n, sep, why = e[len(pre) :].partition(":")
+            if sep and n.isdigit():
+                e = f"{pre}{int(n) + by}:{why}"
+        out.append(e)
+    return out
 
 
 # -- chunking ----------------------------------------------------------------
@@ -252,11 +346,44 @@ def collapse(
             finally:
                 stream.close()
 
+    ranged = _ranged_inputs(inputs, fmt, jobs, chunk_bytes) if jobs > 1 and not opts.strict else None
+    if ranged is not None:
+        # Regular files: each process (this one included) reads and collapses
+        # its own byte range and sends back one summed result, so no input
+        # passes through this process and only unique stacks travel.
+        ctx = multiprocessing.get_context("fork")
+        rpool = ctx.Pool(jobs - 1)
+        try:
+            for path, name, collapser, size in ranged:
+                result.formats[name] = collapser.name
+                cuts = _range_cuts(path, size, collapser, jobs)
+                args = [(collapser.name, path, a, b, name, chunk_bytes, opts) for a, b in zip(cuts, cuts[1:])]
+                remote = [rpool.apply_async(_parse_range, a) for a in args[1:]]
+                parts = [_parse_range(*args[0])]
+                if prog is not None:
+                    prog.advance(parts[0][2])
+                for r in remote:
+                    parts.append(r.get())
+                    if prog is not None:
+                        prog.advance(parts[-1][2])
+                # Ranges are summed in input order, so events keep their order of
+                # first appearance and the first errors stay the first.
+                base = 0
+                for part, nlines, _ in parts:
+                    part.stats.first_errors = _shift_errors(part.stats.first_errors, name, base)
+                    merge(part)
+                    base += nlines
+                lines_seen[0] += base
+        finally:
+            rpool.terminate()
+            rpool.join()
+        inputs = []
+
     local: dict[str, ChunkParser] = {}
     pool = None
     try:
         window: deque[multiprocessing.pool.AsyncResult[ChunkResult]] = deque()
-        it = tasks()
+        it = tasks() if inputs else iter(())
         first = next(it, None)
         second = next(it, None) if first is not None else None
         if second is None:
@@ -334,6 +461,31 @@ def collapse(
     result.profile = Profile(stacks=stacks, start_ns=lo, end_ns=hi)
     result.messages.extend(sorted(notes))
     return result
+
+
+def _ranged_inputs(
+    inputs: Sequence[str | None], fmt: str | None, jobs: int, chunk_bytes: int
+) -> list[tuple[str, str, Collapser, int]] | None:
+    """``(path, name, format, size)`` of each input when all can be read by range, else None.
+
+    That takes regular uncompressed files (workers seek in them), large enough
+    for a few chunks per process, of formats whose weights are integers (so
+    summing per range, then ranges, gives exactly the sums of ``--jobs 1``).
+    """
+    out: list[tuple[str, str, Collapser, int]] = []
+    for path in inputs:
+        size = input_size(path)
+        if path is None or size is None or size < 2 * jobs * chunk_bytes:
+            return None
+        stream, _, collapser = open_with_format(path, fmt)
+        try:
+            plain = type(stream) is io.BufferedReader
+        finally:
+            stream.close()
+        if not plain or not collapser.integer_weights:
+            return None
+        out.append((str(path), input_name(path), collapser, size))
+    return out
 
 
 def _fmt_w(w: Weight) -> str:

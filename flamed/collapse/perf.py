@@ -81,6 +81,7 @@ class PerfCollapser(Collapser):
     name = "perf"
     description = "perf script text (perf record -g; perf script [-F ...])"
     timestamped = True
+    integer_weights = True
 
     def detect(self, head: bytes) -> int:
         lines = first_lines(head)
