@@ -174,3 +174,27 @@ def test_detect() -> None:
     perf = get("perf")
     assert perf.detect(HOSTILE.read_bytes()[:4096]) >= 90
     assert perf.detect(b"a;b;c 1\n") == 0
+
+
+def test_parallel_ranges_equal_serial_with_errors_and_events(tmp_path: Path) -> None:
+    # A regular file large enough for the by-range path of --jobs 3 (each process
+    # reads its own range): stacks, event order, counts and the line numbers of
+    # errors found in the later ranges must be those of --jobs 1.
+    sample = b"dd 1 [000] 1.0: %d %s: \n\t 1 f%d (/bin/dd)\n\t 2 main (/bin/dd)\n\n"
+    parts = []
+    for i in range(3000):
+        parts.append(sample % (i % 7 + 1, b"cycles" if i > 1500 else b"cpu-clock", i % 50))
+        if i in (1700, 2900):
+            parts.append(b"??? not a header\n\t 1 x (/y)\n\n")
+    f = tmp_path / "big.txt"
+    f.write_bytes(b"".join(parts))
+    chunk = 4096
+    assert f.stat().st_size > 2 * 3 * chunk
+    serial = collapse([str(f)], jobs=1, chunk_bytes=chunk)
+    par = collapse([str(f)], jobs=3, chunk_bytes=chunk)
+    assert par.profile.stacks == serial.profile.stacks and sum(serial.profile.stacks.values()) > 0
+    assert list(par.events.items()) == list(serial.events.items()) == [("cpu-clock", serial.events["cpu-clock"]), ("cycles", serial.events["cycles"])]
+    assert par.stats.lines == serial.stats.lines and par.stats.records == serial.stats.records
+    assert par.stats.skipped == serial.stats.skipped == 2
+    assert par.stats.first_errors == serial.stats.first_errors
+    assert ":6805:" in serial.stats.first_errors[0]
