@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import multiprocessing.pool
+import multiprocessing.sharedctypes
 import os
 import sys
 import time
@@ -149,23 +150,47 @@ def _merge_part(acc: ChunkResult, part: ChunkResult) -> None:
 
 
 def _parse_range(
-    fmt: str, path: str, start: int, end: int, source: str, chunk_bytes: int, options: CollapseOptions
-) -> tuple[ChunkResult, int, int]:
+    parser: ChunkParser, collapser: Collapser, path: str, start: int, end: int, source: str, chunk_bytes: int
+) -> tuple[ChunkResult, int]:
     """One byte range of a regular file, read here and summed into one result.
 
     Line numbers in the result's errors count from the start of the range; the
-    caller shifts them.  Returns ``(result, lines, bytes)``.
+    caller shifts them.  Returns ``(result, lines)``.
     """
-    collapser = get(fmt)
-    parser = collapser.parser(options)
     acc = ChunkResult()
     lines = [0]
-    nbytes = 0
     with open(path, "rb") as f:
         for chunk, first in iter_chunks(_RangeReader(f, start, end), collapser, chunk_bytes=chunk_bytes, lines=lines):  # type: ignore[arg-type]
-            nbytes += len(chunk)
             _merge_part(acc, parser.parse(chunk, source=source, first_line=first))
-    return acc, lines[0], nbytes
+    return acc, lines[0]
+
+
+#: Index of the next range to take, shared by the processes of one run (set before forking).
+_NEXT_RANGE: multiprocessing.sharedctypes.Synchronized[int] | None = None  # type: ignore[name-defined]
+
+
+def _take_ranges(
+    fmt: str, path: str, cuts: list[int], source: str, chunk_bytes: int, options: CollapseOptions
+) -> list[tuple[int, ChunkResult, int]]:
+    """Take ranges until none is left: ``(index, result, lines)`` of each one taken.
+
+    Ranges are taken one at a time from a shared counter, so a process that
+    gets less CPU (a busy machine) takes fewer of them instead of holding the
+    others up.
+    """
+    counter = _NEXT_RANGE
+    assert counter is not None
+    collapser = get(fmt)
+    parser = collapser.parser(options)  # one per process: its caches warm up over the ranges it takes
+    out: list[tuple[int, ChunkResult, int]] = []
+    while True:
+        with counter.get_lock():
+            i = counter.value
+            counter.value = i + 1
+        if i >= len(cuts) - 1:
+            return out
+        res, n = _parse_range(parser, collapser, path, cuts[i], cuts[i + 1], source, chunk_bytes)
+        out.append((i, res, n))
 
 
 def _range_cuts(path: str, size: int, collapser: Collapser, parts: int) -> list[int]:
@@ -349,27 +374,33 @@ def collapse(
     ranged = _ranged_inputs(inputs, fmt, jobs, chunk_bytes) if jobs > 1 and not opts.strict else None
     if ranged is not None:
         # Regular files: each process (this one included) reads and collapses
-        # its own byte range and sends back one summed result, so no input
-        # passes through this process and only unique stacks travel.
+        # byte ranges of the file itself and sends back one summed result per
+        # range, so no input passes through this process and only unique
+        # stacks travel.
+        global _NEXT_RANGE
         ctx = multiprocessing.get_context("fork")
+        _NEXT_RANGE = ctx.Value("l", 0)
         rpool = ctx.Pool(jobs - 1)
         try:
             for path, name, collapser, size in ranged:
                 result.formats[name] = collapser.name
-                cuts = _range_cuts(path, size, collapser, jobs)
-                args = [(collapser.name, path, a, b, name, chunk_bytes, opts) for a, b in zip(cuts, cuts[1:])]
-                remote = [rpool.apply_async(_parse_range, a) for a in args[1:]]
-                parts = [_parse_range(*args[0])]
-                if prog is not None:
-                    prog.advance(parts[0][2])
+                # A few ranges per process: small enough to balance the load,
+                # large enough that each one's result (its unique stacks) is
+                # worth sending.
+                cuts = _range_cuts(path, size, collapser, max(jobs, min(4 * jobs, size // chunk_bytes)))
+                _NEXT_RANGE.value = 0
+                args = (collapser.name, path, cuts, name, chunk_bytes, opts)
+                remote = [rpool.apply_async(_take_ranges, args) for _ in range(jobs - 1)]
+                parts = _take_ranges(*args)
                 for r in remote:
-                    parts.append(r.get())
-                    if prog is not None:
-                        prog.advance(parts[-1][2])
+                    parts.extend(r.get())
+                if prog is not None:
+                    prog.advance(size)
                 # Ranges are summed in input order, so events keep their order of
                 # first appearance and the first errors stay the first.
+                parts.sort(key=lambda t: t[0])
                 base = 0
-                for part, nlines, _ in parts:
+                for _, part, nlines in parts:
                     part.stats.first_errors = _shift_errors(part.stats.first_errors, name, base)
                     merge(part)
                     base += nlines
@@ -377,6 +408,7 @@ def collapse(
         finally:
             rpool.terminate()
             rpool.join()
+            _NEXT_RANGE = None
         inputs = []
 
     local: dict[str, ChunkParser] = {}
