@@ -10,6 +10,15 @@ are added in the same order, so ``--jobs N`` gives exactly the bytes of
 
 Only ``2 * jobs`` chunks are in flight at once, and nothing else of the input
 is held: memory is the unique stacks plus a few chunks, whatever the input size.
+
+Regular uncompressed files of a format with integer weights (perf script) are
+not piped through the parent: the file is cut at record boundaries into about
+four byte ranges per process, and every process -- the parent too -- takes
+ranges from a shared counter, reads them itself and sends back one summed
+result per range.  Results are added in range order, with error line numbers
+shifted by the lines before the range, so the output is still that of
+``--jobs 1`` (integer sums do not depend on the grouping).  Stdin, pipes,
+gzip and ``--strict`` keep the chunk-pipe path.
 """
 
 from __future__ import annotations
