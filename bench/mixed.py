@@ -4,7 +4,8 @@ Accuracy: tests/workloads/phases.py alternates a syscall-heavy and a compute
 Python function in phases of 20, 50 and 200 ms; `flamed record -r 199`
 (py-spy non-blocking, 100 Hz) records it R times per phase length with each
 placement method, and tests/workloads/accuracy.py scores the timeline:
-  likelihood  -- the default (uprobe clock, read times, signature likelihood)
+  likelihood  -- the default (uprobe clock, signature likelihood)
+  read-times  -- the same, samples timed by py-spy's process_vm_readv (--read-times)
   midpoint    -- --no-refine (uprobe clock, change at the gap's midpoint)
   no-uprobe   -- --no-clock-uprobe --no-refine (py-spy's start guessed from its spawn)
 
@@ -39,7 +40,8 @@ from tests.workloads.accuracy import accuracy  # noqa: E402
 PY = sys.executable
 FLAMED = [PY, "-m", "flamed", "record"]
 PHASES = str(ROOT / "tests" / "workloads" / "phases.py")
-METHODS = {"likelihood": [], "midpoint": ["--no-refine"], "no-uprobe": ["--no-clock-uprobe", "--no-refine"]}
+METHODS = {"likelihood": [], "read-times": ["--read-times"], "midpoint": ["--no-refine"],
+           "no-uprobe": ["--no-clock-uprobe", "--no-refine"]}
 
 WORK = r"""
 import os, sys, time
@@ -136,9 +138,10 @@ def bench_accuracy(repeat: int, tmp: Path, raw: dict[str, object]) -> None:
 def bench_overhead(repeat: int, iters: int, tmp: Path, raw: dict[str, object]) -> None:
     print(f"# overhead: {iters} work units, {repeat} interleaved rounds (median); load {os.getloadavg()[0]:.1f}")
     print("# wall: elapsed seconds; cpu: the workload's own CPU seconds (less sensitive to the host's load)")
-    print(f"{'mode':>22} {'wall s':>8} {'slowdown':>9} {'cpu s':>7} {'cpu +':>7} {'py-spy cpu':>11} {'py-spy rss':>11}")
+    print(f"{'mode':>28} {'wall s':>8} {'slowdown':>9} {'cpu s':>7} {'cpu +':>7} {'py-spy cpu':>11} {'py-spy rss':>11}")
     modes = {"alone": None, "record, BPF only": ["--pyspy", "/nonexistent/py-spy"],
-             "record non-blocking": [], "record --blocking": ["--blocking"]}
+             "record non-blocking": [], "non-blocking + read times": ["--read-times"],
+             "record --blocking": ["--blocking"]}
     results: dict[str, list[tuple[tuple[float, float], dict[str, float]]]] = {m: [] for m in modes}
     # Round-robin, so that the host's load drifts over every mode alike.
     for _ in range(repeat):
@@ -150,13 +153,13 @@ def bench_overhead(repeat: int, iters: int, tmp: Path, raw: dict[str, object]) -
         w = statistics.median(r[0][0] for r in runs)
         c = statistics.median(r[0][1] for r in runs)
         if name == "alone":
-            print(f"{name:>22} {w:>8.3f} {'':>9} {c:>7.3f} {'':>7}")
+            print(f"{name:>28} {w:>8.3f} {'':>9} {c:>7.3f} {'':>7}")
             continue
         spy = [r[1] for r in runs if r[1]]
         cpu = statistics.median(x.get("cpu_s", 0.0) / max(x.get("age_s", 1e-9), 1e-9) for x in spy) if spy else 0.0
         rss = max((x.get("rss_mb", 0.0) for x in spy), default=0.0)
         spy_cols = f"{100 * cpu:>10.1f}% {rss:>8.0f} MB" if spy else f"{'-':>11} {'-':>11}"
-        print(f"{name:>22} {w:>8.3f} {100 * (w / base_w - 1):>8.1f}% {c:>7.3f} {100 * (c / base_c - 1):>6.1f}% "
+        print(f"{name:>28} {w:>8.3f} {100 * (w / base_w - 1):>8.1f}% {c:>7.3f} {100 * (c / base_c - 1):>6.1f}% "
               f"{spy_cols}")
         raw[f"over_{name}"] = runs
 

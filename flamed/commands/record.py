@@ -80,6 +80,9 @@ class RecordCommand(Command):
                             help="place stack changes at the midpoint, without the signature likelihood")
         parser.add_argument("--no-clock-uprobe", action="store_true",
                             help="do not calibrate py-spy's clock by a uprobe (guess it from its start; for comparison)")
+        parser.add_argument("--read-times", action="store_true",
+                            help="time py-spy's samples by its process_vm_readv calls (a tracepoint that makes "
+                                 "every syscall on the host take the traced path; for comparison)")
         parser.add_argument("--no-bpf", action="store_true", help="py-spy alone, even when BPF is available")
         parser.add_argument("--timeline", metavar="FILE",
                             help="also write every mixed sample as 'MONOTONIC_NS PID TID STACK' lines")
@@ -153,6 +156,7 @@ class RecordCommand(Command):
                                        scan_interval_s=1.0, exclude_self=True, max_watched=32),
                     join=JoinOptions(refine=not args.no_refine),
                     clock=not args.no_clock_uprobe,
+                    vm_readv=args.read_times,
                 )
                 # Everything that compiles (BPF) is ready before the command starts,
                 # so a short command is recorded from its first samples.

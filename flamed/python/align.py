@@ -241,9 +241,15 @@ def fit_clock(trace: PyTrace, hits_ns: Sequence[int], *, spawn_ns: int | None = 
                     spread_ns=offsets[-1] - offsets[0])
 
 
+#: Increment calls of one sample (one per thread) follow each other within
+#: microseconds; a py-spy catching up after a late wakeup takes samples back to
+#: back, but each costs it a read of the target, hundreds of microseconds.
+SAMPLE_GAP_NS = 150_000
+
+
 def sample_times(hits_ns: Sequence[int], interval_ns: int) -> list[int]:
     """Start of each py-spy sample: bursts of increment calls (one per thread)."""
-    return _bursts(hits_ns, min(interval_ns // 2, 2_000_000))
+    return _bursts(hits_ns, min(interval_ns // 2, SAMPLE_GAP_NS))
 
 
 def _bursts(times: Sequence[int], gap: int) -> list[int]:

@@ -46,8 +46,10 @@ class MixedOptions:
 
     pyspy / watch / join: the parts' options (see their classes).
     clock: calibrate py-spy's clock with the uprobe of bpf/pyspy_clock.bpf.c (default True).
-    vm_readv: also trace py-spy's process_vm_readv calls, the exact time of each
-        sample (a filtered syscall tracepoint: tens of ns on every syscall; default True).
+    vm_readv: also trace py-spy's process_vm_readv calls and time samples by their
+        reads (a filtered syscall tracepoint: tens of ns on every syscall of the
+        host).  Measured less accurate than the increment times, because py-spy
+        also reads outside its samples (default False).
     active_only: give py-spy (and timestamped events) only to Python processes
         the sampler saw on a CPU: a found process is a candidate until a drained
         window counts ``active_min_samples`` samples for it, and goes back to
@@ -61,7 +63,7 @@ class MixedOptions:
     watch: WatchOptions = field(default_factory=WatchOptions)
     join: JoinOptions = field(default_factory=JoinOptions)
     clock: bool = True
-    vm_readv: bool = True
+    vm_readv: bool = False
     active_only: bool = False
     active_min_samples: int = 1
     idle_windows: int = 6

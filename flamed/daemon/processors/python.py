@@ -45,7 +45,8 @@ class PythonProcessorOptions:
     refine: place stack changes by signature likelihood (default true).
     clock_uprobe: calibrate py-spy's clock by a uprobe on its recorder (default true).
     vm_readv_tracepoint: time py-spy's samples by its process_vm_readv calls (a
-        syscall tracepoint filtered to py-spy: tens of ns per syscall host-wide; default true).
+        syscall tracepoint filtered to py-spy: tens of ns per syscall host-wide;
+        default false: the recorder's own calls measured more accurate).
     active_min_samples: a Python process gets py-spy once a window counts this
         many of its samples (default 1): idle interpreters cost nothing.
     idle_windows: windows without a sample before its py-spy is stopped (default 6).
@@ -67,7 +68,7 @@ class PythonProcessorOptions:
     scan_interval: float = 5.0
     refine: bool = True
     clock_uprobe: bool = True
-    vm_readv_tracepoint: bool = True
+    vm_readv_tracepoint: bool = False
     active_min_samples: int = 1
     idle_windows: int = 6
 
