@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
 """The daemon's cost while a fixed CPU-bound workload runs (driven by bench/daemon.sh).
 
-Per rate: the workload (a C loop doing a fixed amount of work, one copy per
-CPU, so every CPU is busy and sampled) runs without the daemon, then for
+Per rate, two measurements.  Cost: the workload (a C loop doing a fixed
+amount of work, one copy per CPU, so every CPU is busy and sampled) runs for
 SECONDS with the daemon sampling at that rate (defaults otherwise: drain every
-10 s, a file per 60 s; mixed mode off, to measure the daemon itself), then
-without it again.  Slowdown compares the median run time with and without the
-daemon, in the same invocation.  Daemon CPU is utime+stime of its process from
-/proc/PID/stat over the sampling period; BPF time is the delta of run_time_ns
-of the program ``flamed_sample`` (``bpftool prog show``, with
-kernel.bpf_stats_enabled=1, restored afterwards).  RSS is VmRSS at the end and
-VmHWM (peak).  The machine may be shared: the load average is printed.
+10 s, a file per 60 s; mixed mode off, to measure the daemon itself).  Daemon
+CPU is utime+stime of its process from /proc/PID/stat over that period; BPF
+time is the delta of run_time_ns of this daemon's programs (``bpftool prog
+show``, with kernel.bpf_stats_enabled=1, restored afterwards); RSS is VmRSS at
+the end and VmHWM (peak).  "daemon+BPF % of all CPUs" is the share of the
+machine's CPU time they took from the workload: the slowdown they can cause.
+
+Slowdown: ``--pairs`` times, one batch without the daemon, then the daemon
+started and one batch with it; the median and range of the per-pair ratios
+of the workload's CPU time (wait4 rusage) and wall time.  The machine may be
+shared: the load average is printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,6 +125,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--rates", default="19 99")
     ap.add_argument("--run-seconds", type=float, default=5.0, help="length of one workload run")
+    ap.add_argument("--pairs", type=int, default=6, help="(without, with) pairs for the slowdown")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench/daemon.sh: needs root (BPF)", file=sys.stderr)
@@ -129,7 +136,7 @@ def main() -> int:
             return 1
     copies = os.cpu_count() or 1
     old_stats = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
-    rows = []
+    rows, slow = [], []
     with tempfile.TemporaryDirectory(prefix="flamed-bench-") as t:
         tmp = Path(t)
         exe = build(tmp)
@@ -138,23 +145,26 @@ def main() -> int:
         try:
             for rate in [int(r) for r in args.rates.split()]:
                 rows.append(measure(tmp, exe, n, copies, rate, args.seconds))
+                slow.append(slowdown(tmp, exe, n, copies, rate, args.pairs))
         finally:
             Path("/proc/sys/kernel/bpf_stats_enabled").write_text(old_stats)
     print()
     print(f"flamed daemon cost, {args.seconds:g} s per rate, {copies} CPUs, workload: {copies} x fixed C loop "
           f"(~{args.run_seconds:g} s per run), load average {os.getloadavg()[0]:.2f}")
-    hdr = ("rate Hz", "daemon CPU %core", "BPF %core", "BPF ns/run", "BPF runs", "workload CPU s",
-           "with daemon CPU s", "slowdown CPU %", "slowdown wall %", "RSS MB", "anon RSS MB", "peak RSS MB")
-    print(" | ".join(hdr))
-    print(" | ".join("---" for _ in hdr))
-    for r in rows:
-        print(" | ".join(str(x) for x in r))
+    hdr = ("rate Hz", "daemon CPU %core", "BPF %core", "BPF ns/run", "BPF runs",
+           "daemon+BPF % of all CPUs", "RSS MB", "anon RSS MB", "peak RSS MB")
+    table(hdr, rows)
+    print()
+    print("workload slowdown with the daemon, per (without, with) pair of batches; median and range")
+    table(("rate Hz", "pairs", "CPU time %", "CPU range", "wall %", "wall range"), slow)
     return 0
 
 
-def measure(tmp: Path, exe: Path, n: int, copies: int, rate: int, seconds: float) -> tuple[object, ...]:
-    base = run_batch(exe, n, copies) + run_batch(exe, n, copies)
+@contextlib.contextmanager
+def running_daemon(tmp: Path, rate: int) -> Iterator[subprocess.Popen[bytes]]:
+    """The daemon at ``rate`` Hz (default config otherwise, mixed mode off), until the block ends."""
     cfg = tmp / f"bench-{rate}.toml"
+    sock = tmp / f"flamed-{rate}.sock"
     cfg.write_text(f"""
 [sampling]
 frequency = {rate}
@@ -163,31 +173,23 @@ state_dir = "{tmp / f'profiles-{rate}'}"
 [metrics]
 address = "127.0.0.1:0"
 [control]
-socket = "{tmp / f'flamed-{rate}.sock'}"
+socket = "{sock}"
 [log]
 target = "stderr"
 [processors.python]
 enabled = false
 """)
-    log = open(tmp / f"daemon-{rate}.log", "w")
+    log = open(tmp / f"daemon-{rate}.log", "a")
     d = subprocess.Popen([str(ROOT / ".venv" / "bin" / "python"), "-m", "flamed", "daemon", "--config", str(cfg)],
                          stderr=log, cwd=ROOT)
     try:
         deadline = time.monotonic() + 120
-        while not (tmp / f"flamed-{rate}.sock").exists():
+        while not sock.exists():
             if d.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"daemon did not start; see {tmp}/daemon-{rate}.log")
             time.sleep(0.2)
         time.sleep(1.0)  # past start-up (bcc compile), which is not steady-state cost
-        ids = prog_ids(d.pid)
-        if not ids:
-            raise SystemExit("the daemon holds no BPF program")
-        cpu0, (bpf0, cnt0), t0 = proc_cpu(d.pid), bpf_runtime(ids), time.monotonic()
-        with_d: list[tuple[float, float]] = []
-        while time.monotonic() - t0 < seconds:
-            with_d += run_batch(exe, n, copies)
-        cpu1, (bpf1, cnt1), t1 = proc_cpu(d.pid), bpf_runtime(ids), time.monotonic()
-        rss, anon, hwm = proc_mem(d.pid)
+        yield d
     finally:
         d.send_signal(signal.SIGTERM)
         try:
@@ -196,13 +198,54 @@ enabled = false
             d.kill()
             d.wait()
         log.close()
-    base += run_batch(exe, n, copies) + run_batch(exe, n, copies)
+
+
+def table(hdr: tuple[str, ...], rows: list[tuple[object, ...]]) -> None:
+    print(" | ".join(hdr))
+    print(" | ".join("---" for _ in hdr))
+    for r in rows:
+        print(" | ".join(str(x) for x in r))
+
+
+def measure(tmp: Path, exe: Path, n: int, copies: int, rate: int, seconds: float) -> tuple[object, ...]:
+    with running_daemon(tmp, rate) as d:
+        ids = prog_ids(d.pid)
+        if not ids:
+            raise SystemExit("the daemon holds no BPF program")
+        cpu0, (bpf0, cnt0), t0 = proc_cpu(d.pid), bpf_runtime(ids), time.monotonic()
+        runs = 0
+        while time.monotonic() - t0 < seconds:
+            run_batch(exe, n, copies)
+            runs += 1
+        cpu1, (bpf1, cnt1), t1 = proc_cpu(d.pid), bpf_runtime(ids), time.monotonic()
+        rss, anon, hwm = proc_mem(d.pid)
     el = t1 - t0
-    bw, ww = statistics.median(x[0] for x in base), statistics.median(x[0] for x in with_d)
-    bc, wc = statistics.median(x[1] for x in base), statistics.median(x[1] for x in with_d)
-    return (rate, f"{100 * (cpu1 - cpu0) / el:.2f}", f"{100 * (bpf1 - bpf0) / 1e9 / el:.3f}",
-            f"{(bpf1 - bpf0) / max(1, cnt1 - cnt0):.0f}", cnt1 - cnt0, f"{bc:.3f}", f"{wc:.3f}",
-            f"{100 * (wc / bc - 1):+.2f}", f"{100 * (ww / bw - 1):+.2f}", f"{rss / 2**20:.0f}", f"{anon / 2**20:.0f}", f"{hwm / 2**20:.0f}")
+    daemon_core = (cpu1 - cpu0) / el
+    bpf_core = (bpf1 - bpf0) / 1e9 / el
+    return (rate, f"{100 * daemon_core:.2f}", f"{100 * bpf_core:.3f}",
+            f"{(bpf1 - bpf0) / max(1, cnt1 - cnt0):.0f}", cnt1 - cnt0,
+            f"{100 * (daemon_core + bpf_core) / copies:.2f}",
+            f"{rss / 2**20:.0f}", f"{anon / 2**20:.0f}", f"{hwm / 2**20:.0f}")
+
+
+def slowdown(tmp: Path, exe: Path, n: int, copies: int, rate: int, pairs: int) -> tuple[object, ...]:
+    """``pairs`` back-to-back (without, with) batches, the daemon started for each "with".
+
+    Pairing adjacent runs cancels the slow drift of a VM's CPU speed, which
+    is larger than the effect; the spread of the per-pair ratios says how far
+    the median can be trusted.
+    """
+    cpu_r, wall_r = [], []
+    for _ in range(pairs):
+        base = run_batch(exe, n, copies)
+        with running_daemon(tmp, rate):
+            with_d = run_batch(exe, n, copies)
+        bc, wc = statistics.mean(x[1] for x in base), statistics.mean(x[1] for x in with_d)
+        bw, ww = statistics.mean(x[0] for x in base), statistics.mean(x[0] for x in with_d)
+        cpu_r.append(100 * (wc / bc - 1))
+        wall_r.append(100 * (ww / bw - 1))
+    return (rate, pairs, f"{statistics.median(cpu_r):+.2f}", f"{min(cpu_r):+.2f} .. {max(cpu_r):+.2f}",
+            f"{statistics.median(wall_r):+.2f}", f"{min(wall_r):+.2f} .. {max(wall_r):+.2f}")
 
 
 if __name__ == "__main__":

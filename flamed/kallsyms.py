@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import bisect
 import logging
+from array import array
+from itertools import accumulate
 from pathlib import Path
 
 log = logging.getLogger("flamed.symbols")
@@ -24,22 +26,30 @@ class Kallsyms:
     """A :class:`flamed.symbols.Resolver` for the kernel (the ``pid`` is ignored)."""
 
     def __init__(self, pid: int = -1, path: Path = Path("/proc/kallsyms")) -> None:
-        rows: list[tuple[int, bytes]] = []
+        # ~120,000 code symbols: kept as an address array and one blob of names
+        # (about 4 MB) rather than Python ints and bytes objects (about 20 MB).
+        addrs = array("Q")
+        names: list[bytes] = []
         with open(path, "rb") as f:
             for line in f:
                 parts = line.split(None, 3)
                 if len(parts) < 3 or parts[1][0] not in _CODE:
                     continue
-                rows.append((int(parts[0], 16), parts[2]))
-        rows.sort()
-        self.hidden = not rows or rows[-1][0] == 0
+                addrs.append(int(parts[0], 16))
+                names.append(parts[2])
+        if any(addrs[i] > addrs[i + 1] for i in range(len(addrs) - 1)):
+            order = sorted(range(len(addrs)), key=addrs.__getitem__)
+            addrs = array("Q", (addrs[i] for i in order))
+            names = [names[i] for i in order]
+        self.hidden = not addrs or addrs[-1] == 0
         if self.hidden:
             log.warning(
                 "%s shows no kernel addresses to this process: kernel frames will be [unknown]_[k]; "
                 "run as root or grant CAP_SYSLOG (kernel.kptr_restrict=2 hides them from everyone)", path)
-            rows = []
-        self._starts = [a for a, _ in rows]
-        self._names = [n for _, n in rows]
+            addrs, names = array("Q"), []
+        self._starts = addrs
+        self._blob = b"".join(names)
+        self._ends = array("L", accumulate(len(n) for n in names))
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -48,11 +58,12 @@ class Kallsyms:
         i = bisect.bisect_right(self._starts, addr) - 1
         if i < 0:
             return None, None
-        return self._names[i], b"kernel"
+        return self._blob[self._ends[i - 1] if i else 0:self._ends[i]], b"kernel"
 
     def refresh(self) -> None:  # modules loaded later: not worth a re-read per drain
         pass
 
     def close(self) -> None:
-        self._starts = []
-        self._names = []
+        self._starts = array("Q")
+        self._blob = b""
+        self._ends = array("L")

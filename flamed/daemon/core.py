@@ -163,9 +163,9 @@ class Daemon:
         self.store.apply_retention()
         self.sampler = self.sampler_factory(cfg)
         self.sampler.start()
-        _release_heap()
         try:
             self._start_processors(cfg)
+            _release_heap()  # after every compile (sampler, Python clock)
             try:
                 self.metrics_server.start(cfg.metrics.address)
             except OSError as e:
@@ -449,7 +449,6 @@ class Daemon:
             # and the old one's last window is drained into the current period.
             fresh = self.sampler_factory(new)
             fresh.start()
-            _release_heap()
             assert self.sampler is not None
             # Detach the old program at once (its maps stay readable), so the two
             # sample together only for the moment between attach and detach.
@@ -504,6 +503,7 @@ class Daemon:
             p.close()
         self.processors = kept
         self.config = new
+        _release_heap()  # a new sampler or processor may have compiled a program
 
     # -- control requests (called from client threads) -------------------
     def handle_request(self, line: bytes, peer: Peer) -> Iterator[bytes]:
@@ -666,17 +666,10 @@ class Daemon:
 
 
 def _release_heap() -> None:
-    """Give the heap that compiling the BPF program used (clang/LLVM, tens of MB) back to the OS.
+    """Give back what compiling BPF programs (clang/LLVM) left resident: see flamed.memory."""
+    from flamed.memory import release_compiler_memory
 
-    glibc keeps freed memory in its arenas; without this the daemon's RSS
-    stays at its start-up peak for its whole life.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc
+    release_compiler_memory()
 
 
 def _safe_status(p: WindowProcessor) -> dict[str, Any]:
