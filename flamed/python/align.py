@@ -216,29 +216,60 @@ def fit_clock(trace: PyTrace, hits_ns: Sequence[int], *, spawn_ns: int | None = 
         guess = (spawn_ns or 0) + SPAWN_TO_START_GUESS_NS
         return ClockFit(start_ns=guess, calibrated=False)
     # The first increment always writes events (every stack is new), so the
-    # first hit and the first event are the same call.
+    # first hit and the first event are the same call.  That pins the offset
+    # only to tens of microseconds (the first call's clock read is slow), so
+    # it merely bounds the search below.
     coarse = hits_ns[0] - trace.first_ts_us * 1000
     window = max(interval_ns // 4, 200_000)
+    # Each change event is matched with every hit near it.  One of them is the
+    # call that wrote it: those pairs all share the offset (start + r - delay,
+    # r in [0, 1 us) from the truncation to microseconds, delay the ~1 us from
+    # the uprobe to Instant::now()).  The other pairs are the increments of the
+    # sample's other threads, 10-100 us before or after, and scatter.  So the
+    # offset is where the pairs are densest -- not their median, which such
+    # neighbours pull by a thread's spacing (measured: 15-25 us off, enough to
+    # put a change in the sample before its own).
     offsets: list[int] = []
+    nearest: list[int] = []
     for ts in trace.change_ts_us:
         want = coarse + ts * 1000
         i = bisect.bisect_left(hits_ns, want - window)
         best: int | None = None
         while i < len(hits_ns) and hits_ns[i] <= want + window:
+            offsets.append(hits_ns[i] - ts * 1000)
             if best is None or abs(hits_ns[i] - want) < abs(best - want):
                 best = hits_ns[i]
             i += 1
         if best is not None:
-            offsets.append(best - ts * 1000)
+            nearest.append(best - ts * 1000)
     if not offsets:
         return ClockFit(start_ns=coarse, calibrated=True, matched=0)
     offsets.sort()
-    # offset = start + r - delay, r uniform in [0, 1 us) from the truncation to
-    # microseconds, delay >= 0 from the uprobe to Instant::now(): the median
-    # minus half a microsecond is robust to the odd preempted call.
-    med = offsets[len(offsets) // 2]
-    return ClockFit(start_ns=med - 500, calibrated=True, matched=len(offsets),
-                    spread_ns=offsets[-1] - offsets[0])
+    lo, hi = _densest(offsets, CLOCK_PEAK_NS)
+    peak = offsets[lo:hi]
+    med = peak[len(peak) // 2]
+    return ClockFit(start_ns=med - 500, calibrated=True, matched=len(peak),
+                    spread_ns=(nearest and max(nearest) - min(nearest)) or 0)
+
+
+#: Width of the offset peak of :func:`fit_clock`: truncation to microseconds
+#: plus the uprobe's own jitter.
+CLOCK_PEAK_NS = 3_000
+
+
+def _densest(values: Sequence[int], width: int) -> tuple[int, int]:
+    """``[lo, hi)`` of the most values of sorted ``values`` within ``width`` of each other.
+
+    Ties go to the earliest such run.
+    """
+    best = (0, 0)
+    j = 0
+    for i in range(len(values)):
+        while values[i] - values[j] > width:
+            j += 1
+        if i + 1 - j > best[1] - best[0]:
+            best = (j, i + 1)
+    return best
 
 
 #: Increment calls of one sample (one per thread) follow each other within
@@ -337,8 +368,11 @@ def align_trace(pid: int, trace: PyTrace, clock: ClockFit, samples_ns: Sequence[
         for ts, stack in changes:
             at = clock.to_mono(ts)
             if samples_ns:
-                # The sample whose increment stamped ``ts`` starts at or just before it.
-                j = bisect.bisect_right(samples_ns, at + 2_000) - 1
+                # The sample whose increment stamped ``ts`` starts at or just
+                # before it; the next one starts more than SAMPLE_GAP_NS after
+                # that sample's last increment, so half of it absorbs what is
+                # left of the clock's error.
+                j = bisect.bisect_right(samples_ns, at + SAMPLE_GAP_NS // 2) - 1
                 hi = obs[j] if j >= 0 else at
                 lo = obs[j - 1] if j >= 1 else hi - interval_ns
             else:

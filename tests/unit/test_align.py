@@ -46,22 +46,40 @@ def frames(stack: tuple[str, ...]) -> list[tuple[str, str, int]]:
 class FakePySpy:
     """py-spy's chrometrace recorder, sampling ``truth(t)`` every ``interval`` ns."""
 
-    def __init__(self, start_ns: int, interval_ns: int, lag_ns: int = 3_000) -> None:
+    def __init__(self, start_ns: int, interval_ns: int, lag_ns: int = 3_000, *, poisson: bool = False,
+                 spacing_ns: tuple[int, int] | None = None, first_call_ns: int = 0) -> None:
+        """``poisson``: exponential intervals, as py-spy's timer draws them (the
+        default is a fixed interval).  ``spacing_ns``: the threads of one sample
+        are incremented one after the other, this far apart (min, max); by
+        default each thread's hit is drawn on its own.  ``first_call_ns``: the
+        very first increment reads the clock this much after its hit (py-spy's
+        first clock read is slow)."""
         self.start_ns = start_ns
         self.interval = interval_ns
         self.lag = lag_ns
+        self.poisson = poisson
+        self.spacing = spacing_ns
+        self.first_call = first_call_ns
         self.events: list[dict[str, object]] = []
         self.hits: list[int] = []
+        self.samples: list[int] = []  # first hit of each sample
         self.prev: dict[int, list[tuple[str, str, int]]] = {}
 
     def run(self, truth, tids: dict[int, int], end_ns: int, jitter: random.Random) -> None:
         t = self.start_ns + 13_000_000
         while t < end_ns:
-            for ptid, tid in tids.items():
+            hit = t + self.lag
+            for n, (ptid, tid) in enumerate(tids.items()):
                 stack = [("thread (%d): T%d" % (tid, tid), "", 0)] + frames(truth(tid, t))
-                hit = t + self.lag + jitter.randrange(0, 20_000)
+                if self.spacing is None:
+                    hit = t + self.lag + jitter.randrange(0, 20_000)
+                elif n:
+                    hit += jitter.randrange(*self.spacing)
+                if n == 0:
+                    self.samples.append(hit)
+                now = hit + (self.first_call if not self.hits else 0)
                 self.hits.append(hit)
-                ts = (hit + jitter.randrange(0, 800) - self.start_ns) // 1000
+                ts = (now + jitter.randrange(0, 800) - self.start_ns) // 1000
                 prev = self.prev.get(ptid, [])
                 k = 0
                 while k < min(len(prev), len(stack)) and prev[k] == stack[k]:
@@ -71,7 +89,11 @@ class FakePySpy:
                 for fr in stack[k:]:
                     self.events.append(self.ev("B", ptid, fr, ts))
                 self.prev[ptid] = stack
-            t += self.interval
+            if self.poisson:
+                # back to back when the draw is shorter than a sample takes
+                t = max(t + int(jitter.expovariate(1 / self.interval)), hit + 200_000)
+            else:
+                t += self.interval
         ts = (t - self.start_ns) // 1000
         for ptid, prev in self.prev.items():
             for fr in prev:
@@ -265,3 +287,56 @@ def test_trace_times_move_to_read_times() -> None:
     b = align_trace(PID, trace, clock, samples, spy.interval, early)
     for sa, sb in zip(a.threads[TID], b.threads[TID]):
         assert sb.hi_ns == sa.hi_ns - 2_000_000
+
+
+BG = ("run (worker.py:5)", "step (worker.py:9)")
+BG2 = ("run (worker.py:5)", "step (worker.py:10)")
+
+
+def build_threads(seed: int, first_call_ns: int):
+    """Two threads sampled by a py-spy with exponential intervals, incremented one after the other."""
+    rng = random.Random(seed)
+    start = 1_000_000_000_000 + rng.randrange(18_000_000, 33_000_000)
+    interval = 10_000_000
+    t0 = start + 5_000_000
+    main = phase_truth(20_000_000, t0)
+
+    def truth(tid: int, t: int) -> tuple[str, ...]:
+        if tid == TID:
+            return main(tid, t)
+        return BG if (t // 90_000_000) % 2 else BG2
+
+    # py-spy walks the newest thread first: the worker's increment comes before the main thread's
+    spy = FakePySpy(start, interval, poisson=True, spacing_ns=(12_000, 40_000), first_call_ns=first_call_ns)
+    spy.run(truth, {0x7F002: TID + 1, 0x7F001: TID}, t0 + 3_000_000_000, rng)
+    return spy, parse_chrometrace(spy.chrometrace())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_clock_fit_is_not_pulled_by_other_threads_increments(seed: int) -> None:
+    # The first clock read of py-spy is slow (tens of us after its hit); pairing each
+    # change with its nearest hit from there takes the other thread's increment for
+    # many changes, and their median is off by a thread's spacing.
+    spy, trace = build_threads(seed, first_call_ns=30_000)
+    clock = fit_clock(trace, spy.hits, interval_ns=spy.interval)
+    # ts = hit + [0, 0.8 us) truncated to us: the start is known to ~2 us
+    assert abs(clock.start_ns - spy.start_ns) <= 2_000, clock.start_ns - spy.start_ns
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_each_change_lands_in_the_sample_that_wrote_it(seed: int) -> None:
+    spy, trace = build_threads(seed, first_call_ns=30_000)
+    clock = fit_clock(trace, spy.hits, interval_ns=spy.interval)
+    samples = sample_times(spy.hits, spy.interval)
+    assert samples == spy.samples
+    aligned = align_trace(PID, trace, clock, samples, spy.interval)
+    for tid in (TID, TID + 1):
+        changes = trace.threads[tid]
+        segs = aligned.threads[tid]
+        assert len(segs) == len(changes)
+        for (ts, _), seg in zip(changes, segs):
+            written = spy.start_ns + ts * 1000  # when that increment ran, truncated to 1 us
+            j = max(k for k, s in enumerate(spy.samples) if s <= written + 1000)
+            assert seg.hi_ns == spy.samples[j], (tid, ts)
+            if j:
+                assert seg.lo_ns == spy.samples[j - 1]
