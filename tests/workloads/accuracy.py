@@ -3,8 +3,10 @@
 usage: accuracy.py PHASES_LOG TIMELINE  -> prints a JSON object
 
 * ``syscall``: of the main thread's samples taken inside a system call
-  (kernel frames from the syscall entry), the share placed under
-  ``syscall_phase``.
+  (kernel frames from the syscall entry) during a syscall phase, the share
+  placed under ``syscall_phase``.  (A compute phase makes system calls too:
+  the GIL hand-offs with the second thread, futex wake/wait.  Those samples
+  belong to ``compute_phase`` and are scored by ``compute``.)
 * ``compute``: of the main thread's samples taken during a compute phase (by
   the logged CLOCK_MONOTONIC phase starts), the share under ``compute_phase``.
 * ``background``: of the second thread's samples, the share under ``background_work``.
@@ -66,10 +68,10 @@ def accuracy(phases_log: str, timeline: str) -> Accuracy:
             continue
         main += 1
         no_frame += stack[0] == "[python: no frame]"
-        if any(f.endswith("_[k]") and f.startswith(SYSCALL_ENTRY) for f in stack):
+        kind = kinds[bisect.bisect_right(times, t) - 1]
+        if kind == "syscall" and any(f.endswith("_[k]") and f.startswith(SYSCALL_ENTRY) for f in stack):
             sc_n += 1
             sc_ok += "syscall_phase" in joined
-        kind = kinds[bisect.bisect_right(times, t) - 1]
         if kind == "compute":
             cp_n += 1
             cp_ok += "compute_phase" in joined
