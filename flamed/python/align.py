@@ -34,7 +34,7 @@ import json
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -277,10 +277,52 @@ def _densest(values: Sequence[int], width: int) -> tuple[int, int]:
 #: back, but each costs it a read of the target, hundreds of microseconds.
 SAMPLE_GAP_NS = 150_000
 
+#: Bursts around which the usual number of increments per sample is counted.
+_LOCAL_BURSTS = 10
+
 
 def sample_times(hits_ns: Sequence[int], interval_ns: int) -> list[int]:
-    """Start of each py-spy sample: bursts of increment calls (one per thread)."""
-    return _bursts(hits_ns, min(interval_ns // 2, SAMPLE_GAP_NS))
+    """Start of each py-spy sample: its first increment call (one call per thread).
+
+    Calls closer than SAMPLE_GAP_NS form a burst.  With ``--idle`` every
+    sample has one call per thread, so the usual burst size (the most common
+    one among the neighbouring bursts) is the number of threads, and it
+    corrects the bursts that are not one sample: py-spy's main thread,
+    preempted between two calls of one sample (measured: 0.15-2.7 ms, in 4-7 %
+    of the samples of a busy 2-CPU host), leaves two short bursts, joined again
+    here when they fit in one sample and are less than half an interval
+    apart; samples taken back to back to catch up leave one long burst, cut
+    here into samples of the usual size.
+    """
+    return [s[0] for s in sample_spans(hits_ns, interval_ns)]
+
+
+def sample_spans(hits_ns: Sequence[int], interval_ns: int) -> list[list[int]]:
+    """The increment calls of each py-spy sample (see :func:`sample_times`)."""
+    gap = min(interval_ns // 2, SAMPLE_GAP_NS)
+    bursts: list[list[int]] = []
+    for h in hits_ns:
+        if bursts and h - bursts[-1][-1] <= gap:
+            bursts[-1].append(h)
+        else:
+            bursts.append([h])
+    sizes = [len(b) for b in bursts]
+    out: list[list[int]] = []
+    i = 0
+    while i < len(bursts):
+        lo = max(0, i - _LOCAL_BURSTS)
+        usual = Counter(sizes[lo:i + _LOCAL_BURSTS + 1]).most_common(1)[0][0]
+        cur = list(bursts[i])
+        while (len(cur) < usual and i + 1 < len(bursts) and len(cur) + len(bursts[i + 1]) <= usual
+               and bursts[i + 1][0] - cur[-1] < interval_ns // 2):
+            i += 1
+            cur.extend(bursts[i])
+        if len(cur) > usual and len(cur) % usual == 0:
+            out.extend(cur[k:k + usual] for k in range(0, len(cur), usual))
+        else:
+            out.append(cur)
+        i += 1
+    return out
 
 
 def _bursts(times: Sequence[int], gap: int) -> list[int]:
@@ -344,7 +386,10 @@ class AlignedTrace:
     start_ns: int  # first py-spy sample
     end_ns: int  # py-spy's last sample (or the write, when unknown)
     interval_ns: int
+    #: when py-spy sampled (every thread of the process in each sample, with ``--idle``)
+    samples_ns: list[int] = field(default_factory=list)
     _los: dict[int, list[int]] = field(default_factory=dict, repr=False)
+    _his: dict[int, list[int]] = field(default_factory=dict, repr=False)
 
     def los(self, tid: int) -> list[int]:
         """Start of each segment's gap for ``tid`` (cached: the join bisects it per sample)."""
@@ -353,13 +398,23 @@ class AlignedTrace:
             v = self._los[tid] = [s.lo_ns for s in self.threads.get(tid, ())]
         return v
 
+    def seen(self, tid: int, t: int) -> int:
+        """Index of the segment py-spy saw ``tid`` in at its sample ``t`` (-1: none yet)."""
+        v = self._his.get(tid)
+        if v is None:
+            v = self._his[tid] = [s.hi_ns for s in self.threads.get(tid, ())]
+        return bisect.bisect_right(v, t) - 1
+
 
 def align_trace(pid: int, trace: PyTrace, clock: ClockFit, samples_ns: Sequence[int],
-                interval_ns: int, observed_ns: Sequence[int] | None = None) -> AlignedTrace:
+                interval_ns: int, observed_ns: Sequence[int] | None = None,
+                hits_ns: Sequence[int] | None = None) -> AlignedTrace:
     """Put each stack change of ``trace`` in its gap between py-spy samples.
 
-    ``samples_ns``: increment-burst starts (:func:`sample_times`);
-    ``observed_ns``: the same samples' read times (:func:`observed_times`), when known.
+    ``samples_ns``: sample starts (:func:`sample_times`); ``hits_ns``: the
+    increment calls they were made from (each change then belongs to the
+    sample of the call nearest to it); ``observed_ns``: the same samples'
+    read times (:func:`observed_times`), when known.
     """
     obs = observed_ns if observed_ns is not None and len(observed_ns) == len(samples_ns) else samples_ns
     threads: dict[int, list[Segment]] = {}
@@ -368,11 +423,19 @@ def align_trace(pid: int, trace: PyTrace, clock: ClockFit, samples_ns: Sequence[
         for ts, stack in changes:
             at = clock.to_mono(ts)
             if samples_ns:
-                # The sample whose increment stamped ``ts`` starts at or just
-                # before it; the next one starts more than SAMPLE_GAP_NS after
-                # that sample's last increment, so half of it absorbs what is
-                # left of the clock's error.
-                j = bisect.bisect_right(samples_ns, at + SAMPLE_GAP_NS // 2) - 1
+                # The sample whose increment stamped ``ts``: the one of the
+                # call nearest to it, else the one starting at or just before
+                # it (half a SAMPLE_GAP_NS absorbs what is left of the clock's
+                # error).
+                j = -1
+                if hits_ns:
+                    k = bisect.bisect_left(hits_ns, at)
+                    near = [hits_ns[x] for x in (k - 1, k) if 0 <= x < len(hits_ns)]
+                    h = min(near, key=lambda x: abs(x - at))
+                    if abs(h - at) <= SAMPLE_GAP_NS // 2:
+                        j = bisect.bisect_right(samples_ns, h) - 1
+                if j < 0:
+                    j = bisect.bisect_right(samples_ns, at + SAMPLE_GAP_NS // 2) - 1
                 hi = obs[j] if j >= 0 else at
                 lo = obs[j - 1] if j >= 1 else hi - interval_ns
             else:
@@ -390,7 +453,7 @@ def align_trace(pid: int, trace: PyTrace, clock: ClockFit, samples_ns: Sequence[
         start = first
         end = clock.to_mono(trace.last_ts_us or 0)
     return AlignedTrace(pid=pid, clock=clock, threads=threads, start_ns=start, end_ns=end,
-                        interval_ns=interval_ns)
+                        interval_ns=interval_ns, samples_ns=list(obs))
 
 
 def signature(ev: SampleEvent) -> tuple[bool, str]:
@@ -416,6 +479,8 @@ class JoinStats:
     placed_likelihood: int = 0
     #: in a change gap and placed by the midpoint
     placed_midpoint: int = 0
+    #: given a function py-spy did not see between two of its samples (see :func:`join`)
+    placed_unseen: int = 0
     #: no py-spy trace covers the sample's time for that process
     no_trace: int = 0
     #: a trace covers the time, but py-spy never saw that thread
@@ -435,6 +500,9 @@ class JoinOptions:
     """How samples are joined with Python stacks.
 
     refine: choose each change point by signature likelihood (default True); else midpoint.
+    unseen: with refine, let samples between two py-spy samples take a function
+        py-spy saw the thread run nearby but not at either sample, when their
+        signatures say so beyond the prior odds of two unseen changes (default True).
     smoothing: additive smoothing of the signature model (default 0.5).
     edge_ns: how far outside a trace's first/last sample a stack is still assumed
         (default: half a py-spy interval, computed per trace when None).
@@ -443,6 +511,8 @@ class JoinOptions:
     refine: bool = True
     smoothing: float = 0.5
     edge_ns: int | None = None
+    #: with ``refine``, also look for functions run entirely between two py-spy samples
+    unseen: bool = True
 
 
 def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
@@ -463,6 +533,7 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
     gaps: dict[tuple[int, int, int], list[int]] = defaultdict(list)
     trace_ids = {id(t): n for n, t in enumerate(traces)}
     certain: list[tuple[int, Stack]] = []  # (event index, stack) used to learn signatures
+    members: dict[tuple[int, int], list[int]] = defaultdict(list)  # (trace index, tid) -> event indices
 
     for n, ev in enumerate(events):
         best: tuple[int, AlignedTrace, int, bool] | None = None  # (rank, trace, seg, in_gap)
@@ -497,6 +568,8 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
             continue
         _, tr, i, in_gap = best
         stats.matched += 1
+        if best[0] != 1:
+            members[(trace_ids[id(tr)], ev.tid)].append(n)
         if in_gap:
             gaps[(trace_ids[id(tr)], ev.tid, i)].append(n)
         else:
@@ -549,7 +622,102 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
             stats.placed_midpoint += len(idxs)
         for j, n in enumerate(idxs):
             result[n] = old.stack if j < k else new.stack
+    if opts.refine and opts.unseen and model:
+        for (tix, tid), idxs in sorted(members.items()):
+            stats.placed_unseen += _unseen(events, idxs, traces[tix], tid, result, logp)
     return result, stats
+
+
+#: Segments on either side of a py-spy interval whose functions may have run unseen in it.
+UNSEEN_NEIGHBOURS = 3
+
+
+def _unseen(events: Sequence[SampleEvent], idxs: list[int], tr: AlignedTrace, tid: int,
+            result: list[Stack | None], logp: Callable[[str, tuple[bool, str]], float]) -> int:
+    """Let the samples between two py-spy samples take a function py-spy missed there.
+
+    py-spy samples at exponentially distributed intervals (mean 1/rate, so a
+    quarter of them are longer than 1.4/rate), so a function that runs for a
+    few intervals can start and end between two of its samples and never be
+    seen there.  Between samples *j-1* and *j* (stacks A and B), the samples
+    may also follow A -> C -> B with C a function py-spy saw the thread run
+    in a neighbouring segment; that path is taken when its signature
+    likelihood beats the best one without C by more than the prior odds of
+    the extra changes -- Poisson, at the rate the thread's function changed
+    in this trace: (m/2) for A != B, (m^2/2) for A == B, m = rate x interval
+    -- and the number of placements tried (the best of many fits better by
+    chance alone).
+    Returns how many samples changed.
+    """
+    segs = tr.threads.get(tid)
+    S = tr.samples_ns
+    if not segs or len(S) < 2:
+        return 0
+    keys = [_stack_key(s.stack) for s in segs]
+    changes = sum(1 for a, b in zip(keys, keys[1:]) if a != b)
+    span = max(S[-1] - S[0], 1)
+    rate = max(changes, 1) / span  # per ns
+    by_gap: dict[int, list[int]] = defaultdict(list)
+    for n in idxs:
+        j = bisect.bisect_right(S, events[n].ktime_ns)
+        if 0 < j < len(S):
+            by_gap[j].append(n)
+    moved = 0
+    for j, ns in by_gap.items():
+        ia, ib = tr.seen(tid, S[j - 1]), tr.seen(tid, S[j])
+        if ia < 0 or ib < 0:
+            continue
+        ka, kb = keys[ia], keys[ib]
+        cands: dict[str, Stack] = {}
+        for x in list(range(ib + 1, min(len(segs), ib + 1 + UNSEEN_NEIGHBOURS))) + \
+                list(range(ia - 1, max(-1, ia - 1 - UNSEEN_NEIGHBOURS), -1)):
+            if keys[x] not in (ka, kb) and keys[x] not in cands:
+                cands[keys[x]] = segs[x].stack
+        if not cands:
+            continue
+        ns.sort(key=lambda n: events[n].ktime_ns)
+        sigs = [signature(events[n]) for n in ns]
+        labels = [result[n] for n in ns]
+        if any(lb is None for lb in labels):
+            continue
+        current = sum(logp(_stack_key(lb), sg) for lb, sg in zip(labels, sigs))  # type: ignore[arg-type]
+        m = rate * (S[j] - S[j - 1])
+        prior = math.log(m / 2) if ka != kb else 2 * math.log(m) - math.log(2)
+        if prior >= 0:
+            prior = 0.0
+        la = [logp(ka, sg) for sg in sigs]
+        lb_ = [logp(kb, sg) for sg in sigs]
+        # prefix sums: A before p, C in [p, q), B from q
+        pa = [0.0]
+        for v in la:
+            pa.append(pa[-1] + v)
+        sb = [0.0]
+        for v in reversed(lb_):
+            sb.append(sb[-1] + v)
+        sb.reverse()  # sb[q] = sum of lb_[q:]
+        best: tuple[float, int, int, Stack] | None = None
+        for kc, stack_c in cands.items():
+            lc = [logp(kc, sg) for sg in sigs]
+            pc = [0.0]
+            for v in lc:
+                pc.append(pc[-1] + v)
+            for p in range(len(ns)):
+                for q in range(p + 1, len(ns) + 1):
+                    sc = pa[p] + (pc[q] - pc[p]) + sb[q]
+                    if best is None or sc > best[0]:
+                        best = (sc, p, q, stack_c)
+        # the best of that many placements is better than the current one by chance alone
+        chance = math.log(len(cands) * len(ns))
+        if best is None or best[0] + prior - chance <= current:
+            continue
+        _, p, q, stack_c = best
+        a_stack, b_stack = segs[ia].stack, segs[ib].stack
+        for x, n in enumerate(ns):
+            new = a_stack if x < p else stack_c if x < q else b_stack
+            if new != result[n]:
+                result[n] = new
+                moved += 1
+    return moved
 
 
 # ---------------------------------------------------------------------------

@@ -238,7 +238,7 @@ class MixedMode:
             observed = observed_times(samples, reads, r.interval_ns) if reads else None
             if observed is not None:
                 self.counters["runs_read_times"] += 1
-            aligned = align_trace(r.pid, r.trace, fit, samples, r.interval_ns, observed)
+            aligned = align_trace(r.pid, r.trace, fit, samples, r.interval_ns, observed, hits)
             self._traces.append(aligned)
             log.debug("py-spy %d on pid %d: %s..%s, %d threads, %d samples, clock %s", r.pyspy_pid, r.pid,
                       aligned.start_ns, aligned.end_ns, len(aligned.threads), len(samples),

@@ -340,3 +340,74 @@ def test_each_change_lands_in_the_sample_that_wrote_it(seed: int) -> None:
             assert seg.hi_ns == spy.samples[j], (tid, ts)
             if j:
                 assert seg.lo_ns == spy.samples[j - 1]
+
+
+def build_poisson(phase_ms: int, seed: int, signatures=None):
+    """One thread, py-spy at exponential intervals (mean 10 ms) as its timer draws them."""
+    rng = random.Random(seed)
+    start = 1_000_000_000_000 + rng.randrange(18_000_000, 33_000_000)
+    interval = 10_000_000
+    t0 = start + 5_000_000
+    end = t0 + 4_000_000_000
+    truth = phase_truth(phase_ms * 1_000_000, t0)
+    spy = FakePySpy(start, interval, poisson=True)
+    spy.run(truth, {0x7F001: TID}, end, rng)
+    trace = parse_chrometrace(spy.chrometrace())
+    clock = fit_clock(trace, spy.hits, interval_ns=interval)
+    aligned = align_trace(PID, trace, clock, sample_times(spy.hits, interval), interval, None, spy.hits)
+    events = bpf_events(signatures or truth, start + 20_000_000, end - 20_000_000, 199, rng)
+    return aligned, events, truth
+
+
+@pytest.mark.parametrize("phase_ms,floor", [(200, 0.99), (50, 0.97), (20, 0.93)])
+def test_join_accuracy_with_exponential_pyspy_intervals(phase_ms: int, floor: float) -> None:
+    accs = []
+    for seed in range(3):
+        aligned, events, truth = build_poisson(phase_ms, seed)
+        stacks, _ = join(events, [aligned])
+        accs.append(accuracy(events, stacks, truth))
+    assert min(accs) >= floor, accs
+
+
+def test_functions_run_between_two_pyspy_samples_are_found() -> None:
+    # At 20 ms phases about one phase in seven falls between two py-spy samples.
+    found = missed = 0.0
+    for seed in range(3):
+        aligned, events, truth = build_poisson(20, seed)
+        a, sa = join(events, [aligned], JoinOptions(unseen=True))
+        b, sb = join(events, [aligned], JoinOptions(unseen=False))
+        assert sa.placed_unseen > 0 and sb.placed_unseen == 0
+        found += accuracy(events, a, truth)
+        missed += accuracy(events, b, truth)
+    assert found > missed
+
+
+def test_no_unseen_function_where_signatures_say_nothing() -> None:
+    # Signatures drawn independently of the running function: nothing to go on.
+    rng = random.Random(7)
+
+    def coin(tid: int, t: int) -> tuple[str, ...]:
+        return SYS if rng.random() < 0.5 else CPU
+
+    for seed in range(3):
+        aligned, events, _ = build_poisson(20, seed, signatures=coin)
+        _, stats = join(events, [aligned])
+        assert stats.placed_unseen == 0
+
+
+def test_samples_split_by_a_preempted_recorder_are_joined_and_catch_up_bursts_cut() -> None:
+    iv = 10_000_000
+    hits = []
+    for k in range(30):
+        t = 1_000_000_000 + k * iv
+        if k == 10:
+            hits += [t, t + 900_000]  # the second thread's increment 0.9 ms later: one sample
+        elif k == 20:
+            # three samples back to back after a late wakeup, 100 us apart
+            hits += [t, t + 20_000, t + 120_000, t + 140_000, t + 240_000, t + 260_000]
+        else:
+            hits += [t, t + 20_000]
+    samples = sample_times(hits, iv)
+    expected = [1_000_000_000 + k * iv for k in range(30)]
+    expected[21:21] = [expected[20] + 120_000, expected[20] + 240_000]
+    assert samples == expected
