@@ -277,6 +277,10 @@ def _densest(values: Sequence[int], width: int) -> tuple[int, int]:
 #: back, but each costs it a read of the target, hundreds of microseconds.
 SAMPLE_GAP_NS = 150_000
 
+#: A sample incremented less than this after the previous one may have
+#: waited in py-spy's queue (see :func:`align_trace`).
+QUEUED_NS = 500_000
+
 #: Bursts around which the usual number of increments per sample is counted.
 _LOCAL_BURSTS = 10
 
@@ -417,6 +421,19 @@ def align_trace(pid: int, trace: PyTrace, clock: ClockFit, samples_ns: Sequence[
     read times (:func:`observed_times`), when known.
     """
     obs = observed_ns if observed_ns is not None and len(observed_ns) == len(samples_ns) else samples_ns
+    # py-spy's sampling thread hands each sample to its main thread, which
+    # calls increment; when the main thread runs late, the samples queue up and
+    # are incremented back to back, each long after it was read.  A sample
+    # incremented right after the previous one may have been read any time
+    # since the sample before that run of samples: its change gap starts there.
+    since: list[int] = []
+    for j in range(len(samples_ns)):
+        if j == 0:
+            since.append(obs[0] - interval_ns)
+        elif samples_ns[j] - samples_ns[j - 1] < QUEUED_NS:
+            since.append(since[j - 1])
+        else:
+            since.append(obs[j - 1])
     threads: dict[int, list[Segment]] = {}
     for tid, changes in trace.threads.items():
         segs: list[Segment] = []
@@ -437,7 +454,9 @@ def align_trace(pid: int, trace: PyTrace, clock: ClockFit, samples_ns: Sequence[
                 if j < 0:
                     j = bisect.bisect_right(samples_ns, at + SAMPLE_GAP_NS // 2) - 1
                 hi = obs[j] if j >= 0 else at
-                lo = obs[j - 1] if j >= 1 else hi - interval_ns
+                lo = since[j] if j >= 0 else hi - interval_ns
+                if segs:
+                    lo = max(lo, segs[-1].hi_ns)  # after the previous change was seen
             else:
                 hi = at
                 lo = at - interval_ns
@@ -503,6 +522,9 @@ class JoinOptions:
     unseen: with refine, let samples between two py-spy samples take a function
         py-spy saw the thread run nearby but not at either sample, when their
         signatures say so beyond the prior odds of two unseen changes (default True).
+    relearn: with refine, rounds of learning the signatures again from every
+        sample as placed (the first model, from the samples outside any gap,
+        also holds those of functions py-spy did not see) and placing again (default 1).
     smoothing: additive smoothing of the signature model (default 0.5).
     edge_ns: how far outside a trace's first/last sample a stack is still assumed
         (default: half a py-spy interval, computed per trace when None).
@@ -513,6 +535,8 @@ class JoinOptions:
     edge_ns: int | None = None
     #: with ``refine``, also look for functions run entirely between two py-spy samples
     unseen: bool = True
+    #: with ``refine``, learn the signatures again from every placed sample and place again, this many times
+    relearn: int = 1
 
 
 def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
@@ -577,54 +601,62 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
             result[n] = stack
             certain.append((n, stack))
 
-    # Signature model per Python function, from the samples outside any gap.
-    model: dict[str, Counter[tuple[bool, str]]] = defaultdict(Counter)
-    vocab: set[tuple[bool, str]] = set()
-    for n, stack in certain:
-        sig = signature(events[n])
-        model[_stack_key(stack)][sig] += 1
-        vocab.add(sig)
-    for n_list in gaps.values():
-        for n in n_list:
-            vocab.add(signature(events[n]))
-    totals = {k: sum(c.values()) for k, c in model.items()}
+    # Signature model per Python function, first from the samples outside any
+    # gap; then (``relearn``) from every sample as placed, and placed again.
+    vocab: set[tuple[bool, str]] = {signature(ev) for ev in events}
     alpha = opts.smoothing
     v = max(len(vocab), 1)
+    base = list(result)
+    labelled: list[tuple[int, Stack]] = certain
+    for rnd in range(1 + max(0, opts.relearn)):
+        model: dict[str, Counter[tuple[bool, str]]] = defaultdict(Counter)
+        for n, stack in labelled:
+            model[_stack_key(stack)][signature(events[n])] += 1
+        totals = {k: sum(c.values()) for k, c in model.items()}
 
-    def logp(key: str, sig: tuple[bool, str]) -> float:
-        c = model.get(key)
-        if c is None:
-            return math.log(1.0 / v)
-        return math.log((c[sig] + alpha) / (totals[key] + alpha * v))
+        def logp(key: str, sig: tuple[bool, str], model=model, totals=totals) -> float:
+            c = model.get(key)
+            if c is None:
+                return math.log(1.0 / v)
+            return math.log((c[sig] + alpha) / (totals[key] + alpha * v))
 
-    for (tix, tid, i), idxs in sorted(gaps.items()):
-        tr = traces[tix]
-        segs = tr.threads[tid]
-        old, new = segs[i - 1], segs[i]
-        idxs.sort(key=lambda n: events[n].ktime_ns)
-        mid = (new.lo_ns + new.hi_ns) // 2
-        k_mid = sum(1 for n in idxs if events[n].ktime_ns < mid)  # events before the midpoint
-        k = k_mid
-        ka, kb = _stack_key(old.stack), _stack_key(new.stack)
-        if opts.refine and ka != kb and (ka in model or kb in model):
-            # score(k) = sum_{<k} log P(sig|old) + sum_{>=k} log P(sig|new)
-            sigs = [signature(events[n]) for n in idxs]
-            score = sum(logp(kb, s) for s in sigs)
-            best_score, best_k = score, 0
-            for j, s in enumerate(sigs, start=1):
-                score += logp(ka, s) - logp(kb, s)
-                if score > best_score + 1e-9 or (abs(score - best_score) <= 1e-9
-                                                  and abs(j - k_mid) < abs(best_k - k_mid)):
-                    best_score, best_k = score, j
-            k = best_k
-            stats.placed_likelihood += len(idxs)
-        else:
-            stats.placed_midpoint += len(idxs)
-        for j, n in enumerate(idxs):
-            result[n] = old.stack if j < k else new.stack
-    if opts.refine and opts.unseen and model:
-        for (tix, tid), idxs in sorted(members.items()):
-            stats.placed_unseen += _unseen(events, idxs, traces[tix], tid, result, logp)
+        result = list(base)
+        last = rnd == max(0, opts.relearn)
+        for (tix, tid, i), idxs in sorted(gaps.items()):
+            tr = traces[tix]
+            segs = tr.threads[tid]
+            old, new = segs[i - 1], segs[i]
+            idxs.sort(key=lambda n: events[n].ktime_ns)
+            mid = (new.lo_ns + new.hi_ns) // 2
+            k_mid = sum(1 for n in idxs if events[n].ktime_ns < mid)  # events before the midpoint
+            k = k_mid
+            ka, kb = _stack_key(old.stack), _stack_key(new.stack)
+            if opts.refine and ka != kb and (ka in model or kb in model):
+                # score(k) = sum_{<k} log P(sig|old) + sum_{>=k} log P(sig|new)
+                sigs = [signature(events[n]) for n in idxs]
+                score = sum(logp(kb, s) for s in sigs)
+                best_score, best_k = score, 0
+                for j, s in enumerate(sigs, start=1):
+                    score += logp(ka, s) - logp(kb, s)
+                    if score > best_score + 1e-9 or (abs(score - best_score) <= 1e-9
+                                                      and abs(j - k_mid) < abs(best_k - k_mid)):
+                        best_score, best_k = score, j
+                k = best_k
+                if last:
+                    stats.placed_likelihood += len(idxs)
+            elif last:
+                stats.placed_midpoint += len(idxs)
+            for j, n in enumerate(idxs):
+                result[n] = old.stack if j < k else new.stack
+        if opts.refine and opts.unseen and model:
+            moved = 0
+            for (tix, tid), idxs in sorted(members.items()):
+                moved += _unseen(events, idxs, traces[tix], tid, result, logp)
+            if last:
+                stats.placed_unseen += moved
+        if not opts.refine:
+            break
+        labelled = [(n, st) for n, st in enumerate(result) if st is not None]
     return result, stats
 
 

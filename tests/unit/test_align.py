@@ -16,6 +16,7 @@ import pytest
 from flamed.errors import InputError
 from flamed.python.align import (
     NO_PYTHON_FRAME,
+    QUEUED_NS,
     JoinOptions,
     align_trace,
     fit_clock,
@@ -338,8 +339,11 @@ def test_each_change_lands_in_the_sample_that_wrote_it(seed: int) -> None:
             written = spy.start_ns + ts * 1000  # when that increment ran, truncated to 1 us
             j = max(k for k, s in enumerate(spy.samples) if s <= written + 1000)
             assert seg.hi_ns == spy.samples[j], (tid, ts)
-            if j:
+            if j and spy.samples[j] - spy.samples[j - 1] >= QUEUED_NS:
                 assert seg.lo_ns == spy.samples[j - 1]
+            elif j:
+                # incremented right after the previous sample: it may have waited in py-spy's queue
+                assert seg.lo_ns <= spy.samples[j - 1]
 
 
 def build_poisson(phase_ms: int, seed: int, signatures=None):
@@ -382,17 +386,20 @@ def test_functions_run_between_two_pyspy_samples_are_found() -> None:
     assert found > missed
 
 
-def test_no_unseen_function_where_signatures_say_nothing() -> None:
-    # Signatures drawn independently of the running function: nothing to go on.
+def test_unseen_functions_cost_nothing_where_signatures_say_nothing() -> None:
+    # Signatures drawn independently of the running function: nothing to go on,
+    # so few samples move and the accuracy stays that of the plain placement.
     rng = random.Random(7)
 
     def coin(tid: int, t: int) -> tuple[str, ...]:
         return SYS if rng.random() < 0.5 else CPU
 
     for seed in range(3):
-        aligned, events, _ = build_poisson(20, seed, signatures=coin)
-        _, stats = join(events, [aligned])
-        assert stats.placed_unseen == 0
+        aligned, events, truth = build_poisson(20, seed, signatures=coin)
+        a, stats = join(events, [aligned])
+        b, _ = join(events, [aligned], JoinOptions(unseen=False, relearn=0))
+        assert stats.placed_unseen <= 0.04 * len(events)
+        assert accuracy(events, a, truth) >= accuracy(events, b, truth) - 0.01
 
 
 def test_samples_split_by_a_preempted_recorder_are_joined_and_catch_up_bursts_cut() -> None:
@@ -411,3 +418,21 @@ def test_samples_split_by_a_preempted_recorder_are_joined_and_catch_up_bursts_cu
     expected = [1_000_000_000 + k * iv for k in range(30)]
     expected[21:21] = [expected[20] + 120_000, expected[20] + 240_000]
     assert samples == expected
+
+
+def test_samples_incremented_back_to_back_may_have_waited_in_the_queue() -> None:
+    # py-spy's main thread ran late: three samples read at unknown times since the
+    # one at 10 ms were incremented at 40.0, 40.3 and 40.6 ms.  A change seen at the
+    # last of them happened after 10 ms, not after 40.3 ms.
+    from flamed.python.align import ClockFit, PyTrace
+
+    start = 1_000_000_000
+    samples = [start, start + 10_000_000, start + 40_000_000, start + 40_300_000, start + 40_600_000,
+               start + 55_000_000]
+    trace = PyTrace(threads={TID: [(0, SYS), (40_600, CPU), (55_000, SYS)]}, change_ts_us=[0, 40_600, 55_000],
+                    first_ts_us=0, last_ts_us=60_000)
+    clock = ClockFit(start_ns=start, calibrated=True)
+    a = align_trace(PID, trace, clock, samples, 10_000_000, None, samples)
+    segs = a.threads[TID]
+    assert (segs[1].lo_ns, segs[1].hi_ns) == (samples[1], samples[4])
+    assert (segs[2].lo_ns, segs[2].hi_ns) == (samples[4], samples[5])
