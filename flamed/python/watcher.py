@@ -93,6 +93,8 @@ class PyProcess:
     version: str | None  # "3.11" when known
     how: str  # "exe", "libpython" or "fork"
     seen_ns: int  # CLOCK_MONOTONIC of the event (or scan) that found it
+    #: /proc/PID/auxv when found: it differs after each exec (ASLR), None when unreadable
+    image: bytes | None = None
 
 
 @dataclass
@@ -183,6 +185,10 @@ class ProcReader:
             return ""
         except OSError:
             return ""
+
+    def image(self, pid: int) -> bytes | None:
+        """/proc/PID/auxv: the stack and vDSO addresses in it change with every exec."""
+        return _read(f"{self.root}/{pid}/auxv") or None
 
     def maps(self, pid: int) -> bytes:
         return _read(f"{self.root}/{pid}/maps") or b""
@@ -412,6 +418,12 @@ class ProcessWatcher:
             if pid in self.watched:
                 if ts <= self.watched[pid].seen_ns:
                     return  # an event older than the scan that found the process
+                image = self.reader.image(pid)
+                if image is not None and image == self.watched[pid].image:
+                    # The exec that made the image already watched: its event is
+                    # stamped at the end of exec, after a vfork parent (flamed
+                    # record's Popen) may have followed the new image already.
+                    return
                 self._gone(pid)  # a new program: its caches and py-spy are stale
             if not self._consider(pid, ts, how_hint=None):
                 now = self._now()
@@ -459,7 +471,8 @@ class ProcessWatcher:
                 self._left_out.add(pid)
             return True
         self._left_out.discard(pid)
-        proc = PyProcess(pid=pid, comm=comm, exe=self.reader.exe(pid), version=ver, how=how, seen_ns=ts)
+        proc = PyProcess(pid=pid, comm=comm, exe=self.reader.exe(pid), version=ver, how=how, seen_ns=ts,
+                         image=self.reader.image(pid))
         if self.on_start is not None and self.on_start(proc) is False:
             # The consumer has no room now (its own bound): a later scan retries.
             if pid not in self._left_out:

@@ -119,3 +119,21 @@ def test_parse_proc_events_decodes_connector_datagrams() -> None:
     assert evs[2]["process_tgid"] == 6 and evs[2]["timestamp_ns"] == 13
     # truncated input: no exception, nothing beyond what is complete
     assert [e["event"] for e in parse_proc_events(data[:-10])] == ["PROC_EVENT_FORK", "PROC_EVENT_EXEC"]
+
+
+def test_exec_event_after_follow_of_the_same_image_keeps_the_process(proc: Path) -> None:
+    # A vfork parent (Popen) resumes before the kernel stamps the exec event, so
+    # flamed record may follow the new image first; that late event must not
+    # restart the process (a second py-spy), while a later exec must.
+    (proc / "100" / "auxv").write_bytes(b"\x21\0\0\0\0\0\0\0\x00\xd0\xff\xf7\xff\x7f\0\0")
+    exits: list[int] = []
+    found: list[PyProcess] = []
+    w = ProcessWatcher(WatchOptions(use_connector=False, pids=frozenset()), on_start=found.append,
+                       on_exit=exits.append, proc_root=str(proc), clock=lambda: 1_000)
+    assert w.follow(100)
+    assert [p.pid for p in found] == [100]
+    w._event({"event": "PROC_EVENT_EXEC", "process_tgid": 100, "timestamp_ns": 1_500})
+    assert exits == [] and 100 in w.watched and len(found) == 1
+    (proc / "100" / "auxv").write_bytes(b"\x21\0\0\0\0\0\0\0\x00\x90\xaa\xf1\xff\x7f\0\0")  # exec'd again
+    w._event({"event": "PROC_EVENT_EXEC", "process_tgid": 100, "timestamp_ns": 2_000})
+    assert exits == [100] and 100 in w.watched and len(found) == 2
