@@ -392,6 +392,8 @@ class AlignedTrace:
     interval_ns: int
     #: when py-spy sampled (every thread of the process in each sample, with ``--idle``)
     samples_ns: list[int] = field(default_factory=list)
+    #: when py-spy wrote its trace (it kept sampling until then, with no success after ``end_ns``)
+    written_ns: int = 0
     _los: dict[int, list[int]] = field(default_factory=dict, repr=False)
     _his: dict[int, list[int]] = field(default_factory=dict, repr=False)
 
@@ -471,8 +473,9 @@ def align_trace(pid: int, trace: PyTrace, clock: ClockFit, samples_ns: Sequence[
     else:
         start = first
         end = clock.to_mono(trace.last_ts_us or 0)
+    written = clock.to_mono(trace.last_ts_us) if trace.last_ts_us is not None else end
     return AlignedTrace(pid=pid, clock=clock, threads=threads, start_ns=start, end_ns=end,
-                        interval_ns=interval_ns, samples_ns=list(obs))
+                        interval_ns=interval_ns, samples_ns=list(obs), written_ns=max(written, end))
 
 
 def signature(ev: SampleEvent) -> tuple[bool, str]:
@@ -558,12 +561,20 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
     trace_ids = {id(t): n for n, t in enumerate(traces)}
     certain: list[tuple[int, Stack]] = []  # (event index, stack) used to learn signatures
     members: dict[tuple[int, int], list[int]] = defaultdict(list)  # (trace index, tid) -> event indices
+    tails: dict[tuple[int, int], list[int]] = defaultdict(list)  # the same, after the trace's last sample
 
     for n, ev in enumerate(events):
         best: tuple[int, AlignedTrace, int, bool] | None = None  # (rank, trace, seg, in_gap)
         covered = False
         for tr in by_pid.get(ev.tgid, ()):
             edge = opts.edge_ns if opts.edge_ns is not None else tr.interval_ns // 2
+            if (opts.refine and tr.end_ns + edge < ev.ktime_ns <= tr.written_ns and tr.samples_ns
+                    and tr.threads.get(ev.tid) and tr.seen(ev.tid, tr.end_ns) == len(tr.threads[ev.tid]) - 1):
+                # After py-spy's last sample, before it wrote: see _tail.
+                cand = (3, tr, len(tr.threads[ev.tid]) - 1, False)
+                if best is None or cand[0] < best[0]:
+                    best = cand
+                continue
             if not (tr.start_ns - edge <= ev.ktime_ns <= tr.end_ns + edge):
                 continue
             covered = True
@@ -592,6 +603,9 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
             continue
         _, tr, i, in_gap = best
         stats.matched += 1
+        if best[0] == 3:
+            tails[(trace_ids[id(tr)], ev.tid)].append(n)
+            continue
         if best[0] != 1:
             members[(trace_ids[id(tr)], ev.tid)].append(n)
         if in_gap:
@@ -613,11 +627,19 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
         for n, stack in labelled:
             model[_stack_key(stack)][signature(events[n])] += 1
         totals = {k: sum(c.values()) for k, c in model.items()}
+        pool: Counter[tuple[bool, str]] = Counter()
+        for c in model.values():
+            pool.update(c)
+        pool_n = sum(pool.values())
+
+        def logpool(sig: tuple[bool, str], pool=pool, pool_n=pool_n) -> float:
+            return math.log((pool[sig] + alpha) / (pool_n + alpha * v))
 
         def logp(key: str, sig: tuple[bool, str], model=model, totals=totals) -> float:
             c = model.get(key)
             if c is None:
-                return math.log(1.0 / v)
+                # a function with no sample of its own looks like any sample of the run
+                return logpool(sig)
             return math.log((c[sig] + alpha) / (totals[key] + alpha * v))
 
         result = list(base)
@@ -648,6 +670,12 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
                 stats.placed_midpoint += len(idxs)
             for j, n in enumerate(idxs):
                 result[n] = old.stack if j < k else new.stack
+        dropped = 0
+        for (tix, tid), idxs in sorted(tails.items()):
+            dropped += _tail(events, idxs, traces[tix].threads[tid][-1].stack, result, logp, logpool)
+        if last:
+            stats.matched -= dropped
+            stats.no_trace += dropped
         if opts.refine and opts.unseen and model:
             moved = 0
             for (tix, tid), idxs in sorted(members.items()):
@@ -658,6 +686,30 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
             break
         labelled = [(n, st) for n, st in enumerate(result) if st is not None]
     return result, stats
+
+
+def _tail(events: Sequence[SampleEvent], idxs: list[int], last: Stack, result: list[Stack | None],
+          logp: Callable[[str, tuple[bool, str]], float], logpool: Callable[[tuple[bool, str]], float]) -> int:
+    """Samples after a trace's last py-spy sample, before py-spy wrote it.
+
+    py-spy kept sampling without success (an exponential interval running past
+    the process's exit, say): the thread is taken to have stayed in its last
+    stack for as long as its samples look like that function rather than like
+    any function of the run (the split point of greatest likelihood); the
+    later ones keep no Python frame.  Returns how many keep none.
+    """
+    idxs.sort(key=lambda n: events[n].ktime_ns)
+    key = _stack_key(last)
+    sigs = [signature(events[n]) for n in idxs]
+    score = sum(logpool(s) for s in sigs)
+    best_score, best_k = score, 0
+    for j, s in enumerate(sigs, start=1):
+        score += logp(key, s) - logpool(s)
+        if score > best_score + 1e-9:
+            best_score, best_k = score, j
+    for j, n in enumerate(idxs):
+        result[n] = last if j < best_k else None
+    return len(idxs) - best_k
 
 
 #: Segments on either side of a py-spy interval whose functions may have run unseen in it.

@@ -436,3 +436,29 @@ def test_samples_incremented_back_to_back_may_have_waited_in_the_queue() -> None
     segs = a.threads[TID]
     assert (segs[1].lo_ns, segs[1].hi_ns) == (samples[1], samples[4])
     assert (segs[2].lo_ns, segs[2].hi_ns) == (samples[4], samples[5])
+
+
+def test_after_the_last_pyspy_sample_the_last_stack_holds_while_samples_look_like_it() -> None:
+    # py-spy's last successful sample came 40 ms before a phase ended; it wrote its
+    # trace 20 ms into the next phase.  The samples in between that look like the
+    # last function keep its stack; those of the next phase keep no Python frame.
+    from dataclasses import replace
+
+    aligned, events, truth = build_poisson(200, 1)
+    t0 = min(ev.ktime_ns for ev in events)
+    boundary = next(t for t in range(t0, t0 + 10**10, 1_000_000) if truth(TID, t) != truth(TID, t0)
+                    and truth(TID, t - 1_000_000) == truth(TID, t0) and t > t0 + 10**9)
+    cut = boundary - 40_000_000
+    samples = [s for s in aligned.samples_ns if s <= cut]
+    segs = [s for s in aligned.threads[TID] if s.hi_ns <= samples[-1]]
+    tr = replace(aligned, threads={TID: segs}, samples_ns=samples, end_ns=samples[-1],
+                 written_ns=boundary + 20_000_000, _los={}, _his={})
+    mine = [ev for ev in events if ev.ktime_ns <= boundary + 20_000_000]
+    stacks, stats = join(mine, [tr])
+    tail = [(ev, st) for ev, st in zip(mine, stacks) if ev.ktime_ns > samples[-1] + aligned.interval_ns // 2]
+    before = [(ev, st) for ev, st in tail if ev.ktime_ns < boundary]
+    after = [(ev, st) for ev, st in tail if ev.ktime_ns >= boundary + 5_000_000]
+    assert before and after
+    assert sum(st == truth(TID, ev.ktime_ns) for ev, st in before) >= 0.8 * len(before)
+    assert sum(st is None for ev, st in after) >= 0.8 * len(after)
+    assert stats.no_trace >= len(after) * 0.8
