@@ -627,6 +627,9 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
         for n, stack in labelled:
             model[_stack_key(stack)][signature(events[n])] += 1
         totals = {k: sum(c.values()) for k, c in model.items()}
+        if rnd == 0:
+            # functions with enough samples outside any gap to tell them from noise
+            known = {k for k, n in totals.items() if n >= UNSEEN_MIN_SAMPLES and k}
         pool: Counter[tuple[bool, str]] = Counter()
         for c in model.values():
             pool.update(c)
@@ -638,8 +641,7 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
         def logp(key: str, sig: tuple[bool, str], model=model, totals=totals) -> float:
             c = model.get(key)
             if c is None:
-                # a function with no sample of its own looks like any sample of the run
-                return logpool(sig)
+                return math.log(1.0 / v)
             return math.log((c[sig] + alpha) / (totals[key] + alpha * v))
 
         result = list(base)
@@ -679,7 +681,7 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
         if opts.refine and opts.unseen and model:
             moved = 0
             for (tix, tid), idxs in sorted(members.items()):
-                moved += _unseen(events, idxs, traces[tix], tid, result, logp)
+                moved += _unseen(events, idxs, traces[tix], tid, result, logp, known.__contains__)
             if last:
                 stats.placed_unseen += moved
         if not opts.refine:
@@ -715,9 +717,13 @@ def _tail(events: Sequence[SampleEvent], idxs: list[int], last: Stack, result: l
 #: Segments on either side of a py-spy interval whose functions may have run unseen in it.
 UNSEEN_NEIGHBOURS = 3
 
+#: Samples outside any gap a function needs before it may be found unseen.
+UNSEEN_MIN_SAMPLES = 10
+
 
 def _unseen(events: Sequence[SampleEvent], idxs: list[int], tr: AlignedTrace, tid: int,
-            result: list[Stack | None], logp: Callable[[str, tuple[bool, str]], float]) -> int:
+            result: list[Stack | None], logp: Callable[[str, tuple[bool, str]], float],
+            known: Callable[[str], bool]) -> int:
     """Let the samples between two py-spy samples take a function py-spy missed there.
 
     py-spy samples at exponentially distributed intervals (mean 1/rate, so a
@@ -755,7 +761,9 @@ def _unseen(events: Sequence[SampleEvent], idxs: list[int], tr: AlignedTrace, ti
         cands: dict[str, Stack] = {}
         for x in list(range(ib + 1, min(len(segs), ib + 1 + UNSEEN_NEIGHBOURS))) + \
                 list(range(ia - 1, max(-1, ia - 1 - UNSEEN_NEIGHBOURS), -1)):
-            if keys[x] not in (ka, kb) and keys[x] not in cands:
+            # only a function with samples of its own outside any gap (not the empty
+            # stack of a thread starting or ending): nothing tells another from noise
+            if keys[x] not in (ka, kb) and keys[x] not in cands and known(keys[x]):
                 cands[keys[x]] = segs[x].stack
         if not cands:
             continue

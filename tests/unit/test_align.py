@@ -462,3 +462,24 @@ def test_after_the_last_pyspy_sample_the_last_stack_holds_while_samples_look_lik
     assert sum(st == truth(TID, ev.ktime_ns) for ev, st in before) >= 0.8 * len(before)
     assert sum(st is None for ev, st in after) >= 0.8 * len(after)
     assert stats.no_trace >= len(after) * 0.8
+
+
+def test_a_thread_ending_is_not_found_unseen_in_between() -> None:
+    # The thread's last segment is the empty stack of a thread ending, seen in a
+    # few samples whose leaf a broken walk left as "[unknown]"; a run of such
+    # samples in the middle of a phase must not be taken for it.
+    from dataclasses import replace
+
+    from flamed.python.align import Segment
+
+    aligned, events, truth = build_poisson(200, 2)
+    last = aligned.samples_ns[-1]
+    end = Segment(aligned.samples_ns[-2], last, ())
+    tr = replace(aligned, threads={TID: aligned.threads[TID] + [end]}, _los={}, _his={})
+    odd = [ev for ev in events if ev.ktime_ns < last - 100_000_000][-40:-30]
+    weird = {id(ev) for ev in odd}
+    mixed = [replace(ev, user_stack=("[unknown]",), kernel_stack=()) if id(ev) in weird else ev for ev in events]
+    mixed += [SampleEvent(ktime_ns=last + k * 1_000_000, tgid=PID, tid=TID, comm="python3",
+                          user_stack=("[unknown]",), kernel_stack=()) for k in range(1, 4)]
+    stacks, _ = join(mixed, [tr])
+    assert all(st != () for ev, st in zip(mixed, stacks) if ev.ktime_ns < last - 100_000_000)
