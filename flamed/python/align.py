@@ -13,15 +13,20 @@ per OS thread and per instant, in three steps:
    puts a uprobe on py-spy's ``Chrometrace::increment``: each hit is the same
    instant as the ``Instant::now()`` that stamps the events written by that
    call, in CLOCK_MONOTONIC.  The very first hit of a py-spy process belongs to
-   the first event of its trace, which pins the offset without ambiguity; the
-   median over every change then fixes it to about a microsecond.  The hits
-   grouped in bursts are also the times py-spy sampled (:func:`sample_times`).
+   the first event of its trace, which bounds the offset to tens of
+   microseconds; the offset at which changes and hits pair up densest fixes it
+   to about a microsecond.  The hits, one per thread per sample, are also the
+   times py-spy sampled (:func:`sample_times`).
 3. **Place** each change (:func:`align_trace`, :func:`join`).  A change seen at
-   sample *j* happened somewhere between samples *j-1* and *j*.  BPF samples in
-   that gap get the old or the new stack by the likelihood of their signature
-   (kernel frames present, native leaf symbol) under each stack, learnt from
-   the BPF samples of the same run that are not in any gap; with nothing to
-   learn from, the midpoint decides.
+   sample *j* happened somewhere between samples *j-1* and *j* (or since the
+   sample before a run of samples that waited in py-spy's queue).  BPF samples
+   in that gap get the old or the new stack by the likelihood of their
+   signature (kernel frames present, native leaf symbol) under each stack,
+   learnt from the BPF samples of the same run that are not in any gap; with
+   nothing to learn from, the midpoint decides.  A function py-spy saw nearby
+   may also have run entirely between two samples, when the signatures say so;
+   the model is then learnt again from every placed sample, and samples placed
+   again.
 
 Weights are always those of the BPF samples: py-spy only names the Python
 frames, it never adds or scales samples (the trap of py-spy issue #506).
