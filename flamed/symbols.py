@@ -47,6 +47,10 @@ from flamed.model import KERNEL_SUFFIX, sanitize_frame
 log = logging.getLogger("flamed.symbols")
 
 UNKNOWN = "[unknown]"
+#: In a process's address cache: "no executable mapping holds this address",
+#: valid for the rest of the drain (the maps are read at most once per drain).
+#: A ``;`` cannot be in a real frame (sanitize_frame replaces it).
+_CUT = ";cut;"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +193,8 @@ class _ProcessSymbols:
     ranges: list[_Mapping] = field(default_factory=list)
     maps_drain: int = -1  # the drain in which /proc/PID/maps was last read
     seen_drain: int = 0  # the last drain that symbolized one of its samples
+    #: Addresses cached as _CUT in ``known`` during this drain.
+    cut: list[int] = field(default_factory=list)
     refresh_drain: int = -1  # the drain in which the resolver was last refreshed
 
 
@@ -354,6 +360,11 @@ class Symbolizer:
     def begin_drain(self) -> None:
         self._checked.clear()
         self._drains += 1
+        for p in self._procs.values():
+            if p.cut:
+                for a in p.cut:
+                    p.known.pop(a, None)
+                p.cut.clear()
         if self._drains % self._unknown_ttl == 0 or self._unknown_count > self._unknown_max:
             for p in self._procs.values():
                 p.unknown.clear()
@@ -470,17 +481,25 @@ class Symbolizer:
         p = self._process(pid)
         known = p.known
         try:
-            return tuple(map(known.__getitem__, reversed(addrs_leaf_first)))
+            t = tuple(map(known.__getitem__, reversed(addrs_leaf_first)))
         except KeyError:
             pass
+        else:
+            if _CUT not in t:
+                return t
+            # The chain broke at the leaf-most address outside every mapping.
+            return (UNKNOWN, *t[len(t) - t[::-1].index(_CUT):])
         out: list[str] = []
         for a in addrs_leaf_first:
             f = known.get(a)
             if f is None:
                 f = self._resolve_user(p, pid, a)
                 if f is None:
-                    out.append(UNKNOWN)
-                    break
+                    known[a] = _CUT
+                    p.cut.append(a)
+            if f is None or f is _CUT:
+                out.append(UNKNOWN)
+                break
             out.append(f)
         out.reverse()
         return tuple(out)

@@ -111,6 +111,33 @@ def test_unknown_with_module_and_broken_walks(proc: Path) -> None:
     assert got == ("[unknown]", "app_fn_2", "app_fn_1")
 
 
+def test_broken_walk_cut_is_the_same_from_the_cache_and_expires_with_the_drain(proc: Path) -> None:
+    write_proc(proc, 10, start=1)
+    s = make(proc)
+    s.begin_drain()
+    walk = [0x400100, 0x400200, 0x7E0000000010, 0x400300, 0x12345]
+    want = ("[unknown]", "app_fn_2", "app_fn_1")
+    assert s.user_stack(10, walk) == want
+    # Every address is cached now (the outside one as "cut" for this drain):
+    # the same answer without the resolver, also when the cut is elsewhere.
+    r = FakeResolver.instances[0]
+    calls = r.calls
+    assert s.user_stack(10, walk) == want
+    assert s.user_stack(10, [0x400100, 0x7E0000000010]) == ("[unknown]", "app_fn_1")
+    assert s.user_stack(10, [0x7E0000000010]) == ("[unknown]",)
+    assert s.user_stack(10, [0x12345, 0x400300, 0x7E0000000010, 0x400100]) == ("[unknown]",)
+    assert r.calls == calls
+    s.end_drain()
+    # A library mapped there later: the next drain reads the maps again and names it.
+    write_proc(proc, 10, start=1, maps=(
+        "00400000-00500000 r-xp 00000000 08:01 11 /opt/app/bin/app\n"
+        "7e0000000000-7e0000001000 r-xp 00000000 08:01 13 /opt/app/lib/plugin.so\n"
+    ))
+    r.extra[0x7E0000000010] = (b"plugin_fn", b"/opt/app/lib/plugin.so")
+    s.begin_drain()
+    assert s.user_stack(10, [0x400100, 0x7E0000000010]) == ("plugin_fn", "app_fn_1")
+
+
 def test_pid_reuse_and_exec_get_new_symbols(proc: Path) -> None:
     write_proc(proc, 10, start=1)
     s = make(proc)
