@@ -36,6 +36,13 @@ struct flamed_event {
     char comm[FLAMED_COMM_LEN];
 };
 
+/* A process image as the program can tell it without reading kernel
+ * structs: an exec keeps the tgid but nearly always changes the comm. */
+struct flamed_task {
+    __u32 tgid;
+    char comm[FLAMED_COMM_LEN];
+};
+
 /* Key of the comm filter map. */
 struct flamed_comm {
     char comm[FLAMED_COMM_LEN];

@@ -32,6 +32,9 @@
  *   FLAMED_MAX_WATCHED    watched processes (default 1024)
  *   FLAMED_FILTER_MAX     entries of each filter map (default 1024)
  *   FLAMED_INCLUDE_IDLE   1: also sample the idle task (pid 0)
+ *   FLAMED_PRIME          1: report each process image the first time it is
+ *                         sampled (see `new_images` below)
+ *   FLAMED_SEEN_MAX       process images remembered for that (LRU, default 16384)
  *   FLAMED_FILTER_PIDS, FLAMED_FILTER_TIDS, FLAMED_FILTER_CGROUPS,
  *   FLAMED_FILTER_COMMS   1: sample only tasks found in that filter map
  */
@@ -60,6 +63,12 @@
 #endif
 #ifndef FLAMED_INCLUDE_IDLE
 #define FLAMED_INCLUDE_IDLE 0
+#endif
+#ifndef FLAMED_PRIME
+#define FLAMED_PRIME 0
+#endif
+#ifndef FLAMED_SEEN_MAX
+#define FLAMED_SEEN_MAX 16384
 #endif
 #ifndef FLAMED_FILTER_PIDS
 #define FLAMED_FILTER_PIDS 0
@@ -105,6 +114,30 @@ BPF_HASH(filter_cgroups, u64, u8, FLAMED_FILTER_MAX);
 BPF_HASH(filter_comms, struct flamed_comm, u8, FLAMED_FILTER_MAX);
 
 BPF_RINGBUF_OUTPUT(events, FLAMED_RINGBUF_PAGES);
+
+/* Symbolizing user stacks needs /proc/PID/maps, and a process that exits
+ * before the next drain takes its maps with it.  So the first sample of each
+ * process image (tgid + comm) is reported through `new_images` at once, and
+ * user space reads the maps while the process still runs; `seen` (LRU) keeps
+ * the images already reported. */
+#if FLAMED_PRIME
+BPF_TABLE("lru_hash", struct flamed_task, u8, seen, FLAMED_SEEN_MAX);
+BPF_PERF_OUTPUT(new_images);
+
+static __always_inline void report_new_image(struct bpf_perf_event_data *ctx, struct flamed_key *key)
+{
+    struct flamed_task t = {};
+    t.tgid = key->tgid;
+    __builtin_memcpy(t.comm, key->comm, FLAMED_COMM_LEN);
+    if (seen.lookup(&t))
+        return;
+    u8 one = 1;
+    seen.update(&t, &one);
+    /* Lost when user space falls behind (counted there): the drain still
+     * reads the maps of whatever is alive then. */
+    new_images.perf_submit(ctx, &t, sizeof(t));
+}
+#endif
 
 static __always_inline void stat_inc(u32 block, u32 which)
 {
@@ -294,6 +327,11 @@ int flamed_sample(struct bpf_perf_event_data *ctx)
 
     /* Never reset: lets a test check that the windows add up to it. */
     stat_inc(FLAMED_STATS_GLOBAL, FLAMED_STAT_SAMPLES);
+
+#if FLAMED_PRIME
+    if (tgid != 0)
+        report_new_image(ctx, &key);
+#endif
 
     u32 zero = 0;
     u64 *seq = inflight.lookup(&zero);

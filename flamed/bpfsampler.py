@@ -152,6 +152,15 @@ class BpfSamplerOptions:
     #: How long a drain waits for a CPU still running the program on the old
     #: generation before it reads anyway (and counts ``quiesce_timeouts``).
     quiesce_timeout: float = 1.0
+    #: Read /proc/PID/maps of each process image (tgid + comm) as soon as it
+    #: is first sampled (the program reports it through a perf buffer), so
+    #: processes that exit before the next drain still get their user frames
+    #: named.  Off: maps are read at the drain, for the processes alive then.
+    prime: bool = True
+    #: Process images remembered as already reported (LRU).
+    seen_max: int = 16384
+    #: Per-CPU perf buffer of those reports, in pages (a power of 2).
+    prime_pages: int = 8
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
@@ -167,7 +176,7 @@ class BpfSamplerOptions:
             raise bad("cpus", "must be a non-empty list of CPU numbers, or unset for all")
         if not 1 <= self.stack_depth <= 127:
             raise bad("stack_depth", "must be 1..127 frames")
-        for name in ("stack_storage_size", "max_entries", "max_watched", "filter_max"):
+        for name in ("stack_storage_size", "max_entries", "max_watched", "filter_max", "seen_max"):
             if not 1 <= getattr(self, name) <= 1 << 24:
                 raise bad(name, "must be 1..16777216")
         p = self.ringbuf_pages
@@ -182,6 +191,9 @@ class BpfSamplerOptions:
                 raise bad("comms", f"{c!r}: a comm is 1..15 bytes")
         if self.quiesce_timeout <= 0:
             raise bad("quiesce_timeout", "must be > 0 seconds")
+        p = self.prime_pages
+        if p < 1 or p & (p - 1) or p > 1024:
+            raise bad("prime_pages", "must be a power of 2, at most 1024")
 
 
 @dataclass(frozen=True)
@@ -231,6 +243,8 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions()) -> BpfProgram:
         "FLAMED_FILTER_TIDS": int(options.tids is not None),
         "FLAMED_FILTER_CGROUPS": int(options.cgroups is not None),
         "FLAMED_FILTER_COMMS": int(options.comms is not None),
+        "FLAMED_PRIME": int(options.prime),
+        "FLAMED_SEEN_MAX": options.seen_max,
     }
     cflags = (f"-I{d}", *(f"-D{k}={v}" for k, v in defines.items()))
     return BpfProgram(path=path, text=text, cflags=cflags, header_path=header, header=header_text)
@@ -286,6 +300,12 @@ class SamplerStats:
     stack_buckets: int = 0
     symbol_processes: int = 0  # processes with a live symbol cache
     symbol_addresses: int = 0  # cached address -> frame results
+    #: Process images whose maps were read when first sampled; those already
+    #: gone by then; reports the perf buffer lost (user space fell behind).
+    #: The user frames of the last two are named only if alive at the drain.
+    primed_total: int = 0
+    prime_missed_total: int = 0
+    prime_lost_total: int = 0
 
     def copy(self) -> SamplerStats:
         c = SamplerStats(**{f.name: getattr(self, f.name) for f in fields(self)})
@@ -448,6 +468,9 @@ class BpfSampler:
         self._stack_buf: Any = None
         self._comm_cache: dict[bytes, str] = {}
         self._lookup_and_delete = True  # until the kernel says otherwise
+        self._primer: threading.Thread | None = None
+        self._prime_stop = threading.Event()
+        self._new_images: list[int] = []  # tgids reported, filled by perf_buffer_poll's callback
 
     # -- Sampler protocol -------------------------------------------------
     def start(self) -> None:
@@ -462,6 +485,9 @@ class BpfSampler:
                 self._teardown()
                 raise
             self._started = True
+            if self.options.prime:
+                self._primer = threading.Thread(target=self._prime_loop, name="flamed-prime", daemon=True)
+                self._primer.start()
 
     def drain(self) -> Window:
         with self._lock:
@@ -482,11 +508,67 @@ class BpfSampler:
                 self._map_del("watched", tgid, ct.c_uint32)
 
     def close(self) -> None:
+        self._stop_primer()
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._teardown()
+
+    # -- priming: maps of new processes, read while they run ---------------
+    def _stop_primer(self) -> None:
+        self._prime_stop.set()
+        t = self._primer
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=10)
+            if t.is_alive():
+                log.warning("the priming thread did not stop within 10 s")
+
+    def _prime_loop(self) -> None:
+        failures = 0
+        while not self._prime_stop.is_set():
+            try:
+                # Wakes as soon as the program reports a new image; the
+                # timeout is only for noticing close().
+                self._bpf.perf_buffer_poll(timeout=100)
+                self._prime_reported()
+                failures = 0
+            except Exception as e:  # noqa: BLE001 -- keep sampling; the drain reads maps anyway
+                failures += 1
+                if failures in (1, 100):
+                    log.warning("reading the maps of new processes failed: %s", e)
+                if self._prime_stop.wait(0.1):
+                    break
+
+    def _on_new_image(self, _cpu: int, data: Any, size: int) -> None:
+        if size >= 4:
+            self._new_images.append(ct.cast(data, ct.POINTER(ct.c_uint32))[0])
+
+    def _on_new_image_lost(self, lost: int) -> None:
+        self._stats.prime_lost_total += int(lost)
+
+    def _prime_reported(self) -> int:
+        """Read the maps of every process image reported since the last call
+        (in the priming thread); returns how many were primed."""
+        tasks, self._new_images = self._new_images, []
+        sym = self._symbolizer
+        if not tasks or sym is None:
+            return 0
+        primed = 0
+        for tgid in dict.fromkeys(tasks):
+            if self._prime_stop.is_set():
+                break
+            prepared = sym.prepare(tgid)  # /proc reads: outside the lock, a drain may hold it
+            with self._lock:
+                if self._closed:
+                    return primed
+                if prepared is None:
+                    self._stats.prime_missed_total += 1
+                else:
+                    sym.prime(tgid, prepared)
+                    primed += 1
+                    self._stats.primed_total += 1
+        return primed
 
     def stop(self) -> None:
         """Stop sampling but keep the maps: a last :meth:`drain` then returns
@@ -597,6 +679,10 @@ class BpfSampler:
             k.comm = c.encode()
             comms[k] = comms.Leaf(1)
         b["events"].open_ring_buffer(self._on_event)
+        if self.options.prime:
+            b["new_images"].open_perf_buffer(
+                self._on_new_image, page_cnt=self.options.prime_pages, lost_cb=self._on_new_image_lost
+            )
         n = self.options.max_entries
         key_t, leaf_t = b["counts0"].Key, b["counts0"].Leaf
         self._keys_buf = (key_t * n)()
@@ -1090,6 +1176,7 @@ def options_from_config(cfg: Any) -> BpfSamplerOptions:
         stack_depth=int(get("stack_depth", d.stack_depth)),
         max_entries=int(get("counts_map_size", get("max_entries", d.max_entries))),
         ringbuf_pages=int(get("ringbuf_pages", d.ringbuf_pages)),
+        prime=bool(get("prime_new_processes", get("prime", d.prime))),
         bpf_dir=Path(bpf_dir) if bpf_dir else None,
     )
 

@@ -29,6 +29,13 @@ one broken walk from spreading into dozens of made-up frames and distinct
 stacks.  Unnamed addresses inside anonymous executable mappings (JIT code)
 are cached for ``unknown_ttl`` drains only.
 
+A process that lives and dies between two drains leaves no /proc/PID/maps
+to read at the drain.  :meth:`Symbolizer.prepare` (any thread) and
+:meth:`Symbolizer.prime` (the drain's thread or lock) record a process's
+identity and mappings when the BPF program first samples it; at the drain its
+files are then opened by their recorded path, if that is still the same
+device and inode.
+
 bcc is imported lazily; constructing a :class:`Symbolizer` needs it, importing
 this module does not.
 """
@@ -79,6 +86,36 @@ def read_identity(pid: int, proc: Path = Path("/proc")) -> ProcessIdentity | Non
         return ProcessIdentity(pid, int(rest[19]), int(rest[23]), int(rest[25]))
     except (IndexError, ValueError):
         return None
+
+
+def read_maps(pid: int, proc: Path = Path("/proc")) -> list[_Mapping]:
+    """The executable mappings of ``pid``, sorted by address ([] when gone)."""
+    try:
+        text = (proc / str(pid) / "maps").read_text(errors="surrogateescape")
+    except OSError:
+        return []
+    ranges: list[_Mapping] = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5 or "x" not in parts[1]:
+            continue
+        lo, _, hi = parts[0].partition("-")
+        try:
+            ranges.append(_Mapping(int(lo, 16), int(hi, 16), parts[5].strip() if len(parts) > 5 else "",
+                                   int(parts[2], 16), parts[3], int(parts[4])))
+        except ValueError:
+            continue
+    ranges.sort()
+    return ranges
+
+
+def _same_file(path: str, dev: str, inode: int) -> bool:
+    """Is ``path`` the file a mapping shows as ``dev`` (``fd:01``) and ``inode``?"""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_ino == inode and f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}" == dev
 
 
 def _kallsyms_hidden(proc: Path) -> bool:
@@ -315,6 +352,7 @@ class SymbolStats:
     invalidations: int = 0  # processes whose image changed (exec, pid reuse)
     refreshes: int = 0  # resolvers re-read after a library was loaded
     elf_files: int = 0  # symbol tables read (each shared by all processes mapping the file)
+    primed: int = 0  # process images whose maps were read when first sampled (prime())
 
 
 class Symbolizer:
@@ -506,26 +544,45 @@ class Symbolizer:
 
     def _read_maps(self, p: _ProcessSymbols, pid: int) -> None:
         p.maps_drain = self._drains
-        ranges: list[_Mapping] = []
-        try:
-            text = (self._proc / str(pid) / "maps").read_text(errors="surrogateescape")
-        except OSError:
-            text = ""
-        for line in text.splitlines():
-            parts = line.split(None, 5)
-            if len(parts) < 5 or "x" not in parts[1]:
-                continue
-            lo, _, hi = parts[0].partition("-")
-            try:
-                ranges.append(_Mapping(int(lo, 16), int(hi, 16), parts[5].strip() if len(parts) > 5 else "",
-                                       int(parts[2], 16), parts[3], int(parts[4])))
-            except ValueError:
-                continue
+        ranges = read_maps(pid, self._proc)
         if ranges or not p.ranges:
             # An exited process keeps the mappings last seen.
-            ranges.sort()
             p.ranges = ranges
             p.starts = [r[0] for r in ranges]
+
+    # -- priming: short-lived processes ------------------------------------
+    def prepare(self, pid: int) -> tuple[ProcessIdentity, list[_Mapping]] | None:
+        """What :meth:`prime` needs, read now from /proc (``None``: gone).
+
+        Touches no state of the symbolizer, so it may run in another thread
+        than the drain; :meth:`prime` must not."""
+        ident = read_identity(pid, self._proc)
+        if ident is None:
+            return None
+        ranges = read_maps(pid, self._proc)
+        if not ranges or read_identity(pid, self._proc) != ident:
+            return None  # exited (or exec'd) while being read
+        return ident, ranges
+
+    def prime(self, pid: int, prepared: tuple[ProcessIdentity, list[_Mapping]]) -> None:
+        """Remember a process image's mappings before its samples are drained.
+
+        A process that exits before the next drain takes /proc/PID/maps with
+        it; with its mappings kept here its samples are still symbolized
+        (from the mapped files, found through the host's file system when
+        /proc/PID/root is gone and the file there is still the same inode)."""
+        ident, ranges = prepared
+        p = self._procs.get(pid)
+        if p is not None:
+            if p.identity == ident:
+                return
+            self.stats.invalidations += 1
+            self._drop(pid)
+        p = _ProcessSymbols(ident, seen_drain=self._drains)
+        p.ranges = ranges
+        p.starts = [r[0] for r in ranges]
+        self._procs[pid] = p
+        self.stats.primed += 1
 
     def _mapping(self, p: _ProcessSymbols, pid: int, addr: int) -> _Mapping | None:
         """The executable mapping holding ``addr``, if any."""
@@ -554,13 +611,12 @@ class Symbolizer:
                 path = str(self._proc / str(pid) / "root") + m.path
             else:
                 path = ""
-            elf = None
-            if path:
-                try:
-                    elf = self._elf_loader(path)
-                    self.stats.elf_files += 1
-                except Exception as e:  # noqa: BLE001 -- bcc and ctypes raise plain errors
-                    log.debug("no ELF symbols from %s: %s", path, e)
+            elf = self._load_elf(path) if path else None
+            if (elf is None and m.path.startswith("/") and not m.path.endswith(" (deleted)")
+                    and _same_file(m.path, m.dev, m.inode)):
+                # The process is gone (a primed short-lived one) and with it
+                # /proc/PID/root; the host's file at that path is the same inode.
+                elf = self._load_elf(m.path)
             self._elves[key] = elf
         if elf is None:
             return None
@@ -568,6 +624,15 @@ class Symbolizer:
         if name:
             return sanitize_frame(demangle(name).decode("utf-8", "surrogateescape"))
         return _frame(None, m.path.removesuffix(" (deleted)").encode("utf-8", "surrogateescape"))
+
+    def _load_elf(self, path: str) -> ElfSymbols | None:
+        try:
+            elf = self._elf_loader(path)
+        except Exception as e:  # noqa: BLE001 -- bcc and ctypes raise plain errors
+            log.debug("no ELF symbols from %s: %s", path, e)
+            return None
+        self.stats.elf_files += 1
+        return elf
 
     def _resolve_user(self, p: _ProcessSymbols, pid: int, addr: int) -> str | None:
         """The frame for ``addr``; ``None`` when no executable mapping holds it."""

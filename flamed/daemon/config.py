@@ -58,6 +58,9 @@ class SamplingConfig:
     stack_depth: int = 127
     #: Capacity of each generation of the counts map (unique keys between two drains).
     counts_map_size: int = 65536
+    #: Read a process's memory map as soon as it is first sampled, so processes
+    #: that exit before the next drain still get their user frames named.
+    prime_new_processes: bool = True
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,7 @@ class Daemon:
         self._loss_warned: dict[str, float] = {}
         self._bpf_retired = 0  # BPF samples counted by samplers replaced on reload
         self._sampler_stats: Any = None  # the sampler's stats() as of the last drain
+        self._primed_seen: dict[str, int] = {}  # the sampler's priming totals already counted
 
     # -- requests from other threads and signal handlers -----------------
     def request_stop(self) -> None:
@@ -314,6 +315,7 @@ class Daemon:
                 m.symbolize_duration.observe(float(st.last_symbolize_seconds))
                 m.map_fill.labels(map="counts").set(float(st.count_map_fill))
                 m.map_fill.labels(map="stacks").set(float(st.stack_map_fill))
+                self._count_primed(st)
             except (AttributeError, TypeError, ValueError):
                 pass
         for p in self.processors:
@@ -369,6 +371,16 @@ class Daemon:
             log.warning("the BPF maps are too small: %d samples lost their stack or count in the last window "
                         "(%s); raise %s (now %s)", n, ", ".join(f"{r}={v}" for r, v in sorted(lost.items())
                                                          if v and r.startswith(prefix)), key, current)
+
+    def _count_primed(self, st: Any) -> None:
+        """The sampler's cumulative priming totals into the counter (a new
+        sampler after a reload starts again from 0)."""
+        for result, attr in (("primed", "primed_total"), ("gone", "prime_missed_total"),
+                             ("lost", "prime_lost_total")):
+            v = int(getattr(st, attr, 0))
+            last = self._primed_seen.get(result, 0)
+            self.metrics.processes_primed.labels(result=result).inc(v - last if v >= last else v)
+            self._primed_seen[result] = v
 
     def bpf_samples_total(self, *, live: bool = False) -> int | None:
         """Samples the BPF program(s) counted since start (its never-reset counter), if the sampler tells.
@@ -463,6 +475,7 @@ class Daemon:
             self.sampler.close()
             self.sampler = fresh
             self._sampler_stats = None
+            self._primed_seen.clear()
             for p in self.processors:
                 p.sampler_changed(fresh)
         self.store.configure(new.output, new.retention)

@@ -90,6 +90,12 @@ class DaemonMetrics:
         )
         self.backlog_files = Gauge("flamed_backlog_files", "Profile files waiting in memory for the disk.",
                                    registry=r)
+        self.processes_primed = Counter(
+            "flamed_processes_primed",
+            "Processes whose memory map was read when first sampled, by result: primed; gone (exited "
+            "before it could be read); lost (the report was dropped, the daemon fell behind).",
+            ["result"], registry=r,
+        )
         self.backlog_dropped = Counter(
             "flamed_backlog_dropped_files", "Unwritten files dropped because the backlog was full.", registry=r
         )

@@ -24,6 +24,7 @@ def bpf_options(cfg: SamplingConfig) -> Any:
         stack_storage_size=cfg.stack_map_size,
         stack_depth=cfg.stack_depth,
         max_entries=cfg.counts_map_size,
+        prime=cfg.prime_new_processes,
     )
     try:
         opts.validate()

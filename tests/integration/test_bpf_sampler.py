@@ -127,6 +127,27 @@ def test_busy_workload_has_its_frames_under_its_own_task(shared: BpfSampler, bus
         assert late and any(contains_run(st, BUSY_FRAMES) for st in late)
 
 
+def test_processes_that_exit_before_the_drain_keep_their_frames(shared: BpfSampler, busy_bin: Path) -> None:
+    """Short-lived processes (0.1 s each, all gone when the drain runs): their
+    maps were read when they were first sampled, so their frames are named."""
+    s = shared
+    s.drain()
+    primed0 = s.stats().primed_total
+    for _ in range(20):
+        subprocess.run([str(busy_bin), "busy", "0.1"], stdout=subprocess.DEVNULL, timeout=30, check=True)
+    w = s.drain()
+    check_accounting(w)
+    mine = {k: n for k, n in w.counts.items() if k[2] == "flamed_busy"}
+    total = sum(mine.values())
+    assert total >= 50, f"too few samples of the short-lived workloads: {total}"
+    good = sum(n for (_p, _t, _c, stack), n in mine.items() if contains_run(stack, BUSY_FRAMES))
+    unknown = sum(n for (_p, _t, _c, stack), n in mine.items() if stack and stack[0] == "[unknown]")
+    # Without priming nearly all of them are "[unknown]" (every process gone).
+    assert good / total >= 0.7, (good, unknown, sorted(mine.items(), key=lambda kv: -kv[1])[:5])
+    assert s.stats().primed_total - primed0 >= 15
+    assert len({k[0] for k in mine}) >= 15  # distinct processes
+
+
 def test_syscall_heavy_workload_has_kernel_frames(shared: BpfSampler) -> None:
     s = shared
     dd = subprocess.Popen(["dd", "if=/dev/zero", "of=/dev/null", "bs=1", "count=1000000000"],

@@ -184,6 +184,7 @@ def test_metrics_over_http_match_the_files(daemon: Running) -> None:
 
     # The daemon keeps draining (every second) and may rotate (each minute) while we look:
     # the scrape must lie between what the files held at a flush before it and a flush after it.
+    assert request(daemon.sock, {"request": "flush"})["file"]  # a drain at least, even if this test runs alone
     assert request(daemon.sock, {"request": "flush"})["file"]
     before = written()
     st = request(daemon.sock, {"request": "status"})["status"]
@@ -206,6 +207,9 @@ def test_metrics_over_http_match_the_files(daemon: Running) -> None:
     assert 0 <= values['flamed_bpf_map_fill_ratio{map="counts"}'] <= 1
     assert values["flamed_drains_total"] >= 2
     assert values["flamed_symbolize_duration_seconds_count"] >= 1
+    # every process it sampled had its memory map read at its first sample
+    assert values['flamed_processes_primed_total{result="primed"}'] >= 1
+    assert 'flamed_processes_primed_total{result="gone"}' in values
 
 
 def test_sigterm_writes_the_last_partial_window_and_nothing_is_lost(daemon: Running) -> None:

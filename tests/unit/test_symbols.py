@@ -241,3 +241,78 @@ def test_real_elf_symbols_of_this_process() -> None:
         assert s.stats.elf_files == 1 and s.stats.resolver_calls == 0
     finally:
         s.close()
+
+
+class StubElf:
+    """An ELF loader that names every offset and records the paths it opened."""
+
+    opened: list[str] = []
+
+    def __init__(self, path: str) -> None:
+        import os
+
+        if not os.path.isfile(path):
+            raise OSError(f"{path}: no such file")
+        StubElf.opened.append(path)
+
+    def __len__(self) -> int:
+        return 1
+
+    def lookup(self, file_offset: int) -> bytes | None:
+        return b"stub_fn_%x" % file_offset
+
+
+def test_process_primed_before_it_exits_keeps_its_frames(proc: Path, tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    exe = tmp_path / "app"
+    exe.write_bytes(b"\x7fELF not really")
+    st = os.stat(exe)
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    maps = f"00400000-00500000 r-xp 00000000 {dev} {st.st_ino} {exe}\n"
+    StubElf.opened.clear()
+    s = Symbolizer(resolver_factory=FakeResolver, proc=proc, elf_loader=StubElf)
+    for pid in (10, 11):
+        write_proc(proc, pid, start=pid, maps=maps)
+    prepared = s.prepare(10)
+    assert prepared is not None
+    s.prime(10, prepared)
+    assert s.stats.primed == 1
+    # Both exit before the drain: /proc/PID (and /proc/PID/root with it) is gone.
+    for pid in (10, 11):
+        shutil.rmtree(proc / str(pid))
+    assert s.prepare(10) is None
+    s.begin_drain()
+    # The primed one is named from the file at its path (same device and inode) ...
+    assert s.user_stack(10, [0x400100]) == ("stub_fn_100",)
+    assert StubElf.opened == [str(exe)]
+    # ... the other one lost its maps with its life.
+    assert s.user_stack(11, [0x400100]) == ("[unknown]",)
+    s.end_drain()
+
+
+def test_priming_ignores_a_file_replaced_at_the_same_path(proc: Path, tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    exe = tmp_path / "app"
+    exe.write_bytes(b"old")
+    st = os.stat(exe)
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    write_proc(proc, 10, start=1, maps=f"00400000-00500000 r-xp 00000000 {dev} {st.st_ino} {exe}\n")
+    StubElf.opened.clear()
+    s = Symbolizer(resolver_factory=FakeResolver, proc=proc, elf_loader=StubElf)
+    prepared = s.prepare(10)
+    assert prepared is not None
+    s.prime(10, prepared)
+    shutil.rmtree(proc / "10")
+    # An upgrade put another file (another inode) at the path: not the code that ran.
+    keep = tmp_path / "keep"
+    os.rename(exe, keep)
+    exe.write_bytes(b"new")
+    s.begin_drain()
+    frames = s.user_stack(10, [0x400100])
+    assert StubElf.opened == []
+    assert "stub_fn" not in frames[0]
+    s.end_drain()
