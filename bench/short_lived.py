@@ -44,6 +44,9 @@ def measure(binary: Path, run_s: float, seconds: float, prime: bool) -> dict[str
     s = BpfSampler(BpfSamplerOptions(frequency=999, prime=prime))
     s.start()
     try:
+        # Steady state, as in the daemon: at start every process on the host is
+        # new and the priming thread first reads all of their maps.
+        time.sleep(1.0)
         s.drain()
         t0 = time.monotonic()
         runs = 0

@@ -575,6 +575,11 @@ class Symbolizer:
         p = self._procs.get(pid)
         if p is not None:
             if p.identity == ident:
+                # Read again later: the dynamic loader maps the libraries
+                # after exec, so the first read may hold only the executable.
+                if ranges != p.ranges:
+                    p.ranges = ranges
+                    p.starts = [r[0] for r in ranges]
                 return
             self.stats.invalidations += 1
             self._drop(pid)
