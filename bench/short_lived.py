@@ -67,7 +67,8 @@ def measure(binary: Path, run_s: float, seconds: float, prime: bool) -> dict[str
         elif stack and stack[0] == "[unknown]":
             unknown += n
     return {"runs": runs, "samples": total, "named": named, "unknown": unknown,
-            "primed": st.primed_total, "gone": st.prime_missed_total, "lost": st.prime_lost_total}
+            "primed": st.primed_total, "gone": st.prime_missed_total, "lost": st.prime_lost_total,
+            "throttled": st.prime_throttled_total}
 
 
 def main() -> None:
@@ -81,7 +82,7 @@ def main() -> None:
         binary = build(Path(d))
         load = os.getloadavg()[0]
         print(f"# {os.cpu_count()} CPUs, 999 Hz, {a.seconds:g} s of back-to-back runs per row, load average {load:.2f}")
-        cols = ("run s", "priming", "processes", "samples", "named %", "[unknown] %", "primed", "gone", "lost")
+        cols = ("run s", "priming", "processes", "samples", "named %", "[unknown] %", "primed", "gone", "lost", "throttled")
         print(" | ".join(cols))
         print(" | ".join("---" for _ in cols))
         for run_s in (float(x) for x in a.runs.split(",")):
@@ -91,7 +92,7 @@ def main() -> None:
                 print(" | ".join(str(x) for x in (
                     f"{run_s:g}", "on" if prime else "off", m["runs"], m["samples"],
                     f"{100 * m['named'] / t:.1f}", f"{100 * m['unknown'] / t:.1f}",
-                    m["primed"] if prime else "-", m["gone"] if prime else "-", m["lost"] if prime else "-",
+                    *((m["primed"], m["gone"], m["lost"], m["throttled"]) if prime else ("-",) * 4),
                 )), flush=True)
 
 

@@ -162,6 +162,10 @@ class BpfSamplerOptions:
     seen_max: int = 16384
     #: Per-CPU perf buffer of those reports, in pages (a power of 2).
     prime_pages: int = 8
+    #: At most this many /proc reads per second for priming (~90 us of CPU
+    #: each, so the default bounds it near 2 % of a core on a host that
+    #: starts processes faster); reports beyond it are skipped and counted.
+    prime_rate: int = 200
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
@@ -195,6 +199,8 @@ class BpfSamplerOptions:
         p = self.prime_pages
         if p < 1 or p & (p - 1) or p > 1024:
             raise bad("prime_pages", "must be a power of 2, at most 1024")
+        if not 1 <= self.prime_rate <= 1_000_000:
+            raise bad("prime_rate", "must be 1..1000000 reads per second")
 
 
 @dataclass(frozen=True)
@@ -307,6 +313,7 @@ class SamplerStats:
     primed_total: int = 0
     prime_missed_total: int = 0
     prime_lost_total: int = 0
+    prime_throttled_total: int = 0  # skipped: over prime_rate
 
     def copy(self) -> SamplerStats:
         c = SamplerStats(**{f.name: getattr(self, f.name) for f in fields(self)})
@@ -482,6 +489,8 @@ class BpfSampler:
         self._prime_stop = threading.Event()
         self._new_images: list[int] = []  # tgids reported, filled by perf_buffer_poll's callback
         self._reprime: list[tuple[float, int, int]] = []  # heap of (due, tgid, reads so far)
+        self._prime_tokens = float(options.prime_rate)  # token bucket of prime_rate reads per second
+        self._prime_refill = time.monotonic()
 
     # -- Sampler protocol -------------------------------------------------
     def start(self) -> None:
@@ -570,6 +579,18 @@ class BpfSampler:
     def _on_new_image_lost(self, lost: int) -> None:
         self._stats.prime_lost_total += int(lost)
 
+    def _prime_token(self) -> bool:
+        """May the priming thread read /proc once more now (prime_rate)?"""
+        now = time.monotonic()
+        rate = self.options.prime_rate
+        self._prime_tokens = min(float(rate), self._prime_tokens + (now - self._prime_refill) * rate)
+        self._prime_refill = now
+        if self._prime_tokens >= 1.0:
+            self._prime_tokens -= 1.0
+            return True
+        self._stats.prime_throttled_total += 1
+        return False
+
     def _prime_reported(self) -> int:
         """Read the maps of every process image reported since the last call
         (in the priming thread); returns how many were primed."""
@@ -581,6 +602,8 @@ class BpfSampler:
         for tgid in dict.fromkeys(tasks):
             if self._prime_stop.is_set():
                 break
+            if not self._prime_token():
+                continue
             prepared = sym.prepare(tgid)  # /proc reads: outside the lock, a drain may hold it
             with self._lock:
                 if self._closed:
@@ -601,6 +624,8 @@ class BpfSampler:
         now = time.monotonic()
         while self._reprime and self._reprime[0][0] <= now and sym is not None:
             _due, tgid, n = heapq.heappop(self._reprime)
+            if not self._prime_token():
+                continue
             prepared = sym.prepare(tgid)
             if prepared is None:
                 continue  # gone: what the first read saw stays
@@ -1218,6 +1243,7 @@ def options_from_config(cfg: Any) -> BpfSamplerOptions:
         max_entries=int(get("counts_map_size", get("max_entries", d.max_entries))),
         ringbuf_pages=int(get("ringbuf_pages", d.ringbuf_pages)),
         prime=bool(get("prime_new_processes", get("prime", d.prime))),
+        prime_rate=int(get("prime_rate", d.prime_rate)),
         bpf_dir=Path(bpf_dir) if bpf_dir else None,
     )
 

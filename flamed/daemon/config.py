@@ -61,6 +61,8 @@ class SamplingConfig:
     #: Read a process's memory map as soon as it is first sampled, so processes
     #: that exit before the next drain still get their user frames named.
     prime_new_processes: bool = True
+    #: At most this many of those reads per second (~90 us of CPU each).
+    prime_rate: int = 200
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "sampling.stack_map_size": (64, 1 << 24),
     "sampling.stack_depth": (1, 127),
     "sampling.counts_map_size": (64, 1 << 24),
+    "sampling.prime_rate": (1, 1_000_000),
     "output.rotate_interval": (0.05, 86400),
     "output.backlog_max_bytes": (0, 1 << 40),
     "retention.max_files": (0, 1 << 31),

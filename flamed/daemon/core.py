@@ -376,7 +376,7 @@ class Daemon:
         """The sampler's cumulative priming totals into the counter (a new
         sampler after a reload starts again from 0)."""
         for result, attr in (("primed", "primed_total"), ("gone", "prime_missed_total"),
-                             ("lost", "prime_lost_total")):
+                             ("lost", "prime_lost_total"), ("throttled", "prime_throttled_total")):
             v = int(getattr(st, attr, 0))
             last = self._primed_seen.get(result, 0)
             self.metrics.processes_primed.labels(result=result).inc(v - last if v >= last else v)

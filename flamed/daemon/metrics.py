@@ -93,7 +93,8 @@ class DaemonMetrics:
         self.processes_primed = Counter(
             "flamed_processes_primed",
             "Processes whose memory map was read when first sampled, by result: primed; gone (exited "
-            "before it could be read); lost (the report was dropped, the daemon fell behind).",
+            "before it could be read); lost (the report was dropped, the daemon fell behind); "
+            "throttled (over sampling.prime_rate reads per second).",
             ["result"], registry=r,
         )
         self.backlog_dropped = Counter(

@@ -25,6 +25,7 @@ def bpf_options(cfg: SamplingConfig) -> Any:
         stack_depth=cfg.stack_depth,
         max_entries=cfg.counts_map_size,
         prime=cfg.prime_new_processes,
+        prime_rate=cfg.prime_rate,
     )
     try:
         opts.validate()

@@ -106,3 +106,20 @@ def test_unstarted_sampler() -> None:
     assert s.watched == frozenset({5})
     s.close()
     s.close()
+
+
+def test_priming_reads_are_rate_limited() -> None:
+    """The token bucket: prime_rate reads at once, then prime_rate per second, the rest counted."""
+    s = BpfSampler(BpfSamplerOptions(prime_rate=5))
+    allowed = sum(s._prime_token() for _ in range(20))
+    assert allowed == 5
+    assert s.stats().prime_throttled_total == 15
+    s._prime_refill -= 0.4  # as if 0.4 s had passed: 2 more
+    assert sum(s._prime_token() for _ in range(10)) == 2
+
+
+def test_prime_rate_is_validated() -> None:
+    from flamed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="prime_rate"):
+        BpfSamplerOptions(prime_rate=0).validate()
