@@ -137,5 +137,8 @@ def test_installed_daemon_samples(deb: Path, tmp_path: Path) -> None:
             _, err = p.communicate()
     assert p.returncode == 0, err
     files = [f for f in state.glob("*.folded") if not f.is_symlink()]
-    assert len(files) == 1 and files[0].stat().st_size > 0, err
-    assert "_[k]" in files[0].read_text()
+    # Files start at multiples of the rotate interval (UTC): a run of ~2 s
+    # writes one file, or two when it crosses a minute boundary.
+    assert 1 <= len(files) <= 2, (files, err)
+    assert sum(f.stat().st_size for f in files) > 0, err
+    assert any("_[k]" in f.read_text() for f in files)
