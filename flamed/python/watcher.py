@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flamed.errors import ConfigError
+from flamed.python.pyspy import have_cap_sys_ptrace
 
 log = logging.getLogger(__name__)
 
@@ -153,16 +154,6 @@ def parse_proc_events(data: bytes) -> Iterator[dict[str, Any]]:
         off += (length + 3) & ~3
 
 
-_CAP_SYS_PTRACE = 19
-
-
-def _have_cap(cap: int) -> bool:
-    """Is ``cap`` in this process's effective capability set?"""
-    b = _read("/proc/self/status")
-    m = re.search(rb"^CapEff:\s+([0-9a-fA-F]+)", b or b"", re.M)
-    return bool(m) and bool(int(m.group(1), 16) >> cap & 1)
-
-
 class ProcReader:
     """What the watcher needs from one /proc tree (real or fake)."""
 
@@ -189,7 +180,7 @@ class ProcReader:
             # Found by tests/faults/test_security_caps.py: without CAP_SYS_PTRACE every Python
             # process was skipped silently.  Count it, and say once what is missing.
             if self.denied == 0:
-                if _have_cap(_CAP_SYS_PTRACE):
+                if have_cap_sys_ptrace():
                     # Refused although we may trace: a process in another user
                     # namespace or protected by an LSM; only that one is missed.
                     log.info("cannot read /proc/%d/exe: permission denied despite CAP_SYS_PTRACE; "
