@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ctypes as ct
 import errno
-import heapq
 import logging
 import os
 import re
@@ -36,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -488,7 +488,7 @@ class BpfSampler:
         self._primer: threading.Thread | None = None
         self._prime_stop = threading.Event()
         self._new_images: list[int] = []  # tgids reported, filled by perf_buffer_poll's callback
-        self._reprime: list[tuple[float, int, int]] = []  # heap of (due, tgid, reads so far)
+        self._reprime: deque[tuple[float, int]] = deque()  # (due, tgid) of second reads, in due order
         self._prime_tokens = float(options.prime_rate)  # token bucket of prime_rate reads per second
         self._prime_refill = time.monotonic()
 
@@ -545,11 +545,11 @@ class BpfSampler:
                 log.warning("the priming thread did not stop within 10 s")
 
     #: A process first read within PRIME_YOUNG_S of its start is read again
-    #: this many seconds later: right after exec the dynamic loader has not
+    #: PRIME_REREAD_S later: right after exec the dynamic loader has not
     #: mapped the libraries yet.  Measured with bench/short_lived.py, 20 ms
     #: processes at 999 Hz: 2.0 % of their samples stayed [unknown] without
     #: the second read, 0.5 % with it; a read costs ~90 us of CPU.
-    PRIME_REREADS: tuple[float, ...] = (0.02,)
+    PRIME_REREAD_S = 0.02
     PRIME_YOUNG_S = 0.1
 
     def _prime_loop(self) -> None:
@@ -591,50 +591,42 @@ class BpfSampler:
         self._stats.prime_throttled_total += 1
         return False
 
-    def _prime_reported(self) -> int:
-        """Read the maps of every process image reported since the last call
-        (in the priming thread); returns how many were primed."""
-        tasks, self._new_images = self._new_images, []
+    def _read_and_prime(self, tgid: int, *, first: bool) -> ProcessIdentity | None:
+        """Read ``tgid``'s identity and maps and hand them to the symbolizer
+        (in the priming thread); the identity primed, or ``None`` when
+        throttled, gone or closed.  Only first reads are counted as primed
+        or missed."""
         sym = self._symbolizer
-        if not tasks or sym is None:
-            return 0
-        primed = 0
+        if sym is None or not self._prime_token():
+            return None
+        prepared = sym.prepare(tgid)  # /proc reads: outside the lock, a drain may hold it
+        with self._lock:
+            if self._closed:
+                return None
+            if prepared is None:
+                if first:
+                    self._stats.prime_missed_total += 1
+                return None
+            sym.prime(tgid, prepared)
+            if first:
+                self._stats.primed_total += 1
+        return prepared[0]
+
+    def _prime_reported(self) -> None:
+        """First reads of every process image reported since the last call."""
+        tasks, self._new_images = self._new_images, []
         for tgid in dict.fromkeys(tasks):
             if self._prime_stop.is_set():
                 break
-            if not self._prime_token():
-                continue
-            prepared = sym.prepare(tgid)  # /proc reads: outside the lock, a drain may hold it
-            with self._lock:
-                if self._closed:
-                    return primed
-                if prepared is None:
-                    self._stats.prime_missed_total += 1
-                else:
-                    sym.prime(tgid, prepared)
-                    primed += 1
-                    self._stats.primed_total += 1
-            if prepared is not None and self.PRIME_REREADS and _age_s(prepared[0]) < self.PRIME_YOUNG_S:
-                heapq.heappush(self._reprime, (time.monotonic() + self.PRIME_REREADS[0], tgid, 1))
-        return primed
+            ident = self._read_and_prime(tgid, first=True)
+            if ident is not None and _age_s(ident) < self.PRIME_YOUNG_S:
+                self._reprime.append((time.monotonic() + self.PRIME_REREAD_S, tgid))
 
     def _prime_again(self) -> None:
-        """The due second reads of recently primed processes."""
-        sym = self._symbolizer
+        """The due second reads of recently primed young processes."""
         now = time.monotonic()
-        while self._reprime and self._reprime[0][0] <= now and sym is not None:
-            _due, tgid, n = heapq.heappop(self._reprime)
-            if not self._prime_token():
-                continue
-            prepared = sym.prepare(tgid)
-            if prepared is None:
-                continue  # gone: what the first read saw stays
-            with self._lock:
-                if self._closed:
-                    return
-                sym.prime(tgid, prepared)
-            if n < len(self.PRIME_REREADS):
-                heapq.heappush(self._reprime, (now + self.PRIME_REREADS[n] - self.PRIME_REREADS[n - 1], tgid, n + 1))
+        while self._reprime and self._reprime[0][0] <= now:
+            self._read_and_prime(self._reprime.popleft()[1], first=False)
 
     def stop(self) -> None:
         """Stop sampling but keep the maps: a last :meth:`drain` then returns

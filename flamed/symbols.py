@@ -234,6 +234,10 @@ class _ProcessSymbols:
     cut: list[int] = field(default_factory=list)
     refresh_drain: int = -1  # the drain in which the resolver was last refreshed
 
+    def set_ranges(self, ranges: list[_Mapping]) -> None:
+        self.ranges = ranges
+        self.starts = [r[0] for r in ranges]
+
 
 # ---------------------------------------------------------------------------
 # Function symbols of one ELF file, shared by every process that maps it
@@ -547,8 +551,7 @@ class Symbolizer:
         ranges = read_maps(pid, self._proc)
         if ranges or not p.ranges:
             # An exited process keeps the mappings last seen.
-            p.ranges = ranges
-            p.starts = [r[0] for r in ranges]
+            p.set_ranges(ranges)
 
     # -- priming: short-lived processes ------------------------------------
     def prepare(self, pid: int) -> tuple[ProcessIdentity, list[_Mapping]] | None:
@@ -578,14 +581,12 @@ class Symbolizer:
                 # Read again later: the dynamic loader maps the libraries
                 # after exec, so the first read may hold only the executable.
                 if ranges != p.ranges:
-                    p.ranges = ranges
-                    p.starts = [r[0] for r in ranges]
+                    p.set_ranges(ranges)
                 return
             self.stats.invalidations += 1
             self._drop(pid)
         p = _ProcessSymbols(ident, seen_drain=self._drains)
-        p.ranges = ranges
-        p.starts = [r[0] for r in ranges]
+        p.set_ranges(ranges)
         self._procs[pid] = p
         self.stats.primed += 1
 
