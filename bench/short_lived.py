@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,16 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from flamed.bpfsampler import BpfSampler, BpfSamplerOptions  # noqa: E402
-
-
-def build(tmp: Path) -> Path:
-    out = tmp / "flamed_busy"
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        sys.exit("bench: gcc is needed to build tests/workloads/busy.c")
-    subprocess.run([gcc, "-O0", "-g", "-fno-omit-frame-pointer", "-o", str(out),
-                    str(ROOT / "tests" / "workloads" / "busy.c")], check=True, timeout=120)
-    return out
+from sampler import build  # noqa: E402  -- bench/sampler.py: tests/workloads/busy.c with frame pointers
 
 
 def measure(binary: Path, run_s: float, seconds: float, prime: bool) -> dict[str, float]:
