@@ -77,4 +77,50 @@ enum flamed_stat {
 #define FLAMED_STATS_GLOBAL 2
 #define FLAMED_STATS_SLOTS (3 * FLAMED_NSTATS)
 
+
+/* ---- CPython frames read by the program (bpf/python.bpf.h) ----
+ *
+ * How the program finds and walks one CPython process's frames.  User space
+ * (flamed/sampling/cpython/) fills one per process, keyed by tgid, from the
+ * interpreter's layout.  Offsets are in bytes.  The program reads
+ * FLAMED_PY_TSTATE_BYTES of a PyThreadState and FLAMED_PY_FRAME_BYTES of a
+ * frame in one read each, so every tstate_* / frame_* offset + 8 must fit in
+ * those sizes (user space refuses a layout where it does not). */
+#define FLAMED_PY_TSTATE_BYTES 256
+#define FLAMED_PY_FRAME_BYTES 128
+#define FLAMED_PY_NONE 0xffff
+
+/* flamed_pyproc.thread_match */
+#define FLAMED_PY_MATCH_TID 0     /* tstate field == the task's pid (3.11+ native_thread_id) */
+#define FLAMED_PY_MATCH_FSBASE 1  /* tstate field == the thread's fs base (pthread_self(), 3.8-3.10) */
+
+/* flamed_pyproc.flags */
+#define FLAMED_PY_CFRAME 1        /* tstate_frame points to a _PyCFrame: frame = *(cframe + cframe_frame) */
+
+struct flamed_pyproc {
+    __u64 interp_head_addr;      /* address of the pointer _PyRuntime.interpreters.head */
+    __u16 version;               /* major << 8 | minor */
+    __u8 thread_match;           /* FLAMED_PY_MATCH_* */
+    __u8 flags;                  /* FLAMED_PY_* flags */
+    __u16 interp_threads_head;   /* PyInterpreterState: first PyThreadState * */
+    __u16 tstate_next;           /* PyThreadState: next */
+    __u16 tstate_thread;         /* PyThreadState: the field thread_match compares (8 bytes) */
+    __u16 tstate_frame;          /* PyThreadState: frame (3.8-3.10), cframe (3.11-3.12), current_frame (3.13+) */
+    __u16 cframe_frame;          /* _PyCFrame: current_frame (with FLAMED_PY_CFRAME) */
+    __u16 frame_code;            /* frame: f_code / f_executable */
+    __u16 frame_previous;        /* frame: f_back / previous */
+    __u16 frame_instr;           /* frame: f_lasti (int) or prev_instr / instr_ptr (pointer) */
+    __u16 frame_owner;           /* frame: owner (1 byte), FLAMED_PY_NONE before 3.12 */
+    __u16 frame_is_entry;        /* frame: is_entry (1 byte, 3.11), FLAMED_PY_NONE elsewhere */
+    __u8 owner_cstack;           /* owner value of a frame owned by the C stack (a shim: skipped) */
+    __u8 instr_size;             /* 4: f_lasti is an int, 8: a pointer */
+    __u16 pad;
+};
+
+/* One Python frame as the program emits it: the code object's address with
+ * bit 0 set on the first (outermost) frame of one run of the evaluation loop
+ * (where the native stack shows a _PyEval_EvalFrameDefault), and the raw
+ * instruction field (f_lasti, or the instruction pointer). */
+#define FLAMED_PY_ENTRY_BIT 1ULL
+
 #endif /* FLAMED_H */
