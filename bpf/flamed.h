@@ -22,6 +22,10 @@ struct flamed_key {
     __s32 kernel_stack_id;
     __s32 user_stack_id;
     char comm[FLAMED_COMM_LEN];
+    /* Id of the Python stack in the generation's pystacks map (a hash of its
+     * frames), 0 for none: not a CPython process the program walks, or the
+     * walk found nothing (counted as FLAMED_STAT_PY_*). */
+    __u64 py_stack_id;
 };
 
 /* One sample of a watched process, sent through the ring buffer. */
@@ -71,7 +75,14 @@ enum flamed_stat {
     FLAMED_STAT_USTACK_MISSING = 12, /* in user mode, but no user frame */
     FLAMED_STAT_IDLE = 13,          /* global block only: idle samples skipped */
     FLAMED_STAT_FILTERED = 14,      /* global block only: filtered out */
-    FLAMED_NSTATS = 15,
+    FLAMED_STAT_PY_SAMPLES = 15,    /* samples of a described CPython process */
+    FLAMED_STAT_PY_STACKS = 16,     /* ... with a Python stack in the key */
+    FLAMED_STAT_PY_NO_THREAD = 17,  /* ... whose thread has no thread state (a native thread) */
+    FLAMED_STAT_PY_NO_FRAME = 18,   /* ... whose thread state has no frame (idle, or not started) */
+    FLAMED_STAT_PY_READ_FAULT = 19, /* ... a read of the interpreter's memory failed */
+    FLAMED_STAT_PY_TRUNCATED = 20,  /* ... deeper than FLAMED_PY_DEPTH: outer frames cut */
+    FLAMED_STAT_PY_STACKS_FULL = 21,/* ... the pystacks map was full: no Python frames */
+    FLAMED_NSTATS = 22,
 };
 
 #define FLAMED_STATS_GLOBAL 2
@@ -119,8 +130,13 @@ struct flamed_pyproc {
 
 /* One Python frame as the program emits it: the code object's address with
  * bit 0 set on the first (outermost) frame of one run of the evaluation loop
- * (where the native stack shows a _PyEval_EvalFrameDefault), and the raw
- * instruction field (f_lasti, or the instruction pointer). */
+ * (where the native stack shows a _PyEval_EvalFrameDefault), and a 32-bit
+ * instruction position: f_lasti as the frame holds it (instr_size 4), or the
+ * instruction pointer minus the code object's address (instr_size 8). */
 #define FLAMED_PY_ENTRY_BIT 1ULL
+
+/* flamed_pystack.flags */
+#define FLAMED_PYSTACK_TRUNCATED 1   /* more frames than FLAMED_PY_DEPTH: the outermost are missing */
+#define FLAMED_PYSTACK_READ_FAULT 2  /* a frame could not be read: the walk stopped there */
 
 #endif /* FLAMED_H */

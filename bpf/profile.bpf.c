@@ -35,6 +35,8 @@
  *   FLAMED_PRIME          1: report each process image the first time it is
  *                         sampled (see `new_images` below)
  *   FLAMED_SEEN_MAX       process images remembered for that (LRU, default 16384)
+ *   FLAMED_PYTHON         1: walk the Python frames of the processes in
+ *                         `pyprocs` (python.bpf.h, its own defines there)
  *   FLAMED_FILTER_PIDS, FLAMED_FILTER_TIDS, FLAMED_FILTER_CGROUPS,
  *   FLAMED_FILTER_COMMS   1: sample only tasks found in that filter map
  */
@@ -87,6 +89,10 @@
 #define FLAMED_ENOMEM 12
 #define FLAMED_EEXIST 17
 #define FLAMED_ENODATA 61
+
+#ifndef FLAMED_PYTHON
+#define FLAMED_PYTHON 0
+#endif
 
 /* A stack map value: FLAMED_STACK_DEPTH instruction pointers, leaf first,
  * zero-terminated when shorter.  Fewer than 127 frames make each entry (and
@@ -146,6 +152,12 @@ static __always_inline void stat_inc(u32 block, u32 which)
     if (v)
         (*v)++;
 }
+
+#if FLAMED_PYTHON
+/* In bpf/python.bpf.c, which the loader appends to this file: bcc rewrites
+ * map calls only in the text it is given, not in included files. */
+static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32 tgid, u32 tid);
+#endif
 
 /* Was the task interrupted in user mode?  Tells a missing stack (an error)
  * from an absent one (no kernel frames while in user mode, no user frames
@@ -220,6 +232,10 @@ static __always_inline void take_gen0(struct bpf_perf_event_data *ctx, struct fl
     key->kernel_stack_id = stacks0.get_stackid(ctx, 0);
     key->user_stack_id = stacks0.get_stackid(ctx, BPF_F_USER_STACK);
     stack_errors(0, in_user_mode(ctx), &key->kernel_stack_id, &key->user_stack_id);
+#if FLAMED_PYTHON
+    if (!is_watched)
+        key->py_stack_id = py_take(ctx, 0, key->tgid, key->tid);
+#endif
     if (is_watched) {
         if (emit_event(0, key) == 0) {
             stat_inc(0, FLAMED_STAT_EVENTS);
@@ -250,6 +266,10 @@ static __always_inline void take_gen1(struct bpf_perf_event_data *ctx, struct fl
     key->kernel_stack_id = stacks1.get_stackid(ctx, 0);
     key->user_stack_id = stacks1.get_stackid(ctx, BPF_F_USER_STACK);
     stack_errors(1, in_user_mode(ctx), &key->kernel_stack_id, &key->user_stack_id);
+#if FLAMED_PYTHON
+    if (!is_watched)
+        key->py_stack_id = py_take(ctx, 1, key->tgid, key->tid);
+#endif
     if (is_watched) {
         if (emit_event(1, key) == 0) {
             stat_inc(1, FLAMED_STAT_EVENTS);

@@ -46,6 +46,7 @@ from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Stack
 from flamed.sampler import CountKey, SampleEvent, Window
 from flamed.kallsyms import Kallsyms
 from flamed.symbols import BccResolver, ProcessIdentity, Resolver, Symbolizer
+from flamed.sampling.pyframes import PythonFrames, parse_pystack, splice
 
 log = logging.getLogger("flamed.bpf")
 
@@ -85,8 +86,16 @@ _STAT_TO_REASON = {
     "USTACK_MISSING": "user_stack_missing",
 }
 
+#: struct flamed_py_new of bpf/python.bpf.c: tgid, generation, stack id.
+_PY_NEW = struct.Struct("<IIQ")
+#: FLAMED_STAT_PY_* counters, by the names _take_stats gives them.
+_PY_STATS = ("PY_SAMPLES", "PY_STACKS", "PY_NO_THREAD", "PY_NO_FRAME", "PY_READ_FAULT", "PY_TRUNCATED",
+             "PY_STACKS_FULL")
+#: A sample whose Python stack id names no stack the drain could read.
+_PY_LOST_FRAME = "[lost python stack]"
+
 # struct flamed_key and struct flamed_event of bpf/flamed.h.
-_KEY = struct.Struct("<IIii16s")
+_KEY = struct.Struct("<IIii16sQ")
 _EVENT = struct.Struct("<QIIIIii16s")
 _COMM_LEN = 16
 
@@ -166,6 +175,18 @@ class BpfSamplerOptions:
     #: each, so the default bounds it near 2 % of a core on a host that
     #: starts processes faster); reports beyond it are skipped and counted.
     prime_rate: int = 200
+    #: Read the Python frames of CPython processes in the BPF program
+    #: (bpf/python.bpf.c): each process image is probed when first sampled
+    #: (needs ``prime``), and its Python stack goes with every sample.
+    python: bool = False
+    #: Python frames kept per stack (a power of 2, 8..512); deeper stacks
+    #: lose their outermost frames and end in ``[truncated python stack]``.
+    python_depth: int = 128
+    #: Distinct Python stacks per generation (preallocated: about
+    #: 12 * python_depth + 8 bytes each, twice).
+    python_stack_entries: int = 2048
+    #: CPython processes described to the program at once.
+    python_max_procs: int = 4096
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
@@ -201,6 +222,14 @@ class BpfSamplerOptions:
             raise bad("prime_pages", "must be a power of 2, at most 1024")
         if not 1 <= self.prime_rate <= 1_000_000:
             raise bad("prime_rate", "must be 1..1000000 reads per second")
+        d = self.python_depth
+        if d < 8 or d > 512 or d & (d - 1):
+            raise bad("python_depth", "must be a power of 2, 8..512 frames")
+        for name in ("python_stack_entries", "python_max_procs"):
+            if not 1 <= getattr(self, name) <= 1 << 20:
+                raise bad(name, "must be 1..1048576")
+        if self.python and not self.prime:
+            raise bad("python", "needs prime (processes are probed when first sampled)")
 
 
 @dataclass(frozen=True)
@@ -212,6 +241,14 @@ class BpfProgram:
     cflags: tuple[str, ...]
     header_path: Path
     header: str
+    #: Files appended to ``path`` into the one text bcc compiles (bcc
+    #: rewrites map calls only in that text, not in included files).
+    parts: tuple[tuple[Path, str], ...] = ()
+
+    @property
+    def source(self) -> str:
+        """The text bcc compiles."""
+        return self.text + "".join(f"\n// ---- {p.name} ----\n{t}" for p, t in self.parts)
 
     def render(self) -> str:
         """What ``flamed daemon --print-bpf`` prints: the flags, the shared
@@ -221,18 +258,27 @@ class BpfProgram:
         return (
             f"// flamed BPF program, as bcc would load it\n// bcc cflags: {flags}\n"
             f"// ---- {self.header_path} ----\n{self.header}"
-            f"// ---- {self.path} ----\n{self.text}"
+            f"// ---- {self.path} ----\n{self.source}"
         )
 
 
-def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions()) -> BpfProgram:
-    """The program and -D flags the options select (reads the file)."""
+def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offset: int = -1) -> BpfProgram:
+    """The program and -D flags the options select (reads the files).
+
+    ``fsbase_offset``: where the running kernel keeps a task's fs base in
+    ``task_struct`` (from its BTF, :func:`task_fsbase_offset`), for matching
+    the threads of CPython 3.8-3.10; -1: unknown.
+    """
     d = options.bpf_dir or default_bpf_dir()
     path = d / "profile.bpf.c"
     header = d / "flamed.h"
+    parts: list[tuple[Path, str]] = []
     try:
         text = path.read_text()
         header_text = header.read_text()
+        if options.python:
+            pp = d / "python.bpf.c"
+            parts.append((pp, pp.read_text()))
     except OSError as e:
         raise CapabilityError(
             f"BPF source {e.filename} not readable ({e.strerror}); set FLAMED_BPF_DIR to the directory "
@@ -252,9 +298,31 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions()) -> BpfProgram:
         "FLAMED_FILTER_COMMS": int(options.comms is not None),
         "FLAMED_PRIME": int(options.prime),
         "FLAMED_SEEN_MAX": options.seen_max,
+        "FLAMED_PYTHON": int(options.python),
     }
+    if options.python:
+        defines.update({
+            "FLAMED_PY_DEPTH": options.python_depth,
+            "FLAMED_PY_STACK_ENTRIES": options.python_stack_entries,
+            "FLAMED_PY_MAX_PROCS": options.python_max_procs,
+            "FLAMED_TASK_FSBASE_OFF": fsbase_offset,
+        })
     cflags = (f"-I{d}", *(f"-D{k}={v}" for k, v in defines.items()))
-    return BpfProgram(path=path, text=text, cflags=cflags, header_path=header, header=header_text)
+    return BpfProgram(path=path, text=text, cflags=cflags, header_path=header, header=header_text,
+                      parts=tuple(parts))
+
+
+def task_fsbase_offset() -> int:
+    """Offset of ``thread.fsbase`` in the running kernel's ``task_struct``
+    (from /sys/kernel/btf/vmlinux), or -1 with a logged reason."""
+    try:
+        from flamed.sampling.cpython import btf
+
+        return int(btf.task_fsbase_offset())
+    except Exception as e:  # noqa: BLE001 -- only 3.8-3.10 thread matching needs it
+        log.warning("no task_struct fs base offset from the kernel's BTF (%s): threads of CPython "
+                    "3.8-3.10 cannot be matched in BPF", e)
+        return -1
 
 
 def print_bpf(options: BpfSamplerOptions = BpfSamplerOptions(), file: TextIO | None = None) -> None:
@@ -314,10 +382,13 @@ class SamplerStats:
     prime_missed_total: int = 0
     prime_lost_total: int = 0
     prime_throttled_total: int = 0  # skipped: over prime_rate
+    #: FLAMED_STAT_PY_* summed over drains (PY_SAMPLES, PY_STACKS, PY_NO_THREAD...).
+    python_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_PY_STATS, 0))
 
     def copy(self) -> SamplerStats:
         c = SamplerStats(**{f.name: getattr(self, f.name) for f in fields(self)})
         c.lost_total = dict(self.lost_total)
+        c.python_total = dict(self.python_total)
         return c
 
 
@@ -457,9 +528,16 @@ class BpfSampler:
         *,
         symbolizer: Symbolizer | None = None,
         clock: Callable[[], int] = time.time_ns,
+        python_frames: PythonFrames | None = None,
     ) -> None:
         options.validate()
         self.options = options
+        self._python = python_frames if python_frames is not None else (PythonFrames() if options.python else None)
+        self._py_new: list[tuple[int, int, int]] = []  # (tgid, gen, stack id) reported new, from the perf buffer
+        self._py_retry: deque[tuple[float, int, float]] = deque()  # (due, tgid, delay) of probes to repeat
+        self._py_described: set[int] = set()
+        self._fsbase_offset = -1
+        self._py_forget: set[int] = set()  # exited: dropped after the next drain
         self._clock = clock
         self._symbolizer = symbolizer
         self._lock = threading.RLock()
@@ -561,9 +639,14 @@ class BpfSampler:
                 wait = 0.1
                 if self._reprime:
                     wait = min(wait, max(0.0, self._reprime[0][0] - time.monotonic()))
+                if self._py_retry:
+                    wait = min(wait, max(0.0, self._py_retry[0][0] - time.monotonic()))
                 self._bpf.perf_buffer_poll(timeout=max(1, int(wait * 1000)))
                 self._prime_reported()
                 self._prime_again()
+                if self._python is not None:
+                    self._py_warm_new()
+                    self._py_retry_due()
                 failures = 0
             except Exception as e:  # noqa: BLE001 -- keep sampling; the drain reads maps anyway
                 failures += 1
@@ -621,6 +704,76 @@ class BpfSampler:
             ident = self._read_and_prime(tgid, first=True)
             if ident is not None and _age_s(ident) < self.PRIME_YOUNG_S:
                 self._reprime.append((time.monotonic() + self.PRIME_REREAD_S, tgid))
+            if self._python is not None and ident is not None:
+                self._py_describe(tgid, 0.002)
+
+    # -- Python processes: described to the program when first sampled -----
+    #: Longest wait between two probes of a process that is not ready yet.
+    PY_RETRY_MAX_S = 0.5
+
+    def _py_describe(self, tgid: int, delay: float) -> None:
+        """Probe ``tgid``; install its flamed_pyproc, or probe again later."""
+        py = self._python
+        assert py is not None
+        res = py.describe(tgid)
+        if res is True:
+            self._py_retry.append((time.monotonic() + delay, tgid, min(delay * 2, self.PY_RETRY_MAX_S)))
+            return
+        with self._lock:
+            if self._bpf is None or self._closed:
+                return
+            t = self._bpf["pyprocs"]
+            if isinstance(res, bytes):
+                leaf = t.Leaf()
+                if len(res) != ct.sizeof(leaf):
+                    log.warning("flamed_pyproc of %d bytes, the program's is %d: not installed", len(res),
+                                ct.sizeof(leaf))
+                    return
+                ct.memmove(ct.byref(leaf), res, len(res))
+                t[ct.c_uint32(tgid)] = leaf
+                self._py_described.add(tgid)
+            elif tgid in self._py_described:
+                self._map_del("pyprocs", tgid, ct.c_uint32)
+                self._py_described.discard(tgid)
+
+    def _py_retry_due(self) -> None:
+        now = time.monotonic()
+        n = len(self._py_retry)
+        for _ in range(n):
+            if not self._py_retry or self._py_retry[0][0] > now:
+                break
+            _due, tgid, delay = self._py_retry.popleft()
+            self._py_describe(tgid, delay)
+        # Keep due order: retries appended with different delays.
+        if len(self._py_retry) > 1:
+            self._py_retry = deque(sorted(self._py_retry))
+
+    def _on_py_new(self, _cpu: int, data: Any, size: int) -> None:
+        if size >= _PY_NEW.size:
+            self._py_new.append(_PY_NEW.unpack(ct.string_at(data, _PY_NEW.size)))
+
+    def _py_warm_new(self) -> None:
+        """Name the code objects of the stacks the program reported new."""
+        py = self._python
+        assert py is not None
+        new, self._py_new = self._py_new, []
+        b = self._bpf
+        if not new or b is None:
+            return
+        key = ct.c_uint64(0)
+        for tgid, gen, sid in dict.fromkeys(new):
+            if self._prime_stop.is_set():
+                break
+            try:
+                t = b[f"pystacks{gen & 1}"]
+                key.value = sid
+                leaf = t.Leaf()
+                if self._lib.bpf_lookup_elem(t.map_fd, ct.byref(key), ct.byref(leaf)) != 0:
+                    continue  # drained meanwhile: the drain names it
+            except Exception:  # noqa: BLE001 -- closing
+                return
+            frames, _flags = parse_pystack(bytes(leaf), self.options.python_depth)
+            py.warm(tgid, frames)
 
     def _prime_again(self) -> None:
         """The due second reads of recently primed young processes."""
@@ -673,6 +826,8 @@ class BpfSampler:
         with self._lock:
             if self._symbolizer is not None:
                 self._symbolizer.forget(pid)
+            if self._python is not None:
+                self._py_forget.add(pid)
 
     def poll_events(self) -> int:
         """Move events from the ring buffer into the sampler (returned by the
@@ -695,17 +850,24 @@ class BpfSampler:
             return s
 
     def program(self) -> BpfProgram:
-        return bpf_program(self.options)
+        return bpf_program(self.options, fsbase_offset=self._fsbase_offset)
+
+    @property
+    def python_frames(self) -> PythonFrames | None:
+        """The CPython side (``options.python``), for metrics and status."""
+        return self._python
 
     # -- start -----------------------------------------------------------
     def _start(self) -> None:
         bcc = _import_bcc()
         _check_privileges()
-        prog = bpf_program(self.options)
+        if self.options.python:
+            self._fsbase_offset = task_fsbase_offset()
+        prog = bpf_program(self.options, fsbase_offset=self._fsbase_offset)
         self._stat_idx = _stat_indices(prog.path.parent / "flamed.h")
-        # Compile from the file's text with -D flags; the header comes through -I.
+        # Compile from the files' text with -D flags; the header comes through -I.
         b, text, err = _with_captured_stderr(
-            lambda: bcc.BPF(text=prog.text.encode(), cflags=list(prog.cflags))
+            lambda: bcc.BPF(text=prog.source.encode(), cflags=list(prog.cflags))
         )
         if err is not None or b is None:
             raise CapabilityError(
@@ -741,6 +903,9 @@ class BpfSampler:
             b["new_images"].open_perf_buffer(
                 self._on_new_image, page_cnt=self.options.prime_pages, lost_cb=self._on_new_image_lost
             )
+        if self.options.python:
+            b["py_new"].open_perf_buffer(self._on_py_new, page_cnt=self.options.prime_pages,
+                                         lost_cb=lambda _n: None)
         n = self.options.max_entries
         key_t, leaf_t = b["counts0"].Key, b["counts0"].Leaf
         self._keys_buf = (key_t * n)()
@@ -899,12 +1064,13 @@ class BpfSampler:
 
         counters = self._take_stats(old)
         keys = self._take_counts(old)
+        pystacks = self._take_pystacks(old) if self._python is not None else {}
         self._bpf.ring_buffer_consume()
         raw_events = [e for e in self._raw_events if e[4] == old]
         self._raw_events = [e for e in self._raw_events if e[4] != old]
 
         ids: set[int] = set()
-        for _tgid, _tid, kid, uid, _comm, _n in keys:
+        for _tgid, _tid, kid, uid, _comm, _py, _n in keys:
             ids.add(kid)
             ids.add(uid)
         for e in raw_events:
@@ -918,13 +1084,22 @@ class BpfSampler:
         sym = self._symbolizer
         assert sym is not None
         sym.begin_drain()
+        if self._python is not None:
+            self._python.begin_drain()
         lost = dict.fromkeys(LOST_REASONS, 0)
         for reason, n in counters.items():
             if reason in lost:
                 lost[reason] += n
         lost["stack_read_failed"] = sum(1 for i in ids if i not in stacks)
-        counts, events = self._symbolize(keys, raw_events, stacks)
+        counts, events = self._symbolize(keys, raw_events, stacks, pystacks)
         sym.end_drain()
+        if self._python is not None and self._py_forget:
+            gone, self._py_forget = self._py_forget, set()
+            for pid in gone:
+                self._python.forget(pid)
+                if pid in self._py_described:
+                    self._map_del("pyprocs", pid, ct.c_uint32)
+                    self._py_described.discard(pid)
         self._refresh_cpus()
         t2 = time.perf_counter()
 
@@ -933,6 +1108,8 @@ class BpfSampler:
         s.samples_total += samples
         s.counted_total += counters.get("COUNTED", 0)
         s.events_total += counters.get("EVENTS", 0)
+        for name in _PY_STATS:
+            s.python_total[name] += counters.get(name, 0)
         for r, n in lost.items():
             s.lost_total[r] += n
         s.drains_total += 1
@@ -1008,7 +1185,56 @@ class BpfSampler:
                 self._stats.bpf_samples_total += delta
         return out
 
-    def _take_counts(self, gen: int) -> list[tuple[int, int, int, int, bytes, int]]:
+    def _take_pystacks(self, gen: int) -> dict[int, bytes]:
+        """Read and delete the old generation's Python stacks: id -> raw
+        ``struct flamed_pystack``."""
+        table = self._bpf[f"pystacks{gen}"]
+        lib = self._lib
+        fd = table.map_fd
+        vsz = ct.sizeof(table.Leaf)
+        cap = self.options.python_stack_entries
+        keys = (ct.c_uint64 * cap)()
+        vals = (ct.c_uint8 * (vsz * cap))()
+        total = 0
+        in_batch = ct.c_uint32(0)  # a bucket index for hash maps
+        out_batch = ct.c_uint32(0)
+        count = ct.c_uint32(0)
+        first = True
+        while total < cap:
+            count.value = cap - total
+            res = lib.bpf_lookup_and_delete_batch(
+                fd, None if first else ct.byref(in_batch), ct.byref(out_batch),
+                ct.byref(keys, 8 * total), ct.byref(vals, vsz * total), ct.byref(count),
+            )
+            err = ct.get_errno()
+            total += count.value
+            if res != 0:
+                if err != errno.ENOENT:
+                    log.debug("batch read of pystacks%d: %s", gen, os.strerror(err))
+                break
+            in_batch.value = out_batch.value
+            first = False
+        raw = bytes(vals)
+        out = {keys[i]: raw[i * vsz:(i + 1) * vsz] for i in range(total)}
+        # Anything the batch left (no batch support): one by one.
+        key = ct.c_uint64(0)
+        nxt = ct.c_uint64(0)
+        leaf = table.Leaf()
+        rest: list[int] = []
+        if lib.bpf_get_next_key(fd, None, ct.byref(nxt)) == 0:
+            while len(rest) < cap:
+                rest.append(nxt.value)
+                key.value = nxt.value
+                if lib.bpf_get_next_key(fd, ct.byref(key), ct.byref(nxt)) != 0:
+                    break
+        for sid in rest:
+            key.value = sid
+            if lib.bpf_lookup_elem(fd, ct.byref(key), ct.byref(leaf)) == 0:
+                out[sid] = bytes(leaf)
+            lib.bpf_delete_elem(fd, ct.byref(key))
+        return out
+
+    def _take_counts(self, gen: int) -> list[tuple[int, int, int, int, bytes, int, int]]:
         """Read and delete every entry of the old count map (it is quiescent).
 
         Batched (one syscall per few thousand entries); falls back to one key
@@ -1051,13 +1277,13 @@ class BpfSampler:
         out.extend(self._take_counts_slow(table))
         return out  # type: ignore[return-value]
 
-    def _take_counts_slow(self, table: Any) -> list[tuple[int, int, int, int, bytes, int]]:
+    def _take_counts_slow(self, table: Any) -> list[tuple[int, int, int, int, bytes, int, int]]:
         lib = self._lib
         fd = table.map_fd
         key = table.Key()
         nxt = table.Key()
         val = table.Leaf()
-        rest: list[tuple[int, int, int, int, bytes, int]] = []
+        rest: list[tuple[int, int, int, int, bytes, int, int]] = []
         # Collect first: deleting the current key would restart the walk.
         found: list[Any] = []
         if lib.bpf_get_next_key(fd, None, ct.byref(nxt)) != 0:
@@ -1153,9 +1379,10 @@ class BpfSampler:
 
     def _symbolize(
         self,
-        keys: list[tuple[int, int, int, int, bytes, int]],
+        keys: list[tuple[int, int, int, int, bytes, int, int]],
         raw_events: list[tuple[int, int, int, int, int, int, int, bytes]],
         stacks: dict[int, list[int]],
+        pystacks: dict[int, bytes] | None = None,
     ) -> tuple[dict[CountKey, int], list[SampleEvent]]:
         sym = self._symbolizer
         assert sym is not None
@@ -1185,10 +1412,29 @@ class BpfSampler:
                 umemo[(tgid, uid)] = s
             return s
 
+        py = self._python
+        pymemo: dict[tuple[int, int], list[Stack]] = {}
+        depth = self.options.python_depth
+
+        def pyruns(tgid: int, pid_: int) -> list[Stack]:
+            r = pymemo.get((tgid, pid_))
+            if r is None:
+                raw = (pystacks or {}).get(pid_)
+                if raw is None or py is None:
+                    r = [(_PY_LOST_FRAME,)]
+                else:
+                    frames, flags = parse_pystack(raw, depth)
+                    r = py.stack(tgid, frames, flags)
+                pymemo[(tgid, pid_)] = r
+            return r
+
         counts: dict[CountKey, int] = {}
         comm = self._comm
-        for tgid, tid, kid, uid, rc, n in keys:
-            stack = ustack(tgid, uid) + kstack(kid)
+        for tgid, tid, kid, uid, rc, pyid, n in keys:
+            if pyid:
+                stack = splice(ustack(tgid, uid), pyruns(tgid, pyid)) + kstack(kid)
+            else:
+                stack = ustack(tgid, uid) + kstack(kid)
             ck = (tgid, tid, comm(rc), stack or (EMPTY_STACK_FRAME,))
             counts[ck] = counts.get(ck, 0) + n
         events = [

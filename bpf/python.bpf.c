@@ -1,0 +1,323 @@
+/* python.bpf.c -- CPython frames read by flamed's sampler.  With FLAMED_PYTHON=1
+ * the loader appends this file to profile.bpf.c (one text: bcc rewrites map
+ * calls only in the text it compiles, not in included files).
+ *
+ * What: for a sample of a process user space has described in `pyprocs`
+ * (struct flamed_pyproc, filled from the interpreter's layout by
+ * flamed/sampling/cpython/), find the sampled thread's PyThreadState and walk
+ * its frame chain, emitting per frame the code object address (bit 0: first
+ * frame of one run of the evaluation loop) and the instruction position.  The
+ * stack is stored once per generation in `pystacks*` under a 64-bit hash of
+ * its frames, and the hash goes into the count key, so only unique Python
+ * stacks cross to user space, like the kernel and native ones.  A stack seen
+ * for the first time in a generation is reported through `py_new`, so user
+ * space names its code objects while the process still runs.
+ *
+ * Why in the kernel: the Python stack is read at the instant of the sample,
+ * on the thread that was interrupted, so every kernel and native frame lands
+ * under the Python function that ran it; no external sampler per process.
+ *
+ * Header safety: the only kernel struct read is the task's fs base (3.8-3.10
+ * thread match), at FLAMED_TASK_FSBASE_OFF, which user space takes from the
+ * running kernel's BTF; -1 disables that match.  Everything else is user
+ * memory at offsets from the process's own interpreter layout.
+ *
+ * Defines (flamed/sampling/bpf.py passes them):
+ *   FLAMED_PY_DEPTH          Python frames kept per stack (power of 2, default 128)
+ *   FLAMED_PY_STACK_ENTRIES  distinct Python stacks per generation (default 2048)
+ *   FLAMED_PY_MAX_PROCS      CPython processes described at once (default 4096)
+ *   FLAMED_PY_MAX_THREADS    thread states looked at per sample (default 128)
+ *   FLAMED_TASK_FSBASE_OFF   offset of thread.fsbase in task_struct, or -1
+ */
+#ifndef FLAMED_PY_DEPTH
+#define FLAMED_PY_DEPTH 128
+#endif
+#ifndef FLAMED_PY_STACK_ENTRIES
+#define FLAMED_PY_STACK_ENTRIES 2048
+#endif
+#ifndef FLAMED_PY_MAX_PROCS
+#define FLAMED_PY_MAX_PROCS 4096
+#endif
+#ifndef FLAMED_PY_MAX_THREADS
+#define FLAMED_PY_MAX_THREADS 128
+#endif
+#ifndef FLAMED_TASK_FSBASE_OFF
+#define FLAMED_TASK_FSBASE_OFF -1
+#endif
+
+/* A Python stack: innermost frame first. */
+struct flamed_pystack {
+    __u32 len;
+    __u32 flags; /* FLAMED_PYSTACK_* */
+    __u64 code[FLAMED_PY_DEPTH];
+    __u32 instr[FLAMED_PY_DEPTH];
+};
+
+/* Per-CPU scratch: the stack being built and the last bytes read. */
+struct flamed_py_scratch {
+    struct flamed_pystack stack;
+    /* 8 bytes of slack: a masked offset + 8 stays inside, which the
+     * verifier can see (user space keeps offsets <= size - 8 anyway). */
+    __u8 tstate[FLAMED_PY_TSTATE_BYTES + 8];
+    __u8 frame[FLAMED_PY_FRAME_BYTES + 8];
+};
+
+#define PY_TS_OFF(o) ((o) & (FLAMED_PY_TSTATE_BYTES - 1))
+#define PY_FR_OFF(o) ((o) & (FLAMED_PY_FRAME_BYTES - 1))
+
+/* What the frame walk's callback needs: scalars only (bpf_loop passes a
+ * pointer to the caller's stack). */
+struct flamed_py_walk {
+    __u64 frame;
+    __u64 hash;
+    __u32 n;
+    __u32 flags;
+    __u16 off_code;
+    __u16 off_previous;
+    __u16 off_instr;
+    __u16 off_owner;
+    __u16 off_entry;
+    __u8 owner_cstack;
+    __u8 instr_size;
+    __u8 every_entry;
+    __u8 pad[3];
+};
+
+struct flamed_py_find {
+    __u64 tstate;
+    __u64 want;
+    __u16 off_next;
+    __u16 off_thread;
+    __u32 found;
+};
+
+struct flamed_py_new {
+    __u32 tgid;
+    __u32 gen;
+    __u64 id;
+};
+
+BPF_HASH(pyprocs, u32, struct flamed_pyproc, FLAMED_PY_MAX_PROCS);
+/* tid -> its PyThreadState: threads keep theirs for life, so the list walk
+ * happens once per thread; each use re-checks the thread field. */
+BPF_TABLE("lru_hash", u32, u64, py_tstates, FLAMED_PY_MAX_PROCS * 4);
+BPF_PERCPU_ARRAY(py_scratch, struct flamed_py_scratch, 1);
+BPF_HASH(pystacks0, u64, struct flamed_pystack, FLAMED_PY_STACK_ENTRIES);
+BPF_HASH(pystacks1, u64, struct flamed_pystack, FLAMED_PY_STACK_ENTRIES);
+BPF_PERF_OUTPUT(py_new);
+
+static __always_inline u64 py_mix(u64 h, u64 v)
+{
+    h ^= v;
+    h *= 0x100000001b3ULL;
+    h ^= h >> 29;
+    return h;
+}
+
+
+/* One step through the interpreter's thread list: 1 when `f->tstate` is the
+ * sampled thread's (its bytes are then in s->tstate), 0 to go on. */
+static __always_inline int py_find_step(struct flamed_py_scratch *s, struct flamed_py_find *f)
+{
+    if (!f->tstate)
+        return 1;
+    if (bpf_probe_read_user(s->tstate, FLAMED_PY_TSTATE_BYTES, (void *)f->tstate) != 0) {
+        f->found = 2;
+        return 1;
+    }
+    u64 v = 0;
+    __builtin_memcpy(&v, s->tstate + PY_TS_OFF(f->off_thread), 8);
+    if (v == f->want) {
+        f->found = 1;
+        return 1;
+    }
+    __builtin_memcpy(&v, s->tstate + PY_TS_OFF(f->off_next), 8);
+    f->tstate = v;
+    return 0;
+}
+
+/* Read the frame at w->frame into s->frame and take its fields; 0 on failure. */
+static __always_inline int py_read_frame(struct flamed_py_scratch *s, struct flamed_py_walk *w,
+                                         u64 *code, u64 *prev, u64 *instr)
+{
+    if (bpf_probe_read_user(s->frame, FLAMED_PY_FRAME_BYTES, (void *)w->frame) != 0) {
+        w->flags |= FLAMED_PYSTACK_READ_FAULT;
+        return 0;
+    }
+    __builtin_memcpy(code, s->frame + PY_FR_OFF(w->off_code), 8);
+    __builtin_memcpy(prev, s->frame + PY_FR_OFF(w->off_previous), 8);
+    __builtin_memcpy(instr, s->frame + PY_FR_OFF(w->off_instr), 8);
+    return 1;
+}
+
+/* Emit frame n (< FLAMED_PY_DEPTH): 1 to go on, 0 at the end of the chain.
+ * The loop counter is the frame index itself, so the verifier sees one state
+ * per frame: a shim frame of the C stack (3.12+; never two in a row) is
+ * skipped inside the same step by reading the frame before it. */
+static __always_inline int py_frame_step(struct flamed_py_scratch *s, struct flamed_py_walk *w, u32 n)
+{
+    u64 code = 0, prev = 0, instr = 0;
+    if (!w->frame)
+        return 0;
+    if (!py_read_frame(s, w, &code, &prev, &instr))
+        return 0;
+    if (w->off_owner != FLAMED_PY_NONE && s->frame[PY_FR_OFF(w->off_owner)] == w->owner_cstack) {
+        /* The frame emitted before this shim began a run of the
+         * evaluation loop. */
+        if (n > 0 && n <= FLAMED_PY_DEPTH)
+            s->stack.code[(n - 1) & (FLAMED_PY_DEPTH - 1)] |= FLAMED_PY_ENTRY_BIT;
+        w->frame = prev;
+        if (!w->frame)
+            return 0;
+        if (!py_read_frame(s, w, &code, &prev, &instr))
+            return 0;
+    }
+    u32 pos;
+    if (w->instr_size == 4)
+        pos = (u32)instr;
+    else
+        pos = (u32)(instr - code); /* bytes from the code object to the instruction */
+    if (w->every_entry || (w->off_entry != FLAMED_PY_NONE && s->frame[PY_FR_OFF(w->off_entry)]))
+        code |= FLAMED_PY_ENTRY_BIT;
+    if (n >= FLAMED_PY_DEPTH)
+        return 0;
+    s->stack.code[n] = code;
+    s->stack.instr[n] = pos;
+    w->hash = py_mix(py_mix(w->hash, code), pos);
+    w->n = n + 1;
+    w->frame = prev;
+    return 1;
+}
+
+/* The fs base of the current task: what pthread_self() returns in it. */
+static __always_inline u64 py_fsbase(void)
+{
+#if FLAMED_TASK_FSBASE_OFF >= 0
+    u64 fs = 0;
+    void *task = (void *)bpf_get_current_task();
+    bpf_probe_read_kernel(&fs, sizeof(fs), task + FLAMED_TASK_FSBASE_OFF);
+    return fs;
+#else
+    return 0;
+#endif
+}
+
+/* Walk the sampled thread's Python frames into the generation's pystacks;
+ * the stack's id (0: none) for the count key. */
+static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32 tgid, u32 tid)
+{
+    struct flamed_pyproc *pp = pyprocs.lookup(&tgid);
+    if (!pp)
+        return 0;
+    stat_inc(gen, FLAMED_STAT_PY_SAMPLES);
+    u32 zero = 0;
+    struct flamed_py_scratch *s = py_scratch.lookup(&zero);
+    if (!s)
+        return 0;
+
+    struct flamed_py_find f = {};
+    f.off_next = pp->tstate_next;
+    f.off_thread = pp->tstate_thread;
+    if (pp->thread_match == FLAMED_PY_MATCH_FSBASE) {
+        f.want = py_fsbase();
+        if (!f.want) {
+            stat_inc(gen, FLAMED_STAT_PY_NO_THREAD);
+            return 0;
+        }
+    } else {
+        f.want = tid;
+    }
+
+    /* The cached thread state first, the interpreter's list otherwise. */
+    u64 *cached = py_tstates.lookup(&tid);
+    if (cached) {
+        f.tstate = *cached;
+        py_find_step(s, &f);
+    }
+    if (f.found != 1) {
+        u64 interp = 0;
+        f.found = 0;
+        f.tstate = 0;
+        if (bpf_probe_read_user(&interp, sizeof(interp), (void *)pp->interp_head_addr) != 0 || !interp) {
+            stat_inc(gen, FLAMED_STAT_PY_NO_THREAD);
+            return 0;
+        }
+        bpf_probe_read_user(&f.tstate, sizeof(f.tstate), (void *)(interp + pp->interp_threads_head));
+#pragma clang loop unroll(disable)
+        for (u32 i = 0; i < FLAMED_PY_MAX_THREADS; i++) {
+            if (py_find_step(s, &f))
+                break;
+        }
+        if (f.found != 1) {
+            stat_inc(gen, f.found == 2 ? FLAMED_STAT_PY_READ_FAULT : FLAMED_STAT_PY_NO_THREAD);
+            return 0;
+        }
+        py_tstates.update(&tid, &f.tstate);
+    }
+
+    /* s->tstate holds the matched thread state's bytes. */
+    u64 frame = 0;
+    __builtin_memcpy(&frame, s->tstate + PY_TS_OFF(pp->tstate_frame), 8);
+    if (frame && (pp->flags & FLAMED_PY_CFRAME)) {
+        u64 cf = frame;
+        frame = 0;
+        bpf_probe_read_user(&frame, sizeof(frame), (void *)(cf + pp->cframe_frame));
+    }
+    if (!frame) {
+        stat_inc(gen, FLAMED_STAT_PY_NO_FRAME);
+        return 0;
+    }
+
+    struct flamed_py_walk w = {};
+    w.frame = frame;
+    w.hash = 0xcbf29ce484222325ULL ^ tgid;
+    w.off_code = pp->frame_code;
+    w.off_previous = pp->frame_previous;
+    w.off_instr = pp->frame_instr;
+    w.off_owner = pp->frame_owner;
+    w.off_entry = pp->frame_is_entry;
+    w.owner_cstack = pp->owner_cstack;
+    w.instr_size = pp->instr_size;
+    w.every_entry = pp->version < 0x030b;
+#pragma clang loop unroll(disable)
+    for (u32 n = 0; n < FLAMED_PY_DEPTH; n++) {
+        if (!py_frame_step(s, &w, n))
+            break;
+    }
+    if (w.frame && !(w.flags & FLAMED_PYSTACK_READ_FAULT) && w.n >= FLAMED_PY_DEPTH)
+        w.flags |= FLAMED_PYSTACK_TRUNCATED;
+    if (w.flags & FLAMED_PYSTACK_READ_FAULT)
+        stat_inc(gen, FLAMED_STAT_PY_READ_FAULT);
+    if (w.flags & FLAMED_PYSTACK_TRUNCATED)
+        stat_inc(gen, FLAMED_STAT_PY_TRUNCATED);
+    if (w.n == 0) {
+        stat_inc(gen, FLAMED_STAT_PY_NO_FRAME);
+        return 0;
+    }
+    s->stack.len = w.n;
+    s->stack.flags = w.flags;
+    u64 id = py_mix(w.hash, w.n ^ ((u64)w.flags << 32));
+    if (id == 0)
+        id = 1;
+
+    void *found;
+    if (gen)
+        found = pystacks1.lookup(&id);
+    else
+        found = pystacks0.lookup(&id);
+    if (!found) {
+        int err = gen ? pystacks1.insert(&id, &s->stack) : pystacks0.insert(&id, &s->stack);
+        if (err == 0) {
+            struct flamed_py_new e = {};
+            e.tgid = tgid;
+            e.gen = gen;
+            e.id = id;
+            py_new.perf_submit(ctx, &e, sizeof(e));
+        } else if (err != -FLAMED_EEXIST) {
+            stat_inc(gen, FLAMED_STAT_PY_STACKS_FULL);
+            return 0;
+        }
+    }
+    stat_inc(gen, FLAMED_STAT_PY_STACKS);
+    return id;
+}

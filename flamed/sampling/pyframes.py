@@ -1,0 +1,309 @@
+"""Python frames the BPF program read, turned into named frames and spliced
+into the native stack.
+
+The sampler (``BpfSampler`` with ``options.python``) drives this:
+
+* :meth:`PythonFrames.describe` when a process image is first sampled (the
+  priming thread): is it a CPython we can walk?  Returns the packed
+  ``struct flamed_pyproc`` to put in the program's ``pyprocs`` map, or asks to
+  be called again (the interpreter is not mapped or not initialized yet), or
+  refuses with a reason, which is logged once per (interpreter, reason) and
+  counted.
+* :meth:`PythonFrames.warm` when the program reports a Python stack new in
+  its generation: names its code objects while the process still runs, so a
+  process that exits before the drain keeps its Python frames.
+* :meth:`PythonFrames.stack` at the drain: the raw frames as named frames,
+  root first, and :func:`splice` to put them into the native stack.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flamed.model import Stack
+from flamed.python.align import EVAL_FRAME, native_below_interpreter
+
+log = logging.getLogger("flamed.python.bpf")
+
+ENTRY_BIT = 1
+#: flamed_pystack.flags (bpf/flamed.h)
+PYSTACK_TRUNCATED = 1
+PYSTACK_READ_FAULT = 2
+
+TRUNCATED_FRAME = "[truncated python stack]"
+READ_FAULT_FRAME = "[python stack: read fault]"
+
+#: Python frames a raw frame list stands for: (code address with the entry bit, instruction position).
+RawFrames = Sequence[tuple[int, int]]
+
+
+@dataclass
+class PyProcStats:
+    """Counters of the Python path, for metrics and status."""
+
+    #: Processes whose frames the program walks, now.
+    described: int = 0
+    #: Refusals by reason (cumulative): ``unsupported_version``, ``invalid_layout``...
+    refused: Counter[str] = field(default_factory=Counter)
+    #: Processes given up on after retries (never initialized, exited).
+    gave_up: int = 0
+    #: Symbolization failures by reason (from the code symbolizers).
+    symbolize_errors: Counter[str] = field(default_factory=Counter)
+    stacks_named: int = 0
+
+
+class _Proc:
+    __slots__ = ("target", "symbolizer", "start_time", "version")
+
+    def __init__(self, target: Any, symbolizer: Any, start_time: int, version: str) -> None:
+        self.target = target
+        self.symbolizer = symbolizer
+        self.start_time = start_time
+        self.version = version
+
+
+def _start_time(proc_root: Path, pid: int) -> int | None:
+    try:
+        raw = (proc_root / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    try:
+        return int(raw[raw.rindex(b")") + 2:].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+class PythonFrames:
+    """Per-process CPython targets and code symbolizers; see the module doc.
+
+    ``probe`` and ``symbolizer_factory`` default to flamed.sampling.cpython's;
+    tests pass others.  Thread-safe: the priming thread and the drain both
+    call in.
+    """
+
+    #: How long a process that looks like CPython but is not ready (library
+    #: not mapped, interpreter not initialized) is retried.
+    RETRY_FOR_S = 10.0
+
+    def __init__(
+        self,
+        *,
+        proc_root: Path = Path("/proc"),
+        probe: Callable[[int], Any] | None = None,
+        symbolizer_factory: Callable[[int, Any], Any] | None = None,
+        max_processes: int = 4096,
+        on_refused: Callable[[int, str, str], None] | None = None,
+    ) -> None:
+        self._proc_root = proc_root
+        if probe is None or symbolizer_factory is None:
+            from flamed.sampling.cpython import process as cpy_process
+            from flamed.sampling.cpython import symbolize as cpy_symbolize
+
+            probe = probe or (lambda pid: cpy_process.probe(pid, proc_root=proc_root))
+            symbolizer_factory = symbolizer_factory or (
+                lambda pid, target: cpy_symbolize.CodeSymbolizer(pid, target.layout, proc_root=proc_root)
+            )
+        self._probe = probe
+        self._make_symbolizer = symbolizer_factory
+        self._max = max_processes
+        self._lock = threading.Lock()
+        self._procs: OrderedDict[int, _Proc] = OrderedDict()
+        self._pending: dict[int, float] = {}  # tgid -> first seen (monotonic), while not ready
+        self._said: set[tuple[str, str]] = set()
+        self._on_refused = on_refused
+        self.stats = PyProcStats()
+
+    # -- which processes ---------------------------------------------------
+    def describe(self, tgid: int) -> bytes | None | bool:
+        """``bytes``: the flamed_pyproc to install; ``None``: not ours (not
+        CPython, or refused); ``True``: looks like CPython, not ready yet, call
+        again soon."""
+        try:
+            res = self._probe(tgid)
+        except Exception as e:  # noqa: BLE001 -- a probe must never stop the sampler
+            self._refuse(tgid, "probe_error", str(e), "")
+            return None
+        if res is None:
+            return None
+        if not hasattr(res, "pack"):  # a refusal
+            if getattr(res, "not_yet", False):
+                return self._retry(tgid)
+            code = str(getattr(res, "code", "") or _refusal_code(str(getattr(res, "reason", res))))
+            if code in ("not_python", "gone"):
+                self._pending.pop(tgid, None)
+                return None
+            self._refuse(tgid, code, str(getattr(res, "reason", res)), str(getattr(res, "interpreter", "")))
+            return None
+        target = res
+        check = getattr(target, "validate", None) or target.state
+        state = check()
+        st_kind = getattr(state, "kind", state)
+        if st_kind == "not_yet":
+            return self._retry(tgid)
+        if st_kind != "ready":
+            self._refuse(tgid, "invalid_layout", str(getattr(state, "reason", state)), str(target.interpreter))
+            return None
+        self._pending.pop(tgid, None)
+        start = _start_time(self._proc_root, tgid) or 0
+        sym = self._make_symbolizer(tgid, target)
+        with self._lock:
+            self._procs[tgid] = _Proc(target, sym, start, str(getattr(target, "version", "")))
+            self._procs.move_to_end(tgid)
+            while len(self._procs) > self._max:
+                self._procs.popitem(last=False)
+            self.stats.described = len(self._procs)
+        packed: bytes = target.pack()
+        return packed
+
+    def _retry(self, tgid: int) -> bool | None:
+        first = self._pending.setdefault(tgid, time.monotonic())
+        if time.monotonic() - first > self.RETRY_FOR_S:
+            self._pending.pop(tgid, None)
+            self.stats.gave_up += 1
+            return None
+        return True
+
+    def _refuse(self, tgid: int, code: str, reason: str, interpreter: str) -> None:
+        self._pending.pop(tgid, None)
+        self.stats.refused[code] += 1
+        key = (interpreter, code)
+        if key not in self._said:
+            self._said.add(key)
+            log.info("Python frames of pid %d (%s) are not read in BPF: %s", tgid, interpreter or "?", reason)
+        if self._on_refused is not None:
+            self._on_refused(tgid, code, reason)
+
+    def has(self, tgid: int) -> bool:
+        with self._lock:
+            return tgid in self._procs
+
+    def forget(self, tgid: int) -> None:
+        """The process exited (or exec'd): its code objects mean nothing now.
+        Kept until the caller forgets it, so a drain after the exit still
+        names what was warmed."""
+        with self._lock:
+            self._procs.pop(tgid, None)
+            self.stats.described = len(self._procs)
+        self._pending.pop(tgid, None)
+
+    def described(self) -> dict[int, str]:
+        with self._lock:
+            return {t: p.version for t, p in self._procs.items()}
+
+    # -- naming ------------------------------------------------------------
+    def warm(self, tgid: int, frames: RawFrames) -> None:
+        """Name the code objects of a new stack now, while the process runs."""
+        with self._lock:
+            p = self._procs.get(tgid)
+        if p is None:
+            return
+        try:
+            p.symbolizer.symbolize(frames)
+        except Exception as e:  # noqa: BLE001
+            log.debug("warming Python frames of %d: %s", tgid, e)
+
+    def begin_drain(self) -> None:
+        with self._lock:
+            procs = list(self._procs.values())
+        for p in procs:
+            begin = getattr(p.symbolizer, "begin_batch", None)
+            if begin is not None:
+                begin()
+
+    def stack(self, tgid: int, frames: RawFrames, flags: int) -> list[Stack]:
+        """Named Python frames grouped by run of the evaluation loop, root first
+        (the outermost run first, each run root first)."""
+        with self._lock:
+            p = self._procs.get(tgid)
+        if p is None:
+            names = [f"[python code 0x{c & ~ENTRY_BIT:x}]" for c, _ in frames]
+        else:
+            try:
+                names = list(p.symbolizer.symbolize(frames))
+            except Exception as e:  # noqa: BLE001
+                log.debug("naming Python frames of %d: %s", tgid, e)
+                names = [f"[python code 0x{c & ~ENTRY_BIT:x}]" for c, _ in frames]
+        self.stats.stacks_named += 1
+        # frames: innermost first.  Runs end (outward) at an entry frame.
+        runs: list[list[str]] = [[]]
+        for (code, _), name in zip(frames, names):
+            runs[-1].append(name)
+            if code & ENTRY_BIT:
+                runs.append([])
+        if not runs[-1]:
+            runs.pop()
+        if flags & PYSTACK_TRUNCATED:
+            runs.append([TRUNCATED_FRAME])
+        elif flags & PYSTACK_READ_FAULT:
+            runs.append([READ_FAULT_FRAME])
+        out = [tuple(reversed(r)) for r in reversed(runs)]
+        return out
+
+    def symbolizer_stats(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        with self._lock:
+            procs = list(self._procs.values())
+        for p in procs:
+            st = getattr(p.symbolizer, "stats", None)
+            if isinstance(st, dict):
+                total.update({k: int(v) for k, v in st.items()})
+        return total
+
+
+def _refusal_code(reason: str) -> str:
+    r = reason.lower()
+    if "not a cpython" in r:
+        return "not_python"
+    if "gone" in r:
+        return "gone"
+    if "no table" in r or "unsupported" in r or "not supported" in r:
+        return "unsupported_version"
+    return "refused"
+
+
+def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:
+    """One native stack (root first) with Python frames put where the
+    interpreter ran them.
+
+    Where the native stack shows one evaluation-loop frame per run, each is
+    replaced by its run's Python frames (so a C extension called from Python,
+    and Python called back from C, read in order).  Otherwise (the native
+    walk did not reach the interpreter's frames: no frame pointers) the
+    Python frames go on top and the native frames below the innermost
+    evaluation frame, or the whole native stack, below them.
+    """
+    if not runs:
+        return user_stack
+    evals = [i for i, f in enumerate(user_stack) if EVAL_FRAME.match(f) and f.startswith("_PyEval_EvalFrame")]
+    if len(evals) == len(runs):
+        out: list[str] = []
+        prev = 0
+        for i, run in zip(evals, runs):
+            out.extend(user_stack[prev:i])
+            out.extend(run)
+            prev = i + 1
+        out.extend(user_stack[prev:])
+        return tuple(out)
+    python = tuple(f for run in runs for f in run)
+    return python + native_below_interpreter(user_stack)
+
+
+#: struct flamed_pystack header: len, flags.
+PYSTACK_HEAD = struct.Struct("<II")
+
+
+def parse_pystack(raw: bytes, depth: int) -> tuple[list[tuple[int, int]], int]:
+    """A ``struct flamed_pystack`` value: (frames innermost first, flags)."""
+    n, flags = PYSTACK_HEAD.unpack_from(raw, 0)
+    n = min(n, depth)
+    codes = struct.unpack_from(f"<{n}Q", raw, 8)
+    instrs = struct.unpack_from(f"<{n}I", raw, 8 + 8 * depth)
+    return list(zip(codes, instrs)), flags
