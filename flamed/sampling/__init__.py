@@ -1,0 +1,1 @@
+"""Sampling helpers that know the programs being sampled (interpreters, runtimes)."""
