@@ -26,6 +26,8 @@ PT_LOAD = 1
 SHT_SYMTAB = 2
 SHT_DYNSYM = 11
 SHT_NOBITS = 8
+SHT_DYNAMIC = 6
+DT_NEEDED = 1
 
 #: Symbols probing looks up; everything else in the tables is skipped.
 WANTED = (b"_PyRuntime", b"Py_Version")
@@ -52,6 +54,8 @@ class ElfFacts:
     segments: tuple[Segment, ...]
     #: name -> (file vaddr, size) of the WANTED symbols found
     symbols: dict[bytes, tuple[int, int]]
+    #: DT_NEEDED libraries (what the dynamic loader will map before main)
+    needed: tuple[str, ...] = ()
 
     def file_offset(self, vaddr: int, size: int) -> int | None:
         """File offset of ``size`` initialized bytes at ``vaddr``, None when not in the file."""
@@ -130,7 +134,25 @@ def _parse(f: BinaryIO, path: str) -> ElfFacts:
                 found = _lookup(table, strtab, name)
                 if found is not None:
                     symbols[name] = found
-    return ElfFacts(path, etype, tuple(segments), symbols)
+    needed: list[str] = []
+    for sec in sections:
+        if sec[1] != SHT_DYNAMIC or sec[5] > MAX_TABLE_BYTES or sec[6] >= len(sections):
+            continue
+        strsec = sections[sec[6]]
+        if strsec[5] > MAX_TABLE_BYTES:
+            continue
+        f.seek(sec[4])
+        dyn = f.read(sec[5])
+        f.seek(strsec[4])
+        dynstr = f.read(strsec[5])
+        for i in range(0, len(dyn) - 15, 16):
+            tag, val = struct.unpack_from("<qQ", dyn, i)
+            if tag == 0:
+                break
+            if tag == DT_NEEDED and val < len(dynstr):
+                end = dynstr.find(b"\0", val)
+                needed.append(dynstr[val : end if end >= 0 else len(dynstr)].decode("utf-8", "replace"))
+    return ElfFacts(path, etype, tuple(segments), symbols, tuple(needed))
 
 
 def _lookup(table: bytes, strtab: bytes, name: bytes) -> tuple[int, int] | None:
