@@ -1,0 +1,343 @@
+"""Is this pid a CPython process flamed can walk, and where is its runtime?
+
+:func:`probe` decides from /proc/PID/maps and cached ELF facts of the mapped
+files, without reading the process's memory (except 3.13's
+``_Py_DebugOffsets``, read from the process once it is known to be 3.13), so
+the common case -- a process that is not Python -- costs a maps read and a
+cache look-up.  The interpreter is the file that holds ``_PyRuntime``: the
+executable of a static build (Debian's /usr/bin/python3.X, non-PIE, symbols
+in .dynsym) or a mapped libpython3.X.so (pyenv's shared builds).
+:meth:`Target.state` says whether the interpreter is initialized yet and
+:meth:`Target.validate` walks every thread in user space and refuses a
+layout that reads garbage.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from flamed.sampling.cpython import elf
+from flamed.sampling.cpython.errors import CPythonError
+from flamed.sampling.cpython.layout import (
+    DEBUG_OFFSETS_SIZE_313,
+    DEBUG_OFFSETS_VERSIONS,
+    Layout,
+    debug_offsets_version,
+    layout_for,
+    layout_from_debug_offsets,
+)
+from flamed.sampling.cpython.memory import ProcessMemory
+from flamed.sampling.cpython.walk import Walk, walk_memory
+from flamed.symbols import read_identity
+
+PAGE = 4096
+_LIB_RE = re.compile(r"libpython(\d)\.(\d+)[a-z]*\.so")
+_EXE_RE = re.compile(r"python(\d)\.(\d+)[a-z]*$")
+#: Names of the outermost frame of a main thread running its main module
+#: (a script or -c; ``python -m`` starts in runpy).
+MAIN_OUTERMOST = frozenset({"<module>", "_run_module_as_main"})
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    start: int
+    end: int
+    perms: str
+    offset: int
+    inode: int
+    path: str
+
+
+def read_maps(pid: int, proc: Path) -> list[Mapping] | None:
+    """Every file-backed mapping of ``pid`` (None when the process is gone)."""
+    try:
+        text = (proc / str(pid) / "maps").read_text(errors="surrogateescape")
+    except OSError:
+        return None
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        lo, _, hi = parts[0].partition("-")
+        try:
+            out.append(Mapping(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), int(parts[4]), parts[5]))
+        except ValueError:
+            continue
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """``ready``: walkable now; ``not_yet``: retry later; ``invalid``: give up (``reason``)."""
+
+    kind: Literal["ready", "not_yet", "invalid"]
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why ``pid`` is not walked. ``not_yet``: it may become walkable (probe again)."""
+
+    pid: int
+    reason: str
+    not_yet: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A CPython process whose frames can be walked."""
+
+    pid: int
+    #: /proc/PID/stat field 22: tells a reused pid from this process
+    start_time: int
+    version: tuple[int, int]
+    #: PY_VERSION_HEX when the binary says it (Py_Version, 3.11+), else None
+    hexversion: int | None
+    #: the file holding _PyRuntime (executable or libpython) as the maps show it
+    interpreter: str
+    runtime_addr: int
+    layout: Layout
+    proc_root: Path = Path("/proc")
+
+    @property
+    def interp_head_addr(self) -> int:
+        return self.runtime_addr + self.layout.runtime_interp_head
+
+    def pack(self) -> bytes:
+        """The ``struct flamed_pyproc`` of this process for the BPF map."""
+        return self.layout.pack(self.interp_head_addr)
+
+    def memory(self) -> ProcessMemory:
+        return ProcessMemory(self.pid)
+
+    def state(self, memory: ProcessMemory | None = None) -> State:
+        """Is the interpreter initialized (an interpreter with a thread state)?"""
+        mem = memory or self.memory()
+        raw = mem.read(self.interp_head_addr, 8)
+        if raw is None:
+            return State("invalid", f"cannot read _PyRuntime of pid {self.pid} (errno {mem.last_errno})")
+        head = struct.unpack("<Q", raw)[0]
+        if head == 0:
+            return State("not_yet", "Py_Initialize has not created the interpreter yet")
+        raw = mem.read(head + self.layout.interp_threads_head, 8)
+        if raw is None:
+            return State("invalid", f"interpreters.head 0x{head:x} is not readable")
+        if struct.unpack("<Q", raw)[0] == 0:
+            return State("not_yet", "the interpreter has no thread state yet")
+        return State("ready")
+
+    def validate(self, memory: ProcessMemory | None = None) -> State:
+        """:meth:`state`, then walk every thread and check what the layout read makes sense."""
+        mem = memory or self.memory()
+        st = self.state(mem)
+        if st.kind != "ready":
+            return st
+        result = walk_memory(mem, self.layout, self.interp_head_addr)
+        if result is None:
+            return State("invalid", "interpreters.head became unreadable")
+        problem = self._check_walk(mem, result)
+        if problem:
+            return State("invalid", f"CPython {self.version[0]}.{self.version[1]} layout does not validate: {problem}")
+        return State("ready")
+
+    def _check_walk(self, mem: ProcessMemory, result: Walk) -> str:
+        if not result.threads:
+            return "no thread state"
+        if result.truncated:
+            return "the thread list is unreadable or longer than the walk's bound"
+        tasks = _tasks(self.proc_root, self.pid)
+        anon = _all_ranges(self.proc_root, self.pid)
+        code_type = 0
+        for t in result.threads:
+            if t.interp != result.head:
+                return f"thread state 0x{t.tstate:x}: interp 0x{t.interp:x} is not the interpreter 0x{result.head:x}"
+            if t.native_thread_id is not None and t.native_thread_id not in tasks:
+                return f"thread state 0x{t.tstate:x}: native_thread_id {t.native_thread_id} is not a task of the process"
+            if t.native_thread_id is None and not any(lo <= t.thread_id < hi for lo, hi in anon):
+                return f"thread state 0x{t.tstate:x}: thread_id 0x{t.thread_id:x} is not a mapped address"
+            if t.truncated:
+                return f"thread state 0x{t.tstate:x}: a frame is unreadable"
+            for code_addr, _instr in t.frames:
+                code = code_addr & ~1
+                raw = mem.read(code + self.layout.object_type, 8)
+                if raw is None:
+                    return f"frame code object 0x{code:x} is unreadable"
+                ob_type = struct.unpack("<Q", raw)[0]
+                if code_type == 0:
+                    if _type_name(mem, self.layout, ob_type) != b"code":
+                        return f"frame object 0x{code:x} is not a code object (its type is not 'code')"
+                    code_type = ob_type
+                elif ob_type != code_type:
+                    return f"frame object 0x{code:x} has type 0x{ob_type:x}, not the code type 0x{code_type:x}"
+        # The first thread state created (the main thread's) is last in the list.
+        main = result.threads[-1]
+        if main.frames and _EXE_RE.search(_exe(self.proc_root, self.pid)):
+            name = _code_name(mem, self.layout, main.frames[-1][0] & ~1)
+            if name not in MAIN_OUTERMOST:
+                return f"the main thread's outermost frame is {name!r}, not '<module>'"
+        return ""
+
+
+def _tasks(proc: Path, pid: int) -> set[int]:
+    try:
+        return {int(n) for n in os.listdir(proc / str(pid) / "task")}
+    except (OSError, ValueError):
+        return set()
+
+
+def _all_ranges(proc: Path, pid: int) -> list[tuple[int, int]]:
+    try:
+        text = (proc / str(pid) / "maps").read_text(errors="surrogateescape")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        lo, _, rest = line.partition("-")
+        hi = rest.split(None, 1)[0] if rest else ""
+        try:
+            out.append((int(lo, 16), int(hi, 16)))
+        except ValueError:
+            continue
+    return out
+
+
+def _exe(proc: Path, pid: int) -> str:
+    try:
+        return os.readlink(proc / str(pid) / "exe")
+    except OSError:
+        return ""
+
+
+def _type_name(mem: ProcessMemory, layout: Layout, type_addr: int) -> bytes | None:
+    raw = mem.read(type_addr + layout.type_name, 8)
+    if raw is None:
+        return None
+    name = mem.read(struct.unpack("<Q", raw)[0], 16)
+    return None if name is None else name.split(b"\0", 1)[0]
+
+
+def _code_name(mem: ProcessMemory, layout: Layout, code: int) -> str | None:
+    from flamed.sampling.cpython.symbolize import read_unicode
+
+    raw = mem.read(code + layout.code_name, 8)
+    if raw is None:
+        return None
+    return read_unicode(mem, layout, struct.unpack("<Q", raw)[0])
+
+
+def _version_from_name(path: str) -> tuple[int, int] | None:
+    base = os.path.basename(path)
+    m = _LIB_RE.search(base) or _EXE_RE.search(base)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _open_path(proc: Path, pid: int, path: str) -> str:
+    # The process may live in another mount namespace: its root shows the file it mapped.
+    rooted = proc / str(pid) / "root" / path.lstrip("/")
+    return str(rooted) if os.path.exists(rooted) else path
+
+
+def _load_bias(facts: elf.ElfFacts, maps: list[Mapping]) -> int | None:
+    if facts.etype == elf.ET_EXEC:
+        return 0
+    for seg in facts.segments:
+        off_page = seg.offset & ~(PAGE - 1)
+        for m in maps:
+            if m.offset == off_page:
+                return m.start - (seg.vaddr & ~(PAGE - 1))
+    return None
+
+
+def probe(
+    pid: int, proc_root: Path = Path("/proc"), *, cache: elf.ElfCache | None = None
+) -> Target | Refusal:
+    """Find the CPython interpreter of ``pid``: a :class:`Target`, or why not."""
+    cache = cache or elf.CACHE
+    maps = read_maps(pid, proc_root)
+    if maps is None:
+        return Refusal(pid, "the process is gone")
+    exe = _exe(proc_root, pid)
+    by_path: dict[str, list[Mapping]] = {}
+    for m in maps:
+        by_path.setdefault(m.path, []).append(m)
+    # The executable first (static builds), then any mapped libpython.
+    candidates = [p for p in by_path if p == exe] + [p for p in by_path if p != exe and _LIB_RE.search(os.path.basename(p))]
+    exe_facts: elf.ElfFacts | None = None
+    for path in candidates:
+        try:
+            facts = cache.get(_open_path(proc_root, pid, path))
+        except (OSError, CPythonError):
+            continue
+        if path == exe:
+            exe_facts = facts
+        if b"_PyRuntime" not in facts.symbols:
+            version = _version_from_name(path)
+            if version is not None and path != exe:
+                return _no_table(pid, version, path, "no _PyRuntime symbol")
+            continue
+        return _target(pid, proc_root, path, facts, by_path[path])
+    if exe_facts is not None:
+        for lib in exe_facts.needed:
+            version = _version_from_name(lib)
+            if version is not None:
+                if _supported(version):
+                    return Refusal(pid, f"{lib} is not mapped yet (the dynamic loader has not run)", not_yet=True)
+                return _no_table(pid, version, lib, "")
+    version = _version_from_name(exe)
+    if version is not None and not _supported(version):
+        return _no_table(pid, version, exe, "")
+    return Refusal(pid, "not a CPython process (no _PyRuntime in the executable or a mapped libpython)")
+
+
+def _supported(version: tuple[int, int]) -> bool:
+    try:
+        layout_for(version)
+    except CPythonError:
+        return version in DEBUG_OFFSETS_VERSIONS
+    return True
+
+
+def _no_table(pid: int, version: tuple[int, int], path: str, detail: str) -> Refusal:
+    try:
+        layout_for(version)
+    except CPythonError as e:
+        return Refusal(pid, f"{path}: {e}")
+    return Refusal(pid, f"{path}: CPython {version[0]}.{version[1]} but {detail}")
+
+
+def _target(pid: int, proc_root: Path, path: str, facts: elf.ElfFacts, maps: list[Mapping]) -> Target | Refusal:
+    identity = read_identity(pid, proc_root)
+    if identity is None:
+        return Refusal(pid, "the process is gone")
+    bias = _load_bias(facts, maps)
+    if bias is None:
+        return Refusal(pid, f"{path}: cannot tell its load address from the mappings", not_yet=True)
+    runtime = facts.symbols[b"_PyRuntime"][0] + bias
+    hexversion = None
+    if b"Py_Version" in facts.symbols:
+        raw = facts.read(facts.symbols[b"Py_Version"][0], 4)
+        if raw is not None:
+            hexversion = struct.unpack("<I", raw)[0]
+    version = ((hexversion >> 24) & 0xFF, (hexversion >> 16) & 0xFF) if hexversion else _version_from_name(path)
+    if version is None:
+        return Refusal(pid, f"{path}: has _PyRuntime but no Py_Version and no version in its name")
+    try:
+        if version in DEBUG_OFFSETS_VERSIONS:
+            data = ProcessMemory(pid).read(runtime, DEBUG_OFFSETS_SIZE_313)
+            if data is None:
+                return Refusal(pid, f"{path}: cannot read _Py_DebugOffsets at 0x{runtime:x} (need CAP_SYS_PTRACE)")
+            if debug_offsets_version(data)[:2] != version:
+                return Refusal(pid, f"{path}: _Py_DebugOffsets says another version than Py_Version")
+            layout = layout_from_debug_offsets(data)
+        else:
+            layout = layout_for(version)
+            layout.check()
+    except CPythonError as e:
+        return Refusal(pid, f"{path}: {e}")
+    return Target(pid, identity.start_time, version, hexversion, path, runtime, layout, proc_root)

@@ -1,0 +1,373 @@
+"""Turning the (code address, instruction) pairs of a Python stack into frames.
+
+:class:`CodeSymbolizer` reads code objects of one process (pid + start time)
+through process_vm_readv, batched, every read bounded, and gives flamed's
+Python frame format ``NAME (FILENAME:LINE)``.  A code object is read once and
+cached by address with a guard (its type, name, filename and line-table
+pointers and first line); a cached entry is re-checked against those few
+bytes at most once per :meth:`~CodeSymbolizer.begin_batch`, so a code object
+freed and its memory reused is noticed.  After the process exits the cache
+keeps answering.  Failures never raise: they are counted in ``stats`` by
+reason and shown as ``[unknown python code 0x...]``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from flamed.model import sanitize_frame
+from flamed.sampling.cpython.layout import ENTRY_BIT, Layout
+from flamed.sampling.cpython.memory import ProcessMemory
+
+MAX_NAME = 1024
+MAX_PATH = 4096
+MAX_LINETABLE = 64 << 10
+#: Bytes read of a str or bytes object in the first read: header plus a
+#: typical name, so most strings need one read.
+_SPECULATIVE = 160
+
+STAT_REASONS = ("read_failed", "not_code", "bad_string", "bad_linetable", "stale", "process_gone")
+
+
+@dataclass(slots=True)
+class _Code:
+    guard: bytes
+    name: str
+    filename: str
+    firstlineno: int
+    linetable: bytes
+    checked: int  # the batch it was last checked in
+
+
+def _u64(data: bytes, off: int) -> int:
+    value: int = struct.unpack_from("<Q", data, off)[0]
+    return value
+
+
+def _decode_unicode(layout: Layout, head: bytes, limit: int) -> tuple[int, int, str] | str:
+    """(data offset, byte size, encoding) of a compact str, or the failure reason."""
+    state = struct.unpack_from("<I", head, layout.unicode_state)[0]
+    length = struct.unpack_from("<q", head, layout.unicode_length)[0]
+    kind = (state >> 2) & 7
+    compact = (state >> 5) & 1
+    ascii_ = (state >> 6) & 1
+    if not compact or kind not in (1, 2, 4) or length < 0 or (ascii_ and kind != 1):
+        return "bad_string"
+    size = length * kind
+    if size > limit:
+        return "bad_string"
+    if ascii_:
+        return layout.unicode_ascii_size, size, "ascii"
+    return layout.unicode_compact_size, size, {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind]
+
+
+def _header_size(layout: Layout) -> int:
+    return layout.unicode_compact_size
+
+
+def read_unicode(mem: ProcessMemory, layout: Layout, addr: int, limit: int = MAX_NAME) -> str | None:
+    """One compact str object of the process (None when unreadable or not a compact str)."""
+    got = _read_objects(mem, layout, [(addr, limit)], unicode=True)[0]
+    return got if isinstance(got, str) else None
+
+
+def _read_objects(
+    mem: ProcessMemory, layout: Layout, objs: Sequence[tuple[int, int]], *, unicode: bool
+) -> list[str | bytes | None | tuple[str]]:
+    """Read str (``unicode``) or bytes objects; a failure is ``(reason,)``."""
+    first = [(addr, _header_size(layout) + _SPECULATIVE) for addr, _ in objs]
+    heads = mem.read_many(first)
+    out: list[str | bytes | None | tuple[str]] = [None] * len(objs)
+    more: list[tuple[int, int, int, str]] = []  # index, addr, size, encoding
+    for i, ((addr, limit), head) in enumerate(zip(objs, heads)):
+        if head is None:
+            # The speculative tail may cross into an unmapped page: retry the header alone.
+            head = mem.read(addr, _header_size(layout))
+            if head is None:
+                out[i] = ("read_failed",)
+                continue
+        if unicode:
+            dec = _decode_unicode(layout, head, limit)
+            if isinstance(dec, str):
+                out[i] = (dec,)
+                continue
+            off, size, enc = dec
+        else:
+            size = struct.unpack_from("<q", head, layout.bytes_size)[0]
+            if size < 0 or size > limit:
+                out[i] = ("bad_linetable",)
+                continue
+            off, enc = layout.bytes_sval, ""
+        if off + size <= len(head):
+            out[i] = _finish(head[off : off + size], enc)
+        else:
+            more.append((i, addr + off, size, enc))
+    if more:
+        datas = mem.read_many([(a, s) for _, a, s, _ in more]) if any(s for _, _, s, _ in more) else []
+        for (i, _a, size, enc), data in zip(more, datas):
+            out[i] = ("read_failed",) if data is None else _finish(data, enc)
+    return out
+
+
+def _finish(data: bytes, enc: str) -> str | bytes | tuple[str]:
+    if not enc:
+        return data
+    try:
+        return data.decode(enc)
+    except UnicodeDecodeError:
+        return ("bad_string",)
+
+
+# ---- line tables ----
+
+
+def line_lnotab(table: bytes, firstlineno: int, addr: int) -> int:
+    """3.8-3.9 co_lnotab: (byte increment, signed line increment) pairs."""
+    line = firstlineno
+    pos = 0
+    for i in range(0, len(table) - 1, 2):
+        pos += table[i]
+        if pos > addr:
+            break
+        delta = table[i + 1]
+        line += delta - 256 if delta >= 128 else delta
+    return line
+
+
+def line_310(table: bytes, firstlineno: int, addr: int) -> int | None:
+    """3.10 co_linetable: (byte length, signed line delta or -128 for none) pairs."""
+    line = firstlineno
+    end = 0
+    for i in range(0, len(table) - 1, 2):
+        start = end
+        end += table[i]
+        delta = table[i + 1]
+        if delta != 128:
+            line += delta - 256 if delta >= 128 else delta
+        if start <= addr < end:
+            return None if delta == 128 else line
+    return None
+
+
+def _varint(table: bytes, pos: int) -> tuple[int, int]:
+    shift = 0
+    value = 0
+    while pos < len(table):
+        b = table[pos]
+        pos += 1
+        value |= (b & 63) << shift
+        shift += 6
+        if not b & 64:
+            break
+    return value, pos
+
+
+def line_locations(table: bytes, firstlineno: int, unit: int) -> int | None:
+    """3.11+ location table: entries of (code, length in code units) and deltas."""
+    line = firstlineno
+    end = 0
+    pos = 0
+    n = len(table)
+    while pos < n:
+        first = table[pos]
+        if not first & 0x80:
+            return None  # lost sync: not a location table
+        pos += 1
+        code = (first >> 3) & 15
+        start = end
+        end += (first & 7) + 1
+        has_line = True
+        if code == 15:
+            has_line = False
+        elif code == 14:
+            raw, pos = _varint(table, pos)
+            line += -(raw >> 1) if raw & 1 else raw >> 1
+            for _ in range(3):
+                _, pos = _varint(table, pos)
+        elif code == 13:
+            raw, pos = _varint(table, pos)
+            line += -(raw >> 1) if raw & 1 else raw >> 1
+        elif code >= 10:
+            line += code - 10
+            pos += 2
+        else:
+            pos += 1
+        if start <= unit < end:
+            return line if has_line else None
+    return None
+
+
+class CodeSymbolizer:
+    """Names of the code objects of one process (pid + start time)."""
+
+    def __init__(
+        self,
+        pid: int,
+        start_time: int,
+        layout: Layout,
+        *,
+        memory: ProcessMemory | None = None,
+        max_entries: int = 16384,
+    ) -> None:
+        self.pid = pid
+        self.start_time = start_time
+        self.layout = layout
+        self.memory = memory or ProcessMemory(pid)
+        self.max_entries = max_entries
+        self.stats: dict[str, int] = dict.fromkeys(STAT_REASONS, 0)
+        self.reads = 0  # code objects read from the process
+        self._cache: OrderedDict[int, _Code] = OrderedDict()
+        self._batch = 0
+        self._code_type = 0
+        self._gone = False
+        # One read covers the code object's fields that name a frame.
+        fields = [layout.object_type, layout.code_name, layout.code_filename, layout.code_firstlineno,
+                  layout.code_linetable]
+        if layout.code_qualname is not None:
+            fields.append(layout.code_qualname)
+        self._head_size = max(fields) + 8
+
+    @classmethod
+    def for_target(cls, target: object) -> CodeSymbolizer:
+        from flamed.sampling.cpython.process import Target
+
+        assert isinstance(target, Target)
+        return cls(target.pid, target.start_time, target.layout)
+
+    def begin_batch(self) -> None:
+        """Start a drain: cached entries are re-checked (once) when next used."""
+        self._batch += 1
+
+    def process_exited(self) -> None:
+        """The process is gone: serve cached names, read nothing more."""
+        self._gone = True
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def _count(self, reason: str) -> None:
+        self.stats[reason] = self.stats.get(reason, 0) + 1
+
+    def _guard(self, head: bytes) -> bytes:
+        lay = self.layout
+        parts = [head[lay.object_type : lay.object_type + 8], head[lay.code_name : lay.code_name + 8],
+                 head[lay.code_filename : lay.code_filename + 8],
+                 head[lay.code_firstlineno : lay.code_firstlineno + 4],
+                 head[lay.code_linetable : lay.code_linetable + 8]]
+        if lay.code_qualname is not None:
+            parts.append(head[lay.code_qualname : lay.code_qualname + 8])
+        return b"".join(parts)
+
+    def symbolize(self, frames: Sequence[tuple[int, int]]) -> list[str]:
+        """Frames (innermost first, as given) in ``NAME (FILENAME:LINE)`` form."""
+        codes = list(dict.fromkeys(addr & ~ENTRY_BIT for addr, _ in frames))
+        self._revalidate([c for c in codes if c in self._cache])
+        missing = [c for c in codes if c not in self._cache]
+        if missing:
+            self._load(missing)
+        out = []
+        for addr, instr in frames:
+            code = addr & ~ENTRY_BIT
+            entry = self._cache.get(code)
+            if entry is None:
+                out.append(f"[unknown python code 0x{code:x}]")
+                continue
+            self._cache.move_to_end(code)
+            line = self._line(code, entry, instr)
+            out.append(sanitize_frame(f"{entry.name} ({entry.filename}:{line})"))
+        return out
+
+    def _line(self, code: int, entry: _Code, instr: int) -> int:
+        lay = self.layout
+        line: int | None
+        if lay.code_adaptive is None:
+            lasti = instr - (1 << 32) if instr >= 1 << 31 else instr
+            if lasti < 0:
+                return entry.firstlineno
+            if lay.line_format == "lnotab":
+                return line_lnotab(entry.linetable, entry.firstlineno, lasti * lay.lasti_unit)
+            line = line_310(entry.linetable, entry.firstlineno, lasti * lay.lasti_unit)
+        else:
+            base = code + lay.code_adaptive
+            if instr < base:
+                return entry.firstlineno
+            line = line_locations(entry.linetable, entry.firstlineno, (instr - base) // 2)
+        return entry.firstlineno if line is None else line
+
+    def _revalidate(self, cached: list[int]) -> None:
+        todo = [c for c in cached if self._cache[c].checked != self._batch]
+        if not todo or self._gone:
+            return
+        heads = self.memory.read_many([(c, self._head_size) for c in todo])
+        for code, head in zip(todo, heads):
+            entry = self._cache[code]
+            if head is None:
+                if self.memory.last_errno == 3:  # ESRCH: exited, keep what we know
+                    self._gone = True
+                    return
+                del self._cache[code]
+                self._count("stale")
+            elif self._guard(head) != entry.guard:
+                del self._cache[code]
+                self._count("stale")
+            else:
+                entry.checked = self._batch
+
+    def _load(self, codes: list[int]) -> None:
+        if self._gone:
+            self.stats["process_gone"] += len(codes)
+            return
+        lay = self.layout
+        heads = self.memory.read_many([(c, self._head_size) for c in codes])
+        good: list[tuple[int, bytes]] = []
+        for code, head in zip(codes, heads):
+            if head is None:
+                if self.memory.last_errno == 3:
+                    self._gone = True
+                self._count("read_failed")
+                continue
+            ob_type = _u64(head, lay.object_type)
+            if not self._is_code_type(ob_type):
+                self._count("not_code")
+                continue
+            good.append((code, head))
+        if not good:
+            return
+        name_field = lay.code_qualname if lay.code_qualname is not None else lay.code_name
+        strs = _read_objects(
+            self.memory, lay,
+            [(_u64(h, name_field), MAX_NAME) for _, h in good] + [(_u64(h, lay.code_filename), MAX_PATH) for _, h in good],
+            unicode=True,
+        )
+        tables = _read_objects(self.memory, lay, [(_u64(h, lay.code_linetable), MAX_LINETABLE) for _, h in good],
+                               unicode=False)
+        n = len(good)
+        for k, (code, head) in enumerate(good):
+            name, filename, table = strs[k], strs[n + k], tables[k]
+            failed = next((x[0] for x in (name, filename, table) if isinstance(x, tuple)), None)
+            if failed is not None:
+                self._count(failed)
+                continue
+            if not isinstance(name, str) or not isinstance(filename, str) or not isinstance(table, bytes):
+                self._count("read_failed")
+                continue
+            self.reads += 1
+            first = struct.unpack_from("<i", head, lay.code_firstlineno)[0]
+            self._cache[code] = _Code(self._guard(head), name, filename, first, table, self._batch)
+            while len(self._cache) > self.max_entries:
+                self._cache.popitem(last=False)
+
+    def _is_code_type(self, ob_type: int) -> bool:
+        if self._code_type:
+            return ob_type == self._code_type
+        raw = self.memory.read(ob_type + self.layout.type_name, 8)
+        if raw is None:
+            return False
+        name = self.memory.read(_u64(raw, 0), 8)
+        if name is None or name[:5] != b"code\0":
+            return False
+        self._code_type = ob_type
+        return True
