@@ -92,6 +92,8 @@ class PythonFrames:
     #: How long a process that looks like CPython but is not ready (library
     #: not mapped, interpreter not initialized) is retried.
     RETRY_FOR_S = 10.0
+    #: Validation failures in a row before a process is refused.
+    VALIDATE_TRIES = 3
 
     def __init__(
         self,
@@ -109,7 +111,7 @@ class PythonFrames:
 
             probe = probe or (lambda pid: cpy_process.probe(pid, proc_root=proc_root))
             symbolizer_factory = symbolizer_factory or (
-                lambda pid, target: cpy_symbolize.CodeSymbolizer(pid, target.layout, proc_root=proc_root)
+                lambda _pid, target: cpy_symbolize.CodeSymbolizer.for_target(target, short_filenames=True)
             )
         self._probe = probe
         self._make_symbolizer = symbolizer_factory
@@ -118,6 +120,10 @@ class PythonFrames:
         self._procs: OrderedDict[int, _Proc] = OrderedDict()
         self._pending: dict[int, float] = {}  # tgid -> first seen (monotonic), while not ready
         self._said: set[tuple[str, str]] = set()
+        self._invalid: dict[int, int] = {}
+        #: The program gives (instruction pointer - code address) where the
+        #: frame holds a pointer; the symbolizers take the pointer.
+        self._ptr_instr: dict[int, bool] = {}
         self._on_refused = on_refused
         self.stats = PyProcStats()
 
@@ -149,13 +155,26 @@ class PythonFrames:
         if st_kind == "not_yet":
             return self._retry(tgid)
         if st_kind != "ready":
+            # A walk from user space races the running threads: a frame
+            # freed under it reads as garbage once in a while.  Refuse only
+            # a layout that fails again.
+            n = self._invalid.get(tgid, 0) + 1
+            self._invalid[tgid] = n
+            if n < self.VALIDATE_TRIES:
+                return self._retry(tgid)
+            self._invalid.pop(tgid, None)
             self._refuse(tgid, "invalid_layout", str(getattr(state, "reason", state)), str(target.interpreter))
             return None
+        self._invalid.pop(tgid, None)
         self._pending.pop(tgid, None)
         start = _start_time(self._proc_root, tgid) or 0
         sym = self._make_symbolizer(tgid, target)
+        version = getattr(target, "version", "")
+        if isinstance(version, tuple):
+            version = ".".join(str(v) for v in version)
+        self._ptr_instr[tgid] = getattr(getattr(target, "layout", None), "instr_size", 4) == 8
         with self._lock:
-            self._procs[tgid] = _Proc(target, sym, start, str(getattr(target, "version", "")))
+            self._procs[tgid] = _Proc(target, sym, start, str(version))
             self._procs.move_to_end(tgid)
             while len(self._procs) > self._max:
                 self._procs.popitem(last=False)
@@ -193,6 +212,8 @@ class PythonFrames:
             self._procs.pop(tgid, None)
             self.stats.described = len(self._procs)
         self._pending.pop(tgid, None)
+        self._invalid.pop(tgid, None)
+        self._ptr_instr.pop(tgid, None)
 
     def described(self) -> dict[int, str]:
         with self._lock:
@@ -206,9 +227,14 @@ class PythonFrames:
         if p is None:
             return
         try:
-            p.symbolizer.symbolize(frames)
+            p.symbolizer.symbolize(self._absolute(tgid, frames))
         except Exception as e:  # noqa: BLE001
             log.debug("warming Python frames of %d: %s", tgid, e)
+
+    def _absolute(self, tgid: int, frames: RawFrames) -> RawFrames:
+        if not self._ptr_instr.get(tgid):
+            return frames
+        return [(c, (c & ~ENTRY_BIT) + i) for c, i in frames]
 
     def begin_drain(self) -> None:
         with self._lock:
@@ -227,7 +253,7 @@ class PythonFrames:
             names = [f"[python code 0x{c & ~ENTRY_BIT:x}]" for c, _ in frames]
         else:
             try:
-                names = list(p.symbolizer.symbolize(frames))
+                names = list(p.symbolizer.symbolize(self._absolute(tgid, frames)))
             except Exception as e:  # noqa: BLE001
                 log.debug("naming Python frames of %d: %s", tgid, e)
                 names = [f"[python code 0x{c & ~ENTRY_BIT:x}]" for c, _ in frames]

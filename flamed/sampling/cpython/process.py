@@ -178,9 +178,12 @@ class Target:
         # The first thread state created (the main thread's) is last in the list.
         main = result.threads[-1]
         if main.frames and _EXE_RE.search(_exe(self.proc_root, self.pid)):
+            # Only that it names something: during start-up (site, the
+            # importer) and in embedded interpreters the outermost frame is
+            # not the main module's, so '<module>' cannot be required.
             name = _code_name(mem, self.layout, main.frames[-1][0] & ~1)
-            if name not in MAIN_OUTERMOST:
-                return f"the main thread's outermost frame is {name!r}, not '<module>'"
+            if not name:
+                return "the main thread's outermost frame has no readable name"
         return ""
 
 

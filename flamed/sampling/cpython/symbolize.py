@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flamed.model import sanitize_frame
+from flamed.python.align import short_filename
 from flamed.sampling.cpython.layout import ENTRY_BIT, Layout
 from flamed.sampling.cpython.memory import ProcessMemory
 
@@ -211,12 +212,16 @@ class CodeSymbolizer:
         *,
         memory: ProcessMemory | None = None,
         max_entries: int = 16384,
+        short_filenames: bool = False,
     ) -> None:
         self.pid = pid
         self.start_time = start_time
         self.layout = layout
         self.memory = memory or ProcessMemory(pid)
         self.max_entries = max_entries
+        #: File names as py-spy shows them (``json/decoder.py``, not the
+        #: installation's full path), so both Python paths give equal frames.
+        self.short_filenames = short_filenames
         self.stats: dict[str, int] = dict.fromkeys(STAT_REASONS, 0)
         self.reads = 0  # code objects read from the process
         self._cache: OrderedDict[int, _Code] = OrderedDict()
@@ -231,11 +236,11 @@ class CodeSymbolizer:
         self._head_size = max(fields) + 8
 
     @classmethod
-    def for_target(cls, target: object) -> CodeSymbolizer:
+    def for_target(cls, target: object, *, short_filenames: bool = False) -> CodeSymbolizer:
         from flamed.sampling.cpython.process import Target
 
         assert isinstance(target, Target)
-        return cls(target.pid, target.start_time, target.layout)
+        return cls(target.pid, target.start_time, target.layout, short_filenames=short_filenames)
 
     def begin_batch(self) -> None:
         """Start a drain: cached entries are re-checked (once) when next used."""
@@ -277,7 +282,8 @@ class CodeSymbolizer:
                 continue
             self._cache.move_to_end(code)
             line = self._line(code, entry, instr)
-            out.append(sanitize_frame(f"{entry.name} ({entry.filename}:{line})"))
+            filename = short_filename(entry.filename) if self.short_filenames else entry.filename
+            out.append(sanitize_frame(f"{entry.name} ({filename}:{line})"))
         return out
 
     def _line(self, code: int, entry: _Code, instr: int) -> int:
