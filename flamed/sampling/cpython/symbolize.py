@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flamed.model import sanitize_frame
 from flamed.sampling.cpython.layout import ENTRY_BIT, Layout
@@ -40,6 +40,8 @@ class _Code:
     firstlineno: int
     linetable: bytes
     checked: int  # the batch it was last checked in
+    #: instruction -> line, bounded (a hot loop samples few instructions)
+    lines: dict[int, int] = field(default_factory=dict)
 
 
 def _u64(data: bytes, off: int) -> int:
@@ -276,7 +278,11 @@ class CodeSymbolizer:
                 out.append(f"[unknown python code 0x{code:x}]")
                 continue
             self._cache.move_to_end(code)
-            line = self._line(code, entry, instr)
+            line = entry.lines.get(instr)
+            if line is None:
+                line = self._line(code, entry, instr)
+                if len(entry.lines) < 256:
+                    entry.lines[instr] = line
             out.append(sanitize_frame(f"{entry.name} ({entry.filename}:{line})"))
         return out
 
