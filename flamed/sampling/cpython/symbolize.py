@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flamed.model import sanitize_frame
 from flamed.python.align import short_filename
@@ -41,6 +41,8 @@ class _Code:
     firstlineno: int
     linetable: bytes
     checked: int  # the batch it was last checked in
+    #: instruction -> line, bounded (a hot loop samples few instructions)
+    lines: dict[int, int] = field(default_factory=dict)
 
 
 def _u64(data: bytes, off: int) -> int:
@@ -281,7 +283,11 @@ class CodeSymbolizer:
                 out.append(f"[unknown python code 0x{code:x}]")
                 continue
             self._cache.move_to_end(code)
-            line = self._line(code, entry, instr)
+            line = entry.lines.get(instr)
+            if line is None:
+                line = self._line(code, entry, instr)
+                if len(entry.lines) < 256:
+                    entry.lines[instr] = line
             filename = short_filename(entry.filename) if self.short_filenames else entry.filename
             out.append(sanitize_frame(f"{entry.name} ({filename}:{line})"))
         return out
