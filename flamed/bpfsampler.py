@@ -318,7 +318,7 @@ def task_fsbase_offset() -> int:
     try:
         from flamed.sampling.cpython import btf
 
-        return int(btf.task_fsbase_offset())
+        return int(btf.fsbase_offset())
     except Exception as e:  # noqa: BLE001 -- only 3.8-3.10 thread matching needs it
         log.warning("no task_struct fs base offset from the kernel's BTF (%s): threads of CPython "
                     "3.8-3.10 cannot be matched in BPF", e)
