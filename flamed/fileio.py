@@ -13,7 +13,7 @@ import sys
 import tempfile
 import zlib
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from flamed.errors import InputError, FlamedError
 
@@ -38,13 +38,15 @@ def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
             raise InputError("is a directory, expected a file", source=name) from None
         except PermissionError:
             raise InputError("permission denied", source=name) from None
-    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[arg-type]
+    # Both are BufferedReaders unless sys.stdin was replaced (tests, embedding).
+    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(io.RawIOBase, raw))
     head = buffered.peek(2)[:2]
     if head == GZIP_MAGIC:
         gz = _CheckedGzipFile(fileobj=buffered, mode="rb")
         gz.source = name
-        return gz  # type: ignore[return-value]
-    return buffered  # type: ignore[return-value]
+        # GzipFile has every method of BinaryIO; typeshed just does not declare it one.
+        return cast(BinaryIO, gz)
+    return buffered
 
 
 class _CheckedGzipFile(gzip.GzipFile):
@@ -149,7 +151,7 @@ def _write_in_place(path: str) -> Iterator[BinaryIO]:
         try:
             sock.connect(path)
             with sock.makefile("wb") as f:
-                yield f  # type: ignore[misc]
+                yield f
             # End of data for the reader, as closing a FIFO's write end would be.
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_WR)
