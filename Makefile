@@ -14,8 +14,10 @@ setup-test:
 run: setup
 	$(VENV)/bin/flamed daemon --config packaging/flamed.dev.toml
 
-# The whole test suite. Exit 5 (no tests collected) counts as failure.
+# Type checking first (pyproject's [tool.mypy]: strict on flamed/; an error fails
+# the target), then the whole test suite. Exit 5 (no tests collected) counts as failure.
 test: setup-test
+	$(PY) -m mypy --strict flamed/
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # docs/reliability.md's figures: the fault and security suite at the issue's scale

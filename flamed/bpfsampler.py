@@ -408,7 +408,10 @@ def _effective_caps() -> int:
 
 def _check_privileges() -> None:
     caps = _effective_caps()
-    has = lambda c: bool(caps >> c & 1)  # noqa: E731
+
+    def has(c: int) -> bool:
+        return bool(caps >> c & 1)
+
     if has(_CAP_SYS_ADMIN) or (has(_CAP_BPF) and has(_CAP_PERFMON)):
         return
     # Name what is missing: under a unit's CapabilityBoundingSet it is usually one of them.
@@ -422,7 +425,7 @@ def _check_privileges() -> None:
 
 def _import_bcc() -> Any:
     try:
-        import bcc  # type: ignore[import-not-found]
+        import bcc
     except Exception as e:  # noqa: BLE001 -- any import failure means the same thing
         raise CapabilityError(
             f"the bcc Python binding does not import ({e}); install Debian's python3-bpfcc and run "
@@ -874,7 +877,7 @@ class BpfSampler:
                 f"bcc could not compile {prog.path} ({_headers_hint()}):\n  {_tail(text) or err}"
             )
         self._bpf = b
-        from bcc.libbcc import lib  # type: ignore[import-not-found]
+        from bcc.libbcc import lib
 
         self._lib = lib
         fn, text, err = _with_captured_stderr(lambda: b.load_func(b"flamed_sample", bcc.BPF.PERF_EVENT))
@@ -1275,7 +1278,7 @@ class BpfSampler:
         # Whatever is left (no batch support, a partial batch) one by one; when
         # the batch emptied the map this is a single get_next_key call.
         out.extend(self._take_counts_slow(table))
-        return out  # type: ignore[return-value]
+        return out
 
     def _take_counts_slow(self, table: Any) -> list[tuple[int, int, int, int, bytes, int, int]]:
         lib = self._lib
@@ -1296,7 +1299,7 @@ class BpfSampler:
         for kb in found:
             ct.memmove(ct.byref(key), kb, len(kb))
             if lib.bpf_lookup_elem(fd, ct.byref(key), ct.byref(val)) == 0:
-                rest.append((*_KEY.unpack(kb), int(val.value)))  # type: ignore[arg-type]
+                rest.append((*_KEY.unpack(kb), int(val.value)))
                 lib.bpf_delete_elem(fd, ct.byref(key))
         return rest
 

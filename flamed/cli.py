@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -73,7 +74,29 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         return 0
 
 
+def _reserve_std_fds() -> None:
+    """Put /dev/null on whichever of fds 0-2 the caller closed (`<&-`, `>&-`).
+
+    Python has already left sys.stdin/sys.stdout None for them, which is how
+    the commands see a closed stream and say so. Without this, the next file
+    opened would get that number, and a child process (or anything writing to
+    fd 1) would write into it.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            new = os.open(os.devnull, os.O_RDWR)
+            if new != fd:
+                os.dup2(new, fd)
+                os.close(new)
+    if sys.stderr is None:
+        # print(file=None) would write warnings into stdout, among the output.
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+
+
 def entry() -> None:
+    _reserve_std_fds()
     sys.exit(main())
 
 

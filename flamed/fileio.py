@@ -1,16 +1,19 @@
-"""Opening inputs (files, stdin, gzip by magic) and writing outputs atomically."""
+"""Opening inputs (files, stdin, gzip by magic) and writing outputs (atomically when they are files)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import io
 import os
+import socket
+import stat
 import sys
 import tempfile
 import zlib
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from flamed.errors import InputError, FlamedError
 
@@ -23,7 +26,7 @@ def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
     Gzip input is recognised by its magic bytes, not by the file name.
     """
     if path is None or str(path) == "-":
-        raw: BinaryIO = sys.stdin.buffer
+        raw: BinaryIO = stdin_binary()
         name = "<stdin>"
     else:
         name = str(path)
@@ -35,13 +38,15 @@ def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
             raise InputError("is a directory, expected a file", source=name) from None
         except PermissionError:
             raise InputError("permission denied", source=name) from None
-    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)  # type: ignore[arg-type]
+    # Both are BufferedReaders unless sys.stdin was replaced (tests, embedding).
+    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(io.RawIOBase, raw))
     head = buffered.peek(2)[:2]
     if head == GZIP_MAGIC:
         gz = _CheckedGzipFile(fileobj=buffered, mode="rb")
         gz.source = name
-        return gz  # type: ignore[return-value]
-    return buffered  # type: ignore[return-value]
+        # GzipFile has every method of BinaryIO; typeshed just does not declare it one.
+        return cast(BinaryIO, gz)
+    return buffered
 
 
 class _CheckedGzipFile(gzip.GzipFile):
@@ -75,6 +80,22 @@ class _CheckedGzipFile(gzip.GzipFile):
         return self._checked(super().readline, size)  # type: ignore[no-any-return]
 
 
+def stdin_binary() -> BinaryIO:
+    """Standard input as bytes, or an error saying what to do when it is closed."""
+    # Python leaves sys.stdin None when fd 0 was closed at startup (`<&-`).
+    if sys.stdin is None:
+        raise InputError("standard input is closed; name the input file instead", source="<stdin>")
+    return sys.stdin.buffer
+
+
+def stdout_binary() -> BinaryIO:
+    """Standard output as bytes, or an error saying what to do when it is closed."""
+    # Python leaves sys.stdout None when fd 1 was closed at startup (`>&-`).
+    if sys.stdout is None:
+        raise FlamedError("standard output is closed; give -o FILE to write the output to a file")
+    return sys.stdout.buffer
+
+
 def input_name(path: str | os.PathLike[str] | None) -> str:
     return "<stdin>" if path is None or str(path) == "-" else str(path)
 
@@ -90,17 +111,78 @@ def input_size(path: str | os.PathLike[str] | None) -> int | None:
     return st.st_size if os.path.isfile(path) else None
 
 
+def _replace_target(path: str) -> str | None:
+    """The file an atomic write of ``path`` renames into place, or ``None`` when
+    ``path`` must be written in place.
+
+    Only a regular file, or nothing yet, may be replaced by a rename. Through a
+    symlink the file it ends at is replaced, so the link stays a link. A FIFO, a
+    character or block device (``/dev/null``), a socket, or a magic link of
+    ``/proc`` to a pipe is written in place, as a shell redirection would:
+    renaming over it would destroy it (and, as root, ``/dev/null`` with it).
+    """
+    try:
+        st: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        st = None  # nothing there, or a dangling symlink: create its target
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, expected a file", path)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return None
+    if not os.path.islink(path):
+        return path
+    real = os.path.realpath(path)
+    if st is not None:
+        try:
+            rst = os.stat(real)
+        except OSError:
+            return None
+        if (rst.st_dev, rst.st_ino) != (st.st_dev, st.st_ino):
+            # A /proc/PID/fd link names a file it cannot be renamed over.
+            return None
+    return real
+
+
+@contextlib.contextmanager
+def _write_in_place(path: str) -> Iterator[BinaryIO]:
+    """Write straight into an existing FIFO, device or socket."""
+    if stat.S_ISSOCK(os.stat(path).st_mode):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            with sock.makefile("wb") as f:
+                yield f
+            # End of data for the reader, as closing a FIFO's write end would be.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
+        finally:
+            sock.close()
+        return
+    # No O_CREAT: if the node vanished meanwhile, do not create a regular file
+    # where a device was. No O_TRUNC: it means nothing for these files.
+    fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(fd, "wb") as f:
+        yield f
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644, fsync: bool = True) -> Iterator[BinaryIO]:
     """Write ``path`` so that it appears complete or not at all.
 
     Data goes to a temporary file in the same directory, which is fsynced and
     renamed over ``path``; on any error the temporary file is removed and the
-    old ``path`` (if any) is untouched.
+    old ``path`` (if any) is untouched. A symlink is kept and the file it ends
+    at is replaced that way; a FIFO, device or socket is written in place (see
+    :func:`_replace_target`).
     """
-    path = os.fspath(path)
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    name = os.fspath(path)
+    target = _replace_target(name)
+    if target is None:
+        with _write_in_place(name) as out:
+            yield out
+        return
+    directory = os.path.dirname(target) or "."
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -108,7 +190,7 @@ def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644, fsync: bool
             if fsync:
                 os.fsync(f.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
         if fsync:
             dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
             try:
@@ -125,7 +207,7 @@ def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644, fsync: bool
 def open_output(path: str | os.PathLike[str] | None) -> Iterator[BinaryIO]:
     """Binary output stream: stdout for ``None``/``-``, else an atomic file write."""
     if path is None or str(path) == "-":
-        out = sys.stdout.buffer
+        out = stdout_binary()
         try:
             yield out
             out.flush()

@@ -28,7 +28,7 @@ def discover(package: str, path: Iterable[str], base: type[T], skip: Iterable[st
                 isinstance(obj, type)
                 and issubclass(obj, base)
                 and obj is not base
-                and getattr(obj, "name", "")
+                and bool(getattr(obj, "name", ""))
                 and obj.__module__ == mod.__name__
             ):
                 found[getattr(obj, "name")] = obj

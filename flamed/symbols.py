@@ -160,7 +160,7 @@ class BccResolver:
     """A bcc symbol cache for one pid (``-1``: the kernel)."""
 
     def __init__(self, pid: int) -> None:
-        from bcc.libbcc import lib  # type: ignore[import-not-found]
+        from bcc.libbcc import lib
 
         self._lib: Any = lib
         self._pid = pid
@@ -291,7 +291,7 @@ class ElfSymbols:
     def __init__(self, path: str) -> None:
         import ctypes as ct
 
-        from bcc.libbcc import bcc_symbol_option, lib  # type: ignore[import-not-found]
+        from bcc.libbcc import bcc_symbol_option, lib
 
         raw: dict[int, tuple[int, bytes]] = {}
 

@@ -176,7 +176,7 @@ def _parse_range(
 
 
 #: Index of the next range to take, shared by the processes of one run (set before forking).
-_NEXT_RANGE: multiprocessing.sharedctypes.Synchronized[int] | None = None  # type: ignore[name-defined]
+_NEXT_RANGE: multiprocessing.sharedctypes.Synchronized[int] | None = None
 
 
 def _take_ranges(

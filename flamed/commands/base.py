@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import ClassVar, TextIO
 
+from flamed.errors import FlamedError
+
 
 class Command:
     """Base of subcommands. The subclass docstring becomes ``--help`` text:
@@ -15,8 +17,18 @@ class Command:
     order: ClassVar[int] = 50
 
     def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
-        self.stdout = stdout if stdout is not None else sys.stdout
+        # None when the process was started with fd 1 closed (`>&-`): only
+        # commands that print fail then, through the property below.
+        self._stdout: TextIO | None = stdout if stdout is not None else sys.stdout
         self.stderr = stderr if stderr is not None else sys.stderr
+
+    @property
+    def stdout(self) -> TextIO:
+        if self._stdout is None:
+            raise FlamedError(
+                f"standard output is closed and '{self.name}' prints there; redirect it to a file (>FILE) instead"
+            )
+        return self._stdout
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Declare this command's options."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
 
 from flamed.collapse import get as get_input_format
 from flamed.collapse import guess
@@ -15,7 +14,7 @@ from flamed.collapse.driver import HEAD_BYTES, collapse, default_jobs, read_head
 from flamed.collapse.trace import parse_timestamp
 from flamed.commands.base import Command
 from flamed.errors import UsageError
-from flamed.fileio import input_name, open_input, open_output
+from flamed.fileio import input_name, open_input, open_output, stdin_binary
 from flamed.merge import (
     LABEL_ROOTS,
     IdRemapper,
@@ -179,7 +178,7 @@ class MergeCommand(Command):
             return get_input_format(fmt)
         if path is None or path == "-":
             # Peek, do not read: the merge reads stdin again from its start.
-            stdin = sys.stdin.buffer
+            stdin = stdin_binary()
             peek = getattr(stdin, "peek", None)
             head = peek(HEAD_BYTES) if peek is not None else b""
             return guess(head, source="<stdin>")

@@ -17,7 +17,7 @@ from typing import Any
 from flamed import outputs
 from flamed.commands.base import Command
 from flamed.errors import CapabilityError, FlamedError, UsageError
-from flamed.fileio import atomic_write, open_output
+from flamed.fileio import open_output
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack, task_frame
 from flamed.outputs.base import OutputOptions
@@ -244,7 +244,7 @@ class RecordCommand(Command):
         return p
 
     def _write_timeline(self, path: str, samples: list[tuple[SampleEvent, Stack]]) -> None:
-        with atomic_write(path) as f:
+        with open_output(path) as f:
             for ev, stack in sorted(samples, key=lambda s: (s[0].ktime_ns, s[0].tid)):
                 f.write(f"{ev.ktime_ns} {ev.tgid} {ev.tid} {';'.join(stack)}\n".encode("utf-8", "surrogateescape"))
 

@@ -46,10 +46,10 @@ from flamed.daemon.protocol import (
 )
 from flamed.daemon.ring import RingWindow, WindowRing
 from flamed.daemon.samplers import make_sampler
-from flamed.daemon.store import ProfileStore, counts_to_profile
+from flamed.daemon.store import ProfileStore
 from flamed.errors import ConfigError, FlamedError
 from flamed.outputs import OutputOptions
-from flamed.sampler import CountKey, Sampler, Window
+from flamed.sampler import CountKey, Sampler, Window, counts_to_profile
 
 log = logging.getLogger("flamed.daemon")
 
@@ -499,19 +499,19 @@ class Daemon:
         kept: list[WindowProcessor] = []
         assert self.sampler is not None
         for name, (cls, opts) in procs.items():
-            p = by_name.pop(name, None)
+            proc = by_name.pop(name, None)
             if not cls.enabled(opts):
-                if p is not None:
-                    p.close()
+                if proc is not None:
+                    proc.close()
                 continue
-            if p is None:
+            if proc is None:
                 ctx = ProcessorContext(sampler=self.sampler, registry=self.registry, config=new,
                                        log=logging.getLogger(f"flamed.daemon.{name}"))
-                p = cls(ctx, opts)
+                proc = cls(ctx, opts)
             else:
-                p.ctx.config = new
-                p.reload(opts, new)
-            kept.append(p)
+                proc.ctx.config = new
+                proc.reload(opts, new)
+            kept.append(proc)
         for p in by_name.values():
             p.close()
         self.processors = kept

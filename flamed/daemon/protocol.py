@@ -182,7 +182,7 @@ def _re2_compile(pattern: str) -> _Matcher | None:
     ``None`` when google-re2 is not installed.
     """
     try:
-        import re2  # type: ignore[import-not-found]
+        import re2
     except ImportError:
         return None
     opts = re2.Options()

@@ -51,4 +51,4 @@ def bpf_program_text(cfg: SamplingConfig) -> str:
     """The BPF C program (with its -D defines) the daemon would load, for ``--print-bpf``."""
     from flamed.bpfsampler import bpf_program
 
-    return bpf_program(bpf_options(cfg)).render()  # type: ignore[no-any-return]
+    return bpf_program(bpf_options(cfg)).render()

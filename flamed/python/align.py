@@ -640,10 +640,11 @@ def join(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
             pool.update(c)
         pool_n = sum(pool.values())
 
-        def logpool(sig: tuple[bool, str], pool=pool, pool_n=pool_n) -> float:
+        def logpool(sig: tuple[bool, str], pool: Counter[tuple[bool, str]] = pool, pool_n: int = pool_n) -> float:
             return math.log((pool[sig] + alpha) / (pool_n + alpha * v))
 
-        def logp(key: str, sig: tuple[bool, str], model=model, totals=totals) -> float:
+        def logp(key: str, sig: tuple[bool, str], model: dict[str, Counter[tuple[bool, str]]] = model,
+                 totals: dict[str, int] = totals) -> float:
             c = model.get(key)
             if c is None:
                 return math.log(1.0 / v)
@@ -774,10 +775,11 @@ def _unseen(events: Sequence[SampleEvent], idxs: list[int], tr: AlignedTrace, ti
             continue
         ns.sort(key=lambda n: events[n].ktime_ns)
         sigs = [signature(events[n]) for n in ns]
-        labels = [result[n] for n in ns]
-        if any(lb is None for lb in labels):
+        placed = [result[n] for n in ns]
+        labels = [lb for lb in placed if lb is not None]
+        if len(labels) != len(placed):
             continue
-        current = sum(logp(_stack_key(lb), sg) for lb, sg in zip(labels, sigs))  # type: ignore[arg-type]
+        current = sum(logp(_stack_key(lb), sg) for lb, sg in zip(labels, sigs))
         m = rate * (S[j] - S[j - 1])
         prior = math.log(m / 2) if ka != kb else 2 * math.log(m) - math.log(2)
         if prior >= 0:
