@@ -133,7 +133,7 @@ class PythonFrames:
         CPython, or refused); ``True``: looks like CPython, not ready yet, call
         again soon."""
         try:
-            res = self._probe(tgid)
+            res: Any = self._probe(tgid)
         except Exception as e:  # noqa: BLE001 -- a probe must never stop the sampler
             self._refuse(tgid, "probe_error", str(e), "")
             return None
