@@ -720,7 +720,9 @@ class BpfSampler:
         assert py is not None
         res = py.describe(tgid)
         if res is True:
-            self._py_retry.append((time.monotonic() + delay, tgid, min(delay * 2, self.PY_RETRY_MAX_S)))
+            # Gently growing: the interpreter of a new process is ready
+            # within milliseconds, an embedded one maybe much later.
+            self._py_retry.append((time.monotonic() + delay, tgid, min(delay * 1.25, self.PY_RETRY_MAX_S)))
             return
         with self._lock:
             if self._bpf is None or self._closed:

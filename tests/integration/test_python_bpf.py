@@ -1,0 +1,161 @@
+"""Python frames read by the BPF program (bpf/python.bpf.c), on every CPython
+this machine carries: a real sampler, real interpreters, real workloads.
+
+The ground truth is tests/workloads/py_truth.py: threads doing random 2-40 ms
+steps whose native or kernel frames tell which step ran (libcrypto, libz,
+vfs_write); a sample showing a signature must sit under that step's Python
+function.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cpython_support import DEBIAN_311, VERSIONS, pyenv_python
+
+from support import have_bcc, have_root, need
+
+HERE = Path(__file__).resolve().parent.parent
+WORKLOADS = HERE / "workloads"
+sys.path.insert(0, str(WORKLOADS))
+
+from py_truth_score import score  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("require_bpf")
+
+
+def _interpreter(name: str) -> Path:
+    if name == "debian-3.11":
+        need(DEBIAN_311.exists(), f"Debian's {DEBIAN_311}")
+        return DEBIAN_311
+    return pyenv_python(name)
+
+
+INTERPRETERS = [*VERSIONS, "debian-3.11"]
+
+
+@pytest.fixture(scope="module")
+def sampler() -> Iterator[Any]:
+    need(have_root(), "root (BPF and perf events need CAP_BPF/CAP_PERFMON)")
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    from flamed.bpfsampler import BpfSampler, BpfSamplerOptions
+
+    s = BpfSampler(BpfSamplerOptions(frequency=199, python=True, python_depth=128))
+    s.start()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(cmd, timeout=timeout, check=True, capture_output=True)
+
+
+def _stacks_of(window: Any, pids: set[int]) -> list[tuple[tuple[str, ...], int]]:
+    return [(stack, n) for (tgid, _tid, _comm, stack), n in window.counts.items() if tgid in pids]
+
+
+@pytest.mark.parametrize("version", INTERPRETERS)
+def test_ground_truth_attribution(sampler: Any, version: str) -> None:
+    exe = _interpreter(version)
+    sampler.drain()
+    child = subprocess.Popen([str(exe), str(WORKLOADS / "py_truth.py"), "3", "2"])
+    try:
+        assert child.wait(timeout=60) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    w = sampler.drain()
+    sc = score(_stacks_of(w, {child.pid}))
+    assert sc.samples >= 300, f"{version}: only {sc.samples} samples of the workload"
+    assert sc.signature >= 50, f"{version}: only {sc.signature} samples with a signature: {sc}"
+    assert sc.accuracy >= 0.995, f"{version}: {sc.right}/{sc.signature} signature samples under the right step"
+    assert sc.python_share >= 0.95, f"{version}: {sc.with_python}/{sc.samples} samples with Python frames"
+
+
+@pytest.mark.parametrize("version", ["3.11", "debian-3.11", "3.8"])
+def test_short_lived_processes_have_python_frames(sampler: Any, version: str) -> None:
+    """Processes of 0.3 s, sampled from their first samples on (no py-spy, no window delay)."""
+    exe = _interpreter(version)
+    code = ("import time\n"
+            "def short_job():\n"
+            "    end = time.perf_counter() + 0.3\n"
+            "    n = 0\n"
+            "    while time.perf_counter() < end:\n"
+            "        n += 1\n"
+            "short_job()\n")
+    sampler.drain()
+    pids = set()
+    for _ in range(12):
+        p = subprocess.Popen([str(exe), "-S", "-c", code])
+        pids.add(p.pid)
+        assert p.wait(timeout=30) == 0
+    time.sleep(0.2)  # the priming thread names the last stacks
+    w = sampler.drain()
+    stacks = _stacks_of(w, pids)
+    total = sum(n for _, n in stacks)
+    named = sum(n for s, n in stacks if any(f.startswith("short_job (") for f in s))
+    assert total >= 12 * 30, f"only {total} samples of 12 processes of 0.3 s at 199 Hz"
+    assert named / total >= 0.95, f"{named}/{total} samples of the short processes under short_job"
+
+
+def test_deep_recursion_is_cut_visibly(sampler: Any) -> None:
+    exe = _interpreter("3.12")
+    code = ("import sys, time\nsys.setrecursionlimit(5000)\n"
+            "def down(n):\n"
+            "    if n == 0:\n"
+            "        end = time.perf_counter() + 1.5\n"
+            "        while time.perf_counter() < end: pass\n"
+            "        return\n"
+            "    down(n - 1)\n"
+            "down(300)\n")
+    sampler.drain()
+    p = subprocess.Popen([str(exe), "-c", code])
+    assert p.wait(timeout=30) == 0
+    w = sampler.drain()
+    stacks = _stacks_of(w, {p.pid})
+    deep = [(s, n) for s, n in stacks if sum(1 for f in s if f.startswith("down (")) > 100]
+    assert deep, "no deep stack sampled"
+    for s, _n in deep:
+        assert s[0] == "[truncated python stack]", s[:3]
+        assert sum(1 for f in s if f.startswith("down (")) == 128
+    assert sampler.stats().python_total["PY_TRUNCATED"] > 0
+
+
+def test_a_layout_that_fails_validation_is_refused_and_said(sampler: Any) -> None:
+    """A wrong offset must not give garbage frames: the process is refused, with its reason counted."""
+    from flamed.bpfsampler import BpfSampler, BpfSamplerOptions
+    from flamed.sampling.cpython import process as cpy
+    from flamed.sampling.pyframes import PythonFrames
+
+    refused: list[tuple[int, str, str]] = []
+
+    def broken_probe(pid: int) -> Any:
+        t = cpy.probe(pid)
+        if isinstance(t, cpy.Target):
+            bad = t.layout.with_offsets(frame_previous=t.layout.frame_code)
+            return cpy.Target(t.pid, t.start_time, t.version, t.hexversion, t.interpreter, t.runtime_addr, bad)
+        return t
+
+    frames = PythonFrames(probe=broken_probe, on_refused=lambda pid, code, why: refused.append((pid, code, why)))
+    exe = _interpreter("3.12")
+    with BpfSampler(BpfSamplerOptions(frequency=199, python=True), python_frames=frames) as s:
+        p = subprocess.Popen([str(exe), str(WORKLOADS / "py_truth.py"), "2", "1"])
+        assert p.wait(timeout=30) == 0
+        w = s.drain()
+    mine = [r for r in refused if r[0] == p.pid]
+    assert mine and mine[0][1] == "invalid_layout", refused
+    assert "does not validate" in mine[0][2]
+    stacks = _stacks_of(w, {p.pid})
+    assert stacks
+    assert not any(".py:" in f for s, _ in stacks for f in s), "frames of a refused layout were emitted"
+    assert frames.stats.refused["invalid_layout"] >= 1

@@ -1,0 +1,66 @@
+"""Score stacks against py_truth.py's signatures (used by tests and bench).
+
+A stack (root first) is a *signature sample* when its native or kernel frames
+show one of the steps' signatures; it is *right* when its innermost
+``step_*`` Python frame is that step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+_PY = re.compile(r"^(\S+) \(.*\.py:\d+\)$")
+SIGNATURES = {
+    "step_hash": re.compile(r"libcrypto|_sha2|_sha256|sha256_block|SHA256"),
+    "step_zlib": re.compile(r"libz\.so|deflate|zlib"),
+    "step_write": re.compile(r"^(vfs_write|ksys_pwrite64|__x64_sys_pwrite64)_\[k\]$"),
+}
+
+
+@dataclass
+class Score:
+    samples: int = 0
+    with_python: int = 0
+    signature: int = 0
+    right: int = 0
+
+    @property
+    def accuracy(self) -> float:
+        return self.right / self.signature if self.signature else 0.0
+
+    @property
+    def python_share(self) -> float:
+        return self.with_python / self.samples if self.samples else 0.0
+
+
+def signature_of(stack: Sequence[str]) -> str | None:
+    native = [f for f in stack if not _PY.match(f)]
+    for step, rx in SIGNATURES.items():
+        if any(rx.search(f) for f in native):
+            return step
+    return None
+
+
+def innermost_step(stack: Sequence[str]) -> str | None:
+    for f in reversed(stack):
+        m = _PY.match(f)
+        if m and m.group(1).startswith("step_"):
+            return m.group(1)
+    return None
+
+
+def score(stacks: Iterable[tuple[Sequence[str], int]]) -> Score:
+    s = Score()
+    for stack, n in stacks:
+        s.samples += n
+        if any(_PY.match(f) for f in stack):
+            s.with_python += n
+        sig = signature_of(stack)
+        if sig is None:
+            continue
+        s.signature += n
+        if innermost_step(stack) == sig:
+            s.right += n
+    return s
