@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
+from flamed.bpfload import find_bpf_dir
 from flamed.errors import CapabilityError, ConfigError, FlamedError
 from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Stack
 from flamed.sampler import CountKey, SampleEvent, Window
@@ -99,18 +100,8 @@ _CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
 
 def default_bpf_dir() -> Path:
     """Where bpf/profile.bpf.c is: $FLAMED_BPF_DIR, the source checkout, or the
-    installed copy (/usr/share/flamed/bpf, <prefix>/share/flamed/bpf)."""
-    env = os.environ.get("FLAMED_BPF_DIR")
-    candidates = [Path(env)] if env else []
-    candidates += [
-        Path(__file__).resolve().parent.parent / "bpf",
-        Path(sys.prefix) / "share" / "flamed" / "bpf",
-        Path("/usr/share/flamed/bpf"),
-    ]
-    for c in candidates:
-        if (c / "profile.bpf.c").is_file():
-            return c
-    return candidates[0]
+    installed copy (<prefix>/share/flamed/bpf, /usr/share/flamed/bpf)."""
+    return find_bpf_dir("profile.bpf.c")
 
 
 @dataclass(frozen=True)
