@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
-from flamed.bpfload import find_bpf_dir
+from flamed.bpfload import adopt, close_bpf, find_bpf_dir
 from flamed.errors import CapabilityError, ConfigError, FlamedError
 from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Stack
 from flamed.sampler import CountKey, SampleEvent, Window
@@ -702,7 +702,7 @@ class BpfSampler:
             raise CapabilityError(
                 f"bcc could not compile {prog.path} ({_headers_hint()}):\n  {_tail(text) or err}"
             )
-        self._bpf = b
+        self._bpf = adopt(b)  # its exit cleanup is flamed's (quiet without tracefs)
         from bcc.libbcc import lib  # type: ignore[import-not-found]
 
         self._lib = lib
@@ -844,7 +844,7 @@ class BpfSampler:
         self._detach()
         if self._bpf is not None:
             try:
-                self._bpf.cleanup()
+                close_bpf(self._bpf)
             finally:
                 self._bpf = None
         if self._symbolizer is not None:

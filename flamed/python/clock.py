@@ -18,7 +18,7 @@ import threading
 from collections import defaultdict
 from typing import Any
 
-from flamed.bpfload import BPF_DIR_ENV, bpf_dirs, find_bpf_source
+from flamed.bpfload import BPF_DIR_ENV, adopt, bpf_dirs, close_bpf, find_bpf_source
 from flamed.errors import CapabilityError
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class PySpyClock:
         self.symbol = name
         try:
             cflags = ["-DTRACE_VM_READV"] if self.vm_readv else []
-            self._bpf = BPF(text=bpf_source().encode(), cflags=cflags)
+            self._bpf = adopt(BPF(text=bpf_source().encode(), cflags=cflags))
             self._bpf.attach_uprobe(name=self.pyspy.encode(), addr=addr, fn_name=b"on_increment")
         except Exception as e:
             self.close()
@@ -188,9 +188,7 @@ class PySpyClock:
             self._thread = None
         if self._bpf is not None:
             try:
-                self._bpf.cleanup()
-            except Exception as e:  # noqa: BLE001 - detaching at exit must not turn into a traceback
-                log.debug("py-spy clock: cleanup: %s", e)
+                close_bpf(self._bpf)  # detaches the uprobe without tracefs, and bcc's exit hook with it
             finally:
                 self._bpf = None
 
