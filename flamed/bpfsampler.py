@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
+from flamed.bpfload import adopt, close_bpf, find_bpf_dir
 from flamed.errors import CapabilityError, ConfigError, FlamedError
 from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Stack
 from flamed.sampler import CountKey, SampleEvent, Window
@@ -108,18 +109,8 @@ _CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
 
 def default_bpf_dir() -> Path:
     """Where bpf/profile.bpf.c is: $FLAMED_BPF_DIR, the source checkout, or the
-    installed copy (/usr/share/flamed/bpf, <prefix>/share/flamed/bpf)."""
-    env = os.environ.get("FLAMED_BPF_DIR")
-    candidates = [Path(env)] if env else []
-    candidates += [
-        Path(__file__).resolve().parent.parent / "bpf",
-        Path(sys.prefix) / "share" / "flamed" / "bpf",
-        Path("/usr/share/flamed/bpf"),
-    ]
-    for c in candidates:
-        if (c / "profile.bpf.c").is_file():
-            return c
-    return candidates[0]
+    installed copy (<prefix>/share/flamed/bpf, /usr/share/flamed/bpf)."""
+    return find_bpf_dir("profile.bpf.c")
 
 
 @dataclass(frozen=True)
@@ -878,7 +869,7 @@ class BpfSampler:
             raise CapabilityError(
                 f"bcc could not compile {prog.path} ({_headers_hint()}):\n  {_tail(text) or err}"
             )
-        self._bpf = b
+        self._bpf = adopt(b)  # its exit cleanup is flamed's (quiet without tracefs)
         from bcc.libbcc import lib
 
         self._lib = lib
@@ -1023,7 +1014,7 @@ class BpfSampler:
         self._detach()
         if self._bpf is not None:
             try:
-                self._bpf.cleanup()
+                close_bpf(self._bpf)
             finally:
                 self._bpf = None
         if self._symbolizer is not None:

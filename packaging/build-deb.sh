@@ -6,10 +6,11 @@
 #   /usr/bin/flamed                      launcher (Debian's /usr/bin/python3, for bcc)
 #   /usr/lib/flamed/site/                flamed + prometheus_client, pyroute2, protobuf, google-re2 (pinned)
 #   /usr/lib/flamed/bin/py-spy           py-spy (pinned), found through PATH by the launcher
-#   /usr/share/flamed/bpf/               profile.bpf.c + flamed.h, compiled by bcc at start
+#   /usr/share/flamed/bpf/               every bpf/*.c and bpf/*.h (the programs bcc compiles at start)
 #   /etc/flamed/flamed.toml              documented default config (conffile)
 #   /lib/systemd/system/flamed.{service,socket}, /usr/lib/sysusers.d, /usr/lib/tmpfiles.d
-#   /usr/share/doc/flamed/               docs
+#   /usr/share/doc/flamed/               docs, copyright (DEP-5, bundled licenses derived from
+#                                        their metadata), changelog.Debian.gz (from packaging/changelog)
 set -eu
 
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,10 +21,18 @@ PY="$VENV/bin/python"
 VERSION=$("$PY" -c 'import flamed; print(flamed.__version__)')
 SITE=$("$PY" -c 'import prometheus_client, os; print(os.path.dirname(os.path.dirname(prometheus_client.__file__)))')
 ARCH=$(dpkg --print-architecture)
+# The package version is the top entry of packaging/changelog: upstream version + Debian revision.
+DEBVERSION=$(dpkg-parsechangelog -l "$HERE/packaging/changelog" -S Version)
+[ "${DEBVERSION%-*}" = "$VERSION" ] || {
+    echo "build-deb: packaging/changelog is at $DEBVERSION but flamed is $VERSION; add a changelog entry for $VERSION-1" >&2
+    exit 1
+}
 
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
-R="$STAGE/root"
+# debian/<package> under a stub debian/control: where dpkg-shlibdeps expects the files.
+R="$STAGE/debian/flamed"
+printf 'Source: flamed\n\nPackage: flamed\nArchitecture: any\n' > "$STAGE/debian.control"
 mkdir -p "$R/DEBIAN" "$R/usr/bin" "$R/usr/lib/flamed/site" "$R/usr/lib/flamed/bin" "$R/usr/share/flamed/bpf" \
          "$R/etc/flamed" "$R/lib/systemd/system" "$R/usr/lib/sysusers.d" "$R/usr/lib/tmpfiles.d" \
          "$R/usr/share/doc/flamed"
@@ -38,8 +47,30 @@ done
 for d in "$SITE"/prometheus_client-*.dist-info "$SITE"/pyroute2-*.dist-info "$SITE"/protobuf-*.dist-info "$SITE"/google_re2-*.dist-info; do
     copy_tree "$SITE" "$(basename "$d")" "$R/usr/lib/flamed/site"
 done
+# Wheels carry stray modes (protobuf's modules are 0755): modules are data, directories 0755.
+find "$R/usr/lib/flamed/site" -type d -exec chmod 0755 {} +
+find "$R/usr/lib/flamed/site" -type f -exec chmod 0644 {} +
+# "#!/usr/bin/env python" names an interpreter Debian does not have (python is python3 here);
+# these modules are imported, not run, but say which one they would need.
+find "$R/usr/lib/flamed/site" -name '*.py' -type f -exec sed -i '1s|^#!\(.*[/ ]\)\{0,1\}python$|#!/usr/bin/python3|' {} +
+# Extension modules lose their debug symbols (as dh_strip would); py-spy keeps its own:
+# the py-spy clock finds its recorder function by symbol (flamed/python/clock.py).
+find "$R/usr/lib/flamed/site" -name '*.so' -type f \
+    -exec strip --strip-unneeded --remove-section=.comment --remove-section=.note {} +
 install -m 0755 "$VENV/bin/py-spy" "$R/usr/lib/flamed/bin/py-spy"
-install -m 0644 "$HERE/bpf/profile.bpf.c" "$HERE/bpf/flamed.h" "$R/usr/share/flamed/bpf/"
+mkdir -p "$R/usr/share/lintian/overrides"
+cat > "$R/usr/share/lintian/overrides/flamed" <<'OVR'
+# py-spy keeps its symbols: flamed's uprobe on it is placed by symbol name.
+flamed: unstripped-binary-or-object [usr/lib/flamed/bin/py-spy]
+# py-spy is a static-pie executable: it needs no shared library.
+flamed: shared-library-lacks-prerequisites [usr/lib/flamed/bin/py-spy]
+OVR
+chmod 0644 "$R/usr/share/lintian/overrides/flamed"
+# Every program and header, not a list: a new bpf/*.c or *.h ships without editing this script
+# (the daemon also loads pyspy_clock.bpf.c, which a list once left out).
+for src in "$HERE"/bpf/*.c "$HERE"/bpf/*.h; do
+    [ -f "$src" ] && install -m 0644 "$src" "$R/usr/share/flamed/bpf/"
+done
 install -m 0644 "$HERE/packaging/flamed.toml" "$R/etc/flamed/flamed.toml"
 install -m 0644 "$HERE/systemd/flamed.service" "$HERE/systemd/flamed.socket" "$R/lib/systemd/system/"
 install -m 0644 "$HERE/systemd/flamed.sysusers" "$R/usr/lib/sysusers.d/flamed.conf"
@@ -47,6 +78,11 @@ install -m 0644 "$HERE/systemd/flamed.tmpfiles" "$R/usr/lib/tmpfiles.d/flamed.co
 for doc in "$HERE"/docs/*.md "$HERE/README.md"; do
     [ -f "$doc" ] && install -m 0644 "$doc" "$R/usr/share/doc/flamed/"
 done
+gzip -9n < "$HERE/packaging/changelog" > "$R/usr/share/doc/flamed/changelog.Debian.gz"
+chmod 0644 "$R/usr/share/doc/flamed/changelog.Debian.gz"
+"$PY" "$HERE/packaging/debian-copyright.py" "$R/usr/share/doc/flamed/copyright" usr/lib/flamed/site \
+    prometheus-client pyroute2 protobuf google-re2 "py-spy=usr/lib/flamed/bin/py-spy"
+chmod 0644 "$R/usr/share/doc/flamed/copyright"
 
 cat > "$R/usr/bin/flamed" <<'PYEOF'
 #!/usr/bin/python3
@@ -67,13 +103,17 @@ PYEOF
 chmod 0755 "$R/usr/bin/flamed"
 
 SIZE=$(du -sk "$R" | cut -f1)
+# The shared libraries the bundled extension modules link (libc6, libstdc++6, ...), as dpkg computes them.
+mkdir -p "$STAGE/debian" && mv "$STAGE/debian.control" "$STAGE/debian/control"
+SHLIBS=$(cd "$STAGE" && find debian/flamed/usr/lib/flamed/site -name '*.so' -type f -exec printf -- '-e%s\n' {} \; \
+         | xargs dpkg-shlibdeps -O 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
 cat > "$R/DEBIAN/control" <<CTL
 Package: flamed
-Version: $VERSION
+Version: $DEBVERSION
 Architecture: $ARCH
 Maintainer: flamed maintainers <flamed@localhost>
 Installed-Size: $SIZE
-Depends: python3 (>= 3.11), python3-bpfcc, python3-systemd, systemd
+Depends: python3 (>= 3.11), python3-bpfcc, python3-systemd, systemd${SHLIBS:+, $SHLIBS}
 Recommends: linux-headers-amd64 | linux-headers-generic, bpfcc-tools
 Section: devel
 Priority: optional
@@ -114,6 +154,6 @@ SH
 chmod 0755 "$R/DEBIAN/postinst" "$R/DEBIAN/prerm" "$R/DEBIAN/postrm"
 
 mkdir -p "$OUT"
-DEB="$OUT/flamed_${VERSION}_${ARCH}.deb"
+DEB="$OUT/flamed_${DEBVERSION}_${ARCH}.deb"
 dpkg-deb --root-owner-group -Zgzip --build "$R" "$DEB" >/dev/null
 echo "$DEB"

@@ -11,6 +11,7 @@ test instead of skipping it, so CI cannot pass by skipping.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -71,3 +72,15 @@ def golden(path: Path, actual: bytes) -> None:
 def scaled(n: int, minimum: int = 1) -> int:
     """``n`` scaled by FLAMED_FAULT_SCALE, at least ``minimum``."""
     return max(minimum, int(round(n * SCALE)))
+
+
+#: One line of flamed's own log on stderr (flamed/daemon/logs.py): time, flamed[pid], level, message.
+FLAMED_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} flamed\[\d+\] (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
+#: A warning that something flamed needs is not where it looked (a file the package lacks...).
+MISSING_WARNING = re.compile(r"(WARNING|ERROR).*(No such file|cannot read|not found|unavailable|missing)")
+
+
+def foreign_lines(stderr: str, own: re.Pattern[str] = FLAMED_LOG_LINE) -> list[str]:
+    """The lines of ``stderr`` flamed did not write as its own messages: bcc's C
+    library and Python's atexit tracebacks print there too, and must not."""
+    return [ln for ln in stderr.splitlines() if ln.strip() and not own.match(ln)]

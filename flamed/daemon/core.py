@@ -33,6 +33,7 @@ from flamed import outputs
 from flamed.daemon.config import DaemonConfig, build_options, load_config
 from flamed.daemon.control import ControlServer, Peer
 from flamed.daemon.logs import setup_logging
+from flamed.daemon.losses import LossAdvisor, placeholder_stacks
 from flamed.daemon.metrics import DaemonMetrics, MetricsServer
 from flamed.daemon.notify import Notifier, watchdog_interval
 from flamed.daemon.processors import ProcessorContext, WindowProcessor, discover
@@ -108,7 +109,7 @@ class Daemon:
         self.totals = {"windows": 0, "samples": 0, "weight": 0}
         self.lost_totals: dict[str, int] = {}
         self.last_drain_seconds = 0.0
-        self._loss_warned: dict[str, float] = {}
+        self._losses = LossAdvisor()
         self._bpf_retired = 0  # BPF samples counted by samplers replaced on reload
         self._sampler_stats: Any = None  # the sampler's stats() as of the last drain
         self._primed_seen: dict[str, int] = {}  # the sampler's priming totals already counted
@@ -339,7 +340,7 @@ class Daemon:
         m.drain_duration.observe(drain_seconds)
         m.samples.inc(window.samples)
         m.observe_lost(window.lost)
-        self._warn_losses(window.lost)
+        self._warn_losses(window, counts)
         m.unique_stacks.set(len(counts))
         m.window_seconds.set((window.end_ns - window.start_ns) / 1e9)
         self.totals["windows"] += 1
@@ -354,23 +355,17 @@ class Daemon:
         m.ring_windows.set(nw)
         m.ring_stacks.set(ns)
 
-    #: Loss reason prefix -> the setting that makes room (logged so the operator knows what to raise).
-    _LOSS_SETTINGS = (("map_full", "sampling.counts_map_size"), ("kernel_stack_e", "sampling.stack_map_size"),
-                      ("user_stack_e", "sampling.stack_map_size"))
-
-    def _warn_losses(self, lost: Mapping[str, int]) -> None:
-        now = time.monotonic()
-        for prefix, key in self._LOSS_SETTINGS:
-            n = sum(v for r, v in lost.items() if r.startswith(prefix) and r not in ("kernel_stack_error",
-                                                                                    "user_stack_error"))
-            if n <= 0 or now - self._loss_warned.get(key, -1e9) < 60.0:
-                continue
-            self._loss_warned[key] = now
-            section, _, name = key.partition(".")
-            current = getattr(getattr(self.config, section), name, "?")
-            log.warning("the BPF maps are too small: %d samples lost their stack or count in the last window "
-                        "(%s); raise %s (now %s)", n, ", ".join(f"{r}={v}" for r, v in sorted(lost.items())
-                                                         if v and r.startswith(prefix)), key, current)
+    def _warn_losses(self, window: Window, counts: Mapping[CountKey, int]) -> None:
+        """Say what the window lost and only what would cure it (flamed/daemon/losses.py)."""
+        lost = window.lost
+        if not any(lost.get(r, 0) for r in ("map_full", "kernel_stack_enomem", "user_stack_enomem",
+                                            "kernel_stack_eexist", "user_stack_eexist")):
+            return
+        stacks = placeholder_stacks(key[3] for key in counts)
+        settings = {"sampling.counts_map_size": self.config.sampling.counts_map_size,
+                    "sampling.stack_map_size": self.config.sampling.stack_map_size}
+        for advice in self._losses.advise(window.samples, lost, stacks, settings):
+            log.log(advice.level, "%s", advice.message)
 
     def _count_primed(self, st: Any) -> None:
         """The sampler's cumulative priming totals into the counter (a new

@@ -16,9 +16,9 @@ import os
 import re
 import threading
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
+from flamed.bpfload import BPF_DIR_ENV, adopt, bpf_dirs, close_bpf, find_bpf_source
 from flamed.errors import CapabilityError
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 #: py-spy's recorder; Rust mangling adds a hash that changes per build.
 INCREMENT_SYMBOL = r".*[Cc]hrometrace.*[Rr]ecorder.*increment.*"
 
-BPF_SOURCE = Path(__file__).resolve().parent.parent.parent / "bpf" / "pyspy_clock.bpf.c"
+#: The program, found like the sampler's (flamed.bpfload): checkout or installed copy.
+BPF_SOURCE_NAME = "pyspy_clock.bpf.c"
 
 
 class _Hit(ctypes.Structure):
@@ -38,10 +39,13 @@ HIT_VM_READV = 2
 
 
 def bpf_source() -> str:
+    path = find_bpf_source(BPF_SOURCE_NAME)
     try:
-        return BPF_SOURCE.read_text()
+        return path.read_text()
     except OSError as e:
-        raise CapabilityError(f"cannot read {BPF_SOURCE}: {e.strerror}; is flamed installed from its source tree?") from None
+        raise CapabilityError(
+            f"cannot read {path}: {e.strerror}; set {BPF_DIR_ENV} to the directory holding {BPF_SOURCE_NAME} "
+            f"(searched: {', '.join(str(d) for d in bpf_dirs())})") from None
 
 
 def find_increment_symbol(pyspy: str) -> tuple[str, int]:
@@ -89,7 +93,7 @@ class PySpyClock:
         self.symbol = name
         try:
             cflags = ["-DTRACE_VM_READV"] if self.vm_readv else []
-            self._bpf = BPF(text=bpf_source().encode(), cflags=cflags)
+            self._bpf = adopt(BPF(text=bpf_source().encode(), cflags=cflags))
             self._bpf.attach_uprobe(name=self.pyspy.encode(), addr=addr, fn_name=b"on_increment")
         except Exception as e:
             self.close()
@@ -184,9 +188,7 @@ class PySpyClock:
             self._thread = None
         if self._bpf is not None:
             try:
-                self._bpf.cleanup()
-            except Exception as e:  # noqa: BLE001 - detaching at exit must not turn into a traceback
-                log.debug("py-spy clock: cleanup: %s", e)
+                close_bpf(self._bpf)  # detaches the uprobe without tracefs, and bcc's exit hook with it
             finally:
                 self._bpf = None
 

@@ -279,6 +279,30 @@ def many_stacks_binary(tmp_path: Path) -> Path:
     return out
 
 
+def test_a_few_stack_collisions_are_reported_without_advice(require_bpf: None, daemon_factory: Any,
+                                                             many_stacks_binary: Path) -> None:
+    """The issue's idle host: hundreds of stacks a window in the default 16,384-entry stack map.
+    Collisions (EEXIST) happen, a bigger map would not cure them: no "raise" advice, one report."""
+    p = subprocess.Popen([str(many_stacks_binary)], start_new_session=True)
+    try:
+        d = daemon_factory(sampling={"frequency": 499, "drain_interval": 1.0})
+        # ~500 samples a window on the workload's CPU, nearly all distinct stacks: a few collide
+        d.wait_for(lambda: d.metric("flamed_samples_lost_total", {"reason": "user_stack_eexist"}) > 0, 60,
+                   "a stack-map collision")
+        d.wait_for(lambda: d.status()["windows"] >= 4, 30, "four windows")
+        assert p.poll() is None, "the workload died"
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit(60) == 0
+    log = d.log()
+    assert "raise sampling.stack_map_size" not in log, log[-3000:]
+    assert "maps are too small" not in log and "stack map is full" not in log, log[-3000:]
+    reports = [ln for ln in log.splitlines() if "hash collisions (EEXIST" in ln]
+    assert len(reports) == 1 and " INFO " in reports[0], log[-3000:]  # once an hour, as information
+
+
 def test_bpf_map_pressure_counts_losses_and_names_the_setting(require_bpf: None, daemon_factory: Any,
                                                               many_stacks_binary: Path) -> None:
     p = subprocess.Popen([str(many_stacks_binary)], start_new_session=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import os
 import re
 import shutil
 import signal
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from support import have_bcc, have_root, need
+from support import MISSING_WARNING, foreign_lines, have_bcc, have_root, need, pyspy_path
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "systemd"
@@ -62,6 +64,9 @@ EXPECTED = [
     "usr/lib/flamed/bin/py-spy",
     "usr/share/flamed/bpf/profile.bpf.c",
     "usr/share/flamed/bpf/flamed.h",
+    "usr/share/flamed/bpf/pyspy_clock.bpf.c",
+    "usr/share/doc/flamed/copyright",
+    "usr/share/doc/flamed/changelog.Debian.gz",
     "etc/flamed/flamed.toml",
     "lib/systemd/system/flamed.service",
     "lib/systemd/system/flamed.socket",
@@ -113,32 +118,148 @@ def test_deb_metadata_and_files(deb: Path, tmp_path: Path) -> None:
     assert s.returncode == 0 and (tmp_path / "out.svg").read_bytes().lstrip().startswith((b"<?xml", b"<svg")), s.stderr
 
 
-def test_installed_daemon_samples(deb: Path, tmp_path: Path) -> None:
+def test_deb_ships_every_bpf_source(deb: Path, tmp_path: Path) -> None:
+    """Every bpf/*.c and *.h of the checkout, byte for byte: the package's list is derived, not kept."""
+    root = tmp_path / "root"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True, timeout=120)
+    want = sorted(p.name for p in (ROOT / "bpf").iterdir() if p.suffix in (".c", ".h"))
+    assert "pyspy_clock.bpf.c" in want
+    shipped = sorted(p.name for p in (root / "usr/share/flamed/bpf").iterdir())
+    assert shipped == want
+    for name in want:
+        assert (root / "usr/share/flamed/bpf" / name).read_bytes() == (ROOT / "bpf" / name).read_bytes(), name
+
+
+def test_deb_copyright_and_changelog(deb: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True, timeout=120)
+    doc = root / "usr/share/doc/flamed"
+    # DEP-5: a header paragraph, flamed's own stanza, one stanza per bundled distribution
+    # covering its files, and no full text of a license Debian ships in common-licenses.
+    text = (doc / "copyright").read_text()
+    paragraphs = [p for p in text.split("\n\n") if p.strip()]
+    assert paragraphs[0].startswith("Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/")
+    files = {m.group(1): p for p in paragraphs for m in [re.match(r"Files: (.*)", p)] if m}
+    assert files["*"].splitlines()[2] == "License: Apache-2.0"
+    covered = " ".join(files)
+    site = root / "usr/lib/flamed/site"
+    for top in sorted(site.iterdir()):
+        if top.name != "flamed":
+            assert f"usr/lib/flamed/site/{top.name}/*" in covered, top.name
+    assert "usr/lib/flamed/bin/py-spy" in covered
+    for p in files.values():
+        assert re.search(r"^Copyright: \S", p, re.M) and re.search(r"^License: \S", p, re.M), p[:300]
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION" not in text  # Apache-2.0 in full
+    assert "GNU GENERAL PUBLIC LICENSE" not in text
+    assert '"/usr/share/common-licenses/Apache-2.0"' in text
+    # changelog.Debian.gz: compressed with gzip -n (no name, no time), its top entry is the package's version
+    raw = (doc / "changelog.Debian.gz").read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and raw[4:8] == b"\0\0\0\0"
+    top = gzip.decompress(raw).decode().splitlines()[0]
+    version = subprocess.run(["dpkg-deb", "-f", str(deb), "Version"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    assert top.startswith(f"flamed ({version}) "), top
+    assert version.split("-")[0] == subprocess.run(
+        [sys.executable, "-c", "import flamed; print(flamed.__version__)"], capture_output=True, text=True,
+        check=True).stdout.strip()
+
+
+def test_deb_lintian_clean(deb: Path) -> None:
+    """lintian finds nothing but what needs a project decision (a real maintainer address,
+    systemctl in the maintainer scripts, a manual page)."""
+    lintian = shutil.which("lintian")
+    need(lintian is not None, "lintian (Debian lintian)")
+    assert lintian is not None
+    r = subprocess.run([lintian, "--no-tag-display-limit", str(deb)], capture_output=True, text=True, timeout=600)
+    tags = [ln for ln in r.stdout.splitlines() if re.match(r"[EW]: ", ln)]
+    accepted = ("bogus-mail-host", "bogus-mail-host-in-debian-changelog", "initial-upload-closes-no-bugs",
+                "maintainer-script-calls-systemctl", "no-manual-page")
+    assert [t for t in tags if t.split()[2] not in accepted] == [], r.stdout
+
+
+def _extract(deb: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True, timeout=120)
+    return root
+
+
+#: Nothing from this checkout or its venv: the package's launcher, Debian's python3 and bcc.
+PKG_ENV = {"PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"}
+
+
+def test_installed_daemon_runs_like_the_checkout(deb: Path, tmp_path: Path) -> None:
+    """The unpacked package's daemon, with its own config: ready, a window written, SIGTERM;
+    mixed mode finds its py-spy clock program, and stderr holds flamed's log lines only."""
     need(have_root(), "root (BPF)")
     need(have_bcc(), "bcc (python3-bpfcc)")
-    root = tmp_path / "root"
-    subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True, timeout=120)
+    from flamed.daemon.client import request  # the checkout's client talks to the package's daemon
+
+    root = _extract(deb, tmp_path)
     state = tmp_path / "state"
-    p = subprocess.Popen([str(root / "usr/bin/flamed"), "daemon", "--config", str(root / "etc/flamed/flamed.toml"),
-                          "--state-dir", str(state), "--socket", str(tmp_path / "s.sock"), "--metrics-address", "",
-                          "--drain-interval", "1", "--rotate-interval", "60", "--frequency", "99"],
-                         env={"PATH": "/usr/bin:/bin"}, stderr=subprocess.PIPE, text=True, cwd="/")
-    try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "s.sock").exists() and p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(2.0)
-    finally:
-        p.send_signal(signal.SIGTERM)
+    sock = tmp_path / "s.sock"
+    err_path = tmp_path / "stderr"
+    with open(err_path, "wb") as err_fh:
+        p = subprocess.Popen([str(root / "usr/bin/flamed"), "daemon", "--config", str(root / "etc/flamed/flamed.toml"),
+                              "--state-dir", str(state), "--socket", str(sock), "--metrics-address", "",
+                              "--drain-interval", "0.5", "--rotate-interval", "1", "--frequency", "99"],
+                             env=PKG_ENV, stdout=subprocess.DEVNULL, stderr=err_fh, cwd="/", start_new_session=True)
         try:
-            _, err = p.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            _, err = p.communicate()
+            deadline = time.monotonic() + 120
+            status: dict[str, object] = {}
+            while p.poll() is None and time.monotonic() < deadline:
+                if sock.exists():
+                    try:
+                        head = request(str(sock), {"request": "status"}, open(os.devnull, "wb"), timeout=5)
+                        status = head["status"]
+                    except Exception:  # noqa: BLE001 - not answering yet
+                        pass
+                written = [f for f in state.glob("*.folded") if not f.is_symlink() and f.stat().st_size > 0]
+                if status and written:
+                    break
+                time.sleep(0.1)
+            assert p.poll() is None, err_path.read_text()
+            assert status and written, ("no window written", err_path.read_text())
+        finally:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(30)
+    err = err_path.read_text(errors="replace")
     assert p.returncode == 0, err
-    files = [f for f in state.glob("*.folded") if not f.is_symlink()]
-    # Files start at multiples of the rotate interval (UTC): a run of ~2 s
-    # writes one file, or two when it crosses a minute boundary.
-    assert 1 <= len(files) <= 2, (files, err)
-    assert sum(f.stat().st_size for f in files) > 0, err
-    assert any("_[k]" in f.read_text() for f in files)
+    assert any("_[k]" in f.read_text() for f in state.glob("*.folded") if not f.is_symlink()), err
+    # the clock program was found and loaded (before the fix: "uprobe unavailable ... cannot read")
+    assert "py-spy clock: uprobe on" in err, err
+    assert [ln for ln in err.splitlines() if MISSING_WARNING.search(ln)] == [], err
+    assert foreign_lines(err) == [], err
+
+
+RECORD_WORKLOAD = """
+import time
+def work():
+    return sum(i * i for i in range(2000))
+end = time.monotonic() + 1.5
+while time.monotonic() < end:
+    work()
+"""
+
+
+def test_installed_record_runs_like_the_checkout(deb: Path, tmp_path: Path) -> None:
+    """`flamed record -- python3 ...` from the unpacked package: mixed mode, calibrated by the uprobe."""
+    need(have_root(), "root (BPF)")
+    need(have_bcc(), "bcc (python3-bpfcc)")
+    need(pyspy_path() is not None, "py-spy")
+    root = _extract(deb, tmp_path)
+    out = tmp_path / "rec.folded"
+    r = subprocess.run([str(root / "usr/bin/flamed"), "record", "-r", "99", "-o", str(out), "--",
+                        "/usr/bin/python3", "-c", RECORD_WORKLOAD],
+                       env=PKG_ENV, capture_output=True, text=True, timeout=180, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    folded = out.read_text()
+    assert "work (<string>:" in folded, folded[:2000]
+    m = re.search(r"(\d+) py-spy run\(s\) calibrated by uprobe", r.stderr)
+    assert m is not None and int(m.group(1)) >= 1, r.stderr
+    assert [ln for ln in r.stderr.splitlines() if MISSING_WARNING.search(ln)] == [], r.stderr
+    assert foreign_lines(r.stderr, re.compile(r"^flamed record: ")) == [], r.stderr

@@ -1,0 +1,105 @@
+"""flamed/daemon/losses.py: the wording of loss messages and their rate limits (fake clock)."""
+
+from __future__ import annotations
+
+import logging
+
+from flamed.daemon.losses import LossAdviceOptions, LossAdvisor, placeholder_stacks
+
+SETTINGS = {"sampling.counts_map_size": 65536, "sampling.stack_map_size": 16384}
+NONE = {"EEXIST": 0, "ENOMEM": 0}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def advisor() -> tuple[LossAdvisor, Clock]:
+    c = Clock()
+    return LossAdvisor(LossAdviceOptions(), clock=c), c
+
+
+def test_placeholder_stacks_counts_either_side() -> None:
+    stacks = [
+        ("[lost stack: EEXIST]", "do_syscall_64_[k]"),          # user side lost
+        ("main", "f", "[lost stack: EEXIST]_[k]"),               # kernel side lost
+        ("[lost stack: ENOMEM]",),
+        ("main", "f"),
+        (),
+        ("[lost stack: EEXIST]", "[lost stack: EEXIST]_[k]"),  # both: one stack
+    ]
+    assert placeholder_stacks(stacks) == {"EEXIST": 3, "ENOMEM": 1}
+
+
+def test_a_few_collisions_are_information_without_advice() -> None:
+    a, _ = advisor()
+    # the issue's idle host: 500 stacks in a 16,384-entry map, a handful of collisions
+    out = a.advise(1900, {"user_stack_eexist": 7, "kernel_stack_eexist": 1}, {"EEXIST": 6, "ENOMEM": 0}, SETTINGS)
+    assert len(out) == 1
+    assert out[0].level == logging.INFO
+    m = out[0].message
+    assert "8 samples (0.4% of the last window's 1900)" in m
+    assert "hash collisions (EEXIST" in m and "6 '[lost stack: EEXIST]' stacks" in m
+    assert "raise" not in m and "larger" not in m  # a bigger map does not cure them
+    assert "16384" in m
+
+
+def test_collisions_below_the_share_are_reported_once_an_hour() -> None:
+    a, c = advisor()
+    lost = {"user_stack_eexist": 3}
+    assert len(a.advise(1000, lost, NONE, SETTINGS)) == 1
+    for _ in range(59):  # every minute for the next hour: nothing
+        c.t += 60.0
+        assert a.advise(1000, lost, NONE, SETTINGS) == []
+    c.t += 60.0
+    assert len(a.advise(1000, lost, NONE, SETTINGS)) == 1
+
+
+def test_collisions_above_the_share_warn_each_minute_and_say_what_lowers_them() -> None:
+    a, c = advisor()
+    lost = {"user_stack_eexist": 150}  # 15 % of the window
+    out = a.advise(1000, lost, {"EEXIST": 120, "ENOMEM": 0}, SETTINGS)
+    assert [x.level for x in out] == [logging.WARNING]
+    m = out[0].message
+    assert "150 samples (15.0% of the last window's 1000)" in m and "120 '[lost stack: EEXIST]' stacks" in m
+    assert "above 5%" in m and "larger sampling.stack_map_size (now 16384) makes them rarer" in m
+    c.t += 30.0
+    assert a.advise(1000, lost, NONE, SETTINGS) == []
+    c.t += 30.0
+    assert len(a.advise(1000, lost, NONE, SETTINGS)) == 1
+    # and a low-share window in between is still reported on its own (hourly) schedule
+    assert [x.level for x in a.advise(1000, {"user_stack_eexist": 1}, NONE, SETTINGS)] == [logging.INFO]
+
+
+def test_a_full_stack_map_advises_raising_it() -> None:
+    a, c = advisor()
+    out = a.advise(2000, {"user_stack_enomem": 40, "kernel_stack_enomem": 10}, {"EEXIST": 0, "ENOMEM": 9},
+                   SETTINGS)
+    assert [x.level for x in out] == [logging.WARNING]
+    m = out[0].message
+    assert "the BPF stack map is full: 50 samples (2.5% of the last window's 2000)" in m
+    assert "9 '[lost stack: ENOMEM]' stacks" in m and "raise sampling.stack_map_size (now 16384)" in m
+    c.t += 59.0
+    assert a.advise(2000, {"user_stack_enomem": 1}, NONE, SETTINGS) == []
+    c.t += 1.0
+    assert len(a.advise(2000, {"user_stack_enomem": 1}, NONE, SETTINGS)) == 1
+
+
+def test_a_full_count_map_advises_its_own_setting() -> None:
+    a, _ = advisor()
+    out = a.advise(1000, {"map_full": 100, "user_stack_enomem": 5, "user_stack_eexist": 2}, NONE, SETTINGS)
+    msgs = [x.message for x in out]
+    assert len(msgs) == 3
+    assert "count map is full: 100 samples (10.0% of the last window's 1000) were dropped" in msgs[0]
+    assert "raise sampling.counts_map_size (now 65536)" in msgs[0]
+    assert "stack_map_size" in msgs[1] and "counts_map_size" not in msgs[1]
+    assert out[2].level == logging.INFO
+
+
+def test_nothing_lost_says_nothing() -> None:
+    a, _ = advisor()
+    assert a.advise(1000, {"map_full": 0, "user_stack_eexist": 0, "ringbuf_full": 3}, NONE, SETTINGS) == []
