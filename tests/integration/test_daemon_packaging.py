@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support import have_bcc, have_root, need
+from support import have_bcc, have_root, need, wait_daemon_answers
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "systemd"
@@ -124,9 +124,7 @@ def test_installed_daemon_samples(deb: Path, tmp_path: Path) -> None:
                           "--drain-interval", "1", "--rotate-interval", "60", "--frequency", "99"],
                          env={"PATH": "/usr/bin:/bin"}, stderr=subprocess.PIPE, text=True, cwd="/")
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "s.sock").exists() and p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_daemon_answers(tmp_path / "s.sock", p, 60)
         time.sleep(2.0)
     finally:
         p.send_signal(signal.SIGTERM)

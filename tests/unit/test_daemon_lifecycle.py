@@ -18,6 +18,7 @@ import pytest
 from flamed.daemon.client import request
 from flamed.fileio import open_input
 from flamed.folded import read_folded
+from support import wait_daemon_answers
 
 FLAMED = [sys.executable, "-m", "flamed"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,14 +95,8 @@ def stop(p: subprocess.Popen[str]) -> str:
 
 
 def wait_socket(path: Path, p: subprocess.Popen[str], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise AssertionError(f"daemon exited {p.returncode}: {p.stderr.read() if p.stderr else ''}")
-        if path.exists():
-            return
-        time.sleep(0.05)
-    raise AssertionError("control socket never appeared")
+    # The path exists from bind() on, before the daemon listens: wait for an answer.
+    wait_daemon_answers(path, p, timeout)
 
 
 def test_sd_notify_ready_watchdog_stopping_and_sigterm_writes_last_window(tmp_path: Path) -> None:
@@ -161,8 +156,14 @@ def test_sighup_reload_keeps_old_config_on_error_and_applies_good_one(tmp_path: 
         assert before["frequency"] == 100
         cfg.write_text(cfg.read_text().replace("frequency = 100", "frequency = 100\nfrequncy = 50"))
         p.send_signal(signal.SIGHUP)
-        time.sleep(1.0)
-        mid = request(str(sock), {"request": "status"})["status"]
+        deadline = time.monotonic() + 30
+        mid = before
+        while time.monotonic() < deadline:
+            # the failed reload is over when a window drained after it is counted
+            mid = request(str(sock), {"request": "status"})["status"]
+            if mid["windows"] > before["windows"] + 2:
+                break
+            time.sleep(0.1)
         assert mid["frequency"] == 100 and mid["samples"] > before["samples"]
         cfg.write_text(cfg.read_text().replace("frequency = 100\nfrequncy = 50", "frequency = 50"))
         p.send_signal(signal.SIGHUP)
