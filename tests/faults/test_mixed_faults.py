@@ -461,3 +461,62 @@ def test_pyspy_failures_keep_native_stacks_count_and_back_off(require_bpf: None,
         # Known gap (docs/reliability.md): with no py-spy at all, mixed mode warns once at start
         # but counts nothing per process, so no metric shows the reason.
         pytest.xfail("py-spy missing: native stacks kept and a warning logged, but no reason counted in metrics")
+
+
+# ---------------------------------------------------------------------------
+# SIGTERM while Python processes are profiled
+
+
+def _written_stacks(state: Path) -> dict[tuple[str, ...], int]:
+    from daemonproc import profile_files
+    from flamed.fileio import open_input
+    from flamed.folded import read_folded
+
+    out: dict[tuple[str, ...], int] = {}
+    for f in profile_files(state):
+        with open_input(f) as fh:
+            for stack, n in read_folded(fh).stacks.items():
+                out[stack] = out.get(stack, 0) + int(n)
+    return out
+
+
+def test_sigterm_with_python_processes_writes_every_sample(require_bpf: None, require_pyspy: str,
+                                                           daemon_factory: Any, cgroup: str) -> None:
+    from daemonproc import BUSY
+    from test_daemon_faults import bpf_total_from_log
+
+    # A long py-spy window: at SIGTERM most Python samples wait for a trace that
+    # py-spy only writes when it stops.
+    d = _mixed_daemon(daemon_factory, cgroup, window_s=30.0)
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=in_cgroup(cgroup)) for _ in range(2)]
+    try:
+        d.wait_for(lambda: resources(d)["pyspy_running"] == 2, 60, "py-spy on both busy processes")
+        d.wait_for(lambda: d.status()["processors"]["python"].get("pending_events", 0) > 200, 60,
+                   "Python samples waiting for their py-spy trace")
+        pending = d.status()["processors"]["python"]["pending_events"]
+        d.signal(signal.SIGTERM)
+        rc = d.wait_exit(90)
+    finally:
+        for p in busy:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+    log = d.log()
+    assert rc == 0, log[-3000:]
+    tot = check_state_dir(d.state_dir)
+    counted = bpf_total_from_log(log)
+    assert counted is not None, log[-2000:]
+    # Every sample the program counted is in a file (or a counted loss), the pending Python ones too.
+    written = tot["weight"] + tot["lost"].get("map_full", 0)
+    assert counted == written, (counted, tot, log[-2000:])
+    # The daemon's own stop-time accounting says the same.
+    m = re.findall(r"stopping: .* (\d+) written to windows", log)
+    assert m and int(m[-1]) == tot["weight"], log[-2000:]
+    # ... and they carry Python frames (py-spy's last trace is joined before the last file).
+    stacks = _written_stacks(d.state_dir)
+    python = sum(n for s, n in stacks.items() if any(f.startswith("<genexpr> (") for f in s))
+    assert python >= pending // 2, (python, pending)
+    record_figure("sigterm_python", {"bpf_samples": counted, "written_weight": tot["weight"],
+                                     "pending_at_sigterm": pending, "with_python_frames": python,
+                                     "difference": counted - written})

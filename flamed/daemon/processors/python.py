@@ -123,6 +123,20 @@ class PythonProcessor(WindowProcessor):
         events, window.events = window.events, []
         self._add(window, self.mixed.process(events))
 
+    def finish(self, window: Window) -> None:
+        """The last window: stop py-spy first, so its traces (written when it
+        stops) name the Python frames of every event still waiting; the ones
+        no trace covers go in under the ``[python: no frame]`` placeholder."""
+        if self.mixed is None:
+            self.process(window)
+            return
+        self.mixed.observe(window)
+        events, window.events = window.events, []
+        joined = self.mixed.process(events)
+        joined += self.mixed.close()
+        self.mixed = None
+        self._add(window, joined)
+
     @staticmethod
     def _add(window: Window, joined: list[Any]) -> None:
         counts = window.counts
