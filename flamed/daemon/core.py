@@ -30,12 +30,12 @@ from typing import Any
 
 from flamed import __version__
 from flamed import outputs
-from flamed.daemon.config import DaemonConfig, build_options, load_config
+from flamed.daemon.config import DaemonConfig, load_config
 from flamed.daemon.control import ControlServer, Peer
 from flamed.daemon.logs import setup_logging
 from flamed.daemon.metrics import DaemonMetrics, MetricsServer
 from flamed.daemon.notify import Notifier, watchdog_interval
-from flamed.daemon.processors import ProcessorContext, WindowProcessor, discover
+from flamed.daemon.processors import ProcessorContext, WindowProcessor, processor_options
 from flamed.daemon.protocol import (
     ProtocolError,
     SnapshotFilter,
@@ -160,12 +160,15 @@ class Daemon:
         except OSError as e:
             raise FlamedError(f"cannot create state directory {self.store.dir}: {e.strerror}; "
                               "set output.state_dir or --state-dir to a writable directory") from None
+        # Every value is checked before anything compiles (the BPF program takes
+        # seconds): a bad [processors.*] value is a config error (exit 2) at once.
+        procs = self._processor_options(cfg)
         self.store.recover()
         self.store.apply_retention()
         self.sampler = self.sampler_factory(cfg)
         self.sampler.start()
         try:
-            self._start_processors(cfg)
+            self._start_processors(cfg, procs)
             _release_heap()  # after every compile (sampler, Python clock)
             try:
                 self.metrics_server.start(cfg.metrics.address)
@@ -429,20 +432,12 @@ class Daemon:
     # -- processors ------------------------------------------------------
     def _processor_options(self, cfg: DaemonConfig) -> dict[str, tuple[type[WindowProcessor], Any]]:
         """Validate every [processors.NAME] table; raises ConfigError naming the key."""
-        classes = {c.name: c for c in (discover() if self.processor_classes is None else self.processor_classes)}
-        for name in cfg.processors:
-            if name not in classes:
-                raise ConfigError(f"processors.{name}: unknown processor (known: {', '.join(classes) or 'none'})")
-        out: dict[str, tuple[type[WindowProcessor], Any]] = {}
-        for name, cls in classes.items():
-            raw = cfg.processors.get(name, {})
-            opts = build_options(cls.options_class, raw, f"processors.{name}") if cls.options_class else None
-            out[name] = (cls, opts)
-        return out
+        return processor_options(cfg.processors, self.processor_classes)
 
-    def _start_processors(self, cfg: DaemonConfig) -> None:
+    def _start_processors(self, cfg: DaemonConfig,
+                          procs: dict[str, tuple[type[WindowProcessor], Any]]) -> None:
         assert self.sampler is not None
-        for name, (cls, opts) in self._processor_options(cfg).items():
+        for name, (cls, opts) in procs.items():
             if not cls.enabled(opts):
                 continue
             ctx = ProcessorContext(sampler=self.sampler, registry=self.registry, config=cfg,

@@ -520,3 +520,93 @@ def test_sigterm_with_python_processes_writes_every_sample(require_bpf: None, re
     record_figure("sigterm_python", {"bpf_samples": counted, "written_weight": tot["weight"],
                                      "pending_at_sigterm": pending, "with_python_frames": python,
                                      "difference": counted - written})
+
+
+# ---------------------------------------------------------------------------
+# Reloads while Python processes are profiled
+
+
+def _python_share(d: Any, pid: int, seconds: float = 3.0) -> tuple[int, int]:
+    """(samples with Python frames, samples) of ``pid`` in the last ``seconds``."""
+    _, payload = d.request({"request": "snapshot", "seconds": seconds, "pid": [pid], "root": "none",
+                            "format": "folded"})
+    py = total = 0
+    for line in payload.decode(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        total += int(n)
+        if "<genexpr> (" in stack:
+            py += int(n)
+    return py, total
+
+
+def _reloads_ok(d: Any) -> float:
+    try:
+        return d.metric("flamed_config_reloads_total", {"result": "ok"})
+    except OSError:  # a scrape in flight while [metrics] moves the server is cut: ask again
+        return -1
+
+
+#: One change per section of the config file, applied by SIGHUP in this order.
+RELOADS: list[tuple[str, str, Any]] = [
+    ("processors.python", "rate", 50),
+    ("processors.python", "window_s", 2.0),
+    ("sampling", "frequency", 97),
+    ("output", "rotate_interval", 4.0),
+    ("retention", "max_files", 500),
+    ("snapshot", "ring_seconds", 300.0),
+    ("metrics", "address", "127.0.0.2:0"),  # rebinds on another loopback address
+    ("control", "client_timeout", 4.0),
+    ("log", "level", "debug"),
+]
+
+
+@pytest.mark.timeout(900)
+def test_reload_of_every_section_keeps_python_frames(require_bpf: None, require_pyspy: str,
+                                                     daemon_factory: Any, cgroup: str) -> None:
+    from daemonproc import BUSY, write_config
+
+    # Python samples are stored one py-spy window after they were taken: a short window.
+    d = _mixed_daemon(daemon_factory, cgroup, window_s=1.0)
+    busy = subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=in_cgroup(cgroup))
+    figures: list[dict[str, Any]] = []
+    try:
+        def python_frames() -> tuple[int, int] | None:
+            py, total = _python_share(d, busy.pid)
+            return (py, total) if total and py >= total // 2 else None
+
+        before = d.wait_for(python_frames, 60, "Python frames in the busy process's samples")
+        figures.append({"reload": "none (start)", "python": before[0], "samples": before[1]})
+        # An invalid processor value is refused as a whole: the running mixed mode goes on.
+        import copy
+
+        bad = copy.deepcopy(d.config)
+        bad["processors.python"]["rate"] = 1000
+        write_config(d.cfg_path, bad)
+        d.signal(signal.SIGHUP)
+        d.wait_for(lambda: d.metric("flamed_config_reloads_total", {"result": "error"}) == 1, 60,
+                   "the refused reload counted")
+        line = [ln for ln in d.log().splitlines() if "keeping the running one" in ln][-1]
+        assert "processors.python.rate" in line, line
+        t_bad = time.time_ns()
+        d.wait_for(lambda: d.status()["last_drain_ns"] > t_bad + 3_000_000_000, 30, "3 s of windows")
+        got = d.wait_for(python_frames, 60, "Python frames after the refused reload")
+        figures.append({"reload": "processors.python.rate = 1000 (refused)", "python": got[0], "samples": got[1]})
+        for n, (section, key, value) in enumerate(RELOADS, start=1):
+            d.config.setdefault(section, {})[key] = value
+            write_config(d.cfg_path, d.config)
+            d.signal(signal.SIGHUP)
+            d.wait_for(lambda n=n: _reloads_ok(d) >= n, 60, f"reload {n} ({section}.{key}) counted")
+            assert d.metric("flamed_config_reloads_total", {"result": "error"}) == 1, d.log()[-2000:]
+            # Only windows drained after the reload count: wait for fresh ones with Python frames.
+            t_reload = time.time_ns()
+            d.wait_for(lambda: d.status()["last_drain_ns"] > t_reload + 3_000_000_000, 30, "3 s of windows")
+            got = d.wait_for(python_frames, 60, f"Python frames after reloading {section}.{key}")
+            figures.append({"reload": f"{section}.{key} = {value!r}", "python": got[0], "samples": got[1]})
+        st = d.status()["processors"]["python"]
+        assert st["processes"] == [busy.pid], st
+    finally:
+        busy.kill()
+        busy.wait(10)
+    log = d.log()
+    assert "py-spy not found" not in log, log[-2000:]
+    record_figure("reload_sections_python", figures)

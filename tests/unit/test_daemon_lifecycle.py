@@ -271,3 +271,34 @@ def test_log_target_journal_under_systemd_else_stderr(monkeypatch: pytest.Monkey
     finally:
         for h in handlers():
             logging.getLogger("flamed").removeHandler(h)
+
+
+def test_check_config_validates_processor_tables(tmp_path: Path) -> None:
+    # What the daemon would refuse (after compiling its BPF program) --check-config refuses too.
+    for extra, key in (("[processors.python]\nrate = 1000\n", "processors.python.rate"),
+                       ("[processors.python]\ninclude_comm = \"(\"\n", "processors.python.include_comm"),
+                       ("[processors.python]\nwindow_s = 0\n", "processors.python.window_s"),
+                       ("[processors.nosuch]\n", "processors.nosuch")):
+        cfg = tmp_path / "flamed.toml"
+        write_config(cfg, tmp_path, extra)
+        r = subprocess.run([*FLAMED, "daemon", "--config", str(cfg), "--check-config"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (extra, r.stdout, r.stderr)
+        assert key in r.stderr and "Traceback" not in r.stderr, r.stderr
+    write_config(cfg, tmp_path, "[processors.python]\nrate = 50\n")
+    r = subprocess.run([*FLAMED, "daemon", "--config", str(cfg), "--check-config"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_bad_processor_value_stops_the_daemon_before_it_compiles(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the BPF sampler needs root")
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path, "[processors.python]\nrate = 1000\n")
+    cfg.write_text(cfg.read_text().replace('sampler = "fake"', 'sampler = "bpf"'))
+    r = subprocess.run([*FLAMED, "daemon", "--config", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "processors.python.rate" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # Nothing was loaded: the sampler logs its event and rate once its program runs.
+    assert " Hz on CPUs" not in r.stderr, r.stderr
