@@ -13,8 +13,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,3 +87,28 @@ def foreign_lines(stderr: str, own: re.Pattern[str] = FLAMED_LOG_LINE) -> list[s
     """The lines of ``stderr`` flamed did not write as its own messages: bcc's C
     library and Python's atexit tracebacks print there too, and must not."""
     return [ln for ln in stderr.splitlines() if ln.strip() and not own.match(ln)]
+
+
+def wait_daemon_answers(sock: str | os.PathLike[str], proc: "subprocess.Popen[Any]",
+                        timeout: float = 90.0) -> dict[str, Any]:
+    """Wait until the daemon ``proc`` answers a status request on ``sock``; its status.
+
+    The socket file exists from ``bind()`` on, before the daemon listens (and
+    accepts), so its path is no sign of readiness: only an answer is.  Raises
+    AssertionError when the daemon exits first or does not answer in time.
+    """
+    from flamed.daemon.client import request  # noqa: PLC0415 - tests that never start a daemon skip it
+
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr is not None and not proc.stderr.closed else ""
+            raise AssertionError(f"daemon exited {proc.returncode} before it answered: {err}")
+        if os.path.exists(sock):
+            try:
+                return request(str(sock), {"request": "status"}, timeout=2.0)["status"]  # type: ignore[no-any-return]
+            except Exception as e:  # noqa: BLE001 - bound but not listening yet, or still starting
+                last = e
+        time.sleep(0.05)
+    raise AssertionError(f"the daemon did not answer on {sock} within {timeout:g} s (last: {last})")

@@ -60,6 +60,9 @@ class DaemonCommand(Command):
         overrides = {k: v for k, v in overrides.items() if v is not None}
         cfg = load_config(args.config, overrides=overrides)
         if args.check_config:
+            from flamed.daemon.samplers import check_config
+
+            check_config(cfg)
             print(f"{cfg.source or 'defaults'}: ok", file=self.stdout)
             return 0
         if args.print_bpf:

@@ -145,9 +145,13 @@ class RecordCommand(Command):
         counts: dict[tuple[int, int, str, Stack], int] = {}
         rc = 0
         interrupted = False
+        pythons: set[int] = set()
+        target_exited = False
+        t_sampling = time.monotonic()
         try:
             try:
                 def found(p: PyProcess) -> None:
+                    pythons.add(p.pid)
                     sampler.add_pid(p.pid)
 
                 opts = MixedOptions(
@@ -163,6 +167,11 @@ class RecordCommand(Command):
                 mixed = MixedMode(sampler, opts, on_process=found)
                 mixed.start()
                 target = args.pid
+                if target is not None and not _alive(target):
+                    # Compiling the BPF program takes seconds; the process did not wait.
+                    raise FlamedError(f"process {target} exited before sampling began (while the BPF "
+                                      "program compiled): nothing was recorded; record a longer-lived "
+                                      "process, or run the command under flamed record -- COMMAND")
                 if cmd:
                     try:
                         child = subprocess.Popen(cmd)
@@ -170,6 +179,7 @@ class RecordCommand(Command):
                         raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
                     target = child.pid
                 sampler.add_pid(target)
+                t_sampling = time.monotonic()
                 mixed.follow(target)
                 if mixed.clock_error:
                     self.warn(f"py-spy clock uprobe unavailable ({mixed.clock_error}); alignment is approximate")
@@ -179,6 +189,7 @@ class RecordCommand(Command):
                         if child is not None and child.poll() is not None:
                             break
                         if child is None and not _alive(target):
+                            target_exited = True
                             break
                         if deadline is not None and time.monotonic() >= deadline:
                             break
@@ -196,19 +207,31 @@ class RecordCommand(Command):
             sampler.close()
             if child is not None:
                 rc = self._finish_child(child, interrupted)
-        if mixed is not None:
+        if mixed is not None and pythons:
             st = mixed.stats
             total = st.matched + st.unmatched
             calib = mixed.counters.get("runs_calibrated", 0)
             self.warn(f"{total} Python samples, {st.matched} with Python frames, {st.unmatched} without; "
                       f"{calib} py-spy run(s) calibrated by uprobe ({mixed.counters.get('runs_read_times', 0)} with read times); "
                       f"py-spy failures: {_failures(mixed)}")
+        elif mixed is not None:
+            self.warn("no Python process was found: native and kernel stacks only")
         profile = self._profile(args, samples, counts, sampler)
         self._write(args, fmt, profile)
         if args.timeline:
             self._write_timeline(args.timeline, samples)
         if interrupted and child is None:
             return 130
+        if not profile.total():
+            what = f"process {args.pid}" if args.pid is not None else f"{cmd[0]} (pid {child.pid if child else '?'})"
+            secs = time.monotonic() - t_sampling
+            if target_exited:
+                self.warn(f"nothing was recorded: {what} exited {secs:.1f} s after sampling began, "
+                          "before it was seen on a CPU")
+            else:
+                self.warn(f"nothing was recorded: {what} was not on a CPU in the {secs:.1f} s sampled "
+                          "(idle, or blocked); record it while it works")
+            return rc or 1
         return rc
 
     def _drain(self, sampler: Any, mixed: MixedMode, samples: list[tuple[SampleEvent, Stack]],

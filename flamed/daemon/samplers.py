@@ -52,3 +52,14 @@ def bpf_program_text(cfg: SamplingConfig) -> str:
     from flamed.bpfsampler import bpf_program
 
     return bpf_program(bpf_options(cfg)).render()
+
+
+def check_config(cfg: Any) -> None:
+    """Everything the daemon checks before it compiles, for ``--check-config``:
+    the sampler's options (``[sampling]``) and every ``[processors.NAME]`` table.
+    Raises ConfigError naming the key."""
+    from flamed.daemon.processors import processor_options  # noqa: PLC0415 - imports py-spy's helpers
+
+    if cfg.sampling.sampler == "bpf":
+        bpf_options(cfg.sampling)
+    processor_options(cfg.processors)

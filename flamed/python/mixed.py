@@ -174,6 +174,12 @@ class MixedMode:
         with self._lock:
             out = self._join(self._pending, final=True)
             self._pending = []
+            # The sampler outlives this MixedMode on a reload: its timestamped
+            # events for our processes would otherwise go on for nobody.
+            if self.sampler is not None:
+                for pid in list(self.processes):
+                    self.sampler.unwatch(pid)
+            self.processes.clear()
         if self.clock is not None:
             self.clock.close()
             self.clock = None
@@ -257,6 +263,11 @@ class MixedMode:
             for (tgid, _tid, _comm, _stack), n in window.counts.items():
                 if tgid in self.candidates:
                     seen[tgid] = seen.get(tgid, 0) + n
+            # A candidate the sampler still watches (for a MixedMode this one
+            # replaced, or one that raced it) has its samples as events.
+            for ev in window.events:
+                if ev.tgid in self.candidates:
+                    seen[ev.tgid] = seen.get(ev.tgid, 0) + 1
             for tgid, n in sorted(seen.items()):
                 if n >= self.options.active_min_samples:
                     proc = self.candidates.pop(tgid)

@@ -461,3 +461,152 @@ def test_pyspy_failures_keep_native_stacks_count_and_back_off(require_bpf: None,
         # Known gap (docs/reliability.md): with no py-spy at all, mixed mode warns once at start
         # but counts nothing per process, so no metric shows the reason.
         pytest.xfail("py-spy missing: native stacks kept and a warning logged, but no reason counted in metrics")
+
+
+# ---------------------------------------------------------------------------
+# SIGTERM while Python processes are profiled
+
+
+def _written_stacks(state: Path) -> dict[tuple[str, ...], int]:
+    from daemonproc import profile_files
+    from flamed.fileio import open_input
+    from flamed.folded import read_folded
+
+    out: dict[tuple[str, ...], int] = {}
+    for f in profile_files(state):
+        with open_input(f) as fh:
+            for stack, n in read_folded(fh).stacks.items():
+                out[stack] = out.get(stack, 0) + int(n)
+    return out
+
+
+def test_sigterm_with_python_processes_writes_every_sample(require_bpf: None, require_pyspy: str,
+                                                           daemon_factory: Any, cgroup: str) -> None:
+    from daemonproc import BUSY
+    from test_daemon_faults import bpf_total_from_log
+
+    # A long py-spy window: at SIGTERM most Python samples wait for a trace that
+    # py-spy only writes when it stops.
+    d = _mixed_daemon(daemon_factory, cgroup, window_s=30.0)
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=in_cgroup(cgroup)) for _ in range(2)]
+    try:
+        d.wait_for(lambda: resources(d)["pyspy_running"] == 2, 60, "py-spy on both busy processes")
+        d.wait_for(lambda: d.status()["processors"]["python"].get("pending_events", 0) > 200, 60,
+                   "Python samples waiting for their py-spy trace")
+        pending = d.status()["processors"]["python"]["pending_events"]
+        d.signal(signal.SIGTERM)
+        rc = d.wait_exit(90)
+    finally:
+        for p in busy:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+    log = d.log()
+    assert rc == 0, log[-3000:]
+    tot = check_state_dir(d.state_dir)
+    counted = bpf_total_from_log(log)
+    assert counted is not None, log[-2000:]
+    # Every sample the program counted is in a file (or a counted loss), the pending Python ones too.
+    written = tot["weight"] + tot["lost"].get("map_full", 0)
+    assert counted == written, (counted, tot, log[-2000:])
+    # The daemon's own stop-time accounting says the same.
+    m = re.findall(r"stopping: .* (\d+) written to windows", log)
+    assert m and int(m[-1]) == tot["weight"], log[-2000:]
+    # ... and they carry Python frames (py-spy's last trace is joined before the last file).
+    stacks = _written_stacks(d.state_dir)
+    python = sum(n for s, n in stacks.items() if any(f.startswith("<genexpr> (") for f in s))
+    assert python >= pending // 2, (python, pending)
+    record_figure("sigterm_python", {"bpf_samples": counted, "written_weight": tot["weight"],
+                                     "pending_at_sigterm": pending, "with_python_frames": python,
+                                     "difference": counted - written})
+
+
+# ---------------------------------------------------------------------------
+# Reloads while Python processes are profiled
+
+
+def _python_share(d: Any, pid: int, seconds: float = 3.0) -> tuple[int, int]:
+    """(samples with Python frames, samples) of ``pid`` in the last ``seconds``."""
+    _, payload = d.request({"request": "snapshot", "seconds": seconds, "pid": [pid], "root": "none",
+                            "format": "folded"})
+    py = total = 0
+    for line in payload.decode(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        total += int(n)
+        if "<genexpr> (" in stack:
+            py += int(n)
+    return py, total
+
+
+def _reloads_ok(d: Any) -> float:
+    try:
+        return d.metric("flamed_config_reloads_total", {"result": "ok"})
+    except OSError:  # a scrape in flight while [metrics] moves the server is cut: ask again
+        return -1
+
+
+#: One change per section of the config file, applied by SIGHUP in this order.
+RELOADS: list[tuple[str, str, Any]] = [
+    ("processors.python", "rate", 50),
+    ("processors.python", "window_s", 2.0),
+    ("sampling", "frequency", 97),
+    ("output", "rotate_interval", 4.0),
+    ("retention", "max_files", 500),
+    ("snapshot", "ring_seconds", 300.0),
+    ("metrics", "address", "127.0.0.2:0"),  # rebinds on another loopback address
+    ("control", "client_timeout", 4.0),
+    ("log", "level", "debug"),
+]
+
+
+@pytest.mark.timeout(900)
+def test_reload_of_every_section_keeps_python_frames(require_bpf: None, require_pyspy: str,
+                                                     daemon_factory: Any, cgroup: str) -> None:
+    from daemonproc import BUSY, write_config
+
+    # Python samples are stored one py-spy window after they were taken: a short window.
+    d = _mixed_daemon(daemon_factory, cgroup, window_s=1.0)
+    busy = subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=in_cgroup(cgroup))
+    figures: list[dict[str, Any]] = []
+    try:
+        def python_frames() -> tuple[int, int] | None:
+            py, total = _python_share(d, busy.pid)
+            return (py, total) if total and py >= total // 2 else None
+
+        before = d.wait_for(python_frames, 60, "Python frames in the busy process's samples")
+        figures.append({"reload": "none (start)", "python": before[0], "samples": before[1]})
+        # An invalid processor value is refused as a whole: the running mixed mode goes on.
+        import copy
+
+        bad = copy.deepcopy(d.config)
+        bad["processors.python"]["rate"] = 1000
+        write_config(d.cfg_path, bad)
+        d.signal(signal.SIGHUP)
+        d.wait_for(lambda: d.metric("flamed_config_reloads_total", {"result": "error"}) == 1, 60,
+                   "the refused reload counted")
+        line = [ln for ln in d.log().splitlines() if "keeping the running one" in ln][-1]
+        assert "processors.python.rate" in line, line
+        t_bad = time.time_ns()
+        d.wait_for(lambda: d.status()["last_drain_ns"] > t_bad + 3_000_000_000, 30, "3 s of windows")
+        got = d.wait_for(python_frames, 60, "Python frames after the refused reload")
+        figures.append({"reload": "processors.python.rate = 1000 (refused)", "python": got[0], "samples": got[1]})
+        for n, (section, key, value) in enumerate(RELOADS, start=1):
+            d.config.setdefault(section, {})[key] = value
+            write_config(d.cfg_path, d.config)
+            d.signal(signal.SIGHUP)
+            d.wait_for(lambda n=n: _reloads_ok(d) >= n, 60, f"reload {n} ({section}.{key}) counted")
+            assert d.metric("flamed_config_reloads_total", {"result": "error"}) == 1, d.log()[-2000:]
+            # Only windows drained after the reload count: wait for fresh ones with Python frames.
+            t_reload = time.time_ns()
+            d.wait_for(lambda: d.status()["last_drain_ns"] > t_reload + 3_000_000_000, 30, "3 s of windows")
+            got = d.wait_for(python_frames, 60, f"Python frames after reloading {section}.{key}")
+            figures.append({"reload": f"{section}.{key} = {value!r}", "python": got[0], "samples": got[1]})
+        st = d.status()["processors"]["python"]
+        assert st["processes"] == [busy.pid], st
+    finally:
+        busy.kill()
+        busy.wait(10)
+    log = d.log()
+    assert "py-spy not found" not in log, log[-2000:]
+    record_figure("reload_sections_python", figures)

@@ -28,7 +28,7 @@ from flamed.errors import FlamedError
 from flamed.fileio import open_input
 from flamed.folded import read_folded
 from flamed.model import Profile
-from support import ROOT, have_bcc, have_root, need
+from support import ROOT, have_bcc, have_root, need, wait_daemon_answers
 
 pytestmark = pytest.mark.bpf
 
@@ -77,14 +77,8 @@ enabled = false
 
 
 def _wait_socket(p: subprocess.Popen[str], sock: Path, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise AssertionError(f"daemon exited {p.returncode}: {p.stderr.read() if p.stderr else ''}")
-        if sock.exists():
-            return
-        time.sleep(0.1)
-    raise AssertionError("the daemon's socket never appeared")
+    # The path exists from bind() on, before the daemon listens: wait for an answer.
+    wait_daemon_answers(sock, p, timeout)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 
 from flamed.daemon.client import request
 from flamed.folded import read_folded
-from support import ROOT
+from support import ROOT, wait_daemon_answers
 
 pytestmark = [pytest.mark.bpf, pytest.mark.pyspy, pytest.mark.slow]
 
@@ -60,11 +60,7 @@ scan_interval = 1.0
                               stderr=subprocess.PIPE, text=True, cwd=ROOT)
     work: subprocess.Popen[bytes] | None = None
     try:
-        deadline = time.monotonic() + 120
-        while not sock.exists():
-            assert daemon.poll() is None, daemon.stderr.read() if daemon.stderr else ""
-            assert time.monotonic() < deadline, "daemon socket never appeared"
-            time.sleep(0.1)
+        wait_daemon_answers(sock, daemon, 120)
         time.sleep(2)  # the processor's uprobe and watcher start with the daemon
         work = subprocess.Popen([str(interp), str(ROOT / "tests" / "workloads" / "phases.py"),
                                  str(tmp_path / "phases.log"), "100", "40"])

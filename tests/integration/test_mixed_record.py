@@ -160,3 +160,45 @@ def test_record_usage_errors_are_one_line() -> None:
     assert r.returncode == 2 and "either -p PID or -- COMMAND" in r.stderr and "Traceback" not in r.stderr
     r = run_record(["-p", "999999999"])
     assert r.returncode == 2 and "no process" in r.stderr
+
+
+def test_record_pid_that_exits_while_bpf_compiles_says_so(tmp_path: Path, require_bpf: None) -> None:
+    target = subprocess.Popen(["sleep", "600"])
+    out = tmp_path / "gone.folded"
+    rec = subprocess.Popen(FLAMED + ["record", "-p", str(target.pid), "-d", "5", "-o", str(out)],
+                           cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        assert rec.stderr is not None
+        first = rec.stderr.readline()  # printed before the compile starts
+        assert "loading the BPF programs" in first, first
+        target.kill()
+        target.wait(10)  # reaped: the pid is gone, not a zombie
+        _, err = rec.communicate(timeout=120)
+    finally:
+        for p in (rec, target):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    assert rec.returncode != 0, err
+    assert f"process {target.pid} exited before sampling began" in err, err
+    # flamed's own lines (bcc may add its own noise at exit)
+    ours = "\n".join(ln for ln in err.splitlines() if ln.startswith("flamed record"))
+    assert "Python" not in ours, err
+
+
+def test_record_native_processes_idle_or_busy(tmp_path: Path, require_bpf: None) -> None:
+    idle = subprocess.Popen(["sleep", "600"])
+    busy = subprocess.Popen(["sh", "-c", "while :; do :; done"])
+    try:
+        r = run_record(["-p", str(idle.pid), "-d", "2", "-o", str(tmp_path / "idle.folded")])
+        assert r.returncode == 1, r.stderr
+        assert "nothing was recorded" in r.stderr and "not on a CPU" in r.stderr, r.stderr
+        assert "Python samples" not in r.stderr and "py-spy failures" not in r.stderr, r.stderr
+        r = run_record(["-p", str(busy.pid), "-d", "2", "-o", str(tmp_path / "busy.folded")])
+        assert r.returncode == 0, r.stderr
+        assert "Python samples" not in r.stderr and "no Python process" in r.stderr, r.stderr
+        assert read_folded(open(tmp_path / "busy.folded", "rb")).total() > 0
+    finally:
+        for p in (idle, busy):
+            p.kill()
+            p.wait(10)

@@ -18,6 +18,7 @@ import pytest
 from flamed.daemon.client import request
 from flamed.fileio import open_input
 from flamed.folded import read_folded
+from support import wait_daemon_answers
 
 FLAMED = [sys.executable, "-m", "flamed"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,14 +95,8 @@ def stop(p: subprocess.Popen[str]) -> str:
 
 
 def wait_socket(path: Path, p: subprocess.Popen[str], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise AssertionError(f"daemon exited {p.returncode}: {p.stderr.read() if p.stderr else ''}")
-        if path.exists():
-            return
-        time.sleep(0.05)
-    raise AssertionError("control socket never appeared")
+    # The path exists from bind() on, before the daemon listens: wait for an answer.
+    wait_daemon_answers(path, p, timeout)
 
 
 def test_sd_notify_ready_watchdog_stopping_and_sigterm_writes_last_window(tmp_path: Path) -> None:
@@ -161,8 +156,14 @@ def test_sighup_reload_keeps_old_config_on_error_and_applies_good_one(tmp_path: 
         assert before["frequency"] == 100
         cfg.write_text(cfg.read_text().replace("frequency = 100", "frequency = 100\nfrequncy = 50"))
         p.send_signal(signal.SIGHUP)
-        time.sleep(1.0)
-        mid = request(str(sock), {"request": "status"})["status"]
+        deadline = time.monotonic() + 30
+        mid = before
+        while time.monotonic() < deadline:
+            # the failed reload is over when a window drained after it is counted
+            mid = request(str(sock), {"request": "status"})["status"]
+            if mid["windows"] > before["windows"] + 2:
+                break
+            time.sleep(0.1)
         assert mid["frequency"] == 100 and mid["samples"] > before["samples"]
         cfg.write_text(cfg.read_text().replace("frequency = 100\nfrequncy = 50", "frequency = 50"))
         p.send_signal(signal.SIGHUP)
@@ -270,3 +271,34 @@ def test_log_target_journal_under_systemd_else_stderr(monkeypatch: pytest.Monkey
     finally:
         for h in handlers():
             logging.getLogger("flamed").removeHandler(h)
+
+
+def test_check_config_validates_processor_tables(tmp_path: Path) -> None:
+    # What the daemon would refuse (after compiling its BPF program) --check-config refuses too.
+    for extra, key in (("[processors.python]\nrate = 1000\n", "processors.python.rate"),
+                       ("[processors.python]\ninclude_comm = \"(\"\n", "processors.python.include_comm"),
+                       ("[processors.python]\nwindow_s = 0\n", "processors.python.window_s"),
+                       ("[processors.nosuch]\n", "processors.nosuch")):
+        cfg = tmp_path / "flamed.toml"
+        write_config(cfg, tmp_path, extra)
+        r = subprocess.run([*FLAMED, "daemon", "--config", str(cfg), "--check-config"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (extra, r.stdout, r.stderr)
+        assert key in r.stderr and "Traceback" not in r.stderr, r.stderr
+    write_config(cfg, tmp_path, "[processors.python]\nrate = 50\n")
+    r = subprocess.run([*FLAMED, "daemon", "--config", str(cfg), "--check-config"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_bad_processor_value_stops_the_daemon_before_it_compiles(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the BPF sampler needs root")
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path, "[processors.python]\nrate = 1000\n")
+    cfg.write_text(cfg.read_text().replace('sampler = "fake"', 'sampler = "bpf"'))
+    r = subprocess.run([*FLAMED, "daemon", "--config", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "processors.python.rate" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # Nothing was loaded: the sampler logs its event and rate once its program runs.
+    assert " Hz on CPUs" not in r.stderr, r.stderr

@@ -11,6 +11,7 @@ taken; their weights are the BPF samples', never py-spy's.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,8 @@ from prometheus_client.registry import Collector
 from flamed.daemon.processors.base import ProcessorContext, WindowProcessor
 from flamed.python.align import JoinOptions
 from flamed.python.mixed import MixedMode, MixedOptions
-from flamed.python.pyspy import Failure, PySpyOptions
+from flamed.errors import ConfigError
+from flamed.python.pyspy import MAX_RATE, Failure, PySpyOptions
 from flamed.python.watcher import WatchOptions
 from flamed.sampler import Window
 
@@ -72,6 +74,32 @@ class PythonProcessorOptions:
     active_min_samples: int = 1
     idle_windows: int = 6
 
+    def __post_init__(self) -> None:
+        # Checked when the config is read (start, reload, --check-config), not
+        # when mixed mode starts: by then the BPF program has compiled, and a
+        # reload has already stopped the running py-spy children.
+        def bad(key: str, why: str) -> ConfigError:
+            return ConfigError(f"processors.python.{key}: {getattr(self, key)!r} {why}")
+
+        if not 1 <= self.rate <= MAX_RATE:
+            raise bad("rate", f"is out of range: py-spy samples 1..{MAX_RATE} times a second")
+        if self.window_s <= 0:
+            raise bad("window_s", "must be > 0 seconds (one py-spy run)")
+        if self.scan_interval <= 0:
+            raise bad("scan_interval", "must be > 0 seconds")
+        for key in ("max_processes", "active_min_samples", "idle_windows"):
+            if getattr(self, key) < 1:
+                raise bad(key, "must be at least 1")
+        for key in ("include_comm", "exclude_comm", "include_cgroup", "exclude_cgroup"):
+            try:
+                re.compile(getattr(self, key))
+            except re.error as e:
+                raise bad(key, f"is not a regular expression: {e}") from None
+        try:
+            self.mixed()
+        except ConfigError as e:
+            raise ConfigError(f"processors.python: {e}") from None
+
     def mixed(self) -> MixedOptions:
         return MixedOptions(
             pyspy=PySpyOptions(binary=self.pyspy or None, rate=self.rate, nonblocking=self.nonblocking,
@@ -100,6 +128,8 @@ class PythonProcessor(WindowProcessor):
         super().__init__(ctx, options)
         self.mixed: MixedMode | None = None
         self.lost_at_close = 0
+        # Samples a replaced MixedMode (reload) joined when it stopped: the next window takes them.
+        self._carry: list[Any] = []
         sampler_kind = getattr(getattr(ctx.config, "sampling", None), "sampler", "bpf")
         if sampler_kind != "bpf":
             ctx.log.info("mixed mode off: it needs the BPF sampler (sampling.sampler = %r)", sampler_kind)
@@ -114,6 +144,9 @@ class PythonProcessor(WindowProcessor):
         self.mixed.start()
 
     def process(self, window: Window) -> None:
+        if self._carry:
+            carry, self._carry = self._carry, []
+            self._add(window, carry)
         if self.mixed is not None:
             self.mixed.observe(window)
         if self.mixed is None or not window.events:
@@ -123,6 +156,23 @@ class PythonProcessor(WindowProcessor):
         events, window.events = window.events, []
         self._add(window, self.mixed.process(events))
 
+    def finish(self, window: Window) -> None:
+        """The last window: stop py-spy first, so its traces (written when it
+        stops) name the Python frames of every event still waiting; the ones
+        no trace covers go in under the ``[python: no frame]`` placeholder."""
+        if self.mixed is None:
+            self.process(window)
+            return
+        if self._carry:
+            carry, self._carry = self._carry, []
+            self._add(window, carry)
+        self.mixed.observe(window)
+        events, window.events = window.events, []
+        joined = self.mixed.process(events)
+        joined += self.mixed.close()
+        self.mixed = None
+        self._add(window, joined)
+
     @staticmethod
     def _add(window: Window, joined: list[Any]) -> None:
         counts = window.counts
@@ -131,8 +181,16 @@ class PythonProcessor(WindowProcessor):
             counts[key] = counts.get(key, 0) + 1
 
     def reload(self, options: Any, config: Any) -> None:
+        """New options: a new MixedMode with them (already validated).
+
+        The old one stops its py-spy children first and joins what it holds
+        (carried into the next window); the running Python processes are
+        found again by the new one's /proc scan and get py-spy with the new
+        options as soon as a window sees them on a CPU.
+        """
         if options != self.options and self.mixed is not None:
-            self.lost_at_close += len(self.mixed.close())
+            self._carry += self.mixed.close()
+            self.mixed = None
             self.options = options
             self._start(options)
         self.options = options
@@ -151,6 +209,9 @@ class PythonProcessor(WindowProcessor):
         return {"active": True, "processes": sorted(self.mixed.processes), **m}
 
     def close(self) -> None:
+        # After finish() nothing is left; a close without it (start failed) loses what was held.
+        self.lost_at_close += len(self._carry)
+        self._carry = []
         if self.mixed is not None:
             self.lost_at_close += len(self.mixed.close())
             self.mixed = None
