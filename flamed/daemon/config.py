@@ -369,6 +369,18 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str | None = None) -> Da
     return cfg
 
 
+def _decode_toml(file: str, data: bytes) -> str:
+    """The file's text; TOML is UTF-8, and tomllib's own decode error would be a bare traceback."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(f"{file}: not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} "
+                          f"(line {line}, column {col}); TOML files must be UTF-8: re-save the file "
+                          "as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
 def load_config(path: str | None = None, *, overrides: Mapping[str, Any] | None = None,
                 missing_ok: bool | None = None) -> DaemonConfig:
     """Read and validate the config file, then apply ``overrides``.
@@ -382,15 +394,18 @@ def load_config(path: str | None = None, *, overrides: Mapping[str, Any] | None 
         missing_ok = not explicit
     try:
         with open(file, "rb") as f:
-            raw = tomllib.load(f)
+            data = f.read()
+        raw = tomllib.loads(_decode_toml(file, data))
     except FileNotFoundError:
         if not missing_ok:
             raise ConfigError(f"{file}: no such config file") from None
         cfg = DaemonConfig()
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{file}: not valid TOML: {e}") from None
-    except (PermissionError, IsADirectoryError) as e:
-        raise ConfigError(f"{file}: cannot read: {e.strerror}") from None
+    except OSError as e:
+        # Any read error (EACCES, EISDIR, EIO...) is a config error: exit 2 at start
+        # (a restart would not help), running config kept on reload.
+        raise ConfigError(f"{file}: cannot read: {e.strerror or e}") from None
     else:
         try:
             cfg = config_from_dict(raw, source=os.path.abspath(file))

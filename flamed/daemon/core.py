@@ -442,6 +442,12 @@ class Daemon:
             log.error("reload: invalid configuration, keeping the running one: %s", e)
             self.notifier.ready(self._status_line())
             return
+        except Exception:
+            # A bug in reading the file must not take a running daemon down with it.
+            self.metrics.reloads.labels(result="error").inc()
+            log.exception("reload: reading the configuration failed, keeping the running one")
+            self.notifier.ready(self._status_line())
+            return
         try:
             self._apply(new, procs)
         except FlamedError as e:

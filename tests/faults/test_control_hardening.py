@@ -15,9 +15,14 @@ state directory, not about BPF.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
-from daemonproc import DaemonProc, unix_request_raw
+from daemonproc import ROOT, DaemonProc, unix_request_raw, write_config
+from test_daemon_faults import record_figure
 
 FAKE = {"sampler": "fake", "drain_interval": 0.5}
 
@@ -53,3 +58,49 @@ def test_bad_requests_say_what_was_expected(daemon_factory: Any) -> None:
     # The daemon is still fine and counted them as bad requests.
     assert d.status()["pid"] == d.pid
     assert d.metric("flamed_control_requests_total", {"result": "bad_request"}) == len(cases)
+
+
+# -- a config file that is not UTF-8 ------------------------------------------
+
+LATIN1_CONFIG = b"[sampling]\nsampler = \"fake\"\n# r\xe9sum\xe9 of the settings\n"
+
+
+def _flamed(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "flamed", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, cwd=str(ROOT))
+
+
+def test_non_utf8_config_is_one_clear_error_and_reload_keeps_running(daemon_factory: Any, tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(LATIN1_CONFIG)
+    want = f"{bad}: not UTF-8 text: byte 0xe9 at offset 31 (line 3, column 4)"
+    # --check-config and a start: one line naming the file and the byte, exit 2 (no restart loop).
+    for extra in (["--check-config"], ["--socket", str(tmp_path / "never.sock"), "--state-dir", str(tmp_path / "s")]):
+        r = _flamed("daemon", "--config", str(bad), *extra)
+        assert r.returncode == 2, (extra, r.returncode, r.stderr)
+        assert "Traceback" not in r.stderr and "UnicodeDecodeError" not in r.stderr, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and want in lines[0], r.stderr
+
+    # SIGHUP with such a file: the running config stays and the log says why.
+    d = daemon_factory(sampling={**FAKE, "frequency": 49})
+    d.config["sampling"]["frequency"] = 7
+    write_config(d.cfg_path, d.config)
+    good = d.cfg_path.read_bytes()
+    d.cfg_path.write_bytes(good + b"# r\xe9sum\xe9\n")
+    d.signal(signal.SIGHUP)
+    d.wait_for(lambda: d.metric("flamed_config_reloads_total", {"result": "error"}) == 1, 30, "the failed reload")
+    assert d.alive()
+    st = d.status()
+    assert st["frequency"] == 49 and st["pid"] == d.pid, st
+    assert "reload: invalid configuration, keeping the running one" in d.log()
+    assert "not UTF-8 text: byte 0xe9" in d.log()
+    # Fixed file, next reload applies it.
+    d.cfg_path.write_bytes(good)
+    d.signal(signal.SIGHUP)
+    d.wait_for(lambda: d.metric("flamed_config_reloads_total", {"result": "ok"}) == 1, 30, "the good reload")
+    assert d.status()["frequency"] == 7
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit(60) == 0
+    record_figure("control_bad_config_reload", {"reloads_error": 1, "daemon_alive_after": True,
+                                                "frequency_kept": 49, "exit_code_at_start": 2})
