@@ -46,6 +46,7 @@ from flamed.daemon.protocol import (
 )
 from flamed.daemon.ring import RingWindow, WindowRing
 from flamed.daemon.samplers import make_sampler
+from flamed.daemon.statelock import StateDirLock
 from flamed.daemon.store import ProfileStore, counts_to_profile
 from flamed.errors import ConfigError, FlamedError
 from flamed.outputs import OutputOptions
@@ -91,6 +92,7 @@ class Daemon:
         self.registry = self.metrics.registry
         self.ring = WindowRing(config.snapshot.ring_seconds, config.snapshot.ring_max_stacks, clock_ns=clock_ns)
         self.store = ProfileStore(config.output, config.retention, self.metrics, clock_ns=clock_ns)
+        self.state_lock = StateDirLock(self.store.dir)
         self.metrics_server = MetricsServer(self.registry)
         self.control = ControlServer(config.control, self.handle_request, self.metrics, listen_fd=listen_fd)
         self.sampler: Sampler | None = None
@@ -160,10 +162,16 @@ class Daemon:
         except OSError as e:
             raise FlamedError(f"cannot create state directory {self.store.dir}: {e.strerror}; "
                               "set output.state_dir or --state-dir to a writable directory") from None
-        self.store.recover()
-        self.store.apply_retention()
-        self.sampler = self.sampler_factory(cfg)
-        self.sampler.start()
+        # Before recovery: it deletes temp files and sidecars another daemon may be writing.
+        self.state_lock.acquire()
+        try:
+            self.store.recover()
+            self.store.apply_retention()
+            self.sampler = self.sampler_factory(cfg)
+            self.sampler.start()
+        except BaseException:
+            self.state_lock.release()
+            raise
         try:
             self._start_processors(cfg)
             _release_heap()  # after every compile (sampler, Python clock)
@@ -283,6 +291,8 @@ class Daemon:
         if self.sampler is not None:
             self.sampler.close()
         self.metrics_server.stop()
+        # Last: everything that writes into the state directory is done.
+        self.state_lock.release()
 
     # -- drain -----------------------------------------------------------
     def _drain_once(self, *, rotate_now: bool = False, final: bool = False) -> None:
@@ -448,12 +458,26 @@ class Daemon:
             log.exception("reload: reading the configuration failed, keeping the running one")
             self.notifier.ready(self._status_line())
             return
+        new_lock: StateDirLock | None = None
         try:
+            if os.path.abspath(new.output.state_dir) != self.store.dir:
+                # The new directory must be ours before anything else changes.
+                new_lock = StateDirLock(new.output.state_dir)
+                try:
+                    os.makedirs(new_lock.directory, mode=0o755, exist_ok=True)
+                except OSError as e:
+                    raise FlamedError(f"cannot create state directory {new_lock.directory}: {e.strerror}") from None
+                new_lock.acquire()
             self._apply(new, procs)
         except FlamedError as e:
+            if new_lock is not None:
+                new_lock.release()
             self.metrics.reloads.labels(result="error").inc()
-            log.error("reload: %s", e)
+            log.error("reload: %s; keeping the running configuration", e)
         else:
+            if new_lock is not None:
+                self.state_lock.release()
+                self.state_lock = new_lock
             self.metrics.reloads.labels(result="ok").inc()
             log.info("reloaded configuration from %s", new.source or "defaults")
         self.notifier.ready(self._status_line())

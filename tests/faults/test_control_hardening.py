@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from daemonproc import ROOT, DaemonProc, unix_request_raw, write_config
+from daemonproc import ROOT, DaemonProc, check_state_dir, unix_request_raw, write_config
 from test_daemon_faults import record_figure
 
 FAKE = {"sampler": "fake", "drain_interval": 0.5}
@@ -104,3 +104,35 @@ def test_non_utf8_config_is_one_clear_error_and_reload_keeps_running(daemon_fact
     assert d.wait_exit(60) == 0
     record_figure("control_bad_config_reload", {"reloads_error": 1, "daemon_alive_after": True,
                                                 "frequency_kept": 49, "exit_code_at_start": 2})
+
+
+# -- one daemon per state directory -------------------------------------------
+
+def test_second_daemon_on_a_state_dir_is_refused_and_sigkill_leaves_no_stale_lock(
+        daemon_factory: Any, tmp_path: Path) -> None:
+    first = daemon_factory(sampling=FAKE)
+    lock = first.state_dir / ".flamed.lock"
+    # Same state directory, its own socket and metrics port: refused, naming the holder.
+    second = daemon_factory(name="second", start=False, sampling=FAKE,
+                            control={"socket": str(tmp_path / "run2" / "flamed.sock")})
+    second.start(wait=False)
+    assert second.wait_exit(60) == 2, second.log()
+    msg = [ln for ln in second.log().splitlines() if "error" in ln]
+    assert msg and f"state directory {first.state_dir} is in use by another flamed daemon (pid {first.pid}" \
+        in msg[-1], second.log()
+    assert "Traceback" not in second.log()
+    assert not Path(second.socket_path).exists()
+    assert first.alive() and first.status()["pid"] == first.pid
+    assert lock.read_text().strip() == str(first.pid)
+    # SIGKILL: the kernel drops the flock with the process; a restart is not blocked by the file left behind.
+    first.wait_for(lambda: first.status()["windows"] >= 2, 30, "two windows")
+    first.kill9()
+    assert lock.exists()
+    again = daemon_factory(name="again", sampling=FAKE)
+    assert again.status()["state_dir"] == str(first.state_dir)
+    assert lock.read_text().strip() == str(again.pid)
+    again.signal(signal.SIGTERM)
+    assert again.wait_exit(60) == 0
+    check_state_dir(again.state_dir, allow_orphans=True)
+    record_figure("control_second_daemon", {"exit_code": 2, "names_holder_pid": True,
+                                            "restart_after_sigkill": "ready"})
