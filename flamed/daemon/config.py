@@ -131,9 +131,19 @@ class ControlConfig:
     allowed_users: tuple[str, ...] = ()
     #: Groups (names or gids) whose members (primary or supplementary) are allowed.
     allowed_groups: tuple[str, ...] = ("flamed",)
-    #: Clients served at once; more get a "busy" error.
+    #: Requests served at once (counted once the request line has arrived); more get a "busy" error.
     max_clients: int = 16
-    #: Seconds a client has to send its request line, and per send of the response.
+    #: Connections open at once, waiting for their request line or being served; more get "busy".
+    #: A connection that sends nothing costs a descriptor until ``request_timeout``, not a thread.
+    max_connections: int = 256
+    #: Connections one non-root uid may have open at once; more get "busy" (0 = no limit).
+    max_connections_per_uid: int = 8
+    #: Of ``max_clients`` and ``max_connections``, this many are only for root (at most
+    #: ``max_clients - 1``), so other users together can never lock root out.
+    reserved_for_root: int = 2
+    #: Seconds from connect to a complete request line; clients write it at once.
+    request_timeout: float = 1.0
+    #: Seconds per send of the response.
     client_timeout: float = 5.0
 
 
@@ -221,6 +231,10 @@ _RANGES: dict[str, tuple[float, float]] = {
     "snapshot.max_next_seconds": (0.05, 86400),
     "control.socket_mode": (0, 0o777),
     "control.max_clients": (1, 1024),
+    "control.max_connections": (1, 4096),
+    "control.max_connections_per_uid": (0, 4096),
+    "control.reserved_for_root": (0, 1024),
+    "control.request_timeout": (0.01, 3600),
     "control.client_timeout": (0.01, 3600),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -242,6 +256,7 @@ _SECOND_KEYS = {
     "snapshot.ring_seconds",
     "snapshot.max_next_seconds",
     "control.client_timeout",
+    "control.request_timeout",
 }
 
 

@@ -78,13 +78,13 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ProtocolError(f"request is not UTF-8 text (byte 0x{line[e.start]:02x} at offset {e.start}); "
-                            f"{_EXPECTED}") from None
+                            f"{EXPECTED_REQUEST}") from None
     try:
         obj = json.loads(text.removeprefix("\ufeff"), parse_int=_parse_int, parse_constant=_parse_constant)
     except json.JSONDecodeError as e:
-        raise ProtocolError(f"request is not valid JSON ({e.msg} at offset {e.pos}); {_EXPECTED}") from None
+        raise ProtocolError(f"request is not valid JSON ({e.msg} at offset {e.pos}); {EXPECTED_REQUEST}") from None
     except RecursionError:
-        raise ProtocolError(f"request is nested too deeply; {_EXPECTED}") from None
+        raise ProtocolError(f"request is nested too deeply; {EXPECTED_REQUEST}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("request must be a JSON object such as {\"request\": \"status\"}")
     kind = obj.get("request")
@@ -140,7 +140,8 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
     )
 
 
-_EXPECTED = 'expected one line holding a JSON object such as {"request": "status"} (see docs/protocol.md)'
+#: What every bad_request message ends with: what the daemon expected instead.
+EXPECTED_REQUEST = 'expected one line holding a JSON object such as {"request": "status"} (see docs/protocol.md)'
 #: Longer integer literals are refused before int() reads them: no field takes one
 #: (ids are below 2**32), and Python's own limit (4300 digits) has an unhelpful message.
 MAX_INT_DIGITS = 20
@@ -155,7 +156,7 @@ def _parse_int(text: str) -> int:
 
 
 def _parse_constant(name: str) -> float:
-    raise ProtocolError(f"request holds {name}, which is not a JSON number; {_EXPECTED}")
+    raise ProtocolError(f"request holds {name}, which is not a JSON number; {EXPECTED_REQUEST}")
 
 
 def _number(obj: dict[str, Any], key: str) -> float | None:

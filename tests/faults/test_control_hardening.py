@@ -14,10 +14,17 @@ state directory, not about BPF.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import select
+import shutil
 import signal
+import socket
+import statistics
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +143,127 @@ def test_second_daemon_on_a_state_dir_is_refused_and_sigkill_leaves_no_stale_loc
     check_state_dir(again.state_dir, allow_orphans=True)
     record_figure("control_second_daemon", {"exit_code": 2, "names_holder_pid": True,
                                             "restart_after_sigkill": "ready"})
+
+
+# -- idle connections ------------------------------------------------------------
+
+IDLE_UID = 48433
+IDLE_CLIENT = r"""
+import json, socket, sys
+path, n = sys.argv[1], int(sys.argv[2])
+conns = []
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(path)
+    conns.append(s)
+codes = []
+for s in conns:  # each gets an answer: busy at once, or timeout when request_timeout runs out
+    data = b""
+    while b"\n" not in data:
+        c = s.recv(4096)
+        if not c:
+            break
+        data += c
+    codes.append(json.loads(data.split(b"\n")[0])["code"] if data else "closed")
+    s.close()
+print(json.dumps(codes))
+"""
+
+
+class IdleHolder:
+    """Keeps ``n`` connections open that never send a request; reopens those the daemon closes."""
+
+    def __init__(self, path: str, n: int) -> None:
+        self.path, self.n = path, n
+        self.socks: list[socket.socket] = []
+        self.reopened = 0
+        self.answers: dict[str, int] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        s.connect(self.path)
+        return s
+
+    def _run(self) -> None:
+        self.socks = [self._open() for _ in range(self.n)]
+        self.ready.set()
+        while not self.stop.is_set():
+            readable, _, _ = select.select(self.socks, [], [], 0.05)
+            for s in readable:
+                data = b""
+                with contextlib.suppress(OSError):
+                    data = s.recv(4096)
+                code = json.loads(data.split(b"\n")[0])["code"] if data.strip() else "closed"
+                self.answers[code] = self.answers.get(code, 0) + 1
+                s.close()
+                self.socks[self.socks.index(s)] = self._open()
+                self.reopened += 1
+
+    def __enter__(self) -> IdleHolder:
+        self.ready = threading.Event()
+        self.thread.start()
+        assert self.ready.wait(30), "could not open the idle connections"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        for s in self.socks:
+            s.close()
+
+
+def test_idle_connections_do_not_starve_root_or_other_clients(daemon_factory: Any) -> None:
+    import tempfile
+
+    public = Path(tempfile.mkdtemp(prefix="flamed-idle-", dir="/tmp"))
+    public.chmod(0o755)  # pytest's tmp_path is 0700: the unprivileged client must reach the socket
+    try:
+        sock = str(public / "flamed.sock")
+        d = daemon_factory(sampling=FAKE, control={"socket": sock, "socket_mode": 0o666,
+                                                   "allowed_users": [str(IDLE_UID)], "request_timeout": 3.0})
+        d.wait_for(lambda: d.status()["windows"] >= 2, 30, "two windows")
+        cli = [sys.executable, "-m", "flamed"]
+        latencies: list[float] = []
+        with IdleHolder(sock, 100) as idle:
+            d.wait_for(lambda: d.status()["pid"] and idle.reopened >= 100, 60,
+                       "the daemon to close (and the holder to reopen) 100 idle connections")
+            # A non-root uid: 8 connections (max_connections_per_uid) wait for their request, the rest are busy.
+            r = subprocess.run(["setpriv", f"--reuid={IDLE_UID}", f"--regid={IDLE_UID}", "--clear-groups",
+                                "--inh-caps=-all", "--bounding-set=-all", "--", "/usr/bin/python3", "-c",
+                                IDLE_CLIENT, sock, "12"], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            codes = json.loads(r.stdout)
+            # Root, meanwhile and after: every request served, none busy.
+            for i in range(20):
+                t = time.monotonic()
+                if i % 2:
+                    head, payload = d.request({"request": "snapshot", "seconds": 5})
+                    assert head["ok"] and len(payload) == head["length"], head
+                else:
+                    assert d.status()["pid"] == d.pid
+                latencies.append(time.monotonic() - t)
+            for args in (["status"], ["snapshot", "--seconds", "5", "-o", str(public / "s.folded")]):
+                out = subprocess.run([*cli, *args, "--socket", sock], capture_output=True, text=True,
+                                     timeout=60, cwd=str(ROOT))
+                assert out.returncode == 0, (args, out.stderr)
+            assert idle.thread.is_alive()
+            answers = dict(idle.answers)
+        assert codes.count("busy") == 4 and codes.count("timeout") == 8, codes
+        assert set(answers) == {"timeout"}, answers  # idle root connections were timed out, never served "busy"
+        assert d.metric("flamed_control_requests_total", {"result": "busy"}) == 4
+        assert d.alive()
+        d.signal(signal.SIGTERM)
+        assert d.wait_exit(60) == 0
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
+    record_figure("control_idle_connections", {
+        "idle_connections_held": 100, "idle_reopened": idle.reopened, "root_requests": len(latencies) + 2,
+        "root_served": len(latencies) + 2, "root_busy": 0,
+        "latency_median_s": round(statistics.median(latencies), 4),
+        "latency_max_s": round(max(latencies), 4),
+        "non_root_uid_codes": {"timeout": codes.count("timeout"), "busy": codes.count("busy")},
+    })
