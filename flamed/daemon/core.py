@@ -78,6 +78,7 @@ class Daemon:
         listen_fd: int | None = None,
         manage_logging: bool = False,
         processor_classes: list[type[WindowProcessor]] | None = None,
+        on_ready: Callable[[Daemon], None] | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -88,6 +89,7 @@ class Daemon:
         self.manage_logging = manage_logging
         # None: the processors discovered in flamed/daemon/processors/ (tests pass their own).
         self.processor_classes = processor_classes
+        self.on_ready = on_ready  # called once everything is up (the CLI prints the client commands)
         self.metrics = DaemonMetrics()
         self.registry = self.metrics.registry
         self.ring = WindowRing(config.snapshot.ring_seconds, config.snapshot.ring_max_stacks, clock_ns=clock_ns)
@@ -191,6 +193,8 @@ class Daemon:
         log.info("flamed %s sampling at %d Hz, drain every %g s, files every %g s in %s",
                  __version__, cfg.sampling.frequency, cfg.sampling.drain_interval,
                  cfg.output.rotate_interval, self.store.dir)
+        if self.on_ready is not None:
+            self.on_ready(self)
 
     def run(self) -> int:
         """Start, loop until stopped, write everything, return the exit code."""

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +270,52 @@ def test_idle_connections_do_not_starve_root_or_other_clients(daemon_factory: An
         "latency_max_s": round(max(latencies), 4),
         "non_root_uid_codes": {"timeout": codes.count("timeout"), "busy": codes.count("busy")},
     })
+
+
+# -- make run ------------------------------------------------------------------
+
+def test_make_run_config_prints_client_commands_that_work(tmp_path: Path) -> None:
+    from flamed.daemon.config import MetricsConfig, load_config, parse_address
+
+    dev = ROOT / "packaging" / "flamed.dev.toml"
+    cfg = load_config(str(dev))
+    assert parse_address(cfg.metrics.address)[1] != parse_address(MetricsConfig().address)[1], \
+        "make run must not take the production metrics port"
+    assert "--config packaging/flamed.dev.toml" in (ROOT / "Makefile").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert ".venv/bin/flamed status --socket" in readme and cfg.metrics.address in readme
+
+    # The dev config from another directory (its paths are relative to it), as the console script;
+    # the fake sampler and an ephemeral metrics port so it can run beside anything.
+    exe = Path(sys.executable).with_name("flamed")
+    out_path = tmp_path / "stdout"
+    with open(out_path, "wb") as out:
+        proc = subprocess.Popen([str(exe), "daemon", "--config", str(dev), "--sampler", "fake",
+                                 "--metrics-address", "127.0.0.1:0"], cwd=str(tmp_path), stdout=out,
+                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={k: v for k, v in os.environ.items()
+                                     if k not in ("NOTIFY_SOCKET", "INVOCATION_ID")})
+    try:
+        deadline = time.monotonic() + 60
+        while "curl" not in out_path.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, out_path.read_text()
+            time.sleep(0.05)
+        lines = [ln.strip() for ln in out_path.read_text().splitlines() if ln.startswith("  ")]
+        sock = str(tmp_path / "var" / "flamed.sock")
+        assert lines[0] == f"{exe} status --socket {sock}", lines
+        assert lines[1].startswith(f"{exe} snapshot --socket {sock} "), lines
+        # Each command works exactly as printed, from the directory the daemon was started in.
+        for cmd in lines[:3]:
+            r = subprocess.run(shlex.split(cmd), cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, (cmd, r.stderr)
+        assert (tmp_path / "now.svg").read_bytes().startswith(b"<?xml")
+        url = lines[3].split()[2]
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert b"flamed_build_info" in resp.read()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
