@@ -319,3 +319,60 @@ def test_make_run_config_prints_client_commands_that_work(tmp_path: Path) -> Non
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
+
+
+SLOW_CLIENT = r"""
+import json, socket, sys
+path, n = sys.argv[1], int(sys.argv[2])
+conns = []
+for _ in range(n):  # 'next' snapshots hold a serving slot for their whole span
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(60)
+    s.connect(path)
+    s.sendall(b'{"request": "snapshot", "next": 4}\n')
+    conns.append(s)
+print("SENT", flush=True)
+codes = []
+for s in conns:
+    data = b""
+    while b"\n" not in data:
+        c = s.recv(65536)
+        if not c:
+            break
+        data += c
+    head = json.loads(data.split(b"\n")[0]) if data else {}
+    codes.append("ok" if head.get("ok") else head.get("code", "closed"))
+    s.close()
+print(json.dumps(codes))
+"""
+
+
+def test_serving_slots_reserved_for_root(daemon_factory: Any) -> None:
+    import tempfile
+
+    public = Path(tempfile.mkdtemp(prefix="flamed-rsv-", dir="/tmp"))
+    public.chmod(0o755)
+    try:
+        sock = str(public / "flamed.sock")
+        d = daemon_factory(sampling=FAKE, control={"socket": sock, "socket_mode": 0o666, "max_clients": 3,
+                                                   "reserved_for_root": 2, "allowed_users": [str(IDLE_UID)]})
+        p = subprocess.Popen(["setpriv", f"--reuid={IDLE_UID}", f"--regid={IDLE_UID}", "--clear-groups",
+                              "--inh-caps=-all", "--bounding-set=-all", "--", "/usr/bin/python3", "-c",
+                              SLOW_CLIENT, sock, "3"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout is not None
+            assert p.stdout.readline().strip() == "SENT"
+            # The one slot other users may take is taken: root still has its two.
+            d.wait_for(lambda: d.metric("flamed_control_requests_total", {"result": "busy"}) == 2, 30,
+                       "the non-root requests beyond the unreserved slot to be refused")
+            assert d.status()["clients"] >= 2  # root's status is served beside the non-root snapshot
+            head, payload = d.request({"request": "snapshot", "seconds": 5})
+            assert head["ok"] and len(payload) == head["length"]
+            out, _ = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        assert sorted(json.loads(out)) == ["busy", "busy", "ok"], out
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
