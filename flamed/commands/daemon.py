@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+import os
+import shlex
+import sys
+from typing import TYPE_CHECKING, Any
 
 from flamed.commands.base import Command
 from flamed.errors import FlamedError
+
+if TYPE_CHECKING:
+    from flamed.daemon.core import Daemon
 
 
 class DaemonCommand(Command):
@@ -75,8 +81,11 @@ class DaemonCommand(Command):
         from flamed.daemon.notify import Notifier
 
         listen_fd = _activation_fd()
+        # Under systemd nobody reads stdout; run by hand (make run), the next
+        # thing the user wants is a client command that works as it is.
+        by_hand = not _under_systemd()
         daemon = Daemon(cfg, config_path=args.config, overrides=overrides, listen_fd=listen_fd,
-                        manage_logging=True)
+                        manage_logging=True, on_ready=self._print_clients if by_hand else None)
         daemon.install_signals()
         try:
             return daemon.run()
@@ -86,6 +95,36 @@ class DaemonCommand(Command):
             if not isinstance(e, FlamedError):
                 logging.getLogger("flamed.daemon").exception("daemon failed")
             raise
+
+
+    def _print_clients(self, daemon: Daemon) -> None:
+        """The exact client commands for this daemon, with its real socket path and metrics port."""
+        exe = _own_command()
+        sock = shlex.quote(os.path.abspath(daemon.control.path or daemon.config.control.socket))
+        lines = ["flamed daemon ready; in another terminal:",
+                 f"  {exe} status --socket {sock}",
+                 f"  {exe} snapshot --socket {sock} --seconds 30 --format svg -o now.svg",
+                 f"  {exe} flush --socket {sock}"]
+        bound = daemon.metrics_server.bound
+        if bound:
+            lines.append(f"  curl -s http://{bound}/metrics | grep ^flamed_")
+        print("\n".join(lines), file=self.stdout, flush=True)
+
+
+def _under_systemd() -> bool:
+    # NOTIFY_SOCKET for Type=notify units, INVOCATION_ID for every unit systemd starts.
+    return bool(os.environ.get("NOTIFY_SOCKET") or os.environ.get("INVOCATION_ID"))
+
+
+def _own_command() -> str:
+    """How this flamed was started, to be typed again: ``.venv/bin/flamed`` from a checkout."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if os.path.basename(argv0) == "flamed" and os.path.exists(argv0):
+        path = os.path.abspath(argv0)
+        rel = os.path.relpath(path)
+        # Relative to here when it is below here (what `make run` users type), else absolute.
+        return shlex.quote(rel if not rel.startswith("..") else path)
+    return f"{shlex.quote(sys.executable)} -m flamed"
 
 
 def _activation_fd() -> int | None:

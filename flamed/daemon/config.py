@@ -131,9 +131,19 @@ class ControlConfig:
     allowed_users: tuple[str, ...] = ()
     #: Groups (names or gids) whose members (primary or supplementary) are allowed.
     allowed_groups: tuple[str, ...] = ("flamed",)
-    #: Clients served at once; more get a "busy" error.
+    #: Requests served at once (counted once the request line has arrived); more get a "busy" error.
     max_clients: int = 16
-    #: Seconds a client has to send its request line, and per send of the response.
+    #: Connections open at once, waiting for their request line or being served; more get "busy".
+    #: A connection that sends nothing costs a descriptor until ``request_timeout``, not a thread.
+    max_connections: int = 256
+    #: Connections one non-root uid may have open at once; more get "busy" (0 = no limit).
+    max_connections_per_uid: int = 8
+    #: Of ``max_clients`` and ``max_connections``, this many are only for root (at most
+    #: ``max_clients - 1``), so other users together can never lock root out.
+    reserved_for_root: int = 2
+    #: Seconds from connect to a complete request line; clients write it at once.
+    request_timeout: float = 1.0
+    #: Seconds per send of the response.
     client_timeout: float = 5.0
 
 
@@ -221,6 +231,10 @@ _RANGES: dict[str, tuple[float, float]] = {
     "snapshot.max_next_seconds": (0.05, 86400),
     "control.socket_mode": (0, 0o777),
     "control.max_clients": (1, 1024),
+    "control.max_connections": (1, 4096),
+    "control.max_connections_per_uid": (0, 4096),
+    "control.reserved_for_root": (0, 1024),
+    "control.request_timeout": (0.01, 3600),
     "control.client_timeout": (0.01, 3600),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -242,6 +256,7 @@ _SECOND_KEYS = {
     "snapshot.ring_seconds",
     "snapshot.max_next_seconds",
     "control.client_timeout",
+    "control.request_timeout",
 }
 
 
@@ -369,6 +384,18 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str | None = None) -> Da
     return cfg
 
 
+def _decode_toml(file: str, data: bytes) -> str:
+    """The file's text; TOML is UTF-8, and tomllib's own decode error would be a bare traceback."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(f"{file}: not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} "
+                          f"(line {line}, column {col}); TOML files must be UTF-8: re-save the file "
+                          "as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
 def load_config(path: str | None = None, *, overrides: Mapping[str, Any] | None = None,
                 missing_ok: bool | None = None) -> DaemonConfig:
     """Read and validate the config file, then apply ``overrides``.
@@ -382,15 +409,18 @@ def load_config(path: str | None = None, *, overrides: Mapping[str, Any] | None 
         missing_ok = not explicit
     try:
         with open(file, "rb") as f:
-            raw = tomllib.load(f)
+            data = f.read()
+        raw = tomllib.loads(_decode_toml(file, data))
     except FileNotFoundError:
         if not missing_ok:
             raise ConfigError(f"{file}: no such config file") from None
         cfg = DaemonConfig()
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{file}: not valid TOML: {e}") from None
-    except (PermissionError, IsADirectoryError) as e:
-        raise ConfigError(f"{file}: cannot read: {e.strerror}") from None
+    except OSError as e:
+        # Any read error (EACCES, EISDIR, EIO...) is a config error: exit 2 at start
+        # (a restart would not help), running config kept on reload.
+        raise ConfigError(f"{file}: cannot read: {e.strerror or e}") from None
     else:
         try:
             cfg = config_from_dict(raw, source=os.path.abspath(file))

@@ -1,10 +1,17 @@
 """The Unix control socket: accept, authenticate by peer credentials, serve.
 
-One accept thread; one thread per client, at most ``max_clients`` at once
-(more get a ``busy`` error and are closed).  Every read and every send has
-the per-client timeout, so a client that sends nothing, sends slowly or stops
-reading costs one thread for at most that long and never holds a lock the
-drain needs.  The request handler (the daemon) runs in the client's thread.
+One thread accepts connections and reads their request lines, all of them
+at once (non-blocking, one selector); only a complete request takes one of
+the ``max_clients`` serving threads.  So a connection that sends nothing costs
+a descriptor for at most ``request_timeout``, never a serving slot: idle
+connections from the socket's group cannot make root's ``flamed status`` wait
+or get ``busy``.  Limits, each answered with a ``busy`` error at once:
+``max_connections`` in all, ``max_connections_per_uid`` for each non-root uid
+(SO_PEERCRED), and ``reserved_for_root`` of the connections and of the serving
+slots that only root may use.  Every send has the per-client timeout, so a
+client that stops reading costs one thread for at most that long and never
+holds a lock the drain needs.  The request handler (the daemon) runs in the
+serving thread.
 
 Who may talk: root, the uids in ``allowed_users``, and members (primary or
 supplementary group, from SO_PEERCRED and SO_PEERGROUPS) of
@@ -19,6 +26,7 @@ import grp
 import logging
 import os
 import pwd
+import selectors
 import socket
 import stat
 import struct
@@ -29,7 +37,7 @@ from dataclasses import dataclass
 
 from flamed.daemon.config import ControlConfig
 from flamed.daemon.metrics import DaemonMetrics
-from flamed.daemon.protocol import MAX_REQUEST_BYTES, ProtocolError, error_header
+from flamed.daemon.protocol import EXPECTED_REQUEST, MAX_REQUEST_BYTES, ProtocolError, error_header
 from flamed.errors import FlamedError
 
 log = logging.getLogger("flamed.daemon")
@@ -98,7 +106,10 @@ class ControlServer:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._active = 0
+        self._active = 0  # requests being served (threads)
+        self._open = 0  # connections: waiting for their request line or being served
+        self._per_uid: dict[int, int] = {}  # open connections by uid
+        self._pending: dict[int, _Pending] = {}  # fd -> connection still sending its request (accept thread only)
         self._lock = threading.Lock()
         self._clients: set[threading.Thread] = set()
         self.path: str | None = None
@@ -148,7 +159,9 @@ class ControlServer:
             except OSError:
                 os.unlink(path)
             else:
-                raise FlamedError(f"another daemon is listening on {path}; stop it or choose another control.socket")
+                # exit 2 like every refusal a restart would not cure (RestartPreventExitStatus=2 3)
+                raise FlamedError(f"another daemon is listening on {path}; stop it or choose another control.socket",
+                                  exit_code=2)
             finally:
                 probe.close()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -198,66 +211,197 @@ class ControlServer:
         return self._active
 
     # -- serving ---------------------------------------------------------
+    @property
+    def connections(self) -> int:
+        """Connections open: waiting for their request line or being served."""
+        return self._open
+
+    def _reserve(self) -> int:
+        return min(self.config.reserved_for_root, self.config.max_clients - 1)
+
     def _accept_loop(self) -> None:
         assert self._sock is not None
         sock = self._sock
-        while not self._stop.is_set():
+        sock.setblocking(False)
+        sel = selectors.DefaultSelector()
+        sel.register(sock, selectors.EVENT_READ)
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                self._expire(sel, now)
+                wait = 0.5  # check for stop twice a second
+                if self._pending:
+                    wait = max(0.0, min(wait, min(p.deadline for p in self._pending.values()) - now))
+                for key, _ in sel.select(wait):
+                    if key.fileobj is sock:
+                        self._accept_ready(sel, sock)
+                    else:
+                        self._read_ready(sel, key.fd)
+        finally:
+            for p in list(self._pending.values()):
+                self._drop_pending(sel, p)
+                with contextlib.suppress(OSError):
+                    p.conn.close()
+            sel.close()
+
+    def _accept_ready(self, sel: selectors.BaseSelector, sock: socket.socket) -> None:
+        for _ in range(64):  # then read the pending requests again: a burst must not starve them
             try:
                 conn, _ = sock.accept()
-            except TimeoutError:
-                continue
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError as e:
                 if self._stop.is_set():
                     return
                 log.warning("control socket accept failed: %s", e.strerror or e)
-                time.sleep(0.1)  # EMFILE and friends: do not spin
-                continue
-            with self._lock:
-                full = self._active >= self.config.max_clients
-                if not full:
-                    self._active += 1
-                    self.metrics.clients.set(self._active)
-            if full:
-                self.metrics.requests.labels(request="unknown", result="busy").inc()
-                self._refuse(conn, f"daemon busy: {self.config.max_clients} clients already connected "
-                             "(control.max_clients); retry later", "busy")
-                continue
-            t = threading.Thread(target=self._serve, args=(conn,), name="flamed-client", daemon=True)
-            self._clients.add(t)
-            t.start()
-
-    def _refuse(self, conn: socket.socket, message: str, code: str) -> None:
-        with contextlib.suppress(OSError):
-            conn.settimeout(0.2)
-            conn.sendall(error_header(message, code))
-        # Closing a Unix socket with the client's request still unread makes the kernel
-        # reset the connection, and the client gets ECONNRESET instead of the error above:
-        # consume what has already arrived first (without waiting: this may run in the accept loop).
-        with contextlib.suppress(OSError):
+                time.sleep(0.1)  # EMFILE and friends: do not spin (pending requests time out and free fds)
+                return
             conn.setblocking(False)
-            for _ in range(16):
-                if not conn.recv(65536):
-                    break
-        with contextlib.suppress(OSError):
-            conn.close()
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            conn.settimeout(self.config.client_timeout)
-            peer = peer_credentials(conn)
+            try:
+                peer = peer_credentials(conn)
+            except OSError:
+                conn.close()
+                continue
             if not self.allowed(peer):
                 log.info("control socket: refused uid %d gid %d (pid %d): not root, not in control.allowed_users "
                          "or control.allowed_groups", peer.uid, peer.gid, peer.pid)
                 self.metrics.requests.labels(request="unknown", result="denied").inc()
                 self._refuse(conn, f"permission denied for uid {peer.uid}: not in control.allowed_users "
                              "or control.allowed_groups", "denied")
-                return
-            try:
-                line = self._read_line(conn)
-            except ProtocolError as e:
-                self.metrics.requests.labels(request="unknown", result=e.code).inc()
-                self._refuse(conn, str(e), e.code)
-                return
+                continue
+            refusal = self._admit(peer)
+            if refusal is not None:
+                self.metrics.requests.labels(request="unknown", result="busy").inc()
+                self._refuse(conn, refusal, "busy")
+                continue
+            p = _Pending(conn, peer, time.monotonic() + self.config.request_timeout)
+            self._pending[conn.fileno()] = p
+            sel.register(conn, selectors.EVENT_READ)
+
+    def _admit(self, peer: Peer) -> str | None:
+        """Count a new connection of ``peer``, or say why it is refused."""
+        cfg = self.config
+        with self._lock:
+            if self._open >= cfg.max_connections:
+                return (f"daemon busy: {cfg.max_connections} connections already open "
+                        "(control.max_connections); retry later")
+            if peer.uid != 0:
+                if self._open >= cfg.max_connections - min(cfg.reserved_for_root, cfg.max_connections - 1):
+                    return (f"daemon busy: the last {cfg.reserved_for_root} of control.max_connections "
+                            f"({cfg.max_connections}) are kept for root; retry later")
+                n = self._per_uid.get(peer.uid, 0)
+                if cfg.max_connections_per_uid and n >= cfg.max_connections_per_uid:
+                    return (f"daemon busy: uid {peer.uid} already has {n} connections open "
+                            "(control.max_connections_per_uid); close some or retry later")
+            self._open += 1
+            self._per_uid[peer.uid] = self._per_uid.get(peer.uid, 0) + 1
+        return None
+
+    def _release(self, peer: Peer, served: bool) -> None:
+        with self._lock:
+            self._open -= 1
+            n = self._per_uid.get(peer.uid, 0) - 1
+            if n > 0:
+                self._per_uid[peer.uid] = n
+            else:
+                self._per_uid.pop(peer.uid, None)
+            if served:
+                self._active -= 1
+                self.metrics.clients.set(self._active)
+
+    def _drop_pending(self, sel: selectors.BaseSelector, p: _Pending) -> None:
+        self._pending.pop(p.fd, None)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            sel.unregister(p.conn)
+        self._release(p.peer, served=False)
+
+    def _expire(self, sel: selectors.BaseSelector, now: float) -> None:
+        late = [p for p in self._pending.values() if p.deadline <= now]
+        for p in late:
+            self._drop_pending(sel, p)
+            self.metrics.requests.labels(request="unknown", result="timeout").inc()
+            self._refuse(p.conn, f"no complete request line within {self.config.request_timeout:g} s "
+                         "(control.request_timeout); send one JSON line at once, such as "
+                         "{\"request\": \"status\"}", "timeout")
+
+    def _read_ready(self, sel: selectors.BaseSelector, fd: int) -> None:
+        p = self._pending.get(fd)
+        if p is None:
+            return
+        try:
+            chunk = p.conn.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            log.debug("control client went away: %s", e)
+            self._drop_pending(sel, p)
+            p.conn.close()
+            return
+        line: bytes | None = None
+        error: ProtocolError | None = None
+        if not chunk:
+            if p.buf.strip():
+                line = bytes(p.buf)  # EOF ends the line too (shutdown(SHUT_WR) clients)
+            else:
+                error = ProtocolError("empty request; " + EXPECTED_REQUEST, "bad_request")
+        else:
+            nl = chunk.find(b"\n")
+            p.buf += chunk if nl < 0 else chunk[:nl]
+            if len(p.buf) > MAX_REQUEST_BYTES:
+                error = ProtocolError(f"request longer than {MAX_REQUEST_BYTES} bytes", "too_large")
+            elif nl >= 0:
+                line = bytes(p.buf)
+        if line is None and error is None:
+            return  # more to come
+        self._drop_pending(sel, p)
+        if error is not None:
+            self.metrics.requests.labels(request="unknown", result=error.code).inc()
+            self._refuse(p.conn, str(error), error.code)
+            return
+        assert line is not None
+        self._dispatch(p.conn, p.peer, line)
+
+    def _dispatch(self, conn: socket.socket, peer: Peer, line: bytes) -> None:
+        cfg = self.config
+        with self._lock:
+            limit = cfg.max_clients if peer.uid == 0 else cfg.max_clients - self._reserve()
+            full = self._active >= limit
+            if not full:
+                self._active += 1
+                self._open += 1  # the serving thread releases it
+                self._per_uid[peer.uid] = self._per_uid.get(peer.uid, 0) + 1
+                self.metrics.clients.set(self._active)
+        if full:
+            self.metrics.requests.labels(request="unknown", result="busy").inc()
+            self._refuse(conn, f"daemon busy: {cfg.max_clients} requests already being served "
+                         "(control.max_clients)" + ("" if peer.uid == 0 else
+                                                    f", {self._reserve()} of them kept for root")
+                         + "; retry later", "busy")
+            return
+        t = threading.Thread(target=self._serve, args=(conn, peer, line), name="flamed-client", daemon=True)
+        self._clients.add(t)
+        t.start()
+
+    def _refuse(self, conn: socket.socket, message: str, code: str) -> None:
+        # Runs in the accept thread: never wait on the client.  A fresh socket's
+        # buffer always holds one error line.
+        with contextlib.suppress(OSError):
+            conn.setblocking(False)
+            conn.send(error_header(message, code))
+        # Closing a Unix socket with the client's request still unread makes the kernel
+        # reset the connection, and the client gets ECONNRESET instead of the error above:
+        # consume what has already arrived first (without waiting).
+        with contextlib.suppress(OSError):
+            for _ in range(16):
+                if not conn.recv(65536):
+                    break
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def _serve(self, conn: socket.socket, peer: Peer, line: bytes) -> None:
+        try:
+            conn.setblocking(True)
+            conn.settimeout(self.config.client_timeout)
             for chunk in self.handler(line, peer):
                 conn.sendall(chunk)
         except TimeoutError:
@@ -269,38 +413,8 @@ class ControlServer:
         finally:
             with contextlib.suppress(OSError):
                 conn.close()
-            with self._lock:
-                self._active -= 1
-                self.metrics.clients.set(self._active)
+            self._release(peer, served=True)
             self._clients.discard(threading.current_thread())
-
-    def _read_line(self, conn: socket.socket) -> bytes:
-        buf = bytearray()
-        deadline = time.monotonic() + self.config.client_timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ProtocolError(f"no complete request line within {self.config.client_timeout:g} s", "timeout")
-            conn.settimeout(left)
-            try:
-                chunk = conn.recv(65536)
-            except TimeoutError:
-                raise ProtocolError(f"no complete request line within {self.config.client_timeout:g} s",
-                                    "timeout") from None
-            if not chunk:
-                if buf.strip():
-                    return bytes(buf)  # EOF ends the line too (shutdown(SHUT_WR) clients)
-                raise ProtocolError("empty request", "bad_request")
-            nl = chunk.find(b"\n")
-            if nl >= 0:
-                buf += chunk[:nl]
-                if len(buf) > MAX_REQUEST_BYTES:
-                    raise ProtocolError(f"request longer than {MAX_REQUEST_BYTES} bytes", "too_large")
-                conn.settimeout(self.config.client_timeout)
-                return bytes(buf)
-            buf += chunk
-            if len(buf) > MAX_REQUEST_BYTES:
-                raise ProtocolError(f"request longer than {MAX_REQUEST_BYTES} bytes", "too_large")
 
     def allowed(self, peer: Peer) -> bool:
         if peer.uid in self.allowed_uids:
@@ -308,3 +422,16 @@ class ControlServer:
         if peer.gid in self.allowed_gids:
             return True
         return any(g in self.allowed_gids for g in peer.groups)
+
+
+class _Pending:
+    """A connection whose request line has not fully arrived (owned by the accept thread)."""
+
+    __slots__ = ("conn", "fd", "peer", "deadline", "buf")
+
+    def __init__(self, conn: socket.socket, peer: Peer, deadline: float) -> None:
+        self.conn = conn
+        self.fd = conn.fileno()
+        self.peer = peer
+        self.deadline = deadline
+        self.buf = bytearray()

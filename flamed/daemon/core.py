@@ -47,6 +47,7 @@ from flamed.daemon.protocol import (
 )
 from flamed.daemon.ring import RingWindow, WindowRing
 from flamed.daemon.samplers import make_sampler
+from flamed.daemon.statelock import StateDirLock
 from flamed.daemon.store import ProfileStore
 from flamed.errors import ConfigError, FlamedError
 from flamed.outputs import OutputOptions
@@ -78,6 +79,7 @@ class Daemon:
         listen_fd: int | None = None,
         manage_logging: bool = False,
         processor_classes: list[type[WindowProcessor]] | None = None,
+        on_ready: Callable[[Daemon], None] | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -88,10 +90,12 @@ class Daemon:
         self.manage_logging = manage_logging
         # None: the processors discovered in flamed/daemon/processors/ (tests pass their own).
         self.processor_classes = processor_classes
+        self.on_ready = on_ready  # called once everything is up (the CLI prints the client commands)
         self.metrics = DaemonMetrics()
         self.registry = self.metrics.registry
         self.ring = WindowRing(config.snapshot.ring_seconds, config.snapshot.ring_max_stacks, clock_ns=clock_ns)
         self.store = ProfileStore(config.output, config.retention, self.metrics, clock_ns=clock_ns)
+        self.state_lock = StateDirLock(self.store.dir)
         self.metrics_server = MetricsServer(self.registry)
         self.control = ControlServer(config.control, self.handle_request, self.metrics, listen_fd=listen_fd)
         self.sampler: Sampler | None = None
@@ -164,10 +168,16 @@ class Daemon:
         # Every value is checked before anything compiles (the BPF program takes
         # seconds): a bad [processors.*] value is a config error (exit 2) at once.
         procs = self._processor_options(cfg)
-        self.store.recover()
-        self.store.apply_retention()
-        self.sampler = self.sampler_factory(cfg)
-        self.sampler.start()
+        # Before recovery: it deletes temp files and sidecars another daemon may be writing.
+        self.state_lock.acquire()
+        try:
+            self.store.recover()
+            self.store.apply_retention()
+            self.sampler = self.sampler_factory(cfg)
+            self.sampler.start()
+        except BaseException:
+            self.state_lock.release()
+            raise
         try:
             self._start_processors(cfg, procs)
             _release_heap()  # after every compile (sampler, Python clock)
@@ -187,6 +197,8 @@ class Daemon:
         log.info("flamed %s sampling at %d Hz, drain every %g s, files every %g s in %s",
                  __version__, cfg.sampling.frequency, cfg.sampling.drain_interval,
                  cfg.output.rotate_interval, self.store.dir)
+        if self.on_ready is not None:
+            self.on_ready(self)
 
     def run(self) -> int:
         """Start, loop until stopped, write everything, return the exit code."""
@@ -306,6 +318,8 @@ class Daemon:
         if self.sampler is not None:
             self.sampler.close()
         self.metrics_server.stop()
+        # Last: everything that writes into the state directory is done.
+        self.state_lock.release()
 
     # -- drain -----------------------------------------------------------
     def _drain_once(self, *, rotate_now: bool = False, final: bool = False) -> None:
@@ -451,12 +465,32 @@ class Daemon:
             log.error("reload: invalid configuration, keeping the running one: %s", e)
             self.notifier.ready(self._status_line())
             return
+        except Exception:
+            # A bug in reading the file must not take a running daemon down with it.
+            self.metrics.reloads.labels(result="error").inc()
+            log.exception("reload: reading the configuration failed, keeping the running one")
+            self.notifier.ready(self._status_line())
+            return
+        new_lock: StateDirLock | None = None
         try:
+            if os.path.abspath(new.output.state_dir) != self.store.dir:
+                # The new directory must be ours before anything else changes.
+                new_lock = StateDirLock(new.output.state_dir)
+                try:
+                    os.makedirs(new_lock.directory, mode=0o755, exist_ok=True)
+                except OSError as e:
+                    raise FlamedError(f"cannot create state directory {new_lock.directory}: {e.strerror}") from None
+                new_lock.acquire()
             self._apply(new, procs)
         except FlamedError as e:
+            if new_lock is not None:
+                new_lock.release()
             self.metrics.reloads.labels(result="error").inc()
-            log.error("reload: %s", e)
+            log.error("reload: %s; keeping the running configuration", e)
         else:
+            if new_lock is not None:
+                self.state_lock.release()
+                self.state_lock = new_lock
             self.metrics.reloads.labels(result="ok").inc()
             log.info("reloaded configuration from %s", new.source or "defaults")
         self.notifier.ready(self._status_line())

@@ -73,9 +73,18 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
     if len(line) > MAX_REQUEST_BYTES:
         raise ProtocolError(f"request longer than {MAX_REQUEST_BYTES} bytes", "too_large")
     try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError) as e:  # ValueError: also int() of >4300 digits, not only JSONDecodeError
-        raise ProtocolError(f"request is not valid JSON: {e}") from None
+        # Decoded here, not by json.loads: given bytes it guesses UTF-16/32 from NUL
+        # bytes, and binary garbage then reads as "'utf-16-be' codec can't decode".
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"request is not UTF-8 text (byte 0x{line[e.start]:02x} at offset {e.start}); "
+                            f"{EXPECTED_REQUEST}") from None
+    try:
+        obj = json.loads(text.removeprefix("\ufeff"), parse_int=_parse_int, parse_constant=_parse_constant)
+    except json.JSONDecodeError as e:
+        raise ProtocolError(f"request is not valid JSON ({e.msg} at offset {e.pos}); {EXPECTED_REQUEST}") from None
+    except RecursionError:
+        raise ProtocolError(f"request is nested too deeply; {EXPECTED_REQUEST}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("request must be a JSON object such as {\"request\": \"status\"}")
     kind = obj.get("request")
@@ -129,6 +138,25 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
             title=title,
         ),
     )
+
+
+#: What every bad_request message ends with: what the daemon expected instead.
+EXPECTED_REQUEST = 'expected one line holding a JSON object such as {"request": "status"} (see docs/protocol.md)'
+#: Longer integer literals are refused before int() reads them: no field takes one
+#: (ids are below 2**32), and Python's own limit (4300 digits) has an unhelpful message.
+MAX_INT_DIGITS = 20
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise ProtocolError(f"request holds an integer of {digits} digits; pid, tgid and tid take integers in "
+                            f"[0, 2^32) and seconds/next a number of seconds (see docs/protocol.md)")
+    return int(text)
+
+
+def _parse_constant(name: str) -> float:
+    raise ProtocolError(f"request holds {name}, which is not a JSON number; {EXPECTED_REQUEST}")
 
 
 def _number(obj: dict[str, Any], key: str) -> float | None:

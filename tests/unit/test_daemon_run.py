@@ -165,7 +165,7 @@ def test_flush_rotates_now(tmp_path: Path) -> None:
 
 def test_bad_clients_get_errors_and_do_not_stall_others(tmp_path: Path) -> None:
     # the silent clients must hold their slots through the checks below, even on a loaded machine
-    cfg = fast_config(tmp_path, control={"client_timeout": 8.0, "max_clients": 3})
+    cfg = fast_config(tmp_path, control={"client_timeout": 8.0, "request_timeout": 8.0, "max_connections": 3})
     with running_daemon(cfg, sampler_factory=fake_factory([])) as d:
         sock = str(tmp_path / "flamed.sock")
 
@@ -180,7 +180,7 @@ def test_bad_clients_get_errors_and_do_not_stall_others(tmp_path: Path) -> None:
         assert err(b"x" * (70 * 1024) + b"\n")["code"] == "too_large"
         assert err(b'{"request":"snapshot","frame":"(a+)+$"}\n')["code"] == "bad_request"
         assert err(b"\n")["code"] == "bad_request"
-        # two silent clients hold two of three slots; a third client is still served at once
+        # two silent clients hold two of three connections; a third client is still served at once
         silent = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
         for s in silent:
             s.connect(sock)
@@ -190,11 +190,11 @@ def test_bad_clients_get_errors_and_do_not_stall_others(tmp_path: Path) -> None:
             with pytest.raises(BlockingIOError):
                 s.recv(1)
             s.setblocking(True)
-        # a fourth connection while three are busy is told so
+        # a fourth connection while three are open is told so
         third = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         third.connect(sock)
         deadline = time.monotonic() + 5
-        while d.control.active < 3 and time.monotonic() < deadline:
+        while d.control.connections < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         with pytest.raises(DaemonError) as e:
             request(sock, {"request": "status"})
@@ -221,7 +221,7 @@ def test_metrics_over_http_pass_promtool_and_match_files(tmp_path: Path) -> None
 
     def written() -> tuple[int, int, int]:
         w, samples, n = files_total(prof)
-        size = sum(f.stat().st_size for f in prof.iterdir() if not f.is_symlink())
+        size = sum(f.stat().st_size for f in prof.iterdir() if not f.is_symlink() and f.name != ".flamed.lock")
         return n, size, samples
 
     with running_daemon(fast_config(tmp_path), sampler_factory=fake_factory(samplers)) as d:
