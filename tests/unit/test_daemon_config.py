@@ -35,7 +35,8 @@ def test_dev_config_is_valid_and_local() -> None:
     cfg = load_config(str(ROOT / "packaging" / "flamed.dev.toml"))
     assert cfg.output.state_dir == "./var/profiles"
     assert cfg.control.socket == "./var/flamed.sock"
-    assert cfg.metrics.address == "127.0.0.1:9752"
+    # its own port: `make run` beside an installed daemon (9752) must not fail to bind
+    assert cfg.metrics.address == "127.0.0.1:9753"
 
 
 @pytest.mark.parametrize(
