@@ -532,6 +532,7 @@ class BpfSampler:
         self._py_described: set[int] = set()
         self._fsbase_offset = -1
         self._py_forget: set[int] = set()  # exited: dropped after the next drain
+        self._py_retry_lock = threading.Lock()
         self._clock = clock
         self._symbolizer = symbolizer
         self._lock = threading.RLock()
@@ -713,7 +714,8 @@ class BpfSampler:
         if res is True:
             # Gently growing: the interpreter of a new process is ready
             # within milliseconds, an embedded one maybe much later.
-            self._py_retry.append((time.monotonic() + delay, tgid, min(delay * 1.25, self.PY_RETRY_MAX_S)))
+            with self._py_retry_lock:
+                self._py_retry.append((time.monotonic() + delay, tgid, min(delay * 1.25, self.PY_RETRY_MAX_S)))
             return
         with self._lock:
             if self._bpf is None or self._closed:
@@ -734,15 +736,31 @@ class BpfSampler:
 
     def _py_retry_due(self) -> None:
         now = time.monotonic()
-        n = len(self._py_retry)
-        for _ in range(n):
-            if not self._py_retry or self._py_retry[0][0] > now:
-                break
-            _due, tgid, delay = self._py_retry.popleft()
+        with self._py_retry_lock:
+            due = [r for r in self._py_retry if r[0] <= now]
+            self._py_retry = deque(sorted(r for r in self._py_retry if r[0] > now))
+        for _due, tgid, delay in due:
             self._py_describe(tgid, delay)
-        # Keep due order: retries appended with different delays.
-        if len(self._py_retry) > 1:
-            self._py_retry = deque(sorted(self._py_retry))
+
+    def python_claim(self, tgid: int) -> tuple[bool | None, str]:
+        """Does the program read ``tgid``'s Python frames itself?  ``(True,
+        "walked")``; ``(False, reason)`` (then py-spy may); ``(None, "")``: not
+        ready yet, ask again.  Probes the process now if it has not been."""
+        py = self._python
+        if py is None:
+            return False, "bpf_walker_off"
+        if tgid in self._py_described:
+            return True, "walked"
+        if py.verdict(tgid) is None:
+            self._py_describe(tgid, 0.002)
+            if tgid in self._py_described:
+                return True, "walked"
+        v = py.verdict(tgid)
+        if v in (None, "pending"):
+            return None, ""
+        if v == "bpf":
+            return True, "walked"
+        return False, str(v)
 
     def _on_py_new(self, _cpu: int, data: Any, size: int) -> None:
         if size >= _PY_NEW.size:

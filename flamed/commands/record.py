@@ -37,11 +37,13 @@ class RecordCommand(Command):
     flamed record [options] -- COMMAND ARGS...
 
     Run as root with BPF, this is mixed mode: the BPF sampler takes every sample
-    (native and kernel stacks, CLOCK_MONOTONIC time) and py-spy names the Python
-    frames running on the same thread at that instant; each output stack reads
+    (native and kernel stacks) and, for CPython 3.8-3.13, reads the Python
+    frames of the interrupted thread at the same instant; each output stack reads
     `python frames;native frames below the interpreter;kernel frames_[k]`.
-    Samples are weighted by the BPF sampler only.  Without BPF it falls back to
-    py-spy alone (Python frames only) and says so.
+    Interpreters the BPF program cannot read get py-spy (its frames joined by
+    time), and --pyspy forces that for all.  Samples are weighted by the BPF
+    sampler only.  Without BPF it falls back to py-spy alone (Python frames
+    only) and says so.
 
     With a COMMAND it runs it, stops when it exits and returns its exit code;
     --subprocesses also records its Python descendants.  Ctrl-C (or SIGTERM)
@@ -68,7 +70,11 @@ class RecordCommand(Command):
         parser.add_argument("--subprocesses", action="store_true", help="also record Python descendants")
         parser.add_argument("--root", choices=("none", "comm", "pid", "tid"), default=None,
                             help="root frame naming the task (default: none; pid with --subprocesses)")
-        parser.add_argument("--pyspy", default=None, help="py-spy binary (default: next to python, else PATH)")
+        parser.add_argument("--pyspy", nargs="?", const="", default=None, metavar="BINARY",
+                            help="Python frames from py-spy (joined by time) instead of the BPF program's own "
+                                 "reading, optionally with that py-spy binary")
+        parser.add_argument("--pyspy-binary", default=None,
+                            help="py-spy binary for interpreters BPF cannot read (default: next to python, else PATH)")
         parser.add_argument("--pyspy-rate", type=int, default=100,
                             help=f"py-spy samples per second, 1..{MAX_RATE} (default 100)")
         parser.add_argument("--blocking", action="store_true",
@@ -102,19 +108,21 @@ class RecordCommand(Command):
         if args.duration is not None and args.duration <= 0:
             raise UsageError("-d/--duration must be positive")
         fmt = outputs.choose(args.format, args.output)
-        pyspy_opts = PySpyOptions(binary=args.pyspy, rate=args.pyspy_rate, nonblocking=not args.blocking,
+        force_pyspy = args.pyspy is not None
+        pyspy_bin = args.pyspy or args.pyspy_binary or None
+        pyspy_opts = PySpyOptions(binary=pyspy_bin, rate=args.pyspy_rate, nonblocking=not args.blocking,
                                   idle=not args.no_idle, native=args.native,
                                   # one window for the whole recording: the trace arrives at the end
                                   window_s=(args.duration or 0) + 3600.0, max_children=32,
                                   # the user named these processes: no reason to wait
                                   min_age_s=0.0)
-        if find_pyspy(args.pyspy) is None:
+        if find_pyspy(pyspy_bin) is None and (force_pyspy or args.no_bpf):
             self.warn("py-spy not found: recording native and kernel stacks only")
         with _signals_interrupt():
             try:
                 if not args.no_bpf:
                     self.warn("loading the BPF programs (compiling takes a few seconds)")
-                sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(args.rate)
+                sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(args.rate, not force_pyspy)
             except KeyboardInterrupt:
                 # Nothing recorded yet: the output says so rather than not existing.
                 self._write(args, fmt, Profile(labels={"unit": "samples", "source": "flamed record"}))
@@ -125,13 +133,13 @@ class RecordCommand(Command):
             return self._mixed(args, cmd, sampler, pyspy_opts, fmt)
 
     # -- mixed mode ---------------------------------------------------------
-    def _bpf_sampler(self, rate: int) -> tuple[Any, str]:
+    def _bpf_sampler(self, rate: int, python: bool) -> tuple[Any, str]:
         try:
             from flamed.bpfsampler import BpfSampler, BpfSamplerOptions  # noqa: PLC0415
         except ImportError as e:
             return None, str(e)
         try:
-            s = BpfSampler(BpfSamplerOptions(frequency=rate, pids=frozenset()))
+            s = BpfSampler(BpfSamplerOptions(frequency=rate, pids=frozenset(), python=python))
             s.start()
         except FlamedError as e:
             return None, str(e).splitlines()[0]
@@ -164,7 +172,8 @@ class RecordCommand(Command):
                 )
                 # Everything that compiles (BPF) is ready before the command starts,
                 # so a short command is recorded from its first samples.
-                mixed = MixedMode(sampler, opts, on_process=found)
+                claim = getattr(sampler, "python_claim", None) if sampler.python_frames is not None else None
+                mixed = MixedMode(sampler, opts, on_process=found, claim=claim)
                 mixed.start()
                 target = args.pid
                 if target is not None and not _alive(target):
@@ -207,14 +216,23 @@ class RecordCommand(Command):
             sampler.close()
             if child is not None:
                 rc = self._finish_child(child, interrupted)
-        if mixed is not None and pythons:
+        by_bpf = {pid for pid, (src, _) in mixed.decided.items() if src == "bpf"} if mixed is not None else set()
+        by_pyspy = pythons - by_bpf
+        if mixed is not None and by_bpf:
+            total = sum(n for (tgid, _t, _c, _s), n in counts.items() if tgid in by_bpf)
+            named = sum(n for (tgid, _t, _c, s), n in counts.items()
+                        if tgid in by_bpf and any(".py:" in f for f in s))
+            self.warn(f"{total} samples of {len(by_bpf)} Python process(es) read in BPF, {named} with Python frames")
+        if mixed is not None and by_pyspy:
             st = mixed.stats
             total = st.matched + st.unmatched
             calib = mixed.counters.get("runs_calibrated", 0)
-            self.warn(f"{total} Python samples, {st.matched} with Python frames, {st.unmatched} without; "
-                      f"{calib} py-spy run(s) calibrated by uprobe ({mixed.counters.get('runs_read_times', 0)} with read times); "
+            why = sorted({r for pid, (src, r) in mixed.decided.items() if pid in by_pyspy and src != "bpf"})
+            self.warn(f"{total} Python samples by py-spy ({', '.join(why) or 'py-spy'}), {st.matched} with Python "
+                      f"frames, {st.unmatched} without; {calib} py-spy run(s) calibrated by uprobe "
+                      f"({mixed.counters.get('runs_read_times', 0)} with read times); "
                       f"py-spy failures: {_failures(mixed)}")
-        elif mixed is not None:
+        if mixed is not None and not pythons:
             self.warn("no Python process was found: native and kernel stacks only")
         profile = self._profile(args, samples, counts, sampler)
         self._write(args, fmt, profile)

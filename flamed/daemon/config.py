@@ -63,6 +63,15 @@ class SamplingConfig:
     prime_new_processes: bool = True
     #: At most this many of those reads per second (~90 us of CPU each).
     prime_rate: int = 200
+    #: Read the Python frames of CPython 3.8-3.13 processes in the BPF program
+    #: at every sample (needs prime_new_processes).  Processes it cannot read
+    #: (other versions, a layout that fails validation) go to py-spy when
+    #: [processors.python] allows it.
+    python_frames: bool = True
+    #: Python frames kept per stack (a power of 2, 8..512).
+    python_depth: int = 128
+    #: Distinct Python stacks per drain interval (preallocated, ~1.5 KiB each at depth 128, twice).
+    python_stack_map_size: int = 2048
 
 
 @dataclass(frozen=True)
@@ -221,6 +230,8 @@ _RANGES: dict[str, tuple[float, float]] = {
     "sampling.stack_depth": (1, 127),
     "sampling.counts_map_size": (64, 1 << 24),
     "sampling.prime_rate": (1, 1_000_000),
+    "sampling.python_depth": (8, 512),
+    "sampling.python_stack_map_size": (16, 1 << 20),
     "output.rotate_interval": (0.05, 86400),
     "output.backlog_max_bytes": (0, 1 << 40),
     "retention.max_files": (0, 1 << 31),

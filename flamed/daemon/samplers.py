@@ -26,6 +26,9 @@ def bpf_options(cfg: SamplingConfig) -> Any:
         max_entries=cfg.counts_map_size,
         prime=cfg.prime_new_processes,
         prime_rate=cfg.prime_rate,
+        python=cfg.python_frames and cfg.prime_new_processes,
+        python_depth=cfg.python_depth,
+        python_stack_entries=cfg.python_stack_map_size,
     )
     try:
         opts.validate()

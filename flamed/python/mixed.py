@@ -81,8 +81,22 @@ class MixedMode:
     def __init__(self, sampler: Sampler | None, options: MixedOptions | None = None, *,
                  proc_root: str = "/proc", on_process: Callable[[PyProcess], None] | None = None,
                  on_exit: Callable[[int], None] | None = None,
-                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 claim: Callable[[int], tuple[bool | None, str]] | None = None,
+                 pyspy_fallback: bool = True) -> None:
+        """``claim(pid)``: does the BPF sampler read this process's Python frames
+        itself?  ``(True, _)``: yes, no py-spy for it; ``(False, reason)``: no,
+        py-spy it; ``(None, _)``: not decided yet (asked again each tick, for
+        at most CLAIM_WAIT_S).  ``None``: every process gets py-spy."""
         self.options = options or MixedOptions()
+        self._claim = claim
+        self._pyspy_fallback = pyspy_fallback
+        self._deferred: dict[int, tuple[PyProcess, int]] = {}  # pid -> (process, first asked ns)
+        #: pid -> (source, reason): how each Python process found gets its frames
+        #: (``bpf``/``walked``, ``pyspy``/why not BPF, ``none``/why neither).
+        self.sources: dict[int, tuple[str, str]] = {}
+        #: The same for the last MAX_DECIDED processes, exited ones too (for summaries).
+        self.decided: dict[int, tuple[str, str]] = {}
         self.sampler = sampler
         self._now = clock
         self._on_process = on_process
@@ -156,6 +170,8 @@ class MixedMode:
             last = now
             with self._lock:
                 self.watcher.poll(0)
+                if self._deferred:
+                    self._check_deferred()
                 runs = self.supervisor.tick()
                 if runs:
                     self._add_runs(runs)
@@ -197,12 +213,58 @@ class MixedMode:
         if self.clock is not None:
             self.clock.track(pyspy_pid)
 
+    #: How long a process the BPF sampler has not decided on waits before it gets py-spy.
+    CLAIM_WAIT_S = 2.0
+
     def _started(self, proc: PyProcess) -> bool:
+        if self._claim is not None:
+            claimed, reason = self._claim(proc.pid)
+            if claimed is None:
+                self._deferred[proc.pid] = (proc, self._now())
+                return True
+            if claimed:
+                self._by_bpf(proc)
+                return True
+            return self._pyspy_path(proc, reason)
+        return self._pyspy_path(proc, "")
+
+    MAX_DECIDED = 4096
+
+    def _decide(self, pid: int, source: str, reason: str) -> None:
+        self.sources[pid] = self.decided[pid] = (source, reason)
+        if len(self.decided) > self.MAX_DECIDED:
+            del self.decided[next(iter(self.decided))]
+
+    def _by_bpf(self, proc: PyProcess) -> None:
+        self._decide(proc.pid, "bpf", "walked")
+        self.counters["processes_bpf"] += 1
+        if self._on_process is not None:
+            self._on_process(proc)
+
+    def _check_deferred(self) -> None:
+        now = self._now()
+        for pid, (proc, since) in list(self._deferred.items()):
+            assert self._claim is not None
+            claimed, reason = self._claim(pid)
+            if claimed is None and now - since < self.CLAIM_WAIT_S * 1e9:
+                continue
+            del self._deferred[pid]
+            if claimed:
+                self._by_bpf(proc)
+            else:
+                self._pyspy_path(proc, reason or "undecided")
+
+    def _pyspy_path(self, proc: PyProcess, reason: str) -> bool:
+        if not self._pyspy_fallback:
+            self._decide(proc.pid, "none", reason or "pyspy_off")
+            return True
         if self.supervisor.binary is None:
+            self._decide(proc.pid, "none", reason or "no_pyspy")
             # No py-spy: the process keeps native and kernel stacks (counted by
             # the sampler as usual); the reason is counted once per process.
             self.supervisor.failures[Failure.MISSING_BINARY.value] += 1
             return True
+        self._decide(proc.pid, "pyspy", reason or "pyspy_chosen")
         if self.options.active_only:
             self.candidates[proc.pid] = proc
             return True
@@ -219,6 +281,8 @@ class MixedMode:
         return True
 
     def _exited(self, pid: int) -> None:
+        self.sources.pop(pid, None)
+        self._deferred.pop(pid, None)
         self.candidates.pop(pid, None)
         self._idle.pop(pid, None)
         self.supervisor.remove(pid)
@@ -339,6 +403,9 @@ class MixedMode:
             m.update({k: v for k, v in self.counters.items()})
             m["pending_events"] = len(self._pending)
             m["candidates"] = len(self.candidates)
+            for src, why in self.sources.values():
+                k = f"source_{src}:{why}"
+                m[k] = m.get(k, 0) + 1
             m["loop_lag_max_ms"] = self.loop_lag_max_ns // 1_000_000
             if self.clock is not None:
                 for k, v in self.clock.stats().items():

@@ -121,6 +121,8 @@ class PythonFrames:
         self._pending: dict[int, float] = {}  # tgid -> first seen (monotonic), while not ready
         self._said: set[tuple[str, str]] = set()
         self._invalid: dict[int, int] = {}
+        #: pid -> "bpf", "pending" or the code of the refusal ("not_python"...).
+        self._verdicts: dict[int, str] = {}
         #: The program gives (instruction pointer - code address) where the
         #: frame holds a pointer; the symbolizers take the pointer.
         self._ptr_instr: dict[int, bool] = {}
@@ -138,6 +140,7 @@ class PythonFrames:
             self._refuse(tgid, "probe_error", str(e), "")
             return None
         if res is None:
+            self._verdicts[tgid] = "not_python"
             return None
         if not hasattr(res, "pack"):  # a refusal
             if getattr(res, "not_yet", False):
@@ -145,6 +148,7 @@ class PythonFrames:
             code = str(getattr(res, "code", "") or _refusal_code(str(getattr(res, "reason", res))))
             if code in ("not_python", "gone"):
                 self._pending.pop(tgid, None)
+                self._verdicts[tgid] = code
                 return None
             self._refuse(tgid, code, str(getattr(res, "reason", res)), str(getattr(res, "interpreter", "")))
             return None
@@ -167,6 +171,7 @@ class PythonFrames:
             return None
         self._invalid.pop(tgid, None)
         self._pending.pop(tgid, None)
+        self._verdicts[tgid] = "bpf"
         start = _start_time(self._proc_root, tgid) or 0
         sym = self._make_symbolizer(tgid, target)
         version = getattr(target, "version", "")
@@ -187,11 +192,18 @@ class PythonFrames:
         if time.monotonic() - first > self.RETRY_FOR_S:
             self._pending.pop(tgid, None)
             self.stats.gave_up += 1
+            self._verdicts[tgid] = "never_ready"
             return None
+        self._verdicts[tgid] = "pending"
         return True
+
+    def verdict(self, tgid: int) -> str | None:
+        """What :meth:`describe` last decided for ``tgid`` (None: never asked)."""
+        return self._verdicts.get(tgid)
 
     def _refuse(self, tgid: int, code: str, reason: str, interpreter: str) -> None:
         self._pending.pop(tgid, None)
+        self._verdicts[tgid] = code
         self.stats.refused[code] += 1
         key = (interpreter, code)
         if key not in self._said:
@@ -214,6 +226,7 @@ class PythonFrames:
         self._pending.pop(tgid, None)
         self._invalid.pop(tgid, None)
         self._ptr_instr.pop(tgid, None)
+        self._verdicts.pop(tgid, None)
 
     def described(self) -> dict[int, str]:
         with self._lock:

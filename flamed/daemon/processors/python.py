@@ -33,6 +33,10 @@ class PythonProcessorOptions:
     """``[processors.python]``; every key optional.
 
     enabled: mixed mode on (default true; only ever active with the BPF sampler).
+    source: where Python frames come from: "auto" (default: the BPF program reads
+        them for CPython 3.8-3.13, see sampling.python_frames; py-spy only for the
+        processes it cannot read), "bpf" (never py-spy) or "pyspy" (py-spy for every
+        Python process, joined by time, as before the BPF walker).
     pyspy: py-spy binary ("" = next to flamed's python, else PATH).
     rate: py-spy samples per second per process (default 100, max 250).
     nonblocking: py-spy does not pause the target (default true).
@@ -55,6 +59,7 @@ class PythonProcessorOptions:
     """
 
     enabled: bool = True
+    source: str = "auto"
     pyspy: str = ""
     rate: int = 100
     nonblocking: bool = True
@@ -81,6 +86,8 @@ class PythonProcessorOptions:
         def bad(key: str, why: str) -> ConfigError:
             return ConfigError(f"processors.python.{key}: {getattr(self, key)!r} {why}")
 
+        if self.source not in ("auto", "bpf", "pyspy"):
+            raise bad("source", "must be auto, bpf or pyspy")
         if not 1 <= self.rate <= MAX_RATE:
             raise bad("rate", f"is out of range: py-spy samples 1..{MAX_RATE} times a second")
         if self.window_s <= 0:
@@ -140,8 +147,22 @@ class PythonProcessor(WindowProcessor):
     def _start(self, options: PythonProcessorOptions) -> None:
         forget = getattr(self.ctx.sampler, "forget", None)
         self.mixed = MixedMode(self.ctx.sampler, options.mixed(),
-                               on_exit=forget if callable(forget) else None)
+                               on_exit=forget if callable(forget) else None,
+                               claim=self._claim_for(options), pyspy_fallback=options.source != "bpf")
         self.mixed.start()
+
+    def _claim_for(self, options: PythonProcessorOptions) -> Any:
+        """Which Python processes skip py-spy: those the BPF program reads (auto),
+        all (bpf), none (pyspy)."""
+        claim = getattr(self.ctx.sampler, "python_claim", None)
+        walker = getattr(self.ctx.sampler, "python_frames", None) is not None
+        if options.source == "pyspy":
+            return None
+        if claim is not None and walker:
+            return claim
+        if options.source == "bpf":
+            return lambda _pid: (False, "bpf_walker_off")
+        return None
 
     def process(self, window: Window) -> None:
         if self._carry:
@@ -241,8 +262,13 @@ class _Collector(Collector):
         c.add_metric(["uprobe"], m.get("runs_calibrated", 0))
         c.add_metric(["guess"], m.get("runs_uncalibrated", 0))
         yield c
-        g = GaugeMetricFamily("flamed_python_processes", "Python processes watched.")
-        g.add_metric([], m.get("watcher_watched", 0))
+        g = GaugeMetricFamily("flamed_python_processes",
+                              "Python processes found, by where their Python frames come from "
+                              "(bpf, pyspy, none) and why.", labels=["source", "reason"])
+        for k, v in m.items():
+            if k.startswith("source_"):
+                src, _, why = k[len("source_"):].partition(":")
+                g.add_metric([src, why], v)
         yield g
         c = CounterMetricFamily("flamed_python_left_out", "Python processes not watched: max_processes reached.")
         c.add_metric([], m.get("watcher_left_out", 0) + m.get("left_out", 0))
