@@ -353,6 +353,7 @@ class Daemon:
                 m.map_fill.labels(map="counts").set(float(st.count_map_fill))
                 m.map_fill.labels(map="stacks").set(float(st.stack_map_fill))
                 self._count_primed(st)
+                self._count_python(st)
             except (AttributeError, TypeError, ValueError):
                 pass
         for p in self.processors:
@@ -402,6 +403,20 @@ class Daemon:
                     "sampling.stack_map_size": self.config.sampling.stack_map_size}
         for advice in self._losses.advise(window.samples, lost, stacks, settings):
             log.log(advice.level, "%s", advice.message)
+
+    def _count_python(self, st: Any) -> None:
+        """The sampler's FLAMED_STAT_PY_* totals into flamed_python_bpf_samples_total."""
+        totals = getattr(st, "python_total", None)
+        if not isinstance(totals, dict):
+            return
+        for result, name in (("stack", "PY_STACKS"), ("no_thread", "PY_NO_THREAD"), ("no_frame", "PY_NO_FRAME"),
+                             ("read_fault", "PY_READ_FAULT"), ("truncated", "PY_TRUNCATED"),
+                             ("stacks_full", "PY_STACKS_FULL")):
+            v = int(totals.get(name, 0))
+            key = "py:" + result
+            last = self._primed_seen.get(key, 0)
+            self.metrics.python_bpf_samples.labels(result=result).inc(v - last if v >= last else v)
+            self._primed_seen[key] = v
 
     def _count_primed(self, st: Any) -> None:
         """The sampler's cumulative priming totals into the counter (a new

@@ -97,6 +97,14 @@ class DaemonMetrics:
             "throttled (over sampling.prime_rate reads per second).",
             ["result"], registry=r,
         )
+        self.python_bpf_samples = Counter(
+            "flamed_python_bpf_samples",
+            "Samples of CPython processes whose frames the BPF program reads, by result: stack (Python "
+            "frames taken); no_thread (a thread without a thread state: native threads); no_frame (no "
+            "frame: idle or starting); read_fault; truncated (deeper than sampling.python_depth, outer "
+            "frames cut); stacks_full (sampling.python_stack_map_size reached: no Python frames).",
+            ["result"], registry=r,
+        )
         self.backlog_dropped = Counter(
             "flamed_backlog_dropped_files", "Unwritten files dropped because the backlog was full.", registry=r
         )

@@ -50,6 +50,7 @@ socket = "{tmp_path / 'flamed.sock'}"
 [log]
 target = "stderr"
 [processors.python]
+source = "pyspy"
 pyspy = "{require_pyspy}"
 include_comm = "^{COMM}$"
 window_s = 2.0
@@ -108,3 +109,74 @@ scan_interval = 1.0
     left = subprocess.run(["pgrep", "-f", f"py-spy record --pid {work.pid if work else 0} "],
                           capture_output=True, text=True).stdout.split()
     assert left == []
+
+
+def test_daemon_reads_python_frames_in_bpf_at_once(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
+    """The default source (auto): CPython read by the BPF program, no py-spy for
+    it, Python frames in the window the samples were taken in, the choice in
+    flamed_python_processes{source="bpf"}."""
+    interp = tmp_path / COMM
+    os.symlink(os.path.realpath(sys.executable), interp)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cfg = tmp_path / "flamed.toml"
+    cfg.write_text(f"""
+[sampling]
+frequency = 99
+drain_interval = 0.5
+[output]
+state_dir = "{tmp_path / 'profiles'}"
+rotate_interval = 60.0
+[metrics]
+address = "127.0.0.1:{port}"
+[control]
+socket = "{tmp_path / 'flamed.sock'}"
+[log]
+target = "stderr"
+[processors.python]
+pyspy = "{require_pyspy}"
+include_comm = "^{COMM}$"
+scan_interval = 1.0
+""")
+    sock = tmp_path / "flamed.sock"
+    daemon = subprocess.Popen([sys.executable, "-m", "flamed", "daemon", "--config", str(cfg)],
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    work: subprocess.Popen[bytes] | None = None
+    try:
+        wait_daemon_answers(sock, daemon, 120)
+        work = subprocess.Popen([str(interp), str(ROOT / "tests" / "workloads" / "py_truth.py"), "6", "2"])
+        # While it runs: its Python frames are in the last seconds already (no py-spy window to wait for).
+        deadline = time.monotonic() + 30
+        named = 0
+        text = ""
+        while time.monotonic() < deadline and work.poll() is None:
+            time.sleep(1.0)
+            buf = io.BytesIO()
+            request(str(sock), {"request": "snapshot", "seconds": 2, "pid": [work.pid], "root": "none"}, buf,
+                    timeout=30)
+            p = read_folded(io.BytesIO(buf.getvalue()))
+            named = sum(v for k, v in p.stacks.items() if any(f.startswith("step_") for f in k))
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+            if named > 20 and 'flamed_python_processes{reason="walked",source="bpf"} 1.0' in text:
+                break
+        assert named > 20, "no Python frames in the last 2 s while the workload runs"
+        assert 'flamed_python_processes{reason="walked",source="bpf"} 1.0' in text, text[-3000:]
+        pyspy = subprocess.run(["pgrep", "-f", f"py-spy record --pid {work.pid} "], capture_output=True, text=True)
+        assert pyspy.stdout.split() == [], "py-spy was started for a process the BPF program reads"
+        assert work.wait(timeout=60) == 0
+        promtool = shutil.which("promtool")
+        if promtool:
+            chk = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
+                                 timeout=30)
+            assert "error" not in chk.stderr.lower(), chk.stderr
+    finally:
+        if work is not None and work.poll() is None:
+            work.kill()
+            work.wait()
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
