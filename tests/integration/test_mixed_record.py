@@ -33,7 +33,8 @@ def run_record(args: list[str], timeout: float = 120) -> subprocess.CompletedPro
 
 def test_record_command_attributes_phases(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
     log, tl, out = tmp_path / "phases.log", tmp_path / "timeline.txt", tmp_path / "out.folded"
-    r = run_record(["-r", "199", "-o", str(out), "--timeline", str(tl), "--",
+    # The py-spy path (--pyspy): its samples keep their times (--timeline).
+    r = run_record(["--pyspy", "-r", "199", "-o", str(out), "--timeline", str(tl), "--",
                     sys.executable, PHASES, str(log), "200", "10"])
     assert r.returncode == 0, r.stderr
     acc = accuracy(str(log), str(tl))
@@ -69,7 +70,7 @@ def test_record_pid_with_duration_and_ctrl_c(tmp_path: Path, require_bpf: None, 
     target = subprocess.Popen([sys.executable, PHASES, str(log), "50", "400"], env=env)
     try:
         out = tmp_path / "p.folded"
-        rec = subprocess.Popen(FLAMED + ["record", "-p", str(target.pid), "-d", "60", "-o", str(out)],
+        rec = subprocess.Popen(FLAMED + ["record", "--pyspy", "-p", str(target.pid), "-d", "60", "-o", str(out)],
                                cwd=ROOT, stderr=subprocess.PIPE, text=True)
         # BPF compiles first (seconds on a loaded host): wait for py-spy to run, then record a little
         deadline = time.monotonic() + 90
@@ -202,3 +203,21 @@ def test_record_native_processes_idle_or_busy(tmp_path: Path, require_bpf: None)
         for p in (idle, busy):
             p.kill()
             p.wait(10)
+
+
+def test_record_reads_python_frames_in_bpf(tmp_path: Path, require_bpf: None) -> None:
+    """The default: CPython's frames read by the BPF program, no py-spy, every
+    signature sample under its step; a 3.8 interpreter too (py-spy's join
+    could not map its threads)."""
+    sys.path.insert(0, str(ROOT / "tests" / "workloads"))
+    from cpython_support import pyenv_python
+    from py_truth_score import score
+
+    for exe in (sys.executable, str(pyenv_python("3.8"))):
+        out = tmp_path / "bpf.folded"
+        r = run_record(["-r", "199", "-o", str(out), "--", exe, str(ROOT / "tests" / "workloads" / "py_truth.py"), "3"])
+        assert r.returncode == 0, r.stderr
+        assert "read in BPF" in r.stderr and "py-spy" not in r.stderr, r.stderr
+        sc = score(read_folded(out.open("rb")).stacks.items())
+        assert sc.signature >= 50 and sc.accuracy >= 0.995, (exe, sc)
+        assert sc.python_share >= 0.95, (exe, sc)
