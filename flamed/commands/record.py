@@ -114,6 +114,9 @@ class RecordCommand(Command):
                                   idle=not args.no_idle, native=args.native,
                                   # one window for the whole recording: the trace arrives at the end
                                   window_s=(args.duration or 0) + 3600.0, max_children=32,
+                                  # ... after a first short one, whose trace (taken while the target
+                                  # surely runs) maps pthread ids to OS tids before Python 3.11
+                                  first_window_s=1.0,
                                   # the user named these processes: no reason to wait
                                   min_age_s=0.0)
         if find_pyspy(pyspy_bin) is None and (force_pyspy or args.no_bpf):
@@ -232,6 +235,11 @@ class RecordCommand(Command):
                       f"frames, {st.unmatched} without; {calib} py-spy run(s) calibrated by uprobe "
                       f"({mixed.counters.get('runs_read_times', 0)} with read times); "
                       f"py-spy failures: {_failures(mixed)}")
+            unmapped = mixed.thread_ids.counters["unmapped"]
+            if unmapped:
+                reasons = "; ".join(sorted(set(mixed.thread_ids.reasons.values())))
+                self.warn(f"{unmapped} Python thread(s) not matched to an OS thread (their samples have no "
+                          f"Python frames): {reasons}")
         if mixed is not None and not pythons:
             self.warn("no Python process was found: native and kernel stacks only")
         profile = self._profile(args, samples, counts, sampler)

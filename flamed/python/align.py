@@ -72,7 +72,10 @@ class PyTrace:
     sample at which the thread's Python stack changed (root first, without the
     thread frame).  ``first_ts_us``/``last_ts_us``: first event and the final
     write (after the last sample).  ``unmapped``: threads whose root frame had
-    no OS tid (py-spy without ``-t`` or without the native id).
+    no id (py-spy without ``-t``).  ``pthread_ids``: keys of ``threads`` that
+    are pthread ids, not OS tids: before CPython 3.11 the interpreter keeps no
+    native id, and py-spy's ``thread (0x...)`` frame names ``pthread_self()``;
+    :mod:`flamed.python.threadids` maps them to OS tids.
     """
 
     threads: dict[int, list[tuple[int, Stack]]] = field(default_factory=dict)
@@ -81,6 +84,7 @@ class PyTrace:
     first_ts_us: int | None = None
     last_ts_us: int | None = None
     unmapped: int = 0
+    pthread_ids: set[int] = field(default_factory=set)
 
 
 def short_filename(path: str) -> str:
@@ -160,8 +164,11 @@ def _build_trace(events: list[Any], source: str) -> PyTrace:
                 # The root frame of a thread names it (``-t``); its name may
                 # appear only in a later sample, under the same OS tid.
                 m = _THREAD_FRAME.match(name) if not filename else None
-                if m is not None and not m.group("id").startswith("0x"):
-                    tid = int(m.group("id"))
+                if m is not None:
+                    ident = m.group("id")
+                    tid = int(ident, 16) if ident.startswith("0x") else int(ident)
+                    if ident.startswith("0x"):
+                        trace.pthread_ids.add(tid)
                     os_tid[ptid] = tid
                     if m.group("name"):
                         trace.thread_names[tid] = m.group("name")

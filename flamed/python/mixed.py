@@ -34,6 +34,7 @@ from flamed.python.align import (
 )
 from flamed.python.clock import PySpyClock
 from flamed.python.pyspy import CompletedRun, Failure, PySpyOptions, PySpySupervisor
+from flamed.python.threadids import ThreadIds
 from flamed.python.watcher import ProcessWatcher, PyProcess, WatchOptions
 from flamed.sampler import Sampler, SampleEvent, Window
 
@@ -106,6 +107,8 @@ class MixedMode:
                                           on_discard=self._discarded)
         self.watcher = ProcessWatcher(self.options.watch, on_start=self._started, on_exit=self._exited,
                                       proc_root=proc_root, clock=clock)
+        self.thread_ids = ThreadIds(proc_root)
+        self._gone: set[int] = set()  # exited pids whose thread-id maps the last runs may still need
         self.clock: PySpyClock | None = None
         self.clock_error: str | None = None
         self._lock = threading.RLock()
@@ -283,6 +286,7 @@ class MixedMode:
     def _exited(self, pid: int) -> None:
         self.sources.pop(pid, None)
         self._deferred.pop(pid, None)
+        self._gone.add(pid)
         self.candidates.pop(pid, None)
         self._idle.pop(pid, None)
         self.supervisor.remove(pid)
@@ -298,6 +302,8 @@ class MixedMode:
         if self.clock is not None and runs:
             self.clock.drain()
         for r in runs:
+            if r.trace.pthread_ids:
+                self._map_pthread_ids(r)
             hits = self.clock.hits(r.pyspy_pid) if self.clock is not None else []
             reads = self.clock.reads(r.pyspy_pid) if self.clock is not None else []
             if self.clock is not None:
@@ -313,6 +319,30 @@ class MixedMode:
             log.debug("py-spy %d on pid %d: %s..%s, %d threads, %d samples, clock %s", r.pyspy_pid, r.pid,
                       aligned.start_ns, aligned.end_ns, len(aligned.threads), len(samples),
                       "uprobe" if fit.calibrated else "guess")
+
+        busy = self.supervisor.busy_pids() | set(self.supervisor.pids())
+        for pid in [p for p in self._gone if p not in busy]:
+            self._gone.discard(pid)
+            self.thread_ids.forget(pid)
+
+    def _map_pthread_ids(self, r: CompletedRun) -> None:
+        """Re-key a trace of an interpreter before 3.11 by OS tid (see flamed.python.threadids)."""
+        tr = r.trace
+        mapping, why = self.thread_ids.resolve(r.pid, tr.pthread_ids)
+        threads: dict[int, list[tuple[int, Stack]]] = {}
+        for key, changes in tr.threads.items():
+            if key in tr.pthread_ids:
+                if key not in mapping:
+                    tr.unmapped += 1
+                    continue
+                key = mapping[key]
+            threads[key] = changes
+        tr.thread_names = {mapping.get(k, k): v for k, v in tr.thread_names.items()
+                           if k not in tr.pthread_ids or k in mapping}
+        tr.threads = threads
+        tr.pthread_ids = set()
+        if why is not None:
+            self.counters["runs_threads_unmapped"] += 1
 
     def observe(self, window: Window) -> None:
         """With ``active_only``: promote candidates the window saw on a CPU, demote idle ones.
@@ -402,6 +432,8 @@ class MixedMode:
                 m[f"join_{k}"] = v
             m.update({k: v for k, v in self.counters.items()})
             m["pending_events"] = len(self._pending)
+            m["pthread_ids_mapped"] = self.thread_ids.counters["mapped"]
+            m["pthread_ids_unmapped"] = self.thread_ids.counters["unmapped"]
             m["candidates"] = len(self.candidates)
             for src, why in self.sources.values():
                 k = f"source_{src}:{why}"

@@ -67,6 +67,9 @@ class PySpyOptions:
         alignment uses to know when each sample happened (default True).
     native: py-spy's own native frames (forces blocking mode; default False).
     window_s: length of one py-spy run; its trace arrives when it ends (default 10).
+    first_window_s: length of the first run on a process (default: window_s).  A
+        short one brings a trace while the process surely still runs, which
+        mapping pthread ids to OS tids (interpreters before 3.11) needs.
     overlap_s: successor and predecessor run together this long (default 0.25).
     max_children: processes with a py-spy at once (default 8; py-spy 0.4.3 measured 5-7 MB RSS and
         2-5 % of a core at 100 Hz each).
@@ -86,6 +89,7 @@ class PySpyOptions:
     idle: bool = True
     native: bool = False
     window_s: float = 10.0
+    first_window_s: float | None = None
     overlap_s: float = 0.25
     max_children: int = 8
     backoff_s: float = 1.0
@@ -100,6 +104,8 @@ class PySpyOptions:
     def __post_init__(self) -> None:
         if not 1 <= self.rate <= MAX_RATE:
             raise ConfigError(f"py-spy rate must be 1..{MAX_RATE} Hz, got {self.rate}")
+        if self.first_window_s is not None and self.first_window_s <= 0:
+            raise ConfigError("py-spy first_window_s must be > 0")
         if self.window_s <= 0 or self.overlap_s < 0 or self.max_children < 1:
             raise ConfigError("py-spy window_s must be > 0, overlap_s >= 0, max_children >= 1")
 
@@ -226,6 +232,7 @@ class _Target:
     failures: int = 0
     next_try_ns: int = 0
     done: bool = False
+    rotated: bool = False  # past the first window
 
 
 class PySpySupervisor:
@@ -348,11 +355,14 @@ class PySpySupervisor:
             if not live:
                 if now >= t.next_try_ns:
                     self._start(t)
-            elif now - live[-1].spawn_ns >= window and self._sampling(live[-1], now):
+            elif (now - live[-1].spawn_ns >= (window if t.rotated or opts.first_window_s is None
+                                               else int(opts.first_window_s * 1e9))
+                  and self._sampling(live[-1], now)):
                 # (a child still attaching is not rotated: a successor would only
                 # add a second attach to a host that is already slow)
                 # Rotate: the successor starts now, the predecessor stops after the overlap.
                 old = live[-1]
+                t.rotated = True
                 old.stop_at_ns = now + int(opts.overlap_s * 1e9)
                 self._start(t)
                 fresh = [c for c in t.children if c.stop_at_ns is None]

@@ -221,3 +221,46 @@ def test_record_reads_python_frames_in_bpf(tmp_path: Path, require_bpf: None) ->
         sc = score(read_folded(out.open("rb")).stacks.items())
         assert sc.signature >= 20 and sc.accuracy >= 0.995, (exe, sc)
         assert sc.python_share >= 0.95, (exe, sc)
+
+
+def _pyenv_python(minor: str) -> Path | None:
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(root.glob(f"3.{minor}.*/bin/python3.{minor}")) if root.is_dir() else []
+    return found[-1] if found else None
+
+
+@pytest.mark.parametrize("minor", ["8", "9", "10"])
+def test_record_python_before_311_maps_pthread_ids(tmp_path: Path, require_bpf: None, require_pyspy: str,
+                                                   minor: str) -> None:
+    from support import need
+
+    interp = _pyenv_python(minor)
+    need(interp is not None, f"a pyenv python3.{minor} ($(pyenv root)/versions/3.{minor}.*)")
+    assert interp is not None
+    out = tmp_path / "old.folded"
+    # Two threads for the whole run: the map must hold for more than the main thread.
+    work = tmp_path / "two_threads.py"
+    work.write_text("import runpy, sys, threading\n"
+                    "done = threading.Event()\n"
+                    "def side_work():\n"
+                    "    while not done.is_set():\n"
+                    "        sum(i * i for i in range(20000))\n"
+                    "t = threading.Thread(target=side_work, name='side')\n"
+                    "t.start()\n"
+                    f"sys.argv = [{PHASES!r}, sys.argv[1], '100', '8']\n"
+                    "try:\n"
+                    f"    runpy.run_path({PHASES!r}, run_name='__main__')\n"
+                    "finally:\n"
+                    "    done.set()\n"
+                    "    t.join()\n")
+    r = run_record(["--pyspy", "-o", str(out), "--", str(interp), str(work), str(tmp_path / "p.log")])
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    lines = [ln.rsplit(" ", 1) for ln in text.splitlines()]
+    total = sum(int(n) for _, n in lines)
+    python = sum(int(n) for s, n in lines if ".py:" in s)
+    side = sum(int(n) for s, n in lines if "side_work (" in s)
+    # Most samples carry Python frames (none did before: py-spy named the threads by pthread id).
+    assert total > 50 and python >= 0.8 * total, (python, total, r.stderr)
+    assert side > 0.2 * total, (side, total)
+    assert "not matched to an OS thread" not in r.stderr, r.stderr

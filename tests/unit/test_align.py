@@ -182,9 +182,11 @@ def test_parse_maps_threads_by_os_tid_and_skips_name_only_changes() -> None:
         {"ph": "E", "ts": 40, "tid": 99, "pid": 1, "name": "thread (501): Main", "args": {"filename": "", "line": 0}},
     ]
     t = parse_chrometrace(json.dumps(ev))
-    assert t.threads == {501: [(10, ("f (json/x.py:3)",))]}
+    # 7 (a hex id) is a pthread id: kept, for flamed.python.threadids to map
+    assert t.threads == {501: [(10, ("f (json/x.py:3)",))], 7: [(30, ())]}
     assert t.thread_names == {501: "Main"}
-    assert t.unmapped == 1
+    # a hex id is a pthread id (Python < 3.11), kept for flamed.python.threadids to map
+    assert t.pthread_ids == {7} and t.unmapped == 0
     assert (t.first_ts_us, t.last_ts_us) == (10, 40)
 
 

@@ -111,6 +111,7 @@ class PythonProcessorOptions:
         return MixedOptions(
             pyspy=PySpyOptions(binary=self.pyspy or None, rate=self.rate, nonblocking=self.nonblocking,
                                idle=self.idle, native=self.native, window_s=self.window_s,
+                               first_window_s=min(1.0, self.window_s),
                                max_children=self.max_processes),
             watch=WatchOptions(include_comm=self.include_comm or None, exclude_comm=self.exclude_comm or None,
                                include_cgroup=self.include_cgroup or None,
@@ -277,6 +278,13 @@ class _Collector(Collector):
                                 labels=["result"])
         for k in ("matched", "no_trace", "no_thread"):
             c.add_metric([k], m.get(f"join_{k}", 0))
+        yield c
+        c = CounterMetricFamily("flamed_python_pthread_ids",
+                                "Python threads named by pthread id (CPython < 3.11), by whether an OS tid "
+                                "was found for them (unmapped ones keep native and kernel frames only).",
+                                labels=["result"])
+        c.add_metric(["mapped"], m.get("pthread_ids_mapped", 0))
+        c.add_metric(["unmapped"], m.get("pthread_ids_unmapped", 0))
         yield c
         g = GaugeMetricFamily("flamed_python_pending_events", "Python samples waiting for their py-spy trace.")
         g.add_metric([], m.get("pending_events", 0))
