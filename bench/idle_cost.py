@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +50,16 @@ def threads(pid: int) -> dict[int, tuple[str, float, int, int]]:
     return out
 
 
+def thread_names(pid: int) -> dict[int, str]:
+    """tid -> Python thread name, from ``py-spy dump`` (every thread's comm is "python")."""
+    spy = shutil.which("py-spy") or str(ROOT / ".venv" / "bin" / "py-spy")
+    try:
+        out = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {int(m[1]): m[2] for m in re.finditer(r'^Thread (\d+) \([^)]*\): "([^"]*)"', out, re.M)}
+
+
 def measure(tmp: Path, rate: int, seconds: float, settle: float) -> list[tuple[object, ...]]:
     sock = tmp / f"flamed-{rate}.sock"
     log = open(tmp / f"daemon-{rate}.log", "a")
@@ -66,6 +78,7 @@ def measure(tmp: Path, rate: int, seconds: float, settle: float) -> list[tuple[o
         t0, a = time.monotonic(), threads(d.pid)
         time.sleep(seconds)
         t1, b = time.monotonic(), threads(d.pid)
+        names = thread_names(d.pid)
     finally:
         d.send_signal(signal.SIGTERM)
         try:
@@ -76,8 +89,9 @@ def measure(tmp: Path, rate: int, seconds: float, settle: float) -> list[tuple[o
         log.close()
     el = t1 - t0
     per: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0])
-    for tid, (name, cpu, vol, inv) in b.items():
-        name0, cpu0, vol0, inv0 = a.get(tid, (name, 0.0, 0, 0))  # a thread started during the run counts whole
+    for tid, (comm, cpu, vol, inv) in b.items():
+        name = names.get(tid, comm)
+        _, cpu0, vol0, inv0 = a.get(tid, (comm, 0.0, 0, 0))  # a thread started during the run counts whole
         row = per[name]
         row[0] += 1
         row[1] += cpu - cpu0
