@@ -24,11 +24,13 @@ of sent, so for every window::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes as ct
 import errno
 import logging
 import os
 import re
+import select
 import shlex
 import struct
 import sys
@@ -560,6 +562,7 @@ class BpfSampler:
         self._lookup_and_delete = True  # until the kernel says otherwise
         self._primer: threading.Thread | None = None
         self._prime_stop = threading.Event()
+        self._prime_wake = -1  # eventfd: close() wakes the priming thread's epoll wait with it
         self._new_images: list[int] = []  # tgids reported, filled by perf_buffer_poll's callback
         self._reprime: deque[tuple[float, int]] = deque()  # (due, tgid) of second reads, in due order
         self._prime_tokens = float(options.prime_rate)  # token bucket of prime_rate reads per second
@@ -579,6 +582,7 @@ class BpfSampler:
                 raise
             self._started = True
             if self.options.prime:
+                self._prime_wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
                 self._primer = threading.Thread(target=self._prime_loop, name="flamed-prime", daemon=True)
                 self._primer.start()
 
@@ -611,11 +615,18 @@ class BpfSampler:
     # -- priming: maps of new processes, read while they run ---------------
     def _stop_primer(self) -> None:
         self._prime_stop.set()
+        if self._prime_wake >= 0:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._prime_wake, 1)
         t = self._primer
         if t is not None and t is not threading.current_thread():
             t.join(timeout=10)
             if t.is_alive():
                 log.warning("the priming thread did not stop within 10 s")
+                return  # it may still wait on the eventfd: leave it open
+        if self._prime_wake >= 0 and (t is None or not t.is_alive()):
+            os.close(self._prime_wake)
+            self._prime_wake = -1
 
     #: A process first read within PRIME_YOUNG_S of its start is read again
     #: PRIME_REREAD_S later: right after exec the dynamic loader has not
@@ -626,17 +637,31 @@ class BpfSampler:
     PRIME_YOUNG_S = 0.1
 
     def _prime_loop(self) -> None:
+        # One epoll over the perf buffers and the close() eventfd, with no
+        # timeout unless a second read or a Python probe retry is due: an
+        # idle host wakes this thread only when a process execs.
+        readers = list(self._bpf.perf_buffers.values())
+        ep = select.epoll()
+        try:
+            for r in readers:
+                ep.register(self._lib.perf_reader_fd(r), select.EPOLLIN)
+            ep.register(self._prime_wake, select.EPOLLIN)
+            self._prime_wait(ep, readers)
+        finally:
+            ep.close()
+
+    def _prime_wait(self, ep: select.epoll, readers: list[Any]) -> None:
         failures = 0
+        arr = (ct.c_void_p * len(readers))(*readers)
         while not self._prime_stop.is_set():
             try:
-                # Wakes as soon as the program reports a new image, or when a
-                # second read is due; the timeout also notices close().
-                wait = 0.1
-                if self._reprime:
-                    wait = min(wait, max(0.0, self._reprime[0][0] - time.monotonic()))
-                if self._py_retry:
-                    wait = min(wait, max(0.0, self._py_retry[0][0] - time.monotonic()))
-                self._bpf.perf_buffer_poll(timeout=max(1, int(wait * 1000)))
+                due = [q[0][0] for q in (self._reprime, self._py_retry) if q]
+                wait = max(0.0, min(due) - time.monotonic()) if due else -1.0
+                ep.poll(wait)
+                if self._prime_stop.is_set():
+                    break  # close() joins this thread before it tears the buffers down
+                # Reads every buffer's pending records and calls their callbacks.
+                self._lib.perf_reader_consume(len(readers), arr)
                 self._prime_reported()
                 self._prime_again()
                 if self._python is not None:

@@ -106,6 +106,7 @@ class ControlServer:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._wake_fd = -1  # eventfd in the accept loop's selector: stop() wakes it
         self._active = 0  # requests being served (threads)
         self._open = 0  # connections: waiting for their request line or being served
         self._per_uid: dict[int, int] = {}  # open connections by uid
@@ -134,9 +135,10 @@ class ControlServer:
             sock = self._bind(self.config.socket)
             self.path = self.config.socket
             log.info("control socket %s (mode %o)", self.path, self.config.socket_mode)
-        sock.settimeout(0.5)  # the accept loop checks for stop twice a second
         self._sock = sock
         self._stop.clear()
+        if self._wake_fd < 0:
+            self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._thread = threading.Thread(target=self._accept_loop, name="flamed-control", daemon=True)
         self._thread.start()
 
@@ -193,8 +195,14 @@ class ControlServer:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        if self._wake_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._wake_fd, 1)
         if self._thread is not None:
             self._thread.join(timeout)
+            if not self._thread.is_alive() and self._wake_fd >= 0:
+                os.close(self._wake_fd)
+                self._wake_fd = -1
         if self._sock is not None:
             with contextlib.suppress(OSError):
                 self._sock.close()
@@ -225,14 +233,20 @@ class ControlServer:
         sock.setblocking(False)
         sel = selectors.DefaultSelector()
         sel.register(sock, selectors.EVENT_READ)
+        sel.register(self._wake_fd, selectors.EVENT_READ)
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
                 self._expire(sel, now)
-                wait = 0.5  # check for stop twice a second
+                # No timeout but the earliest request deadline: stop() wakes the selector.
+                wait: float | None = None
                 if self._pending:
-                    wait = max(0.0, min(wait, min(p.deadline for p in self._pending.values()) - now))
+                    wait = max(0.0, min(p.deadline for p in self._pending.values()) - now)
                 for key, _ in sel.select(wait):
+                    if key.fd == self._wake_fd:
+                        with contextlib.suppress(BlockingIOError):
+                            os.eventfd_read(self._wake_fd)
+                        continue  # stop(): the loop condition sees it
                     if key.fileobj is sock:
                         self._accept_ready(sel, sock)
                     else:

@@ -10,13 +10,18 @@ Names follow the Prometheus conventions: ``flamed_`` prefix, base units
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import selectors
+import socket
 import threading
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import ProcessCollector
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 
 from flamed import __version__
 from flamed.daemon.config import parse_address
@@ -133,6 +138,11 @@ class DaemonMetrics:
                 self.samples_lost.labels(reason=reason).inc(n)
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass  # a scrape every 15 s is not worth a log line
+
+
 class MetricsServer:
     """The /metrics HTTP endpoint on HOST:PORT, restartable on reload."""
 
@@ -141,6 +151,7 @@ class MetricsServer:
         self.address = ""
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self._wake_fd = -1
 
     @property
     def bound(self) -> str | None:
@@ -161,16 +172,48 @@ class MetricsServer:
         self.stop()
         if address:
             host, port = parse_address(address)
-            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+            # The family of the address asked for (HTTPServer alone binds IPv4 only).
+            family, _, _, _, sockaddr = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+
+            class _Server(ThreadingWSGIServer):
+                address_family = family
+
+            self._server = make_server(str(sockaddr[0]), port, make_wsgi_app(self.registry), _Server,
+                                       handler_class=_QuietHandler)
+            self._server.timeout = 0  # handle_request() is only called when a connection waits
+            self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self._thread = threading.Thread(target=self._serve, args=(self._server, self._wake_fd),
+                                            name="flamed-metrics", daemon=True)
+            self._thread.start()
             log.info("metrics on http://%s:%d/metrics", host if ":" not in host else f"[{host}]", self.port)
         self.address = address
 
+    @staticmethod
+    def _serve(server: Any, wake_fd: int) -> None:
+        # socketserver's serve_forever polls for shutdown twice a second;
+        # this waits on the socket and stop()'s eventfd only.
+        with selectors.DefaultSelector() as sel:
+            sel.register(server.socket, selectors.EVENT_READ)
+            sel.register(wake_fd, selectors.EVENT_READ)
+            while True:
+                for key, _ in sel.select():
+                    if key.fd == wake_fd:
+                        return
+                    server.handle_request()  # accepts and hands the request to a thread
+
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._wake_fd, 1)
+            alive = False
             if self._thread is not None:
                 self._thread.join(timeout=5)
+                alive = self._thread.is_alive()
+            self._server.server_close()
+            if not alive:
+                os.close(self._wake_fd)
+            self._wake_fd = -1
         self._server = None
         self._thread = None
         self.address = ""

@@ -14,6 +14,7 @@ import ctypes
 import logging
 import os
 import re
+import select
 import threading
 from collections import defaultdict
 from typing import Any
@@ -82,6 +83,7 @@ class PySpyClock:
         # libbpf's ring buffer must not be consumed from two threads at once.
         self._poll_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._wake_fd = -1  # eventfd: close() wakes the poll thread with it
         self.symbol = ""
 
     def start(self) -> None:
@@ -99,6 +101,7 @@ class PySpyClock:
             self.close()
             raise CapabilityError(f"cannot load the py-spy clock uprobe: {e}") from None
         self._bpf[b"pyspy_hits"].open_ring_buffer(self._on_hit)
+        self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._thread = threading.Thread(target=self._poll, name="pyspy-clock", daemon=True)
         self._thread.start()
         log.info("py-spy clock: uprobe on %s in %s", re.sub(r"17h[0-9a-f]+E$", "", name), self.pyspy)
@@ -112,14 +115,26 @@ class PySpyClock:
                 self._hits[int(h.tgid)].append(int(h.ktime_ns))
 
     def _poll(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with self._poll_lock:
-                    self._bpf.ring_buffer_poll(50)
-            except Exception:  # noqa: BLE001 - closing races the poll; nothing to report
+        # A ring buffer map's fd is readable when records are in it: wait on
+        # it and on close()'s eventfd without a timeout, so no py-spy means
+        # no wakeups.
+        ep = select.epoll()
+        try:
+            ep.register(self._bpf[b"pyspy_hits"].map_fd, select.EPOLLIN)
+            ep.register(self._wake_fd, select.EPOLLIN)
+            while not self._stop.is_set():
+                ep.poll()
                 if self._stop.is_set():
                     return
-                raise
+                try:
+                    with self._poll_lock:
+                        self._bpf.ring_buffer_consume()
+                except Exception:  # noqa: BLE001 - closing races the poll; nothing to report
+                    if self._stop.is_set():
+                        return
+                    raise
+        finally:
+            ep.close()
 
     def drain(self) -> None:
         """Consume whatever is in the ring buffer now (before reading hits)."""
@@ -183,9 +198,19 @@ class PySpyClock:
 
     def close(self) -> None:
         self._stop.set()
+        if self._wake_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._wake_fd, 1)
+        alive = False
         if self._thread is not None:
             self._thread.join(timeout=2)
+            alive = self._thread.is_alive()
+            if alive:
+                log.warning("the py-spy clock thread did not stop within 2 s")
             self._thread = None
+        if self._wake_fd >= 0 and not alive:  # a thread still waiting keeps its fd
+            os.close(self._wake_fd)
+            self._wake_fd = -1
         if self._bpf is not None:
             try:
                 close_bpf(self._bpf)  # detaches the uprobe without tracefs, and bcc's exit hook with it

@@ -13,7 +13,10 @@ py-spy window late.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import select
 import threading
 import time
 from collections import Counter
@@ -116,6 +119,7 @@ class MixedMode:
         self._pending: list[SampleEvent] = []
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._wake_fd = -1  # eventfd: wakes the mixed thread's wait (close, follow, promotions)
         self.stats = JoinStats()
         self.counters: Counter[str] = Counter()
         self.processes: dict[int, PyProcess] = {}
@@ -137,6 +141,8 @@ class MixedMode:
         if self.supervisor.binary is None:
             log.warning("py-spy not found: Python processes keep their native and kernel stacks only")
         self._stop.clear()
+        if self._wake_fd < 0:
+            self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         ready = threading.Event()
         errors: list[BaseException] = []
 
@@ -163,13 +169,46 @@ class MixedMode:
         """
         with self._lock:
             self.watcher.follow(pid)
+        self._kick()
+
+    #: How often the loop ticks while py-spy has work (children to start, watch or stop).
+    TICK_S = 0.05
+
+    def _kick(self) -> None:
+        if self._wake_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._wake_fd, 1)
+
+    def _wait(self) -> int:
+        """Until a process event, a kick, or the next job: a py-spy tick while
+        the supervisor has targets, else the watcher's next recheck or scan --
+        with no Python process this thread wakes once per scan, not 20 times a second.
+
+        Returns the nanoseconds it waited, at most the planned time (what
+        is beyond is lag)."""
+        with self._lock:
+            timeout = self.watcher.next_due_s() if self.supervisor.idle() else self.TICK_S
+            fds = [self._wake_fd] + ([self.watcher.fileno()] if self.watcher.fileno() >= 0 else [])
+        t0 = self._now()
+        try:
+            ready, _, _ = select.select(fds, [], [], timeout)
+        except (OSError, ValueError):  # the connector closed meanwhile: tick as before
+            self._stop.wait(self.TICK_S)
+            ready = []
+            timeout = self.TICK_S
+        if self._wake_fd in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(self._wake_fd)
+        return min(self._now() - t0, int(timeout * 1e9))
 
     def _loop(self) -> None:
         last = self._now()
+        waited = 0
         while not self._stop.is_set():
             now = self._now()
             # How late this thread runs (GIL, CPU): py-spy starts and stops wait for it.
-            self.loop_lag_max_ns = max(self.loop_lag_max_ns, now - last)
+            # The planned wait is not lag: with no Python process it lasts until the next scan.
+            self.loop_lag_max_ns = max(self.loop_lag_max_ns, now - last - waited)
             last = now
             with self._lock:
                 self.watcher.poll(0)
@@ -178,8 +217,8 @@ class MixedMode:
                 runs = self.supervisor.tick()
                 if runs:
                     self._add_runs(runs)
-            # The socket wait happens outside the lock so process() never waits long.
-            self._stop.wait(0.05)
+            # The wait happens outside the lock so process() never waits long.
+            waited = self._wait()
         with self._lock:
             self._add_runs(self.supervisor.close())
             self.watcher.close()
@@ -187,9 +226,14 @@ class MixedMode:
     def close(self) -> list[tuple[SampleEvent, Stack]]:
         """Stop py-spy children and the thread; returns every event still pending, joined."""
         self._stop.set()
+        self._kick()
         if self._thread is not None:
             self._thread.join(timeout=self.options.pyspy.stop_timeout_s + 5)
+            alive = self._thread.is_alive()
             self._thread = None
+            if not alive and self._wake_fd >= 0:
+                os.close(self._wake_fd)
+                self._wake_fd = -1
         with self._lock:
             out = self._join(self._pending, final=True)
             self._pending = []
@@ -366,6 +410,7 @@ class MixedMode:
                 if n >= self.options.active_min_samples:
                     proc = self.candidates.pop(tgid)
                     if self._promote(proc):
+                        self._kick()  # the supervisor has a py-spy to start: tick now
                         self.counters["promoted"] += 1
                         self._idle[tgid] = 0
                     else:

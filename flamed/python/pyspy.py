@@ -315,6 +315,10 @@ class PySpySupervisor:
     def pids(self) -> list[int]:
         return sorted(p for p, t in list(self._targets.items()) if not t.done)
 
+    def idle(self) -> bool:
+        """No process to start, watch or stop py-spy for: :meth:`tick` has nothing to do."""
+        return not self._targets
+
     def busy_pids(self) -> set[int]:
         """Processes with a py-spy child still running (its trace is yet to come)."""
         return {p for p, t in list(self._targets.items()) if t.children}

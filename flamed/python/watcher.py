@@ -320,6 +320,11 @@ class ProcessWatcher:
         return self._fd if self._sock is not None else -1
 
     # -- driving ----------------------------------------------------------
+    def next_due_s(self) -> float:
+        """Seconds until :meth:`poll` has work besides events: a recheck or the periodic scan."""
+        due = [times[0] for times in self._recheck.values() if times]
+        return max(0.0, (min([self._next_scan, *due]) - self._now()) / 1e9)
+
     def poll(self, timeout_s: float = 0.1) -> None:
         """Handle pending events (waiting up to ``timeout_s``), due rechecks and scans."""
         if self._sock is not None:
