@@ -10,6 +10,7 @@ function.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -26,9 +27,12 @@ HERE = Path(__file__).resolve().parent.parent
 WORKLOADS = HERE / "workloads"
 sys.path.insert(0, str(WORKLOADS))
 
-from py_truth_score import score  # noqa: E402
+from py_truth_score import innermost_step, score, signature_of  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("require_bpf")
+
+#: A Python frame: ``name (file:line)``.
+_PY_FRAME = re.compile(r" \(.*:\d+\)$")
 
 
 def _interpreter(name: str) -> Path:
@@ -67,7 +71,7 @@ def _stacks_of(window: Any, pids: set[int]) -> list[tuple[tuple[str, ...], int]]
 def test_ground_truth_attribution(sampler: Any, version: str) -> None:
     exe = _interpreter(version)
     sampler.drain()
-    child = subprocess.Popen([str(exe), str(WORKLOADS / "py_truth.py"), "4", "2"])
+    child = subprocess.Popen([str(exe), str(WORKLOADS / "py_truth.py"), "5", "2"])
     try:
         assert child.wait(timeout=60) == 0
     finally:
@@ -75,11 +79,14 @@ def test_ground_truth_attribution(sampler: Any, version: str) -> None:
             child.kill()
             child.wait()
     w = sampler.drain()
-    sc = score(_stacks_of(w, {child.pid}))
+    stacks = _stacks_of(w, {child.pid})
+    sc = score(stacks)
+    wrong = [(n, sig, ";".join(s)[-400:]) for s, n in stacks
+             if (sig := signature_of(s)) is not None and innermost_step(s) != sig]
     # Bounds low enough for a loaded CI host (the workload gets less CPU, so fewer samples).
     assert sc.samples >= 100, f"{version}: only {sc.samples} samples of the workload"
     assert sc.signature >= 20, f"{version}: only {sc.signature} samples with a signature: {sc}"
-    assert sc.accuracy >= 0.995, f"{version}: {sc.right}/{sc.signature} signature samples under the right step"
+    assert sc.accuracy >= 0.995, f"{version}: {sc.right}/{sc.signature} signature samples under the right step: {wrong[:5]}"
     assert sc.python_share >= 0.95, f"{version}: {sc.with_python}/{sc.samples} samples with Python frames"
 
 
@@ -96,7 +103,7 @@ def test_short_lived_processes_have_python_frames(sampler: Any, version: str) ->
             "short_job()\n")
     sampler.drain()
     pids = set()
-    for _ in range(12):
+    for _ in range(16):
         p = subprocess.Popen([str(exe), "-S", "-c", code])
         pids.add(p.pid)
         assert p.wait(timeout=30) == 0
@@ -104,9 +111,16 @@ def test_short_lived_processes_have_python_frames(sampler: Any, version: str) ->
     w = sampler.drain()
     stacks = _stacks_of(w, pids)
     total = sum(n for _, n in stacks)
+    python = sum(n for s, n in stacks if any(_PY_FRAME.search(f) for f in s))
     named = sum(n for s, n in stacks if any(f.startswith("short_job (") for f in s))
-    assert total >= 12 * 10, f"only {total} samples of 12 processes of 0.3 s at 199 Hz"
-    assert named / total >= 0.95, f"{named}/{total} samples of the short processes under short_job"
+    assert total >= 16 * 10, f"only {total} samples of 16 processes of 0.3 s at 199 Hz"
+    # What is left is the interpreter's own start-up and exit (no Python frame exists then).
+    per_pid = {pid: (sampler.python_frames.verdict(pid),
+                     sum(n for (t, _i, _c, s), n in w.counts.items() if t == pid),
+                     sum(n for (t, _i, _c, s), n in w.counts.items() if t == pid and any(_PY_FRAME.search(f) for f in s)))
+               for pid in sorted(pids)}
+    assert python / total >= 0.95, f"{python}/{total} samples of the short processes with Python frames: {per_pid}"
+    assert named / total >= 0.9, f"{named}/{total} samples of the short processes under short_job"
 
 
 def test_deep_recursion_is_cut_visibly(sampler: Any) -> None:
@@ -154,7 +168,8 @@ def test_a_layout_that_fails_validation_is_refused_and_said(sampler: Any) -> Non
         assert p.wait(timeout=30) == 0
         w = s.drain()
     mine = [r for r in refused if r[0] == p.pid]
-    assert mine and mine[0][1] == "invalid_layout", refused
+    assert frames.verdict(p.pid) == "invalid_layout", (frames.verdict(p.pid), mine)
+    assert mine and mine[0][1] == "invalid_layout", mine
     assert "does not validate" in mine[0][2]
     stacks = _stacks_of(w, {p.pid})
     assert stacks
