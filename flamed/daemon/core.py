@@ -299,8 +299,9 @@ class Daemon:
         written = self.totals["weight"]
         unkeyed = self.lost_totals.get("map_full", 0)
         # The fault tests compare these with the files' weights and sidecar sample counts.
-        log.info("stopping: the BPF program counted %d samples since start; %d written to windows"
-                 "%s", bpf, written, f", {unkeyed} lost for want of room in the counts map" if unkeyed else "")
+        log.info("stopping: the BPF program counted %d samples since start; %d went into windows "
+                 "(%d written, %d lost for want of room in the counts map)", bpf, written + unkeyed, written,
+                 unkeyed)
         missing = bpf - written - unkeyed
         if missing:
             log.warning("stopping: %d of the %d samples the BPF program counted are not in the windows "

@@ -330,7 +330,8 @@ class MixedMode:
     def _exited(self, pid: int) -> None:
         self.sources.pop(pid, None)
         self._deferred.pop(pid, None)
-        self._gone.add(pid)
+        if pid in self.processes:  # only supervised ones can have a thread-id map
+            self._gone.add(pid)
         self.candidates.pop(pid, None)
         self._idle.pop(pid, None)
         self.supervisor.remove(pid)

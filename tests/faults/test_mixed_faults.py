@@ -511,7 +511,7 @@ def test_sigterm_with_python_processes_writes_every_sample(require_bpf: None, re
     written = tot["weight"] + tot["lost"].get("map_full", 0)
     assert counted == written, (counted, tot, log[-2000:])
     # The daemon's own stop-time accounting says the same.
-    m = re.findall(r"stopping: .* (\d+) written to windows", log)
+    m = re.findall(r"stopping: .* went into windows \((\d+) written", log)
     assert m and int(m[-1]) == tot["weight"], log[-2000:]
     # ... and they carry Python frames (py-spy's last trace is joined before the last file).
     stacks = _written_stacks(d.state_dir)
