@@ -310,6 +310,9 @@ def main() -> int:
                     "counts 1,8 (py-spy 8), walk runs of 3 s")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
+    # SIGTERM (timeout(1), a CI kill) must run the finally blocks that stop the
+    # daemon, the services and py-spy, and restore bpf_stats_enabled.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.quick:
         args.settle, args.measure, args.walk_seconds = 2.0, 5.0, 3.0
         args.counts, args.pyspy_counts, args.rates = "1,8", "8", "19,99"
