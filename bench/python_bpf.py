@@ -257,7 +257,7 @@ def prog_stats(ids: set[int]) -> tuple[int, int]:
 
 
 def sampler_case(python: bool, seconds: float) -> dict[str, Any]:
-    from flamed.bpfsampler import BpfSampler, BpfSamplerOptions  # noqa: PLC0415 - needs root and bcc
+    from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: PLC0415 - needs root and bcc
 
     s = BpfSampler(BpfSamplerOptions(frequency=999, python=python))
     child: subprocess.Popen[bytes] | None = None

@@ -47,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flamed.bpfsampler import BpfSampler, BpfSamplerOptions  # noqa: E402
+from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: E402
 
 
 def build(tmp: Path) -> Path:

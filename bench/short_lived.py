@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flamed.bpfsampler import BpfSampler, BpfSamplerOptions  # noqa: E402
+from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: E402
 from sampler import build  # noqa: E402  -- bench/sampler.py: tests/workloads/busy.c with frame pointers
 
 

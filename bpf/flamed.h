@@ -1,5 +1,5 @@
 /* flamed.h -- the structs and indices shared by bpf/profile.bpf.c and
- * flamed/bpfsampler.py.  Python mirrors the structs with ctypes and reads the
+ * flamed/sampling/bpf.py.  Python mirrors the structs with ctypes and reads the
  * FLAMED_STAT_* values out of this file, so this header is the one place that
  * defines them.
  *

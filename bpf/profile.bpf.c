@@ -23,7 +23,7 @@
  * kernel struct is read, so compiling against headers of another kernel
  * version cannot change what the program means.
  *
- * Configured by -D defines only (flamed/bpfsampler.py passes them; `flamed
+ * Configured by -D defines only (flamed/sampling/bpf.py passes them; `flamed
  * daemon --print-bpf` shows them):
  *   FLAMED_STACK_ENTRIES  stack ids per generation (default 16384)
  *   FLAMED_STACK_DEPTH    frames kept per stack, <= 127 (default 127)

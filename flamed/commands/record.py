@@ -25,7 +25,7 @@ from flamed.python.align import JoinOptions
 from flamed.python.mixed import MixedMode, MixedOptions
 from flamed.python.pyspy import MAX_RATE, PySpyOptions, find_pyspy
 from flamed.python.watcher import PyProcess, WatchOptions
-from flamed.sampler import SampleEvent
+from flamed.sampling.contract import SampleEvent
 
 DRAIN_S = 0.5
 
@@ -138,7 +138,7 @@ class RecordCommand(Command):
     # -- mixed mode ---------------------------------------------------------
     def _bpf_sampler(self, rate: int, python: bool) -> tuple[Any, str]:
         try:
-            from flamed.bpfsampler import BpfSampler, BpfSamplerOptions  # noqa: PLC0415
+            from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: PLC0415
         except ImportError as e:
             return None, str(e)
         try:

@@ -3,7 +3,7 @@
 Main loop (one thread, the one that gets signals):
 
 * every ``drain_interval`` (on a wall-clock grid, so files start on round
-  times) drain the sampler into a :class:`~flamed.sampler.Window`, run the
+  times) drain the sampler into a :class:`~flamed.sampling.contract.Window`, run the
   window processors, count leftover events, and store the window in the
   ring (snapshots) and the current rotation period (files);
 * when the period reaches its boundary, close it into a file;
@@ -51,7 +51,7 @@ from flamed.daemon.statelock import StateDirLock
 from flamed.daemon.store import ProfileStore
 from flamed.errors import ConfigError, FlamedError
 from flamed.outputs import OutputOptions
-from flamed.sampler import CountKey, Sampler, Window, counts_to_profile
+from flamed.sampling.contract import CountKey, Sampler, Window, counts_to_profile
 
 log = logging.getLogger("flamed.daemon")
 
@@ -738,8 +738,8 @@ class Daemon:
 
 
 def _release_heap() -> None:
-    """Give back what compiling BPF programs (clang/LLVM) left resident: see flamed.memory."""
-    from flamed.memory import release_compiler_memory
+    """Give back what compiling BPF programs (clang/LLVM) left resident: see flamed.sampling.memory."""
+    from flamed.sampling.memory import release_compiler_memory
 
     release_compiler_memory()
 

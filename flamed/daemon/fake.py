@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from flamed.errors import CapabilityError
 from flamed.model import Stack
-from flamed.sampler import CountKey, SampleEvent, Window
+from flamed.sampling.contract import CountKey, SampleEvent, Window
 
 #: (tgid, tid, comm, stack) the fake sampler cycles through, root first.
 DEFAULT_STACKS: tuple[CountKey, ...] = (

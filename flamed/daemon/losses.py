@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from flamed.model import KERNEL_SUFFIX, Stack
 
-#: The placeholder frames of lost stacks (flamed/bpfsampler.py), by errno name.
+#: The placeholder frames of lost stacks (flamed/sampling/bpf.py), by errno name.
 PLACEHOLDERS = {f"[lost stack: {e}]{s}": e for e in ("EEXIST", "ENOMEM") for s in ("", KERNEL_SUFFIX)}
 
 

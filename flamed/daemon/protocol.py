@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from flamed.model import KERNEL_SUFFIX, Stack
-from flamed.sampler import CountKey
+from flamed.sampling.contract import CountKey
 
 MAX_REQUEST_BYTES = 64 * 1024
 REQUESTS = ("snapshot", "status", "flush")

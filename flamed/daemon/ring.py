@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from flamed.sampler import CountKey
+from flamed.sampling.contract import CountKey
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,12 @@ from typing import Any
 
 from flamed.daemon.config import SamplingConfig
 from flamed.errors import CapabilityError, ConfigError
-from flamed.sampler import Sampler
+from flamed.sampling.contract import Sampler
 
 
 def bpf_options(cfg: SamplingConfig) -> Any:
-    """The :class:`flamed.bpfsampler.BpfSamplerOptions` for ``[sampling]``."""
-    from flamed.bpfsampler import BpfSamplerOptions
+    """The :class:`flamed.sampling.bpf.BpfSamplerOptions` for ``[sampling]``."""
+    from flamed.sampling.bpf import BpfSamplerOptions
 
     cgroups: list[int | str] = [int(c) if c.isdigit() else c for c in cfg.cgroups]
     opts = BpfSamplerOptions(
@@ -43,7 +43,7 @@ def make_sampler(cfg: SamplingConfig) -> Sampler:
 
         return FakeSampler(cfg.frequency)
     try:
-        from flamed.bpfsampler import BpfSampler
+        from flamed.sampling.bpf import BpfSampler
     except ImportError as e:
         raise CapabilityError(f"the BPF sampler cannot be loaded: {e}; is python3-bpfcc installed "
                               "(apt-get install python3-bpfcc) and flamed run by /usr/bin/python3?") from None
@@ -52,7 +52,7 @@ def make_sampler(cfg: SamplingConfig) -> Sampler:
 
 def bpf_program_text(cfg: SamplingConfig) -> str:
     """The BPF C program (with its -D defines) the daemon would load, for ``--print-bpf``."""
-    from flamed.bpfsampler import bpf_program
+    from flamed.sampling.bpf import bpf_program
 
     return bpf_program(bpf_options(cfg)).render()
 

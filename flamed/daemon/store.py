@@ -39,7 +39,7 @@ from flamed.daemon.config import OutputConfig, RetentionConfig
 from flamed.daemon.metrics import DaemonMetrics
 from flamed.fileio import atomic_write
 from flamed.folded import write_folded
-from flamed.sampler import CountKey, counts_to_profile
+from flamed.sampling.contract import CountKey, counts_to_profile
 
 log = logging.getLogger("flamed.daemon")
 

@@ -45,7 +45,7 @@ from typing import Any, BinaryIO
 
 from flamed.errors import InputError
 from flamed.model import Stack, is_kernel_frame, sanitize_frame
-from flamed.sampler import SampleEvent
+from flamed.sampling.contract import SampleEvent
 
 #: Root frame of a BPF sample that no Python stack could be joined with.
 NO_PYTHON_FRAME = "[python: no frame]"

@@ -19,7 +19,7 @@ import threading
 from collections import defaultdict
 from typing import Any
 
-from flamed.bpfload import BPF_DIR_ENV, adopt, bpf_dirs, close_bpf, find_bpf_source
+from flamed.sampling.bpfload import BPF_DIR_ENV, adopt, bpf_dirs, close_bpf, find_bpf_source
 from flamed.errors import CapabilityError
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 #: py-spy's recorder; Rust mangling adds a hash that changes per build.
 INCREMENT_SYMBOL = r".*[Cc]hrometrace.*[Rr]ecorder.*increment.*"
 
-#: The program, found like the sampler's (flamed.bpfload): checkout or installed copy.
+#: The program, found like the sampler's (flamed.sampling.bpfload): checkout or installed copy.
 BPF_SOURCE_NAME = "pyspy_clock.bpf.c"
 
 

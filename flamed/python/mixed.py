@@ -39,7 +39,7 @@ from flamed.python.clock import PySpyClock
 from flamed.python.pyspy import CompletedRun, Failure, PySpyOptions, PySpySupervisor
 from flamed.python.threadids import ThreadIds
 from flamed.python.watcher import ProcessWatcher, PyProcess, WatchOptions
-from flamed.sampler import Sampler, SampleEvent, Window
+from flamed.sampling.contract import Sampler, SampleEvent, Window
 
 log = logging.getLogger(__name__)
 

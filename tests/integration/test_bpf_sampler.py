@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from flamed.bpfsampler import BpfSampler, BpfSamplerOptions, bpf_program
+from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions, bpf_program
 from flamed.errors import CapabilityError
-from flamed.sampler import Window
+from flamed.sampling.contract import Window
 from support import ROOT, have_bcc, have_root, need
 
 pytestmark = pytest.mark.bpf
@@ -352,7 +352,7 @@ def test_without_privileges_start_says_what_is_missing(require_bpf: None) -> Non
     assert capsh is not None
     code = (
         "import sys\n"
-        "from flamed.bpfsampler import BpfSampler\n"
+        "from flamed.sampling.bpf import BpfSampler\n"
         "from flamed.errors import CapabilityError\n"
         "try:\n"
         "    BpfSampler().start()\n"

@@ -2,7 +2,7 @@
 
 A child interpreter (so this test's own memory and libraries stay out of it)
 starts a real BpfSampler, measures the compiler libraries' resident code
-pages that only it maps (/proc/self/smaps), calls flamed.memory.release_compiler_memory,
+pages that only it maps (/proc/self/smaps), calls flamed.sampling.memory.release_compiler_memory,
 measures again, then compiles and runs a second sampler and drains it: the
 paged-out compiler must still work when a reload needs it.
 
@@ -34,8 +34,8 @@ pytestmark = pytest.mark.bpf
 
 CHILD = r"""
 import json, re, time
-from flamed.bpfsampler import BpfSampler, BpfSamplerOptions
-from flamed.memory import COMPILER_LIBS, compiler_mappings, release_compiler_memory
+from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
+from flamed.sampling.memory import COMPILER_LIBS, compiler_mappings, release_compiler_memory
 
 def compiler_rss_kb():
     # Private_Clean: code pages only this process maps (pytest's own process may

@@ -18,7 +18,7 @@ from flamed.model import Stack
 from flamed.python.mixed import MixedMode, MixedOptions
 from flamed.python.pyspy import PySpyOptions
 from flamed.python.watcher import PyProcess, WatchOptions
-from flamed.sampler import SampleEvent
+from flamed.sampling.contract import SampleEvent
 from support import ROOT
 
 pytestmark = [pytest.mark.bpf, pytest.mark.pyspy, pytest.mark.slow]
@@ -42,7 +42,7 @@ def pyspy_children_of(pid: int) -> list[int]:
 
 
 def test_churn_200_processes(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
-    from flamed.bpfsampler import BpfSampler, BpfSamplerOptions
+    from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
 
     sampler = BpfSampler(BpfSamplerOptions(frequency=99, pids=frozenset()))
     sampler.start()

@@ -49,7 +49,7 @@ INTERPRETERS = [*VERSIONS, "debian-3.11"]
 def sampler() -> Iterator[Any]:
     need(have_root(), "root (BPF and perf events need CAP_BPF/CAP_PERFMON)")
     need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
-    from flamed.bpfsampler import BpfSampler, BpfSamplerOptions
+    from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
 
     s = BpfSampler(BpfSamplerOptions(frequency=199, python=True, python_depth=128))
     s.start()
@@ -148,7 +148,7 @@ def test_deep_recursion_is_cut_visibly(sampler: Any) -> None:
 
 def test_a_layout_that_fails_validation_is_refused_and_said(sampler: Any) -> None:
     """A wrong offset must not give garbage frames: the process is refused, with its reason counted."""
-    from flamed.bpfsampler import BpfSampler, BpfSamplerOptions
+    from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
     from flamed.sampling.cpython import process as cpy
     from flamed.sampling.pyframes import PythonFrames
 

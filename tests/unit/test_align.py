@@ -27,7 +27,7 @@ from flamed.python.align import (
     parse_chrometrace,
     sample_times,
 )
-from flamed.sampler import SampleEvent
+from flamed.sampling.contract import SampleEvent
 
 PID = 4242
 TID = 4242

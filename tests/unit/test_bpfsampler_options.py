@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from flamed import bpfsampler
-from flamed.bpfsampler import (
+from flamed.sampling import bpf as bpfsampler
+from flamed.sampling.bpf import (
     LOST_REASONS,
     BpfSampler,
     BpfSamplerOptions,

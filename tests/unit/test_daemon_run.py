@@ -24,7 +24,7 @@ from flamed.daemon.testing import fast_config, running_daemon
 from flamed.errors import CapabilityError
 from flamed.fileio import open_input
 from flamed.folded import read_folded
-from flamed.sampler import Window
+from flamed.sampling.contract import Window
 
 from support import have_root, need
 

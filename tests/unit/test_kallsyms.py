@@ -1,10 +1,10 @@
-"""flamed.kallsyms against fake and real /proc/kallsyms."""
+"""flamed.sampling.kallsyms against fake and real /proc/kallsyms."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from flamed.kallsyms import Kallsyms
+from flamed.sampling.kallsyms import Kallsyms
 
 
 def test_lookup_and_hidden(tmp_path: Path) -> None:

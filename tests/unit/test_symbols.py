@@ -1,4 +1,4 @@
-"""flamed.symbols against a fake /proc and fake resolvers (the real bcc path is
+"""flamed.sampling.symbols against a fake /proc and fake resolvers (the real bcc path is
 covered by tests/integration/test_bpf_sampler.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flamed.symbols import ProcessIdentity, Symbolizer, read_identity
+from flamed.sampling.symbols import ProcessIdentity, Symbolizer, read_identity
 
 LIBC = b"/usr/lib/x86_64-linux-gnu/libc.so.6"
 APP = b"/opt/app/bin/app"

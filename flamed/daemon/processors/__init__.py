@@ -4,7 +4,7 @@ Every module in this package that defines a subclass of
 :class:`~flamed.daemon.processors.base.WindowProcessor` with a ``name`` is
 discovered; the daemon creates one instance per processor at start (and
 rebuilds it on reload), in ``order`` then name order, and calls
-``process(window)`` on each drained :class:`~flamed.sampler.Window` before
+``process(window)`` on each drained :class:`~flamed.sampling.contract.Window` before
 the window is stored.  See docs/daemon.md ("Window processors").
 """
 

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry
 
-from flamed.sampler import Sampler, Window
+from flamed.sampling.contract import Sampler, Window
 
 
 @dataclass

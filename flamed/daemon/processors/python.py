@@ -25,7 +25,7 @@ from flamed.python.mixed import MixedMode, MixedOptions
 from flamed.errors import ConfigError
 from flamed.python.pyspy import MAX_RATE, Failure, PySpyOptions
 from flamed.python.watcher import WatchOptions
-from flamed.sampler import Window
+from flamed.sampling.contract import Window
 
 
 @dataclass(frozen=True)

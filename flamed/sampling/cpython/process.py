@@ -33,7 +33,7 @@ from flamed.sampling.cpython.layout import (
 )
 from flamed.sampling.cpython.memory import ProcessMemory
 from flamed.sampling.cpython.walk import Walk, walk_memory
-from flamed.symbols import read_identity
+from flamed.sampling.symbols import read_identity
 
 PAGE = 4096
 _LIB_RE = re.compile(r"libpython(\d)\.(\d+)[a-z]*\.so")

@@ -38,7 +38,7 @@ def bpf_dirs() -> list[Path]:
     env = os.environ.get(BPF_DIR_ENV)
     out = [Path(env)] if env else []
     out += [
-        Path(__file__).resolve().parent.parent / "bpf",  # the source checkout
+        Path(__file__).resolve().parents[2] / "bpf",  # the source checkout
         Path(sys.prefix) / "share" / "flamed" / "bpf",
         Path("/usr/share/flamed/bpf"),
     ]

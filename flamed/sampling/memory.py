@@ -21,7 +21,7 @@ import ctypes
 import logging
 import re
 
-log = logging.getLogger("flamed.memory")
+log = logging.getLogger("flamed.sampling.memory")
 
 MADV_PAGEOUT = 21  # Linux 5.4+
 #: Libraries only compilation uses (bcc's symbolization and map access live in libbcc).

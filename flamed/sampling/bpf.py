@@ -1,10 +1,10 @@
 """The BPF stack sampler: bpf/profile.bpf.c loaded with bcc, drained into Windows.
 
-:class:`BpfSampler` implements :class:`flamed.sampler.Sampler`.  The program
+:class:`BpfSampler` implements :class:`flamed.sampling.contract.Sampler`.  The program
 counts ``{tgid, tid, comm, kernel stack id, user stack id}`` in the kernel, in
 two generations of maps; :meth:`BpfSampler.drain` flips the generation, waits
 until no program still writes the old one, reads and clears it, and returns it
-symbolized as a :class:`~flamed.sampler.Window`.  How and why is in
+symbolized as a :class:`~flamed.sampling.contract.Window`.  How and why is in
 docs/bpf.md.
 
 Everything that can degrade a sample is counted (``Window.lost``; reasons in
@@ -43,12 +43,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
-from flamed.bpfload import adopt, close_bpf, find_bpf_dir
+from flamed.sampling.bpfload import adopt, close_bpf, find_bpf_dir
 from flamed.errors import CapabilityError, ConfigError, FlamedError
 from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Stack
-from flamed.sampler import CountKey, SampleEvent, Window
-from flamed.kallsyms import Kallsyms
-from flamed.symbols import BccResolver, ProcessIdentity, Resolver, Symbolizer
+from flamed.sampling.contract import CountKey, SampleEvent, Window
+from flamed.sampling.kallsyms import Kallsyms
+from flamed.sampling.symbols import BccResolver, ProcessIdentity, Resolver, Symbolizer
 from flamed.sampling.pyframes import PythonFrames, parse_pystack, splice
 
 log = logging.getLogger("flamed.bpf")
@@ -512,7 +512,7 @@ def _age_s(ident: ProcessIdentity) -> float:
 
 
 class BpfSampler:
-    """bpf/profile.bpf.c through bcc; implements :class:`flamed.sampler.Sampler`.
+    """bpf/profile.bpf.c through bcc; implements :class:`flamed.sampling.contract.Sampler`.
 
     ``symbolizer`` and ``clock`` (wall-clock ns) can be passed in; the
     defaults are bcc's symbol caches and :func:`time.time_ns`.

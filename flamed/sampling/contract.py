@@ -46,7 +46,7 @@ class Window:
     this drain.  ``samples``: how many samples the BPF program took in the
     window (the sum of ``counts`` plus ``len(events)`` when nothing was lost).
     ``lost``: samples or stacks lost, by reason (the BPF sampler's are
-    ``flamed.bpfsampler.LOST_REASONS``: ``map_full`` -- the only one that
+    ``flamed.sampling.bpf.LOST_REASONS``: ``map_full`` -- the only one that
     drops a sample --, ``ringbuf_full``, ``kernel_stack_eexist``,
     ``user_stack_eexist``, ``*_enomem``, ``*_error``, ``*_missing``...).
     """

@@ -51,7 +51,7 @@ from typing import Any, NamedTuple, Protocol
 
 from flamed.model import KERNEL_SUFFIX, sanitize_frame
 
-log = logging.getLogger("flamed.symbols")
+log = logging.getLogger("flamed.sampling.symbols")
 
 UNKNOWN = "[unknown]"
 #: In a process's address cache: "no executable mapping holds this address",

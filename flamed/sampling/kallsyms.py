@@ -16,14 +16,14 @@ from array import array
 from itertools import accumulate
 from pathlib import Path
 
-log = logging.getLogger("flamed.symbols")
+log = logging.getLogger("flamed.sampling.symbols")
 
 #: Symbol types that can hold code: text (t/T) and weak (w/W).
 _CODE = frozenset(b"tTwW")
 
 
 class Kallsyms:
-    """A :class:`flamed.symbols.Resolver` for the kernel (the ``pid`` is ignored)."""
+    """A :class:`flamed.sampling.symbols.Resolver` for the kernel (the ``pid`` is ignored)."""
 
     def __init__(self, pid: int = -1, path: Path = Path("/proc/kallsyms")) -> None:
         # ~120,000 code symbols: kept as an address array and one blob of names
