@@ -42,6 +42,9 @@ class LossAdviceOptions:
     collision_interval: float = 3600.0
     #: Share of a window's samples lost to collisions above which they are a warning (0.05: 5 %).
     collision_share: float = 0.05
+    #: A share is judged only over windows of at least this many samples: one
+    #: collision in the 18 samples of a short last window is no trend (5.6 %).
+    collision_min_samples: int = 200
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ class LossAdvisor:
                     f"to stack-map hash collisions (EEXIST: the bucket holds another stack) and show as "
                     f"{stacks.get('EEXIST', 0)} '[lost stack: EEXIST]' stacks")
             size = settings.get("sampling.stack_map_size", "?")
-            if samples <= 0 or eexist / samples > o.collision_share:
+            if samples >= o.collision_min_samples and eexist / samples > o.collision_share:
                 if self._due("eexist_high", o.warn_interval, now):
                     out.append(Advice(logging.WARNING, (
                         f"{what}; above {o.collision_share:.0%}, a larger sampling.stack_map_size (now {size}) "

@@ -535,6 +535,7 @@ class BpfSampler:
         self._fsbase_offset = -1
         self._py_forget: set[int] = set()  # exited: dropped after the next drain
         self._py_retry_lock = threading.Lock()
+        self._py_bufs: tuple[Any, Any] | None = None
         self._clock = clock
         self._symbolizer = symbolizer
         self._lock = threading.RLock()
@@ -1240,8 +1241,9 @@ class BpfSampler:
         fd = table.map_fd
         vsz = ct.sizeof(table.Leaf)
         cap = self.options.python_stack_entries
-        keys = (ct.c_uint64 * cap)()
-        vals = (ct.c_uint8 * (vsz * cap))()
+        if self._py_bufs is None:  # once: a drain must not allocate and zero megabytes
+            self._py_bufs = ((ct.c_uint64 * cap)(), (ct.c_uint8 * (vsz * cap))())
+        keys, vals = self._py_bufs
         total = 0
         in_batch = ct.c_uint32(0)  # a bucket index for hash maps
         out_batch = ct.c_uint32(0)
@@ -1261,8 +1263,8 @@ class BpfSampler:
                 break
             in_batch.value = out_batch.value
             first = False
-        raw = bytes(vals)
-        out = {keys[i]: raw[i * vsz:(i + 1) * vsz] for i in range(total)}
+        raw = memoryview(vals)[: total * vsz]
+        out = {keys[i]: bytes(raw[i * vsz:(i + 1) * vsz]) for i in range(total)}
         # Anything the batch left (no batch support): one by one.
         key = ct.c_uint64(0)
         nxt = ct.c_uint64(0)

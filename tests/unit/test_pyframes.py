@@ -1,0 +1,88 @@
+"""flamed/sampling/pyframes.py: runs of Python frames and the splice into native stacks."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from flamed.sampling.pyframes import (
+    READ_FAULT_FRAME,
+    TRUNCATED_FRAME,
+    PythonFrames,
+    parse_pystack,
+    splice,
+)
+
+
+class _Target:
+    interpreter = "/usr/bin/python3.11"
+    version = (3, 11)
+
+    class layout:  # noqa: N801 - stands for a Layout
+        instr_size = 4
+
+    def validate(self) -> str:
+        return "ready"
+
+    def pack(self) -> bytes:
+        return b"\0" * 40
+
+
+class _Names:
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+
+    def symbolize(self, frames: Any) -> list[str]:
+        return [self.names[c & ~1] for c, _ in frames]
+
+
+def _frames(names: dict[int, str]) -> PythonFrames:
+    pf = PythonFrames(probe=lambda pid: _Target(), symbolizer_factory=lambda pid, t: _Names(names))
+    assert isinstance(pf.describe(7), bytes)
+    return pf
+
+
+def test_runs_root_first_split_at_entry_frames() -> None:
+    pf = _frames({0x10: "leaf", 0x20: "mid", 0x30: "callback", 0x40: "main"})
+    # innermost first; entry bit on the first frame of each evaluation run
+    runs = pf.stack(7, [(0x10, 0), (0x20 | 1, 0), (0x30, 0), (0x40 | 1, 0)], 0)
+    assert runs == [("main", "callback"), ("mid", "leaf")]
+
+
+def test_truncated_and_read_fault_are_visible_at_the_root() -> None:
+    pf = _frames({0x10: "f"})
+    assert pf.stack(7, [(0x10 | 1, 0)], 1)[0] == (TRUNCATED_FRAME,)
+    assert pf.stack(7, [(0x10 | 1, 0)], 2)[0] == (READ_FAULT_FRAME,)
+
+
+def test_unknown_process_gets_placeholders_not_an_error() -> None:
+    pf = PythonFrames(probe=lambda pid: None, symbolizer_factory=lambda pid, t: _Names({}))
+    assert pf.describe(8) is None and pf.verdict(8) == "not_python"
+    assert pf.stack(8, [(0x1230 | 1, 0)], 0) == [("[python code 0x1230]",)]
+
+
+def test_splice_replaces_each_eval_frame_by_its_run() -> None:
+    native = ("_start", "main", "Py_RunMain", "_PyEval_EvalFrameDefault", "PyObject_Call", "cext_fn",
+              "_PyEval_EvalFrameDefault", "zlib_compress", "deflate")
+    runs = [("<module> (app.py:1)", "handler (app.py:9)"), ("callback (app.py:20)",)]
+    assert splice(native, runs) == ("_start", "main", "Py_RunMain", "<module> (app.py:1)", "handler (app.py:9)",
+                                    "PyObject_Call", "cext_fn", "callback (app.py:20)", "zlib_compress", "deflate")
+
+
+def test_splice_without_eval_frames_puts_python_on_top_of_the_leaf() -> None:
+    # CPython without frame pointers: the native walk stops near the leaf
+    runs = [("main (a.py:1)",), ("f (a.py:5)",)]
+    assert splice(("[unknown]", "deflate"), runs) == ("main (a.py:1)", "f (a.py:5)", "deflate")
+    # eval frames that do not match the runs: native frames below the innermost one
+    native = ("_PyEval_EvalFrameDefault", "PyObject_Call", "deflate")
+    assert splice(native, runs) == ("main (a.py:1)", "f (a.py:5)", "PyObject_Call", "deflate")
+    assert splice(native, []) == native
+
+
+def test_parse_pystack_reads_the_struct_of_the_program() -> None:
+    depth = 8
+    codes = [0x1000, 0x2001, 0, 0, 0, 0, 0, 0]
+    instrs = [10, 20, 0, 0, 0, 0, 0, 0]
+    raw = struct.pack("<II", 2, 1) + struct.pack(f"<{depth}Q", *codes) + struct.pack(f"<{depth}I", *instrs)
+    frames, flags = parse_pystack(raw, depth)
+    assert frames == [(0x1000, 10), (0x2001, 20)] and flags == 1
