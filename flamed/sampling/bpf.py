@@ -1141,8 +1141,9 @@ class BpfSampler:
         lost["stack_read_failed"] = sum(1 for i in ids if i not in stacks)
         counts, events = self._symbolize(keys, raw_events, stacks, pystacks)
         sym.end_drain()
-        if self._python is not None and self._py_forget:
+        if self._python is not None and (self._py_forget or self._py_described):
             gone, self._py_forget = self._py_forget, set()
+            gone.update(self._python.gone())
             for pid in gone:
                 self._python.forget(pid)
                 if pid in self._py_described:

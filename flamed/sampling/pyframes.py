@@ -228,6 +228,14 @@ class PythonFrames:
         self._ptr_instr.pop(tgid, None)
         self._verdicts.pop(tgid, None)
 
+    def gone(self) -> list[int]:
+        """Described processes that exited (or whose pid is another process
+        now): nobody may have said so (the sampler describes every CPython on
+        the host, the watcher follows only those it was asked to)."""
+        with self._lock:
+            procs = [(t, p.start_time) for t, p in self._procs.items()]
+        return [t for t, start in procs if _start_time(self._proc_root, t) != start]
+
     def described(self) -> dict[int, str]:
         with self._lock:
             return {t: p.version for t, p in self._procs.items()}

@@ -155,7 +155,9 @@ while time.time() < end:
 
 def _mixed_daemon(daemon_factory: Any, cg: str, log_level: str = "info", name: str = "daemon", **python: Any) -> Any:
     rel = cg.removeprefix(CGROUP2 or "")
-    opts = {"enabled": True, "window_s": 1.0, "include_cgroup": re.escape(rel) + "$", "scan_interval": 1.0}
+    # These are faults of the py-spy path: Python frames from py-spy, not from the BPF walker.
+    opts = {"enabled": True, "source": "pyspy", "window_s": 1.0, "include_cgroup": re.escape(rel) + "$",
+            "scan_interval": 1.0}
     opts.update(python)
     return daemon_factory(name=name, sampling={"frequency": 99, "drain_interval": 1.0, "cgroups": [cg]},
                           output={"rotate_interval": 5.0}, processors__python=opts,

@@ -25,7 +25,7 @@ BCC_NOISE = re.compile(r"uprobe_events|kprobe_events|Failed to detach|Exception 
 
 def test_daemon_stop_prints_only_flamed_lines(require_bpf: None, require_pyspy: str, daemon_factory: Any) -> None:
     # Mixed mode on: it loads the py-spy clock, whose uprobe is what bcc failed to detach.
-    d = daemon_factory(processors__python={"enabled": True})
+    d = daemon_factory(processors__python={"enabled": True, "source": "pyspy"})
     d.wait_for(lambda: d.status()["windows"] >= 1, 60, "a first window")
     d.signal(signal.SIGTERM)
     assert d.wait_exit(60) == 0

@@ -131,7 +131,8 @@ def run_with(tmp: Path, name: str, argv_prefix: list[str], observe: float = 8.0,
     """Start the daemon under ``argv_prefix`` with mixed mode on a Python workload; what happened."""
     wl = subprocess.Popen([sys.executable, "-c", WORK], start_new_session=True)
     cfg = base_config(tmp / name, sampling={"frequency": 99, "drain_interval": 1.0},
-                      processors__python={"enabled": True, "window_s": 2.0, "include_comm": "^capwork$"}, **over)
+                      processors__python={"enabled": True, "source": "pyspy", "window_s": 2.0,
+                                          "include_comm": "^capwork$"}, **over)
     (tmp / name).mkdir(parents=True, exist_ok=True)
     d = DaemonProc(tmp / name, cfg, argv_prefix=argv_prefix)
     res: dict[str, Any] = {"name": name}
