@@ -536,6 +536,7 @@ class BpfSampler:
         self._py_forget: set[int] = set()  # exited: dropped after the next drain
         self._py_retry_lock = threading.Lock()
         self._py_bufs: tuple[Any, Any] | None = None
+        self._py_gone: set[int] = set()  # found exited at the last drain, forgotten at this one
         self._clock = clock
         self._symbolizer = symbolizer
         self._lock = threading.RLock()
@@ -1142,8 +1143,12 @@ class BpfSampler:
         counts, events = self._symbolize(keys, raw_events, stacks, pystacks)
         sym.end_drain()
         if self._python is not None and (self._py_forget or self._py_described):
+            # Exited processes are forgotten one drain after they are found
+            # gone: the generation that began at this drain's flip may still
+            # hold their last samples, named from the cache.
             gone, self._py_forget = self._py_forget, set()
-            gone.update(self._python.gone())
+            gone.update(self._py_gone)
+            self._py_gone = set(self._python.gone()) - gone
             for pid in gone:
                 self._python.forget(pid)
                 if pid in self._py_described:

@@ -175,3 +175,28 @@ def test_a_layout_that_fails_validation_is_refused_and_said(sampler: Any) -> Non
     assert stacks
     assert not any(".py:" in f for s, _ in stacks for f in s), "frames of a refused layout were emitted"
     assert frames.stats.refused["invalid_layout"] >= 1
+
+
+def test_exited_processes_leave_no_description_behind(sampler: Any) -> None:
+    """Churn: every CPython on the host is described when first sampled; the
+    ones that exit are dropped from the program's map and the caches within
+    two drains, whoever started them."""
+    exe = _interpreter("3.11")
+    code = "import time\nend = time.perf_counter() + 0.05\nwhile time.perf_counter() < end: pass\n"
+    sampler.drain()
+    pids = set()
+    for _ in range(40):
+        p = subprocess.Popen([str(exe), "-S", "-c", code])
+        pids.add(p.pid)
+        assert p.wait(timeout=30) == 0
+    time.sleep(0.2)
+    sampler.drain()
+    seen = pids & set(sampler.python_frames.described()) | (pids & set(sampler._py_gone))
+    assert len(seen) >= 20, f"only {len(seen)} of 40 short processes were described"
+    sampler.drain()
+    sampler.drain()
+    left = pids & set(sampler.python_frames.described())
+    assert not left, f"{len(left)} exited processes still described"
+    table = sampler._bpf["pyprocs"]
+    in_map = {k.value for k in table.keys()}
+    assert not (pids & in_map), "exited processes still in the program's pyprocs map"
