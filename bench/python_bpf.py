@@ -259,7 +259,8 @@ def prog_stats(ids: set[int]) -> tuple[int, int]:
 def sampler_case(python: bool, seconds: float) -> dict[str, Any]:
     from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: PLC0415 - needs root and bcc
 
-    s = BpfSampler(BpfSamplerOptions(frequency=999, python=python))
+    # python_timing: the program itself adds up the ns of each walk (two clock reads a sample).
+    s = BpfSampler(BpfSamplerOptions(frequency=999, python=python, python_timing=python))
     child: subprocess.Popen[bytes] | None = None
     try:
         s.start()
@@ -272,6 +273,7 @@ def sampler_case(python: bool, seconds: float) -> dict[str, Any]:
         ns1, cnt1 = prog_stats(ids)
         time.sleep(0.2)  # the priming thread names the last stacks
         w = s.drain()
+        pys = s.stats().python_total
     finally:
         if child is not None:
             stop(child, signal.SIGKILL)
@@ -280,7 +282,9 @@ def sampler_case(python: bool, seconds: float) -> dict[str, Any]:
     return {"python": python, "run_time_ns": ns1 - ns0, "run_cnt": cnt1 - cnt0,
             "ns_per_run": (ns1 - ns0) / max(1, cnt1 - cnt0),
             "workload_samples": sum(n for _, n in mine),
-            "python_samples": sum(n for st, n in mine if any(_PY_FRAME.match(f) for f in st))}
+            "python_samples": sum(n for st, n in mine if any(_PY_FRAME.match(f) for f in st)),
+            # every described process's walks (this workload's and any other CPython's on the host)
+            "walks": pys.get("PY_SAMPLES", 0), "walk_ns": pys.get("PY_NS", 0)}
 
 
 # -- report ----------------------------------------------------------------------
@@ -383,10 +387,14 @@ def main() -> int:
     table(("python", "ns/run", "runs", "workload samples", "with Python frames"),
           [(w["python"], f"{w['ns_per_run']:.0f}", w["run_cnt"], w["workload_samples"], w["python_samples"])
            for w in walk])
-    print(f"walk cost per Python sample: {per_py:.0f} ns (goal <= 2000 ns: {'met' if per_py <= 2000 else 'NOT met'})")
+    print(f"difference per Python sample (upper bound): {per_py:.0f} ns")
+    timed = med([w["walk_ns"] / w["walks"] for w in on if w["walks"]])
+    print(f"walk time per Python sample, timed in the program: {timed:.0f} ns "
+          f"(goal <= 2000 ns: {'met' if timed <= 2000 else 'NOT met'})")
     if args.json:
         Path(args.json).write_text(json.dumps({"load_average": load, "args": vars(args), "summary": summary,
-                                               "runs": runs, "walk": walk, "walk_ns_per_python_sample": per_py},
+                                               "runs": runs, "walk": walk, "walk_ns_difference": per_py,
+                                               "walk_ns_timed": timed},
                                               indent=1))
     return 0
 

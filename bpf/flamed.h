@@ -82,7 +82,8 @@ enum flamed_stat {
     FLAMED_STAT_PY_READ_FAULT = 19, /* ... a read of the interpreter's memory failed */
     FLAMED_STAT_PY_TRUNCATED = 20,  /* ... deeper than FLAMED_PY_DEPTH: outer frames cut */
     FLAMED_STAT_PY_STACKS_FULL = 21,/* ... the pystacks map was full: no Python frames */
-    FLAMED_NSTATS = 22,
+    FLAMED_STAT_PY_NS = 22,         /* ns spent walking Python frames (FLAMED_PY_TIMING=1 only) */
+    FLAMED_NSTATS = 23,
 };
 
 #define FLAMED_STATS_GLOBAL 2

@@ -156,7 +156,7 @@ static __always_inline void stat_inc(u32 block, u32 which)
 #if FLAMED_PYTHON
 /* In bpf/python.bpf.c, which the loader appends to this file: bcc rewrites
  * map calls only in the text it is given, not in included files. */
-static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32 tgid, u32 tid);
+static __always_inline u64 py_take_timed(struct bpf_perf_event_data *ctx, u32 gen, u32 tgid, u32 tid);
 #endif
 
 /* Was the task interrupted in user mode?  Tells a missing stack (an error)
@@ -234,7 +234,7 @@ static __always_inline void take_gen0(struct bpf_perf_event_data *ctx, struct fl
     stack_errors(0, in_user_mode(ctx), &key->kernel_stack_id, &key->user_stack_id);
 #if FLAMED_PYTHON
     if (!is_watched)
-        key->py_stack_id = py_take(ctx, 0, key->tgid, key->tid);
+        key->py_stack_id = py_take_timed(ctx, 0, key->tgid, key->tid);
 #endif
     if (is_watched) {
         if (emit_event(0, key) == 0) {
@@ -268,7 +268,7 @@ static __always_inline void take_gen1(struct bpf_perf_event_data *ctx, struct fl
     stack_errors(1, in_user_mode(ctx), &key->kernel_stack_id, &key->user_stack_id);
 #if FLAMED_PYTHON
     if (!is_watched)
-        key->py_stack_id = py_take(ctx, 1, key->tgid, key->tid);
+        key->py_stack_id = py_take_timed(ctx, 1, key->tgid, key->tid);
 #endif
     if (is_watched) {
         if (emit_event(1, key) == 0) {

@@ -28,6 +28,8 @@
  *   FLAMED_PY_MAX_PROCS      CPython processes described at once (default 4096)
  *   FLAMED_PY_MAX_THREADS    thread states looked at per sample (default 128)
  *   FLAMED_TASK_FSBASE_OFF   offset of thread.fsbase in task_struct, or -1
+ *   FLAMED_PY_TIMING         1: add the ns each walk takes to FLAMED_STAT_PY_NS
+ *                            (for bench/python_bpf.py; two clock reads a sample)
  */
 #ifndef FLAMED_PY_DEPTH
 #define FLAMED_PY_DEPTH 128
@@ -40,6 +42,9 @@
 #endif
 #ifndef FLAMED_PY_MAX_THREADS
 #define FLAMED_PY_MAX_THREADS 128
+#endif
+#ifndef FLAMED_PY_TIMING
+#define FLAMED_PY_TIMING 0
 #endif
 #ifndef FLAMED_TASK_FSBASE_OFF
 #define FLAMED_TASK_FSBASE_OFF -1
@@ -320,4 +325,22 @@ static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32
     }
     stat_inc(gen, FLAMED_STAT_PY_STACKS);
     return id;
+}
+
+/* py_take, timed when asked (only samples of described processes count). */
+static __always_inline u64 py_take_timed(struct bpf_perf_event_data *ctx, u32 gen, u32 tgid, u32 tid)
+{
+#if FLAMED_PY_TIMING
+    if (!pyprocs.lookup(&tgid))
+        return 0;
+    u64 t0 = bpf_ktime_get_ns();
+    u64 id = py_take(ctx, gen, tgid, tid);
+    u32 idx = gen * FLAMED_NSTATS + FLAMED_STAT_PY_NS;
+    u64 *v = stats.lookup(&idx);
+    if (v)
+        *v += bpf_ktime_get_ns() - t0;
+    return id;
+#else
+    return py_take(ctx, gen, tgid, tid);
+#endif
 }

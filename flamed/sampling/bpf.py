@@ -93,7 +93,7 @@ _STAT_TO_REASON = {
 _PY_NEW = struct.Struct("<IIQ")
 #: FLAMED_STAT_PY_* counters, by the names _take_stats gives them.
 _PY_STATS = ("PY_SAMPLES", "PY_STACKS", "PY_NO_THREAD", "PY_NO_FRAME", "PY_READ_FAULT", "PY_TRUNCATED",
-             "PY_STACKS_FULL")
+             "PY_STACKS_FULL", "PY_NS")
 #: A sample whose Python stack id names no stack the drain could read.
 _PY_LOST_FRAME = "[lost python stack]"
 
@@ -180,6 +180,9 @@ class BpfSamplerOptions:
     python_stack_entries: int = 2048
     #: CPython processes described to the program at once.
     python_max_procs: int = 4096
+    #: Time every walk in the program (two clock reads a sample) and report
+    #: the sum in ``SamplerStats.python_total["PY_NS"]``: for benchmarks.
+    python_timing: bool = False
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
@@ -299,6 +302,7 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
             "FLAMED_PY_STACK_ENTRIES": options.python_stack_entries,
             "FLAMED_PY_MAX_PROCS": options.python_max_procs,
             "FLAMED_TASK_FSBASE_OFF": fsbase_offset,
+            "FLAMED_PY_TIMING": int(options.python_timing),
         })
     cflags = (f"-I{d}", *(f"-D{k}={v}" for k, v in defines.items()))
     return BpfProgram(path=path, text=text, cflags=cflags, header_path=header, header=header_text,
