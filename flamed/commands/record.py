@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -28,6 +29,8 @@ from flamed.python.watcher import PyProcess, WatchOptions
 from flamed.sampling.contract import SampleEvent
 
 DRAIN_S = 0.5
+#: A Python frame, ``name (file:line)`` (``<string>`` for ``python -c``).
+_PY_FRAME = re.compile(r" \(.*:\d+\)$")
 
 
 class RecordCommand(Command):
@@ -224,7 +227,7 @@ class RecordCommand(Command):
         if mixed is not None and by_bpf:
             total = sum(n for (tgid, _t, _c, _s), n in counts.items() if tgid in by_bpf)
             named = sum(n for (tgid, _t, _c, s), n in counts.items()
-                        if tgid in by_bpf and any(".py:" in f for f in s))
+                        if tgid in by_bpf and any(_PY_FRAME.search(f) for f in s))
             self.warn(f"{total} samples of {len(by_bpf)} Python process(es) read in BPF, {named} with Python frames")
         if mixed is not None and by_pyspy:
             st = mixed.stats

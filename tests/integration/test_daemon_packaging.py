@@ -247,13 +247,22 @@ while time.monotonic() < end:
 
 
 def test_installed_record_runs_like_the_checkout(deb: Path, tmp_path: Path) -> None:
-    """`flamed record -- python3 ...` from the unpacked package: mixed mode, calibrated by the uprobe."""
+    """`flamed record -- python3 ...` from the unpacked package: Python frames read in BPF; with
+    --pyspy, py-spy's frames calibrated by the uprobe (the clock program is in the package)."""
     need(have_root(), "root (BPF)")
     need(have_bcc(), "bcc (python3-bpfcc)")
     need(pyspy_path() is not None, "py-spy")
     root = _extract(deb, tmp_path)
     out = tmp_path / "rec.folded"
     r = subprocess.run([str(root / "usr/bin/flamed"), "record", "-r", "99", "-o", str(out), "--",
+                        "/usr/bin/python3", "-c", RECORD_WORKLOAD],
+                       env=PKG_ENV, capture_output=True, text=True, timeout=180, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "work (<string>:" in out.read_text(), out.read_text()[:2000]
+    m = re.search(r"(\d+) samples of 1 Python process\(es\) read in BPF, (\d+) with Python frames", r.stderr)
+    assert m is not None and int(m.group(2)) >= 0.9 * int(m.group(1)) > 0, r.stderr
+    assert [ln for ln in r.stderr.splitlines() if MISSING_WARNING.search(ln)] == [], r.stderr
+    r = subprocess.run([str(root / "usr/bin/flamed"), "record", "--pyspy", "-r", "99", "-o", str(out), "--",
                         "/usr/bin/python3", "-c", RECORD_WORKLOAD],
                        env=PKG_ENV, capture_output=True, text=True, timeout=180, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
