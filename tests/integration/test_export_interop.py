@@ -166,3 +166,20 @@ def test_go_tool_pprof_top_matches_flamed_top(tmp_path: Path) -> None:
     assert rows == ours
     total = re.search(r"Total samples = (\d+)", out) or re.search(r"of (\d+) total", out)
     assert total is not None and int(total.group(1)) == sum(s for s, _ in ours.values())
+
+
+def test_speedscope_names_threads_of_a_multi_thread_capture(browser: Browser, tmp_path: Path) -> None:
+    # A 4-thread perf script (default fields: thread ids, no pids) exported as a timeline:
+    # speedscope lists one profile per thread, named with the thread's command and id.
+    from flamed.cli import main
+
+    src = DATA / "perf" / "c-default.txt.gz"
+    out = tmp_path / "threads.speedscope.json"
+    assert main(["export", "-o", str(out), str(src)]) == 0
+    doc = json.loads(out.read_text())
+    names = [p["name"] for p in doc["profiles"]]
+    assert sorted(names) == ["hot (tid 11166)", "job:2 (tid 11170)", "worker 0 (tid 11168)", "worker 1 (tid 11169)"]
+    text = _load_in_speedscope(browser, doc, "threads.speedscope.json", tmp_path)
+    assert f"{names[0]} (1/4)" in text, text[:300]
+    assert "pid 0" not in text
+    browser.screenshot(ARTIFACTS / "speedscope-threads.png")
