@@ -61,7 +61,19 @@ _TASK = re.compile(r"^(-?\d{1,19})(?:/(-?\d{1,19}))?$")
 _CPU = re.compile(r"^\[\d+\]$")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _HEXSTR = frozenset("0123456789abcdef")
-_JIT_MAP = re.compile(r"^/tmp/perf-\d+\.map$")
+# perf's JIT symbol maps (/tmp/perf-PID.map, or wherever TMPDIR was: /var/tmp in containers)
+# and the DSOs `perf inject --jit` writes for jitdump (jitted-PID-N.so).
+_JIT_MAP = re.compile(r"(?:^|/)(?:perf-\d+\.map|jitted-\d+-\d+\.so)$")
+# An unindented frame line (perf before 3.x printed frames flush left): "IP SYMBOL (DSO)".
+_FLUSH_FRAME = re.compile(rb"^[0-9a-f]{1,16} \S.*\)\s*$")
+_HEADER_LINE = re.compile(rb"^\s*\S.*?\s\d+(?:/\d+)?\s+(?:\[\d+\]\s+)?\d+\.\d+:\s")
+# Rust legacy mangling perf left undecoded: "$LT$", "$u7b$", ".." and a "::h<16 hex>" hash.
+_RUST_HASH = re.compile(r"::h[0-9a-f]{16}$")
+_RUST_ESC = re.compile(r"\$(SP|BP|RF|LT|GT|LP|RP|C|u[0-9a-f]{1,6})\$")
+_RUST_NAMED = {"SP": "@", "BP": "*", "RF": "&", "LT": "<", "GT": ">", "LP": "(", "RP": ")", "C": ","}
+# A Java class in perf's JVM-internal form ("Ljava/lang/Thread;::run"): flamegraph.pl's java
+# palette expects "java/lang/Thread:::run".
+_JAVA_CLASS = re.compile(r"^L(?=[A-Za-z_$][\w$]*(?:/[\w$]+)+(?:[;:.(]|$))")
 #: Bracketed DSOs that are not the kernel.
 _NOT_KERNEL = frozenset(
     {"[unknown]", "[vdso]", "[vsyscall]", "[vectors]", "[heap]", "[stack]", "[anon]", "[uprobes]", "[vvar]", "[jit]"}
@@ -202,7 +214,7 @@ class PerfParser(ChunkParser):
             # Another sample's header inside the block: perf script without -g
             # prints one line per sample and no blank lines between them.
             lines = body_s.split(b"\n")
-            i = next(i for i, ln in enumerate(lines) if ln[:1] not in (b"\t", b" ") and ln)
+            i = next(i for i, ln in enumerate(lines) if ln and _starts_sample(ln))
             self._parse_flat(lines[i:], res, data, start, first_line, source, i + 1)
             return self._frames_of(b"\n".join(lines[:i]), trailing) or ""
         if not trailing:
@@ -251,7 +263,7 @@ class PerfParser(ChunkParser):
     def _line_frame(self, line: bytes) -> str | None:
         """The frame of one indented line, ``""`` for a line that is not a frame (srcline),
         ``None`` for an unindented line (not cached: it is a header)."""
-        if line[:1] not in (b"\t", b" ") and line:
+        if line and _starts_sample(line):
             return None
         s = line.strip()
         ip, _, rest = s.partition(b" ")
@@ -280,7 +292,7 @@ class PerfParser(ChunkParser):
         for ln in lines:
             if not ln or ln.startswith(b"#"):
                 continue
-            if ln[:1] in (b"\t", b" "):
+            if not _starts_sample(ln):
                 if cur:
                     cur.append(ln)
                 continue
@@ -310,6 +322,14 @@ class PerfParser(ChunkParser):
             inlined = True
             rest = rest[: -len(" (inlined)")].rstrip()
         sym, dso = _split_dso(rest)
+        if dso is None and rest.startswith("(") and rest.endswith(")") and ") (" not in rest:
+            sym, dso = "", rest[1:-1]  # no symbol at all: "IP  (DSO)"
+        if "->" in sym and "operator->" not in sym and dso is not None and _JIT_MAP.search(dso):
+            # perf-map-agent's unfoldall: a JIT frame with its inlined callees, "A->B->C" (caller first).
+            parts = [self._parse_rest(f"{p} ({dso})".encode("utf-8", "surrogateescape")) for p in sym.split("->") if p]
+            if len(parts) > 1:
+                tag = "_[i]" if self._ann_inline else ""
+                return ";".join([parts[0]] + [(p[:-4] if p.endswith("_[j]") else p) + tag for p in parts[1:]])
         # Strip the "+0x1f" offset perf prints since Linux 4.8.
         p = sym.rfind("+0x")
         if p > 0 and len(sym) > p + 3 and _HEXSTR.issuperset(sym[p + 3 :]):
@@ -320,13 +340,17 @@ class PerfParser(ChunkParser):
                 sym = base if base.startswith("[") and base.endswith("]") else f"[{base}]"
             else:
                 sym = "[unknown]"
+        if sym.startswith("L"):
+            sym = _JAVA_CLASS.sub("", sym)
+        elif "$" in sym or "::h" in sym:
+            sym = demangle_rust_legacy(sym)
         sym = sanitize_frame(sym)
         if inlined and self._ann_inline:
             sym += "_[i]"
         elif dso is not None and not inlined:
             if self._ann_kernel and _is_kernel_dso(dso):
                 sym += "_[k]"
-            elif self._ann_jit and _JIT_MAP.match(dso):
+            elif self._ann_jit and _JIT_MAP.search(dso):
                 sym += "_[j]"
         return sym
 
@@ -399,6 +423,39 @@ class PerfParser(ChunkParser):
 _UNINDENTED = re.compile(rb"(?m)^[^\s]")
 
 
+def _starts_sample(line: bytes) -> bool:
+    """Whether a line inside a block is another sample's header rather than a frame.
+
+    Frames are indented, except in old perf versions (flush-left ``IP SYM (DSO)``);
+    headers are flush left, except in ``perf script`` without ``-g``, which pads
+    the command to a column (``           false 39654 19115.489713: ...``).
+    """
+    if line[:1] in (b"\t", b" "):
+        return _HEADER_LINE.match(line) is not None and not _FRAME_HINT.match(line)
+    return _FLUSH_FRAME.match(line) is None or _HEADER_LINE.match(line) is not None
+
+
+def demangle_rust_legacy(sym: str) -> str:
+    """A Rust legacy-mangled path perf printed undecoded, decoded (``GcBox$LT$T$GT$::new::h…`` ->
+    ``GcBox<T>::new``); other names unchanged."""
+    if _RUST_HASH.search(sym) is None:
+        return sym
+    sym = sym[: -len("::h0123456789abcdef")]
+
+    def esc(m: re.Match[str]) -> str:
+        k = m.group(1)
+        if k in _RUST_NAMED:
+            return _RUST_NAMED[k]
+        try:
+            return chr(int(k[1:], 16))
+        except (ValueError, OverflowError):
+            return m.group(0)
+
+    if sym.startswith("_$"):
+        sym = sym[1:]  # rustc prefixes a path that starts with an escape with "_"
+    return _RUST_ESC.sub(esc, sym).replace("..", "::")
+
+
 def _records(chunk: bytes) -> Iterator[tuple[bytes, bytes, int]]:
     """``(header, frame lines, offset)`` of each sample, with or without blank lines between them."""
     offset = 0
@@ -409,14 +466,14 @@ def _records(chunk: bytes) -> Iterator[tuple[bytes, bytes, int]]:
         if not block:
             continue
         header, _, body = block.partition(b"\n")
-        if not body or _UNINDENTED.search(body) is None:
+        if not body or (_UNINDENTED.search(body) is None and _HEADER_LINE.search(body) is None):
             yield header, body, start
             continue
         pos = start
         cur_h, cur_body, cur_start = header, [], start
         pos += len(header) + 1
         for ln in body.split(b"\n"):
-            if ln[:1] in (b" ", b"\t") or not ln:
+            if not ln or not _starts_sample(ln):
                 cur_body.append(ln)
             else:
                 yield cur_h, b"\n".join(cur_body), cur_start

@@ -12,6 +12,7 @@ from flamed.fileio import open_output
 from flamed.folded import ReadStats
 from flamed.inputs import all_folded, load_profile, open_sample_streams
 from flamed.layout import StackTable, table_from_keyed, table_from_profile
+from flamed.outputs._timeline import lanes
 from flamed.outputs.svg import render_chart, render_table
 
 
@@ -63,7 +64,7 @@ class SvgCommand(Command):
                 with contextlib.ExitStack() as files:
                     # Inputs with timestamps (perf script, traces): their samples in time order.
                     stream = open_sample_streams(args.inputs, files, strict=args.strict)
-                    items = [(s.stack, s.weight) for s in stream] if stream is not None else []
+                    items = lanes(stream) if stream is not None else []  # one lane per thread
                 if stream is None:
                     items = list(load_profile(args.inputs, strict=args.strict, stats=stats).stacks.items())
             with open_output(args.output) as out:

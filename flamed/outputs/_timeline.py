@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from flamed.model import Sample, Stack, parse_task_frame
+from flamed.model import Sample, Stack, Weight, parse_task_frame, sanitize_frame, task_frame
 
 #: Sampling interval assumed when neither the rate nor the data tell one.
 DEFAULT_INTERVAL_NS = 10_000_000
@@ -27,15 +27,15 @@ class Interval:
 
 
 def thread_key(s: Sample) -> tuple[int, int]:
-    """(pid, tid) of a sample; from its fields, else from a ``comm-PID/TID`` root frame."""
-    pid, tid = s.pid, s.tid
-    if pid is None or tid is None:
-        task = parse_task_frame(s.stack[0]) if s.stack else None
-        if task is not None:
-            pid = pid if pid is not None else task.pid
-            tid = tid if tid is not None else task.tid
-    pid = pid if pid is not None else 0
-    return pid, tid if tid is not None else pid
+    """(pid, tid) of a sample; from its fields, else from a ``comm-PID/TID`` root frame.
+
+    When the capture has no pid (perf script's default prints only the thread
+    id) the pid is -1: the thread is its own group, not a member of process 0.
+    """
+    pid, tid, _ = _ids(s)
+    if tid is None:
+        tid = pid if pid is not None else 0
+    return (pid if pid is not None else -1), tid
 
 
 def group_by_thread(samples: Iterable[Sample]) -> dict[tuple[int, int], list[Sample]]:
@@ -48,6 +48,77 @@ def group_by_thread(samples: Iterable[Sample]) -> dict[tuple[int, int], list[Sam
         lst = groups[k]
         lst.sort(key=lambda s: s.time_ns)  # stable: equal times keep input order
         out[k] = lst
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadNames:
+    """What the capture says about one thread: its command and its process's."""
+
+    pid: int | None  # None: the capture printed only the thread id (perf script's default)
+    tid: int
+    comm: str
+    process: str  # command of the process's main thread when seen, else of its first thread
+
+    @property
+    def label(self) -> str:
+        ids = f"pid {self.pid}, tid {self.tid}" if self.pid is not None else f"tid {self.tid}"
+        return f"{self.comm} ({ids})" if self.comm else ids
+
+
+def _ids(s: Sample) -> tuple[int | None, int | None, str]:
+    """(pid, tid, comm) of a sample, from its fields and its root frame (``comm`` or ``comm-PID/TID``)."""
+    root = s.stack[0] if s.stack else ""
+    task = parse_task_frame(root)
+    pid = s.pid if s.pid is not None else task.pid
+    tid = s.tid if s.tid is not None else task.tid
+    return pid, tid, task.comm
+
+
+def thread_names(groups: dict[tuple[int, int], list[Sample]]) -> dict[tuple[int, int], ThreadNames]:
+    """Names of the threads of :func:`group_by_thread`'s groups, from their samples."""
+    known: dict[tuple[int, int], tuple[int | None, str]] = {}
+    for key, lst in groups.items():
+        pid, _, comm = _ids(lst[0]) if lst else (None, None, "")
+        known[key] = (pid, comm)
+    # A process is named after its main thread (tid == pid), as ps does; else its first thread.
+    process: dict[int, str] = {}
+    for (_, tid), (pid, comm) in known.items():
+        if pid is not None and tid == pid:
+            process[pid] = comm
+    for (_, tid), (pid, comm) in known.items():
+        if pid is not None:
+            process.setdefault(pid, comm)
+    out: dict[tuple[int, int], ThreadNames] = {}
+    for (kpid, tid), (pid, comm) in known.items():
+        out[(kpid, tid)] = ThreadNames(pid, tid, comm, process.get(pid, comm) if pid is not None else comm)
+    return out
+
+
+def lanes(samples: Iterable[Sample]) -> list[tuple[Stack, Weight]]:
+    """A time-ordered stream as flame chart items: one lane per thread, each in time order.
+
+    Interleaving the samples of several threads makes every box one sample
+    wide; a lane per thread keeps each thread's runs together.  The root frame
+    of each lane names the thread (``comm-PID/TID``, ``comm-?/TID`` when the
+    capture has no pid) so that lanes of threads with one command stay apart.
+    """
+    groups = group_by_thread(samples)
+    names = thread_names(groups)
+    if len(groups) <= 1:
+        return [(s.stack, s.weight) for lst in groups.values() for s in lst]
+    out: list[tuple[Stack, Weight]] = []
+    # Lanes in the order the threads first ran.
+    for key in sorted(groups, key=lambda k: (groups[k][0].time_ns if groups[k] else 0, k)):
+        n = names[key]
+        root = task_frame(n.comm, n.pid, n.tid) if n.pid is not None else f"{sanitize_frame(n.comm)}-?/{n.tid}"
+        for s in groups[key]:
+            stack = s.stack
+            if stack and parse_task_frame(stack[0]).tid is None:
+                stack = (root,) + stack[1:]
+            elif not stack:
+                stack = (root,)
+            out.append((stack, s.weight))
     return out
 
 

@@ -4,7 +4,9 @@
   one track per thread, a complete event (``"ph": "X"``) per frame interval
   (see :mod:`flamed.outputs._timeline`), timestamps in microseconds since the
   first sample, plus ``process_name``/``thread_name`` metadata from the
-  ``comm-PID/TID`` root frames.
+  capture: a process is named after its main thread's command, a thread
+  ``comm (pid P, tid T)``; a capture without pids (perf script's default)
+  shows each thread as its own process.
 * From a Profile (no time): the flame graph laid out on a time axis -- each
   box an ``X`` event whose duration is its weight (one sample = the sampling
   interval, or 1 ms when the rate is unknown) -- useful to look at an
@@ -18,8 +20,8 @@ from collections.abc import Iterable
 from typing import Any, BinaryIO
 
 from flamed.layout import flame_frames, table_from_profile
-from flamed.model import Profile, Sample, frame_kind, parse_task_frame
-from flamed.outputs._timeline import group_by_thread, intervals, typical_interval
+from flamed.model import Profile, Sample, frame_kind
+from flamed.outputs._timeline import group_by_thread, intervals, thread_names, typical_interval
 from flamed.outputs.base import OutputFormat, OutputOptions
 
 
@@ -38,13 +40,17 @@ def samples_trace(samples: Iterable[Sample], *, rate_hz: float | None = None) ->
     t0 = min((lst[0].time_ns for lst in groups.values() if lst), default=0)
     events: list[dict[str, Any]] = []
     named_pids: set[int] = set()
-    for (pid, tid), lst in groups.items():
-        root = lst[0].stack[0] if lst and lst[0].stack else ""
-        task = parse_task_frame(root)
+    names = thread_names(groups)
+    for (kpid, tid), lst in groups.items():
+        n = names[(kpid, tid)]
+        # Without a pid in the capture each thread is shown as its own process
+        # (under its tid) rather than all of them under one made-up process 0.
+        pid = n.pid if n.pid is not None else tid
         if pid not in named_pids:
             named_pids.add(pid)
-            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": tid, "args": {"name": f"{task.comm} ({pid})"}})
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"{root or tid}"}})
+            pname = f"{n.process} ({pid})" if n.pid is not None else f"{n.comm} (tid {tid}; no pid in the capture)"
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": tid, "args": {"name": pname}})
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": n.label}})
         interval = typical_interval(lst, rate_hz)
         spans = sorted(
             (iv for iv in intervals(lst, interval) if iv.end_ns > iv.start_ns),

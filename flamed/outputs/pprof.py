@@ -12,7 +12,10 @@ How flamed's frames map onto pprof:
 * kernel frames ``name_[k]`` become Function ``name`` in a Mapping
   ``[kernel.kallsyms]``; frames that name their module (``[libc.so.6]``,
   ``libc.so.6`func``) get a Mapping of that file;
-* every other frame is a Function of that exact name;
+* every other frame is a Function of that exact name, with no ``system_name``
+  (pprof "simplifies" a name equal to its system name, see :func:`to_proto`);
+* the first Mapping, which pprof reports as the profile's ``File:``, is the
+  main binary: the command of the heaviest task (:func:`main_binary`);
 * sample types ``samples/count`` and, when the sample rate is known,
   ``cpu/nanoseconds`` (count times the period ``1e9/rate``), the latter the
   default, as in Go's CPU profiles; ``time_nanos``/``duration_nanos`` from the
@@ -39,7 +42,7 @@ from google.protobuf.message import DecodeError
 
 from flamed.errors import InputError
 from flamed.fileio import GZIP_MAGIC
-from flamed.model import KERNEL_SUFFIX, Profile, Stack, Weight, parse_task_frame
+from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Profile, Stack, Weight, parse_task_frame
 from flamed.outputs import profile_pb2 as pb
 from flamed.outputs.base import OutputFormat, OutputOptions
 
@@ -76,6 +79,26 @@ def frame_info(frame: str) -> FrameInfo:
     if m is not None:
         return FrameInfo(frame, mapping=m.group("module"))
     return FrameInfo(frame)
+
+
+def main_binary(profile: Profile) -> str:
+    """The command that stands for the profile's main binary: the ``comm`` label, else the
+    command of the heaviest root frame (kernel idle threads ``swapper/N`` aside); "" if none."""
+    if profile.labels.get("comm"):
+        return profile.labels["comm"]
+    per_root: dict[str, Weight] = {}
+    for stack, w in profile.stacks.items():
+        if stack and w > 0:
+            per_root[stack[0]] = per_root.get(stack[0], 0) + w
+    best = ""
+    best_w: Weight = 0
+    for root in sorted(per_root):
+        comm = parse_task_frame(root).comm
+        if not comm or comm.startswith("swapper") or comm == EMPTY_STACK_FRAME:
+            continue
+        if per_root[root] > best_w:
+            best, best_w = comm, per_root[root]
+    return best
 
 
 def function_name(frame: str) -> str:
@@ -124,6 +147,11 @@ def to_proto(profile: Profile) -> pb.Profile:
     mappings: dict[str, int] = {}
     functions: dict[tuple[str, str], int] = {}
     locations: dict[str, int] = {}
+    main = main_binary(profile)
+    if main:
+        # pprof takes the first mapping for the main binary (its "File:" header and title).
+        mappings[main] = 1
+        msg.mapping.add(id=1, filename=s(main), has_functions=True)
 
     def location(frame: str) -> int:
         lid = locations.get(frame)
@@ -142,7 +170,11 @@ def to_proto(profile: Profile) -> pb.Profile:
         if fid is None:
             fid = len(functions) + 1
             functions[fkey] = fid
-            msg.function.add(id=fid, name=s(info.name), system_name=s(info.name), filename=s(info.filename))
+            # No system_name: pprof treats a function whose system_name equals its name as
+            # not demangled yet, and (since it looks like C++) strips every <...> and (...)
+            # from it, which turns "<[u8: 32] as T>::f" into "::f" and merges template
+            # instantiations. flamed's names are already what should be shown.
+            msg.function.add(id=fid, name=s(info.name), filename=s(info.filename))
         lid = len(locations) + 1
         locations[frame] = lid
         loc = msg.location.add(id=lid, mapping_id=mid)

@@ -5,7 +5,7 @@
   of the profiles is the input), else one.  Weights are the Profile's
   (``unit: none`` for sample counts).
 * A time-ordered sample stream becomes ``evented`` profiles, one per thread,
-  in nanoseconds since the first sample: speedscope's time-order view then
+  named from the capture (``worker 0 (pid 11166, tid 11168)``), in nanoseconds since the first sample: speedscope's time-order view then
   shows when each function ran (see :mod:`flamed.outputs._timeline`).
 
 Python frames ``func (file.py:N)`` are written as ``name``/``file``/``line``
@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 from flamed import __version__
 from flamed.errors import InputError
 from flamed.model import Profile, Sample, Stack, Weight, normalize_weight, parse_task_frame
-from flamed.outputs._timeline import group_by_thread, intervals, typical_interval
+from flamed.outputs._timeline import group_by_thread, intervals, thread_names, typical_interval
 from flamed.outputs.base import OutputFormat, OutputOptions
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
@@ -105,7 +105,8 @@ def samples_document(samples: Iterable[Sample], *, name: str = "flamed", rate_hz
     groups = group_by_thread(samples)
     t0 = min((lst[0].time_ns for lst in groups.values() if lst), default=0)
     profiles = []
-    for (pid, tid), lst in groups.items():
+    names = thread_names(groups)
+    for key, lst in groups.items():
         interval = typical_interval(lst, rate_hz)
         events: list[tuple[int, int, int, int]] = []  # (at, order, kind 0=C 1=O, frame)
         # Opens and closes from the intervals; at equal times closes come first,
@@ -117,7 +118,7 @@ def samples_document(samples: Iterable[Sample], *, name: str = "flamed", rate_hz
             events.append((iv.start_ns - t0, 1, iv.depth, fi))
             events.append((iv.end_ns - t0, 0, -iv.depth, fi))
         events.sort(key=lambda e: (e[0], e[1], e[2]))
-        label = lst[0].stack[0] if lst and lst[0].stack and _task_name(lst[0].stack[0]) else f"pid {pid} tid {tid}"
+        label = names[key].label
         profiles.append(
             {
                 "type": "evented",

@@ -29,6 +29,7 @@ from typing import BinaryIO
 from flamed.errors import UsageError
 from flamed.layout import Box, StackTable, chart_frames, flame_frames, table_from_profile
 from flamed.model import Profile, Sample, Stack, Weight, format_weight
+from flamed.outputs._timeline import lanes
 from flamed.outputs.base import OutputFormat, OutputOptions
 from flamed.palette import Colorer, diff_color, kind_color
 
@@ -305,5 +306,5 @@ class SvgFormat(OutputFormat):
         render_profile(profile, out, options)
 
     def write_samples(self, samples: Iterable[Sample], out: BinaryIO, options: OutputOptions | None = None) -> None:
-        """A flame chart of the stream in time order (``flamechart`` is implied)."""
-        render_chart([(s.stack, s.weight) for s in samples], out, options)
+        """A flame chart of the stream in time order, one lane per thread (``flamechart`` is implied)."""
+        render_chart(lanes(samples), out, options)

@@ -129,7 +129,7 @@ def test_speedscope_imports_our_profiles(browser: Browser, tmp_path: Path) -> No
     ms = 1_000_000
     samples = [Sample(i * ms, ("app-1/2", "main", "f" if i < 5 else "g (w.py:3)"), 1) for i in range(10)]
     text = _load_in_speedscope(browser, samples_document(samples, name="stream"), "stream.speedscope.json", tmp_path)
-    assert "app-1/2" in text
+    assert "app (pid 1, tid 2)" in text
     browser.screenshot(ARTIFACTS / "speedscope-evented.png")
 
 
@@ -166,3 +166,51 @@ def test_go_tool_pprof_top_matches_flamed_top(tmp_path: Path) -> None:
     assert rows == ours
     total = re.search(r"Total samples = (\d+)", out) or re.search(r"of (\d+) total", out)
     assert total is not None and int(total.group(1)) == sum(s for s, _ in ours.values())
+
+
+def test_speedscope_names_threads_of_a_multi_thread_capture(browser: Browser, tmp_path: Path) -> None:
+    # A 4-thread perf script (default fields: thread ids, no pids) exported as a timeline:
+    # speedscope lists one profile per thread, named with the thread's command and id.
+    from flamed.cli import main
+
+    src = DATA / "perf" / "c-default.txt.gz"
+    out = tmp_path / "threads.speedscope.json"
+    assert main(["export", "-o", str(out), str(src)]) == 0
+    doc = json.loads(out.read_text())
+    names = [p["name"] for p in doc["profiles"]]
+    assert sorted(names) == ["hot (tid 11166)", "job:2 (tid 11170)", "worker 0 (tid 11168)", "worker 1 (tid 11169)"]
+    text = _load_in_speedscope(browser, doc, "threads.speedscope.json", tmp_path)
+    assert f"{names[0]} (1/4)" in text, text[:300]
+    assert "pid 0" not in text
+    browser.screenshot(ARTIFACTS / "speedscope-threads.png")
+
+
+def test_go_tool_pprof_shows_the_names_flamed_printed(tmp_path: Path) -> None:
+    # Names pprof's "simplify" demangling would cut when told they are not demangled yet:
+    # Rust trait impls, C++ template instantiations (which it would merge), argument lists.
+    p = Profile(sample_rate=99.0)
+    names = [
+        "<[u8: 32] as nasty::Crunch>::crunch+0x4c",
+        "void work<int>(int)",
+        "void work<long>(long)",
+        "std::vector<int, std::allocator<int> >::push_back(int const&)",
+        "<alloc::vec::Vec<T> as core::ops::Drop>::drop",
+    ]
+    for i, leaf in enumerate(names):
+        # The first frame that names a module is a library: it must not be taken for the binary.
+        p.add(("crunchy", "[libbfd-2.40.so]", "main", leaf), 10 + i)
+    p.add(("helper", "main", "idle"), 3)
+    path = tmp_path / "names.pb.gz"
+    with path.open("wb") as f:
+        write_pprof(p, f)
+    out = _go_pprof(["-top", "-sample_index=samples", "-nodecount=100000", "-nodefraction=0", "-edgefraction=0",
+                     str(path)], tmp_path)
+    assert "File: crunchy" in out, out
+    rows = {m.group(3).strip(): int(m.group(1)) for m in map(_ROW.match, out.splitlines()) if m}
+    for i, leaf in enumerate(names):
+        assert rows.get(leaf) == 10 + i, (leaf, out)
+    assert rows == {n: flat for n, (flat, _) in top_functions(p).items()}
+    traces = _go_pprof(["-traces", "-sample_index=samples", str(path)], tmp_path)
+    assert "File: crunchy" in traces
+    for leaf in names:
+        assert re.search(r"^\s+(?:\d+\s+)?" + re.escape(leaf) + r"$", traces, re.M), (leaf, traces)

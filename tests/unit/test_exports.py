@@ -156,7 +156,7 @@ def _stream() -> list[Sample]:
 
 def test_speedscope_evented_from_samples() -> None:
     doc = samples_document(_stream())
-    assert [x["name"] for x in doc["profiles"]] == ["app-1/2", "app-1/3"]
+    assert [x["name"] for x in doc["profiles"]] == ["app (pid 1, tid 2)", "app (pid 1, tid 3)"]
     frames = [f["name"] for f in doc["shared"]["frames"]]
     ev = doc["profiles"][0]["events"]
     opened = [(e["at"], frames[e["frame"]]) for e in ev if e["type"] == "O"]
@@ -176,7 +176,7 @@ def test_chrometrace_from_samples() -> None:
     doc = samples_trace(_stream())
     ev = doc["traceEvents"]
     names = {(e["args"]["name"]) for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert names == {"app-1/2", "app-1/3"}
+    assert names == {"app (pid 1, tid 2)", "app (pid 1, tid 3)"}
     xs = [(e["tid"], e["name"], e["ts"], e["dur"]) for e in ev if e["ph"] == "X"]
     assert (2, "f", 0.0, 5000.0) in xs and (2, "g", 5000.0, 5000.0) in xs and (2, "main", 0.0, 10000.0) in xs
     assert (3, "loop", 0.0, 2000.0) in xs and (3, "loop", 8000.0, 1000.0) in xs
@@ -290,3 +290,53 @@ def test_pprof_reader_survives_corruption(pos: int, byte: int) -> None:
         read_pprof(data)
     except InputError:
         pass
+
+
+def _default_perf_samples() -> list[Sample]:
+    # perf script's default output: a 4-thread capture with thread ids only (no pid).
+    from flamed.collapse import get as get_collapser
+    from flamed.collapse.base import CollapseOptions
+
+    src = DATA / "perf" / "c-default.txt.gz"
+    with gzip.open(src, "rb") as f:
+        return list(get_collapser("perf").samples(f, CollapseOptions(), source=str(src)))
+
+
+def test_timelines_named_from_the_capture() -> None:
+    samples = _default_perf_samples()
+    doc = samples_document(samples)
+    assert sorted(x["name"] for x in doc["profiles"]) == [
+        "hot (tid 11166)", "job:2 (tid 11170)", "worker 0 (tid 11168)", "worker 1 (tid 11169)"]
+    ev = samples_trace(samples)["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    # No pid in the capture: each thread is its own process, never "swapper (0)" or pid 0.
+    assert procs == {11166: "hot (tid 11166; no pid in the capture)", 11168: "worker 0 (tid 11168; no pid in the capture)",
+                     11169: "worker 1 (tid 11169; no pid in the capture)", 11170: "job:2 (tid 11170; no pid in the capture)"}
+    # With pids (perf script -F +pid): one process named after its main thread, four threads in it.
+    from flamed.collapse import get as get_collapser
+    from flamed.collapse.base import CollapseOptions
+
+    src = DATA / "perf" / "c-pid-tid.txt.gz"
+    with gzip.open(src, "rb") as f:
+        samples = list(get_collapser("perf").samples(f, CollapseOptions(), source=str(src)))
+    ev = samples_trace(samples)["traceEvents"]
+    assert {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"} == {11166: "hot (11166)"}
+    threads = {e["tid"]: e["args"]["name"] for e in ev if e["name"] == "thread_name"}
+    assert threads[11166] == "hot (pid 11166, tid 11166)" and threads[11168] == "worker 0 (pid 11166, tid 11168)"
+    assert {x["name"] for x in samples_document(samples)["profiles"]} == set(threads.values())
+
+
+def test_flamechart_lanes_per_thread() -> None:
+    from flamed.outputs._timeline import lanes
+
+    samples = sorted(_default_perf_samples(), key=lambda s: s.time_ns)
+    items = lanes(samples)
+    roots = [stack[0] for stack, _ in items]
+    # Each thread's samples are one run (one lane), and the lanes have distinct roots.
+    runs = [r for i, r in enumerate(roots) if i == 0 or roots[i - 1] != r]
+    assert sorted(runs) == sorted(set(runs)) and len(runs) == 4
+    assert set(runs) == {"hot-?/11166", "worker 0-?/11168", "worker 1-?/11169", "job:2-?/11170"}
+    assert sum(w for _, w in items) == sum(s.weight for s in samples)
+    # Within a lane, time order is kept.
+    lane = [s.stack[1:] for s in samples if s.tid == 11168]
+    assert [st[1:] for st, _ in items if st[0] == "worker 0-?/11168"] == lane

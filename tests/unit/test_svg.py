@@ -285,9 +285,10 @@ def test_cli_flamechart_of_real_perf_capture_is_in_time_order(tmp_path: Path) ->
         assert b.x == x
         x += b.width
     assert x == root.width
-    seq = [s.stack[0] for s in samples]
-    runs = [seq[0]] + [b for a, b in zip(seq, seq[1:]) if a != b]
-    assert [b.name for b in firsts] == runs
+    # One lane per thread, in the order the threads first ran, each in time order.
+    seq = [f"{s.stack[0]}-{s.pid}/{s.tid}" for s in samples]
+    runs = list(dict.fromkeys(seq))
+    assert [b.name for b in firsts] == runs and len(runs) == 4
 
 
 def test_parallel_counting_gives_the_same_counts_and_line_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
