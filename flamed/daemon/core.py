@@ -32,6 +32,7 @@ from flamed import __version__
 from flamed import outputs
 from flamed.daemon.config import DaemonConfig, load_config
 from flamed.daemon.control import ControlServer, Peer
+from flamed.daemon.fleet import windows_pprof
 from flamed.daemon.logs import setup_logging
 from flamed.daemon.losses import LossAdvisor, placeholder_stacks
 from flamed.daemon.metrics import DaemonMetrics, MetricsServer
@@ -96,7 +97,8 @@ class Daemon:
         self.ring = WindowRing(config.snapshot.ring_seconds, config.snapshot.ring_max_stacks, clock_ns=clock_ns)
         self.store = ProfileStore(config.output, config.retention, self.metrics, clock_ns=clock_ns)
         self.state_lock = StateDirLock(self.store.dir)
-        self.metrics_server = MetricsServer(self.registry)
+        self.metrics_server = MetricsServer(self.registry, self.metrics, self.pprof_profile)
+        self.metrics_server.configure(config.metrics)
         self.control = ControlServer(config.control, self.handle_request, self.metrics, listen_fd=listen_fd)
         self.sampler: Sampler | None = None
         self.processors: list[WindowProcessor] = []
@@ -543,6 +545,7 @@ class Daemon:
             self.store.recover()
         self.store.apply_retention()
         self.ring.configure(new.snapshot.ring_seconds, new.snapshot.ring_max_stacks)
+        self.metrics_server.configure(new.metrics)
         if new.metrics.address != old.metrics.address:
             try:
                 self.metrics_server.start(new.metrics.address)
@@ -634,19 +637,32 @@ class Daemon:
                 return
             self.stopping.wait(min(left, 0.5))
 
+    def _next_windows(self, seconds: float) -> tuple[list[RingWindow], int, int]:
+        """Wait ``seconds`` and return the windows of those seconds, with the span's (start, end)."""
+        spacing = int(MIN_DRAIN_SPACING * 1e9)
+        # A drain now puts a window boundary at the start of the requested span.
+        t_req = self.clock_ns()
+        self.request_drain()
+        self._wait_ring(t_req)
+        t0 = max(t_req - spacing, self._newest_end(t_req))
+        t1 = t0 + int(seconds * 1e9)
+        self._sleep_until(t1)
+        self.request_drain()
+        self._wait_ring(t1)
+        windows = [w for w in self.ring.since(t0) if w.start_ns >= t0 - 1_000_000 and w.start_ns < t1]
+        return windows, t0, t1
+
+    def pprof_profile(self, seconds: float) -> bytes:
+        """``/debug/pprof/profile?seconds=N``: the samples of the next N seconds (an HTTP thread waits)."""
+        windows, _t0, _t1 = self._next_windows(seconds)
+        if not windows and self.stopping.is_set():
+            raise FlamedError("the daemon is stopping; retry when it is back")
+        return windows_pprof(windows, root=self.config.output.root_frame, host=self.store.host)
+
     def snapshot(self, req: SnapshotRequest) -> tuple[dict[str, Any], bytes]:
         spacing = int(MIN_DRAIN_SPACING * 1e9)
         if req.next is not None:
-            # A drain now puts a window boundary at the start of the requested span.
-            t_req = self.clock_ns()
-            self.request_drain()
-            self._wait_ring(t_req)
-            t0 = max(t_req - spacing, self._newest_end(t_req))
-            t1 = t0 + int(req.next * 1e9)
-            self._sleep_until(t1)
-            self.request_drain()
-            self._wait_ring(t1)
-            windows = [w for w in self.ring.since(t0) if w.start_ns >= t0 - 1_000_000 and w.start_ns < t1]
+            windows, _t0, _t1 = self._next_windows(req.next)
         else:
             now = self.clock_ns()
             if now - self.last_drain_ns > spacing:
