@@ -37,6 +37,7 @@ from flamed.daemon.logs import setup_logging
 from flamed.daemon.losses import LossAdvisor, placeholder_stacks
 from flamed.daemon.metrics import DaemonMetrics, MetricsServer
 from flamed.daemon.notify import Notifier, watchdog_interval
+from flamed.daemon.pyroscope import Pusher
 from flamed.daemon.processors import ProcessorContext, WindowProcessor, processor_options
 from flamed.daemon.protocol import (
     ProtocolError,
@@ -100,6 +101,7 @@ class Daemon:
         self.metrics_server = MetricsServer(self.registry, self.metrics, self.pprof_profile)
         self.metrics_server.configure(config.metrics)
         self.control = ControlServer(config.control, self.handle_request, self.metrics, listen_fd=listen_fd)
+        self.pusher: Pusher | None = None
         self.sampler: Sampler | None = None
         self.processors: list[WindowProcessor] = []
         self._wake = threading.Event()
@@ -190,6 +192,9 @@ class Daemon:
                                   "set metrics.address (or --metrics-address) to a free HOST:PORT, "
                                   "or to \"\" to disable") from None
             self.control.start()
+            if cfg.pyroscope.server_address:
+                self.pusher = Pusher(cfg.pyroscope, self.metrics, host=self.store.host,
+                                     root=cfg.output.root_frame)
         except BaseException:
             self._close_all()
             raise
@@ -320,6 +325,10 @@ class Daemon:
         self.processors = []
         if self.sampler is not None:
             self.sampler.close()
+        if self.pusher is not None:
+            # The last window was just queued: give it a moment to reach the server.
+            self.pusher.stop(min(self.config.pyroscope.timeout, 5.0))
+            self.pusher = None
         self.metrics_server.stop()
         # Last: everything that writes into the state directory is done.
         self.state_lock.release()
@@ -388,8 +397,11 @@ class Daemon:
         self.totals["weight"] += sum(counts.values())
         for r, n in window.lost.items():
             self.lost_totals[r] = self.lost_totals.get(r, 0) + n
-        self.ring.add(RingWindow(window.start_ns, window.end_ns, counts, window.samples, dict(window.lost),
-                                 window.sample_rate))
+        rw = RingWindow(window.start_ns, window.end_ns, counts, window.samples, dict(window.lost),
+                        window.sample_rate)
+        self.ring.add(rw)
+        if self.pusher is not None:
+            self.pusher.submit(rw)  # a deque append: the network is the pusher thread's
         self.store.add(window.start_ns, window.end_ns, counts, window.samples, window.lost, window.sample_rate)
         nw, ns = self.ring.stats()
         m.ring_windows.set(nw)
@@ -552,6 +564,7 @@ class Daemon:
             except OSError as e:
                 log.error("reload: cannot serve metrics on %s: %s; metrics are off until the next reload",
                           new.metrics.address, e.strerror)
+        self._apply_push(new)
         self.control.configure(new.control)
         if new.control.socket != old.control.socket and self.control.listen_fd is None:
             self.control.stop()
@@ -579,6 +592,17 @@ class Daemon:
         self.processors = kept
         self.config = new
         _release_heap()  # a new sampler or processor may have compiled a program
+
+    def _apply_push(self, new: DaemonConfig) -> None:
+        if not new.pyroscope.server_address:
+            if self.pusher is not None:
+                self.pusher.stop(min(self.config.pyroscope.timeout, 5.0))
+                self.pusher = None
+            return
+        if self.pusher is None:
+            self.pusher = Pusher(new.pyroscope, self.metrics, host=self.store.host, root=new.output.root_frame)
+        else:
+            self.pusher.configure(new.pyroscope, new.output.root_frame)
 
     # -- control requests (called from client threads) -------------------
     def handle_request(self, line: bytes, peer: Peer) -> Iterator[bytes]:
@@ -746,6 +770,8 @@ class Daemon:
             "backlog": {"files": len(self.store.backlog), "bytes": self.store.backlog_bytes},
             "write_error": self.store.last_error,
             "metrics": self.metrics_server.bound,
+            "pprof": bool(cfg.metrics.pprof and self.metrics_server.bound),
+            "push": None if self.pusher is None else self.pusher.status(),
             "socket": self.control.path,
             "clients": self.control.active,
             "processors": {p.name: _safe_status(p) for p in self.processors},
