@@ -240,3 +240,31 @@ def test_slow_server_never_delays_a_drain(tmp_path: Path, daemon_factory: Any) -
     finally:
         srv.close()
     assert not srv.problems, srv.problems
+
+
+def test_flamed_push_backfills_rotated_files(tmp_path: Path, daemon_factory: Any) -> None:
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0},
+                       output={"rotate_interval": 2.0, "compress": True})
+    d.wait_for(lambda: d.status()["files"]["count"] >= 3, 30, "three files")
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit(60) == 0
+    files = check_state_dir(d.state_dir)
+    paths = sorted(str(p) for p in d.state_dir.glob("*-*.folded.gz") if not p.is_symlink())
+    srv = Ingest()
+    try:
+        r = subprocess.run([sys.executable, "-m", "flamed", "push", "--server", f"http://127.0.0.1:{srv.port}",
+                            "--config", str(d.cfg_path), "--tag", "env=backfill", *reversed(paths)],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        srv.close()
+    assert r.returncode == 0, r.stderr
+    assert not srv.problems, srv.problems
+    assert len(srv.requests) == len(paths) == files["files"]
+    froms = [int(q["q"]["from"]) for q in srv.requests]
+    assert froms == sorted(froms)  # oldest first, whatever the order given
+    assert all("env=backfill" in q["q"]["name"] and {"pid", "comm", "host"} <= q["labels"] for q in srv.requests)
+    assert sum(q["weight"] for q in srv.requests) == files["weight"]
+    # nobody listening: a message naming the file and the server, exit 1
+    r = subprocess.run([sys.executable, "-m", "flamed", "push", "--server", f"http://127.0.0.1:{free_port()}",
+                        "--config", str(d.cfg_path), paths[0]], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and paths[0] in r.stderr and "cannot send" in r.stderr, r.stderr
