@@ -151,6 +151,8 @@ class DaemonMetrics:
                                     registry=r)
         self.push_bytes = Counter("flamed_push_sent_bytes", "Bytes of profile bodies sent to Pyroscope.",
                                   registry=r)
+        self.push_cpu = Counter("flamed_push_cpu_seconds",
+                                "CPU time of the push thread: encoding the windows and sending them.", registry=r)
         self.push_queue = Gauge("flamed_push_queue_windows", "Windows waiting to be pushed.", registry=r)
 
     def observe_lost(self, lost: dict[str, int]) -> None:
@@ -239,8 +241,15 @@ class MetricsServer:
 
     def _app(self, metrics_app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-            if environ.get("PATH_INFO") == PROFILE_PATH:
+            path = environ.get("PATH_INFO") or ""
+            if path == PROFILE_PATH:
                 return self._profile(environ, start_response)
+            if path.startswith("/debug/pprof"):
+                # Scrapers also ask for heap, goroutine...: a clear 404, not the metrics text.
+                data = f"{path}: not served; flamed serves {PROFILE_PATH} (CPU) only\n".encode()
+                start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8"),
+                                                 ("Content-Length", str(len(data)))])
+                return [data]
             return metrics_app(environ, start_response)
 
         return app

@@ -220,11 +220,13 @@ class Pusher:
                 w = self._queue[0]
                 self._inflight = w
                 target, root = self.target, self.root
+            cpu0 = time.thread_time()
             try:
                 body = encode(target, [w], root=root, host=self.host)
                 send(target, ingest_request(target, start_ns=w.start_ns, end_ns=w.end_ns,
                                             sample_rate=w.sample_rate, body=body))
             except PushError as e:
+                self.metrics.push_cpu.inc(time.thread_time() - cpu0)
                 self._error(str(e))
                 if not e.retry:
                     self._done(w, "failed")
@@ -246,6 +248,7 @@ class Pusher:
                 self._done(w, "failed")
                 continue
             backoff = 0.0
+            self.metrics.push_cpu.inc(time.thread_time() - cpu0)
             self.metrics.push_bytes.inc(len(body))
             self._done(w, "sent")
 

@@ -182,6 +182,11 @@ def test_pull_request_checks(tmp_path: Path, daemon_factory: Any) -> None:
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
+    try:
+        urllib.request.urlopen(f"http://{addr}/debug/pprof/heap", timeout=10)
+        raise AssertionError("heap served")
+    except urllib.error.HTTPError as e:
+        assert e.code == 404 and b"/debug/pprof/profile" in e.read()
     code, body = get("?seconds=21")
     assert code == 400 and b"metrics.pprof_max_seconds" in body
     assert get("?seconds=abc")[0] == 400
