@@ -50,6 +50,8 @@ class StatusCommand(Command):
             ("snapshots", f"{st['ring']['windows']} windows ({st['ring']['stacks']} stacks) in memory, "
                           f"socket {st.get('socket')}"),
             ("metrics", f"http://{st['metrics']}/metrics" if st.get("metrics") else "off"),
+            ("pprof", f"http://{st['metrics']}/debug/pprof/profile?seconds=N" if st.get("pprof") else "off"),
+            ("push", _push_row(st.get("push"))),
         ]
         for name, p in sorted((st.get("processors") or {}).items()):
             rows.append((f"processor {name}", json.dumps(p, sort_keys=True)))
@@ -57,3 +59,14 @@ class StatusCommand(Command):
         for k, v in rows:
             print(f"{k:<{width}}  {v}", file=self.stdout)
         return 0
+
+
+def _push_row(push: dict[str, Any] | None) -> str:
+    if not push:
+        return "off"
+    row = (f"{push['server']}/ingest as {push['name']} ({push['format']}): {push['sent']} sent, "
+           f"{push['failed']} failed, {push['dropped']} dropped, {push['queue']}/{push['max_queue']} queued")
+    if push.get("last_error"):
+        ago = (time.time_ns() - int(push.get("last_error_ns") or 0)) / 1e9
+        row += f" -- last error {ago:.0f} s ago: {push['last_error']}"
+    return row

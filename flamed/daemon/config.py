@@ -124,6 +124,38 @@ class MetricsConfig:
 
     #: HOST:PORT of the /metrics HTTP server; empty string disables it.
     address: str = "127.0.0.1:9752"
+    #: Also serve ``/debug/pprof/profile?seconds=N`` there (pull by Parca, Grafana Alloy, ``go tool pprof``).
+    pprof: bool = True
+    #: Longest ``seconds`` a profile request may ask for (at most ``snapshot.ring_seconds``).
+    pprof_max_seconds: float = 300.0
+    #: Profile requests waiting at once; more are answered 429 at once.
+    pprof_max_requests: int = 16
+
+
+@dataclass(frozen=True)
+class PyroscopeConfig:
+    """``[pyroscope]``: push every window to a Pyroscope server's ``/ingest``."""
+
+    #: Base URL of the server, e.g. ``http://pyroscope:4040``; empty = no push.
+    server_address: str = ""
+    #: Application name (``name=`` before the tags).
+    application_name: str = "flamed"
+    #: Tags added to the name, ``{key = "value"}``; ``host`` is added unless set here.
+    tags: Mapping[str, str] = field(default_factory=dict)
+    #: User for HTTP basic auth; empty = none.
+    basic_auth_user: str = ""
+    #: File holding the basic auth password (its first line), read at start and reload.
+    basic_auth_password_file: str = ""
+    #: Tenant, sent as ``X-Scope-OrgID``; empty = none.
+    tenant_id: str = ""
+    #: Body format: ``pprof`` (with pid/comm/thread/host labels) or ``folded``.
+    format: str = "pprof"
+    #: Seconds per request.
+    timeout: float = 10.0
+    #: Windows waiting to be sent; when full the oldest is dropped (and counted).
+    max_queue: int = 64
+    #: Longest wait between retries of a failed request (the wait doubles from 1 s).
+    retry_max_backoff: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +209,7 @@ class DaemonConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    pyroscope: PyroscopeConfig = field(default_factory=PyroscopeConfig)
     #: ``[processors.NAME]`` tables, validated by each processor's options class.
     processors: Mapping[str, Any] = field(default_factory=dict)
     source: str | None = None
@@ -205,6 +238,11 @@ class DaemonConfig:
                 f"output.rotate_interval ({self.output.rotate_interval:g} s) must be at least "
                 f"sampling.drain_interval ({self.sampling.drain_interval:g} s)"
             )
+        if self.metrics.pprof and self.metrics.pprof_max_seconds > self.snapshot.ring_seconds:
+            raise ConfigError(
+                f"metrics.pprof_max_seconds ({self.metrics.pprof_max_seconds:g} s) must be at most "
+                f"snapshot.ring_seconds ({self.snapshot.ring_seconds:g} s): profiles are cut from that ring"
+            )
         if self.snapshot.ring_seconds < self.sampling.drain_interval:
             raise ConfigError(
                 f"snapshot.ring_seconds ({self.snapshot.ring_seconds:g} s) must be at least "
@@ -220,6 +258,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "metrics": MetricsConfig,
     "control": ControlConfig,
     "log": LogConfig,
+    "pyroscope": PyroscopeConfig,
 }
 
 # Ranges and choices per dotted key; everything else only has its type checked.
@@ -247,6 +286,11 @@ _RANGES: dict[str, tuple[float, float]] = {
     "control.reserved_for_root": (0, 1024),
     "control.request_timeout": (0.01, 3600),
     "control.client_timeout": (0.01, 3600),
+    "metrics.pprof_max_seconds": (1, 86400),
+    "metrics.pprof_max_requests": (1, 1024),
+    "pyroscope.timeout": (0.1, 3600),
+    "pyroscope.max_queue": (1, 1 << 20),
+    "pyroscope.retry_max_backoff": (1, 86400),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "sampling.sampler": SAMPLERS,
@@ -254,6 +298,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "output.root_frame": ROOT_FRAMES,
     "log.level": LOG_LEVELS,
     "log.target": LOG_TARGETS,
+    "pyroscope.format": ("pprof", "folded"),
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.I)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.I)
@@ -268,12 +313,34 @@ _SECOND_KEYS = {
     "snapshot.max_next_seconds",
     "control.client_timeout",
     "control.request_timeout",
+    "metrics.pprof_max_seconds",
+    "pyroscope.timeout",
+    "pyroscope.retry_max_backoff",
 }
+#: Pyroscope's label names; values must not break the ``name{k=v,...}`` syntax.
+_TAG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+_TAG_BAD_VALUE = re.compile(r"[{},=\s]")
 
 
 def _convert(key: str, value: Any, hint: Any) -> Any:
     """Check ``value`` against the type ``hint`` of ``key``; returns the converted value."""
     origin = get_origin(hint)
+    if origin is Mapping:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a table, got {_describe(value)}")
+        tags: dict[str, str] = {}
+        for k, v in value.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                v = str(v)
+            if not isinstance(v, str):
+                raise ConfigError(f"{key}.{k}: expected a string, got {_describe(v)}")
+            if not _TAG_KEY.match(k):
+                raise ConfigError(f"{key}.{k}: a tag name is letters, digits, _ and . (not first)")
+            if not v or _TAG_BAD_VALUE.search(v):
+                raise ConfigError(f"{key}.{k}: {v!r}: a tag value must be non-empty, without spaces, "
+                                  "braces, commas or '='")
+            tags[k] = v
+        return tags
     if origin is tuple:
         (elem, _ellipsis) = get_args(hint)
         if not isinstance(value, (list, tuple)):
@@ -351,6 +418,10 @@ def build_options(cls: type[Any], raw: Mapping[str, Any], prefix: str) -> Any:
         values[key] = v
     if prefix == "metrics" and "address" in values and values["address"]:
         parse_address(values["address"], key="metrics.address")
+    if prefix == "pyroscope" and values.get("server_address"):
+        url = values["server_address"]
+        if not re.match(r"^https?://[^/?#\s]+(/[^?#\s]*)?$", url):
+            raise ConfigError(f"pyroscope.server_address: expected a URL such as http://pyroscope:4040, got {url!r}")
     if prefix == "control" and "socket" in values and not values["socket"]:
         raise ConfigError("control.socket: must not be empty")
     if prefix == "output" and "state_dir" in values and not values["state_dir"]:

@@ -32,10 +32,12 @@ from flamed import __version__
 from flamed import outputs
 from flamed.daemon.config import DaemonConfig, load_config
 from flamed.daemon.control import ControlServer, Peer
+from flamed.daemon.fleet import windows_pprof
 from flamed.daemon.logs import setup_logging
 from flamed.daemon.losses import LossAdvisor, placeholder_stacks
 from flamed.daemon.metrics import DaemonMetrics, MetricsServer
 from flamed.daemon.notify import Notifier, watchdog_interval
+from flamed.daemon.pyroscope import Pusher
 from flamed.daemon.processors import ProcessorContext, WindowProcessor, processor_options
 from flamed.daemon.protocol import (
     ProtocolError,
@@ -96,8 +98,10 @@ class Daemon:
         self.ring = WindowRing(config.snapshot.ring_seconds, config.snapshot.ring_max_stacks, clock_ns=clock_ns)
         self.store = ProfileStore(config.output, config.retention, self.metrics, clock_ns=clock_ns)
         self.state_lock = StateDirLock(self.store.dir)
-        self.metrics_server = MetricsServer(self.registry)
+        self.metrics_server = MetricsServer(self.registry, self.metrics, self.pprof_profile)
+        self.metrics_server.configure(config.metrics)
         self.control = ControlServer(config.control, self.handle_request, self.metrics, listen_fd=listen_fd)
+        self.pusher: Pusher | None = None
         self.sampler: Sampler | None = None
         self.processors: list[WindowProcessor] = []
         self._wake = threading.Event()
@@ -188,6 +192,9 @@ class Daemon:
                                   "set metrics.address (or --metrics-address) to a free HOST:PORT, "
                                   "or to \"\" to disable") from None
             self.control.start()
+            if cfg.pyroscope.server_address:
+                self.pusher = Pusher(cfg.pyroscope, self.metrics, host=self.store.host,
+                                     root=cfg.output.root_frame)
         except BaseException:
             self._close_all()
             raise
@@ -318,6 +325,10 @@ class Daemon:
         self.processors = []
         if self.sampler is not None:
             self.sampler.close()
+        if self.pusher is not None:
+            # The last window was just queued: give it a moment to reach the server.
+            self.pusher.stop(min(self.config.pyroscope.timeout, 5.0))
+            self.pusher = None
         self.metrics_server.stop()
         # Last: everything that writes into the state directory is done.
         self.state_lock.release()
@@ -386,8 +397,11 @@ class Daemon:
         self.totals["weight"] += sum(counts.values())
         for r, n in window.lost.items():
             self.lost_totals[r] = self.lost_totals.get(r, 0) + n
-        self.ring.add(RingWindow(window.start_ns, window.end_ns, counts, window.samples, dict(window.lost),
-                                 window.sample_rate))
+        rw = RingWindow(window.start_ns, window.end_ns, counts, window.samples, dict(window.lost),
+                        window.sample_rate)
+        self.ring.add(rw)
+        if self.pusher is not None:
+            self.pusher.submit(rw)  # a deque append: the network is the pusher thread's
         self.store.add(window.start_ns, window.end_ns, counts, window.samples, window.lost, window.sample_rate)
         nw, ns = self.ring.stats()
         m.ring_windows.set(nw)
@@ -543,12 +557,14 @@ class Daemon:
             self.store.recover()
         self.store.apply_retention()
         self.ring.configure(new.snapshot.ring_seconds, new.snapshot.ring_max_stacks)
+        self.metrics_server.configure(new.metrics)
         if new.metrics.address != old.metrics.address:
             try:
                 self.metrics_server.start(new.metrics.address)
             except OSError as e:
                 log.error("reload: cannot serve metrics on %s: %s; metrics are off until the next reload",
                           new.metrics.address, e.strerror)
+        self._apply_push(new)
         self.control.configure(new.control)
         if new.control.socket != old.control.socket and self.control.listen_fd is None:
             self.control.stop()
@@ -576,6 +592,17 @@ class Daemon:
         self.processors = kept
         self.config = new
         _release_heap()  # a new sampler or processor may have compiled a program
+
+    def _apply_push(self, new: DaemonConfig) -> None:
+        if not new.pyroscope.server_address:
+            if self.pusher is not None:
+                self.pusher.stop(min(self.config.pyroscope.timeout, 5.0))
+                self.pusher = None
+            return
+        if self.pusher is None:
+            self.pusher = Pusher(new.pyroscope, self.metrics, host=self.store.host, root=new.output.root_frame)
+        else:
+            self.pusher.configure(new.pyroscope, new.output.root_frame)
 
     # -- control requests (called from client threads) -------------------
     def handle_request(self, line: bytes, peer: Peer) -> Iterator[bytes]:
@@ -634,19 +661,32 @@ class Daemon:
                 return
             self.stopping.wait(min(left, 0.5))
 
+    def _next_windows(self, seconds: float) -> tuple[list[RingWindow], int, int]:
+        """Wait ``seconds`` and return the windows of those seconds, with the span's (start, end)."""
+        spacing = int(MIN_DRAIN_SPACING * 1e9)
+        # A drain now puts a window boundary at the start of the requested span.
+        t_req = self.clock_ns()
+        self.request_drain()
+        self._wait_ring(t_req)
+        t0 = max(t_req - spacing, self._newest_end(t_req))
+        t1 = t0 + int(seconds * 1e9)
+        self._sleep_until(t1)
+        self.request_drain()
+        self._wait_ring(t1)
+        windows = [w for w in self.ring.since(t0) if w.start_ns >= t0 - 1_000_000 and w.start_ns < t1]
+        return windows, t0, t1
+
+    def pprof_profile(self, seconds: float) -> bytes:
+        """``/debug/pprof/profile?seconds=N``: the samples of the next N seconds (an HTTP thread waits)."""
+        windows, _t0, _t1 = self._next_windows(seconds)
+        if not windows and self.stopping.is_set():
+            raise FlamedError("the daemon is stopping; retry when it is back")
+        return windows_pprof(windows, root=self.config.output.root_frame, host=self.store.host)
+
     def snapshot(self, req: SnapshotRequest) -> tuple[dict[str, Any], bytes]:
         spacing = int(MIN_DRAIN_SPACING * 1e9)
         if req.next is not None:
-            # A drain now puts a window boundary at the start of the requested span.
-            t_req = self.clock_ns()
-            self.request_drain()
-            self._wait_ring(t_req)
-            t0 = max(t_req - spacing, self._newest_end(t_req))
-            t1 = t0 + int(req.next * 1e9)
-            self._sleep_until(t1)
-            self.request_drain()
-            self._wait_ring(t1)
-            windows = [w for w in self.ring.since(t0) if w.start_ns >= t0 - 1_000_000 and w.start_ns < t1]
+            windows, _t0, _t1 = self._next_windows(req.next)
         else:
             now = self.clock_ns()
             if now - self.last_drain_ns > spacing:
@@ -730,6 +770,8 @@ class Daemon:
             "backlog": {"files": len(self.store.backlog), "bytes": self.store.backlog_bytes},
             "write_error": self.store.last_error,
             "metrics": self.metrics_server.bound,
+            "pprof": bool(cfg.metrics.pprof and self.metrics_server.bound),
+            "push": None if self.pusher is None else self.pusher.status(),
             "socket": self.control.path,
             "clients": self.control.active,
             "processors": {p.name: _safe_status(p) for p in self.processors},

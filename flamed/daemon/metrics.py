@@ -16,7 +16,9 @@ import os
 import selectors
 import socket
 import threading
+from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -24,7 +26,8 @@ from prometheus_client import ProcessCollector
 from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 
 from flamed import __version__
-from flamed.daemon.config import parse_address
+from flamed.daemon.config import MetricsConfig, parse_address
+from flamed.errors import FlamedError
 
 log = logging.getLogger("flamed.daemon")
 
@@ -131,6 +134,26 @@ class DaemonMetrics:
             "flamed_processor_errors", "Window processors that raised, by processor.", ["processor"], registry=r
         )
         self.up_since = Gauge("flamed_start_time_seconds", "Unix time the daemon started.", registry=r)
+        self.profile_requests = Counter(
+            "flamed_pprof_requests", "Requests of /debug/pprof/profile, by result: ok; bad_request; "
+            "busy (over metrics.pprof_max_requests); off (metrics.pprof = false); error.", ["result"],
+            registry=r,
+        )
+        self.profile_waiting = Gauge("flamed_pprof_waiting", "Profile requests waiting for their seconds.",
+                                     registry=r)
+        self.push_windows = Counter(
+            "flamed_push_windows",
+            "Windows pushed to Pyroscope, by result: sent; failed (the server refused it, 4xx: not "
+            "retried); dropped (the queue was full, or the daemon stopped before it could be sent).",
+            ["result"], registry=r,
+        )
+        self.push_retries = Counter("flamed_push_retries", "Push requests that failed and are retried.",
+                                    registry=r)
+        self.push_bytes = Counter("flamed_push_sent_bytes", "Bytes of profile bodies sent to Pyroscope.",
+                                  registry=r)
+        self.push_cpu = Counter("flamed_push_cpu_seconds",
+                                "CPU time of the push thread: encoding the windows and sending them.", registry=r)
+        self.push_queue = Gauge("flamed_push_queue_windows", "Windows waiting to be pushed.", registry=r)
 
     def observe_lost(self, lost: dict[str, int]) -> None:
         for reason, n in lost.items():
@@ -139,15 +162,38 @@ class DaemonMetrics:
 
 
 class _QuietHandler(WSGIRequestHandler):
+    # Seconds per read or send on a connection: a client that sends nothing or
+    # never reads costs its own thread this long, nothing else.
+    timeout = 10.0
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass  # a scrape every 15 s is not worth a log line
 
 
-class MetricsServer:
-    """The /metrics HTTP endpoint on HOST:PORT, restartable on reload."""
+#: ``seconds`` when a profile request gives none (as Go's net/http/pprof).
+DEFAULT_PROFILE_SECONDS = 30.0
+PROFILE_PATH = "/debug/pprof/profile"
+#: Takes the seconds asked for, blocks that long, returns the gzipped pprof.
+ProfileSource = Callable[[float], bytes]
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+
+class MetricsServer:
+    """The /metrics HTTP endpoint on HOST:PORT, restartable on reload.
+
+    It also serves ``/debug/pprof/profile?seconds=N`` when a profile source
+    is set and ``metrics.pprof`` is on.  Each request runs on its own thread
+    (ThreadingWSGIServer), so a profile that waits N seconds, or a client that
+    never reads, holds only that thread; the drain never waits for them.
+    """
+
+    def __init__(self, registry: CollectorRegistry, metrics: DaemonMetrics | None = None,
+                 profile_source: ProfileSource | None = None) -> None:
         self.registry = registry
+        self.metrics = metrics
+        self.profile_source = profile_source
+        self.options = MetricsConfig()
+        self._profiles = 0
+        self._plock = threading.Lock()
         self.address = ""
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -179,8 +225,8 @@ class MetricsServer:
             class _Server(ThreadingWSGIServer):
                 address_family = family
 
-            self._server = make_server(str(sockaddr[0]), port, make_wsgi_app(self.registry), _Server,
-                                       handler_class=_QuietHandler)
+            self._server = make_server(str(sockaddr[0]), port, self._app(make_wsgi_app(self.registry)),
+                                       _Server, handler_class=_QuietHandler)
             self._server.timeout = 0  # handle_request() is only called when a connection waits
             self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             self._thread = threading.Thread(target=self._serve, args=(self._server, self._wake_fd),
@@ -188,6 +234,80 @@ class MetricsServer:
             self._thread.start()
             log.info("metrics on http://%s:%d/metrics", host if ":" not in host else f"[{host}]", self.port)
         self.address = address
+
+    def configure(self, options: MetricsConfig) -> None:
+        """pprof settings (the address is :meth:`start`'s); applies to the next request."""
+        self.options = options
+
+    def _app(self, metrics_app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO") or ""
+            if path == PROFILE_PATH:
+                return self._profile(environ, start_response)
+            if path.startswith("/debug/pprof"):
+                # Scrapers also ask for heap, goroutine...: a clear 404, not the metrics text.
+                data = f"{path}: not served; flamed serves {PROFILE_PATH} (CPU) only\n".encode()
+                start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8"),
+                                                 ("Content-Length", str(len(data)))])
+                return [data]
+            return metrics_app(environ, start_response)
+
+        return app
+
+    def _count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.profile_requests.labels(result=result).inc()
+
+    def _profile(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        def text(status: str, body: str, result: str) -> list[bytes]:
+            self._count(result)
+            data = (body + "\n").encode()
+            start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
+                                    ("Content-Length", str(len(data))), ("X-Content-Type-Options", "nosniff")])
+            return [data]
+
+        opts = self.options
+        source = self.profile_source
+        if not opts.pprof or source is None:
+            return text("404 Not Found", "profiles are off on this host (metrics.pprof = false)", "off")
+        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+            return text("405 Method Not Allowed", "use GET", "bad_request")
+        raw = parse_qs(environ.get("QUERY_STRING", "")).get("seconds", [""])[-1]
+        try:
+            seconds = float(raw) if raw else DEFAULT_PROFILE_SECONDS
+        except ValueError:
+            seconds = float("nan")
+        if not 0 < seconds <= opts.pprof_max_seconds:  # also false for nan
+            return text("400 Bad Request", f"seconds={raw}: expected a number of seconds in (0, "
+                        f"{opts.pprof_max_seconds:g}] (metrics.pprof_max_seconds)", "bad_request")
+        with self._plock:
+            if self._profiles >= opts.pprof_max_requests:
+                busy = True
+            else:
+                busy = False
+                self._profiles += 1
+                if self.metrics is not None:
+                    self.metrics.profile_waiting.set(self._profiles)
+        if busy:
+            return text("429 Too Many Requests", f"{opts.pprof_max_requests} profile requests are already "
+                        "waiting (metrics.pprof_max_requests); retry later", "busy")
+        try:
+            data = source(seconds)
+        except FlamedError as e:
+            return text("503 Service Unavailable", str(e), "error")
+        except Exception:
+            log.exception("profile request failed")
+            return text("500 Internal Server Error", "internal error in the daemon (see its log)", "error")
+        finally:
+            with self._plock:
+                self._profiles -= 1
+                if self.metrics is not None:
+                    self.metrics.profile_waiting.set(self._profiles)
+        self._count("ok")
+        start_response("200 OK", [("Content-Type", "application/octet-stream"),
+                                  ("Content-Disposition", 'attachment; filename="profile"'),
+                                  ("Content-Length", str(len(data))), ("X-Content-Type-Options", "nosniff")])
+        return [data]
 
     @staticmethod
     def _serve(server: Any, wake_fd: int) -> None:

@@ -35,6 +35,7 @@ import gzip
 import io
 import re
 import zlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -51,6 +52,8 @@ INT64_MAX = 2**63 - 1
 _PY = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*\.pyx?):(?P<line>[1-9][0-9]{0,9})\)$", re.S)
 _BRACKET_MODULE = re.compile(r"^\[(?P<module>[^\[\]]+\.so[^\[\]]*|[^\[\]]+)\]$")
 _BACKTICK = re.compile(r"^(?P<module>[^`]+)`(?P<name>.+)$", re.S)
+#: A sample with labels of its own: (stack root first, weight, {label: value}).
+LabelledSample = tuple[Stack, Weight, Mapping[str, str]]
 #: Comment carrying the exact sample rate (a period in ns cannot hold e.g. 99 Hz exactly).
 _RATE_COMMENT = "flamed.sample_rate="
 
@@ -121,8 +124,13 @@ class _Strings:
         return i
 
 
-def to_proto(profile: Profile) -> pb.Profile:
-    """The pprof message of ``profile`` (deterministic: stacks sorted, ids in first-use order)."""
+def to_proto(profile: Profile, labelled: Iterable[LabelledSample] | None = None) -> pb.Profile:
+    """The pprof message of ``profile`` (deterministic: stacks sorted, ids in first-use order).
+
+    ``labelled``: the samples with string labels of their own (the daemon's
+    pid/comm/thread/host), written instead of ``profile``'s stacks, which then
+    only give the time range, rate and comments.
+    """
     msg = pb.Profile()
     strings = _Strings(msg.string_table)
     s = strings.get
@@ -182,7 +190,9 @@ def to_proto(profile: Profile) -> pb.Profile:
         return lid
 
     pid_key = tid_key = 0
-    for stack, w in profile.sorted_items():
+    entries: Iterable[tuple[Stack, Weight, Mapping[str, str] | None]] = (
+        ((st, w, None) for st, w in profile.sorted_items()) if labelled is None else labelled)
+    for stack, w, extra in entries:
         # pprof values are int64: saturate rather than fail on absurd weights.
         count = min(int(round(w)), INT64_MAX)
         if count <= 0:
@@ -192,6 +202,10 @@ def to_proto(profile: Profile) -> pb.Profile:
         sample.value.append(count)
         if period:
             sample.value.append(min(count * period, INT64_MAX))
+        if extra is not None:
+            for k, v in extra.items():
+                sample.label.add(key=s(k), str=s(v))
+            continue
         task = parse_task_frame(stack[0])
         if task.pid is not None:
             pid_key = pid_key or s("pid")
@@ -202,8 +216,8 @@ def to_proto(profile: Profile) -> pb.Profile:
     return msg
 
 
-def write_pprof(profile: Profile, out: BinaryIO) -> None:
-    data = to_proto(profile).SerializeToString(deterministic=True)
+def write_pprof(profile: Profile, out: BinaryIO, labelled: Iterable[LabelledSample] | None = None) -> None:
+    data = to_proto(profile, labelled).SerializeToString(deterministic=True)
     # mtime=0 keeps the gzip header, and so the file, byte-stable.
     with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=6) as gz:
         gz.write(data)

@@ -19,14 +19,14 @@ def test_documented_config_is_exactly_the_defaults() -> None:
     cfg = load_config(str(ROOT / "packaging" / "flamed.toml"))
     assert dataclasses.replace(cfg, source=None) == DaemonConfig()
     raw = tomllib.loads((ROOT / "packaging" / "flamed.toml").read_text())
-    for section in ("sampling", "output", "retention", "snapshot", "metrics", "control", "log"):
+    for section in ("sampling", "output", "retention", "snapshot", "metrics", "control", "log", "pyroscope"):
         fields = {f.name for f in dataclasses.fields(getattr(DaemonConfig(), section))}
         assert set(raw[section]) == fields, section
 
 
 def test_docs_list_every_key() -> None:
     doc = (ROOT / "docs" / "configuration.md").read_text()
-    for section in ("sampling", "output", "retention", "snapshot", "metrics", "control", "log"):
+    for section in ("sampling", "output", "retention", "snapshot", "metrics", "control", "log", "pyroscope"):
         for f in dataclasses.fields(getattr(DaemonConfig(), section)):
             assert f"`{f.name}`" in doc, f"{section}.{f.name} missing from docs/configuration.md"
 
@@ -65,6 +65,13 @@ def test_dev_config_is_valid_and_local() -> None:
         ({"bogus": {}}, "bogus"),
         ({"output": 3}, "output"),
         ({"processors": {"python": 1}}, "processors.python"),
+        ({"metrics": {"pprof_max_seconds": 0}}, "metrics.pprof_max_seconds"),
+        ({"pyroscope": {"server_address": "pyroscope:4040"}}, "pyroscope.server_address"),
+        ({"pyroscope": {"format": "json"}}, "pyroscope.format"),
+        ({"pyroscope": {"max_queue": 0}}, "pyroscope.max_queue"),
+        ({"pyroscope": {"tags": {"env": "a,b"}}}, "pyroscope.tags.env"),
+        ({"pyroscope": {"tags": {"9x": "a"}}}, "pyroscope.tags.9x"),
+        ({"pyroscope": {"tags": "env=prod"}}, "pyroscope.tags"),
     ],
 )
 def test_errors_name_the_key(raw: dict, key: str) -> None:
@@ -76,6 +83,23 @@ def test_errors_name_the_key(raw: dict, key: str) -> None:
 def test_cross_key_checks() -> None:
     with pytest.raises(ConfigError, match="output.rotate_interval"):
         config_from_dict({"sampling": {"drain_interval": 30}, "output": {"rotate_interval": 10}})
+
+
+def test_pprof_window_must_fit_the_ring() -> None:
+    with pytest.raises(ConfigError, match="metrics.pprof_max_seconds"):
+        config_from_dict({"metrics": {"pprof_max_seconds": 900}})
+    # off: the bound does not apply
+    config_from_dict({"metrics": {"pprof": False, "pprof_max_seconds": 900}})
+
+
+def test_pyroscope_table(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[pyroscope]\nserver_address = "http://p:4040"\ntimeout = "2s"\n'
+                 '[pyroscope.tags]\nenv = "prod"\nrack = 7\n')
+    cfg = load_config(str(f))
+    assert cfg.pyroscope.server_address == "http://p:4040"
+    assert cfg.pyroscope.timeout == 2.0
+    assert dict(cfg.pyroscope.tags) == {"env": "prod", "rack": "7"}
 
 
 def test_units_and_overrides(tmp_path: Path) -> None:

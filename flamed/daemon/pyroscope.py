@@ -1,0 +1,315 @@
+"""Push every window to a Grafana Pyroscope server (``POST SERVER/ingest``).
+
+The drain only appends the window to a bounded queue (:meth:`Pusher.submit`,
+a lock and a deque append); one thread of its own encodes and sends, oldest
+first.  A failed request (connection refused, timeout, 5xx, 408, 429) is
+retried with a doubling wait up to ``retry_max_backoff``, the window staying
+at the head of the queue, so windows arrive in order.  A window the server
+refuses for good (another 4xx) is counted ``failed`` and skipped.  When the
+queue is full the oldest waiting window is dropped and counted ``dropped``.
+
+Ingest parameters, as Pyroscope's HTTP API documents them: ``name``
+(application name with ``{tag=value,...}``), ``from``/``until`` (Unix seconds),
+``format`` (``pprof`` -- the body a multipart form with the gzipped profile in
+field ``profile`` -- or ``folded``, plain lines), ``sampleRate`` (Hz),
+``spyName=flamed``, ``units=samples``, ``aggregationType=sum``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flamed import __version__
+from flamed.daemon.config import PyroscopeConfig
+from flamed.daemon.fleet import windows_folded, windows_pprof
+from flamed.daemon.metrics import DaemonMetrics
+from flamed.daemon.ring import RingWindow
+from flamed.errors import FlamedError
+
+log = logging.getLogger("flamed.daemon")
+
+#: First wait after a failed request; it doubles up to retry_max_backoff.
+FIRST_BACKOFF = 1.0
+
+
+class PushError(FlamedError):
+    """A push request failed; ``retry`` tells whether sending it again may help."""
+
+    def __init__(self, message: str, *, retry: bool) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how to send: the [pyroscope] table with the password read."""
+
+    server: str
+    application_name: str
+    tags: Mapping[str, str]
+    format: str
+    timeout: float
+    user: str = ""
+    password: str = ""
+    tenant_id: str = ""
+
+    @classmethod
+    def from_config(cls, cfg: PyroscopeConfig, host: str) -> Target:
+        password = ""
+        if cfg.basic_auth_password_file:
+            password = read_password(cfg.basic_auth_password_file)
+        tags = dict(cfg.tags)
+        tags.setdefault("host", host)
+        return cls(cfg.server_address.rstrip("/"), cfg.application_name, tags, cfg.format, cfg.timeout,
+                   cfg.basic_auth_user, password, cfg.tenant_id)
+
+
+def read_password(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline()
+    except OSError as e:
+        raise FlamedError(f"pyroscope.basic_auth_password_file: cannot read {path}: {e.strerror or e}; "
+                          "point it at a file (mode 0600) whose first line is the password") from None
+    with contextlib.suppress(OSError):
+        if os.stat(path).st_mode & 0o004:
+            log.warning("pyroscope.basic_auth_password_file %s is readable by every user; chmod 600 it", path)
+    return first.rstrip("\r\n")
+
+
+def app_name(name: str, tags: Mapping[str, str]) -> str:
+    """``name{k=v,...}`` (tags sorted: the same series every time)."""
+    if not tags:
+        return name
+    return name + "{" + ",".join(f"{k}={v}" for k, v in sorted(tags.items())) + "}"
+
+
+def ingest_request(target: Target, *, start_ns: int, end_ns: int, sample_rate: float | None,
+                   body: bytes) -> urllib.request.Request:
+    """The POST of one profile: URL with the ingest parameters, headers, body."""
+    params = {
+        "name": app_name(target.application_name, target.tags),
+        "from": str(start_ns // 1_000_000_000),
+        # until > from: a window shorter than a second still covers one second
+        "until": str(max(-(-end_ns // 1_000_000_000), start_ns // 1_000_000_000 + 1)),
+        "format": target.format,
+        "sampleRate": str(int(round(sample_rate))) if sample_rate else "100",
+        "spyName": "flamed",
+        "units": "samples",
+        "aggregationType": "sum",
+    }
+    headers = {"User-Agent": f"flamed/{__version__}"}
+    if target.format == "pprof":
+        boundary = uuid.uuid4().hex
+        data = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"profile\"; filename=\"profile.pprof\"\r\n"
+                "Content-Type: application/octet-stream\r\n\r\n").encode() + body + f"\r\n--{boundary}--\r\n".encode()
+        headers["Content-Type"] = f"multipart/form-data; boundary={boundary}"
+    else:
+        data = body
+        headers["Content-Type"] = "text/plain; charset=utf-8"
+    if target.tenant_id:
+        headers["X-Scope-OrgID"] = target.tenant_id
+    if target.user or target.password:
+        token = base64.b64encode(f"{target.user}:{target.password}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    url = f"{target.server}/ingest?{urllib.parse.urlencode(params)}"
+    return urllib.request.Request(url, data=data, headers=headers, method="POST")
+
+
+def send(target: Target, req: urllib.request.Request) -> None:
+    """POST ``req``; raises PushError (``retry`` when sending it again may help)."""
+    try:
+        with urllib.request.urlopen(req, timeout=target.timeout) as r:
+            r.read()
+    except urllib.error.HTTPError as e:
+        detail = ""
+        with contextlib.suppress(Exception):
+            detail = e.read(300).decode("utf-8", "replace").strip()
+        retry = e.code >= 500 or e.code in (408, 429)
+        raise PushError(f"{target.server}/ingest answered {e.code} {e.reason}" + (f": {detail}" if detail else ""),
+                        retry=retry) from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise PushError(f"cannot send to {target.server}/ingest: {reason}", retry=True) from None
+
+
+def encode(target: Target, windows: list[RingWindow], *, root: str, host: str) -> bytes:
+    if target.format == "folded":
+        return windows_folded(windows, root=root)
+    return windows_pprof(windows, root=root, host=host)
+
+
+class Pusher:
+    """The queue and the thread that empties it; thread-safe."""
+
+    def __init__(self, cfg: PyroscopeConfig, metrics: DaemonMetrics, *, host: str, root: str,
+                 sleep: Callable[[float], None] | None = None) -> None:
+        self.metrics = metrics
+        self.host = host
+        self.root = root
+        self.cfg = cfg
+        self.target = Target.from_config(cfg, host)
+        self._queue: deque[RingWindow] = deque()
+        self._inflight: RingWindow | None = None
+        self._cond = threading.Condition()
+        self._stop = False
+        self._deadline = 0.0
+        self.sent = 0
+        self.failed = 0
+        self.dropped = 0
+        self.last_error = ""
+        self.last_error_ns = 0
+        self.last_sent_ns = 0
+        self._failing = False
+        self._thread = threading.Thread(target=self._run, name="flamed-pyroscope", daemon=True)
+        self._thread.start()
+        log.info("pushing every window to %s/ingest as %s (%s)", self.target.server,
+                 app_name(self.target.application_name, self.target.tags), self.target.format)
+
+    def configure(self, cfg: PyroscopeConfig, root: str) -> None:
+        """Reload: raises FlamedError (password file) before changing anything."""
+        target = Target.from_config(cfg, self.host)
+        with self._cond:
+            self.cfg = cfg
+            self.target = target
+            self.root = root
+            while len(self._queue) > cfg.max_queue:
+                self._drop_oldest()
+            self._cond.notify_all()
+
+    def submit(self, w: RingWindow) -> None:
+        """Called by the drain: never waits for the network."""
+        with self._cond:
+            while len(self._queue) >= self.cfg.max_queue:
+                self._drop_oldest()
+            self._queue.append(w)
+            self.metrics.push_queue.set(len(self._queue))
+            self._cond.notify_all()
+
+    def _drop_oldest(self) -> None:
+        # The window being sent stays (it may arrive); the next oldest goes.
+        i = 1 if self._inflight is not None and self._queue and self._queue[0] is self._inflight else 0
+        if i >= len(self._queue):
+            i = 0
+        del self._queue[i]
+        self.dropped += 1
+        self.metrics.push_windows.labels(result="dropped").inc()
+        self.metrics.push_queue.set(len(self._queue))
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop:
+                    self._cond.wait()
+                if not self._queue or (self._stop and time.monotonic() >= self._deadline):
+                    return
+                w = self._queue[0]
+                self._inflight = w
+                target, root = self.target, self.root
+            cpu0 = time.thread_time()
+            try:
+                body = encode(target, [w], root=root, host=self.host)
+                send(target, ingest_request(target, start_ns=w.start_ns, end_ns=w.end_ns,
+                                            sample_rate=w.sample_rate, body=body))
+            except PushError as e:
+                self.metrics.push_cpu.inc(time.thread_time() - cpu0)
+                self._error(str(e))
+                if not e.retry:
+                    self._done(w, "failed")
+                    backoff = 0.0
+                    continue
+                self.metrics.push_retries.inc()
+                backoff = min(max(FIRST_BACKOFF, backoff * 2), self.cfg.retry_max_backoff)
+                with self._cond:
+                    self._inflight = None
+                    end = time.monotonic() + backoff
+                    if self._stop:
+                        end = min(end, self._deadline)
+                    while time.monotonic() < end:
+                        self._cond.wait(end - time.monotonic())
+                continue
+            except Exception as e:  # a bug in encoding must not kill the thread, nor loop on the window
+                log.exception("pyroscope: encoding a window failed")
+                self._error(f"internal error encoding a window: {e}")
+                self._done(w, "failed")
+                continue
+            backoff = 0.0
+            self.metrics.push_cpu.inc(time.thread_time() - cpu0)
+            self.metrics.push_bytes.inc(len(body))
+            self._done(w, "sent")
+
+    def _done(self, w: RingWindow, result: str) -> None:
+        with self._cond:
+            self._inflight = None
+            if self._queue and self._queue[0] is w:
+                self._queue.popleft()
+            elif result != "sent":
+                return  # dropped while in flight: counted already
+            if result == "sent":
+                if self._failing:
+                    log.info("pyroscope push: sending again (%d window(s) queued)", len(self._queue))
+                self._failing = False
+                self.sent += 1
+                self.last_sent_ns = time.time_ns()
+            else:
+                self.failed += 1
+            self.metrics.push_windows.labels(result=result).inc()
+            self.metrics.push_queue.set(len(self._queue))
+
+    def _error(self, message: str) -> None:
+        with self._cond:
+            first = not self._failing
+            self._failing = True
+            self.last_error = message
+            self.last_error_ns = time.time_ns()
+        # One line per outage, not one per retry; status and the counters tell the rest.
+        (log.warning if first else log.debug)("pyroscope push: %s", message)
+
+    def stop(self, grace: float) -> None:
+        """Send what is queued for at most ``grace`` seconds, then drop (and count) the rest."""
+        with self._cond:
+            self._stop = True
+            self._deadline = time.monotonic() + grace
+            self._cond.notify_all()
+        # Not a second more: a slow server must not hold the daemon's exit (the
+        # windows are in the files already); what is still queued is counted.
+        self._thread.join(grace)
+        with self._cond:
+            left = len(self._queue)
+            self._queue.clear()
+            self.metrics.push_queue.set(0)
+        if left:
+            self.dropped += left
+            self.metrics.push_windows.labels(result="dropped").inc(left)
+            log.warning("pyroscope: %d window(s) not sent before stopping (last error: %s)", left,
+                        self.last_error or "none")
+
+    def status(self) -> dict[str, Any]:
+        with self._cond:
+            return {
+                "server": self.target.server,
+                "name": app_name(self.target.application_name, self.target.tags),
+                "format": self.target.format,
+                "queue": len(self._queue),
+                "max_queue": self.cfg.max_queue,
+                "sent": self.sent,
+                "failed": self.failed,
+                "dropped": self.dropped,
+                "last_sent_ns": self.last_sent_ns,
+                "last_error": self.last_error or None,
+                "last_error_ns": self.last_error_ns or None,
+            }
