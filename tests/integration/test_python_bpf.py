@@ -200,3 +200,57 @@ def test_exited_processes_leave_no_description_behind(sampler: Any) -> None:
     table = sampler._bpf["pyprocs"]
     in_map = {k.value for k in table.keys()}
     assert not (pids & in_map), "exited processes still in the program's pyprocs map"
+
+
+def test_a_refused_process_falls_back_to_pyspy_and_says_why(require_pyspy: str) -> None:
+    """The walker refuses a layout that does not validate; mixed mode then gives
+    that process a py-spy (real BPF, real py-spy), and says why."""
+    from flamed.python.align import JoinOptions
+    from flamed.python.mixed import MixedMode, MixedOptions
+    from flamed.python.pyspy import PySpyOptions
+    from flamed.python.watcher import WatchOptions
+    from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
+    from flamed.sampling.cpython import process as cpy
+    from flamed.sampling.pyframes import PythonFrames
+
+    def broken_probe(pid: int) -> Any:
+        t = cpy.probe(pid)
+        if isinstance(t, cpy.Target):
+            bad = t.layout.with_offsets(frame_previous=t.layout.frame_code)
+            return cpy.Target(t.pid, t.start_time, t.version, t.hexversion, t.interpreter, t.runtime_addr, bad)
+        return t
+
+    exe = _interpreter("3.12")
+    sampler = BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), python=True),
+                         python_frames=PythonFrames(probe=broken_probe))
+    sampler.start()
+    mixed: MixedMode | None = None
+    child: subprocess.Popen[bytes] | None = None
+    joined = []
+    try:
+        opts = MixedOptions(pyspy=PySpyOptions(binary=require_pyspy, window_s=2.0, min_age_s=0.0),
+                            watch=WatchOptions(pids=frozenset(), scan_interval_s=1.0, exclude_self=True),
+                            join=JoinOptions())
+        mixed = MixedMode(sampler, opts, claim=sampler.python_claim,
+                          on_process=lambda p: sampler.add_pid(p.pid))
+        mixed.start()
+        child = subprocess.Popen([str(exe), str(WORKLOADS / "py_truth.py"), "5", "1"])
+        sampler.add_pid(child.pid)
+        mixed.follow(child.pid)
+        deadline = time.monotonic() + 60
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            joined += mixed.process(sampler.drain().events)
+        joined += mixed.process(sampler.drain().events)
+    finally:
+        if mixed is not None:
+            joined += mixed.close()
+        sampler.close()
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+    assert mixed.decided.get(child.pid) == ("pyspy", "invalid_layout"), mixed.decided
+    mine = [stack for ev, stack in joined if ev.tgid == child.pid]
+    assert mine, "no sample of the refused process came through py-spy's join"
+    named = sum(1 for s in mine if any(f.startswith("step_") for f in s))
+    assert named >= 0.5 * len(mine), f"{named}/{len(mine)} py-spy-joined samples with the workload's frames"
