@@ -90,7 +90,7 @@ enum flamed_stat {
 #define FLAMED_STATS_SLOTS (3 * FLAMED_NSTATS)
 
 
-/* ---- CPython frames read by the program (bpf/python.bpf.h) ----
+/* ---- CPython frames read by the program (bpf/python.bpf.c) ----
  *
  * How the program finds and walks one CPython process's frames.  User space
  * (flamed/sampling/cpython/) fills one per process, keyed by tgid, from the

@@ -52,9 +52,10 @@ def make_sampler(cfg: SamplingConfig) -> Sampler:
 
 def bpf_program_text(cfg: SamplingConfig) -> str:
     """The BPF C program (with its -D defines) the daemon would load, for ``--print-bpf``."""
-    from flamed.sampling.bpf import bpf_program
+    from flamed.sampling.bpf import bpf_program, task_fsbase_offset
 
-    return bpf_program(bpf_options(cfg)).render()
+    opts = bpf_options(cfg)
+    return bpf_program(opts, fsbase_offset=task_fsbase_offset() if opts.python else -1).render()
 
 
 def check_config(cfg: Any) -> None:

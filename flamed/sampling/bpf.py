@@ -323,7 +323,8 @@ def task_fsbase_offset() -> int:
 
 
 def print_bpf(options: BpfSamplerOptions = BpfSamplerOptions(), file: TextIO | None = None) -> None:
-    (file or sys.stdout).write(bpf_program(options).render())
+    fs = task_fsbase_offset() if options.python else -1
+    (file or sys.stdout).write(bpf_program(options, fsbase_offset=fs).render())
 
 
 def _stat_indices(header: Path) -> dict[str, int]:
@@ -1552,4 +1553,5 @@ def from_config(cfg: Any) -> BpfSampler:
 
 def program_text_for_config(cfg: Any) -> str:
     """``flamed daemon --print-bpf``: the flags and source that would load."""
-    return bpf_program(options_from_config(cfg)).render()
+    opts = options_from_config(cfg)
+    return bpf_program(opts, fsbase_offset=task_fsbase_offset() if opts.python else -1).render()
