@@ -7,7 +7,6 @@ import errno
 import gzip
 import io
 import os
-import socket
 import stat
 import sys
 import tempfile
@@ -147,6 +146,8 @@ def _replace_target(path: str) -> str | None:
 def _write_in_place(path: str) -> Iterator[BinaryIO]:
     """Write straight into an existing FIFO, device or socket."""
     if stat.S_ISSOCK(os.stat(path).st_mode):
+        import socket  # rare (writing into a Unix socket): not a start-up cost of every command
+
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)

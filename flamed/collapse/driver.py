@@ -25,16 +25,19 @@ from __future__ import annotations
 
 import gc
 import io
-import multiprocessing
-import multiprocessing.pool
-import multiprocessing.sharedctypes
 import os
 import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO, TextIO
+from typing import TYPE_CHECKING, BinaryIO, TextIO
+
+if TYPE_CHECKING:
+    # multiprocessing is imported where processes are started: most runs never do,
+    # and its import is a good part of a small command's start-up.
+    import multiprocessing.pool
+    import multiprocessing.sharedctypes
 
 from flamed.collapse import get, guess
 from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser
@@ -412,6 +415,8 @@ def _collapse(
         # range, so no input passes through this process and only unique
         # stacks travel.
         global _NEXT_RANGE
+        import multiprocessing
+
         ctx = multiprocessing.get_context("fork")
         _NEXT_RANGE = ctx.Value("l", 0)
         rpool = ctx.Pool(jobs - 1)
@@ -471,6 +476,8 @@ def _collapse(
                 continue
             if pool is None:
                 # Fork: the workers start in milliseconds and share the imported code.
+                import multiprocessing
+
                 ctx = multiprocessing.get_context("fork")
                 pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(opts,))
             window.append(pool.apply_async(_parse_task, (task,)))
