@@ -426,7 +426,7 @@ def _collapse(
                 # A few ranges per process: small enough to balance the load,
                 # large enough that each one's result (its unique stacks) is
                 # worth sending.
-                cuts = _range_cuts(path, size, collapser, max(jobs, min(4 * jobs, size // chunk_bytes)))
+                cuts = _range_cuts(path, size, collapser, max(jobs, min(4 * jobs, 2 * size // chunk_bytes)))
                 _NEXT_RANGE.value = 0
                 args = (collapser.name, path, cuts, name, chunk_bytes, opts)
                 remote = [rpool.apply_async(_take_ranges, args) for _ in range(jobs - 1)]
@@ -542,13 +542,14 @@ def _ranged_inputs(
     """``(path, name, format, size)`` of each input when all can be read by range, else None.
 
     That takes regular uncompressed files (workers seek in them), large enough
-    for a few chunks per process, of formats whose weights are integers (so
+    for two chunks (smaller ones are read faster than processes start), of
+    formats whose weights are integers (so
     summing per range, then ranges, gives exactly the sums of ``--jobs 1``).
     """
     out: list[tuple[str, str, Collapser, int]] = []
     for path in inputs:
         size = input_size(path)
-        if path is None or size is None or size < 2 * jobs * chunk_bytes:
+        if path is None or size is None or size < 2 * chunk_bytes:
             return None
         stream, _, collapser = open_with_format(path, fmt)
         try:
