@@ -155,11 +155,16 @@ def _dedupe(table: StackTable[K]) -> StackTable[K]:
     return StackTable(nk, nw, nd if dcum is not None else None)
 
 
-def flame_frames(table: StackTable[str] | StackTable[bytes], min_width: float = 0.0) -> list[Box]:
+def flame_frames(
+    table: StackTable[str] | StackTable[bytes], min_width: float = 0.0, *, self_deltas: bool = False
+) -> list[Box]:
     """Boxes of the flame graph of ``table``, root first, then by (depth, start).
 
     Boxes narrower than ``min_width`` weight units are left out with their
     subtrees (flamegraph.pl's ``--minwidth``, converted to weight units).
+    A differential table's box gets the change of the stacks under it, or with
+    ``self_deltas`` that of its own stack only (the stack ending at the box, as
+    flamegraph.pl colors: a caller whose own time did not change stays white).
     """
     # str or bytes alike: both have find, slicing and ordering, which is all this needs.
     keys: Any = table.keys
@@ -173,7 +178,11 @@ def flame_frames(table: StackTable[str] | StackTable[bytes], min_width: float = 
         return []
     names: dict[Any, str] = {}
     is_bytes = isinstance(sep, bytes)
-    out: list[Box] = [Box(0, 0, normalize_weight(total), ROOT_NAME, dcum[-1] if dcum is not None else None)]
+    root_delta: Weight | None = None
+    if dcum is not None:
+        # No stack ends at the root: its own change is none.
+        root_delta = 0 if self_deltas else dcum[-1]
+    out: list[Box] = [Box(0, 0, normalize_weight(total), ROOT_NAME, root_delta)]
     # Work list of (lo, hi, offset of the next frame in the keys, depth of the parent).
     todo: list[tuple[int, int, int, int]] = [(0, n, 0, 0)]
     pop = todo.pop
@@ -199,7 +208,12 @@ def flame_frames(table: StackTable[str] | StackTable[bytes], min_width: float = 
                 if name is None:
                     name = decode_frame(raw) if is_bytes else raw
                     names[raw] = name
-                delta = (dcum[j] - dcum[i]) if dcum is not None else None
+                if dcum is None:
+                    delta = None
+                elif self_deltas:
+                    delta = (dcum[i + 1] - dcum[i]) if end == len(k) else 0  # keys[i] is the prefix itself
+                else:
+                    delta = dcum[j] - dcum[i]
                 emit(Box(depth + 1, normalize_weight(cum[i]), normalize_weight(width), name, delta))
                 push((i, j, end + 1, depth + 1))
             i = j

@@ -44,7 +44,7 @@ from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Coll
 from flamed.collapse.perf import _event_matches
 from flamed.errors import InputError
 from flamed.fileio import input_name, input_size, open_input
-from flamed.folded import ReadStats
+from flamed.folded import ReadStats, is_differential
 from flamed.model import EMPTY_STACK_FRAME, Profile, Stack, Weight
 
 DEFAULT_CHUNK_BYTES = 4 << 20
@@ -310,6 +310,14 @@ def open_with_format(path: str | None, fmt: str | None) -> tuple[BinaryIO, bytes
         stream.close()
         raise InputError(f"cannot read: {e}", source=input_name(path)) from None
     collapser = get(fmt) if fmt else guess(head, source=input_name(path))
+    if collapser.name == "folded" and is_differential(head):
+        stream.close()
+        raise InputError(
+            "this is differential folded input ('stack BEFORE AFTER', as difffolded.pl writes): read as folded, "
+            "its BEFORE count would end every leaf's name; draw it with 'flamed svg', "
+            "or give 'flamed diff' the two profiles",
+            source=input_name(path),
+        )
     return stream, head, collapser
 
 

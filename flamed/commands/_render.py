@@ -6,7 +6,7 @@ import argparse
 import gzip
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from flamed.fastfolded import count_folded, count_folded_file, profile_from_counts
 from flamed.fileio import input_name, open_input
@@ -15,6 +15,9 @@ from flamed.model import Profile, Stack, Weight
 from flamed.outputs.base import OutputOptions
 from flamed.outputs.svg import parse_minwidth
 from flamed.palette import PALETTES
+
+if TYPE_CHECKING:
+    from flamed.diff import DiffProfile
 
 
 def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True, colors: bool = True) -> None:
@@ -51,6 +54,27 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True,
         metavar="FILE",
         help="keep colors consistent across graphs: read NAME->rgb(R,G,B) lines, add new names",
     )
+
+
+def add_delta_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--inclusive",
+        action="store_true",
+        help="differentials: color a box by the change of all the stacks under it "
+        "(default: by its own, self, change, as flamegraph.pl)",
+    )
+
+
+def render_diff(diff: DiffProfile, out: BinaryIO, options: OutputOptions, *, inclusive: bool = False) -> int:
+    """A differential flame graph: AFTER's widths, colored by each box's change; returns the boxes drawn."""
+    from flamed.layout import flame_frames, table_from_items
+    from flamed.outputs.svg import min_weight, render_boxes
+
+    # Stacks gone in AFTER have no width but still count in their ancestors' (inclusive) change.
+    table = table_from_items(diff.after_items(include_gone=True), diff.deltas())
+    boxes = flame_frames(table, min_weight(table.total, options), self_deltas=not inclusive) if len(table) else []
+    render_boxes(boxes, out, options, diff=True)
+    return len(boxes)
 
 
 def render_options(args: argparse.Namespace) -> OutputOptions:

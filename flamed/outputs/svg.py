@@ -217,7 +217,7 @@ def render_boxes(
         if diff:
             delta = float(b.delta or 0)
             fill = diff_color(delta, max_delta if b.depth else max(max_delta, abs(delta)))
-            title = f"{esc} ({format_count(bw)} {countname}, {pct:.2f}%; {100.0 * delta / float(total):+.2f}%)"
+            title = f"{esc} ({format_count(bw)} {countname}, {pct:.2f}%; {_delta_pct(delta, total)}%)"
         else:
             fill = colorer.color(name, b.depth)
             title = f"{esc} ({format_count(bw)} {countname}, {pct:.2f}%)"
@@ -252,6 +252,13 @@ def render_boxes(
     w("</svg>\n")
     out.write("".join(parts).encode("utf-8"))
     colorer.save()
+
+
+def _delta_pct(delta: float, total: Weight) -> str:
+    """A change as a signed percentage of the total; one that rounds to nothing is ``0.00``
+    (not ``-0.00``, which reads as a loss)."""
+    text = f"{100.0 * delta / float(total):+.2f}" if total else "+0.00"
+    return "0.00" if text in ("+0.00", "-0.00") else text
 
 
 def _legend() -> str:
