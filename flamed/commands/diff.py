@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from flamed.commands._render import add_delta_arguments, add_render_arguments, render_diff, render_options
+from flamed.commands._render import (
+    add_delta_arguments,
+    add_render_arguments,
+    render_diff,
+    render_options,
+    transform_profile,
+)
 from flamed.commands.base import Command
 from flamed.diff import diff_profiles, format_table
 from flamed.errors import UsageError
@@ -62,8 +68,8 @@ class DiffCommand(Command):
         if args.limit < 0:
             raise UsageError("--limit must not be negative")
         stats = ReadStats()
-        before = load_profile([args.before], strict=args.strict, stats=stats)
-        after = load_profile([args.after], strict=args.strict, stats=stats)
+        before = transform_profile(load_profile([args.before], strict=args.strict, stats=stats), args)
+        after = transform_profile(load_profile([args.after], strict=args.strict, stats=stats), args)
         diff = diff_profiles(before, after, normalize=args.normalize)
         with open_output(args.output) as out:
             if fmt == "table":

@@ -12,6 +12,10 @@ from flamed.commands._render import (
     read_ordered,
     render_diff,
     render_options,
+    transform_counts,
+    transform_diff,
+    transform_items,
+    transform_profile,
 )
 from flamed.commands.base import Command
 from flamed.errors import UsageError
@@ -72,7 +76,7 @@ class SvgCommand(Command):
         if differential:
             if options.flamechart:
                 raise UsageError("--flamechart does not draw differential (BEFORE AFTER) input; leave it out")
-            diff = read_differential(args.inputs, strict=args.strict, stats=stats)
+            diff = transform_diff(read_differential(args.inputs, strict=args.strict, stats=stats), args)
             with open_output(args.output) as out:
                 n = render_diff(diff, out, options, inclusive=args.inclusive)
             summary = stats.summary()
@@ -93,14 +97,15 @@ class SvgCommand(Command):
                 if stream is None:
                     items = list(load_profile(args.inputs, strict=args.strict, stats=stats).stacks.items())
             with open_output(args.output) as out:
-                n = render_chart(items, out, options)
+                n = render_chart(transform_items(items, args), out, options)
         else:
             # Folded text skips the Profile: counted by stack text, split once per box drawn.
             table: StackTable[bytes] | StackTable[str]
             if folded:
-                table = table_from_keyed(read_counts(args.inputs, strict=args.strict, stats=stats, jobs=args.jobs))
+                counts = read_counts(args.inputs, strict=args.strict, stats=stats, jobs=args.jobs)
+                table = table_from_keyed(transform_counts(counts, args))
             else:
-                table = table_from_profile(load_profile(args.inputs, strict=args.strict, stats=stats))
+                table = table_from_profile(transform_profile(load_profile(args.inputs, strict=args.strict, stats=stats), args))
             with open_output(args.output) as out:
                 n = render_table(table, out, options)
         summary = stats.summary()
