@@ -138,6 +138,7 @@ class PerfParser(ChunkParser):
         cur_group: dict[str, Weight] = {}
         offset = 0
         n_blocks = 0
+        header_key = _header_key_fast
         for block in data.split(b"\n\n"):
             start = offset
             offset += len(block) + 2
@@ -148,7 +149,7 @@ class PerfParser(ChunkParser):
                 if not block:
                     continue
             header, _, body = block.partition(b"\n")
-            key = _header_key(header)
+            key = header_key(b"", header, 1)
             h = headers.get(key)
             if h is None:
                 if key in headers:
@@ -453,18 +454,9 @@ def _line_at(data: bytes, offset: int, first_line: int) -> int:
     return first_line + n
 
 
-def _header_key(header: bytes) -> bytes:
-    """The header without its timestamp, so samples of one task/event share a cache entry."""
-    i = header.find(b": ")
-    if i < 0:
-        if not header.endswith(b":"):
-            return header
-        i = len(header) - 1
-    s = header.rfind(b" ", 0, i) + 1
-    tok = header[s:i]
-    if tok.replace(b".", b"", 1).isdigit() and b"." in tok:
-        return header[:s] + header[i + 1 :]
-    return header
+#: The timestamp of a header (" 719.874582:" before a space or the end) removed, in
+#: one C call: samples of one task and event then share a cache entry.
+_header_key_fast = re.compile(rb" \d{1,19}\.\d{1,19}:(?= |$)").sub
 
 
 def _event_matches(event: str, want: str) -> bool:
