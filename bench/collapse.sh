@@ -8,6 +8,12 @@
 #   sh bench/collapse.sh                      # generates the capture if absent
 #   FLAMEGRAPH_DIR=/tmp/FlameGraph sh bench/collapse.sh
 #   BENCH_INPUT=/path/perf.txt sh bench/collapse.sh
+#   BENCH_SIZES="12 40" sh bench/collapse.sh   # also the first 12 and 40 MB (the default)
+#
+# Besides the big input, the same table is printed for its first BENCH_SIZES MB
+# (cut at a sample boundary: each is a real capture, where most users' files
+# are), and start-up is reported on its own: a bare interpreter, `flamed
+# --version`, and each tool on an empty input.
 #
 # Needs root for perf record. Numbers are noisy on a shared 2-CPU machine:
 # run it more than once before trusting a digit.
@@ -46,6 +52,35 @@ if [ ! -s "$INPUT" ] || [ "$(size_mb "$INPUT")" -lt "$MIN_MB" ]; then
     done
 fi
 [ -n "${BENCH_ONLY_GENERATE:-}" ] && exit 0
+
+if [ -z "${BENCH_NO_STARTUP:-}" ]; then
+    # Start-up: what a command costs before its work (best of 5 wall times).
+    : > "$DIR/empty.txt"
+    best() {
+        b=""
+        for _ in 1 2 3 4 5; do
+            /usr/bin/time -f "%e" -o "$DIR/time.txt" "$@" >/dev/null 2>&1 || true
+            t=$(tail -n 1 "$DIR/time.txt")
+            b=$(awk -v a="$b" -v t="$t" 'BEGIN { print (a == "" || t < a) ? t : a }')
+        done
+        echo "$b"
+    }
+    echo "start-up (best of 5 wall s): python -c pass $(best "$PY" -c pass);" \
+        "flamed --version $(best "$FLAMED" --version);" \
+        "flamed collapse (empty input) $(best "$FLAMED" collapse "$DIR/empty.txt")" \
+        "${FLAMEGRAPH_DIR:+; perl -e 1 $(best perl -e 1); stackcollapse-perf.pl (empty input) $(best perl "$FLAMEGRAPH_DIR/stackcollapse-perf.pl" "$DIR/empty.txt")}"
+fi
+for mb in ${BENCH_SIZES-12 40}; do
+    # The first MB of the capture, cut after a blank line (a sample boundary).
+    part="$DIR/perf-script-${mb}mb.txt"
+    if [ ! -s "$part" ]; then
+        head -c "$((mb * 1000000))" "$INPUT" > "$part.tmp"
+        head -c "$((mb * 1000000 + 2000000))" "$INPUT" | tail -c +"$((mb * 1000000 + 1))" | sed '/^$/q' >> "$part.tmp"
+        mv "$part.tmp" "$part"
+    fi
+    BENCH_INPUT="$part" BENCH_MIN_MB=0 BENCH_SIZES="" BENCH_NO_STARTUP=1 sh "$0"
+    echo
+done
 MB=$(size_mb "$INPUT")
 echo "bench: input $INPUT, $MB MB, $(grep -c '^$' "$INPUT" || true) samples" >&2
 
@@ -59,6 +94,7 @@ run() {
     printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$secs" "$rss" "$out" "$usr $sys" >> "$RESULTS"
 }
 
+run "flamed" "$DIR/flamed.folded" "$FLAMED" collapse --annotate kernel,jit "$INPUT"
 run "flamed --jobs 2" "$DIR/flamed-j2.folded" "$FLAMED" collapse --jobs 2 --annotate kernel,jit "$INPUT"
 run "flamed --jobs 1" "$DIR/flamed-j1.folded" "$FLAMED" collapse --jobs 1 --annotate kernel,jit "$INPUT"
 if [ -n "${FLAMEGRAPH_DIR:-}" ] && [ -x "$FLAMEGRAPH_DIR/stackcollapse-perf.pl" ] || [ -f "${FLAMEGRAPH_DIR:-/nonexistent}/stackcollapse-perf.pl" ]; then

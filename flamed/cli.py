@@ -7,25 +7,57 @@ Only this module prints errors and chooses exit codes.
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
 from flamed import __version__
-from flamed.commands import discover
 from flamed.errors import FlamedError
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # One line, the usual exit code 2; the usage line helps more than a traceback.
-        self.print_usage(sys.stderr)
-        raise SystemExit(f"{self.prog}: error: {message}") from None
+        # (Part of the message, so it goes where main() prints errors.)
+        raise SystemExit(f"{self.format_usage()}{self.prog}: error: {message}") from None
 
 
-def build_parser(stdout: TextIO | None = None, stderr: TextIO | None = None) -> argparse.ArgumentParser:
+def _cleandoc(doc: str) -> str:
+    """inspect.cleandoc without importing inspect (and ast, dis, ...): a few ms of every start-up."""
+    lines = doc.expandtabs().splitlines()
+    indents = [len(ln) - len(ln.lstrip()) for ln in lines[1:] if ln.strip()]
+    margin = min(indents) if indents else 0
+    out = [lines[0].strip()] + [ln[margin:].rstrip() for ln in lines[1:]] if lines else []
+    while out and not out[0]:
+        out.pop(0)
+    while out and not out[-1]:
+        out.pop()
+    return "\n".join(out)
+
+
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word not an option), if any."""
+    for a in argv:
+        if a == "--":
+            return None
+        if not a.startswith("-"):
+            return a
+    return None
+
+
+def build_parser(
+    stdout: TextIO | None = None, stderr: TextIO | None = None, argv: Sequence[str] | None = None
+) -> argparse.ArgumentParser:
+    """The parser; given ``argv``, only the subcommand it names is imported and given its options.
+
+    Start-up is what a command costs before its work: listing every command
+    (for ``--help``) needs each one's summary, but parsing ``flamed svg ...``
+    needs the options of ``svg`` only.
+    """
+    from flamed.commands import discover
+
+    chosen = _chosen_command(argv) if argv is not None else None
     parser = _Parser(
         prog="flamed",
         description="System-wide continuous profiler and flame graph toolkit.",
@@ -33,8 +65,8 @@ def build_parser(stdout: TextIO | None = None, stderr: TextIO | None = None) -> 
     )
     parser.add_argument("--version", action="version", version=f"flamed {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for cls in discover():
-        doc = inspect.cleandoc(cls.__doc__ or "")
+    for cls in discover(chosen):
+        doc = _cleandoc(cls.__doc__ or "")
         summary = doc.splitlines()[0] if doc else cls.name
         p = sub.add_parser(
             cls.name,
@@ -43,16 +75,27 @@ def build_parser(stdout: TextIO | None = None, stderr: TextIO | None = None) -> 
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         cmd = cls(stdout=stdout, stderr=stderr)
-        cmd.add_arguments(p)
-        p.set_defaults(_command=cmd)
+        if chosen is None or cls.name == chosen:
+            cmd.add_arguments(p)
+        p.set_defaults(_command=cmd, _parser=p)
     return parser
 
 
 def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     err = stderr if stderr is not None else sys.stderr
-    parser = build_parser(stdout, stderr)
+    words = list(argv) if argv is not None else sys.argv[1:]
+    if words == ["--version"]:
+        # Answered before any command module is imported: as fast as the interpreter starts.
+        print(f"flamed {__version__}", file=stdout if stdout is not None else sys.stdout)
+        return 0
+    parser = build_parser(stdout, stderr, words)
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args, extra = parser.parse_known_args(words)
+        if extra:
+            # argparse hands a subcommand's unknown options up to the top-level
+            # parser, whose usage line does not list them: show the subcommand's.
+            sub: argparse.ArgumentParser = getattr(args, "_parser", None) or parser
+            sub.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:
         if isinstance(e.code, str):
             print(e.code, file=err)

@@ -2,16 +2,19 @@
 
 The semantics of difffolded.pl + flamegraph.pl: every stack of either
 profile gets a (before, after) pair; the graph is drawn with the AFTER
-widths and colored by ``after - before`` of the stacks under each box (red
-grew, blue shrank, white unchanged).  ``normalize`` first scales BEFORE to
+widths and colored by ``after - before`` of the box's own stack (its self
+change: red grew, blue shrank, white unchanged), or, on request, of all the
+stacks under it (inclusive).  ``normalize`` first scales BEFORE to
 AFTER's total, so a longer or busier second capture does not paint
 everything red.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from flamed.errors import InputError
 from flamed.model import Profile, Stack, Weight, normalize_weight
 
 
@@ -30,6 +33,28 @@ class DiffProfile:
     def after_items(self, *, include_gone: bool = False) -> list[tuple[Stack, Weight]]:
         """AFTER's stacks; with ``include_gone`` also those only BEFORE had (weight 0)."""
         return [(k, a) for k, (_, a) in self.pairs.items() if a > 0 or include_gone]
+
+
+def read_differential(paths: Sequence[str], *, strict: bool = False, stats: object | None = None) -> DiffProfile:
+    """difffolded.pl output (``stack BEFORE AFTER`` lines) of ``paths``, summed."""
+    from flamed.fileio import input_name, open_input
+    from flamed.folded import ReadStats, iter_differential
+
+    st = stats if isinstance(stats, ReadStats) else ReadStats()
+    pairs: dict[Stack, tuple[Weight, Weight]] = {}
+    for path in paths or ["-"]:
+        with open_input(path) as f:
+            for stack, b, a in iter_differential(f, source=input_name(path), strict=strict, stats=st):
+                ob, oa = pairs.get(stack, (0, 0))
+                pairs[stack] = (ob + b, oa + a)
+    if not pairs and st.skipped:
+        raise InputError("no 'stack BEFORE AFTER' line could be read", source=", ".join(paths) or "<stdin>")
+    return DiffProfile(
+        pairs,
+        normalize_weight(sum(b for b, _ in pairs.values())),
+        normalize_weight(sum(a for _, a in pairs.values())),
+        False,
+    )
 
 
 def diff_profiles(before: Profile, after: Profile, *, normalize: bool = False) -> DiffProfile:

@@ -12,7 +12,6 @@ readers accept and reject exactly the same lines.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Iterable
 from typing import BinaryIO
@@ -156,6 +155,8 @@ def count_folded_file(
             return count_folded(f, counts=d, source=src, strict=strict, stats=st)
     cuts = _line_starts(path, jobs)
     tasks = [(path, a, b, src, strict) for a, b in zip(cuts, cuts[1:]) if b > a]
+    import multiprocessing  # only when the input pays for processes: its import is a start-up cost
+
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(len(tasks)) as pool:
         results = pool.map(_count_range, tasks)

@@ -7,7 +7,6 @@ import errno
 import gzip
 import io
 import os
-import socket
 import stat
 import sys
 import tempfile
@@ -82,10 +81,58 @@ class _CheckedGzipFile(gzip.GzipFile):
 
 def stdin_binary() -> BinaryIO:
     """Standard input as bytes, or an error saying what to do when it is closed."""
+    if _REPLAY is not None and _REPLAY[0] is sys.stdin:
+        return _REPLAY[1]
     # Python leaves sys.stdin None when fd 0 was closed at startup (`<&-`).
     if sys.stdin is None:
         raise InputError("standard input is closed; name the input file instead", source="<stdin>")
     return sys.stdin.buffer
+
+
+class _Replay(io.RawIOBase):
+    """Bytes already read from a stream, then the rest of the stream."""
+
+    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+        self._head = head
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self._head:
+            n = min(len(b), len(self._head))
+            b[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        d = self._rest.read(len(b))
+        b[: len(d)] = d
+        return len(d)
+
+
+#: (the sys.stdin it was made for, the stream that replays what peek_stdin read).
+_REPLAY: tuple[Any, BinaryIO] | None = None
+
+
+def peek_stdin(n: int = 64 << 10) -> bytes:
+    """The first ``n`` bytes of standard input (fewer at its end), still to be read by the next reader.
+
+    BufferedReader.peek gives what one read of a pipe returned, which may be
+    a part of a line: deciding the format of a pipe needs whole lines.
+    """
+    global _REPLAY
+    src = stdin_binary()
+    parts: list[bytes] = []
+    have = 0
+    while have < n:
+        d = src.read1(n - have) if hasattr(src, "read1") else src.read(n - have)
+        if not d:
+            break
+        parts.append(d)
+        have += len(d)
+    head = b"".join(parts)
+    _REPLAY = (sys.stdin, io.BufferedReader(_Replay(head, src)))
+    return head
 
 
 def stdout_binary() -> BinaryIO:
@@ -147,6 +194,8 @@ def _replace_target(path: str) -> str | None:
 def _write_in_place(path: str) -> Iterator[BinaryIO]:
     """Write straight into an existing FIFO, device or socket."""
     if stat.S_ISSOCK(os.stat(path).st_mode):
+        import socket  # rare (writing into a Unix socket): not a start-up cost of every command
+
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)

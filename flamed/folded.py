@@ -89,6 +89,58 @@ def parse_line(text: str) -> tuple[Stack, Weight] | None:
     return tuple(stack_text.split(";")), weight
 
 
+#: difffolded.pl's line: ``stack BEFORE AFTER`` (two counts).
+_DIFF_LINE = re.compile(rb"^(.*?)[ \t]+([0-9]+(?:\.[0-9]*)?)[ \t]+([0-9]+(?:\.[0-9]*)?)[ \t\r]*$")
+
+
+def is_differential(head: bytes) -> bool:
+    """True when every record line of ``head`` ends in two counts: difffolded.pl's
+    ``stack BEFORE AFTER`` lines, which folded readers would take for a stack whose
+    leaf ends in the BEFORE count (``cc1 7007007``)."""
+    lines = head.split(b"\n")
+    if len(lines) > 1 and not head.endswith(b"\n"):
+        lines.pop()  # cut by the head's size
+    seen = False
+    for ln in lines[:1000]:
+        if not ln.strip() or ln.startswith(b"#"):
+            continue
+        if _DIFF_LINE.match(ln) is None:
+            return False
+        seen = True
+    return seen
+
+
+def iter_differential(
+    stream: BinaryIO | Iterable[bytes],
+    *,
+    source: str = "<input>",
+    strict: bool = False,
+    stats: ReadStats | None = None,
+) -> Iterator[tuple[Stack, Weight, Weight]]:
+    """Yield ``(stack, before, after)`` for each ``stack BEFORE AFTER`` line."""
+    st = stats if stats is not None else ReadStats()
+    lineno = 0
+    for raw in stream:
+        lineno += 1
+        st.lines += 1
+        if not raw.strip() or raw.startswith(b"#"):
+            continue
+        m = _DIFF_LINE.match(raw.rstrip(b"\n"))
+        b = a = None
+        if m is not None:
+            b = _parse_count(m.group(2).decode())
+            a = _parse_count(m.group(3).decode())
+        if m is None or b is None or a is None:
+            why = "expected difffolded.pl's 'frame;frame;... BEFORE AFTER'"
+            if strict:
+                raise InputError(why + f", got {raw[:80]!r}", source=source, line=lineno)
+            st.skip(source, lineno, why)
+            continue
+        st.records += 1
+        text = m.group(1).decode("utf-8", "surrogateescape").rstrip()
+        yield (tuple(text.split(";")) if text else (EMPTY_STACK_FRAME,)), b, a
+
+
 def iter_folded(
     stream: BinaryIO | Iterable[bytes],
     *,

@@ -20,8 +20,8 @@ from typing import Any, BinaryIO
 
 from flamed.errors import InputError
 from flamed.fastfolded import count_folded, profile_from_counts
-from flamed.fileio import input_name, open_input
-from flamed.folded import ReadStats
+from flamed.fileio import input_name, open_input, peek_stdin
+from flamed.folded import ReadStats, is_differential
 from flamed.model import Profile, Sample, Weight, merge_streams
 
 HEAD = 4096
@@ -114,6 +114,7 @@ def load_profile(
                 if got is not None:
                     profiles.append(got)
                     continue
+            _refuse_differential(head, source)
             count_folded(f, counts=folded_counts, source=source, strict=strict, stats=st)
     p = profile_from_counts(folded_counts) if folded_counts or not profiles else Profile()
     if profiles:
@@ -144,6 +145,33 @@ def open_sample_streams(paths: Sequence[str], stack: contextlib.ExitStack, *, st
         opts = base.CollapseOptions(strict=strict) if strict else base.CollapseOptions()
         streams.append(c.samples(f, opts, source=input_name(path)))
     return merge_streams(streams) if streams else None
+
+
+def differential_inputs(paths: Sequence[str]) -> bool:
+    """True when the inputs are difffolded.pl's ``stack BEFORE AFTER`` lines (all of
+    them; a mix is an error: one graph cannot be both)."""
+    kinds = []
+    for path in paths or ["-"]:
+        if path == "-":
+            kinds.append(is_differential(peek_stdin()))
+            continue
+        with open_input(path) as f:
+            kinds.append(is_differential(_head(f)))
+    if any(kinds) and not all(kinds):
+        names = [input_name(p) for p, k in zip(paths, kinds) if k]
+        raise InputError(
+            "differential (BEFORE AFTER) and plain inputs mixed; draw them apart", source=", ".join(names)
+        )
+    return bool(kinds) and all(kinds)
+
+
+def _refuse_differential(head: bytes, source: str) -> None:
+    if is_differential(head):
+        raise InputError(
+            "this is differential folded input ('stack BEFORE AFTER', as difffolded.pl writes), not a profile: "
+            "draw it with 'flamed svg', or give 'flamed diff' the two profiles",
+            source=source,
+        )
 
 
 def all_folded(paths: Sequence[str]) -> bool:

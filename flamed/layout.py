@@ -155,11 +155,25 @@ def _dedupe(table: StackTable[K]) -> StackTable[K]:
     return StackTable(nk, nw, nd if dcum is not None else None)
 
 
-def flame_frames(table: StackTable[str] | StackTable[bytes], min_width: float = 0.0) -> list[Box]:
+def flame_frames(
+    table: StackTable[str] | StackTable[bytes],
+    min_width: float = 0.0,
+    *,
+    self_deltas: bool = False,
+    hidden: list[Box] | None = None,
+    hidden_limit: int = 100_000,
+) -> list[Box]:
     """Boxes of the flame graph of ``table``, root first, then by (depth, start).
 
     Boxes narrower than ``min_width`` weight units are left out with their
     subtrees (flamegraph.pl's ``--minwidth``, converted to weight units).
+    A differential table's box gets the change of the stacks under it, or with
+    ``self_deltas`` that of its own stack only (the stack ending at the box, as
+    flamegraph.pl colors: a caller whose own time did not change stays white).
+    ``hidden`` receives the boxes left out for their width, and those under them
+    (what a search must still count), in no particular order -- up to
+    ``hidden_limit`` of them: a list that long means there were more (and the
+    caller should not take it for all of them).
     """
     # str or bytes alike: both have find, slicing and ordering, which is all this needs.
     keys: Any = table.keys
@@ -173,14 +187,19 @@ def flame_frames(table: StackTable[str] | StackTable[bytes], min_width: float = 
         return []
     names: dict[Any, str] = {}
     is_bytes = isinstance(sep, bytes)
-    out: list[Box] = [Box(0, 0, normalize_weight(total), ROOT_NAME, dcum[-1] if dcum is not None else None)]
+    root_delta: Weight | None = None
+    if dcum is not None:
+        # No stack ends at the root: its own change is none.
+        root_delta = 0 if self_deltas else dcum[-1]
+    out: list[Box] = [Box(0, 0, normalize_weight(total), ROOT_NAME, root_delta)]
     # Work list of (lo, hi, offset of the next frame in the keys, depth of the parent).
-    todo: list[tuple[int, int, int, int]] = [(0, n, 0, 0)]
+    todo: list[tuple[int, int, int, int, bool]] = [(0, n, 0, 0, True)]
     pop = todo.pop
     push = todo.append
-    emit = out.append
+    emit_drawn = out.append
+    emit_hidden = hidden.append if hidden is not None else None
     while todo:
-        lo, hi, off, depth = pop()
+        lo, hi, off, depth, drawn = pop()
         i = lo
         # The parent's own samples (a key that ends at the parent) sort first.
         if off and len(keys[i]) == off - 1:
@@ -193,15 +212,25 @@ def flame_frames(table: StackTable[str] | StackTable[bytes], min_width: float = 
             prefix = k[:end]
             j = bisect_left(keys, prefix + nxt, i + 1, hi)
             width = cum[j] - cum[i]
-            if width >= min_width and width > 0:
+            show = drawn and width >= min_width
+            if not show and emit_hidden is not None and len(hidden) >= hidden_limit:  # type: ignore[arg-type]
+                emit_hidden = None  # too many to carry: the caller drops them all
+            if width > 0 and (show or emit_hidden is not None):
                 raw = k[off:end]
                 name = names.get(raw)
                 if name is None:
                     name = decode_frame(raw) if is_bytes else raw
                     names[raw] = name
-                delta = (dcum[j] - dcum[i]) if dcum is not None else None
-                emit(Box(depth + 1, normalize_weight(cum[i]), normalize_weight(width), name, delta))
-                push((i, j, end + 1, depth + 1))
+                if dcum is None:
+                    delta = None
+                elif self_deltas:
+                    delta = (dcum[i + 1] - dcum[i]) if end == len(k) else 0  # keys[i] is the prefix itself
+                else:
+                    delta = dcum[j] - dcum[i]
+                (emit_drawn if show else emit_hidden)(  # type: ignore[misc]
+                    Box(depth + 1, normalize_weight(cum[i]), normalize_weight(width), name, delta)
+                )
+                push((i, j, end + 1, depth + 1, show))
             i = j
     out.sort(key=lambda b: (b.depth, b.start))
     return out

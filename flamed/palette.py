@@ -1,8 +1,14 @@
 """Frame colors: palettes, the stable per-name choice, palette files, differential scale.
 
-Colors never come from a random generator: a frame's color is a function of
-its name (and the palette), so the same file always renders the same bytes
-and the same function has the same color in every graph.  Two ways to turn a
+Colors do not come from a random generator (unless ``random=True``, the
+``--random`` of flamegraph.pl): a frame's color is a function of its name
+(and the palette), so the same file always renders the same bytes and the
+same function has the same color in every graph.
+
+The language palettes (``java``, ``js``, ``perl``) and ``wakeup``/``chain``
+pick one of the flat schemes per frame by its name and annotation (``_[k]``
+kernel, ``_[j]`` JIT, ``_[i]`` inlined, ``_[w]`` waker), with the rules of
+flamegraph.pl's palettes of the same names.  Two ways to turn a
 name into the palette's free parameters:
 
 * default: a checksum of the whole name -- neighbouring functions get
@@ -20,6 +26,7 @@ flamegraph.pl's ``palette.map``, so the two can share one).
 from __future__ import annotations
 
 import os
+import random as _random
 import re
 import zlib
 from collections.abc import Callable
@@ -139,7 +146,86 @@ _SCHEMES: dict[str, Callable[[float, float, float], RGB]] = {
 #: Kinds of frame told apart by the "mixed" palette, and the scheme of each.
 MIXED_KINDS: dict[str, str] = {"kernel": "orange", "native": "red", "python": "green", "other": "grey"}
 
-PALETTES: tuple[str, ...] = tuple(sorted([*_SCHEMES, "mixed"]))
+_JAVA_PKG = re.compile(r"^L?(java|javax|jdk|net|org|com|io|sun)/")
+
+
+def _java(name: str) -> str:
+    if name.endswith("_[j]"):
+        return "green"
+    if name.endswith("_[i]"):
+        return "aqua"
+    if _JAVA_PKG.match(name) or ":::" in name:
+        return "green"
+    if "::" in name:
+        return "yellow"  # C++
+    if name.endswith("_[k]"):
+        return "orange"
+    return "red"
+
+
+def _js(name: str) -> str:
+    if name.endswith("_[j]"):
+        return "green" if "/" in name else "aqua"  # source, else a builtin
+    if "::" in name:
+        return "yellow"
+    if re.search(r"/.*\.js", name):
+        return "green"
+    if ":" in name:
+        return "aqua"
+    if name == " ":
+        return "green"  # a missing symbol
+    if "_[k]" in name:
+        return "orange"
+    return "red"
+
+
+def _perl(name: str) -> str:
+    if "::" in name:
+        return "yellow"
+    if "Perl" in name or ".pl" in name:
+        return "green"
+    if name.endswith("_[k]"):
+        return "orange"
+    return "red"
+
+
+#: Palettes that pick a flat scheme per frame name.
+_BY_NAME: dict[str, Callable[[str], str]] = {
+    "java": _java,
+    "js": _js,
+    "perl": _perl,
+    "wakeup": lambda name: "aqua",
+    "chain": lambda name: "aqua" if "_[w]" in name else "blue",
+}
+
+PALETTES: tuple[str, ...] = tuple(sorted([*_SCHEMES, *_BY_NAME, "mixed"]))
+
+#: Background gradients (top, bottom), by --bgcolors name.
+BACKGROUNDS: dict[str, tuple[str, str]] = {
+    "yellow": ("#eeeeee", "#eeeeb0"),
+    "blue": ("#eeeeee", "#e0e0ff"),
+    "green": ("#eef2ee", "#e0ffe0"),
+    "grey": ("#f8f8f8", "#e8e8e8"),
+}
+_FLAT_BG = re.compile(r"^#[0-9a-fA-F]{6}$")
+
+
+def background(bgcolors: str | None, palette: str) -> tuple[str, str]:
+    """The background gradient's two stops, for ``--bgcolors`` (default: by palette, as flamegraph.pl)."""
+    if bgcolors is None or bgcolors == "":
+        if palette == "mem":
+            bgcolors = "green"
+        elif palette in ("io", "wakeup", "chain"):
+            bgcolors = "blue"
+        elif palette in ("red", "green", "blue", "aqua", "yellow", "purple", "orange"):
+            bgcolors = "grey"
+        else:
+            bgcolors = "yellow"
+    if bgcolors in BACKGROUNDS:
+        return BACKGROUNDS[bgcolors]
+    if _FLAT_BG.match(bgcolors):
+        return bgcolors, bgcolors
+    raise UsageError(f"--bgcolors: expected one of {', '.join(BACKGROUNDS)} or #rrggbb, got {bgcolors!r}")
 
 _SPECIAL = re.compile(r"^\[.*\]$")
 
@@ -169,12 +255,16 @@ def hex_color(rgb: RGB) -> str:
 class Colorer:
     """Chooses and remembers the fill of every frame name."""
 
-    def __init__(self, palette: str = "hot", *, hash: bool = False, palette_file: str | None = None) -> None:
+    def __init__(
+        self, palette: str = "hot", *, hash: bool = False, palette_file: str | None = None, random: bool = False
+    ) -> None:
         if palette not in PALETTES:
             raise UsageError(f"unknown palette {palette!r}; known palettes: {', '.join(PALETTES)}")
         self.palette = palette
         self.hash = hash
         self.palette_file = palette_file
+        self.random = random
+        self._rng = _random.Random()
         self.pinned: dict[str, str] = {}
         self.new: dict[str, str] = {}
         self._cache: dict[tuple[str, int], str] = {}
@@ -195,11 +285,17 @@ class Colorer:
         return c
 
     def _compute(self, name: str, depth: int | None) -> str:
-        v = _scalars_similar(name) if self.hash else _scalars_checksum(name)
+        if self.random:
+            r = self._rng.random
+            v = (r(), r(), r())
+        else:
+            v = _scalars_similar(name) if self.hash else _scalars_checksum(name)
         if self.palette == "mixed":
             scheme = _SCHEMES[MIXED_KINDS[mixed_kind(name, depth)]]
         elif depth == 0:
             scheme = _grey
+        elif self.palette in _BY_NAME:
+            scheme = _SCHEMES[_BY_NAME[self.palette](name)]
         else:
             scheme = _SCHEMES[self.palette]
         return hex_color(scheme(*v))
@@ -251,8 +347,11 @@ def write_palette_file(path: str, colors: dict[str, str]) -> None:
         raise FlamedError(f"cannot write palette file {path}: {e.strerror or e}") from None
 
 
-def diff_color(delta: float, max_delta: float) -> str:
-    """Differential fill: red for growth, blue for shrinkage, paler when the change is small."""
+def diff_color(delta: float, max_delta: float, *, negate: bool = False) -> str:
+    """Differential fill: red for growth, blue for shrinkage, paler when the change is small
+    (``negate``: the other way round)."""
+    if negate:
+        delta = -delta
     if max_delta <= 0 or delta == 0:
         return "#ffffff"
     frac = min(1.0, abs(delta) / max_delta)

@@ -25,23 +25,26 @@ from __future__ import annotations
 
 import gc
 import io
-import multiprocessing
-import multiprocessing.pool
-import multiprocessing.sharedctypes
 import os
 import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO, TextIO
+from typing import TYPE_CHECKING, BinaryIO, TextIO
+
+if TYPE_CHECKING:
+    # multiprocessing is imported where processes are started: most runs never do,
+    # and its import is a good part of a small command's start-up.
+    import multiprocessing.pool
+    import multiprocessing.sharedctypes
 
 from flamed.collapse import get, guess
 from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser
 from flamed.collapse.perf import _event_matches
 from flamed.errors import InputError
 from flamed.fileio import input_name, input_size, open_input
-from flamed.folded import ReadStats
+from flamed.folded import ReadStats, is_differential
 from flamed.model import EMPTY_STACK_FRAME, Profile, Stack, Weight
 
 DEFAULT_CHUNK_BYTES = 4 << 20
@@ -307,6 +310,14 @@ def open_with_format(path: str | None, fmt: str | None) -> tuple[BinaryIO, bytes
         stream.close()
         raise InputError(f"cannot read: {e}", source=input_name(path)) from None
     collapser = get(fmt) if fmt else guess(head, source=input_name(path))
+    if collapser.name == "folded" and is_differential(head):
+        stream.close()
+        raise InputError(
+            "this is differential folded input ('stack BEFORE AFTER', as difffolded.pl writes): read as folded, "
+            "its BEFORE count would end every leaf's name; draw it with 'flamed svg', "
+            "or give 'flamed diff' the two profiles",
+            source=input_name(path),
+        )
     return stream, head, collapser
 
 
@@ -412,6 +423,8 @@ def _collapse(
         # range, so no input passes through this process and only unique
         # stacks travel.
         global _NEXT_RANGE
+        import multiprocessing
+
         ctx = multiprocessing.get_context("fork")
         _NEXT_RANGE = ctx.Value("l", 0)
         rpool = ctx.Pool(jobs - 1)
@@ -421,7 +434,7 @@ def _collapse(
                 # A few ranges per process: small enough to balance the load,
                 # large enough that each one's result (its unique stacks) is
                 # worth sending.
-                cuts = _range_cuts(path, size, collapser, max(jobs, min(4 * jobs, size // chunk_bytes)))
+                cuts = _range_cuts(path, size, collapser, max(jobs, min(4 * jobs, 2 * size // chunk_bytes)))
                 _NEXT_RANGE.value = 0
                 args = (collapser.name, path, cuts, name, chunk_bytes, opts)
                 remote = [rpool.apply_async(_take_ranges, args) for _ in range(jobs - 1)]
@@ -444,6 +457,11 @@ def _collapse(
             rpool.join()
             _NEXT_RANGE = None
         inputs = []
+    elif jobs > 1 and _plain_files_below(inputs, 2 * jobs * chunk_bytes):
+        # Regular files too small to be read by range: piping their chunks to
+        # workers costs more than parsing them here (a 12 MB perf script is
+        # parsed faster than a pool of processes is fed).
+        jobs = 1
 
     local: dict[str, ChunkParser] = {}
     pool = None
@@ -471,6 +489,8 @@ def _collapse(
                 continue
             if pool is None:
                 # Fork: the workers start in milliseconds and share the imported code.
+                import multiprocessing
+
                 ctx = multiprocessing.get_context("fork")
                 pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(opts,))
             window.append(pool.apply_async(_parse_task, (task,)))
@@ -535,7 +555,7 @@ def _ranged_inputs(
     """``(path, name, format, size)`` of each input when all can be read by range, else None.
 
     That takes regular uncompressed files (workers seek in them), large enough
-    for a few chunks per process, of formats whose weights are integers (so
+    for two chunks per process, of formats whose weights are integers (so
     summing per range, then ranges, gives exactly the sums of ``--jobs 1``).
     """
     out: list[tuple[str, str, Collapser, int]] = []
@@ -552,6 +572,20 @@ def _ranged_inputs(
             return None
         out.append((str(path), input_name(path), collapser, size))
     return out
+
+
+def _plain_files_below(inputs: Sequence[str | None], limit: int) -> bool:
+    """True when every input is a regular uncompressed file and together they are under ``limit`` bytes."""
+    total = 0
+    for path in inputs:
+        size = input_size(path)
+        if path is None or path == "-" or size is None:
+            return False
+        with open_input(path) as f:
+            if type(f) is not io.BufferedReader:
+                return False  # gzip: its size says little about the text inside
+        total += size
+    return total < limit
 
 
 def _fmt_w(w: Weight) -> str:

@@ -40,6 +40,8 @@ caches ``frame block bytes -> frames`` and ``header without its timestamp ->
 
 from __future__ import annotations
 
+import itertools
+import operator
 import re
 from collections.abc import Iterator
 from typing import BinaryIO, cast
@@ -129,7 +131,6 @@ class PerfParser(ChunkParser):
         self._body_bytes = 0
         self._rests: dict[bytes, str] = {}
         self._headers: dict[bytes, _Header | None] = {}
-        self._lines: dict[bytes, str] = {}
         ann = options.annotate
         self._ann_kernel = "kernel" in ann
         self._ann_jit = "jit" in ann
@@ -149,6 +150,7 @@ class PerfParser(ChunkParser):
         cur_group: dict[str, Weight] = {}
         offset = 0
         n_blocks = 0
+        header_key = _header_key_fast
         for block in data.split(b"\n\n"):
             start = offset
             offset += len(block) + 2
@@ -159,7 +161,7 @@ class PerfParser(ChunkParser):
                 if not block:
                     continue
             header, _, body = block.partition(b"\n")
-            key = _header_key(header)
+            key = header_key(b"", header, 1)
             h = headers.get(key)
             if h is None:
                 if key in headers:
@@ -234,20 +236,18 @@ class PerfParser(ChunkParser):
         same address) and, on a miss, without their address (a hit for the
         same symbol and offset at another address, e.g. ``[unknown]``).
         """
-        cache = self._lines
         lines = body.split(b"\n") if body else []
-        # One C-level pass of lookups; only misses go through Python code.
-        got: list[str | None] = list(map(cache.get, lines))
+        # "IP SYM+OFF (DSO)" -> "SYM+OFF (DSO)" -> frame, in C-level passes over
+        # the lines (no Python code per line): only texts never seen before reach
+        # _line_frame, which checks the address and the indentation. (A srcline
+        # or header line is never a cached text: those come from frame lines.)
+        got: list[str | None] = list(map(self._rests.get, map(_THIRD, map(bytes.partition, map(bytes.lstrip, lines), _SPACES))))
         if None in got:
             for i, fr in enumerate(got):
                 if fr is None:
-                    ln = lines[i]
-                    fr = got[i] = self._line_frame(ln)
+                    fr = got[i] = self._line_frame(lines[i])
                     if fr is None:
                         return None
-                    if len(cache) >= _LINE_CACHE_ENTRIES:
-                        cache.clear()
-                    cache[ln] = fr
         # ("" marks srcline lines: not frames.)
         frames: list[str] = [f for f in got if f] if "" in got else cast("list[str]", got)
         if not frames and trailing:
@@ -272,6 +272,8 @@ class PerfParser(ChunkParser):
         fr = self._rests.get(rest)
         if fr is None:
             fr = self._parse_rest(rest)
+            if not rest:
+                return fr  # not cached: b"" is also what a srcline line's lookup key is
             if len(self._rests) >= _LINE_CACHE_ENTRIES:
                 self._rests.clear()
             self._rests[rest] = fr
@@ -421,6 +423,8 @@ class PerfParser(ChunkParser):
 
 
 _UNINDENTED = re.compile(rb"(?m)^[^\s]")
+_THIRD = operator.itemgetter(2)
+_SPACES = itertools.repeat(b" ")
 
 
 def _starts_sample(line: bytes) -> bool:
@@ -507,18 +511,9 @@ def _line_at(data: bytes, offset: int, first_line: int) -> int:
     return first_line + n
 
 
-def _header_key(header: bytes) -> bytes:
-    """The header without its timestamp, so samples of one task/event share a cache entry."""
-    i = header.find(b": ")
-    if i < 0:
-        if not header.endswith(b":"):
-            return header
-        i = len(header) - 1
-    s = header.rfind(b" ", 0, i) + 1
-    tok = header[s:i]
-    if tok.replace(b".", b"", 1).isdigit() and b"." in tok:
-        return header[:s] + header[i + 1 :]
-    return header
+#: The timestamp of a header (" 719.874582:" before a space or the end) removed, in
+#: one C call: samples of one task and event then share a cache entry.
+_header_key_fast = re.compile(rb" \d{1,19}\.\d{1,19}:(?= |$)").sub
 
 
 def _event_matches(event: str, want: str) -> bool:

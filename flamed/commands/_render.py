@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from flamed.fastfolded import count_folded, count_folded_file, profile_from_counts
 from flamed.fileio import input_name, open_input
 from flamed.folded import ReadStats, iter_folded
-from flamed.model import Profile, Stack, Weight
+from flamed.errors import UsageError
+from flamed.model import Profile, Stack, Weight, decode_frame, encode_frame, normalize_weight
 from flamed.outputs.base import OutputOptions
 from flamed.outputs.svg import parse_minwidth
 from flamed.palette import PALETTES
+
+if TYPE_CHECKING:
+    from flamed.diff import DiffProfile
 
 
 def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True, colors: bool = True) -> None:
@@ -28,7 +33,27 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True,
         help="leave out boxes narrower than this: px (0.1, the default) or a share of the width (0.5%%)",
     )
     g.add_argument("--countname", default="samples", help="unit of the weights in tooltips (default: samples)")
+    g.add_argument("--nametype", default="Function:", help="label before the hovered name (default 'Function:')")
     g.add_argument("--inverted", action="store_true", help="icicle graph: roots at the top")
+    g.add_argument("--height", type=int, default=16, metavar="PX", help="height of a row of boxes (default 16)")
+    g.add_argument("--fontsize", type=float, default=12.0, metavar="PX", help="label font size (default 12)")
+    g.add_argument("--fonttype", default="Verdana", metavar="FONT", help="label font family (default Verdana)")
+    g.add_argument(
+        "--fontwidth",
+        type=float,
+        default=0.59,
+        metavar="SHARE",
+        help="average glyph width as a share of the font size, to fit labels in the file (default 0.59)",
+    )
+    g.add_argument(
+        "--bgcolors",
+        metavar="COLOR",
+        help="background: yellow, blue, green, grey (gradients) or #rrggbb (flat); default by palette",
+    )
+    g.add_argument("--reverse", action="store_true", help="reverse every stack (leaf first): merge at the leaves")
+    g.add_argument("--factor", type=float, default=1.0, help="multiply every weight by this (default 1)")
+    g.add_argument("--notes", default="", metavar="TEXT", help="text of a comment embedded in the SVG")
+    g.add_argument("--negate", action="store_true", help="differentials: swap the hues (red shrank, blue grew)")
     if chart:
         g.add_argument(
             "--flamechart",
@@ -37,15 +62,19 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True,
         )
     if not colors:
         # Differentials are colored by change; the palette options would do nothing.
-        parser.set_defaults(palette="hot", hash=False, palette_file=None)
+        parser.set_defaults(palette="hot", hash=False, palette_file=None, random=False)
         return
     g.add_argument(
         "--palette",
+        "--colors",
+        dest="palette",
         default="hot",
         choices=PALETTES,
-        help="color scheme (default hot); 'mixed' colors kernel, native and Python frames apart",
+        help="color scheme (default hot); 'mixed' colors kernel, native and Python frames apart; "
+        "java, js, perl, wakeup and chain pick a color per frame as flamegraph.pl's palettes do",
     )
     g.add_argument("--hash", action="store_true", help="similar names get similar colors")
+    g.add_argument("--random", action="store_true", help="random colors (one per name within a graph)")
     g.add_argument(
         "--palette-file",
         metavar="FILE",
@@ -53,8 +82,49 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True,
     )
 
 
+def add_delta_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--inclusive",
+        action="store_true",
+        help="differentials: color a box by the change of all the stacks under it "
+        "(default: by its own, self, change, as flamegraph.pl)",
+    )
+
+
+def render_diff(diff: DiffProfile, out: BinaryIO, options: OutputOptions, *, inclusive: bool = False) -> int:
+    """A differential flame graph: AFTER's widths, colored by each box's change; returns the boxes drawn."""
+    from flamed.layout import Box, flame_frames, table_from_items
+    from flamed.outputs.svg import HIDDEN_LIMIT, min_weight, render_boxes
+
+    # Stacks gone in AFTER have no width but still count in their ancestors' (inclusive) change.
+    table = table_from_items(diff.after_items(include_gone=True), diff.deltas())
+    hidden: list[Box] = []
+    boxes = (
+        flame_frames(table, min_weight(table.total, options), self_deltas=not inclusive, hidden=hidden, hidden_limit=HIDDEN_LIMIT)
+        if len(table)
+        else []
+    )
+    render_boxes(boxes, out, options, diff=True, hidden=hidden)
+    return len(boxes)
+
+
 def render_options(args: argparse.Namespace) -> OutputOptions:
+    if args.height < 2:
+        raise UsageError("--height must be at least 2 px")
+    if not args.fontsize > 0 or not args.fontwidth > 0:
+        raise UsageError("--fontsize and --fontwidth must be positive")
+    if not args.factor > 0 or args.factor != args.factor or args.factor == float("inf"):
+        raise UsageError("--factor must be a positive number")
     return OutputOptions(
+        frame_height=args.height,
+        font_size=args.fontsize,
+        font_type=args.fonttype,
+        font_width=args.fontwidth,
+        nametype=args.nametype,
+        bgcolors=args.bgcolors,
+        negate=args.negate,
+        random=args.random,
+        notes=args.notes,
         title=args.title,
         subtitle=args.subtitle,
         width=args.width,
@@ -65,6 +135,86 @@ def render_options(args: argparse.Namespace) -> OutputOptions:
         palette=args.palette,
         hash=args.hash,
         palette_file=args.palette_file,
+    )
+
+
+def stack_transform(args: argparse.Namespace) -> Callable[[Stack], Stack] | None:
+    """What --reverse and the chain palette do to every stack (None: nothing)."""
+    reverse = bool(getattr(args, "reverse", False))
+    chain = getattr(args, "palette", "") == "chain"
+    if not reverse and not chain:
+        return None
+
+    def apply(stack: Stack) -> Stack:
+        if chain and "--" in stack:
+            # flamegraph.pl's chain graphs: frames after a "--" separator are the
+            # wakers', marked _[w] for their color.
+            i = stack.index("--")
+            stack = stack[: i + 1] + tuple(f if f.endswith("_[w]") else f + "_[w]" for f in stack[i + 1 :])
+        return stack[::-1] if reverse else stack
+
+    return apply
+
+
+def scale_weight(args: argparse.Namespace) -> Callable[[Weight], Weight] | None:
+    """--factor as a function of a weight (None for 1): integers stay integers when the factor is one."""
+    factor = float(getattr(args, "factor", 1.0))
+    if factor == 1.0:
+        return None
+    if factor.is_integer():
+        k = int(factor)
+        return lambda w: w * k
+    return lambda w: normalize_weight(w * factor)
+
+
+def transform_counts(counts: dict[bytes, Weight], args: argparse.Namespace) -> dict[bytes, Weight]:
+    """Folded counts (by stack text) with --reverse, --factor and the chain marks applied."""
+    tf, sw = stack_transform(args), scale_weight(args)
+    if tf is None and sw is None:
+        return counts
+    out: dict[bytes, Weight] = {}
+    for key, w in counts.items():
+        if tf is not None:
+            frames = tuple(decode_frame(f) for f in key.split(b";"))
+            key = b";".join(encode_frame(f) for f in tf(frames))
+        if sw is not None:
+            w = sw(w)
+        out[key] = out.get(key, 0) + w
+    return out
+
+
+def transform_items(items: Sequence[tuple[Stack, Weight]], args: argparse.Namespace) -> list[tuple[Stack, Weight]]:
+    tf, sw = stack_transform(args), scale_weight(args)
+    if tf is None and sw is None:
+        return list(items)
+    return [(tf(s) if tf else s, sw(w) if sw else w) for s, w in items]
+
+
+def transform_profile(profile: Profile, args: argparse.Namespace) -> Profile:
+    tf, sw = stack_transform(args), scale_weight(args)
+    if tf is None and sw is None:
+        return profile
+    stacks: dict[Stack, Weight] = {}
+    for s, w in profile.stacks.items():
+        k = tf(s) if tf else s
+        stacks[k] = stacks.get(k, 0) + (sw(w) if sw else w)
+    return dataclasses.replace(profile, stacks=stacks)
+
+
+def transform_diff(diff: DiffProfile, args: argparse.Namespace) -> DiffProfile:
+    tf, sw = stack_transform(args), scale_weight(args)
+    if tf is None and sw is None:
+        return diff
+    pairs: dict[Stack, tuple[Weight, Weight]] = {}
+    for s, (b, a) in diff.pairs.items():
+        k = tf(s) if tf else s
+        ob, oa = pairs.get(k, (0, 0))
+        pairs[k] = (ob + (sw(b) if sw else b), oa + (sw(a) if sw else a))
+    return dataclasses.replace(
+        diff,
+        pairs=pairs,
+        before_total=normalize_weight(sum(b for b, _ in pairs.values())),
+        after_total=normalize_weight(sum(a for _, a in pairs.values())),
     )
 
 

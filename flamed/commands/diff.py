@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 
-from flamed.commands._render import add_render_arguments, render_options
+from flamed.commands._render import (
+    add_delta_arguments,
+    add_render_arguments,
+    render_diff,
+    render_options,
+    transform_profile,
+)
 from flamed.commands.base import Command
 from flamed.diff import diff_profiles, format_table
 from flamed.errors import UsageError
 from flamed.fileio import open_output
 from flamed.folded import ReadStats, folded_line
 from flamed.inputs import load_profile
-from flamed.layout import flame_frames, table_from_items
 from flamed.model import format_weight
-from flamed.outputs.svg import min_weight, render_boxes
 
 _BY_EXT = {".svg": "svg", ".txt": "table", ".folded": "folded"}
 
@@ -21,8 +25,10 @@ _BY_EXT = {".svg": "svg", ".txt": "table", ".folded": "folded"}
 class DiffCommand(Command):
     """Compare two profiles: differential flame graph (red grew, blue shrank) or a table.
 
-    Widths are AFTER's, colors the change (after - before) of the stacks under
-    each box, as difffolded.pl + flamegraph.pl draw it.  --normalize scales
+    Widths are AFTER's, colors the change (after - before) of each box's own
+    (self) weight, as difffolded.pl + flamegraph.pl draw it: a caller whose own
+    time did not change stays white however its children moved; --inclusive
+    colors by the change of everything under a box instead.  --normalize scales
     BEFORE to AFTER's total first, for captures of different length or load.
     --format table lists the functions whose own (self) weight changed most;
     --format folded writes difffolded.pl's "stack BEFORE AFTER" lines.
@@ -49,6 +55,7 @@ class DiffCommand(Command):
         parser.add_argument("--limit", type=int, default=20, help="rows of the table (default 20)")
         parser.add_argument("--strict", action="store_true", help="fail on the first malformed line")
         add_render_arguments(parser, chart=False, colors=False)
+        add_delta_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         fmt = args.format
@@ -61,8 +68,8 @@ class DiffCommand(Command):
         if args.limit < 0:
             raise UsageError("--limit must not be negative")
         stats = ReadStats()
-        before = load_profile([args.before], strict=args.strict, stats=stats)
-        after = load_profile([args.after], strict=args.strict, stats=stats)
+        before = transform_profile(load_profile([args.before], strict=args.strict, stats=stats), args)
+        after = transform_profile(load_profile([args.after], strict=args.strict, stats=stats), args)
         diff = diff_profiles(before, after, normalize=args.normalize)
         with open_output(args.output) as out:
             if fmt == "table":
@@ -75,9 +82,7 @@ class DiffCommand(Command):
             else:
                 options = render_options(args)
                 # Stacks gone in AFTER have no width but still count in their ancestors' change.
-                table = table_from_items(diff.after_items(include_gone=True), diff.deltas())
-                boxes = flame_frames(table, min_weight(table.total, options)) if len(table) else []
-                render_boxes(boxes, out, options, diff=True)
+                render_diff(diff, out, options, inclusive=args.inclusive)
         summary = stats.summary()
         if summary:
             self.warn(summary)

@@ -5,12 +5,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from flamed.commands._render import add_render_arguments, read_counts, read_ordered, render_options
+from flamed.commands._render import (
+    add_delta_arguments,
+    add_render_arguments,
+    read_counts,
+    read_ordered,
+    render_diff,
+    render_options,
+    transform_counts,
+    transform_diff,
+    transform_items,
+    transform_profile,
+)
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import open_output
 from flamed.folded import ReadStats
-from flamed.inputs import all_folded, load_profile, open_sample_streams
+from flamed.diff import read_differential
+from flamed.inputs import all_folded, differential_inputs, load_profile, open_sample_streams
 from flamed.layout import StackTable, table_from_keyed, table_from_profile
 from flamed.outputs._timeline import lanes
 from flamed.outputs.svg import render_chart, render_table
@@ -21,6 +33,10 @@ class SvgCommand(Command):
 
     Inputs are folded text (fastest), or anything `flamed collapse` reads
     (perf script, bcc, py-spy), or pprof / speedscope files.
+
+    Differential input -- difffolded.pl's 'stack BEFORE AFTER' lines -- is
+    drawn as `flamed diff` draws it: AFTER's widths, colored by each box's own
+    change (--inclusive: by the change under it).
 
     The SVG is self-contained (no network): hover for details, click a box to
     zoom, "Reset Zoom" (or Esc) to go back, "Search" (or Ctrl-F) for a regex,
@@ -50,12 +66,26 @@ class SvgCommand(Command):
             "is slower); output is the same for any number",
         )
         add_render_arguments(parser)
+        add_delta_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         options = render_options(args)
         if args.jobs < 1:
             raise UsageError("--jobs must be at least 1")
         stats = ReadStats()
+        differential = differential_inputs(args.inputs)
+        if differential:
+            if options.flamechart:
+                raise UsageError("--flamechart does not draw differential (BEFORE AFTER) input; leave it out")
+            diff = transform_diff(read_differential(args.inputs, strict=args.strict, stats=stats), args)
+            with open_output(args.output) as out:
+                n = render_diff(diff, out, options, inclusive=args.inclusive)
+            summary = stats.summary()
+            if summary:
+                self.warn(summary)
+            if n == 0:
+                self.warn("no stacks in the input; the graph is empty")
+            return 0
         folded = all_folded(args.inputs)
         if options.flamechart:
             if folded:
@@ -68,14 +98,15 @@ class SvgCommand(Command):
                 if stream is None:
                     items = list(load_profile(args.inputs, strict=args.strict, stats=stats).stacks.items())
             with open_output(args.output) as out:
-                n = render_chart(items, out, options)
+                n = render_chart(transform_items(items, args), out, options)
         else:
             # Folded text skips the Profile: counted by stack text, split once per box drawn.
             table: StackTable[bytes] | StackTable[str]
             if folded:
-                table = table_from_keyed(read_counts(args.inputs, strict=args.strict, stats=stats, jobs=args.jobs))
+                counts = read_counts(args.inputs, strict=args.strict, stats=stats, jobs=args.jobs)
+                table = table_from_keyed(transform_counts(counts, args))
             else:
-                table = table_from_profile(load_profile(args.inputs, strict=args.strict, stats=stats))
+                table = table_from_profile(transform_profile(load_profile(args.inputs, strict=args.strict, stats=stats), args))
             with open_output(args.output) as out:
                 n = render_table(table, out, options)
         summary = stats.summary()

@@ -22,7 +22,10 @@ _REGISTRY: dict[str, OutputFormat] | None = None
 def registry() -> dict[str, OutputFormat]:
     global _REGISTRY
     if _REGISTRY is None:
-        found = {name: cls() for name, cls in plugins.discover(__name__, __path__, OutputFormat).items()}
+        # profile_pb2 is pprof's generated message code, not a format: importing it
+        # (protobuf) would cost every command that lists the formats.
+        skip = ("base", "profile_pb2")
+        found = {name: cls() for name, cls in plugins.discover(__name__, __path__, OutputFormat, skip).items()}
         _REGISTRY = dict(sorted(found.items()))
     return _REGISTRY
 

@@ -24,6 +24,16 @@ class OutputOptions:
     palette: color scheme name (default "hot"; "mixed" colors kernel/native/python).
     hash: color by a hash of the name, stable across graphs (default False).
     palette_file: file that maps names to colors, read and extended (default None).
+    frame_height: height of a row of boxes in px (default 16; flamegraph.pl's --height).
+    font_size: label size in px (default 12).
+    font_type: label font family (default Verdana).
+    font_width: average glyph width as a share of the font size, to fit labels (default 0.59).
+    nametype: what the names are, before the hovered name in the details line (default "Function:").
+    bgcolors: background: yellow, blue, green, grey (gradients) or #rrggbb (flat);
+        default by palette, as flamegraph.pl.
+    negate: differentials: swap the hues (red shrank, blue grew).
+    random: colors drawn at random (per name, so one name keeps one color in a graph).
+    notes: text of a comment embedded in the SVG.
     extra: format-specific settings by name.
     """
 
@@ -37,6 +47,15 @@ class OutputOptions:
     palette: str = "hot"
     hash: bool = False
     palette_file: str | None = None
+    frame_height: int = 16
+    font_size: float = 12.0
+    font_type: str = "Verdana"
+    font_width: float = 0.59
+    nametype: str = "Function:"
+    bgcolors: str | None = None
+    negate: bool = False
+    random: bool = False
+    notes: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
 

@@ -37,15 +37,17 @@ import re
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import BinaryIO
-
-from google.protobuf.message import DecodeError
+from typing import TYPE_CHECKING, BinaryIO
 
 from flamed.errors import InputError
 from flamed.fileio import GZIP_MAGIC
 from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Profile, Stack, Weight, parse_task_frame
-from flamed.outputs import profile_pb2 as pb
 from flamed.outputs.base import OutputFormat, OutputOptions
+
+if TYPE_CHECKING:
+    # protobuf is imported by the functions that build or read messages: every
+    # command lists the output formats, few write pprof.
+    from flamed.outputs import profile_pb2 as pb
 
 KERNEL_MAPPING = "[kernel.kallsyms]"
 INT64_MAX = 2**63 - 1
@@ -131,6 +133,8 @@ def to_proto(profile: Profile, labelled: Iterable[LabelledSample] | None = None)
     pid/comm/thread/host), written instead of ``profile``'s stacks, which then
     only give the time range, rate and comments.
     """
+    from flamed.outputs import profile_pb2 as pb
+
     msg = pb.Profile()
     strings = _Strings(msg.string_table)
     s = strings.get
@@ -257,6 +261,10 @@ def read_pprof(stream: BinaryIO | bytes, *, source: str = "<input>", sample_type
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as e:  # zlib.error: a corrupt deflate stream
             raise InputError(f"corrupt gzip data: {e}", source=source) from None
+    from google.protobuf.message import DecodeError
+
+    from flamed.outputs import profile_pb2 as pb
+
     msg = pb.Profile()
     try:
         msg.ParseFromString(data)

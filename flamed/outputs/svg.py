@@ -31,17 +31,19 @@ from flamed.layout import Box, StackTable, chart_frames, flame_frames, table_fro
 from flamed.model import Profile, Sample, Stack, Weight, format_weight
 from flamed.outputs._timeline import lanes
 from flamed.outputs.base import OutputFormat, OutputOptions
-from flamed.palette import Colorer, diff_color, kind_color
+from flamed.palette import Colorer, background, diff_color, kind_color
 
 FONT_SIZE = 12
 #: Average glyph width as a fraction of the font size, used to fit labels.
 FONT_WIDTH = 0.59
 FRAME_HEIGHT = 16
 XPAD = 10
+#: Most boxes too narrow to draw that are written for the search to count: past
+#: it (profiles of ~100,000 distinct stacks) none are, and the file stays the
+#: size of what is drawn.
+HIDDEN_LIMIT = 100_000
 #: Largest coordinate written into the drawing (see render_boxes).
 MAX_UNITS = 1 << 24
-BG_TOP = "#eeeeee"
-BG_BOTTOM = "#eeeeb0"
 
 # Characters XML 1.0 cannot carry, plus the lone surrogates that
 # surrogateescape decoding leaves for invalid UTF-8 bytes.
@@ -136,9 +138,18 @@ def render_boxes(
     *,
     diff: bool = False,
     notes: Sequence[str] = (),
+    hidden: Sequence[Box] = (),
 ) -> None:
-    """Write the SVG for laid-out ``boxes`` (root box first, as the layouts return them)."""
+    """Write the SVG for laid-out ``boxes`` (root box first, as the layouts return them).
+
+    ``hidden``: boxes left out for their width (and those under them); their
+    names and extents go into the file so that a search counts their samples.
+    """
     o = options or OutputOptions()
+    fs, fh = o.font_size, o.frame_height
+    if fh < 2 or not fs > 0 or not o.font_width > 0:
+        raise UsageError("--height must be at least 2 px, --fontsize and --fontwidth positive")
+    bg_top, bg_bottom = background(o.bgcolors, o.palette) if not diff else background(o.bgcolors or "#eeeeee", "")
     width = o.width
     dw = width - 2 * XPAD
     if dw <= 0:
@@ -146,17 +157,17 @@ def render_boxes(
     total: Weight = boxes[0].width if boxes else 0
     max_depth = max((b.depth for b in boxes), default=0)
     subtitle = o.subtitle
-    ypad1 = FONT_SIZE * 3 + (FONT_SIZE * 2 if subtitle else 0)
-    ypad2 = FONT_SIZE * 2 + 10
-    height = (max_depth + 1) * FRAME_HEIGHT + ypad1 + ypad2
+    ypad1 = _num(fs * 3 + (fs * 2 if subtitle else 0))
+    ypad2 = _num(fs * 2 + 10)
+    height = _num((max_depth + 1) * fh + ypad1 + ypad2)
     if not boxes:
-        height = ypad1 + ypad2 + 2 * FRAME_HEIGHT
-    colorer = Colorer(o.palette, hash=o.hash, palette_file=o.palette_file)
+        height = _num(ypad1 + ypad2 + 2 * fh)
+    colorer = Colorer(o.palette, hash=o.hash, palette_file=o.palette_file, random=o.random)
     countname = xml_escape(o.countname)
     max_delta = 0.0
     if diff:
         max_delta = max((abs(float(b.delta or 0)) for b in boxes[1:]), default=0.0)
-    char_px = FONT_SIZE * FONT_WIDTH
+    char_px = fs * o.font_width
     inverted = o.inverted
 
     parts: list[str] = []
@@ -164,20 +175,30 @@ def render_boxes(
     w('<?xml version="1.0" standalone="no"?>\n')
     w(
         f'<svg version="1.1" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        f'xmlns="http://www.w3.org/2000/svg" data-fs="{FONT_SIZE}" data-fw="{FONT_WIDTH}" '
-        f'data-fh="{FRAME_HEIGHT}" data-inverted="{1 if inverted else 0}" data-unit="{countname}">\n'
+        f'xmlns="http://www.w3.org/2000/svg" data-fs="{_num(fs)}" data-fw="{o.font_width}" '
+        f'data-fh="{fh}" data-inverted="{1 if inverted else 0}" data-unit="{countname}"'
+        + (f' data-nametype="{xml_escape(o.nametype)}"' if o.nametype != "Function:" else "")
+        + ">\n"
     )
     w("<!-- flamed flame graph; drawn boxes are in #fv, in weight units. -->\n")
+    if o.notes:
+        # "--" may not appear inside an XML comment.
+        w(f"<!-- NOTES: {visible_text(o.notes).replace('--', '- -')} -->\n")
     w(
-        f'<defs><linearGradient id="bg" x1="0" x2="0" y1="0" y2="1"><stop stop-color="{BG_TOP}" offset="5%"/>'
-        f'<stop stop-color="{BG_BOTTOM if not diff else BG_TOP}" offset="95%"/></linearGradient></defs>\n'
+        f'<defs><linearGradient id="bg" x1="0" x2="0" y1="0" y2="1"><stop stop-color="{bg_top}" offset="5%"/>'
+        f'<stop stop-color="{bg_bottom}" offset="95%"/></linearGradient></defs>\n'
     )
-    w('<style type="text/css"><![CDATA[\n' + _asset("flamegraph.css") + "]]></style>\n")
+    css = _asset("flamegraph.css")
+    if o.font_type != "Verdana" or fs != FONT_SIZE:
+        # After the stylesheet's rule, so it wins; the title keeps its own size.
+        family = o.font_type.replace("\\", "").replace('"', "").replace(";", "").replace("}", "")
+        css += f'text{{font-family:"{family}",sans-serif;font-size:{_num(fs)}px}}\n'
+    w('<style type="text/css"><![CDATA[\n' + css + "]]></style>\n")
     w('<script type="text/ecmascript"><![CDATA[\n' + _asset("flamegraph.js") + "]]></script>\n")
     w(f'<rect x="0" y="0" width="{width}" height="{height}" fill="url(#bg)"/>\n')
     w(f'<text id="title" x="{width / 2:g}" y="24">{xml_escape(_default_title(o, diff))}</text>\n')
     if subtitle:
-        w(f'<text id="subtitle" x="{width / 2:g}" y="{24 + FONT_SIZE * 2}">{xml_escape(subtitle)}</text>\n')
+        w(f'<text id="subtitle" x="{width / 2:g}" y="{_num(24 + fs * 2)}">{xml_escape(subtitle)}</text>\n')
     ybottom = height - ypad2 / 2
     w(f'<text id="details" x="{XPAD}" y="{ybottom:g}"> </text>\n')
     w(f'<text id="unzoom" class="hide" x="{XPAD}" y="24">Reset Zoom</text>\n')
@@ -188,7 +209,7 @@ def render_boxes(
         w(_legend())
     if not boxes:
         msg = "No stacks to draw" + (": " + "; ".join(notes) if notes else "")
-        w(f'<text id="empty" x="{width / 2:g}" y="{ypad1 + FRAME_HEIGHT}" text-anchor="middle">{xml_escape(msg)}</text>\n')
+        w(f'<text id="empty" x="{width / 2:g}" y="{_num(ypad1 + fh)}" text-anchor="middle">{xml_escape(msg)}</text>\n')
     # Browsers clamp coordinates beyond ~2^25 (Chromium's layout units), and a
     # profile weighted in nanoseconds easily exceeds that: such profiles are drawn
     # in units of total/2^24, rounded at both edges so neighbours still tile.
@@ -205,20 +226,21 @@ def render_boxes(
     lab = labels.append
     esc_cache: dict[str, str] = {}
     bottom = height - ypad2
-    rh = FRAME_HEIGHT - 1
+    rh = fh - 1
     for b in boxes:
         name = b.name
         esc = esc_cache.get(name)
         if esc is None:
             esc = xml_escape(name)
             esc_cache[name] = esc
-        y = ypad1 + b.depth * FRAME_HEIGHT if inverted else bottom - (b.depth + 1) * FRAME_HEIGHT
+        y = _num(ypad1 + b.depth * fh if inverted else bottom - (b.depth + 1) * fh)
         bw = b.width
         pct = 100.0 * float(bw) / float(total)
         if diff:
             delta = float(b.delta or 0)
-            fill = diff_color(delta, max_delta if b.depth else max(max_delta, abs(delta)))
-            title = f"{esc} ({format_count(bw)} {countname}, {pct:.2f}%; {100.0 * delta / float(total):+.2f}%)"
+            fill = diff_color(delta, max_delta if b.depth else max(max_delta, abs(delta)), negate=o.negate)
+            shown = -delta if o.negate else delta
+            title = f"{esc} ({format_count(bw)} {countname}, {pct:.2f}%; {_delta_pct(shown, total)}%)"
         else:
             fill = colorer.color(name, b.depth)
             title = f"{esc} ({format_count(bw)} {countname}, {pct:.2f}%)"
@@ -237,22 +259,59 @@ def render_boxes(
         if chars >= 3:
             label = name if len(name) <= chars else name[: chars - 2] + ".."
             lab(
-                f'<text x="{XPAD + x0 * scale + 3:.1f}" y="{y + FRAME_HEIGHT - 5}">'
+                f'<text x="{XPAD + x0 * scale + 3:.1f}" y="{_num(y + fh - 5)}">'
                 f"{esc if label is name else xml_escape(label)}</text>\n"
             )
     w("</svg>\n")
+    if hidden and len(hidden) < HIDDEN_LIMIT:
+        w(_hidden_block(hidden, per_unit))
     w('<g id="labels">\n')
     parts.extend(labels)
     w("</g>\n")
     # The floating tooltip, last so it is drawn over everything; filled by the script.
     w(
         '<g id="tip" class="hide"><rect x="0" y="0" width="0" height="0" rx="3"/>'
-        f'<text><tspan id="tipname" x="6" y="{FONT_SIZE + 2}"> </tspan>'
-        f'<tspan id="tipinfo" x="6" dy="{FONT_SIZE + 3}"> </tspan></text></g>\n'
+        f'<text><tspan id="tipname" x="6" y="{_num(fs + 2)}"> </tspan>'
+        f'<tspan id="tipinfo" x="6" dy="{_num(fs + 3)}"> </tspan></text></g>\n'
     )
     w("</svg>\n")
     out.write("".join(parts).encode("utf-8"))
     colorer.save()
+
+
+def _num(v: float) -> int | float:
+    """A coordinate as it is written: an integer when it is one (the default sizes keep their bytes)."""
+    return int(v) if float(v).is_integer() else round(float(v), 2)
+
+
+def _hidden_block(hidden: Sequence[Box], per_unit: float | None) -> str:
+    """The boxes too narrow to draw, for the search: one line per name, ``NAME<TAB>X W X W ...``,
+    the intervals of one name merged where they touch or nest (recursion)."""
+    by_name: dict[str, list[tuple[float, float]]] = {}
+    for b in hidden:
+        x0, x1 = float(b.start), float(b.start) + float(b.width)
+        if per_unit is not None:
+            x0, x1 = x0 / per_unit, x1 / per_unit
+        by_name.setdefault(b.name, []).append((x0, x1))
+    lines = []
+    for name in sorted(by_name):
+        spans = sorted(by_name[name])
+        merged: list[list[float]] = []
+        for a, e in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([a, e])
+        nums = " ".join(f"{format_weight(_num(a))} {format_weight(_num(e - a))}" for a, e in merged)
+        lines.append(f"{xml_escape(name).replace(chr(9), ' ').replace(chr(10), ' ')}\t{nums}\n")
+    return '<metadata id="hidden">\n' + "".join(lines) + "</metadata>\n"
+
+
+def _delta_pct(delta: float, total: Weight) -> str:
+    """A change as a signed percentage of the total; one that rounds to nothing is ``0.00``
+    (not ``-0.00``, which reads as a loss)."""
+    text = f"{100.0 * delta / float(total):+.2f}" if total else "+0.00"
+    return "0.00" if text in ("+0.00", "-0.00") else text
 
 
 def _legend() -> str:
@@ -271,8 +330,9 @@ def _legend() -> str:
 def render_table(table: StackTable[str] | StackTable[bytes], out: BinaryIO, options: OutputOptions | None = None) -> int:
     """Flame (or icicle) graph of a prepared StackTable; returns the number of boxes drawn."""
     o = options or OutputOptions()
-    boxes = flame_frames(table, min_weight(table.total, o)) if len(table) else []
-    render_boxes(boxes, out, o, diff=table.dcum is not None)
+    hidden: list[Box] = []
+    boxes = flame_frames(table, min_weight(table.total, o), hidden=hidden, hidden_limit=HIDDEN_LIMIT) if len(table) else []
+    render_boxes(boxes, out, o, diff=table.dcum is not None, hidden=hidden)
     return len(boxes)
 
 

@@ -68,7 +68,7 @@ def test_svg_in_chromium_hover_search_zoom_reset(browser: Browser, tmp_path: Pat
     b.navigate(svg.as_uri())
     b.wait_for("typeof F !== 'undefined' && F.length > 0")
 
-    # Loaded: the script saw every box, and the labels it would draw equal the server's.
+    # Loaded: the script saw every box, and relabelling draws the labels it drew at load.
     assert b.eval("F.length") == len(boxes)
     server_labels = b.eval("[...document.querySelectorAll('#labels text')].map(t => t.textContent)")
     assert server_labels
@@ -208,3 +208,86 @@ def test_svg_nanosecond_weights_draw_to_scale(browser: Browser, tmp_path: Path) 
     b.click(x, y)
     assert width("right") == pytest.approx(1180, abs=1)
     assert width("leaf") == pytest.approx(590, abs=1)
+
+
+def _label_fits_js() -> str:
+    # For every drawn label: [text, its width as drawn, the px of its box in view,
+    # the width of the label one character longer (or -1 when it is the whole name)].
+    return """(() => {
+      const vx = view ? view.x : 0, vw = view ? view.w : total, scale = dw / vw;
+      const probe = document.createElementNS(NS, 'text');
+      labels.appendChild(probe);
+      const width = s => { probe.textContent = s; return probe.getComputedTextLength(); };
+      const out = [];
+      for (const t of [...labels.querySelectorAll('text')]) {
+        if (t === probe) continue;
+        const x = parseFloat(t.getAttribute('x')) - 3, y = parseFloat(t.getAttribute('y'));
+        const f = F.find(f => Math.abs(f.y + fh - 5 - y) < 0.01 &&
+                              Math.abs(left + (Math.max(f.x, vx) - vx) * scale - x) < 0.06);
+        const a = Math.max(f.x, vx), b = Math.min(f.x + f.w, vx + vw), px = (b - a) * scale;
+        const s = t.textContent, cut = s.endsWith('..') && s !== f.name;
+        const kept = cut ? s.length - 2 : s.length;
+        const next = cut && kept < f.name.length ? width(f.name.slice(0, kept + 1) + '..') : -1;
+        out.push([s, t.getComputedTextLength(), px, next, f.name]);
+      }
+      probe.remove();
+      return out;
+    })()"""
+
+
+def test_svg_labels_are_cut_by_measured_width_after_a_zoom(browser: Browser, tmp_path: Path) -> None:
+    p = Profile()
+    # Names of narrow glyphs ("i", "l") that a fixed 7.08 px per character cuts far too early.
+    p.add(("main", "fill_illicit_little_list_" + "il" * 20, "leaf_" + "i" * 80), 30)
+    p.add(("main", "other_" + "l" * 150), 50)
+    p.add(("main", "wide_" + "W" * 40), 20)
+    buf = io.BytesIO()
+    render_profile(p, buf, OutputOptions(minwidth=0))
+    svg = tmp_path / "labels.svg"
+    svg.write_bytes(buf.getvalue())
+    b = browser
+    b.navigate(svg.as_uri())
+    b.wait_for("typeof F !== 'undefined' && F.length > 0")
+    b.eval("zoom(F.find(f => f.name === 'main'))")
+    rows = b.eval(_label_fits_js())
+    assert len(rows) >= 4
+    fs, fw = 12, 0.59
+    longer_than_fixed = 0
+    for text, drawn, px, next_w, name in rows:
+        assert drawn <= px - 3 + 0.5, (text, drawn, px)  # it fits in its box
+        if next_w >= 0:
+            assert next_w > px - 3 - 0.5, (text, next_w, px)  # one more character would not
+        fixed = int(px / (fs * fw))
+        if len(name) > fixed and len(text) > fixed:
+            longer_than_fixed += 1
+    assert longer_than_fixed >= 2, rows  # narrow names keep more than 7.08 px per character allows
+    # The wide name is cut too, before it overflows.
+    wide = next(r for r in rows if r[4].startswith("wide_"))
+    assert wide[0].endswith("..")
+
+
+def test_svg_search_counts_samples_of_boxes_too_narrow_to_draw(browser: Browser, tmp_path: Path) -> None:
+    p = Profile()
+    p.add(("main", "busy"), 100_000)
+    # 300 stacks of one sample each, every one far narrower than 0.1 px: none is drawn.
+    for i in range(300):
+        p.add(("main", f"caller_{i}", "tiny_target"), 1)
+    p.add(("main", "busy", "tiny_target"), 2)
+    buf = io.BytesIO()
+    render_profile(p, buf, OutputOptions(nametype="Symbol:"))
+    svg = tmp_path / "narrow.svg"
+    svg.write_bytes(buf.getvalue())
+    _, boxes = parse_svg(buf.getvalue())
+    assert not [x for x in boxes if x.name == "tiny_target"], "the boxes are too narrow to draw"
+    b = browser
+    b.navigate(svg.as_uri() + "?s=" + urllib.parse.quote("^tiny_target$"))
+    b.wait_for("typeof F !== 'undefined' && F.length > 0")
+    want = 302 / p.total()
+    assert b.eval("document.getElementById('matched').textContent") == f"Matched: {100 * want:.2f}%"
+    # Nested and separate matches still count each sample once.
+    b.eval("search('tiny_target|^caller_1')")
+    assert b.eval("document.getElementById('matched').textContent") == f"Matched: {100 * want:.2f}%"
+    # --nametype names the hovered frames in the details line.
+    x, y = _center(b, _frame_js("busy"))
+    b.mouse("mouseMoved", x, y)
+    assert b.eval("document.getElementById('details').textContent").startswith("Symbol: busy (")

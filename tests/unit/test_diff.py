@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import io
+import re
+import subprocess
+import sys
+from collections import Counter
 from pathlib import Path
 
 from flamed.cli import main
@@ -61,7 +65,15 @@ def test_diff_svg_widths_after_colors_by_delta(tmp_path: Path) -> None:
     fill = {x.name: _rgb(x.fill) for x in boxes}
     assert fill["lex"][0] == 255 and fill["lex"][1] < 100, "grew the most: deep red"
     assert fill["new"][0] == 255 and fill["new"][1] > fill["lex"][1], "grew less: paler red"
-    # main: +10 (lex) - 3 (parse) + 4 (new) - 3 (gone, no box of its own) = +8
+    # By default a box is colored by its own change, as flamegraph.pl: main has
+    # no samples of its own, so it is white although everything under it grew.
+    main_box = next(x for x in boxes if x.name == "main")
+    assert main_box.title.endswith("; 0.00%)") and _rgb(main_box.fill) == (255, 255, 255)
+    parse_box = next(x for x in boxes if x.name == "parse")
+    assert parse_box.title.endswith(f"; {100 * -3 / 26:+.2f}%)") and _rgb(parse_box.fill)[2] == 255, "own time shrank: blue"
+    # --inclusive: main: +10 (lex) - 3 (parse) + 4 (new) - 3 (gone, no box of its own) = +8
+    assert main(["diff", "--inclusive", str(bp), str(ap), "-o", str(out), "--minwidth", "0"]) == 0
+    _, boxes = parse_svg(out.read_bytes())
     title = next(x.title for x in boxes if x.name == "main")
     assert title.endswith(f"; {100 * 8 / 26:+.2f}%)")
     shrink = Profile()
@@ -88,3 +100,73 @@ def test_diff_cli_table_and_folded(tmp_path: Path) -> None:
     err = io.StringIO()
     assert main(["diff", str(bp), str(tmp_path / "missing")], stderr=err) == 1
     assert "no such file" in err.getvalue()
+
+
+DIFF = Path(__file__).resolve().parents[1] / "data" / "diff"
+
+
+def _fg_boxes(svg: str) -> Counter[tuple[str, tuple[int, ...]]]:
+    """(title, rgb) of every box of a flamegraph.pl or flamed SVG; flamed's _[k]-style
+    annotations are dropped from names, as flamegraph.pl drops them when it draws."""
+    found = re.findall(r'<title>([^<]*)</title><rect [^>]*fill="([^"]*)"', svg)
+    out: Counter[tuple[str, tuple[int, ...]]] = Counter()
+    for title, fill in found:
+        m = re.match(r"rgb\((\d+),(\d+),(\d+)\)", fill)
+        rgb = tuple(map(int, m.groups())) if m else _rgb(fill)
+        out[(re.sub(r"_\[[kwij]\](?= \()", "", title), rgb)] += 1
+    return out
+
+
+def test_svg_draws_difffolded_output_as_flamegraph_pl_does(tmp_path: Path) -> None:
+    out = tmp_path / "d.svg"
+    err = io.StringIO()
+    assert main(["svg", str(DIFF / "difffolded.txt"), "-o", str(out)], stderr=err) == 0
+    assert err.getvalue() == ""
+    ours = _fg_boxes(out.read_text())
+    ref = _fg_boxes((DIFF / "flamegraph.svg").read_text())
+    # Every box flamegraph.pl draws, flamed draws with the same title (samples,
+    # share, change) and the same color; only the root's title differs in form.
+    missing = [t for t in (ref - ours).elements() if not t[0].startswith("all (")]
+    assert missing == []
+    # Widths are AFTER's: the root is AFTER's total, and no name ends in a count.
+    after_total = sum(int(ln.rsplit(" ", 1)[1]) for ln in (DIFF / "after.folded").read_text().splitlines())
+    root = next(t for t, _ in ours if t.startswith("all ("))
+    assert root.startswith(f"all ({after_total:,} ")
+    assert not [t for t, _ in ours if re.search(r" \d{4,} \(", t)], "BEFORE count glued onto a name"
+
+
+def test_svg_reads_difffolded_output_from_a_pipe(tmp_path: Path) -> None:
+    data = (DIFF / "difffolded.txt").read_bytes()
+    p = subprocess.run(
+        [sys.executable, "-m", "flamed", "svg"], input=data, capture_output=True, timeout=60, check=False
+    )
+    assert p.returncode == 0, p.stderr
+    direct = tmp_path / "d.svg"
+    assert main(["svg", str(DIFF / "difffolded.txt"), "-o", str(direct)]) == 0
+    assert p.stdout == direct.read_bytes()
+
+
+def test_diff_folded_output_is_difffolded_pl_s(tmp_path: Path) -> None:
+    out = tmp_path / "d.txt"
+    assert main(["diff", "--format", "folded", str(DIFF / "before.folded"), str(DIFF / "after.folded"), "-o", str(out)]) == 0
+    assert sorted(out.read_text().splitlines()) == sorted((DIFF / "difffolded.txt").read_text().splitlines())
+
+
+def test_differential_input_is_refused_where_a_profile_is_read(tmp_path: Path) -> None:
+    for cmd in (["collapse"], ["top"], ["export", "--format", "folded"], ["merge"]):
+        err = io.StringIO()
+        code = main([*cmd, str(DIFF / "difffolded.txt"), "-o", str(tmp_path / "x")], stderr=err)
+        assert code != 0, cmd
+        assert "BEFORE AFTER" in err.getvalue() and "flamed svg" in err.getvalue(), (cmd, err.getvalue())
+
+
+def test_root_change_never_reads_minus_zero(tmp_path: Path) -> None:
+    bp, ap = tmp_path / "b.folded", tmp_path / "a.folded"
+    bp.write_text("main;x 1000001\n")
+    ap.write_text("main;x 1000000\n")
+    out = tmp_path / "d.svg"
+    for extra in ([], ["--inclusive"]):
+        assert main(["diff", *extra, str(bp), str(ap), "-o", str(out)]) == 0
+        titles = re.findall(r"<title>([^<]*)</title>", out.read_text())
+        assert titles and not [t for t in titles if "-0.00%" in t], titles
+        assert titles[0].startswith("all (") and titles[0].endswith("; 0.00%)")

@@ -6,6 +6,7 @@
 var F = [], fv, labels, details, matched, unzoomBtn, icBtn, root, tip, tipName, tipInfo, tipBg;
 var total = 0, left = 0, dw = 0, fs = 12, fw = 0.59, fh = 16, H = 0;
 var view = null, searchRe = null, ignoreCase = false, NS = "http://www.w3.org/2000/svg";
+var nametype = "Function:", hidden = [], measureCtx = null;
 
 function num(s) { return parseFloat(s); }
 
@@ -28,6 +29,30 @@ function init() {
   fs = num(root.getAttribute("data-fs"));
   fw = num(root.getAttribute("data-fw"));
   fh = num(root.getAttribute("data-fh"));
+  if (root.hasAttribute("data-nametype")) nametype = root.getAttribute("data-nametype");
+  // Boxes too narrow to draw, by name: the search counts their samples too.
+  var hd = document.getElementById("hidden");
+  if (hd) {
+    var lines = hd.textContent.split("\n");
+    for (var h = 0; h < lines.length; h++) {
+      var tab = lines[h].lastIndexOf("\t");
+      if (tab < 0) continue;
+      var xs = lines[h].slice(tab + 1).split(" ").map(num), spans = [];
+      for (var q = 0; q + 1 < xs.length; q += 2) spans.push([xs[q], xs[q] + xs[q + 1]]);
+      hidden.push({name: lines[h].slice(0, tab), spans: spans});
+    }
+  }
+  // Labels are fitted by measured text width (the label font, as drawn); the
+  // file's own labels use fs*fw px per character, which is only an average.
+  try {
+    var c = document.createElementNS("http://www.w3.org/1999/xhtml", "canvas");
+    measureCtx = c.getContext ? c.getContext("2d") : null;
+    if (measureCtx) {
+      // (The font of a text element: the stylesheet styles text, not the group.)
+      var st = window.getComputedStyle(document.getElementById("details"));
+      measureCtx.font = st.fontStyle + " " + st.fontWeight + " " + st.fontSize + " " + st.fontFamily;
+    }
+  } catch (err) { measureCtx = null; }
   var gs = fv.children;
   for (var i = 0; i < gs.length; i++) {
     var g = gs[i], t = g.firstElementChild, r = t.nextElementSibling, txt = t.textContent;
@@ -40,7 +65,7 @@ function init() {
   fv.addEventListener("mouseover", function (e) {
     var f = frameOf(e);
     if (!f) return;
-    details.nodeValue = "Function: " + f.title;
+    details.nodeValue = nametype + " " + f.title;
     showTip(f, e);
   });
   fv.addEventListener("mousemove", function (e) { if (!tip.classList.contains("hide")) placeTip(e); });
@@ -56,6 +81,7 @@ function init() {
     if (e.keyCode === 114 || ((e.ctrlKey || e.metaKey) && e.keyCode === 70)) { e.preventDefault(); searchPrompt(); }
     else if (e.keyCode === 27) { unzoom(); resetSearch(); }
   });
+  if (measureCtx) relabel();  // the file's labels, refitted to the measured widths
   var p = new URLSearchParams(document.location.search);
   if (p.get("s")) search(p.get("s"));
   if (p.get("z") !== null && F[+p.get("z")]) zoom(F[+p.get("z")]);
@@ -90,17 +116,35 @@ function frameOf(e) {
   return g ? F[+g.getAttribute("data-i")] : null;
 }
 
-// Draw the labels of the boxes visible in the current view (same rule as the server:
-// as many characters as fit at fs*fw px each, at least 3, ".." when cut).
+// The label of a name in px of room: the whole name when it fits, else the longest
+// prefix that fits with "..", at least one character of it; "" when nothing fits.
+function fitLabel(name, px) {
+  if (!measureCtx) {
+    var chars = Math.floor(px / (fs * fw));
+    if (chars < 3) return "";
+    return name.length > chars ? name.slice(0, chars - 2) + ".." : name;
+  }
+  var room = px - 3;  // the label starts 3 px into its box
+  if (measureCtx.measureText(name).width <= room) return name;
+  var lo = 0, hi = name.length - 1;  // the longest prefix with ".." that fits: binary search
+  while (lo < hi) {
+    var mid = (lo + hi + 1) >> 1;
+    if (measureCtx.measureText(name.slice(0, mid) + "..").width <= room) lo = mid; else hi = mid - 1;
+  }
+  return lo >= 1 ? name.slice(0, lo) + ".." : "";
+}
+
+// Draw the labels of the boxes visible in the current view.
 function relabel() {
   var vx = view ? view.x : 0, vw = view ? view.w : total, scale = dw / vw, cw = fs * fw;
   var frag = document.createDocumentFragment();
   for (var i = 0; i < F.length; i++) {
     var f = F[i], a = Math.max(f.x, vx), b = Math.min(f.x + f.w, vx + vw);
     if (b <= a) continue;
-    var px = (b - a) * scale, chars = Math.floor(px / cw);
-    if (chars < 3) continue;
-    var s = f.name.length > chars ? f.name.slice(0, chars - 2) + ".." : f.name;
+    var px = (b - a) * scale;
+    if (px < 3 * cw * 0.5) continue;  // far too narrow for any text: skip the measuring
+    var s = fitLabel(f.name, px);
+    if (!s) continue;
     var t = document.createElementNS(NS, "text");
     t.setAttribute("x", (left + (a - vx) * scale + 3).toFixed(1));
     t.setAttribute("y", f.y + fh - 5);
@@ -150,7 +194,8 @@ function resetSearch() {
 }
 
 // Color every box whose name matches; the matched share counts each sample once
-// (nested matches overlap their ancestor's interval and are merged away).
+// (nested matches overlap their ancestor's interval and are merged away), the
+// samples of boxes too narrow to draw included.
 function search(term) {
   var re;
   try { re = new RegExp(term, ignoreCase ? "i" : ""); }
@@ -161,6 +206,9 @@ function search(term) {
     var f = F[i];
     if (re.test(f.name)) { f.r.setAttribute("fill", "#e600e6"); hits.push([f.x, f.x + f.w]); }
     else f.r.setAttribute("fill", f.fill);
+  }
+  for (var m = 0; m < hidden.length; m++) {
+    if (re.test(hidden[m].name)) Array.prototype.push.apply(hits, hidden[m].spans);
   }
   hits.sort(function (p, q) { return p[0] - q[0]; });
   var merged = [], end = -Infinity;

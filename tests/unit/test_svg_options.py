@@ -1,0 +1,138 @@
+"""flamegraph.pl's options, by flamegraph.pl's names, on `flamed svg` and `flamed diff`."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from flamed.cli import main
+from svgparse import box_paths, parse_svg
+
+FOLDED = (
+    "java;java/lang/Thread:::run;com/example/App:::work_[j];JVM_Sleep;do_nanosleep_[k] 30\n"
+    "java;java/lang/Thread:::run;Interpreter::call 20\n"
+    "java;start_thread;C2Compiler::compile_[i] 10\n"
+)
+
+
+def _svg(tmp_path: Path, *args: str, text: str = FOLDED) -> str:
+    src = tmp_path / "in.folded"
+    src.write_text(text)
+    out = tmp_path / "out.svg"
+    err = io.StringIO()
+    assert main(["svg", str(src), "-o", str(out), "--minwidth", "0", *args], stderr=err) == 0, err.getvalue()
+    return out.read_text()
+
+
+def _fills(svg: str) -> dict[str, str]:
+    _, boxes = parse_svg(svg.encode())
+    return {b.name: b.fill for b in boxes}
+
+
+def _rgb(fill: str) -> tuple[int, int, int]:
+    return int(fill[1:3], 16), int(fill[3:5], 16), int(fill[5:7], 16)
+
+
+def test_colors_is_palette_and_java_colors_by_kind(tmp_path: Path) -> None:
+    a = _svg(tmp_path, "--colors", "java")
+    assert a == _svg(tmp_path, "--palette", "java")
+    f = {k: _rgb(v) for k, v in _fills(a).items()}
+    # flamegraph.pl's java palette: Java and JIT frames green, C++ yellow, kernel orange,
+    # inlined aqua, the rest (system) red.
+    for name in ("java/lang/Thread:::run", "com/example/App:::work_[j]"):
+        r, g, b = f[name]
+        assert g >= 200 and r < 120 and b < 120, (name, f[name])
+    r, g, b = f["Interpreter::call"]
+    assert r == g and b < 80, f["Interpreter::call"]
+    r, g, b = f["do_nanosleep_[k]"]
+    assert r >= 190 and 90 <= g <= 155 and b == 0
+    r, g, b = f["C2Compiler::compile_[i]"]
+    assert g == b and r < g, f["C2Compiler::compile_[i]"]
+    r, g, b = f["JVM_Sleep"]
+    assert r >= 200 and g == b and g < 140
+
+
+@pytest.mark.parametrize("palette", ["js", "perl", "wakeup", "chain"])
+def test_other_multi_palettes_are_accepted(tmp_path: Path, palette: str) -> None:
+    assert "<svg" in _svg(tmp_path, "--colors", palette)
+
+
+def test_js_perl_wakeup_chain_rules(tmp_path: Path) -> None:
+    js = {k: _rgb(v) for k, v in _fills(_svg(tmp_path, "--colors", "js", text="node;LazyCompile:*main /app/x.js:1_[j];v8::Run;Builtin:Call_[j] 5\n")).items()}
+    assert js["LazyCompile:*main /app/x.js:1_[j]"][1] >= 200  # JIT with a path: green (source)
+    r, g, b = js["Builtin:Call_[j]"]
+    assert g == b and r < g  # JIT without a path: aqua (builtin)
+    r, g, b = js["v8::Run"]
+    assert r == g and b < 80  # C++: yellow
+    perl = {k: _rgb(v) for k, v in _fills(_svg(tmp_path, "--colors", "perl", text="perl;Perl_runops;main::x;foo.pl:3 5\n")).items()}
+    assert perl["Perl_runops"][1] >= 200 and perl["foo.pl:3"][1] >= 200
+    assert perl["main::x"][0] == perl["main::x"][1]
+    wake = {k: _rgb(v) for k, v in _fills(_svg(tmp_path, "--colors", "wakeup", text="a;b;c 5\n")).items()}
+    assert all(g == b and r < g for n, (r, g, b) in wake.items() if n != "all")
+    # chain: frames after the "--" separator are the waker's (aqua), the others off-CPU (blue).
+    chain = _svg(tmp_path, "--colors", "chain", text="sleeper;schedule;--;waker;try_to_wake_up 5\n")
+    ch = {k: _rgb(v) for k, v in _fills(chain).items()}
+    r, g, b = ch["schedule"]
+    assert b > r and r == g, "off-CPU: blue"
+    r, g, b = ch["waker_[w]"]
+    assert g == b and r < g, "waker: aqua"
+    assert 'stop-color="#e0e0ff"' in chain, "chain graphs default to the blue background"
+
+
+def test_bgcolors(tmp_path: Path) -> None:
+    assert 'stop-color="#eeeeb0"' in _svg(tmp_path)  # hot: yellow
+    assert 'stop-color="#e0e0ff"' in _svg(tmp_path, "--bgcolors", "blue")
+    assert 'stop-color="#e8e8e8"' in _svg(tmp_path, "--colors", "red")  # flat palettes: grey
+    flat = _svg(tmp_path, "--bgcolors", "#123456")
+    assert flat.count('stop-color="#123456"') == 2
+    err = io.StringIO()
+    src = tmp_path / "in.folded"
+    assert main(["svg", str(src), "--bgcolors", "pink", "-o", str(tmp_path / "x.svg")], stderr=err) == 2
+    assert "--bgcolors" in err.getvalue()
+
+
+def test_height_fontsize_fonttype_fontwidth_nametype_notes(tmp_path: Path) -> None:
+    svg = _svg(tmp_path, "--height", "24", "--fontsize", "14", "--fonttype", "DejaVu Sans Mono",
+               "--nametype", "Symbol:", "--notes", "build 42 -- nightly")
+    _, boxes = parse_svg(svg.encode())
+    ys = sorted({b.y for b in boxes})
+    assert len(ys) == 6 and {b - a for a, b in zip(ys, ys[1:])} == {24.0}
+    rects = re.findall(r'<g><title>[^<]*</title><rect [^>]* height="(\d+)"', svg)
+    assert rects and set(rects) == {"23"}
+    assert 'data-fs="14"' in svg and 'data-fh="24"' in svg and 'data-nametype="Symbol:"' in svg
+    assert 'text{font-family:"DejaVu Sans Mono",sans-serif;font-size:14px}' in svg
+    assert "<!-- NOTES: build 42 - - nightly -->" in svg
+    # --fontwidth: the file's labels fit more characters when glyphs are said to be narrower.
+    long = "java;" + "x" * 400 + " 5\n"
+    wide = re.findall(r"<text x=[^>]*>(x+\.\.)</text>", _svg(tmp_path, text=long))
+    narrow = re.findall(r"<text x=[^>]*>(x+\.\.)</text>", _svg(tmp_path, "--fontwidth", "0.4", text=long))
+    assert wide and narrow and len(narrow[0]) > len(wide[0])
+
+
+def test_reverse_factor_random(tmp_path: Path) -> None:
+    _, boxes = parse_svg(_svg(tmp_path, "--reverse").encode())
+    paths = box_paths(boxes)
+    assert ("all", "do_nanosleep_[k]", "JVM_Sleep") in paths and ("all", "java") not in paths
+    two = _svg(tmp_path, "--factor", "2")
+    assert "<title>all (120 samples, 100.00%)</title>" in two
+    half = _svg(tmp_path, "--factor", "0.5")
+    assert "<title>all (30 samples, 100.00%)</title>" in half
+    # --random: colors drawn at random, one per name within the graph.
+    r1, r2 = _fills(_svg(tmp_path, "--random")), _fills(_svg(tmp_path, "--random"))
+    assert r1 != r2 or r1 != _fills(_svg(tmp_path))
+
+
+def test_negate_swaps_differential_hues(tmp_path: Path) -> None:
+    bp, ap = tmp_path / "b.folded", tmp_path / "a.folded"
+    bp.write_text("main;grow 1\nmain;shrink 9\n")
+    ap.write_text("main;grow 9\nmain;shrink 1\n")
+    out = tmp_path / "d.svg"
+    assert main(["diff", str(bp), str(ap), "-o", str(out)]) == 0
+    plain = {b.name: (_rgb(b.fill), b.title) for b in parse_svg(out.read_bytes())[1]}
+    assert main(["diff", "--negate", str(bp), str(ap), "-o", str(out)]) == 0
+    neg = {b.name: (_rgb(b.fill), b.title) for b in parse_svg(out.read_bytes())[1]}
+    assert plain["grow"][0][0] == 255 and neg["grow"][0][2] == 255, "red becomes blue"
+    assert plain["grow"][1].endswith("+80.00%)") and neg["grow"][1].endswith("-80.00%)")
