@@ -66,6 +66,9 @@ class Period:
     lost: dict[str, int] = field(default_factory=dict)
     sample_rate: float | None = None
     windows: int = 0
+    #: (start_ns, end_ns, samples) of every window, so a viewer can draw the
+    #: period at the drain resolution without reading the stacks.
+    window_samples: list[tuple[int, int, int]] = field(default_factory=list)
 
     def add(self, start_ns: int, end_ns: int, counts: dict[CountKey, int], samples: int,
             lost: dict[str, int], sample_rate: float | None) -> None:
@@ -83,6 +86,7 @@ class Period:
         elif self.sample_rate != sample_rate:
             self.sample_rate = None  # the rate changed (reload) inside this period
         self.windows += 1
+        self.window_samples.append((start_ns, end_ns, samples))
 
 
 @dataclass
@@ -182,6 +186,7 @@ class ProfileStore:
             "lost": dict(sorted(p.lost.items())),
             "stacks": lines,
             "windows": p.windows,
+            "window_samples": [list(w) for w in p.window_samples],
             "root_frame": self.output.root_frame,
             "bytes": len(payload),
             "sha256": hashlib.sha256(payload).hexdigest(),

@@ -1,0 +1,75 @@
+"""Command ``flamed serve``: a read-only local web viewer over profile files."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+
+from flamed.commands.base import Command
+from flamed.errors import UsageError
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"--address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8080 (port 0 picks a free one)")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ServeCommand(Command):
+    """Serve a web viewer: timeline, range flame graphs, top functions, compare.
+
+    Reads the daemon's state directory (indexed from the sidecars, stacks read
+    per range) or any files the toolkit reads (perf script and timestamped
+    traces get a subsecond heatmap). Read-only, no network resources; listens
+    on loopback unless --address says otherwise.
+
+    examples:
+      flamed serve --state-dir /var/lib/flamed/profiles
+      flamed serve perf.script --address 127.0.0.1:8081
+    """
+
+    name = "serve"
+    order = 80
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("files", nargs="*", help="profile files (any format the toolkit reads)")
+        parser.add_argument("--state-dir", help="the daemon's state directory (output.state_dir)")
+        parser.add_argument("--address", default="127.0.0.1:8080", help="HOST:PORT to listen on (default 127.0.0.1:8080)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from flamed.serve.index import Index
+        from flamed.serve.server import ServeServer
+
+        if bool(args.state_dir) == bool(args.files):
+            raise UsageError("give either --state-dir DIR or FILES..., not both and not neither")
+        host, port = parse_address(args.address)
+        index = Index.from_state_dir(args.state_dir) if args.state_dir else Index.from_files(args.files)
+        if not index.entries:
+            self.warn(f"nothing to show yet in {index.source}; the page updates when restarted")
+        if not is_loopback(host):
+            self.warn(f"WARNING: listening on {host}, not loopback: anyone who can reach this address reads "
+                      "every profile served (function names, paths, pids), with no authentication")
+        try:
+            server = ServeServer((host, port), index)
+        except OSError as e:
+            raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --address") from None
+        shown = f"[{host}]" if ":" in host else host
+        print(f"flamed serve: http://{shown}:{server.server_address[1]}/ ({index.kind}, {len(index.entries)} inputs)",
+              file=self.stdout, flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+        return 0

@@ -1,0 +1,214 @@
+// flamed serve page: the timeline canvas, range selection, graph, table; state in the URL.
+"use strict";
+const $ = (id) => document.getElementById(id);
+const KINDS = ["kernel", "native", "python"];
+const FILTERS = ["pid", "comm", "include", "exclude"];
+let IDX = null, TL = null, drag = null;
+const S = {};  // start, end, bstart, bend (ms), view, filters, kinds
+window.flamed = { state: S, loads: 0, error: null };
+
+function iso(ms) { return new Date(ms).toISOString(); }
+function parseTime(text) { const t = Date.parse(text); return isNaN(t) ? null : t; }
+
+function filterParams() {
+  const p = new URLSearchParams();
+  for (const k of FILTERS) if (S[k]) p.set(k, S[k]);
+  if (S.kinds !== KINDS.join(",")) p.set("kinds", S.kinds);
+  return p;
+}
+function rangeParams(extra) {
+  const p = filterParams();
+  p.set("start", S.start); p.set("end", S.end);
+  if (extra) for (const [k, v] of Object.entries(extra)) p.set(k, v);
+  return p;
+}
+function saveUrl() {
+  const p = rangeParams();
+  if (S.bstart != null) { p.set("bstart", S.bstart); p.set("bend", S.bend); }
+  if (S.view !== "auto") p.set("view", S.view);
+  history.replaceState(null, "", "?" + p.toString());
+}
+async function getJSON(url) {
+  const r = await fetch(url);
+  const j = await r.json();
+  if (!r.ok) throw new Error(j.error || r.statusText);
+  return j;
+}
+
+function readForm() {
+  for (const k of FILTERS) S[k] = $(k).value.trim();
+  S.kinds = KINDS.filter((k) => $("k-" + k).checked).join(",");
+  S.view = $("view").value;
+}
+function writeForm() {
+  for (const k of FILTERS) $(k).value = S[k] || "";
+  for (const k of KINDS) $("k-" + k).checked = S.kinds.split(",").includes(k);
+  $("view").value = S.view;
+  $("from").value = iso(S.start); $("to").value = iso(S.end);
+  $("bfrom").value = S.bstart != null ? iso(S.bstart) : "";
+  $("bto").value = S.bend != null ? iso(S.bend) : "";
+}
+
+async function loadTimeline() {
+  const p = filterParams();
+  p.set("start", IDX.start_ms); p.set("end", IDX.end_ms); p.set("view", S.view);
+  TL = await getJSON("/api/timeline?" + p);
+  draw();
+}
+
+function tlSpan() {
+  if (!TL) return [0, 1];
+  if (TL.view === "heatmap") return [TL.start_ms, TL.start_ms + TL.cols * TL.col_ms];
+  return [TL.start_ms, TL.start_ms + TL.counts.length * TL.bucket_ms];
+}
+// Canvas point -> time (ms); "end" rounds up to the end of the cell / bucket.
+function timeAt(x, y, end) {
+  const c = $("timeline"), W = c.width, H = c.height;
+  if (TL.view === "heatmap") {
+    const col = Math.max(0, Math.min(TL.cols - 1, Math.floor(x / (W / TL.cols))));
+    const row = Math.max(0, Math.min(TL.rows - 1, Math.floor(y / (H / TL.rows))));
+    const rowMs = TL.col_ms / TL.rows;
+    return TL.start_ms + col * TL.col_ms + (row + (end ? 1 : 0)) * rowMs;
+  }
+  const n = TL.counts.length;
+  const i = Math.max(0, Math.min(n - 1, Math.floor(x / (W / n))));
+  return TL.start_ms + (i + (end ? 1 : 0)) * TL.bucket_ms;
+}
+function xOf(ms) { const [a, b] = tlSpan(); return ((ms - a) / (b - a)) * $("timeline").width; }
+
+function draw() {
+  const c = $("timeline");
+  c.width = c.clientWidth; c.height = c.clientHeight;
+  const g = c.getContext("2d"), W = c.width, H = c.height;
+  g.fillStyle = "#fff"; g.fillRect(0, 0, W, H);
+  if (!TL) return;
+  if (TL.view === "heatmap") {
+    let max = 0;
+    for (const col of TL.cells) for (const v of col) if (v > max) max = v;
+    const cw = W / TL.cols, ch = H / TL.rows;
+    for (let i = 0; i < TL.cols; i++) for (let j = 0; j < TL.rows; j++) {
+      const v = TL.cells[i][j];
+      if (!v) continue;
+      const a = Math.sqrt(v / max);  // hot spots stand out, cold cells stay visible
+      g.fillStyle = `rgb(255,${Math.round(235 - 200 * a)},${Math.round(220 - 220 * a)})`;
+      g.fillRect(i * cw, j * ch, Math.ceil(cw), Math.ceil(ch));
+    }
+  } else {
+    const n = TL.counts.length, bw = W / n;
+    const max = Math.max(1, ...TL.counts);
+    g.fillStyle = "#d9531e";
+    TL.counts.forEach((v, i) => { const h = (v / max) * (H - 4); g.fillRect(i * bw, H - h, Math.max(1, bw - 0.5), h); });
+  }
+  const shade = (a, b, color) => { g.fillStyle = color; g.fillRect(xOf(a), 0, Math.max(2, xOf(b) - xOf(a)), H); };
+  if (S.start != null) shade(S.start, S.end, "rgba(30,90,220,0.18)");
+  if (S.bstart != null) shade(S.bstart, S.bend, "rgba(20,160,60,0.22)");
+  if (drag && drag.x1 != null) {
+    g.strokeStyle = "#000"; g.strokeRect(Math.min(drag.x0, drag.x1), 0, Math.abs(drag.x1 - drag.x0), H);
+  }
+}
+
+function setStatus(t) { $("status").textContent = t; }
+
+async function loadRange() {
+  saveUrl();
+  writeForm();
+  draw();
+  setStatus("");
+  const dl = $("downloads");
+  dl.innerHTML = "";
+  for (const f of ["folded", "svg", "pprof", "speedscope"]) {
+    const a = document.createElement("a");
+    a.href = "/api/profile?" + rangeParams({ format: f, download: "1" });
+    a.textContent = "download " + f; a.className = "dl-" + f;
+    dl.appendChild(a);
+  }
+  const frame = $("graph");
+  const done = new Promise((res) => { frame.onload = res; });
+  let table;
+  try {
+    if (S.bstart != null) {
+      const b = { bstart: S.bstart, bend: S.bend };
+      frame.src = "/api/diff?" + rangeParams(b);
+      table = await getJSON("/api/diff?" + rangeParams({ ...b, format: "json" }));
+      fillDiff(table);
+    } else {
+      frame.src = "/api/profile?" + rangeParams({ format: "svg" });
+      table = await getJSON("/api/top?" + rangeParams());
+      fillTop(table);
+    }
+    await done;
+  } catch (e) {
+    setStatus(String(e.message || e)); window.flamed.error = String(e.message || e);
+  }
+  window.flamed.loads++;
+}
+
+function row(cells, cls) {
+  const tr = document.createElement("tr");
+  if (cls) tr.className = cls;
+  for (const c of cells) { const td = document.createElement("td"); td.textContent = c; tr.appendChild(td); }
+  return tr;
+}
+function head(cols) { $("top").tHead.innerHTML = "<tr>" + cols.map((c) => `<th>${c}</th>`).join("") + "</tr>"; }
+function pct(v, t) { return t ? (100 * v / t).toFixed(2) + "%" : "0%"; }
+function fillTop(t) {
+  head(["self", "self%", "total", "total%", "function"]);
+  const body = $("top").tBodies[0]; body.innerHTML = "";
+  for (const r of t.rows) body.appendChild(row([r.self, pct(r.self, t.total), r.total, pct(r.total, t.total), r.name]));
+}
+function fillDiff(t) {
+  head(["A", "B", "change", "function"]);
+  const body = $("top").tBodies[0]; body.innerHTML = "";
+  for (const r of t.rows) body.appendChild(row([r.before, r.after, (r.delta > 0 ? "+" : "") + r.delta, r.name], r.delta > 0 ? "grown" : "shrunk"));
+}
+
+function canvasXY(ev) { const r = $("timeline").getBoundingClientRect(); return [ev.clientX - r.left, ev.clientY - r.top]; }
+function setupCanvas() {
+  const c = $("timeline");
+  c.addEventListener("mousedown", (ev) => { const [x, y] = canvasXY(ev); drag = { x0: x, y0: y, x1: null, b: ev.shiftKey || $("cmpmode").checked }; });
+  c.addEventListener("mousemove", (ev) => { if (drag) { drag.x1 = canvasXY(ev)[0]; draw(); } });
+  window.addEventListener("mouseup", (ev) => {
+    if (!drag) return;
+    const [x, y] = canvasXY(ev);
+    // Earlier point starts the range, whichever way the drag went.
+    const first = x < drag.x0 || (x === drag.x0 && y < drag.y0) ? [x, y] : [drag.x0, drag.y0];
+    const last = first[0] === x && first[1] === y ? [drag.x0, drag.y0] : [x, y];
+    const a = timeAt(first[0], first[1], false), b = timeAt(last[0], last[1], true);
+    const isB = drag.b;
+    drag = null;
+    if (b <= a) return;
+    if (isB) { S.bstart = a; S.bend = b; } else { S.start = a; S.end = b; }
+    loadRange();
+  });
+}
+
+async function init() {
+  try { IDX = await getJSON("/api/index"); } catch (e) { setStatus(String(e)); return; }
+  $("source").textContent = `${IDX.kind}: ${IDX.source} (${IDX.files} files)`;
+  const u = new URLSearchParams(location.search);
+  const num = (k) => (u.get(k) !== null && u.get(k) !== "" ? Number(u.get(k)) : null);
+  for (const k of FILTERS) S[k] = u.get(k) || "";
+  S.kinds = u.get("kinds") !== null ? u.get("kinds") : KINDS.join(",");
+  S.view = u.get("view") || "auto";
+  S.end = num("end"); S.start = num("start");
+  if (S.end === null) S.end = IDX.end_ms;
+  if (S.start === null) S.start = Math.max(IDX.start_ms, S.end - 3600 * 1000);  // the most recent hour
+  S.bstart = num("bstart"); S.bend = num("bend");
+  if (S.bstart === null || S.bend === null) S.bstart = S.bend = null;
+  writeForm();
+  setupCanvas();
+  $("apply").onclick = async () => { readForm(); await loadTimeline(); await loadRange(); };
+  $("setrange").onclick = () => {
+    const a = parseTime($("from").value), b = parseTime($("to").value);
+    if (a === null || b === null || b <= a) { setStatus("range A: give two ISO times, the second later"); return; }
+    S.start = a; S.end = b;
+    const c = parseTime($("bfrom").value), d = parseTime($("bto").value);
+    if (c !== null && d !== null && d > c) { S.bstart = c; S.bend = d; } else { S.bstart = S.bend = null; }
+    loadRange();
+  };
+  $("clearb").onclick = () => { S.bstart = S.bend = null; loadRange(); };
+  window.addEventListener("resize", draw);
+  try { await loadTimeline(); } catch (e) { setStatus(String(e.message || e)); }
+  await loadRange();
+}
+init();

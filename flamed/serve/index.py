@@ -1,0 +1,350 @@
+"""The index behind ``flamed serve``: which file covers which time, and queries over it.
+
+Daemon state directories are indexed from their sidecars only (time range,
+weight, per-window sample counts), so opening days of files reads a few KB
+per file; stacks are read when a range is asked for, a file at a time, with
+a bounded cache of parsed files.  Any other input the toolkit reads is an
+entry too; inputs that keep time per sample (perf script, timestamped traces)
+keep their samples in memory, which is what gives the subsecond heatmap.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from flamed.daemon.store import FILE_RE, SIDECAR_RE
+from flamed.errors import UsageError
+from flamed.model import Profile, Stack, Weight, frame_kind, normalize_weight, parse_task_frame
+
+NS = 1_000_000_000
+KINDS = ("kernel", "native", "python")
+#: Parsed files kept in memory (a 1 h range of 60 s files fits).
+CACHE_FILES = 96
+#: Nice histogram bucket widths, seconds.
+_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What the timeline and graphs keep. Empty strings: no condition.
+
+    pid: comma-separated pids of the root frame's task.
+    comm: regex searched in the task's comm.
+    include/exclude: regex that some / no frame of the stack matches.
+    kinds: frame kinds drawn (the root frame, which names the task, is always kept).
+    """
+
+    pid: str = ""
+    comm: str = ""
+    include: str = ""
+    exclude: str = ""
+    kinds: frozenset[str] = frozenset(KINDS)
+
+    @classmethod
+    def parse(cls, q: dict[str, str]) -> Filters:
+        kinds = frozenset(k for k in q.get("kinds", ",".join(KINDS)).split(",") if k)
+        bad = kinds - set(KINDS)
+        if bad:
+            raise UsageError(f"unknown frame kind(s) {', '.join(sorted(bad))}; use {', '.join(KINDS)}")
+        f = cls(q.get("pid", "").strip(), q.get("comm", ""), q.get("include", ""), q.get("exclude", ""), kinds)
+        f.compiled()  # say now when a regex or pid is invalid
+        return f
+
+    def active(self) -> bool:
+        return bool(self.pid or self.comm or self.include or self.exclude or self.kinds != frozenset(KINDS))
+
+    def compiled(self) -> tuple[set[int] | None, re.Pattern[str] | None, re.Pattern[str] | None, re.Pattern[str] | None]:
+        try:
+            pids = {int(p) for p in self.pid.split(",") if p.strip()} if self.pid else None
+        except ValueError:
+            raise UsageError(f"pid filter {self.pid!r}: expected comma-separated numbers") from None
+        out: list[re.Pattern[str] | None] = []
+        for what, rx in (("comm", self.comm), ("include", self.include), ("exclude", self.exclude)):
+            try:
+                out.append(re.compile(rx) if rx else None)
+            except re.error as e:
+                raise UsageError(f"{what} filter {rx!r} is not a valid regex: {e}") from None
+        return pids, out[0], out[1], out[2]
+
+    def apply(self, profile: Profile) -> Profile:
+        if not self.active():
+            return profile
+        pids, cre, ire, xre = self.compiled()
+        p = profile.filtered(pid=pids, comm=cre, frame=ire, exclude_frame=xre) if (pids or cre or ire or xre) else profile
+        if self.kinds == frozenset(KINDS):
+            return p
+        kinds = self.kinds
+
+        def strip(stack: Stack) -> Stack:
+            return stack[:1] + tuple(f for f in stack[1:] if frame_kind(f) in kinds)
+
+        return p.map_stacks(strip)
+
+
+@dataclass
+class Entry:
+    """One input file (or one timestamped input) and the time it covers."""
+
+    name: str
+    path: str
+    start_ns: int
+    end_ns: int
+    weight: Weight
+    #: (start_ns, end_ns, samples) per daemon window; [] when unknown.
+    windows: list[tuple[int, int, int]] = field(default_factory=list)
+    timed: bool = True
+
+
+@dataclass
+class Trace:
+    """Samples of timestamped inputs, time-ordered, stacks interned."""
+
+    times: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    weights: list[Weight] = field(default_factory=list)
+    stacks: list[Stack] = field(default_factory=list)
+
+
+class Index:
+    def __init__(self, entries: list[Entry], trace: Trace, *, kind: str, source: str) -> None:
+        self.entries = sorted(entries, key=lambda e: (e.start_ns, e.name))
+        self.trace = trace
+        self.kind = kind
+        self.source = source
+        self._cache: OrderedDict[str, Profile] = OrderedDict()
+        self._lock = threading.Lock()
+        self._filtered_weight: OrderedDict[tuple[str, Filters], Weight] = OrderedDict()
+
+    # -- building ----------------------------------------------------------
+    @classmethod
+    def from_state_dir(cls, state_dir: str) -> Index:
+        try:
+            names = os.listdir(state_dir)
+        except OSError as e:
+            raise UsageError(f"cannot read the state directory {state_dir}: {e.strerror or e}; "
+                             "give the daemon's output.state_dir") from None
+        present = set(names)
+        entries: list[Entry] = []
+        for name in names:
+            m = FILE_RE.match(name)
+            if m is None:
+                continue
+            stem = m.group("stem")
+            path = os.path.join(state_dir, name)
+            meta: dict[str, object] = {}
+            if stem + ".json" in present and SIDECAR_RE.match(stem + ".json"):
+                try:
+                    with open(os.path.join(state_dir, stem + ".json"), "rb") as fh:
+                        meta = json.load(fh)
+                except (OSError, ValueError):
+                    meta = {}
+            entries.append(_entry_from_sidecar(name, path, m.group("ts"), meta))
+        return cls(entries, Trace(), kind="store", source=os.path.abspath(state_dir))
+
+    @classmethod
+    def from_files(cls, paths: Sequence[str]) -> Index:
+        import contextlib
+
+        from flamed.inputs import load_profile, open_sample_streams
+
+        entries: list[Entry] = []
+        trace = Trace()
+        interned: dict[Stack, int] = {}
+        untimed = 0
+        for path in paths:
+            with contextlib.ExitStack() as stack:
+                stream = open_sample_streams([path], stack)
+                if stream is not None:
+                    lo = hi = None
+                    total: Weight = 0
+                    for s in stream:
+                        i = interned.get(s.stack)
+                        if i is None:
+                            i = interned[s.stack] = len(trace.stacks)
+                            trace.stacks.append(s.stack)
+                        trace.times.append(s.time_ns)
+                        trace.ids.append(i)
+                        trace.weights.append(s.weight)
+                        total += s.weight
+                        lo = s.time_ns if lo is None else min(lo, s.time_ns)
+                        hi = s.time_ns if hi is None else max(hi, s.time_ns)
+                    if lo is not None and hi is not None:
+                        entries.append(Entry(os.path.basename(path), "", lo, hi + 1, normalize_weight(total)))
+                    continue
+            p = load_profile([path])
+            if p.start_ns is not None and p.end_ns is not None:
+                start, end, timed = p.start_ns, max(p.end_ns, p.start_ns + 1), True
+            else:
+                # No time in the file: lay untimed inputs out one second each, in argument order.
+                start, end, timed = untimed * NS, (untimed + 1) * NS, False
+                untimed += 1
+            entries.append(Entry(os.path.basename(path), path, start, end, p.total(), timed=timed))
+        if trace.times:
+            order = sorted(range(len(trace.times)), key=trace.times.__getitem__)
+            trace.times = [trace.times[i] for i in order]
+            trace.ids = [trace.ids[i] for i in order]
+            trace.weights = [trace.weights[i] for i in order]
+        return cls(entries, trace, kind="trace" if trace.times else "files", source=", ".join(paths))
+
+    # -- reading -----------------------------------------------------------
+    @property
+    def start_ns(self) -> int:
+        return min((e.start_ns for e in self.entries), default=0)
+
+    @property
+    def end_ns(self) -> int:
+        return max((e.end_ns for e in self.entries), default=0)
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "source": self.source,
+            "files": len([e for e in self.entries if e.path]),
+            "start_ms": self.start_ns // 1_000_000,
+            "end_ms": -(-self.end_ns // 1_000_000),
+            "weight": normalize_weight(sum(e.weight for e in self.entries)),
+            "timestamped": bool(self.trace.times),
+            "timed": all(e.timed for e in self.entries),
+        }
+
+    def _load(self, e: Entry) -> Profile:
+        from flamed.inputs import load_profile
+
+        with self._lock:
+            p = self._cache.get(e.path)
+            if p is not None:
+                self._cache.move_to_end(e.path)
+                return p
+        p = load_profile([e.path])
+        with self._lock:
+            self._cache[e.path] = p
+            while len(self._cache) > CACHE_FILES:
+                self._cache.popitem(last=False)
+        return p
+
+    def overlapping(self, start_ns: int, end_ns: int) -> list[Entry]:
+        return [e for e in self.entries if e.path and e.start_ns < end_ns and e.end_ns > start_ns]
+
+    def profile(self, start_ns: int, end_ns: int, filters: Filters = Filters()) -> Profile:
+        """The stacks of ``[start_ns, end_ns)``: whole files that overlap it, samples inside it."""
+        out = Profile()
+        for e in self.overlapping(start_ns, end_ns):
+            out.update(self._load(e).stacks)
+        t = self.trace
+        if t.times:
+            lo = bisect.bisect_left(t.times, start_ns)
+            hi = bisect.bisect_left(t.times, end_ns)
+            acc: dict[int, Weight] = {}
+            for i in range(lo, hi):
+                k = t.ids[i]
+                acc[k] = acc.get(k, 0) + t.weights[i]
+            for k, w in acc.items():
+                st = t.stacks[k]
+                out.stacks[st] = out.stacks.get(st, 0) + w
+        out.start_ns, out.end_ns = start_ns, end_ns
+        return filters.apply(out)
+
+    def _ratio(self, e: Entry, filters: Filters) -> float:
+        """The share of an entry's weight the filters keep (reads the file)."""
+        key = (e.path, filters)
+        with self._lock:
+            w = self._filtered_weight.get(key)
+        if w is None:
+            w = filters.apply(self._load(e)).total()
+            with self._lock:
+                self._filtered_weight[key] = w
+                while len(self._filtered_weight) > 100_000:
+                    self._filtered_weight.popitem(last=False)
+        return float(w) / float(e.weight) if e.weight else 0.0
+
+    def points(self, start_ns: int, end_ns: int, filters: Filters) -> Iterable[tuple[int, float]]:
+        """(time_ns, weight) of the finest things known: samples, windows, or whole files."""
+        t = self.trace
+        if t.times:
+            lo = bisect.bisect_left(t.times, start_ns)
+            hi = bisect.bisect_left(t.times, end_ns)
+            if filters.active():
+                keep: dict[int, bool] = {}
+                for i in range(lo, hi):
+                    k = t.ids[i]
+                    ok = keep.get(k)
+                    if ok is None:
+                        p = Profile({t.stacks[k]: 1})
+                        ok = keep[k] = bool(filters.apply(p).stacks)
+                    if ok:
+                        yield t.times[i], float(t.weights[i])
+            else:
+                for i in range(lo, hi):
+                    yield t.times[i], float(t.weights[i])
+        for e in self.overlapping(start_ns, end_ns):
+            ratio = self._ratio(e, filters) if filters.active() else 1.0
+            if e.windows:
+                for ws, _we, n in e.windows:
+                    if start_ns <= ws < end_ns:
+                        yield ws, n * ratio
+            else:
+                yield max(e.start_ns, start_ns), float(e.weight) * ratio
+
+    def timeline(self, start_ns: int, end_ns: int, filters: Filters = Filters(), view: str = "auto") -> dict[str, object]:
+        """Histogram (bars over time) or heatmap (columns of time, rows = offset inside a column).
+
+        Heatmap columns are 1 s with 50 rows of 20 ms for timestamped inputs
+        (FlameScope's layout), 60 s with 60 rows of 1 s for daemon windows.
+        """
+        span = max(1, end_ns - start_ns)
+        col_ns, rows = (NS, 50) if self.trace.times else (60 * NS, 60)
+        if view == "auto":
+            view = "heatmap" if span // col_ns <= 720 and (self.trace.times or any(e.windows for e in self.entries)) else "histogram"
+        if view == "heatmap":
+            c0 = start_ns // col_ns * col_ns
+            cols = min(4000, -(-(end_ns - c0) // col_ns))
+            cells = [[0.0] * rows for _ in range(cols)]
+            row_ns = col_ns // rows
+            for ts, w in self.points(start_ns, end_ns, filters):
+                c = (ts - c0) // col_ns
+                if 0 <= c < cols:
+                    cells[c][min(rows - 1, (ts - c0 - c * col_ns) // row_ns)] += w
+            return {"view": "heatmap", "start_ms": c0 // 1_000_000, "col_ms": col_ns // 1_000_000,
+                    "rows": rows, "cols": cols, "cells": [[normalize_weight(round(v, 3)) for v in col] for col in cells]}
+        if view != "histogram":
+            raise UsageError(f"unknown timeline view {view!r}; use heatmap, histogram or auto")
+        bucket = next((b * NS for b in _BUCKETS if span / (b * NS) <= 720), _BUCKETS[-1] * NS)
+        b0 = start_ns // bucket * bucket
+        n = max(1, -(-(end_ns - b0) // bucket))
+        counts = [0.0] * n
+        for ts, w in self.points(start_ns, end_ns, filters):
+            i = (ts - b0) // bucket
+            if 0 <= i < n:
+                counts[i] += w
+        return {"view": "histogram", "start_ms": b0 // 1_000_000, "bucket_ms": bucket // 1_000_000,
+                "counts": [normalize_weight(round(v, 3)) for v in counts]}
+
+
+def _entry_from_sidecar(name: str, path: str, ts: str, meta: dict[str, object]) -> Entry:
+    import calendar
+    import time
+
+    start = meta.get("start_ns")
+    end = meta.get("end_ns")
+    if not isinstance(start, int):
+        start = calendar.timegm(time.strptime(ts, "%Y%m%dT%H%M%SZ")) * NS
+    if not isinstance(end, int) or end <= start:
+        end = start + 60 * NS
+    weight = meta.get("weight")
+    if not isinstance(weight, (int, float)):
+        weight = meta.get("samples") if isinstance(meta.get("samples"), (int, float)) else 0
+    assert isinstance(weight, (int, float))
+    windows: list[tuple[int, int, int]] = []
+    raw = meta.get("window_samples")
+    if isinstance(raw, list):
+        for w in raw:
+            if isinstance(w, list) and len(w) == 3 and all(isinstance(x, int) for x in w):
+                windows.append((w[0], w[1], w[2]))
+    return Entry(name, path, start, end, weight, windows)

@@ -1,0 +1,181 @@
+"""The HTTP side of ``flamed serve``: GET only, JSON API plus the page and its assets.
+
+Endpoints (times are integer milliseconds since the epoch):
+
+* ``/api/index``: what is served (kind, time range, files, weight).
+* ``/api/timeline?start&end&view&FILTERS``: histogram or heatmap cells.
+* ``/api/profile?start&end&format&FILTERS``: the range as folded, svg, pprof,
+  speedscope (``format``; ``download=1`` asks the browser to save it).
+* ``/api/top?start&end&limit&FILTERS``: functions by self and total weight.
+* ``/api/diff?start&end&bstart&bend&FILTERS``: differential SVG, A before, B after;
+  ``format=json`` gives the grown / shrunk functions.
+
+FILTERS: ``pid``, ``comm``, ``include``, ``exclude``, ``kinds`` (see
+:class:`flamed.serve.index.Filters`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from flamed.errors import FlamedError
+from flamed.serve.index import Filters, Index
+
+ASSETS = os.path.join(os.path.dirname(__file__), "assets")
+_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+_FORMATS = {"folded": ("text/plain; charset=utf-8", ".folded"), "svg": ("image/svg+xml", ".svg"),
+            "pprof": ("application/octet-stream", ".pb.gz"), "speedscope": ("application/json", ".speedscope.json")}
+
+
+class ServeServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], index: Index) -> None:
+        self.index = index
+        super().__init__(address, Handler)
+
+
+def _range(q: dict[str, str], index: Index, a: str = "start", b: str = "end") -> tuple[int, int]:
+    try:
+        lo = int(q[a]) * 1_000_000 if q.get(a) else index.start_ns
+        hi = int(q[b]) * 1_000_000 if q.get(b) else index.end_ns
+    except ValueError:
+        raise FlamedError(f"{a}/{b} must be integer milliseconds since the epoch") from None
+    if hi <= lo:
+        raise FlamedError(f"empty range: {b} ({hi // 1_000_000}) must be after {a} ({lo // 1_000_000})")
+    return lo, hi
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: ServeServer
+    server_version = "flamed-serve"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        pass  # a viewer's every request on stderr is noise
+
+    def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, obj: object, code: int = 200) -> None:
+        self._send(code, json.dumps(obj).encode(), "application/json")
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def _refuse(self) -> None:
+        self._send(405, b"flamed serve is read-only\n", "text/plain", {"Allow": "GET, HEAD"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        q = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
+        try:
+            self._route(url.path, q)
+        except FlamedError as e:
+            self._json({"error": str(e)}, 400)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _route(self, path: str, q: dict[str, str]) -> None:
+        index = self.server.index
+        if path in ("/", "/index.html"):
+            path = "/assets/index.html"
+        if path.startswith("/assets/"):
+            name = os.path.basename(path)
+            full = os.path.join(ASSETS, name)
+            ext = os.path.splitext(name)[1]
+            if ext not in _TYPES or not os.path.isfile(full):
+                self._send(404, b"not found\n", "text/plain")
+                return
+            with open(full, "rb") as fh:
+                self._send(200, fh.read(), _TYPES[ext])
+            return
+        if path == "/api/index":
+            self._json(index.summary())
+            return
+        filters = Filters.parse(q)
+        if path == "/api/timeline":
+            lo, hi = _range(q, index)
+            self._json(index.timeline(lo, hi, filters, q.get("view", "auto") or "auto"))
+            return
+        if path == "/api/profile":
+            lo, hi = _range(q, index)
+            self._profile(index.profile(lo, hi, filters), q, lo, hi)
+            return
+        if path == "/api/top":
+            from flamed.top import function_stats, ranked
+
+            lo, hi = _range(q, index)
+            p = index.profile(lo, hi, filters)
+            total = p.total()
+            limit = int(q.get("limit", "30") or 30)
+            rows = ranked(function_stats(p), q.get("sort", "self") if q.get("sort") == "total" else "self")[:limit]
+            self._json({"total": total, "stacks": len(p.stacks), "rows": [
+                {"name": r.name, "self": r.self_weight, "total": r.total_weight} for r in rows]})
+            return
+        if path == "/api/diff":
+            self._diff(index, q, filters)
+            return
+        self._send(404, b"not found\n", "text/plain")
+
+    def _profile(self, p: Any, q: dict[str, str], lo: int, hi: int) -> None:
+        from flamed import outputs
+        from flamed.outputs.base import OutputOptions
+
+        fmt = q.get("format", "svg") or "svg"
+        if fmt not in _FORMATS:
+            raise FlamedError(f"unknown format {fmt!r}; use {', '.join(_FORMATS)}")
+        ctype, ext = _FORMATS[fmt]
+        buf = io.BytesIO()
+        title = q.get("title") or "Flame Graph"
+        outputs.get(fmt).write(p, buf, OutputOptions(title=title, subtitle=_span_text(lo, hi), palette="mixed", minwidth=0.1))
+        extra = {}
+        if q.get("download"):
+            extra["Content-Disposition"] = f'attachment; filename="flamed-{lo // 1_000_000}-{hi // 1_000_000}{ext}"'
+        self._send(200, buf.getvalue(), ctype, extra)
+
+    def _diff(self, index: Index, q: dict[str, str], filters: Filters) -> None:
+        from flamed.diff import changes, diff_profiles
+        from flamed.layout import flame_frames, table_from_items
+        from flamed.outputs.base import OutputOptions
+        from flamed.outputs.svg import min_weight, render_boxes
+
+        a0, a1 = _range(q, index)
+        b0, b1 = _range(q, index, "bstart", "bend")
+        d = diff_profiles(index.profile(a0, a1, filters), index.profile(b0, b1, filters), normalize=q.get("normalize") == "1")
+        if q.get("format") == "json":
+            rows = [c for c in changes(d) if c.self_delta or c.total_delta][: int(q.get("limit", "30") or 30)]
+            self._json({"before": d.before_total, "after": d.after_total, "rows": [
+                {"name": c.function, "before": c.total_before, "after": c.total_after, "delta": c.total_delta,
+                 "self_delta": c.self_delta} for c in rows]})
+            return
+        options = OutputOptions(title="Differential Flame Graph", subtitle=f"A {_span_text(a0, a1)} -> B {_span_text(b0, b1)}")
+        table = table_from_items(d.after_items(include_gone=True), d.deltas())
+        boxes = flame_frames(table, min_weight(table.total, options)) if len(table) else []
+        buf = io.BytesIO()
+        render_boxes(boxes, buf, options, diff=True)
+        self._send(200, buf.getvalue(), "image/svg+xml")
+
+
+def _span_text(lo: int, hi: int) -> str:
+    import time
+
+    def t(ns: int) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns // 1_000_000_000)) + "Z"
+
+    return f"{t(lo)} .. {t(hi)}"

@@ -1,0 +1,66 @@
+"""``flamed serve``'s JSON API over a real server process: state directory and timestamped trace."""
+
+from __future__ import annotations
+
+import io
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from flamed.folded import read_folded
+from flamed.outputs.pprof import read_pprof
+from servedata import NS, T0, write_state_dir
+from serveproc import serve
+
+T0_MS = T0 // 1_000_000
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read()  # type: ignore[no-any-return]
+
+
+def test_state_dir_api(tmp_path: Path) -> None:
+    write_state_dir(tmp_path, files=4)
+    with serve("--state-dir", str(tmp_path)) as url:
+        idx = json.loads(_get(url + "api/index"))
+        assert idx["files"] == 4 and idx["start_ms"] == T0_MS and idx["end_ms"] == T0_MS + 240_000
+        tl = json.loads(_get(url + f"api/timeline?start={T0_MS}&end={T0_MS + 240_000}&view=histogram"))
+        assert tl["view"] == "histogram" and sum(tl["counts"]) == 4 * 60 * 100
+        first = read_folded(io.BytesIO(_get(url + f"api/profile?format=folded&start={T0_MS}&end={T0_MS + 120_000}")))
+        leaves = {s[3] for s in first.stacks if s[2] == "run"}
+        assert leaves == {"func_a"}
+        p = read_pprof(_get(url + f"api/profile?format=pprof&comm=^work$&pid=4242&exclude=common&start={T0_MS}&end={T0_MS + 240_000}"))
+        assert p.total() == 4 * 60 * 97
+        top = json.loads(_get(url + f"api/top?start={T0_MS}&end={T0_MS + 240_000}&kinds=native"))
+        assert "sys_read_[k]" not in {r["name"] for r in top["rows"]}
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(url + "api/index", data=b"x", method="POST"), timeout=30)
+        assert e.value.code == 405
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _get(url + "api/profile?include=(")
+        assert e.value.code == 400 and b"not a valid regex" in e.value.read()
+
+
+def test_trace_subsecond_heatmap(tmp_path: Path) -> None:
+    trace = tmp_path / "t.trace"
+    base = 1_700_000_000
+    lines = ["# flamed trace"]
+    for s in range(3):
+        for ms in range(0, 1000, 10):
+            hot = ms < 100  # the first 100 ms of each second run hot()
+            lines.append(f"{base + s}.{ms:03d}000000 app-7;main;{'hot' if hot else 'idle'} {5 if hot else 1}")
+    trace.write_text("\n".join(lines) + "\n")
+    with serve(str(trace)) as url:
+        idx = json.loads(_get(url + "api/index"))
+        assert idx["timestamped"] and idx["kind"] == "trace"
+        tl = json.loads(_get(url + f"api/timeline?start={idx['start_ms']}&end={idx['end_ms']}"))
+        assert tl["view"] == "heatmap" and tl["cols"] == 3 and tl["rows"] == 50 and tl["col_ms"] == 1000
+        for col in tl["cells"]:
+            assert col[:5] == [10, 10, 10, 10, 10] and col[5:] == [2] * 45  # 20 ms rows
+        # The first 100 ms of the second second: hot only.
+        f = _get(url + f"api/profile?format=folded&start={(base + 1) * 1000}&end={(base + 1) * 1000 + 100}")
+        assert f == b"app-7;main;hot 50\n"

@@ -1,0 +1,121 @@
+"""``flamed serve``'s page in headless Chromium: select, compare, filter, URL round trip.
+
+The state directory is written by the daemon's own store writer
+(flamed.daemon.store.ProfileStore, the code a daemon rotation runs), not by a
+daemon run: ten one-minute files of 1 s windows, func_a then func_b.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cdp import Browser, chromium_path
+from servedata import NS, T0, write_state_dir
+from serveproc import serve
+from support import ARTIFACTS, need
+
+pytestmark = pytest.mark.slow
+T0_MS = T0 // 1_000_000
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    need(chromium_path() is not None, "chromium (Debian package chromium)")
+    b = Browser(tmp_path / "chromium-profile", width=1200, height=1000)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def _names(b: Browser) -> set[str]:
+    b.wait_for("(() => { const w = document.getElementById('graph').contentWindow; return w && w.F && w.F.length > 0; })()")
+    return set(b.eval("[...document.getElementById('graph').contentWindow.F].map(f => f.name)"))
+
+
+def _wait_loads(b: Browser, n: int) -> None:
+    b.wait_for(f"window.flamed && window.flamed.loads >= {n}")
+    assert b.eval("window.flamed.error") is None
+
+
+def _cell(b: Browser, col: int, row: int) -> tuple[float, float]:
+    r = b.eval("(() => { const c = document.getElementById('timeline'); const r = c.getBoundingClientRect();"
+               " return [r.x, r.y, c.width, c.height]; })()")
+    tl = b.eval("[TL.cols, TL.rows, TL.view]")
+    assert tl[2] == "heatmap"
+    cw, ch = r[2] / tl[0], r[3] / tl[1]
+    return r[0] + (col + 0.5) * cw, r[1] + (row + 0.5) * ch
+
+
+def _drag(b: Browser, a: tuple[float, float], z: tuple[float, float]) -> None:
+    b.mouse("mouseMoved", *a)
+    b.mouse("mousePressed", *a, 1)
+    b.mouse("mouseMoved", (a[0] + z[0]) / 2, (a[1] + z[1]) / 2)
+    b.mouse("mouseMoved", *z)
+    b.mouse("mouseReleased", *z, 1)
+
+
+def _diff_rows(b: Browser) -> list[tuple[str, str]]:
+    return b.eval("[...document.querySelectorAll('#top tbody tr')].map(r => [r.className, r.lastChild.textContent])")
+
+
+def test_serve_page_select_compare_filter_url(browser: Browser, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    write_state_dir(state, files=10)
+    b = browser
+    with serve("--state-dir", str(state)) as url:
+        b.navigate(url)
+        _wait_loads(b, 1)
+        # Opening: the whole input (10 min, under the default hour), both functions.
+        names = _names(b)
+        assert {"func_a", "func_b"} <= names
+        assert b.eval("[flamed.state.start, flamed.state.end]") == [T0_MS, T0_MS + 600_000]
+
+        # Drag over the first five minute-columns of the heatmap: the first half.
+        _drag(b, _cell(b, 0, 0), _cell(b, 4, 59))
+        _wait_loads(b, 2)
+        assert b.eval("[flamed.state.start, flamed.state.end]") == [T0_MS, T0_MS + 300_000]
+        names = _names(b)
+        assert "func_a" in names and "func_b" not in names
+        top = b.eval("[...document.querySelectorAll('#top tbody tr td:last-child')].map(t => t.textContent)")
+        assert "func_a" in top and "func_b" not in top
+        q = urllib.parse.parse_qs(urllib.parse.urlsplit(b.eval("location.href")).query)
+        assert q["start"] == [str(T0_MS)] and q["end"] == [str(T0_MS + 300_000)]
+
+        # Compare: B = the second half -> func_b grown, func_a shrunk.
+        b.eval("document.getElementById('cmpmode').click()")
+        _drag(b, _cell(b, 5, 0), _cell(b, 9, 59))
+        _wait_loads(b, 3)
+        rows = _diff_rows(b)
+        assert ["grown", "func_b"] in rows and ["shrunk", "func_a"] in rows
+        titles = b.eval("[...document.getElementById('graph').contentDocument.querySelectorAll('title')].map(t => t.textContent)")
+        assert any(t.startswith("func_b (") and "; +" in t for t in titles)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        b.screenshot(ARTIFACTS / "serve-compare.png")
+
+        # URL round trip: the link reopens the same comparison.
+        link = b.eval("location.href")
+        assert "bstart=" in link
+        b.navigate("about:blank")
+        b.navigate(link)
+        _wait_loads(b, 1)
+        assert b.eval("[flamed.state.start, flamed.state.end, flamed.state.bstart, flamed.state.bend]") == [
+            T0_MS, T0_MS + 300_000, T0_MS + 300_000, T0_MS + 600_000]
+        assert _diff_rows(b) == rows
+
+        # Filters in the URL apply to the graph and the timeline: only func_b's stacks.
+        b.navigate(f"{url}?start={T0_MS}&end={T0_MS + 600_000}&include=func_b&kinds=native,python")
+        _wait_loads(b, 1)
+        assert b.eval("document.getElementById('include').value") == "func_b"
+        names = _names(b)
+        assert "func_b" in names and "func_a" not in names and "sys_read_[k]" not in names
+        cells = b.eval("TL.cells")
+        assert sum(map(sum, cells[:5])) == 0 and sum(map(sum, cells[5:])) > 0
+        b.screenshot(ARTIFACTS / "serve-filtered.png")
+        # Download links carry the range and the filters.
+        href = b.eval("document.querySelector('.dl-pprof').href")
+        assert "include=func_b" in href and f"start={T0_MS}" in href
