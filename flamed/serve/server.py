@@ -81,7 +81,24 @@ class Handler(BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
 
+    def _host_ok(self) -> bool:
+        """On a loopback address, only requests naming a loopback host: a web
+        page elsewhere must not reach the stacks through DNS rebinding (its
+        name resolving to 127.0.0.1 still arrives with its own Host)."""
+        bound = self.server.server_address[0]
+        if bound not in ("127.0.0.1", "::1", "localhost") and not str(bound).startswith("127."):
+            return True  # asked for explicitly, and warned about at start
+        host = (self.headers.get("Host") or "").strip().lower()
+        if host.startswith("["):
+            name = host[1:host.find("]")] if "]" in host else host
+        else:
+            name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        return name in ("localhost", "::1") or name.startswith("127.")
+
     def do_GET(self) -> None:
+        if not self._host_ok():
+            self._send(403, b"flamed serve answers only requests for a loopback host name\n", "text/plain")
+            return
         url = urllib.parse.urlsplit(self.path)
         q = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
         try:

@@ -64,3 +64,19 @@ def test_trace_subsecond_heatmap(tmp_path: Path) -> None:
         # The first 100 ms of the second second: hot only.
         f = _get(url + f"api/profile?format=folded&start={(base + 1) * 1000}&end={(base + 1) * 1000 + 100}")
         assert f == b"app-7;main;hot 50\n"
+
+
+def test_dns_rebinding_is_refused_on_loopback(tmp_path: Path) -> None:
+    """A page whose name resolves to 127.0.0.1 still sends its own Host: refused."""
+    import http.client
+    import urllib.parse
+
+    write_state_dir(tmp_path, files=2)
+    with serve("--state-dir", str(tmp_path)) as url:
+        port = urllib.parse.urlsplit(url).port
+        for host, want in (("evil.example", 403), ("evil.example:80", 403), (f"127.0.0.1:{port}", 200),
+                           (f"localhost:{port}", 200)):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.request("GET", "/api/index", headers={"Host": host})
+            assert c.getresponse().status == want, host
+            c.close()
