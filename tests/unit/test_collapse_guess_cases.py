@@ -1,0 +1,68 @@
+"""Inputs whose format guess or fields went wrong: perf script without time/event fields,
+traces with a bad line, very long folded lines, stackvis's collapsed output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flamed.collapse import guess
+from flamed.collapse.base import CollapseOptions
+from flamed.collapse.driver import collapse, read_head
+from flamed.collapse.perf import parse_header
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+def folded(path: Path | str, jobs: int = 1, chunk: int | None = None, **kw: object) -> dict[str, int]:
+    extra = {"chunk_bytes": chunk} if chunk else {}
+    res = collapse([str(path)], options=CollapseOptions(**kw), jobs=jobs, **extra)  # type: ignore[arg-type]
+    return {";".join(k): int(v) for k, v in res.profile.stacks.items()}
+
+
+def guessed(path: Path) -> str:
+    with open(path, "rb") as f:
+        return guess(read_head(f)).name
+
+
+# -- perf script -F comm,tid,period,ip,sym (recorded with perf 6.1 from a two-thread C program) --
+
+@pytest.mark.parametrize("name", ["fields-comm-tid-period.txt", "fields-comm-tid-period-nog.txt"])
+def test_perf_without_time_and_event_is_guessed(name: str) -> None:
+    assert guessed(DATA / "perf" / name) == "perf"
+
+
+def test_perf_comm_tid_period_reads_tid_and_period() -> None:
+    # 40 samples of perf record -F 999 (cpu-clock, period 1001001 ns each).
+    out = folded(DATA / "perf" / "fields-comm-tid-period.txt", include_tid=True)
+    assert sum(out.values()) == 40 * 1001001
+    assert {k.split(";")[0] for k in out} == {"worker 0-?/16989", "worker 1-?/16990"}
+    assert out["worker 1-?/16990;start_thread;worker;recurse;recurse;recurse"] == 3 * 1001001
+    # --weight samples counts them.
+    assert sum(folded(DATA / "perf" / "fields-comm-tid-period.txt", weight="samples").values()) == 40
+
+
+def test_perf_without_g_comm_tid_period_one_line_per_sample() -> None:
+    path = DATA / "perf" / "fields-comm-tid-period-nog.txt"
+    out = folded(path, include_tid=True)
+    assert out == {"worker 0-?/16989;recurse": 19 * 1001001, "worker 1-?/16990;recurse": 21 * 1001001}
+    assert folded(path, jobs=2, chunk=256, include_tid=True) == out
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        # -F comm,tid,period: perf right-aligns the period in 10 columns after the tid
+        ("worker 0  8006    1001001 ", ("worker 0", None, 8006, "", 1001001)),
+        ("worker 0  8006 11948948937 ", ("worker 0", None, 8006, "", 11948948937)),
+        ("worker 0 16987/16989    1001001 ", ("worker 0", 16987, 16989, "", 1001001)),
+        ("worker 0 16989 [001]    1001001 ", ("worker 0", None, 16989, "", 1001001)),
+        # -F comm,tid: a comm ending in a digit keeps it
+        ("worker 0  8006 ", ("worker 0", None, 8006, "", 0)),
+        ("worker 0 16989 ", ("worker 0", None, 16989, "", 0)),
+    ],
+)
+def test_time_less_header_period(header: str, expected: tuple[object, ...]) -> None:
+    h = parse_header(header)
+    assert h is not None and h[:5] == expected
