@@ -52,6 +52,7 @@ from flamed.collapse.base import (
     block_boundary,
     first_lines,
 )
+from flamed.folded import ReadStats
 from flamed.model import EMPTY_STACK_FRAME, Sample, Weight, sanitize_frame, task_frame
 
 _TOKEN = re.compile(r"\S+")
@@ -132,10 +133,16 @@ class PerfCollapser(Collapser):
         return PerfParser(options)
 
     def samples(
-        self, stream: BinaryIO, options: CollapseOptions, *, source: str, where: list[int] | None = None
+        self,
+        stream: BinaryIO,
+        options: CollapseOptions,
+        *,
+        source: str,
+        where: list[int] | None = None,
+        stats: ReadStats | None = None,
     ) -> Iterator[Sample]:
         p = PerfParser(options)
-        yield from p.iter_samples(stream, source=source, where=where)
+        yield from p.iter_samples(stream, source=source, where=where, stats=stats)
 
 
 class PerfParser(ChunkParser):
@@ -386,8 +393,12 @@ class PerfParser(ChunkParser):
         return (root, event, period, trailing)
 
     # -- samples (timestamps kept) -----------------------------------------
-    def iter_samples(self, stream: BinaryIO, *, source: str, where: list[int] | None = None) -> Iterator[Sample]:
-        """Samples in input order, with the perf timestamp (seconds) in ns."""
+    def iter_samples(
+        self, stream: BinaryIO, *, source: str, where: list[int] | None = None, stats: ReadStats | None = None
+    ) -> Iterator[Sample]:
+        """Samples in input order, with the perf timestamp (seconds) in ns; malformed samples
+        are counted in ``stats``."""
+        bad = ChunkResult(stats=stats) if stats is not None else ChunkResult()
         want = self._want_event
         by_period = self._by_period
         buf = b""
@@ -407,13 +418,13 @@ class PerfParser(ChunkParser):
                 for header, body, start in _records(chunk):
                     full = parse_header(header.decode("utf-8", "surrogateescape").rstrip("\r"))
                     if full is None:
-                        self.malformed(ChunkResult(), source, _line_at(chunk, start, line), "unrecognised perf script header")
+                        self.malformed(bad, source, _line_at(chunk, start, line), "unrecognised perf script header")
                         continue
                     comm, pid, tid, event, period, trailing, t_ns = full
                     if want is not None and event != want and not _event_matches(event, want):
                         continue
                     if t_ns is None:
-                        self.malformed(ChunkResult(), source, _line_at(chunk, start, line), "sample without a time field")
+                        self.malformed(bad, source, _line_at(chunk, start, line), "sample without a time field")
                         continue
                     h = self._parse_header(header)
                     assert h is not None

@@ -66,3 +66,21 @@ def test_perf_without_g_comm_tid_period_one_line_per_sample() -> None:
 def test_time_less_header_period(header: str, expected: tuple[object, ...]) -> None:
     h = parse_header(header)
     assert h is not None and h[:5] == expected
+
+
+# -- a timestamped trace with a bad line stays a trace -------------------------
+
+BAD_TRACE = DATA / "collapse" / "trace-one-bad-line.trace"  # 40 samples of a real capture, line 20 cut short
+
+
+def test_trace_with_one_bad_line_is_guessed_as_trace() -> None:
+    assert guessed(BAD_TRACE) == "trace"
+
+
+def test_trace_with_many_bad_lines_is_not_guessed_as_trace(tmp_path: Path) -> None:
+    lines = BAD_TRACE.read_text().splitlines()
+    for i in range(0, len(lines), 4):
+        lines[i] = lines[i].partition(" ")[2]  # every fourth line loses its timestamp: folded-ish text
+    p = tmp_path / "x.txt"
+    p.write_text("\n".join(lines) + "\n")
+    assert guessed(p) != "trace"
