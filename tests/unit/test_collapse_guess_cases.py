@@ -84,3 +84,24 @@ def test_trace_with_many_bad_lines_is_not_guessed_as_trace(tmp_path: Path) -> No
     p = tmp_path / "x.txt"
     p.write_text("\n".join(lines) + "\n")
     assert guessed(p) != "trace"
+
+
+# -- a 1 MB folded line (a deep recursion) is still folded -----------------------
+
+def test_one_megabyte_folded_line_is_guessed(tmp_path: Path) -> None:
+    from flamed.cli import main
+
+    # The deepest stack of a real capture, its frames repeated as a deep recursion would.
+    real = (DATA / "collapse" / "perf-cpp.folded").read_text().splitlines()
+    stack, _, _ = max(real, key=lambda ln: ln.count(";")).rpartition(" ")
+    frames = stack.split(";")
+    deep = frames[:1] + frames[1:] * (1_100_000 // len(stack) + 1)
+    line = ";".join(deep) + " 3"
+    assert len(line) > 1 << 20
+    p = tmp_path / "deep.folded"
+    p.write_text(line + "\n" + real[0] + "\n")
+    assert guessed(p) == "folded"
+    out = tmp_path / "out.folded"
+    assert main(["collapse", str(p), "-o", str(out)]) == 0
+    got = dict(ln.rsplit(" ", 1) for ln in out.read_text().splitlines())
+    assert got[";".join(deep)] == "3"
