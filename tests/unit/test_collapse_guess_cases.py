@@ -105,3 +105,22 @@ def test_one_megabyte_folded_line_is_guessed(tmp_path: Path) -> None:
     assert main(["collapse", str(p), "-o", str(out)]) == 0
     got = dict(ln.rsplit(" ", 1) for ln in out.read_text().splitlines())
     assert got[";".join(deep)] == "3"
+
+
+# -- node-stackvis's collapsed output: frames joined by "," ---------------------
+
+def test_stackvis_collapsed_frames_are_split_on_commas() -> None:
+    # stackvis's output-collapsed writes frames.join(',') + ' ' + count, root first.
+    path = DATA / "collapse" / "stackvis-collapsed.txt"
+    assert guessed(path) == "stackvis"
+    assert folded(path) == {
+        "genunix`syscall_mstate;genunix`gethrtime_unscaled;unix`tsc_gethrtimeunscaled": 3,
+        "node`main;node`uv_run;node`uv__io_poll": 12,
+        "node`main;node`uv_run": 4,
+    }
+
+
+def test_folded_with_commas_in_frames_stays_folded(tmp_path: Path) -> None:
+    p = tmp_path / "x.folded"
+    p.write_text("main;std::map<int, int>::find 3\nmain 1\n")
+    assert guessed(p) == "folded"
