@@ -34,6 +34,7 @@ from typing import BinaryIO
 
 from flamed.collapse.base import CollapseOptions, Collapser
 from flamed.errors import InputError
+from flamed.folded import ReadStats
 from flamed.model import Profile, Sample, Weight, decode_frame, merge_streams, parse_task_frame, task_frame
 
 #: First id handed out on a collision: above Linux's PID_MAX_LIMIT (2**22), so never a real id.
@@ -108,6 +109,8 @@ class MergeStats:
     samples_out: int = 0
     ids_remapped: int = 0
     sorted_sources: list[str] = field(default_factory=list)
+    #: Malformed lines skipped in the inputs (``file:line: why`` of the first few), as collapse reports them.
+    read: ReadStats = field(default_factory=ReadStats)
 
 
 def _checked(samples: Iterator[Sample], name: str, where: list[int]) -> Iterator[Sample]:
@@ -233,7 +236,7 @@ def merge_sources(
         stack.callback(f.close)
         f2 = _Prepend(head, f)
         where = [0]
-        raw = collapser.samples(f2, copts, source=src.name, where=where)  # type: ignore[arg-type]
+        raw = collapser.samples(f2, copts, source=src.name, where=where, stats=stats.read if stats is not None else None)  # type: ignore[arg-type]
         if opts.sort:
             ordered = _external_sort(raw, run=opts.sort_run, tmpdir=opts.tmpdir, stack=stack)
         else:
@@ -288,7 +291,15 @@ class _Prepend:
 
 
 def _trace_lines(
-    f: BinaryIO, index: int, src: Source, opts: MergeOptions, remap: IdRemapper | None, *, strict: bool, seconds: bool
+    f: BinaryIO,
+    index: int,
+    src: Source,
+    opts: MergeOptions,
+    remap: IdRemapper | None,
+    *,
+    strict: bool,
+    seconds: bool,
+    read: ReadStats | None = None,
 ) -> Iterator[tuple[int, bytes]]:
     """``(time_ns, output line)`` of one trace, bytes for bytes what the Sample path writes.
 
@@ -334,6 +345,8 @@ def _trace_lines(
             if rec is None:
                 if strict:
                     raise InputError("expected 'TIMESTAMP STACK [COUNT]'", source=src.name, line=lineno)
+                if read is not None:
+                    read.skip(src.name, lineno, "expected 'TIMESTAMP STACK [COUNT]'")
                 continue
             t, stack, w = rec
             stack_b = encode_frame(";".join(stack))
@@ -401,7 +414,7 @@ def merge_trace_files(
     for i, src in enumerate(sources):
         f = open_input(src.path)
         stack.callback(f.close)
-        gens.append(_trace_lines(f, i, src, opts, remap, strict=strict, seconds=seconds))
+        gens.append(_trace_lines(f, i, src, opts, remap, strict=strict, seconds=seconds, read=stats.read if stats is not None else None))
     unit = "seconds" if seconds else "ns"
     out.write(TRACE_MAGIC + f": TIMESTAMP({unit}) STACK COUNT\n".encode())
     n = 0
@@ -440,7 +453,7 @@ def aggregate_trace_files(
     for i, src in enumerate(sources):
         f = open_input(src.path)
         stack.callback(f.close)
-        gens.append(_trace_lines(f, i, src, opts, remap, strict=strict, seconds=False))
+        gens.append(_trace_lines(f, i, src, opts, remap, strict=strict, seconds=False, read=stats.read if stats is not None else None))
     counts: dict[bytes, Weight] = {}
     lo: int | None = None
     hi: int | None = None

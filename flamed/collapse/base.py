@@ -143,12 +143,20 @@ class Collapser:
         raise NotImplementedError
 
     def samples(
-        self, stream: BinaryIO, options: CollapseOptions, *, source: str, where: list[int] | None = None
+        self,
+        stream: BinaryIO,
+        options: CollapseOptions,
+        *,
+        source: str,
+        where: list[int] | None = None,
+        stats: ReadStats | None = None,
     ) -> Iterator[Sample]:
         """Timestamped samples in input order (only for ``timestamped`` formats).
 
         ``where[0]`` is set to the input line of each sample before it is
-        yielded, so a consumer can name the line at fault.
+        yielded, so a consumer can name the line at fault.  Malformed lines
+        raise under ``options.strict``, else are skipped and counted in
+        ``stats`` (with the first few ``file:line: why``), as collapse does.
         """
         raise InputError(f"{self.name} input carries no timestamps", source=source)
 

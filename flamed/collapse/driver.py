@@ -289,15 +289,28 @@ def iter_chunks(
         line += n
 
 
+#: How far :func:`read_head` reads on for the end of a first line longer than the head
+#: (a deep stack in folded text is easily 1 MB on one line).
+MAX_HEAD_LINE = 64 << 20
+
+
 def read_head(stream: BinaryIO, n: int = HEAD_BYTES) -> bytes:
+    """The first ``n`` bytes of ``stream`` to guess its format from, read on to the end of
+    the first line when that is longer (up to :data:`MAX_HEAD_LINE`): a guess from a cut
+    line would refuse a valid long one."""
     parts: list[bytes] = []
     have = 0
-    while have < n:
-        d = stream.read(n - have)
+    want = n
+    newline = False
+    while have < want:
+        d = stream.read(want - have)
         if not d:
             break
         parts.append(d)
         have += len(d)
+        newline = newline or b"\n" in d
+        if have >= want and not newline and want < MAX_HEAD_LINE:
+            want = min(want * 2, MAX_HEAD_LINE)
     return b"".join(parts)
 
 

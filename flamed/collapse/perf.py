@@ -44,7 +44,7 @@ import itertools
 import operator
 import re
 from collections.abc import Iterator
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 from flamed.collapse.base import (
     ChunkParser,
@@ -54,6 +54,7 @@ from flamed.collapse.base import (
     block_boundary,
     first_lines,
 )
+from flamed.folded import ReadStats
 from flamed.model import EMPTY_STACK_FRAME, Sample, Weight, sanitize_frame, task_frame
 
 _TOKEN = re.compile(r"\S+")
@@ -100,6 +101,8 @@ class PerfCollapser(Collapser):
     def detect(self, head: bytes) -> int:
         lines = first_lines(head)
         score = 0
+        flat = 0  # lines of perf script without -g and without a time field: "comm tid ... ip sym"
+        other = 0
         for i, ln in enumerate(lines):
             if ln.startswith(b"#") or not ln:
                 continue
@@ -107,8 +110,22 @@ class PerfCollapser(Collapser):
                 score = max(score, 70)
                 if i + 1 < len(lines) and _FRAME_HINT.match(lines[i + 1]):
                     return 95
-            elif ln[:1] in (b"\t", b" ") and _FRAME_HINT.match(ln) and ln.rstrip().endswith(b")"):
-                score = max(score, 60)
+            elif ln[:1] in (b"\t", b" ") and _FRAME_HINT.match(ln):
+                if ln.rstrip().endswith(b")"):
+                    score = max(score, 60)
+            elif i + 1 < len(lines) and _FRAME_HINT.match(lines[i + 1]) and _parses_as_header(ln):
+                # "-F comm,tid,period,ip,sym": no time, no event, frames without DSOs.
+                # An unindented task line followed by indented "ADDRESS SYMBOL" lines is
+                # perf's sample layout, which no other format shares.
+                score = max(score, 90)
+            else:
+                h = _parses_as_header(ln, full=True)
+                if h is not None and h[5][:1].isalnum() and _HEXSTR.issuperset(h[5].split(" ", 1)[0]):
+                    flat += 1
+                else:
+                    other += 1
+        if flat and not other:
+            score = max(score, 55)  # above folded's 50: a folded line never ends in a symbol after an address
         return score
 
     def boundary(self, buf: bytes) -> int:
@@ -118,10 +135,16 @@ class PerfCollapser(Collapser):
         return PerfParser(options)
 
     def samples(
-        self, stream: BinaryIO, options: CollapseOptions, *, source: str, where: list[int] | None = None
+        self,
+        stream: BinaryIO,
+        options: CollapseOptions,
+        *,
+        source: str,
+        where: list[int] | None = None,
+        stats: ReadStats | None = None,
     ) -> Iterator[Sample]:
         p = PerfParser(options)
-        yield from p.iter_samples(stream, source=source, where=where)
+        yield from p.iter_samples(stream, source=source, where=where, stats=stats)
 
 
 class PerfParser(ChunkParser):
@@ -372,8 +395,12 @@ class PerfParser(ChunkParser):
         return (root, event, period, trailing)
 
     # -- samples (timestamps kept) -----------------------------------------
-    def iter_samples(self, stream: BinaryIO, *, source: str, where: list[int] | None = None) -> Iterator[Sample]:
-        """Samples in input order, with the perf timestamp (seconds) in ns."""
+    def iter_samples(
+        self, stream: BinaryIO, *, source: str, where: list[int] | None = None, stats: ReadStats | None = None
+    ) -> Iterator[Sample]:
+        """Samples in input order, with the perf timestamp (seconds) in ns; malformed samples
+        are counted in ``stats``."""
+        bad = ChunkResult(stats=stats) if stats is not None else ChunkResult()
         want = self._want_event
         by_period = self._by_period
         buf = b""
@@ -393,13 +420,13 @@ class PerfParser(ChunkParser):
                 for header, body, start in _records(chunk):
                     full = parse_header(header.decode("utf-8", "surrogateescape").rstrip("\r"))
                     if full is None:
-                        self.malformed(ChunkResult(), source, _line_at(chunk, start, line), "unrecognised perf script header")
+                        self.malformed(bad, source, _line_at(chunk, start, line), "unrecognised perf script header")
                         continue
                     comm, pid, tid, event, period, trailing, t_ns = full
                     if want is not None and event != want and not _event_matches(event, want):
                         continue
                     if t_ns is None:
-                        self.malformed(ChunkResult(), source, _line_at(chunk, start, line), "sample without a time field")
+                        self.malformed(bad, source, _line_at(chunk, start, line), "sample without a time field")
                         continue
                     h = self._parse_header(header)
                     assert h is not None
@@ -427,6 +454,14 @@ _THIRD = operator.itemgetter(2)
 _SPACES = itertools.repeat(b" ")
 
 
+def _parses_as_header(line: bytes, full: bool = False) -> Any:
+    """The parsed header of ``line`` (with ``full``), or whether it is one; for guessing only."""
+    if len(line) > 4096:
+        return None if full else False
+    h = parse_header(line.decode("utf-8", "surrogateescape").rstrip("\r"))
+    return h if full else h is not None
+
+
 def _starts_sample(line: bytes) -> bool:
     """Whether a line inside a block is another sample's header rather than a frame.
 
@@ -435,8 +470,20 @@ def _starts_sample(line: bytes) -> bool:
     the command to a column (``           false 39654 19115.489713: ...``).
     """
     if line[:1] in (b"\t", b" "):
-        return _HEADER_LINE.match(line) is not None and not _FRAME_HINT.match(line)
+        if _FRAME_HINT.match(line):
+            return False
+        return _HEADER_LINE.match(line) is not None or _is_padded_header(line)
     return _FLUSH_FRAME.match(line) is None or _HEADER_LINE.match(line) is not None
+
+
+def _is_padded_header(line: bytes) -> bool:
+    """A time-less header of perf script without ``-g`` (``      worker 0 16989    1001001      55ba0c43317f recurse``):
+    a task, maybe a period, then nothing or ``IP SYMBOL``; a srcline line is none of these."""
+    h = _parses_as_header(line, full=True)
+    if h is None:
+        return False
+    ip, sp, sym = h[5].partition(" ")
+    return not ip or (bool(sp) and sym.strip() != "" and _HEXSTR.issuperset(ip.lower()))
 
 
 def demangle_rust_legacy(sym: str) -> str:
@@ -570,6 +617,31 @@ def _is_period(w: str) -> bool:
     return w.isascii() and w.isdigit() and len(w) <= 19
 
 
+#: Linux's PID_MAX_LIMIT: a larger number cannot be a task id.
+_PID_MAX = 1 << 22
+
+
+def _period_column(h: str, toks: list[tuple[int, int]], words: list[str], i: int) -> bool:
+    """Whether the number ``words[i]``, after a task id or ``[CPU]``, is perf's period field.
+
+    Without a time or event field to anchor on, ``worker 0  8006    1001001``
+    (``-F comm,tid,period``) and ``worker 0  8006`` (``-F comm,tid``, a comm
+    ending in a digit) both end in two numbers.  perf prints the period
+    right-aligned in 10 columns after the task's field, where a tid is at most
+    7 wide (``%5d``, ``%7d``), so the column tells them apart; so does a number
+    no task id can be, or a ``PID/TID`` or ``[CPU]`` field before it (a second
+    tid cannot follow those).
+    """
+    prev = words[i - 1]
+    if _CPU.match(prev) or (_TASK.match(prev) and "/" in prev):
+        return True
+    if not _TASK.match(prev):
+        return False
+    if int(words[i]) > _PID_MAX:
+        return True
+    return toks[i][1] - toks[i - 1][1] - 1 == 10
+
+
 def _time_ns(tok: str) -> int:
     sec, _, frac = tok.partition(".")
     return int(sec) * 1_000_000_000 + int((frac + "000000000")[:9])
@@ -616,7 +688,7 @@ def parse_header(h: str) -> tuple[str, int | None, int | None, str, int, str, in
                 pre -= 1
         else:
             pre = len(words)
-            # No time, no event: "comm tid [cpu]", maybe followed by "ip sym (dso)" (no -g).
+            # No time, no event: "comm tid [cpu] [period]", maybe followed by "ip sym (dso)" (no -g).
             last = len(words) - 1
             if _CPU.match(words[last]) or _TASK.match(words[last]):
                 pre = len(words)
@@ -626,6 +698,9 @@ def parse_header(h: str) -> tuple[str, int | None, int | None, str, int, str, in
                         pre = i + 1
                         trailing = h[toks[i + 1][0] :].strip()
                         break
+            if pre >= 2 and _is_period(words[pre - 1]) and _period_column(h, toks, words, pre - 1):
+                period = int(words[pre - 1])
+                pre -= 1
     if pre >= 1 and _CPU.match(words[pre - 1]):
         pre -= 1
     if pre < 1:

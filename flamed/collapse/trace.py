@@ -20,12 +20,15 @@ from typing import BinaryIO
 
 from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser, first_lines
 from flamed.errors import InputError
-from flamed.folded import MAX_COUNT
+from flamed.folded import MAX_COUNT, ReadStats
 from flamed.model import EMPTY_STACK_FRAME, Sample, Stack, Weight, parse_task_frame
 
 TRACE_MAGIC = b"# flamed trace"
 _TRACE_LINE = re.compile(rb"^[0-9]+(?:\.[0-9]{1,9})?[ \t]+\S")
 _COUNT = re.compile(r"^[0-9]+(?:\.[0-9]*)?$")
+#: Guessing tolerates one bad line in 20 (at least one) among at least 4 good ones.
+_GUESS_BAD_SHARE = 20
+_GUESS_MIN_GOOD = 4
 
 
 def parse_timestamp(tok: str) -> int | None:
@@ -86,20 +89,35 @@ class TraceCollapser(Collapser):
         hits = 0
         for ln in lines:
             if not _TRACE_LINE.match(ln):
-                return 0
+                continue
             # "123 5" alone is as much folded as trace: need a stack after the timestamp.
             rest = ln.split(None, 1)[1] if len(ln.split(None, 1)) > 1 else b""
             if b";" in rest or len(rest.split()) >= 2 or not rest.strip().isdigit():
                 hits += 1
-        return 80 if hits == len(lines) else 0
+        if hits == len(lines):
+            return 80
+        # A few bad lines (a truncated write, a stray message) must not turn a trace into
+        # "folded", which has no timestamps (merge then refuses it); the parser skips and
+        # reports them.  Enough good lines that a folded file with numeric root frames
+        # is not taken for a trace by chance.
+        bad = len(lines) - hits
+        if hits >= _GUESS_MIN_GOOD and bad <= max(1, len(lines) // _GUESS_BAD_SHARE):
+            return 75
+        return 0
 
     def parser(self, options: CollapseOptions) -> ChunkParser:
         return TraceParser(options)
 
     def samples(
-        self, stream: BinaryIO, options: CollapseOptions, *, source: str, where: list[int] | None = None
+        self,
+        stream: BinaryIO,
+        options: CollapseOptions,
+        *,
+        source: str,
+        where: list[int] | None = None,
+        stats: ReadStats | None = None,
     ) -> Iterator[Sample]:
-        return iter_trace(stream, source=source, strict=options.strict, where=where)
+        return iter_trace(stream, source=source, strict=options.strict, where=where, stats=stats)
 
 
 class TraceParser(ChunkParser):
@@ -139,11 +157,12 @@ def iter_trace(
     strict: bool = False,
     skipped: list[int] | None = None,
     where: list[int] | None = None,
+    stats: ReadStats | None = None,
 ) -> Iterator[Sample]:
     """Samples of a trace in file order; the task ids come from a ``comm-PID[/TID]`` root frame.
 
     Malformed lines raise under ``strict``, else are skipped (and counted in
-    ``skipped[0]`` when a list is given).
+    ``skipped[0]`` when a list is given, and in ``stats`` with their line).
     """
     lineno = 0
     tasks: dict[str, tuple[int | None, int | None]] = {}
@@ -158,6 +177,8 @@ def iter_trace(
                 raise InputError("expected 'TIMESTAMP STACK [COUNT]'", source=source, line=lineno)
             if skipped is not None:
                 skipped[0] += 1
+            if stats is not None:
+                stats.skip(source, lineno, "expected 'TIMESTAMP STACK [COUNT]'")
             continue
         t, stack, w = rec
         root = stack[0]

@@ -168,6 +168,9 @@ class MergeCommand(Command):
         return 0
 
     def _report(self, stats: MergeStats) -> None:
+        summary = stats.read.summary()
+        if summary:
+            self.warn(summary)  # what collapse says: "skipped N malformed lines (first: FILE:LINE: why)"
         if stats.ids_remapped:
             self.warn(f"remapped {stats.ids_remapped} pid/tid(s) that collided between inputs")
         if stats.samples_out == 0:

@@ -204,3 +204,51 @@ def test_trace_aggregate_fast_path_equals_sample_path(tmp_path: Path, opts: Merg
         fast = aggregate_trace_files(srcs, opts, stack)
     assert fast.stacks == slow.stacks
     assert (fast.start_ns, fast.end_ns) == (slow.start_ns, slow.end_ns)
+
+
+# -- malformed lines: reported as collapse reports them -------------------------
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+BAD_TRACE = DATA / "collapse" / "trace-one-bad-line.trace"  # 40 samples of a real capture, line 20 cut short
+BAD_MSG = f"skipped 1 malformed line (first: {BAD_TRACE}:20: expected 'TIMESTAMP STACK [COUNT]')"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["-o", "{tmp}/out.trace"],  # trace to trace: the line-level path
+        ["--output-format", "folded", "-o", "{tmp}/out.folded"],  # traces summed line by line
+        ["--sort", "-o", "{tmp}/out.trace"],  # the Sample path
+        ["-o", "{tmp}/out.json", "--output-format", "speedscope"],
+    ],
+)
+def test_cli_reports_malformed_trace_lines(tmp_path: Path, extra: list[str]) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in extra]
+    rc, err = run_main("merge", "--format", "trace", str(BAD_TRACE), *args)
+    assert rc == 0, err
+    assert BAD_MSG in err
+    rc, err = run_main("merge", "--format", "trace", "--strict", str(BAD_TRACE), *args)
+    assert rc != 0
+    assert f"{BAD_TRACE}:20: expected 'TIMESTAMP STACK [COUNT]'" in err
+
+
+def test_cli_reports_malformed_perf_samples(tmp_path: Path) -> None:
+    import gzip
+
+    blocks = gzip.decompress((DATA / "perf" / "c-pid-tid.txt.gz").read_bytes()).split(b"\n\n")
+    bad = tmp_path / "perf.txt"
+    bad.write_bytes(b"\n\n".join(blocks[:3] + [b"Warning: lost 3 chunks"] + blocks[3:]))
+    line = b"\n\n".join(blocks[:3]).count(b"\n") + 3
+    rc, err = run_main("merge", str(bad), "-o", str(tmp_path / "out.trace"))
+    assert rc == 0, err
+    assert f"skipped 1 malformed line (first: {bad}:{line}: unrecognised perf script header)" in err
+    rc, err = run_main("merge", "--strict", str(bad), "-o", str(tmp_path / "out.trace"))
+    assert rc != 0 and f"{bad}:{line}: unrecognised perf script header" in err
+
+
+def test_trace_with_one_bad_line_is_still_a_trace(tmp_path: Path) -> None:
+    # Guessed as a trace, so merge writes a trace (folded input would have no timestamps).
+    out = tmp_path / "out.trace"
+    rc, err = run_main("merge", str(BAD_TRACE), "-o", str(out))
+    assert rc == 0, err
+    assert len(out.read_text().splitlines()) == 1 + 39
