@@ -1,5 +1,8 @@
 """The HTTP side of ``flamed serve``: GET only, JSON API plus the page and its assets.
 
+On a state directory every API request first takes in the files written (or
+removed) since the last look, at most once per second (:meth:`Index.refresh`).
+
 Endpoints (times are integer milliseconds since the epoch):
 
 * ``/api/index``: what is served (kind, time range, files, weight).
@@ -122,6 +125,8 @@ class Handler(BaseHTTPRequestHandler):
             with open(full, "rb") as fh:
                 self._send(200, fh.read(), _TYPES[ext])
             return
+        if path.startswith("/api/"):
+            index.refresh()  # files the daemon wrote since: at most one look per second
         if path == "/api/index":
             self._json(index.summary())
             return

@@ -119,3 +119,19 @@ def test_serve_page_select_compare_filter_url(browser: Browser, tmp_path: Path) 
         # Download links carry the range and the filters.
         href = b.eval("document.querySelector('.dl-pprof').href")
         assert "include=func_b" in href and f"start={T0_MS}" in href
+
+
+def test_serve_page_live_refresh(browser: Browser, tmp_path: Path) -> None:
+    """The open page's timeline takes in files the daemon writes while it is shown."""
+    state = tmp_path / "state"
+    write_state_dir(state, files=4)
+    b = browser
+    with serve("--state-dir", str(state)) as url:
+        b.navigate(url)
+        _wait_loads(b, 1)
+        assert b.eval("[TL.view, TL.cols]") == ["heatmap", 4]
+        write_state_dir(state, files=2, t0=T0 + 240 * NS)
+        b.wait_for("TL.cols === 6", timeout=30)
+        cells = b.eval("TL.cells")
+        assert sum(cells[4]) == sum(cells[0]) > 0
+        assert "(6 files)" in b.eval("document.getElementById('source').textContent")

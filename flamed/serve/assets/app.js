@@ -5,7 +5,8 @@ const KINDS = ["kernel", "native", "python"];
 const FILTERS = ["pid", "comm", "include", "exclude"];
 let IDX = null, TL = null, drag = null;
 const S = {};  // start, end, bstart, bend (ms), view, filters, kinds
-window.flamed = { state: S, loads: 0, error: null };
+// For tests and bench/serve.py: counts of graph loads and timeline draws, the first paint's time.
+window.flamed = { state: S, loads: 0, timelines: 0, firstPaintMs: null, rangeMs: null, error: null };
 
 function iso(ms) { return new Date(ms).toISOString(); }
 function parseTime(text) { const t = Date.parse(text); return isNaN(t) ? null : t; }
@@ -49,11 +50,19 @@ function writeForm() {
   $("bto").value = S.bend != null ? iso(S.bend) : "";
 }
 
+function showSource() { $("source").textContent = `${IDX.kind}: ${IDX.source} (${IDX.files} files)`; }
 async function loadTimeline() {
+  // The served range grows as the daemon writes files: ask again each time.
+  IDX = await getJSON("/api/index");
+  showSource();
   const p = filterParams();
   p.set("start", IDX.start_ms); p.set("end", IDX.end_ms); p.set("view", S.view);
   TL = await getJSON("/api/timeline?" + p);
   draw();
+  window.flamed.timelines++;
+  if (window.flamed.firstPaintMs === null) {
+    requestAnimationFrame(() => { window.flamed.firstPaintMs = performance.now(); });  // drawn on screen
+  }
 }
 
 function tlSpan() {
@@ -184,7 +193,7 @@ function setupCanvas() {
 
 async function init() {
   try { IDX = await getJSON("/api/index"); } catch (e) { setStatus(String(e)); return; }
-  $("source").textContent = `${IDX.kind}: ${IDX.source} (${IDX.files} files)`;
+  showSource();
   const u = new URLSearchParams(location.search);
   const num = (k) => (u.get(k) !== null && u.get(k) !== "" ? Number(u.get(k)) : null);
   for (const k of FILTERS) S[k] = u.get(k) || "";
@@ -210,5 +219,15 @@ async function init() {
   window.addEventListener("resize", draw);
   try { await loadTimeline(); } catch (e) { setStatus(String(e.message || e)); }
   await loadRange();
+  if (IDX.live) setInterval(poll, POLL_MS);
+}
+// A state directory keeps growing: redraw the timeline when files came or went.
+const POLL_MS = 5000;
+async function poll() {
+  if (drag) return;
+  try {
+    const i = await getJSON("/api/index");
+    if (i.files !== IDX.files || i.start_ms !== IDX.start_ms || i.end_ms !== IDX.end_ms) await loadTimeline();
+  } catch (e) { /* the server may be restarting: try again at the next tick */ }
 }
 init();
