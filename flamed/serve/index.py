@@ -39,12 +39,14 @@ class Filters:
     """What the timeline and graphs keep. Empty strings: no condition.
 
     pid: comma-separated pids of the root frame's task.
+    tid: comma-separated thread ids of the root frame's task (``comm-PID/TID``).
     comm: regex searched in the task's comm.
     include/exclude: regex that some / no frame of the stack matches.
     kinds: frame kinds drawn (the root frame, which names the task, is always kept).
     """
 
     pid: str = ""
+    tid: str = ""
     comm: str = ""
     include: str = ""
     exclude: str = ""
@@ -56,31 +58,36 @@ class Filters:
         bad = kinds - set(KINDS)
         if bad:
             raise UsageError(f"unknown frame kind(s) {', '.join(sorted(bad))}; use {', '.join(KINDS)}")
-        f = cls(q.get("pid", "").strip(), q.get("comm", ""), q.get("include", ""), q.get("exclude", ""), kinds)
+        f = cls(q.get("pid", "").strip(), q.get("tid", "").strip(), q.get("comm", ""), q.get("include", ""),
+                q.get("exclude", ""), kinds)
         f.compiled()  # say now when a regex or pid is invalid
         return f
 
     def active(self) -> bool:
-        return bool(self.pid or self.comm or self.include or self.exclude or self.kinds != frozenset(KINDS))
+        return bool(self.pid or self.tid or self.comm or self.include or self.exclude or self.kinds != frozenset(KINDS))
 
-    def compiled(self) -> tuple[set[int] | None, re.Pattern[str] | None, re.Pattern[str] | None, re.Pattern[str] | None]:
-        try:
-            pids = {int(p) for p in self.pid.split(",") if p.strip()} if self.pid else None
-        except ValueError:
-            raise UsageError(f"pid filter {self.pid!r}: expected comma-separated numbers") from None
+    def compiled(self) -> tuple[set[int] | None, set[int] | None, re.Pattern[str] | None, re.Pattern[str] | None,
+                                re.Pattern[str] | None]:
+        ids: list[set[int] | None] = []
+        for what, text in (("pid", self.pid), ("tid", self.tid)):
+            try:
+                ids.append({int(p) for p in text.split(",") if p.strip()} or None)
+            except ValueError:
+                raise UsageError(f"{what} filter {text!r}: expected comma-separated numbers") from None
         out: list[re.Pattern[str] | None] = []
         for what, rx in (("comm", self.comm), ("include", self.include), ("exclude", self.exclude)):
             try:
                 out.append(re.compile(rx) if rx else None)
             except re.error as e:
                 raise UsageError(f"{what} filter {rx!r} is not a valid regex: {e}") from None
-        return pids, out[0], out[1], out[2]
+        return ids[0], ids[1], out[0], out[1], out[2]
 
     def apply(self, profile: Profile) -> Profile:
         if not self.active():
             return profile
-        pids, cre, ire, xre = self.compiled()
-        p = profile.filtered(pid=pids, comm=cre, frame=ire, exclude_frame=xre) if (pids or cre or ire or xre) else profile
+        pids, tids, cre, ire, xre = self.compiled()
+        some = pids is not None or tids is not None or cre or ire or xre
+        p = profile.filtered(pid=pids, tid=tids, comm=cre, frame=ire, exclude_frame=xre) if some else profile
         if self.kinds == frozenset(KINDS):
             return p
         kinds = self.kinds

@@ -13,7 +13,7 @@ Endpoints (times are integer milliseconds since the epoch):
 * ``/api/diff?start&end&bstart&bend&FILTERS``: differential SVG, A before, B after;
   ``format=json`` gives the grown / shrunk functions.
 
-FILTERS: ``pid``, ``comm``, ``include``, ``exclude``, ``kinds`` (see
+FILTERS: ``pid``, ``tid``, ``comm``, ``include``, ``exclude``, ``kinds`` (see
 :class:`flamed.serve.index.Filters`).
 """
 

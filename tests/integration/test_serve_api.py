@@ -114,3 +114,20 @@ def test_state_dir_live_refresh(tmp_path: Path) -> None:
         idx = _wait_index(url, 5)
         assert idx["files"] == 5 and idx["start_ms"] == T0_MS + 60_000
         assert _get(url + f"api/profile?format=folded&start={T0_MS}&end={T0_MS + 60_000}") == b""
+
+
+def test_thread_filter(tmp_path: Path) -> None:
+    """tid keeps one thread's stacks in the graph, the top table and the timeline alike."""
+    write_state_dir(tmp_path, files=2, root_frame="tid")
+    with serve("--state-dir", str(tmp_path)) as url:
+        rng = f"start={T0_MS}&end={T0_MS + 120_000}"
+        f = read_folded(io.BytesIO(_get(url + f"api/profile?format=folded&tid=4243&{rng}")))
+        assert set(f.stacks) == {("work-4242/4243", "main", "loop (app/loop.py:12)", "common")}
+        assert f.total() == 2 * 60 * 3
+        tl = json.loads(_get(url + f"api/timeline?view=histogram&tid=4243&{rng}"))
+        assert sum(tl["counts"]) == 2 * 60 * 3
+        top = json.loads(_get(url + f"api/top?tid=4242,4244&{rng}"))
+        assert {r["name"] for r in top["rows"]} == {"work-4242/4242", "main", "run", "func_a", "func_b", "sys_read_[k]"}
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _get(url + f"api/profile?tid=x&{rng}")
+        assert e.value.code == 400 and b"tid filter" in e.value.read()

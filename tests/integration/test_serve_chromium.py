@@ -135,3 +135,25 @@ def test_serve_page_live_refresh(browser: Browser, tmp_path: Path) -> None:
         cells = b.eval("TL.cells")
         assert sum(cells[4]) == sum(cells[0]) > 0
         assert "(6 files)" in b.eval("document.getElementById('source').textContent")
+
+
+def test_serve_page_thread_filter_url(browser: Browser, tmp_path: Path) -> None:
+    """tid from the URL fills its box and filters the graph and the timeline; a typed tid goes to the URL."""
+    state = tmp_path / "state"
+    write_state_dir(state, files=4, root_frame="tid")
+    b = browser
+    with serve("--state-dir", str(state)) as url:
+        b.navigate(f"{url}?start={T0_MS}&end={T0_MS + 240_000}&tid=4243")
+        _wait_loads(b, 1)
+        assert b.eval("document.getElementById('tid').value") == "4243"
+        names = _names(b)
+        assert "common" in names and "func_a" not in names and "func_b" not in names
+        assert sum(map(sum, b.eval("TL.cells"))) == 4 * 60 * 3
+        # Typed in the box and applied: the thread running the functions, in the URL.
+        b.eval("document.getElementById('tid').value = '4242'; document.getElementById('apply').click()")
+        _wait_loads(b, 2)
+        names = _names(b)
+        assert {"func_a", "func_b"} <= names and "common" not in names
+        assert sum(map(sum, b.eval("TL.cells"))) == 4 * 60 * 97
+        q = urllib.parse.parse_qs(urllib.parse.urlsplit(b.eval("location.href")).query)
+        assert q["tid"] == ["4242"]

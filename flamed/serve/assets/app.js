@@ -2,7 +2,7 @@
 "use strict";
 const $ = (id) => document.getElementById(id);
 const KINDS = ["kernel", "native", "python"];
-const FILTERS = ["pid", "comm", "include", "exclude"];
+const FILTERS = ["pid", "tid", "comm", "include", "exclude"];
 let IDX = null, TL = null, drag = null;
 const S = {};  // start, end, bstart, bend (ms), view, filters, kinds
 // For tests and bench/serve.py: counts of graph loads and timeline draws, the first paint's time.
