@@ -157,3 +157,55 @@ def test_serve_page_thread_filter_url(browser: Browser, tmp_path: Path) -> None:
         assert sum(map(sum, b.eval("TL.cells"))) == 4 * 60 * 97
         q = urllib.parse.parse_qs(urllib.parse.urlsplit(b.eval("location.href")).query)
         assert q["tid"] == ["4242"]
+
+
+def _in_graph(b: Browser, selector_js: str) -> tuple[float, float]:
+    """Page coordinates of the centre of an element of the embedded graph."""
+    x, y = b.eval("(() => { const f = document.getElementById('graph'); const fr = f.getBoundingClientRect();"
+                  f" const e = ({selector_js})(f.contentWindow, f.contentDocument); const r = e.getBoundingClientRect();"
+                  " return [fr.x + f.clientLeft + r.x + r.width / 2, fr.y + f.clientTop + r.y + r.height / 2]; })()")
+    return x, y
+
+
+def test_serve_page_search_zoom_url(browser: Browser, tmp_path: Path) -> None:
+    """The graph's search and zoom, done in the graph with the mouse, go to the page URL; the link reopens them."""
+    state = tmp_path / "state"
+    write_state_dir(state, files=4)
+    b = browser
+    with serve("--state-dir", str(state)) as url:
+        b.navigate(f"{url}?start={T0_MS}&end={T0_MS + 240_000}")
+        _wait_loads(b, 1)
+        _names(b)
+        # Search with the graph's own button and prompt.
+        b.click_nowait(*_in_graph(b, "(w, d) => d.getElementById('search')"))
+        b.answer_prompt("^func_")
+        b.wait_for("new URLSearchParams(location.search).get('search') === '^func_'")
+        # Zoom: click the box of "run".
+        b.click(*_in_graph(b, "(w, d) => w.F.find(f => f.name === 'run').r"))
+        b.wait_for("new URLSearchParams(location.search).get('zoom') !== null")
+        link = b.eval("location.href")
+        q = urllib.parse.parse_qs(urllib.parse.urlsplit(link).query)
+        zoom = int(q["zoom"][0])
+        matched = b.eval("document.getElementById('graph').contentDocument.getElementById('matched').textContent")
+        assert matched.startswith("Matched: ") and "of view" in matched
+
+        b.navigate("about:blank")
+        b.navigate(link)
+        _wait_loads(b, 1)
+        g = "document.getElementById('graph').contentWindow"
+        b.wait_for(f"{g}.F && {g}.F.length > 0")
+        assert b.eval(f"{g}.searchRe && {g}.searchRe.source") == "^func_"
+        assert b.eval(f"{g}.F[{zoom}].name") == "run"
+        assert b.eval(f"[{g}.view.x, {g}.view.w]") == b.eval(f"[{g}.F[{zoom}].x, {g}.F[{zoom}].w]")
+        assert b.eval(f"{g}.document.getElementById('matched').textContent") == matched
+        # Escape in the graph resets both: gone from the URL too.
+        b.click(*_in_graph(b, "(w, d) => w.F.find(f => f.name === 'run').r"))
+        b.key("Escape", 27)
+        b.wait_for("!location.search.includes('search=') && !location.search.includes('zoom=')")
+        # Another range drops the zoom (frame indices of another graph) and keeps the search.
+        b.eval(f"document.getElementById('graph').contentWindow.search('func_b')")
+        b.wait_for("new URLSearchParams(location.search).get('search') === 'func_b'")
+        _drag(b, _cell(b, 2, 0), _cell(b, 3, 59))
+        _wait_loads(b, 2)
+        b.wait_for(f"{g}.searchRe && {g}.searchRe.source === 'func_b'")
+        assert "search=func_b" in b.eval("location.search") and "zoom=" not in b.eval("location.search")

@@ -4,7 +4,8 @@ const $ = (id) => document.getElementById(id);
 const KINDS = ["kernel", "native", "python"];
 const FILTERS = ["pid", "tid", "comm", "include", "exclude"];
 let IDX = null, TL = null, drag = null;
-const S = {};  // start, end, bstart, bend (ms), view, filters, kinds
+const S = {};  // start, end, bstart, bend (ms), view, filters, kinds; the graph's search, icase, zoom
+let zoomKey = null;  // the graph a zoom (a frame index) belongs to: another range or filter drops it
 // For tests and bench/serve.py: counts of graph loads and timeline draws, the first paint's time.
 window.flamed = { state: S, loads: 0, timelines: 0, firstPaintMs: null, rangeMs: null, error: null };
 
@@ -27,6 +28,8 @@ function saveUrl() {
   const p = rangeParams();
   if (S.bstart != null) { p.set("bstart", S.bstart); p.set("bend", S.bend); }
   if (S.view !== "auto") p.set("view", S.view);
+  if (S.search) { p.set("search", S.search); if (S.icase) p.set("icase", "1"); }
+  if (S.zoom != null) p.set("zoom", S.zoom);
   history.replaceState(null, "", "?" + p.toString());
 }
 async function getJSON(url) {
@@ -118,7 +121,30 @@ function draw() {
 
 function setStatus(t) { $("status").textContent = t; }
 
+function graphKey() {
+  const p = rangeParams();
+  if (S.bstart != null) { p.set("bstart", S.bstart); p.set("bend", S.bend); }
+  return p.toString();
+}
+// The graph's own parameters: flamegraph.js reads s, i and z from its URL.
+function graphParams() {
+  const g = {};
+  if (S.search) { g.s = S.search; if (S.icase) g.i = "1"; }
+  if (S.zoom != null) g.z = S.zoom;
+  return g;
+}
+// The embedded graph reports each search and zoom; keep them in the URL.
+window.addEventListener("message", (ev) => {
+  const m = ev.data;
+  if (ev.origin !== location.origin || ev.source !== $("graph").contentWindow || !m || !m.flamedGraph) return;
+  S.search = m.s || ""; S.icase = !!m.i; S.zoom = m.z >= 0 ? m.z : null;
+  zoomKey = graphKey();
+  saveUrl();
+});
+
 async function loadRange() {
+  if (graphKey() !== zoomKey) S.zoom = null;  // frame indices are those of another graph
+  zoomKey = graphKey();
   saveUrl();
   writeForm();
   draw();
@@ -137,11 +163,11 @@ async function loadRange() {
   try {
     if (S.bstart != null) {
       const b = { bstart: S.bstart, bend: S.bend };
-      frame.src = "/api/diff?" + rangeParams(b);
+      frame.src = "/api/diff?" + rangeParams({ ...b, ...graphParams() });
       table = await getJSON("/api/diff?" + rangeParams({ ...b, format: "json" }));
       fillDiff(table);
     } else {
-      frame.src = "/api/profile?" + rangeParams({ format: "svg" });
+      frame.src = "/api/profile?" + rangeParams({ format: "svg", ...graphParams() });
       table = await getJSON("/api/top?" + rangeParams());
       fillTop(table);
     }
@@ -204,6 +230,8 @@ async function init() {
   if (S.start === null) S.start = Math.max(IDX.start_ms, S.end - 3600 * 1000);  // the most recent hour
   S.bstart = num("bstart"); S.bend = num("bend");
   if (S.bstart === null || S.bend === null) S.bstart = S.bend = null;
+  S.search = u.get("search") || ""; S.icase = u.get("icase") === "1"; S.zoom = num("zoom");
+  zoomKey = graphKey();  // a zoom in the link belongs to the graph the link shows
   writeForm();
   setupCanvas();
   $("apply").onclick = async () => { readForm(); await loadTimeline(); await loadRange(); };
