@@ -145,6 +145,7 @@ window.addEventListener("message", (ev) => {
 async function loadRange() {
   if (graphKey() !== zoomKey) S.zoom = null;  // frame indices are those of another graph
   zoomKey = graphKey();
+  const t0 = performance.now();
   saveUrl();
   writeForm();
   draw();
@@ -171,7 +172,9 @@ async function loadRange() {
       table = await getJSON("/api/top?" + rangeParams());
       fillTop(table);
     }
-    await done;
+    await done;  // the SVG's own script has run (it starts on the SVG's load)
+    await new Promise((res) => requestAnimationFrame(res));
+    window.flamed.rangeMs = performance.now() - t0;
   } catch (e) {
     setStatus(String(e.message || e)); window.flamed.error = String(e.message || e);
   }
