@@ -5,9 +5,12 @@ own store writer; each holds STACKS distinct stacks ~20 frames deep (a mix of
 native, kernel and Python frames over 40 tasks).  Times are wall clock over
 HTTP on loopback: server start until it listens (the index), the 24 h
 timeline JSON, then a 1 h range as SVG cold (files parsed) and warm (cached),
-and the 1 h top table.
+and the 1 h top table.  Then, on a fresh server, the page in headless Chromium
+(tests/cdp.py): time from navigation until the 24 h timeline is painted, and
+until the opening 1 h range's flame graph is drawn in the page, cold and warm,
+and another hour picked in the page.
 
-  .venv/bin/python bench/serve.py [--files 1440] [--stacks 400]
+  .venv/bin/python bench/serve.py [--files 1440] [--stacks 400] [--no-browser]
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=1440)
     ap.add_argument("--stacks", type=int, default=400)
+    ap.add_argument("--no-browser", action="store_true", help="server-side figures only")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         t = time.perf_counter()
@@ -108,7 +112,51 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+        if not a.no_browser:
+            browser_figures(d, Path(d) / ".chromium")
     return 0
+
+
+def browser_figures(state_dir: str, profile_dir: Path) -> None:
+    """The page in headless Chromium (tests/cdp.py) on a fresh server: time from navigation
+    to the timeline drawn on screen, and to the 1 h range's graph drawn (the page opens on
+    the most recent hour), cold then warm; then a 1 h range picked in the page."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from cdp import Browser, chromium_path
+
+    if chromium_path() is None:
+        print("chromium not installed: no browser figures")
+        return
+    proc = subprocess.Popen([sys.executable, "-m", "flamed", "serve", "--state-dir", state_dir, "--address", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    b = None
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split()[2]
+        b = Browser(profile_dir, width=1400, height=1000, timeout=120)
+        for run in ("cold", "warm"):
+            b.navigate("about:blank")
+            t = time.perf_counter()
+            b.send("Page.navigate", {"url": url}, session=True)
+            b.wait_for("window.flamed && window.flamed.loads >= 1 && window.flamed.firstPaintMs !== null", timeout=120)
+            wall = time.perf_counter() - t
+            paint, rng, err = b.eval("[flamed.firstPaintMs, flamed.rangeMs, flamed.error]")
+            assert err is None, err
+            print(f"browser ({run}): timeline painted {paint / 1000:.2f} s after navigation; "
+                  f"1 h range drawn in the page {rng / 1000:.2f} s; all done {wall:.2f} s")
+        # Another hour, picked in the page (the time boxes): the render alone.
+        idx = b.eval("[IDX.start_ms, IDX.end_ms]")
+        s, e = idx[1] - 3 * 3600_000, idx[1] - 2 * 3600_000
+        b.eval(f"document.getElementById('from').value = new Date({s}).toISOString();"
+               f"document.getElementById('to').value = new Date({e}).toISOString();"
+               "document.getElementById('setrange').click()")
+        b.wait_for("flamed.loads >= 2", timeout=120)
+        print(f"browser: another 1 h range (cold files) drawn in the page {b.eval('flamed.rangeMs') / 1000:.2f} s")
+    finally:
+        if b is not None:
+            b.close()
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 if __name__ == "__main__":

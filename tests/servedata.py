@@ -14,9 +14,12 @@ T0 = 1_700_000_040 * NS - (1_700_000_040 * NS) % (60 * NS)  # a minute boundary
 
 
 def write_state_dir(path: Path, files: int = 10, *, per_window: int = 97, t0: int = T0,
-                    stacks_per_phase: int = 1) -> list[Path]:
-    """``files`` one-minute files of 1 s windows; the first half runs func_a, the rest func_b."""
-    store = ProfileStore(OutputConfig(state_dir=str(path), fsync=False, host="testhost"),
+                    stacks_per_phase: int = 1, root_frame: str = "pid") -> list[Path]:
+    """``files`` one-minute files of 1 s windows; the first half runs func_a, the rest func_b.
+
+    Thread 4242 runs the function, thread 4243 of the same process ``common``.
+    """
+    store = ProfileStore(OutputConfig(state_dir=str(path), fsync=False, host="testhost", root_frame=root_frame),
                          RetentionConfig(max_files=0, max_bytes=0, max_age=0), DaemonMetrics(process=False),
                          clock_ns=lambda: t0)
     written = []

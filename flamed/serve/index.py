@@ -15,6 +15,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ NS = 1_000_000_000
 KINDS = ("kernel", "native", "python")
 #: Parsed files kept in memory (a 1 h range of 60 s files fits).
 CACHE_FILES = 96
+#: A state directory is looked at again at most this often (seconds), on a request.
+REFRESH_S = 1.0
 #: Nice histogram bucket widths, seconds.
 _BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 
@@ -36,12 +39,14 @@ class Filters:
     """What the timeline and graphs keep. Empty strings: no condition.
 
     pid: comma-separated pids of the root frame's task.
+    tid: comma-separated thread ids of the root frame's task (``comm-PID/TID``).
     comm: regex searched in the task's comm.
     include/exclude: regex that some / no frame of the stack matches.
     kinds: frame kinds drawn (the root frame, which names the task, is always kept).
     """
 
     pid: str = ""
+    tid: str = ""
     comm: str = ""
     include: str = ""
     exclude: str = ""
@@ -53,31 +58,36 @@ class Filters:
         bad = kinds - set(KINDS)
         if bad:
             raise UsageError(f"unknown frame kind(s) {', '.join(sorted(bad))}; use {', '.join(KINDS)}")
-        f = cls(q.get("pid", "").strip(), q.get("comm", ""), q.get("include", ""), q.get("exclude", ""), kinds)
+        f = cls(q.get("pid", "").strip(), q.get("tid", "").strip(), q.get("comm", ""), q.get("include", ""),
+                q.get("exclude", ""), kinds)
         f.compiled()  # say now when a regex or pid is invalid
         return f
 
     def active(self) -> bool:
-        return bool(self.pid or self.comm or self.include or self.exclude or self.kinds != frozenset(KINDS))
+        return bool(self.pid or self.tid or self.comm or self.include or self.exclude or self.kinds != frozenset(KINDS))
 
-    def compiled(self) -> tuple[set[int] | None, re.Pattern[str] | None, re.Pattern[str] | None, re.Pattern[str] | None]:
-        try:
-            pids = {int(p) for p in self.pid.split(",") if p.strip()} if self.pid else None
-        except ValueError:
-            raise UsageError(f"pid filter {self.pid!r}: expected comma-separated numbers") from None
+    def compiled(self) -> tuple[set[int] | None, set[int] | None, re.Pattern[str] | None, re.Pattern[str] | None,
+                                re.Pattern[str] | None]:
+        ids: list[set[int] | None] = []
+        for what, text in (("pid", self.pid), ("tid", self.tid)):
+            try:
+                ids.append({int(p) for p in text.split(",") if p.strip()} or None)
+            except ValueError:
+                raise UsageError(f"{what} filter {text!r}: expected comma-separated numbers") from None
         out: list[re.Pattern[str] | None] = []
         for what, rx in (("comm", self.comm), ("include", self.include), ("exclude", self.exclude)):
             try:
                 out.append(re.compile(rx) if rx else None)
             except re.error as e:
                 raise UsageError(f"{what} filter {rx!r} is not a valid regex: {e}") from None
-        return pids, out[0], out[1], out[2]
+        return ids[0], ids[1], out[0], out[1], out[2]
 
     def apply(self, profile: Profile) -> Profile:
         if not self.active():
             return profile
-        pids, cre, ire, xre = self.compiled()
-        p = profile.filtered(pid=pids, comm=cre, frame=ire, exclude_frame=xre) if (pids or cre or ire or xre) else profile
+        pids, tids, cre, ire, xre = self.compiled()
+        some = pids is not None or tids is not None or cre or ire or xre
+        p = profile.filtered(pid=pids, tid=tids, comm=cre, frame=ire, exclude_frame=xre) if some else profile
         if self.kinds == frozenset(KINDS):
             return p
         kinds = self.kinds
@@ -100,6 +110,8 @@ class Entry:
     #: (start_ns, end_ns, samples) per daemon window; [] when unknown.
     windows: list[tuple[int, int, int]] = field(default_factory=list)
     timed: bool = True
+    #: Placed from its sidecar (False: from its name, to be read again once the sidecar is there).
+    sidecar: bool = False
 
 
 @dataclass
@@ -113,40 +125,76 @@ class Trace:
 
 
 class Index:
-    def __init__(self, entries: list[Entry], trace: Trace, *, kind: str, source: str) -> None:
+    def __init__(self, entries: list[Entry], trace: Trace, *, kind: str, source: str,
+                 state_dir: str | None = None) -> None:
         self.entries = sorted(entries, key=lambda e: (e.start_ns, e.name))
         self.trace = trace
         self.kind = kind
         self.source = source
+        self.state_dir = state_dir
         self._cache: OrderedDict[str, Profile] = OrderedDict()
         self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
         self._filtered_weight: OrderedDict[tuple[str, Filters], Weight] = OrderedDict()
+        self._next_check = time.monotonic() + REFRESH_S
+        self._dir_mtime = _mtime_ns(state_dir) if state_dir else None
+        #: Directory listings read since start (the refresh's cost, for tests and the bench).
+        self.rescans = 0
 
     # -- building ----------------------------------------------------------
     @classmethod
     def from_state_dir(cls, state_dir: str) -> Index:
+        # The directory's time before its listing: a file written during the scan changes it again.
+        mtime = _mtime_ns(state_dir)
         try:
             names = os.listdir(state_dir)
         except OSError as e:
             raise UsageError(f"cannot read the state directory {state_dir}: {e.strerror or e}; "
                              "give the daemon's output.state_dir") from None
-        present = set(names)
-        entries: list[Entry] = []
-        for name in names:
-            m = FILE_RE.match(name)
-            if m is None:
-                continue
-            stem = m.group("stem")
-            path = os.path.join(state_dir, name)
-            meta: dict[str, object] = {}
-            if stem + ".json" in present and SIDECAR_RE.match(stem + ".json"):
-                try:
-                    with open(os.path.join(state_dir, stem + ".json"), "rb") as fh:
-                        meta = json.load(fh)
-                except (OSError, ValueError):
-                    meta = {}
-            entries.append(_entry_from_sidecar(name, path, m.group("ts"), meta))
-        return cls(entries, Trace(), kind="store", source=os.path.abspath(state_dir))
+        index = cls(_scan(state_dir, names, {}), Trace(), kind="store", source=os.path.abspath(state_dir),
+                    state_dir=state_dir)
+        index._dir_mtime = mtime
+        return index
+
+    def refresh(self) -> bool:
+        """Take in the files the daemon wrote (or retention removed) since the last look.
+
+        At most once per REFRESH_S, and only when the directory's mtime moved
+        (or is recent enough that a change in the same clock tick could hide):
+        one stat per request at most, one listing per change, and only the
+        sidecars of new files are read. True when the entries changed.
+        """
+        if self.state_dir is None:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next_check:
+                return False
+            self._next_check = now + REFRESH_S
+        if not self._refresh_lock.acquire(blocking=False):
+            return False  # another request is scanning; this one answers from the current entries
+        try:
+            mtime = _mtime_ns(self.state_dir)
+            if mtime is None or (mtime == self._dir_mtime and time.time_ns() - mtime > 2 * NS):
+                return False
+            try:
+                names = os.listdir(self.state_dir)
+            except OSError:
+                return False  # gone or unreadable for now: keep what is known
+            self.rescans += 1
+            self._dir_mtime = mtime
+            known = {e.name: e for e in self.entries}
+            entries = sorted(_scan(self.state_dir, names, known), key=lambda e: (e.start_ns, e.name))
+            if [id(e) for e in entries] == [id(e) for e in self.entries]:
+                return False
+            kept = {e.path for e in entries}
+            with self._lock:
+                self.entries = entries
+                for path in [p for p in self._cache if p not in kept]:
+                    del self._cache[path]
+            return True
+        finally:
+            self._refresh_lock.release()
 
     @classmethod
     def from_files(cls, paths: Sequence[str]) -> Index:
@@ -204,6 +252,7 @@ class Index:
 
     def summary(self) -> dict[str, object]:
         return {
+            "live": self.state_dir is not None,
             "kind": self.kind,
             "source": self.source,
             "files": len([e for e in self.entries if e.path]),
@@ -327,9 +376,44 @@ class Index:
                 "counts": [normalize_weight(round(v, 3)) for v in counts]}
 
 
+def _mtime_ns(path: str | None) -> int | None:
+    if path is None:
+        return None
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _scan(state_dir: str, names: list[str], known: dict[str, Entry]) -> list[Entry]:
+    """The entries of a listing; ``known`` entries are reused (rotated files do not change)."""
+    present = set(names)
+    entries: list[Entry] = []
+    for name in names:
+        m = FILE_RE.match(name)
+        if m is None:
+            continue
+        stem = m.group("stem")
+        has_sidecar = stem + ".json" in present and SIDECAR_RE.match(stem + ".json") is not None
+        old = known.get(name)
+        if old is not None and (old.sidecar or not has_sidecar):
+            entries.append(old)
+            continue
+        meta: dict[str, object] = {}
+        if has_sidecar:
+            try:
+                with open(os.path.join(state_dir, stem + ".json"), "rb") as fh:
+                    meta = json.load(fh)
+            except (OSError, ValueError):
+                meta = {}
+        e = _entry_from_sidecar(name, os.path.join(state_dir, name), m.group("ts"), meta)
+        e.sidecar = bool(meta)
+        entries.append(e)
+    return entries
+
+
 def _entry_from_sidecar(name: str, path: str, ts: str, meta: dict[str, object]) -> Entry:
     import calendar
-    import time
 
     start = meta.get("start_ns")
     end = meta.get("end_ns")

@@ -1,5 +1,8 @@
 """The HTTP side of ``flamed serve``: GET only, JSON API plus the page and its assets.
 
+On a state directory every API request first takes in the files written (or
+removed) since the last look, at most once per second (:meth:`Index.refresh`).
+
 Endpoints (times are integer milliseconds since the epoch):
 
 * ``/api/index``: what is served (kind, time range, files, weight).
@@ -10,7 +13,7 @@ Endpoints (times are integer milliseconds since the epoch):
 * ``/api/diff?start&end&bstart&bend&FILTERS``: differential SVG, A before, B after;
   ``format=json`` gives the grown / shrunk functions.
 
-FILTERS: ``pid``, ``comm``, ``include``, ``exclude``, ``kinds`` (see
+FILTERS: ``pid``, ``tid``, ``comm``, ``include``, ``exclude``, ``kinds`` (see
 :class:`flamed.serve.index.Filters`).
 """
 
@@ -122,6 +125,8 @@ class Handler(BaseHTTPRequestHandler):
             with open(full, "rb") as fh:
                 self._send(200, fh.read(), _TYPES[ext])
             return
+        if path.startswith("/api/"):
+            index.refresh()  # files the daemon wrote since: at most one look per second
         if path == "/api/index":
             self._json(index.summary())
             return

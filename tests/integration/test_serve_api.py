@@ -80,3 +80,54 @@ def test_dns_rebinding_is_refused_on_loopback(tmp_path: Path) -> None:
             c.request("GET", "/api/index", headers={"Host": host})
             assert c.getresponse().status == want, host
             c.close()
+
+
+def _wait_index(url: str, files: int, timeout: float = 30.0) -> dict[str, object]:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        idx: dict[str, object] = json.loads(_get(url + "api/index"))
+        if idx["files"] == files or time.monotonic() > deadline:
+            return idx
+        time.sleep(0.2)
+
+
+def test_state_dir_live_refresh(tmp_path: Path) -> None:
+    """Files the daemon rotates after the server started (and files retention removes) show up
+    in the index, the timeline and the ranges without a restart."""
+    first = write_state_dir(tmp_path, files=4)  # func_a, func_a, func_b, func_b
+    with serve("--state-dir", str(tmp_path)) as url:
+        assert json.loads(_get(url + "api/index"))["files"] == 4
+        # Two more minutes, written by the daemon's store while the server runs: func_a, then func_b.
+        write_state_dir(tmp_path, files=2, t0=T0 + 240 * NS)
+        idx = _wait_index(url, 6)
+        assert idx["files"] == 6 and idx["end_ms"] == T0_MS + 360_000
+        tl = json.loads(_get(url + f"api/timeline?start={T0_MS}&end={T0_MS + 360_000}&view=histogram"))
+        assert sum(tl["counts"]) == 6 * 60 * 100
+        new = read_folded(io.BytesIO(_get(url + f"api/profile?format=folded&start={T0_MS + 240_000}&end={T0_MS + 300_000}")))
+        assert {s[3] for s in new.stacks if s[2] == "run"} == {"func_a"}
+        # Retention removes the oldest file (after it was read once): it leaves the index and the ranges.
+        _get(url + f"api/profile?format=folded&start={T0_MS}&end={T0_MS + 60_000}")
+        first[0].unlink()
+        first[0].with_name(first[0].name.split(".folded")[0] + ".json").unlink()
+        idx = _wait_index(url, 5)
+        assert idx["files"] == 5 and idx["start_ms"] == T0_MS + 60_000
+        assert _get(url + f"api/profile?format=folded&start={T0_MS}&end={T0_MS + 60_000}") == b""
+
+
+def test_thread_filter(tmp_path: Path) -> None:
+    """tid keeps one thread's stacks in the graph, the top table and the timeline alike."""
+    write_state_dir(tmp_path, files=2, root_frame="tid")
+    with serve("--state-dir", str(tmp_path)) as url:
+        rng = f"start={T0_MS}&end={T0_MS + 120_000}"
+        f = read_folded(io.BytesIO(_get(url + f"api/profile?format=folded&tid=4243&{rng}")))
+        assert set(f.stacks) == {("work-4242/4243", "main", "loop (app/loop.py:12)", "common")}
+        assert f.total() == 2 * 60 * 3
+        tl = json.loads(_get(url + f"api/timeline?view=histogram&tid=4243&{rng}"))
+        assert sum(tl["counts"]) == 2 * 60 * 3
+        top = json.loads(_get(url + f"api/top?tid=4242,4244&{rng}"))
+        assert {r["name"] for r in top["rows"]} == {"work-4242/4242", "main", "run", "func_a", "func_b", "sys_read_[k]"}
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _get(url + f"api/profile?tid=x&{rng}")
+        assert e.value.code == 400 and b"tid filter" in e.value.read()

@@ -119,3 +119,93 @@ def test_serve_page_select_compare_filter_url(browser: Browser, tmp_path: Path) 
         # Download links carry the range and the filters.
         href = b.eval("document.querySelector('.dl-pprof').href")
         assert "include=func_b" in href and f"start={T0_MS}" in href
+
+
+def test_serve_page_live_refresh(browser: Browser, tmp_path: Path) -> None:
+    """The open page's timeline takes in files the daemon writes while it is shown."""
+    state = tmp_path / "state"
+    write_state_dir(state, files=4)
+    b = browser
+    with serve("--state-dir", str(state)) as url:
+        b.navigate(url)
+        _wait_loads(b, 1)
+        assert b.eval("[TL.view, TL.cols]") == ["heatmap", 4]
+        write_state_dir(state, files=2, t0=T0 + 240 * NS)
+        b.wait_for("TL.cols === 6", timeout=30)
+        cells = b.eval("TL.cells")
+        assert sum(cells[4]) == sum(cells[0]) > 0
+        assert "(6 files)" in b.eval("document.getElementById('source').textContent")
+
+
+def test_serve_page_thread_filter_url(browser: Browser, tmp_path: Path) -> None:
+    """tid from the URL fills its box and filters the graph and the timeline; a typed tid goes to the URL."""
+    state = tmp_path / "state"
+    write_state_dir(state, files=4, root_frame="tid")
+    b = browser
+    with serve("--state-dir", str(state)) as url:
+        b.navigate(f"{url}?start={T0_MS}&end={T0_MS + 240_000}&tid=4243")
+        _wait_loads(b, 1)
+        assert b.eval("document.getElementById('tid').value") == "4243"
+        names = _names(b)
+        assert "common" in names and "func_a" not in names and "func_b" not in names
+        assert sum(map(sum, b.eval("TL.cells"))) == 4 * 60 * 3
+        # Typed in the box and applied: the thread running the functions, in the URL.
+        b.eval("document.getElementById('tid').value = '4242'; document.getElementById('apply').click()")
+        _wait_loads(b, 2)
+        names = _names(b)
+        assert {"func_a", "func_b"} <= names and "common" not in names
+        assert sum(map(sum, b.eval("TL.cells"))) == 4 * 60 * 97
+        q = urllib.parse.parse_qs(urllib.parse.urlsplit(b.eval("location.href")).query)
+        assert q["tid"] == ["4242"]
+
+
+def _in_graph(b: Browser, selector_js: str) -> tuple[float, float]:
+    """Page coordinates of the centre of an element of the embedded graph."""
+    x, y = b.eval("(() => { const f = document.getElementById('graph'); const fr = f.getBoundingClientRect();"
+                  f" const e = ({selector_js})(f.contentWindow, f.contentDocument); const r = e.getBoundingClientRect();"
+                  " return [fr.x + f.clientLeft + r.x + r.width / 2, fr.y + f.clientTop + r.y + r.height / 2]; })()")
+    return x, y
+
+
+def test_serve_page_search_zoom_url(browser: Browser, tmp_path: Path) -> None:
+    """The graph's search and zoom, done in the graph with the mouse, go to the page URL; the link reopens them."""
+    state = tmp_path / "state"
+    write_state_dir(state, files=4)
+    b = browser
+    with serve("--state-dir", str(state)) as url:
+        b.navigate(f"{url}?start={T0_MS}&end={T0_MS + 240_000}")
+        _wait_loads(b, 1)
+        _names(b)
+        # Search with the graph's own button and prompt.
+        b.click_nowait(*_in_graph(b, "(w, d) => d.getElementById('search')"))
+        b.answer_prompt("^func_")
+        b.wait_for("new URLSearchParams(location.search).get('search') === '^func_'")
+        # Zoom: click the box of "run".
+        b.click(*_in_graph(b, "(w, d) => w.F.find(f => f.name === 'run').r"))
+        b.wait_for("new URLSearchParams(location.search).get('zoom') !== null")
+        link = b.eval("location.href")
+        q = urllib.parse.parse_qs(urllib.parse.urlsplit(link).query)
+        zoom = int(q["zoom"][0])
+        matched = b.eval("document.getElementById('graph').contentDocument.getElementById('matched').textContent")
+        assert matched.startswith("Matched: ") and "of view" in matched
+
+        b.navigate("about:blank")
+        b.navigate(link)
+        _wait_loads(b, 1)
+        g = "document.getElementById('graph').contentWindow"
+        b.wait_for(f"{g}.F && {g}.F.length > 0")
+        assert b.eval(f"{g}.searchRe && {g}.searchRe.source") == "^func_"
+        assert b.eval(f"{g}.F[{zoom}].name") == "run"
+        assert b.eval(f"[{g}.view.x, {g}.view.w]") == b.eval(f"[{g}.F[{zoom}].x, {g}.F[{zoom}].w]")
+        assert b.eval(f"{g}.document.getElementById('matched').textContent") == matched
+        # Escape in the graph resets both: gone from the URL too.
+        b.click(*_in_graph(b, "(w, d) => w.F.find(f => f.name === 'run').r"))
+        b.key("Escape", 27)
+        b.wait_for("!location.search.includes('search=') && !location.search.includes('zoom=')")
+        # Another range drops the zoom (frame indices of another graph) and keeps the search.
+        b.eval(f"document.getElementById('graph').contentWindow.search('func_b')")
+        b.wait_for("new URLSearchParams(location.search).get('search') === 'func_b'")
+        _drag(b, _cell(b, 2, 0), _cell(b, 3, 59))
+        _wait_loads(b, 2)
+        b.wait_for(f"{g}.searchRe && {g}.searchRe.source === 'func_b'")
+        assert "search=func_b" in b.eval("location.search") and "zoom=" not in b.eval("location.search")

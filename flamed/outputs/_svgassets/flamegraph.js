@@ -6,7 +6,7 @@
 var F = [], fv, labels, details, matched, unzoomBtn, icBtn, root, tip, tipName, tipInfo, tipBg;
 var total = 0, left = 0, dw = 0, fs = 12, fw = 0.59, fh = 16, H = 0;
 var view = null, searchRe = null, ignoreCase = false, NS = "http://www.w3.org/2000/svg";
-var nametype = "Function:", hidden = [], measureCtx = null;
+var nametype = "Function:", hidden = [], measureCtx = null, zoomed = -1;
 
 function num(s) { return parseFloat(s); }
 
@@ -75,14 +75,16 @@ function init() {
   icBtn.addEventListener("click", function () {
     ignoreCase = !ignoreCase;
     icBtn.classList.toggle("on", ignoreCase);
-    if (searchRe) search(searchRe.source);
+    if (searchRe) search(searchRe.source); else report();
   });
   window.addEventListener("keydown", function (e) {
     if (e.keyCode === 114 || ((e.ctrlKey || e.metaKey) && e.keyCode === 70)) { e.preventDefault(); searchPrompt(); }
     else if (e.keyCode === 27) { unzoom(); resetSearch(); }
   });
   if (measureCtx) relabel();  // the file's labels, refitted to the measured widths
+  // The view asked for in the file's own URL (s: search regex, i=1: ignoring case, z: frame index).
   var p = new URLSearchParams(document.location.search);
+  if (p.get("i") === "1") { ignoreCase = true; icBtn.classList.add("on"); }
   if (p.get("s")) search(p.get("s"));
   if (p.get("z") !== null && F[+p.get("z")]) zoom(F[+p.get("z")]);
 }
@@ -155,8 +157,19 @@ function relabel() {
   labels.appendChild(frag);
 }
 
+// Tell a same-origin page embedding this graph (flamed serve) its search and zoom,
+// so that page can keep them in its own URL.
+function report() {
+  try {
+    if (window.parent === window || window.parent.location.origin !== location.origin) return;
+    window.parent.postMessage({flamedGraph: true, s: searchRe ? searchRe.source : "", i: ignoreCase, z: zoomed},
+                              location.origin);
+  } catch (err) { /* a foreign parent: nothing to tell */ }
+}
+
 function zoom(f) {
   view = {x: f.x, w: f.w};
+  zoomed = F.indexOf(f);
   fv.setAttribute("viewBox", f.x + " 0 " + f.w + " " + H);
   var inverted = root.getAttribute("data-inverted") === "1";
   for (var i = 0; i < F.length; i++) {
@@ -167,17 +180,18 @@ function zoom(f) {
   }
   unzoomBtn.classList.remove("hide");
   relabel();
-  if (searchRe) search(searchRe.source);
+  if (searchRe) search(searchRe.source); else report();
 }
 
 function unzoom() {
   if (!view) return;
   view = null;
+  zoomed = -1;
   fv.setAttribute("viewBox", "0 0 " + total + " " + H);
   for (var i = 0; i < F.length; i++) F[i].g.classList.remove("a");
   unzoomBtn.classList.add("hide");
   relabel();
-  if (searchRe) search(searchRe.source);
+  if (searchRe) search(searchRe.source); else report();
 }
 
 function searchPrompt() {
@@ -191,6 +205,7 @@ function resetSearch() {
   for (var i = 0; i < F.length; i++) F[i].r.setAttribute("fill", F[i].fill);
   matched.classList.add("hide");
   matched.textContent = " ";
+  report();
 }
 
 // Color every box whose name matches; the matched share counts each sample once
@@ -229,6 +244,7 @@ function search(term) {
   matched.textContent = text;
   matched.setAttribute("data-pct", pct.toFixed(4));
   matched.classList.remove("hide");
+  report();
 }
 
 window.addEventListener("load", init);

@@ -2,10 +2,12 @@
 "use strict";
 const $ = (id) => document.getElementById(id);
 const KINDS = ["kernel", "native", "python"];
-const FILTERS = ["pid", "comm", "include", "exclude"];
+const FILTERS = ["pid", "tid", "comm", "include", "exclude"];
 let IDX = null, TL = null, drag = null;
-const S = {};  // start, end, bstart, bend (ms), view, filters, kinds
-window.flamed = { state: S, loads: 0, error: null };
+const S = {};  // start, end, bstart, bend (ms), view, filters, kinds; the graph's search, icase, zoom
+let zoomKey = null;  // the graph a zoom (a frame index) belongs to: another range or filter drops it
+// For tests and bench/serve.py: counts of graph loads and timeline draws, the first paint's time.
+window.flamed = { state: S, loads: 0, timelines: 0, firstPaintMs: null, rangeMs: null, error: null };
 
 function iso(ms) { return new Date(ms).toISOString(); }
 function parseTime(text) { const t = Date.parse(text); return isNaN(t) ? null : t; }
@@ -26,6 +28,8 @@ function saveUrl() {
   const p = rangeParams();
   if (S.bstart != null) { p.set("bstart", S.bstart); p.set("bend", S.bend); }
   if (S.view !== "auto") p.set("view", S.view);
+  if (S.search) { p.set("search", S.search); if (S.icase) p.set("icase", "1"); }
+  if (S.zoom != null) p.set("zoom", S.zoom);
   history.replaceState(null, "", "?" + p.toString());
 }
 async function getJSON(url) {
@@ -49,11 +53,19 @@ function writeForm() {
   $("bto").value = S.bend != null ? iso(S.bend) : "";
 }
 
+function showSource() { $("source").textContent = `${IDX.kind}: ${IDX.source} (${IDX.files} files)`; }
 async function loadTimeline() {
+  // The served range grows as the daemon writes files: ask again each time.
+  IDX = await getJSON("/api/index");
+  showSource();
   const p = filterParams();
   p.set("start", IDX.start_ms); p.set("end", IDX.end_ms); p.set("view", S.view);
   TL = await getJSON("/api/timeline?" + p);
   draw();
+  window.flamed.timelines++;
+  if (window.flamed.firstPaintMs === null) {
+    requestAnimationFrame(() => { window.flamed.firstPaintMs = performance.now(); });  // drawn on screen
+  }
 }
 
 function tlSpan() {
@@ -109,7 +121,31 @@ function draw() {
 
 function setStatus(t) { $("status").textContent = t; }
 
+function graphKey() {
+  const p = rangeParams();
+  if (S.bstart != null) { p.set("bstart", S.bstart); p.set("bend", S.bend); }
+  return p.toString();
+}
+// The graph's own parameters: flamegraph.js reads s, i and z from its URL.
+function graphParams() {
+  const g = {};
+  if (S.search) { g.s = S.search; if (S.icase) g.i = "1"; }
+  if (S.zoom != null) g.z = S.zoom;
+  return g;
+}
+// The embedded graph reports each search and zoom; keep them in the URL.
+window.addEventListener("message", (ev) => {
+  const m = ev.data;
+  if (ev.origin !== location.origin || ev.source !== $("graph").contentWindow || !m || !m.flamedGraph) return;
+  S.search = m.s || ""; S.icase = !!m.i; S.zoom = m.z >= 0 ? m.z : null;
+  zoomKey = graphKey();
+  saveUrl();
+});
+
 async function loadRange() {
+  if (graphKey() !== zoomKey) S.zoom = null;  // frame indices are those of another graph
+  zoomKey = graphKey();
+  const t0 = performance.now();
   saveUrl();
   writeForm();
   draw();
@@ -128,15 +164,17 @@ async function loadRange() {
   try {
     if (S.bstart != null) {
       const b = { bstart: S.bstart, bend: S.bend };
-      frame.src = "/api/diff?" + rangeParams(b);
+      frame.src = "/api/diff?" + rangeParams({ ...b, ...graphParams() });
       table = await getJSON("/api/diff?" + rangeParams({ ...b, format: "json" }));
       fillDiff(table);
     } else {
-      frame.src = "/api/profile?" + rangeParams({ format: "svg" });
+      frame.src = "/api/profile?" + rangeParams({ format: "svg", ...graphParams() });
       table = await getJSON("/api/top?" + rangeParams());
       fillTop(table);
     }
-    await done;
+    await done;  // the SVG's own script has run (it starts on the SVG's load)
+    await new Promise((res) => requestAnimationFrame(res));
+    window.flamed.rangeMs = performance.now() - t0;
   } catch (e) {
     setStatus(String(e.message || e)); window.flamed.error = String(e.message || e);
   }
@@ -184,7 +222,7 @@ function setupCanvas() {
 
 async function init() {
   try { IDX = await getJSON("/api/index"); } catch (e) { setStatus(String(e)); return; }
-  $("source").textContent = `${IDX.kind}: ${IDX.source} (${IDX.files} files)`;
+  showSource();
   const u = new URLSearchParams(location.search);
   const num = (k) => (u.get(k) !== null && u.get(k) !== "" ? Number(u.get(k)) : null);
   for (const k of FILTERS) S[k] = u.get(k) || "";
@@ -195,6 +233,8 @@ async function init() {
   if (S.start === null) S.start = Math.max(IDX.start_ms, S.end - 3600 * 1000);  // the most recent hour
   S.bstart = num("bstart"); S.bend = num("bend");
   if (S.bstart === null || S.bend === null) S.bstart = S.bend = null;
+  S.search = u.get("search") || ""; S.icase = u.get("icase") === "1"; S.zoom = num("zoom");
+  zoomKey = graphKey();  // a zoom in the link belongs to the graph the link shows
   writeForm();
   setupCanvas();
   $("apply").onclick = async () => { readForm(); await loadTimeline(); await loadRange(); };
@@ -210,5 +250,15 @@ async function init() {
   window.addEventListener("resize", draw);
   try { await loadTimeline(); } catch (e) { setStatus(String(e.message || e)); }
   await loadRange();
+  if (IDX.live) setInterval(poll, POLL_MS);
+}
+// A state directory keeps growing: redraw the timeline when files came or went.
+const POLL_MS = 5000;
+async function poll() {
+  if (drag) return;
+  try {
+    const i = await getJSON("/api/index");
+    if (i.files !== IDX.files || i.start_ms !== IDX.start_ms || i.end_ms !== IDX.end_ms) await loadTimeline();
+  } catch (e) { /* the server may be restarting: try again at the next tick */ }
 }
 init();
