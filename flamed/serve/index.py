@@ -134,6 +134,7 @@ class Index:
         self.state_dir = state_dir
         self._cache: OrderedDict[str, Profile] = OrderedDict()
         self._lock = threading.Lock()
+        self._parsing: dict[str, threading.Lock] = {}  # path -> held while one request parses it
         self._refresh_lock = threading.Lock()
         self._filtered_weight: OrderedDict[tuple[str, Filters], Weight] = OrderedDict()
         self._next_check = time.monotonic() + REFRESH_S
@@ -266,16 +267,28 @@ class Index:
     def _load(self, e: Entry) -> Profile:
         from flamed.inputs import load_profile
 
+        # One parse per file however many requests want it at once (the page
+        # asks for a range's graph and its top table together): the others
+        # wait for that parse instead of repeating it.
         with self._lock:
             p = self._cache.get(e.path)
             if p is not None:
                 self._cache.move_to_end(e.path)
                 return p
-        p = load_profile([e.path])
-        with self._lock:
-            self._cache[e.path] = p
-            while len(self._cache) > CACHE_FILES:
-                self._cache.popitem(last=False)
+            flight = self._parsing.get(e.path)
+            if flight is None:
+                flight = self._parsing[e.path] = threading.Lock()
+        with flight:
+            with self._lock:
+                p = self._cache.get(e.path)
+                if p is not None:
+                    return p
+            p = load_profile([e.path])
+            with self._lock:
+                self._cache[e.path] = p
+                self._parsing.pop(e.path, None)
+                while len(self._cache) > CACHE_FILES:
+                    self._cache.popitem(last=False)
         return p
 
     def overlapping(self, start_ns: int, end_ns: int) -> list[Entry]:
