@@ -164,10 +164,11 @@ def test_non_python_process_is_refused_quickly(spawn: list[subprocess.Popen[byte
     got = probe(proc.pid, cache=cache)
     assert isinstance(got, Refusal) and not got.not_yet
     assert "not a CPython process" in got.reason
-    assert cache.parses == 1
+    first = cache.parses
+    assert first <= 1  # the executable, when its mapping is listed under the exe's name
     # Cached facts: no file is parsed again.
     probe(proc.pid, cache=cache)
-    assert cache.parses == 1
+    assert cache.parses == first
 
 
 @pytest.mark.parametrize("minor", ["2.7", "3.6", "3.7"])
