@@ -273,6 +273,10 @@ def probe(
     by_path: dict[str, list[Mapping]] = {}
     for m in maps:
         by_path.setdefault(m.path, []).append(m)
+    if exe and exe not in by_path and not exe.endswith(" (deleted)"):
+        # Mid-exec: the kernel names the new executable (and the new comm)
+        # before it maps it, so a sample can come first.  Not "not Python" yet.
+        return Refusal(pid, f"{exe} is not mapped yet (exec in progress)", not_yet=True)
     # The executable first (static builds), then any mapped libpython.
     candidates = [p for p in by_path if p == exe] + [p for p in by_path if p != exe and _LIB_RE.search(os.path.basename(p))]
     exe_facts: elf.ElfFacts | None = None
