@@ -1248,13 +1248,36 @@ class BpfSampler:
         """Read and delete the old generation's Python stacks: id -> raw
         ``struct flamed_pystack``."""
         table = self._bpf[f"pystacks{gen}"]
-        lib = self._lib
-        fd = table.map_fd
         vsz = ct.sizeof(table.Leaf)
         cap = self.options.python_stack_entries
         if self._py_bufs is None:  # once: a drain must not allocate and zero megabytes
             self._py_bufs = ((ct.c_uint64 * cap)(), (ct.c_uint8 * (vsz * cap))())
         keys, vals = self._py_bufs
+        total = self._take_batch(f"pystacks{gen}", table, keys, 8, vals, vsz, cap)
+        raw = memoryview(vals)[: total * vsz]
+        out = {keys[i]: bytes(raw[i * vsz:(i + 1) * vsz]) for i in range(total)}
+        for kb, vb in self._take_rest(table):
+            out[int.from_bytes(kb, "little")] = vb
+        return out
+
+    def _take_counts(self, gen: int) -> list[tuple[int, int, int, int, bytes, int, int]]:
+        """Read and delete every entry of the old count map (it is quiescent)."""
+        table = self._bpf[f"counts{gen}"]
+        keys, vals = self._keys_buf, self._vals_buf
+        ksz = _KEY.size
+        total = self._take_batch(f"counts{gen}", table, keys, ksz, vals, 8, self.options.max_entries)
+        raw = bytes(memoryview(keys).cast("B")[: total * ksz])
+        values = memoryview(vals).cast("B")[: total * 8].cast("Q").tolist()
+        out = [(*k, n) for k, n in zip(_KEY.iter_unpack(raw), values)]
+        out.extend((*_KEY.unpack(kb), int.from_bytes(vb, "little")) for kb, vb in self._take_rest(table))
+        return out
+
+    def _take_batch(self, name: str, table: Any, keys: Any, ksz: int, vals: Any, vsz: int, cap: int) -> int:
+        """Read and delete entries of a (quiescent) hash map into ``keys``/``vals``,
+        one syscall per few thousand entries; how many were read.  Stops early
+        where the kernel lacks batch operations: :meth:`_take_rest` reads the rest."""
+        lib = self._lib
+        fd = table.map_fd
         total = 0
         in_batch = ct.c_uint32(0)  # a bucket index for hash maps
         out_batch = ct.c_uint32(0)
@@ -1264,88 +1287,31 @@ class BpfSampler:
             count.value = cap - total
             res = lib.bpf_lookup_and_delete_batch(
                 fd, None if first else ct.byref(in_batch), ct.byref(out_batch),
-                ct.byref(keys, 8 * total), ct.byref(vals, vsz * total), ct.byref(count),
+                ct.byref(keys, ksz * total), ct.byref(vals, vsz * total), ct.byref(count),
             )
             err = ct.get_errno()
             total += count.value
             if res != 0:
                 if err != errno.ENOENT:
-                    log.debug("batch read of pystacks%d: %s", gen, os.strerror(err))
+                    log.debug("batch lookup-and-delete of %s failed after %d entries (%s); reading key by key",
+                              name, total, os.strerror(err))
                 break
             in_batch.value = out_batch.value
             first = False
-        raw = memoryview(vals)[: total * vsz]
-        out = {keys[i]: bytes(raw[i * vsz:(i + 1) * vsz]) for i in range(total)}
-        # Anything the batch left (no batch support): one by one.
-        key = ct.c_uint64(0)
-        nxt = ct.c_uint64(0)
-        leaf = table.Leaf()
-        rest: list[int] = []
-        if lib.bpf_get_next_key(fd, None, ct.byref(nxt)) == 0:
-            while len(rest) < cap:
-                rest.append(nxt.value)
-                key.value = nxt.value
-                if lib.bpf_get_next_key(fd, ct.byref(key), ct.byref(nxt)) != 0:
-                    break
-        for sid in rest:
-            key.value = sid
-            if lib.bpf_lookup_elem(fd, ct.byref(key), ct.byref(leaf)) == 0:
-                out[sid] = bytes(leaf)
-            lib.bpf_delete_elem(fd, ct.byref(key))
-        return out
+        return total
 
-    def _take_counts(self, gen: int) -> list[tuple[int, int, int, int, bytes, int, int]]:
-        """Read and delete every entry of the old count map (it is quiescent).
-
-        Batched (one syscall per few thousand entries); falls back to one key
-        at a time where the kernel lacks batch operations.
-        """
-        table = self._bpf[f"counts{gen}"]
-        fd = table.map_fd
-        lib = self._lib
-        keys, vals = self._keys_buf, self._vals_buf
-        cap = self.options.max_entries
-        ksz = _KEY.size
-        total = 0
-        in_batch = ct.c_uint32(0)
-        out_batch = ct.c_uint32(0)
-        count = ct.c_uint32(0)
-        first = True
-        batch_ok = True
-        while total < cap:
-            count.value = cap - total
-            res = lib.bpf_lookup_and_delete_batch(
-                fd, None if first else ct.byref(in_batch), ct.byref(out_batch),
-                ct.byref(keys, ksz * total), ct.byref(vals, 8 * total), ct.byref(count),
-            )
-            err = ct.get_errno()
-            total += count.value
-            if res != 0:
-                if err != errno.ENOENT:
-                    batch_ok = False
-                    log.debug("batch lookup-and-delete failed (%s); reading key by key", os.strerror(err))
-                break
-            in_batch.value = out_batch.value
-            first = False
-        raw = bytes(memoryview(keys).cast("B")[: total * ksz])
-        values = memoryview(vals).cast("B")[: total * 8].cast("Q").tolist()
-        out = [(*k, n) for k, n in zip(_KEY.iter_unpack(raw), values)]
-        if not batch_ok:
-            log.debug("batch read of counts%d stopped after %d entries", gen, total)
-        # Whatever is left (no batch support, a partial batch) one by one; when
-        # the batch emptied the map this is a single get_next_key call.
-        out.extend(self._take_counts_slow(table))
-        return out
-
-    def _take_counts_slow(self, table: Any) -> list[tuple[int, int, int, int, bytes, int, int]]:
+    def _take_rest(self, table: Any) -> list[tuple[bytes, bytes]]:
+        """Whatever :meth:`_take_batch` left (no batch support, a partial batch),
+        key by key, as raw (key, value) bytes; when the batch emptied the map
+        this is a single get_next_key call."""
         lib = self._lib
         fd = table.map_fd
         key = table.Key()
         nxt = table.Key()
         val = table.Leaf()
-        rest: list[tuple[int, int, int, int, bytes, int, int]] = []
+        rest: list[tuple[bytes, bytes]] = []
         # Collect first: deleting the current key would restart the walk.
-        found: list[Any] = []
+        found: list[bytes] = []
         if lib.bpf_get_next_key(fd, None, ct.byref(nxt)) != 0:
             return rest
         while True:
@@ -1356,7 +1322,7 @@ class BpfSampler:
         for kb in found:
             ct.memmove(ct.byref(key), kb, len(kb))
             if lib.bpf_lookup_elem(fd, ct.byref(key), ct.byref(val)) == 0:
-                rest.append((*_KEY.unpack(kb), int(val.value)))
+                rest.append((kb, bytes(val)))
                 lib.bpf_delete_elem(fd, ct.byref(key))
         return rest
 
