@@ -30,6 +30,7 @@ from typing import Any
 
 from flamed.model import Stack
 from flamed.python.align import EVAL_FRAME, native_below_interpreter
+from flamed.sampling.symbols import read_identity
 
 log = logging.getLogger("flamed.python.bpf")
 
@@ -71,14 +72,8 @@ class _Proc:
 
 
 def _start_time(proc_root: Path, pid: int) -> int | None:
-    try:
-        raw = (proc_root / str(pid) / "stat").read_bytes()
-    except OSError:
-        return None
-    try:
-        return int(raw[raw.rindex(b")") + 2:].split()[19])
-    except (ValueError, IndexError):
-        return None
+    ident = read_identity(pid, proc_root)
+    return ident.start_time if ident is not None else None
 
 
 class PythonFrames:
@@ -172,7 +167,8 @@ class PythonFrames:
         self._invalid.pop(tgid, None)
         self._pending.pop(tgid, None)
         self._verdicts[tgid] = "bpf"
-        start = _start_time(self._proc_root, tgid) or 0
+        # The probe read it already; a test's stand-in target may not say.
+        start = getattr(target, "start_time", None) or _start_time(self._proc_root, tgid) or 0
         sym = self._make_symbolizer(tgid, target)
         version = getattr(target, "version", "")
         if isinstance(version, tuple):
