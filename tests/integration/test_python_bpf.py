@@ -45,6 +45,17 @@ def _interpreter(name: str) -> Path:
 INTERPRETERS = [*VERSIONS, "debian-3.11"]
 
 
+def _broken_probe(pid: int) -> Any:
+    """The real probe, with a wrong frame offset in every CPython layout it finds."""
+    from flamed.sampling.cpython import process as cpy
+
+    t = cpy.probe(pid)
+    if isinstance(t, cpy.Target):
+        bad = t.layout.with_offsets(frame_previous=t.layout.frame_code)
+        return cpy.Target(t.pid, t.start_time, t.version, t.hexversion, t.interpreter, t.runtime_addr, bad)
+    return t
+
+
 @pytest.fixture(scope="module")
 def sampler() -> Iterator[Any]:
     need(have_root(), "root (BPF and perf events need CAP_BPF/CAP_PERFMON)")
@@ -150,19 +161,11 @@ def test_deep_recursion_is_cut_visibly(sampler: Any) -> None:
 def test_a_layout_that_fails_validation_is_refused_and_said(sampler: Any) -> None:
     """A wrong offset must not give garbage frames: the process is refused, with its reason counted."""
     from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
-    from flamed.sampling.cpython import process as cpy
     from flamed.sampling.pyframes import PythonFrames
 
     refused: list[tuple[int, str, str]] = []
 
-    def broken_probe(pid: int) -> Any:
-        t = cpy.probe(pid)
-        if isinstance(t, cpy.Target):
-            bad = t.layout.with_offsets(frame_previous=t.layout.frame_code)
-            return cpy.Target(t.pid, t.start_time, t.version, t.hexversion, t.interpreter, t.runtime_addr, bad)
-        return t
-
-    frames = PythonFrames(probe=broken_probe, on_refused=lambda pid, code, why: refused.append((pid, code, why)))
+    frames = PythonFrames(probe=_broken_probe, on_refused=lambda pid, code, why: refused.append((pid, code, why)))
     exe = _interpreter("3.12")
     with BpfSampler(BpfSamplerOptions(frequency=199, python=True), python_frames=frames) as s:
         p = subprocess.Popen([str(exe), str(WORKLOADS / "py_truth.py"), "2", "1"])
@@ -211,19 +214,11 @@ def test_a_refused_process_falls_back_to_pyspy_and_says_why(require_pyspy: str) 
     from flamed.python.pyspy import PySpyOptions
     from flamed.python.watcher import WatchOptions
     from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
-    from flamed.sampling.cpython import process as cpy
     from flamed.sampling.pyframes import PythonFrames
-
-    def broken_probe(pid: int) -> Any:
-        t = cpy.probe(pid)
-        if isinstance(t, cpy.Target):
-            bad = t.layout.with_offsets(frame_previous=t.layout.frame_code)
-            return cpy.Target(t.pid, t.start_time, t.version, t.hexversion, t.interpreter, t.runtime_addr, bad)
-        return t
 
     exe = _interpreter("3.12")
     sampler = BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), python=True),
-                         python_frames=PythonFrames(probe=broken_probe))
+                         python_frames=PythonFrames(probe=_broken_probe))
     sampler.start()
     mixed: MixedMode | None = None
     child: subprocess.Popen[bytes] | None = None
