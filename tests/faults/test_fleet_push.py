@@ -164,7 +164,7 @@ def test_every_window_is_pushed_as_the_ingest_api_documents(tmp_path: Path, daem
         assert r["q"]["format"] == fmt
         assert r["headers"].get("x-scope-orgid") == "team-a"
         assert r["headers"].get("authorization") == want_auth
-        if fmt == "pprof":
+        if fmt == "pprof" and r["weight"]:  # labels ride on samples: an empty last window has none
             assert {"pid", "thread", "comm", "host"} <= r["labels"], r["labels"]
     # every window, in order, nothing twice: the pushed samples are exactly the files'
     froms = [int(r["q"]["from"]) for r in reqs]
