@@ -164,6 +164,10 @@ class BccResolver:
 
         self._lib: Any = lib
         self._pid = pid
+        # bcc prints "Opening /proc/PID/root failed" on fd 2 for a process that
+        # has exited (its root is gone while it is a zombie, too) and returns a
+        # cache that knows nothing: refuse here, quietly, instead.
+        _require_root_link(pid)
         # bcc reads /proc/PID/maps here; the ELF symbol tables load lazily.
         self._cache: Any = lib.bcc_symcache_new(pid, None)
         from bcc.libbcc import bcc_symbol
@@ -191,12 +195,22 @@ class BccResolver:
         return name, module
 
     def refresh(self) -> None:
+        try:
+            _require_root_link(self._pid)
+        except OSError:
+            return  # exited: what the cache knows is all there will be
         self._lib.bcc_symcache_refresh(self._cache)
 
     def close(self) -> None:
         if self._cache:
             self._lib.bcc_free_symcache(self._cache, self._pid)
             self._cache = None
+
+
+def _require_root_link(pid: int) -> None:
+    """Raise OSError unless ``/proc/PID/root`` resolves (the process has not exited)."""
+    if pid >= 0:
+        os.stat(f"/proc/{pid}/root")
 
 
 def _frame(name: bytes | None, module: bytes | None) -> str:

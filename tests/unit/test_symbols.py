@@ -316,3 +316,30 @@ def test_priming_ignores_a_file_replaced_at_the_same_path(proc: Path, tmp_path: 
     assert StubElf.opened == []
     assert "stub_fn" not in frames[0]
     s.end_drain()
+
+
+def test_bcc_cache_of_an_exited_process_is_refused_without_printing() -> None:
+    """bcc printed "Opening /proc/PID/root failed" on fd 2 for a process that had
+    exited by the drain (a `flamed record` whose target ended first)."""
+    import subprocess
+    import sys
+
+    from support import have_bcc, need
+
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    code = (
+        "import sys\n"
+        "from flamed.sampling.symbols import BccResolver\n"
+        "try:\n"
+        f"    BccResolver({dead.pid})\n"
+        "except OSError:\n"
+        "    print('refused')\n"
+        "else:\n"
+        "    print('made')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "refused"
+    assert r.stderr == ""
