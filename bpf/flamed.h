@@ -26,6 +26,10 @@ struct flamed_key {
      * frames), 0 for none: not a CPython process the program walks, or the
      * walk found nothing (counted as FLAMED_STAT_PY_*). */
     __u64 py_stack_id;
+    /* Id of the user stack in the generation's ustacks map (a hash of its
+     * addresses), 0 for none: the process has no unwind tables and
+     * user_stack_id holds its frame-pointer stack (bpf/unwind.bpf.c). */
+    __u64 native_stack_id;
 };
 
 /* One sample of a watched process, sent through the ring buffer. */
@@ -83,7 +87,17 @@ enum flamed_stat {
     FLAMED_STAT_PY_TRUNCATED = 20,  /* ... deeper than FLAMED_PY_DEPTH: outer frames cut */
     FLAMED_STAT_PY_STACKS_FULL = 21,/* ... the pystacks map was full: no Python frames */
     FLAMED_STAT_PY_NS = 22,         /* ns spent walking Python frames (FLAMED_PY_TIMING=1 only) */
-    FLAMED_NSTATS = 23,
+    FLAMED_STAT_UW_SAMPLES = 23,    /* samples of a process with unwind tables (bpf/unwind.bpf.c) */
+    FLAMED_STAT_UW_COMPLETE = 24,   /* ... unwound to the outermost frame */
+    FLAMED_STAT_UW_NO_TABLE = 25,   /* ... stopped: no table and no frame pointer to follow */
+    FLAMED_STAT_UW_UNSUPPORTED = 26,/* ... stopped: a rule the unwinder cannot follow */
+    FLAMED_STAT_UW_DEPTH = 27,      /* ... stopped: deeper than FLAMED_UW_DEPTH */
+    FLAMED_STAT_UW_READ_FAULT = 28, /* ... stopped: the stack could not be read, or made no progress */
+    FLAMED_STAT_UW_STACKS_FULL = 29,/* ... the ustacks map was full: the frame-pointer stack instead */
+    FLAMED_STAT_UW_FP_FRAMES = 30,  /* frames found by frame pointer (no table for their address) */
+    FLAMED_STAT_UW_NS = 31,         /* ns spent unwinding (FLAMED_UW_TIMING=1 only) */
+    FLAMED_STAT_UW_TAIL_FAILED = 32,/* a tail call into the unwinder failed (programs not installed) */
+    FLAMED_NSTATS = 33,
 };
 
 #define FLAMED_STATS_GLOBAL 2
@@ -139,5 +153,42 @@ struct flamed_pyproc {
 /* flamed_pystack.flags */
 #define FLAMED_PYSTACK_TRUNCATED 1   /* more frames than FLAMED_PY_DEPTH: the outermost are missing */
 #define FLAMED_PYSTACK_READ_FAULT 2  /* a frame could not be read: the walk stopped there */
+
+
+/* ---- Native stacks unwound by the program (bpf/unwind.bpf.c) ----
+ *
+ * User space (flamed/sampling/unwind/) builds a table of rows per binary from
+ * its .eh_frame and loads the rows into one array; each process gets the list
+ * of its executable mappings that have a table.  Row kinds: */
+#define FLAMED_UW_NONE 0          /* no CFI here: follow the frame pointer */
+#define FLAMED_UW_CFA_RSP 1       /* CFA = rsp + 8 * cfa8 */
+#define FLAMED_UW_CFA_RBP 2       /* CFA = rbp + 8 * cfa8 */
+#define FLAMED_UW_PLT 3           /* CFA = rsp + 8 * cfa8, + 8 when (addr & 15) >= rbp */
+#define FLAMED_UW_STOP 4          /* the return address is undefined: outermost frame */
+#define FLAMED_UW_UNSUPPORTED 5   /* a DWARF expression or another register */
+
+/* flamed_ustack.end: why the walk ended */
+#define FLAMED_UW_END_COMPLETE 0
+#define FLAMED_UW_END_NO_TABLE 1
+#define FLAMED_UW_END_UNSUPPORTED 2
+#define FLAMED_UW_END_DEPTH 3
+#define FLAMED_UW_END_READ_FAULT 4
+
+/* One row: from pc (a file virtual address) to the next row's pc. */
+struct flamed_uw_row {
+    __u32 pc;
+    __u16 cfa8;
+    __u8 kind;
+    __u8 rbp;  /* rbp saved at CFA - 8 * rbp; 0: not saved (unchanged) */
+};
+
+/* One executable mapping with a table: addr - bias is the file vaddr. */
+struct flamed_uw_map {
+    __u64 start;
+    __u64 end;
+    __u64 bias;
+    __u32 first;  /* first row in uw_rows */
+    __u32 count;  /* rows */
+};
 
 #endif /* FLAMED_H */

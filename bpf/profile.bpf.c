@@ -36,7 +36,10 @@
  *                         sampled (see `new_images` below)
  *   FLAMED_SEEN_MAX       process images remembered for that (LRU, default 16384)
  *   FLAMED_PYTHON         1: walk the Python frames of the processes in
- *                         `pyprocs` (python.bpf.h, its own defines there)
+ *                         `pyprocs` (python.bpf.c, its own defines there)
+ *   FLAMED_UNWIND         1: unwind the user stacks of the processes in
+ *                         `uw_procs` from their .eh_frame tables
+ *                         (unwind.bpf.c, its own defines there)
  *   FLAMED_FILTER_PIDS, FLAMED_FILTER_TIDS, FLAMED_FILTER_CGROUPS,
  *   FLAMED_FILTER_COMMS   1: sample only tasks found in that filter map
  */
@@ -92,6 +95,9 @@
 
 #ifndef FLAMED_PYTHON
 #define FLAMED_PYTHON 0
+#endif
+#ifndef FLAMED_UNWIND
+#define FLAMED_UNWIND 0
 #endif
 
 /* A stack map value: FLAMED_STACK_DEPTH instruction pointers, leaf first,
@@ -157,6 +163,10 @@ static __always_inline void stat_inc(u32 block, u32 which)
 /* In bpf/python.bpf.c, which the loader appends to this file: bcc rewrites
  * map calls only in the text it is given, not in included files. */
 static __always_inline u64 py_take_timed(struct bpf_perf_event_data *ctx, u32 gen, u32 tgid, u32 tid);
+#endif
+#if FLAMED_UNWIND
+/* In bpf/unwind.bpf.c, appended like python.bpf.c. */
+static __always_inline void uw_begin(struct bpf_perf_event_data *ctx, u32 gen, struct flamed_key *key);
 #endif
 
 /* Was the task interrupted in user mode?  Tells a missing stack (an error)
@@ -230,8 +240,12 @@ static __always_inline int emit_event(u32 gen, struct flamed_key *key)
 static __always_inline void take_gen0(struct bpf_perf_event_data *ctx, struct flamed_key *key, int is_watched)
 {
     key->kernel_stack_id = stacks0.get_stackid(ctx, 0);
-    key->user_stack_id = stacks0.get_stackid(ctx, BPF_F_USER_STACK);
-    stack_errors(0, in_user_mode(ctx), &key->kernel_stack_id, &key->user_stack_id);
+    /* A process with unwind tables has its user stack already
+     * (bpf/unwind.bpf.c): the frame-pointer walk is not taken. */
+    if (!key->native_stack_id)
+        key->user_stack_id = stacks0.get_stackid(ctx, BPF_F_USER_STACK);
+    s32 unwound = 0; /* stands in for the user stack id when the tables gave the stack */
+    stack_errors(0, in_user_mode(ctx), &key->kernel_stack_id, key->native_stack_id ? &unwound : &key->user_stack_id);
 #if FLAMED_PYTHON
     if (!is_watched)
         key->py_stack_id = py_take_timed(ctx, 0, key->tgid, key->tid);
@@ -264,8 +278,12 @@ static __always_inline void take_gen0(struct bpf_perf_event_data *ctx, struct fl
 static __always_inline void take_gen1(struct bpf_perf_event_data *ctx, struct flamed_key *key, int is_watched)
 {
     key->kernel_stack_id = stacks1.get_stackid(ctx, 0);
-    key->user_stack_id = stacks1.get_stackid(ctx, BPF_F_USER_STACK);
-    stack_errors(1, in_user_mode(ctx), &key->kernel_stack_id, &key->user_stack_id);
+    /* A process with unwind tables has its user stack already
+     * (bpf/unwind.bpf.c): the frame-pointer walk is not taken. */
+    if (!key->native_stack_id)
+        key->user_stack_id = stacks1.get_stackid(ctx, BPF_F_USER_STACK);
+    s32 unwound = 0; /* stands in for the user stack id when the tables gave the stack */
+    stack_errors(1, in_user_mode(ctx), &key->kernel_stack_id, key->native_stack_id ? &unwound : &key->user_stack_id);
 #if FLAMED_PYTHON
     if (!is_watched)
         key->py_stack_id = py_take_timed(ctx, 1, key->tgid, key->tid);
@@ -292,6 +310,21 @@ static __always_inline void take_gen1(struct bpf_perf_event_data *ctx, struct fl
     }
     __sync_fetch_and_add(v, 1);
     stat_inc(1, FLAMED_STAT_COUNTED);
+}
+
+/* The end of every sample: count it in its generation, then close the
+ * in-flight section flamed_sample opened (see the header comment). */
+static __always_inline void finish_sample(struct bpf_perf_event_data *ctx, struct flamed_key *key, u32 gen,
+                                          int is_watched)
+{
+    if (gen)
+        take_gen1(ctx, key, is_watched);
+    else
+        take_gen0(ctx, key, is_watched);
+    u32 zero = 0;
+    u64 *seq = inflight.lookup(&zero);
+    if (seq)
+        __sync_fetch_and_add(seq, 1);
 }
 
 /* 1 when the task passes every enabled filter. */
@@ -364,10 +397,12 @@ int flamed_sample(struct bpf_perf_event_data *ctx)
     u32 *genp = generation.lookup(&zero);
     u32 gen = genp ? (*genp & 1) : 0;
     stat_inc(gen, FLAMED_STAT_SAMPLES);
-    if (gen)
-        take_gen1(ctx, &key, is_watched);
-    else
-        take_gen0(ctx, &key, is_watched);
-    __sync_fetch_and_add(seq, 1);
+#if FLAMED_UNWIND
+    /* A process with unwind tables continues in flamed_unwind and ends in
+     * flamed_finish (bpf/unwind.bpf.c): uw_begin returns only otherwise. */
+    if (!is_watched)
+        uw_begin(ctx, gen, &key);
+#endif
+    finish_sample(ctx, &key, gen, is_watched);
     return 0;
 }

@@ -50,6 +50,8 @@ from flamed.sampling.contract import CountKey, SampleEvent, Window
 from flamed.sampling.kallsyms import Kallsyms
 from flamed.sampling.symbols import BccResolver, ProcessIdentity, Resolver, Symbolizer
 from flamed.sampling.pyframes import PythonFrames, parse_pystack, splice
+from flamed.sampling.unwind import is_outermost, parse_ustack, truncated_frame
+from flamed.sampling.unwind.tables import TableCache, Unwinder, UnwindStats
 
 log = logging.getLogger("flamed.bpf")
 
@@ -94,11 +96,16 @@ _PY_NEW = struct.Struct("<IIQ")
 #: FLAMED_STAT_PY_* counters, by the names _take_stats gives them.
 _PY_STATS = ("PY_SAMPLES", "PY_STACKS", "PY_NO_THREAD", "PY_NO_FRAME", "PY_READ_FAULT", "PY_TRUNCATED",
              "PY_STACKS_FULL", "PY_NS")
+#: FLAMED_STAT_UW_* counters, by the names _take_stats gives them.
+_UW_STATS = ("UW_SAMPLES", "UW_COMPLETE", "UW_NO_TABLE", "UW_UNSUPPORTED", "UW_DEPTH", "UW_READ_FAULT",
+             "UW_STACKS_FULL", "UW_FP_FRAMES", "UW_NS", "UW_TAIL_FAILED")
+#: A sample whose unwound stack id names no stack the drain could read.
+_UW_LOST_FRAME = "[lost stack: unwound]"
 #: A sample whose Python stack id names no stack the drain could read.
 _PY_LOST_FRAME = "[lost python stack]"
 
 # struct flamed_key and struct flamed_event of bpf/flamed.h.
-_KEY = struct.Struct("<IIii16sQ")
+_KEY = struct.Struct("<IIii16sQQ")
 _EVENT = struct.Struct("<QIIIIii16s")
 _COMM_LEN = 16
 
@@ -183,6 +190,32 @@ class BpfSamplerOptions:
     #: Time every walk in the program (two clock reads a sample) and report
     #: the sum in ``SamplerStats.python_total["PY_NS"]``: for benchmarks.
     python_timing: bool = False
+    #: Unwind user stacks in the program from tables built out of each
+    #: binary's .eh_frame (bpf/unwind.bpf.c), so code built without frame
+    #: pointers keeps its callers; a stack cut short ends in a
+    #: ``[truncated: REASON]`` frame.  Needs ``prime`` (processes are
+    #: described when first sampled).  Off: frame-pointer stacks.
+    unwind: bool = False
+    #: Frames kept per unwound stack, 8..127.
+    unwind_depth: int = 64
+    #: Table rows of all binaries together (8 bytes each, preallocated): the
+    #: bound of the tables' memory.  libc takes ~28 k rows, CPython ~65 k,
+    #: libLLVM ~980 k.  Binaries beyond it keep frame-pointer stacks.
+    unwind_rows: int = 2_097_152
+    #: Mappings with a table per process (a power of 2, 8..256); beyond it
+    #: the smallest binaries of the process use frame pointers.
+    unwind_maps: int = 64
+    #: Processes described at once (about 32 * unwind_maps bytes each).
+    unwind_max_procs: int = 4096
+    #: Distinct unwound stacks per generation (preallocated: about
+    #: 8 * unwind_depth + 8 bytes each, twice).
+    unwind_stack_entries: int = 8192
+    #: Where built tables are kept by build id (``None``: not kept, rebuilt
+    #: at each start).
+    unwind_cache_dir: Path | None = None
+    #: Time every walk in the program and report the sum in
+    #: ``SamplerStats.unwind_total["UW_NS"]``: for benchmarks.
+    unwind_timing: bool = False
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
@@ -226,6 +259,18 @@ class BpfSamplerOptions:
                 raise bad(name, "must be 1..1048576")
         if self.python and not self.prime:
             raise bad("python", "needs prime (processes are probed when first sampled)")
+        if not 8 <= self.unwind_depth <= 127:
+            raise bad("unwind_depth", "must be 8..127 frames")
+        if not 1024 <= self.unwind_rows <= 1 << 26:
+            raise bad("unwind_rows", "must be 1024..67108864 rows")
+        m = self.unwind_maps
+        if m < 8 or m > 256 or m & (m - 1):
+            raise bad("unwind_maps", "must be a power of 2, 8..256")
+        for name in ("unwind_max_procs", "unwind_stack_entries"):
+            if not 1 <= getattr(self, name) <= 1 << 20:
+                raise bad(name, "must be 1..1048576")
+        if self.unwind and not self.prime:
+            raise bad("unwind", "needs prime (processes are described when first sampled)")
 
 
 @dataclass(frozen=True)
@@ -275,6 +320,9 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
         if options.python:
             pp = d / "python.bpf.c"
             parts.append((pp, pp.read_text()))
+        if options.unwind:
+            up = d / "unwind.bpf.c"
+            parts.append((up, up.read_text()))
     except OSError as e:
         raise CapabilityError(
             f"BPF source {e.filename} not readable ({e.strerror}); set FLAMED_BPF_DIR to the directory "
@@ -295,6 +343,7 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
         "FLAMED_PRIME": int(options.prime),
         "FLAMED_SEEN_MAX": options.seen_max,
         "FLAMED_PYTHON": int(options.python),
+        "FLAMED_UNWIND": int(options.unwind),
     }
     if options.python:
         defines.update({
@@ -303,6 +352,16 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
             "FLAMED_PY_MAX_PROCS": options.python_max_procs,
             "FLAMED_TASK_FSBASE_OFF": fsbase_offset,
             "FLAMED_PY_TIMING": int(options.python_timing),
+        })
+    if options.unwind:
+        defines.update({
+            "FLAMED_UW_DEPTH": options.unwind_depth,
+            "FLAMED_UW_ROWS": options.unwind_rows,
+            "FLAMED_UW_ROW_STEPS": options.unwind_rows.bit_length() + 1,
+            "FLAMED_UW_MAPS": options.unwind_maps,
+            "FLAMED_UW_MAX_PROCS": options.unwind_max_procs,
+            "FLAMED_UW_STACK_ENTRIES": options.unwind_stack_entries,
+            "FLAMED_UW_TIMING": int(options.unwind_timing),
         })
     cflags = (f"-I{d}", *(f"-D{k}={v}" for k, v in defines.items()))
     return BpfProgram(path=path, text=text, cflags=cflags, header_path=header, header=header_text,
@@ -382,11 +441,17 @@ class SamplerStats:
     prime_throttled_total: int = 0  # skipped: over prime_rate
     #: FLAMED_STAT_PY_* summed over drains (PY_SAMPLES, PY_STACKS, PY_NO_THREAD...).
     python_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_PY_STATS, 0))
+    #: FLAMED_STAT_UW_* summed over drains (UW_SAMPLES, UW_COMPLETE, UW_NO_TABLE...).
+    unwind_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_UW_STATS, 0))
+    #: The unwinder's tables and processes (``options.unwind``), as of the last drain.
+    unwind: UnwindStats | None = None
 
     def copy(self) -> SamplerStats:
         c = SamplerStats(**{f.name: getattr(self, f.name) for f in fields(self)})
         c.lost_total = dict(self.lost_total)
         c.python_total = dict(self.python_total)
+        c.unwind_total = dict(self.unwind_total)
+        c.unwind = self.unwind.copy() if self.unwind is not None else None
         return c
 
 
@@ -572,6 +637,9 @@ class BpfSampler:
         self._prime_wake = -1  # eventfd: close() wakes the priming thread's epoll wait with it
         self._new_images: list[int] = []  # tgids reported, filled by perf_buffer_poll's callback
         self._reprime: deque[tuple[float, int]] = deque()  # (due, tgid) of second reads, in due order
+        self._unwinder: Unwinder | None = None
+        self._uw_forget: set[int] = set()  # exited: their uw_procs entry goes after the next drain
+        self._uw_bufs: tuple[Any, Any] | None = None
         self._prime_tokens = float(options.prime_rate)  # token bucket of prime_rate reads per second
         self._prime_refill = time.monotonic()
 
@@ -737,6 +805,8 @@ class BpfSampler:
             if self._prime_stop.is_set():
                 break
             ident = self._read_and_prime(tgid, first=True)
+            if ident is not None and self._unwinder is not None:
+                self._unwinder.submit(tgid)
             if ident is not None and _age_s(ident) < self.PRIME_YOUNG_S:
                 self._reprime.append((time.monotonic() + self.PRIME_REREAD_S, tgid))
             if self._python is not None and ident is not None:
@@ -833,7 +903,9 @@ class BpfSampler:
         """The due second reads of recently primed young processes."""
         now = time.monotonic()
         while self._reprime and self._reprime[0][0] <= now:
-            self._read_and_prime(self._reprime.popleft()[1], first=False)
+            tgid = self._reprime.popleft()[1]
+            if self._read_and_prime(tgid, first=False) is not None and self._unwinder is not None:
+                self._unwinder.submit(tgid)  # libraries mapped since the first read
 
     def stop(self) -> None:
         """Stop sampling but keep the maps: a last :meth:`drain` then returns
@@ -882,6 +954,8 @@ class BpfSampler:
                 self._symbolizer.forget(pid)
             if self._python is not None:
                 self._py_forget.add(pid)
+            if self._unwinder is not None:
+                self._uw_forget.add(pid)
 
     def poll_events(self) -> int:
         """Move events from the ring buffer into the sampler (returned by the
@@ -905,6 +979,16 @@ class BpfSampler:
 
     def program(self) -> BpfProgram:
         return bpf_program(self.options, fsbase_offset=self._fsbase_offset)
+
+    @property
+    def unwinder(self) -> Unwinder | None:
+        """The native unwinder's tables (``options.unwind``), for tests and status."""
+        return self._unwinder
+
+    def unwind_ready(self, tgid: int) -> bool:
+        """Has ``tgid`` been described to the unwinder (its stacks are unwound from tables)?"""
+        u = self._unwinder
+        return u is not None and u.described(tgid)
 
     @property
     def python_frames(self) -> PythonFrames | None:
@@ -937,6 +1021,8 @@ class BpfSampler:
                 f"the kernel refused the BPF program (verifier or privileges):\n  {_tail(text) or err}"
             )
         self._prog_fd = fn.fd
+        if self.options.unwind:
+            self._load_unwind_programs(bcc)
         self._check_layout()
         self._symbolizer = self._symbolizer or Symbolizer(resolver_factory=_default_resolver)
         for t in self._watched:
@@ -957,6 +1043,12 @@ class BpfSampler:
             b["new_images"].open_perf_buffer(
                 self._on_new_image, page_cnt=self.options.prime_pages, lost_cb=self._on_new_image_lost
             )
+        if self.options.unwind:
+            cache = TableCache(self.options.unwind_cache_dir)
+            self._unwinder = Unwinder(b, lib, rows_capacity=self.options.unwind_rows,
+                                      max_maps=self.options.unwind_maps,
+                                      max_procs=self.options.unwind_max_procs, cache=cache)
+            self._unwinder.start()
         if self.options.python:
             b["py_new"].open_perf_buffer(self._on_py_new, page_cnt=self.options.prime_pages,
                                          lost_cb=lambda _n: None)
@@ -971,6 +1063,21 @@ class BpfSampler:
         self._stats.stack_buckets = 1 << max(0, (self.options.stack_storage_size - 1).bit_length())
         self._window_start = self._clock()
         self._attach()
+
+    def _load_unwind_programs(self, bcc: Any) -> None:
+        """flamed_unwind and flamed_finish into uw_progs (bpf/unwind.bpf.c's tail calls)."""
+        b = self._bpf
+        progs = b["uw_progs"]
+        def loader(n: bytes) -> Callable[[], Any]:
+            return lambda: b.load_func(n, bcc.BPF.PERF_EVENT)
+
+        for i, name in enumerate((b"flamed_unwind", b"flamed_finish")):
+            fn, text, err = _with_captured_stderr(loader(name))
+            if err is not None or fn is None:
+                raise CapabilityError(
+                    f"the kernel refused the unwinder's program {name.decode()} (verifier):\n  {_tail(text) or err}"
+                )
+            progs[ct.c_int(i)] = ct.c_int(fn.fd)
 
     def _check_layout(self) -> None:
         """The ctypes/struct mirrors must match what clang laid out."""
@@ -1070,6 +1177,8 @@ class BpfSampler:
 
     def _teardown(self) -> None:
         self._detach()
+        if self._unwinder is not None:
+            self._unwinder.stop()
         if self._bpf is not None:
             try:
                 close_bpf(self._bpf)
@@ -1119,12 +1228,13 @@ class BpfSampler:
         counters = self._take_stats(old)
         keys = self._take_counts(old)
         pystacks = self._take_pystacks(old) if self._python is not None else {}
+        ustacks = self._take_ustacks(old) if self._unwinder is not None else {}
         self._bpf.ring_buffer_consume()
         raw_events = [e for e in self._raw_events if e[4] == old]
         self._raw_events = [e for e in self._raw_events if e[4] != old]
 
         ids: set[int] = set()
-        for _tgid, _tid, kid, uid, _comm, _py, _n in keys:
+        for _tgid, _tid, kid, uid, _comm, _py, _nid, _n in keys:
             ids.add(kid)
             ids.add(uid)
         for e in raw_events:
@@ -1145,8 +1255,12 @@ class BpfSampler:
             if reason in lost:
                 lost[reason] += n
         lost["stack_read_failed"] = sum(1 for i in ids if i not in stacks)
-        counts, events = self._symbolize(keys, raw_events, stacks, pystacks)
+        counts, events = self._symbolize(keys, raw_events, stacks, pystacks, ustacks)
         sym.end_drain()
+        if self._unwinder is not None and self._uw_forget:
+            gone, self._uw_forget = self._uw_forget, set()
+            for pid in gone:
+                self._unwinder.forget(pid)
         if self._python is not None and (self._py_forget or self._py_described):
             # Exited processes are forgotten one drain after they are found
             # gone: the generation that began at this drain's flip may still
@@ -1169,6 +1283,10 @@ class BpfSampler:
         s.events_total += counters.get("EVENTS", 0)
         for name in _PY_STATS:
             s.python_total[name] += counters.get(name, 0)
+        for name in _UW_STATS:
+            s.unwind_total[name] += counters.get(name, 0)
+        if self._unwinder is not None:
+            s.unwind = self._unwinder.stats.copy()
         for r, n in lost.items():
             s.lost_total[r] += n
         s.drains_total += 1
@@ -1260,7 +1378,23 @@ class BpfSampler:
             out[int.from_bytes(kb, "little")] = vb
         return out
 
-    def _take_counts(self, gen: int) -> list[tuple[int, int, int, int, bytes, int, int]]:
+    def _take_ustacks(self, gen: int) -> dict[int, bytes]:
+        """Read and delete the old generation's unwound stacks: id -> raw
+        ``struct flamed_ustack``."""
+        table = self._bpf[f"ustacks{gen}"]
+        vsz = ct.sizeof(table.Leaf)
+        cap = self.options.unwind_stack_entries
+        if self._uw_bufs is None:
+            self._uw_bufs = ((ct.c_uint64 * cap)(), (ct.c_uint8 * (vsz * cap))())
+        keys, vals = self._uw_bufs
+        total = self._take_batch(f"ustacks{gen}", table, keys, 8, vals, vsz, cap)
+        raw = memoryview(vals)[: total * vsz]
+        out = {keys[i]: bytes(raw[i * vsz:(i + 1) * vsz]) for i in range(total)}
+        for kb, vb in self._take_rest(table):
+            out[int.from_bytes(kb, "little")] = vb
+        return out
+
+    def _take_counts(self, gen: int) -> list[tuple[int, int, int, int, bytes, int, int, int]]:
         """Read and delete every entry of the old count map (it is quiescent)."""
         table = self._bpf[f"counts{gen}"]
         keys, vals = self._keys_buf, self._vals_buf
@@ -1405,10 +1539,11 @@ class BpfSampler:
 
     def _symbolize(
         self,
-        keys: list[tuple[int, int, int, int, bytes, int, int]],
+        keys: list[tuple[int, int, int, int, bytes, int, int, int]],
         raw_events: list[tuple[int, int, int, int, int, int, int, bytes]],
         stacks: dict[int, list[int]],
         pystacks: dict[int, bytes] | None = None,
+        ustacks: dict[int, bytes] | None = None,
     ) -> tuple[dict[CountKey, int], list[SampleEvent]]:
         sym = self._symbolizer
         assert sym is not None
@@ -1427,6 +1562,8 @@ class BpfSampler:
                 kmemo[kid] = s
             return s
 
+        unwinding = self._unwinder is not None
+
         def ustack(tgid: int, uid: int) -> Stack:
             s = umemo.get((tgid, uid))
             if s is None:
@@ -1435,7 +1572,28 @@ class BpfSampler:
                 else:
                     ips = stacks.get(uid)
                     s = sym.user_stack(tgid, ips) if ips is not None else read_failed
+                    if unwinding and s and not is_outermost(s[0]):
+                        # A frame-pointer stack where tables are expected: a
+                        # process sampled before it was described, or whose
+                        # binaries have none.  Its end is not known to be the end.
+                        s = (truncated_frame("no_table"),) + s
                 umemo[(tgid, uid)] = s
+            return s
+
+        nmemo: dict[tuple[int, int], Stack] = {}
+
+        def nstack(tgid: int, nid: int) -> Stack:
+            s = nmemo.get((tgid, nid))
+            if s is None:
+                raw = (ustacks or {}).get(nid)
+                if raw is None:
+                    s = (_UW_LOST_FRAME,)
+                else:
+                    ips, end = parse_ustack(raw)
+                    s = sym.user_stack(tgid, ips)
+                    if end != "complete":
+                        s = (truncated_frame(end),) + s
+                nmemo[(tgid, nid)] = s
             return s
 
         py = self._python
@@ -1456,11 +1614,12 @@ class BpfSampler:
 
         counts: dict[CountKey, int] = {}
         comm = self._comm
-        for tgid, tid, kid, uid, rc, pyid, n in keys:
+        for tgid, tid, kid, uid, rc, pyid, nid, n in keys:
+            user = nstack(tgid, nid) if nid else ustack(tgid, uid)
             if pyid:
-                stack = splice(ustack(tgid, uid), pyruns(tgid, pyid)) + kstack(kid)
+                stack = splice(user, pyruns(tgid, pyid)) + kstack(kid)
             else:
-                stack = ustack(tgid, uid) + kstack(kid)
+                stack = user + kstack(kid)
             ck = (tgid, tid, comm(rc), stack or (EMPTY_STACK_FRAME,))
             counts[ck] = counts.get(ck, 0) + n
         events = [

@@ -1,0 +1,430 @@
+/* unwind.bpf.c -- native user stacks unwound from .eh_frame tables.  With
+ * FLAMED_UNWIND=1 the loader appends this file to profile.bpf.c (one text, like
+ * python.bpf.c).
+ *
+ * What: for a sample of a process user space has described in `uw_procs`
+ * (its executable mappings that have a table), walk the user stack from the
+ * registers of the interrupted user context: for each frame find the mapping
+ * of the address, the table row in effect there (binary search over the
+ * binary's rows in `uw_rows`), compute the canonical frame address (CFA) from
+ * rsp or rbp, read the return address at CFA - 8 and, where the row says so,
+ * the caller's rbp.  An address no table covers (JIT code, a library loaded
+ * after the process was described, a binary without CFI) is followed by its
+ * frame pointer.  The stack is stored once per generation in `ustacks*` under
+ * a 64-bit hash of its addresses, and the hash goes into the count key.
+ *
+ * How: flamed_sample saves the sample's key and the user registers in a
+ * per-CPU scratch and tail-calls flamed_unwind, which walks
+ * FLAMED_UW_FRAMES_PER_CALL frames and tail-calls itself until the walk ends,
+ * then stores the stack and tail-calls flamed_finish, which counts the sample
+ * (the end of flamed_sample).  Each program is verified on its own: a loop
+ * over all frames in one program exceeds the verifier's budget beyond ~16
+ * frames, because every frame's exits multiply the states it explores.
+ *
+ * Why in the kernel: programs built without frame pointers (most of a
+ * distribution, CPython included) lose every caller of a frame-pointer walk,
+ * and nothing in such a stack says so.  Here every stack says how it ended
+ * (struct flamed_ustack.end), and the reasons are counted.
+ *
+ * Why: no kernel struct is read.  The user registers of a task interrupted
+ * in kernel mode come from bpf_task_pt_regs(), whose struct pt_regs layout is
+ * the architecture's ABI.
+ *
+ * Defines (flamed/sampling/bpf.py passes them):
+ *   FLAMED_UW_DEPTH          frames kept per stack (default 64, at most 127)
+ *   FLAMED_UW_FRAMES_PER_CALL frames per tail call of flamed_unwind (default 8)
+ *   FLAMED_UW_ROWS           rows of all tables together (default 2097152)
+ *   FLAMED_UW_ROW_STEPS      binary search steps: > log2(FLAMED_UW_ROWS)
+ *   FLAMED_UW_MAPS           mappings with a table per process (power of 2, default 64)
+ *   FLAMED_UW_MAX_PROCS      processes described at once (default 4096)
+ *   FLAMED_UW_STACK_ENTRIES  distinct unwound stacks per generation (default 8192)
+ *   FLAMED_UW_TIMING         1: add the ns each walk takes to FLAMED_STAT_UW_NS
+ */
+#ifndef FLAMED_UW_DEPTH
+#define FLAMED_UW_DEPTH 64
+#endif
+#ifndef FLAMED_UW_FRAMES_PER_CALL
+#define FLAMED_UW_FRAMES_PER_CALL 8
+#endif
+#ifndef FLAMED_UW_ROWS
+#define FLAMED_UW_ROWS 2097152
+#endif
+#ifndef FLAMED_UW_ROW_STEPS
+#define FLAMED_UW_ROW_STEPS 22
+#endif
+#ifndef FLAMED_UW_MAPS
+#define FLAMED_UW_MAPS 64
+#endif
+#ifndef FLAMED_UW_MAX_PROCS
+#define FLAMED_UW_MAX_PROCS 4096
+#endif
+#ifndef FLAMED_UW_STACK_ENTRIES
+#define FLAMED_UW_STACK_ENTRIES 8192
+#endif
+#ifndef FLAMED_UW_TIMING
+#define FLAMED_UW_TIMING 0
+#endif
+
+/* A process: its mappings with a table are uw_maps[slot * FLAMED_UW_MAPS ..
+ * + n), sorted by start.  (Searched by map lookups, not by indexing an array
+ * in the value: a search index used in pointer arithmetic must be tracked
+ * precisely by the verifier, and every step of the search doubles the
+ * states it explores.) */
+struct flamed_uw_proc {
+    __u32 slot;
+    __u32 n;
+};
+
+/* An unwound stack: leaf first. */
+struct flamed_ustack {
+    __u32 len;
+    __u32 end; /* FLAMED_UW_END_* */
+    __u64 ip[FLAMED_UW_DEPTH];
+};
+
+
+
+/* The walk's registers and progress. */
+struct flamed_uw_state {
+    __u64 ip;
+    __u64 sp;
+    __u64 bp;
+    __u64 hash;
+    __u32 n;
+    __u32 end;
+    __u32 fp_frames;
+    __u32 calls;
+};
+
+/* Per-CPU scratch: what crosses the tail calls of one sample (the sample's
+ * key and generation, the walk, the stack being built). */
+struct flamed_uw_scratch {
+    struct flamed_ustack stack;
+    struct flamed_uw_state s;
+    struct flamed_key key;
+    __u32 gen;
+    __u32 pad;
+    __u64 t0;
+};
+
+BPF_ARRAY(uw_rows, struct flamed_uw_row, FLAMED_UW_ROWS);
+BPF_HASH(uw_procs, u32, struct flamed_uw_proc, FLAMED_UW_MAX_PROCS);
+BPF_ARRAY(uw_maps, struct flamed_uw_map, FLAMED_UW_MAX_PROCS * FLAMED_UW_MAPS);
+BPF_PERCPU_ARRAY(uw_scratch, struct flamed_uw_scratch, 1);
+BPF_HASH(ustacks0, u64, struct flamed_ustack, FLAMED_UW_STACK_ENTRIES);
+BPF_HASH(ustacks1, u64, struct flamed_ustack, FLAMED_UW_STACK_ENTRIES);
+/* 0: flamed_unwind, 1: flamed_finish (user space fills it before attaching). */
+BPF_PROG_ARRAY(uw_progs, 2);
+
+static __always_inline u64 uw_mix(u64 h, u64 v)
+{
+    h ^= v;
+    h *= 0x100000001b3ULL;
+    h ^= h >> 29;
+    return h;
+}
+
+/* The mapping holding pc, or NULL. */
+static __always_inline struct flamed_uw_map *uw_find_map(struct flamed_uw_proc *p, u64 pc)
+{
+    u32 n = p->n;
+    if (n > FLAMED_UW_MAPS)
+        n = FLAMED_UW_MAPS;
+    u32 base = p->slot * FLAMED_UW_MAPS;
+    u32 lo = base, hi = base + n;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < 9; i++) {
+        if (lo >= hi)
+            break;
+        u32 mid = (lo + hi) >> 1;
+        struct flamed_uw_map *m = uw_maps.lookup(&mid);
+        if (!m)
+            return NULL;
+        if (m->start <= pc)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == base)
+        return NULL;
+    u32 at = lo - 1;
+    struct flamed_uw_map *m = uw_maps.lookup(&at);
+    if (!m || pc >= m->end)
+        return NULL;
+    return m;
+}
+
+/* The row in effect at vaddr among m's rows: its kind, cfa8 and rbp; kind
+ * FLAMED_UW_NONE when none is. */
+static __always_inline void uw_find_row(struct flamed_uw_map *m, u64 vaddr, struct flamed_uw_row *out)
+{
+    out->kind = FLAMED_UW_NONE;
+    if (vaddr > 0xffffffffULL)
+        return;
+    u32 lo = m->first;
+    u32 hi = m->first + m->count;
+    u32 first = lo;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < FLAMED_UW_ROW_STEPS; i++) {
+        if (lo >= hi)
+            break;
+        u32 mid = (lo + hi) >> 1;
+        struct flamed_uw_row *r = uw_rows.lookup(&mid);
+        if (!r)
+            return;
+        if (r->pc <= (u32)vaddr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == first)
+        return;
+    u32 at = lo - 1;
+    struct flamed_uw_row *r = uw_rows.lookup(&at);
+    if (r)
+        *out = *r;
+}
+
+/* Record the frame at s->ip, then move s to its caller: 1 to go on, 0 when
+ * the walk ended (s->end says why). */
+static __always_inline int uw_step(struct flamed_uw_proc *p, struct flamed_uw_state *s, struct flamed_ustack *st)
+{
+    u32 n = s->n;
+    if (n >= FLAMED_UW_DEPTH) {
+        s->end = FLAMED_UW_END_DEPTH;
+        return 0;
+    }
+    st->ip[n & 127] = s->ip;
+    s->hash = uw_mix(s->hash, s->ip);
+    s->n = n + 1;
+
+    /* A caller's address is a return address: the call is the byte before. */
+    u64 pc = n ? s->ip - 1 : s->ip;
+    struct flamed_uw_row row = {};
+    struct flamed_uw_map *m = uw_find_map(p, pc);
+    u64 vaddr = 0;
+    if (m) {
+        vaddr = pc - m->bias;
+        uw_find_row(m, vaddr, &row);
+    }
+    u64 cfa;
+    u64 ra = 0;
+    u64 bp = s->bp;
+    switch (row.kind) {
+    case FLAMED_UW_STOP:
+        s->end = FLAMED_UW_END_COMPLETE;
+        return 0;
+    case FLAMED_UW_CFA_RSP:
+        cfa = s->sp + ((u64)row.cfa8 << 3);
+        break;
+    case FLAMED_UW_CFA_RBP:
+        cfa = s->bp + ((u64)row.cfa8 << 3);
+        break;
+    case FLAMED_UW_PLT:
+        cfa = s->sp + ((u64)row.cfa8 << 3) + ((((s->ip - m->bias) & 15) >= (u64)row.rbp) ? 8 : 0);
+        row.rbp = 0;
+        break;
+    case FLAMED_UW_NONE:
+        /* The frame pointer chain: [rbp] = caller's rbp, [rbp + 8] = return
+         * address.  It ends at rbp == 0 (set by _start and the thread entry). */
+        if (!s->bp) {
+            s->end = n ? FLAMED_UW_END_COMPLETE : FLAMED_UW_END_NO_TABLE;
+            return 0;
+        }
+        cfa = s->bp + 16;
+        if (bpf_probe_read_user(&bp, sizeof(bp), (void *)s->bp) != 0) {
+            s->end = FLAMED_UW_END_NO_TABLE;
+            return 0;
+        }
+        s->fp_frames++;
+        break;
+    default:
+        s->end = FLAMED_UW_END_UNSUPPORTED;
+        return 0;
+    }
+    if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)) != 0) {
+        s->end = row.kind == FLAMED_UW_NONE ? FLAMED_UW_END_NO_TABLE : FLAMED_UW_END_READ_FAULT;
+        return 0;
+    }
+    if (row.kind != FLAMED_UW_NONE && row.rbp != 0) {
+        if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa - (u64)row.rbp * 8)) != 0) {
+            s->end = FLAMED_UW_END_READ_FAULT;
+            return 0;
+        }
+    }
+    if (cfa <= s->sp) {
+        /* The stack grows down: a caller's frame is above its callee's. */
+        s->end = row.kind == FLAMED_UW_NONE ? FLAMED_UW_END_NO_TABLE : FLAMED_UW_END_READ_FAULT;
+        return 0;
+    }
+    if (!ra) {
+        s->end = FLAMED_UW_END_COMPLETE;
+        return 0;
+    }
+    s->ip = ra;
+    s->sp = cfa;
+    s->bp = bp;
+    return 1;
+}
+
+/* The registers of the interrupted user context; 0 when there is none. */
+static __always_inline int uw_user_regs(struct bpf_perf_event_data *ctx, struct flamed_uw_state *s)
+{
+    if (in_user_mode(ctx)) {
+        s->ip = PT_REGS_IP(&ctx->regs);
+        s->sp = PT_REGS_SP(&ctx->regs);
+        s->bp = PT_REGS_FP(&ctx->regs);
+        return 1;
+    }
+    /* In the kernel on behalf of the task: its user registers are saved at
+     * the top of its kernel stack. */
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+    struct pt_regs *r = (struct pt_regs *)bpf_task_pt_regs(task);
+    struct pt_regs u = {};
+    if (!r || bpf_probe_read_kernel(&u, sizeof(u), r) != 0)
+        return 0;
+    s->ip = PT_REGS_IP(&u);
+    s->sp = PT_REGS_SP(&u);
+    s->bp = PT_REGS_FP(&u);
+    return s->ip != 0 && s->sp != 0;
+}
+
+/* Called by flamed_sample inside its in-flight section: for a process with
+ * tables, hand the sample to flamed_unwind (which does not come back).
+ * Returns when the process has none, or the tail call failed (then the
+ * sample keeps its frame-pointer stack). */
+static __always_inline void uw_begin(struct bpf_perf_event_data *ctx, u32 gen, struct flamed_key *key)
+{
+    u32 tgid = key->tgid;
+    if (!uw_procs.lookup(&tgid))
+        return;
+    u32 zero = 0;
+    struct flamed_uw_scratch *sc = uw_scratch.lookup(&zero);
+    if (!sc)
+        return;
+#if FLAMED_UW_TIMING
+    sc->t0 = bpf_ktime_get_ns();
+#endif
+    struct flamed_uw_state *s = &sc->s;
+    s->n = 0;
+    s->end = FLAMED_UW_END_DEPTH;
+    s->fp_frames = 0;
+    s->calls = 0;
+    s->hash = 0xcbf29ce484222325ULL ^ tgid;
+    if (!uw_user_regs(ctx, s))
+        return;
+    __builtin_memcpy(&sc->key, key, sizeof(*key));
+    sc->gen = gen;
+    stat_inc(gen, FLAMED_STAT_UW_SAMPLES);
+    uw_progs.call(ctx, 0);
+    stat_inc(gen, FLAMED_STAT_UW_TAIL_FAILED);
+}
+
+/* Count how the walk ended and store the stack in the generation's
+ * ustacks; its id, 0 when the map was full. */
+static __always_inline u64 uw_store(struct flamed_uw_scratch *sc, u32 gen)
+{
+    struct flamed_uw_state *s = &sc->s;
+    switch (s->end) {
+    case FLAMED_UW_END_COMPLETE:
+        stat_inc(gen, FLAMED_STAT_UW_COMPLETE);
+        break;
+    case FLAMED_UW_END_NO_TABLE:
+        stat_inc(gen, FLAMED_STAT_UW_NO_TABLE);
+        break;
+    case FLAMED_UW_END_UNSUPPORTED:
+        stat_inc(gen, FLAMED_STAT_UW_UNSUPPORTED);
+        break;
+    case FLAMED_UW_END_DEPTH:
+        stat_inc(gen, FLAMED_STAT_UW_DEPTH);
+        break;
+    default:
+        stat_inc(gen, FLAMED_STAT_UW_READ_FAULT);
+        break;
+    }
+    if (s->fp_frames) {
+        u32 idx = gen * FLAMED_NSTATS + FLAMED_STAT_UW_FP_FRAMES;
+        u64 *v = stats.lookup(&idx);
+        if (v)
+            *v += s->fp_frames;
+    }
+    struct flamed_ustack *st = &sc->stack;
+    st->len = s->n;
+    st->end = s->end;
+    u64 id = uw_mix(s->hash, s->n ^ ((u64)s->end << 32));
+    if (id == 0)
+        id = 1;
+    void *found = gen ? ustacks1.lookup(&id) : ustacks0.lookup(&id);
+    if (!found) {
+        int err = gen ? ustacks1.insert(&id, st) : ustacks0.insert(&id, st);
+        if (err != 0 && err != -FLAMED_EEXIST) {
+            stat_inc(gen, FLAMED_STAT_UW_STACKS_FULL);
+            return 0;
+        }
+    }
+    return id;
+}
+
+/* Close the in-flight section flamed_sample opened. */
+static __always_inline void uw_close_section(void)
+{
+    u32 zero = 0;
+    u64 *seq = inflight.lookup(&zero);
+    if (seq)
+        __sync_fetch_and_add(seq, 1);
+}
+
+int flamed_unwind(struct bpf_perf_event_data *ctx)
+{
+    u32 zero = 0;
+    struct flamed_uw_scratch *sc = uw_scratch.lookup(&zero);
+    if (!sc)
+        return 0; /* cannot happen: the array has its one element */
+    u32 gen = sc->gen & 1;
+    u32 tgid = sc->key.tgid;
+    struct flamed_uw_proc *p = uw_procs.lookup(&tgid);
+    int more = 0;
+    if (p) {
+        more = 1;
+#pragma clang loop unroll(disable)
+        for (u32 i = 0; i < FLAMED_UW_FRAMES_PER_CALL; i++) {
+            if (!uw_step(p, &sc->s, &sc->stack)) {
+                more = 0;
+                break;
+            }
+        }
+    } else {
+        sc->s.end = FLAMED_UW_END_READ_FAULT; /* forgotten meanwhile */
+    }
+    if (more) {
+        sc->s.calls++;
+        uw_progs.call(ctx, 0);
+        /* The kernel's limit of tail calls per sample. */
+        sc->s.end = FLAMED_UW_END_DEPTH;
+    }
+    /* 0 (ustacks full): flamed_finish takes the frame-pointer stack instead. */
+    sc->key.native_stack_id = uw_store(sc, gen);
+#if FLAMED_UW_TIMING
+    u32 idx = gen * FLAMED_NSTATS + FLAMED_STAT_UW_NS;
+    u64 *v = stats.lookup(&idx);
+    if (v)
+        *v += bpf_ktime_get_ns() - sc->t0;
+#endif
+    uw_progs.call(ctx, 1);
+    /* flamed_finish is missing: the sample cannot be counted. */
+    stat_inc(gen, FLAMED_STAT_UW_TAIL_FAILED);
+    uw_close_section();
+    return 0;
+}
+
+int flamed_finish(struct bpf_perf_event_data *ctx)
+{
+    u32 zero = 0;
+    struct flamed_uw_scratch *sc = uw_scratch.lookup(&zero);
+    if (!sc)
+        return 0;
+    struct flamed_key key = {};
+    __builtin_memcpy(&key, &sc->key, sizeof(key));
+    finish_sample(ctx, &key, sc->gen & 1, 0);
+    return 0;
+}

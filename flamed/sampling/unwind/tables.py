@@ -1,0 +1,398 @@
+"""Unwind tables on disk and in the BPF maps of bpf/unwind.bpf.c.
+
+:class:`TableCache` builds a binary's rows once (:func:`ehframe.build_table`)
+and keeps them on disk under its build id, so a library shared by hundreds of
+processes is parsed once, and a restart reuses the work.
+
+:class:`Unwinder` describes processes to the program: for each executable
+file mapping of a process it loads the binary's rows into ``uw_rows`` (once
+per binary: a bump allocation in one preallocated array, bounded by
+``unwind_rows``) and writes the process's sorted mapping list into
+``uw_procs``.  It runs in its own thread: building the table of a large
+library takes seconds (libLLVM: ~2.6 s here), and samples taken meanwhile
+keep their frame-pointer stacks.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes as ct
+import logging
+import os
+import queue
+import struct
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from flamed.sampling.unwind import ehframe
+
+log = logging.getLogger("flamed.unwind")
+
+_MAGIC = b"FLUWT001"
+_HEADER = struct.Struct("<8sII")  # magic, rows, fdes
+_MAP = struct.Struct("<QQQII")  # struct flamed_uw_map
+
+#: Binaries whose mapping is never worth a table: the kernel's vDSO and
+#: friends are not files; everything else file-backed and executable is.
+_PSEUDO = ("[vdso]", "[vsyscall]", "[vvar]")
+
+
+class TableEntry(NamedTuple):
+    key: str
+    first: int
+    rows: int
+
+
+@dataclass
+class UnwindStats:
+    """What the unwinder has done, for metrics and status."""
+
+    processes: int = 0  # described to the program now
+    binaries: int = 0  # binaries whose rows are loaded
+    rows_used: int = 0
+    rows_capacity: int = 0
+    tables_built: int = 0  # parsed from .eh_frame in this run
+    tables_cached: int = 0  # read from the disk cache
+    build_seconds: float = 0.0  # spent parsing
+    #: binaries left without a table, by reason (no_cfi, rows_full, error)
+    skipped: dict[str, int] = field(default_factory=lambda: {"no_cfi": 0, "rows_full": 0, "error": 0})
+    #: mappings beyond unwind_maps left out of a process (they use frame pointers)
+    mappings_dropped: int = 0
+
+    def copy(self) -> UnwindStats:
+        c = UnwindStats(**{k: getattr(self, k) for k in self.__dataclass_fields__})
+        c.skipped = dict(self.skipped)
+        return c
+
+
+class TableCache:
+    """Rows of binaries by build id, built on first need and kept in ``directory``."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self.built = 0
+        self.cached = 0
+        self.build_seconds = 0.0
+
+    def rows(self, path: str, info: ehframe.ElfInfo) -> tuple[str, bytes]:
+        """(cache key, packed rows) of the binary at ``path``."""
+        key = ehframe.file_key(path, info)
+        cached = self._read(key)
+        if cached is not None:
+            self.cached += 1
+            return key, cached
+        t0 = time.perf_counter()
+        table = ehframe.build_table(path, info)
+        self.build_seconds += time.perf_counter() - t0
+        self.built += 1
+        packed = table.pack()
+        self._write(key, packed, table.fdes)
+        return key, packed
+
+    def _file(self, key: str) -> Path | None:
+        return self.directory / f"{key}.uwt" if self.directory is not None else None
+
+    def _read(self, key: str) -> bytes | None:
+        p = self._file(key)
+        if p is None:
+            return None
+        try:
+            data = p.read_bytes()
+        except OSError:
+            return None
+        if len(data) < _HEADER.size:
+            return None
+        magic, n, _fdes = _HEADER.unpack_from(data)
+        body = data[_HEADER.size:]
+        if magic != _MAGIC or len(body) != n * ehframe.ROW.size:
+            log.info("unwind table cache %s is damaged: rebuilding it", p)
+            return None
+        return body
+
+    def _write(self, key: str, packed: bytes, fdes: int) -> None:
+        p = self._file(key)
+        if p is None:
+            return
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            fd, tmp = tempfile.mkstemp(prefix=".uwt-", dir=p.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(_HEADER.pack(_MAGIC, len(packed) // ehframe.ROW.size, fdes))
+                    f.write(packed)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, p)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except OSError as e:
+            # A full or read-only disk costs the next start a rebuild, nothing else.
+            log.warning("cannot keep the unwind table of %s in %s: %s", key, p.parent, e.strerror)
+
+
+class _Map(NamedTuple):
+    start: int
+    end: int
+    offset: int
+    dev: str
+    inode: int
+    path: str
+
+
+def read_exec_maps(pid: int, proc: Path = Path("/proc")) -> list[_Map] | None:
+    """The executable file mappings of ``pid`` (None when it is gone)."""
+    try:
+        text = (proc / str(pid) / "maps").read_text(errors="surrogateescape")
+    except OSError:
+        return None
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or "x" not in parts[1]:
+            continue
+        path = parts[5]
+        if not path.startswith("/") or path in _PSEUDO:
+            continue
+        lo, _, hi = parts[0].partition("-")
+        out.append(_Map(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[3], int(parts[4]), path))
+    return out
+
+
+class Unwinder:
+    """Keeps ``uw_rows`` and ``uw_procs`` of a loaded program filled (see the module doc)."""
+
+    def __init__(self, bpf: Any, lib: Any, *, rows_capacity: int, max_maps: int, max_procs: int,
+                 cache: TableCache, proc: Path = Path("/proc")) -> None:
+        self._bpf = bpf
+        self._lib = lib
+        self._rows = bpf["uw_rows"]
+        self._procs = bpf["uw_procs"]
+        self._maps = bpf["uw_maps"]
+        self._max_maps = max_maps
+        self._max_procs = max_procs
+        self._cache = cache
+        self._proc = proc
+        self._lock = threading.Lock()
+        #: (dev, inode, size, mtime) -> the binary's rows in uw_rows (None: no table)
+        self._by_file: dict[tuple[int, int, int, int], TableEntry | None] = {}
+        self._by_key: dict[str, TableEntry] = {}
+        self._next = 0
+        self._described: dict[int, tuple[tuple[int, int, int], ...]] = {}
+        self._slots: dict[int, int] = {}  # tgid -> its block of unwind_maps entries in uw_maps
+        self._free_slots = list(range(max_procs - 1, -1, -1))
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._pending: set[int] = set()
+        self._thread: threading.Thread | None = None
+        self._full_warned = False
+        self.stats = UnwindStats(rows_capacity=rows_capacity)
+
+    # -- the worker ---------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="flamed-unwind", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def submit(self, tgid: int) -> None:
+        """Describe ``tgid`` (again: its mappings may have changed) soon."""
+        with self._lock:
+            if tgid in self._pending:
+                return
+            self._pending.add(tgid)
+        self._queue.put(tgid)
+
+    def idle(self) -> bool:
+        """Nothing queued or in progress (for tests and `record`)."""
+        with self._lock:
+            return not self._pending
+
+    def _run(self) -> None:
+        while True:
+            tgid = self._queue.get()
+            if tgid is None:
+                return
+            try:
+                self.describe(tgid)
+            except Exception as e:  # noqa: BLE001 -- one process must not stop the others
+                log.warning("describing pid %d to the unwinder failed: %s", tgid, e)
+            finally:
+                with self._lock:
+                    self._pending.discard(tgid)
+
+    # -- processes ------------------------------------------------------------
+    def described(self, tgid: int) -> bool:
+        return tgid in self._described
+
+    def describe(self, tgid: int) -> bool:
+        """Load the tables of ``tgid``'s binaries and write its uw_procs entry;
+        False when it is gone or has no binary with a table."""
+        maps = read_exec_maps(tgid, self._proc)
+        if maps is None:
+            self.forget(tgid)
+            return False
+        entries: list[tuple[int, int, int, int, int, int]] = []  # start, end, bias, first, count, size
+        for m in maps:
+            got = self._table_for(tgid, m)
+            if got is None:
+                continue
+            entry, bias = got
+            entries.append((m.start, m.end, bias, entry.first, entry.rows, m.end - m.start))
+        if len(entries) > self._max_maps:
+            # Keep the largest code: the main program, the interpreter, libc
+            # before a small extension module.
+            self.stats.mappings_dropped += len(entries) - self._max_maps
+            entries = sorted(entries, key=lambda e: -e[5])[: self._max_maps]
+        entries.sort()
+        sig = tuple((e[0], e[1], e[3]) for e in entries)
+        if self._described.get(tgid) == sig:
+            return bool(entries)
+        if not entries:
+            self.forget(tgid)
+            return False
+        if not self._free_slots:
+            log.debug("unwind_max_procs reached: pid %d keeps frame-pointer stacks", tgid)
+            return False
+        # A fresh block, then the switch: a sample never sees a half-written list.
+        slot = self._free_slots.pop()
+        base = slot * self._max_maps
+        packed = b"".join(_MAP.pack(start, end, bias & 0xFFFFFFFFFFFFFFFF, first, count)
+                          for start, end, bias, first, count, _size in entries)
+        self._write_array(self._maps, base, packed, _MAP.size, len(entries))
+        leaf = self._procs.Leaf()
+        ct.memmove(ct.addressof(leaf), struct.pack("<II", slot, len(entries)), 8)
+        self._procs[ct.c_uint32(tgid)] = leaf
+        old = self._slots.get(tgid)
+        if old is not None:
+            self._free_slots.append(old)
+        self._slots[tgid] = slot
+        self._described[tgid] = sig
+        self.stats.processes = len(self._described)
+        return True
+
+    def forget(self, tgid: int) -> None:
+        if self._described.pop(tgid, None) is not None:
+            try:
+                del self._procs[ct.c_uint32(tgid)]
+            except KeyError:
+                pass
+            slot = self._slots.pop(tgid, None)
+            if slot is not None:
+                self._free_slots.append(slot)
+            self.stats.processes = len(self._described)
+
+    def _table_for(self, tgid: int, m: _Map) -> tuple[TableEntry, int] | None:
+        """The binary's rows (loaded on first need) and the mapping's bias."""
+        path = self._readable(tgid, m)
+        if path is None:
+            return None
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        fkey = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        try:
+            info = ehframe.read_elf_info(path)
+        except ehframe.UnwindTableError as e:
+            log.debug("no unwind table for %s: %s", m.path, e)
+            self._by_file[fkey] = None
+            return None
+        bias = _bias(info, m)
+        if bias is None:
+            return None
+        if fkey in self._by_file:
+            entry = self._by_file[fkey]
+            return (entry, bias) if entry is not None else None
+        entry = self._load(path, info, m.path)
+        self._by_file[fkey] = entry
+        return (entry, bias) if entry is not None else None
+
+    def _readable(self, tgid: int, m: _Map) -> str | None:
+        # The process's own view of the path (containers), else the mapping itself
+        # (a file replaced or deleted since it was mapped).
+        for p in (f"{self._proc}/{tgid}/root{m.path}", f"{self._proc}/{tgid}/map_files/{m.start:x}-{m.end:x}"):
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            if st.st_ino == m.inode:
+                return p
+        return None
+
+    def _load(self, path: str, info: ehframe.ElfInfo, name: str) -> TableEntry | None:
+        try:
+            key, packed = self._cache.rows(path, info)
+        except (ehframe.UnwindTableError, OSError) as e:
+            log.info("no unwind table for %s: %s", name, e)
+            self.stats.skipped["error"] += 1
+            return None
+        finally:
+            self.stats.tables_built = self._cache.built
+            self.stats.tables_cached = self._cache.cached
+            self.stats.build_seconds = self._cache.build_seconds
+        have = self._by_key.get(key)
+        if have is not None:
+            return have
+        n = len(packed) // ehframe.ROW.size
+        if n == 0:
+            self.stats.skipped["no_cfi"] += 1
+            return None
+        if self._next + n > self.stats.rows_capacity:
+            self.stats.skipped["rows_full"] += 1
+            if not self._full_warned:
+                self._full_warned = True
+                log.warning("unwind tables are full (%d of %d rows): %s (%d rows) and binaries after it keep "
+                            "frame-pointer stacks; raise [sampling] unwind_rows",
+                            self._next, self.stats.rows_capacity, name, n)
+            return None
+        first = self._next
+        self._write_array(self._rows, first, packed, ehframe.ROW.size, n)
+        self._next += n
+        entry = TableEntry(key, first, n)
+        self._by_key[key] = entry
+        self.stats.binaries = len(self._by_key)
+        self.stats.rows_used = self._next
+        log.debug("unwind table of %s: %d rows at %d", name, n, first)
+        return entry
+
+    def _write_array(self, table: Any, first: int, packed: bytes, size: int, n: int) -> None:
+        """Write ``n`` values of ``size`` bytes at indices ``first``.. of an array map."""
+        chunk = 65536
+        for lo in range(0, n, chunk):
+            cnt = min(chunk, n - lo)
+            keys = (ct.c_uint32 * cnt).from_buffer(array.array("I", range(first + lo, first + lo + cnt)))
+            vals = ct.create_string_buffer(packed[lo * size:(lo + cnt) * size], cnt * size)
+            count = ct.c_uint32(cnt)
+            res = self._lib.bpf_update_batch(table.map_fd, ct.byref(keys), ct.byref(vals), ct.byref(count))
+            if res != 0:
+                err = ct.get_errno()
+                # Without batch updates (older kernels): one value at a time.
+                leaf_t = table.Leaf
+                for i in range(cnt):
+                    leaf = leaf_t.from_buffer_copy(packed[(lo + i) * size:(lo + i + 1) * size])
+                    table[ct.c_int(first + lo + i)] = leaf
+                log.debug("batch update of an unwind map failed (%s): wrote one by one", os.strerror(err))
+
+    def memory_bytes(self) -> int:
+        """Bytes the unwinder's maps take (preallocated: the bound, not the use)."""
+        return self.stats.rows_capacity * ehframe.ROW.size + self._max_procs * (16 + self._max_maps * _MAP.size)
+
+
+def _bias(info: ehframe.ElfInfo, m: _Map) -> int | None:
+    """address - bias = file vaddr, for the segment the mapping maps."""
+    for vaddr, offset, filesz, _flags in info.loads:
+        page = offset & ~0xFFF
+        if page <= m.offset < offset + max(filesz, 1):
+            return m.start - m.offset + offset - vaddr
+    return None
