@@ -64,6 +64,9 @@
 #ifndef FLAMED_UW_TIMING
 #define FLAMED_UW_TIMING 0
 #endif
+#ifndef FLAMED_UW_MISS_NS
+#define FLAMED_UW_MISS_NS 1000000000ULL
+#endif
 
 /* A process: its mappings with a table are uw_maps[slot * FLAMED_UW_MAPS ..
  * + n), sorted by start.  (Searched by map lookups, not by indexing an array
@@ -94,6 +97,8 @@ struct flamed_uw_state {
     __u32 end;
     __u32 fp_frames;
     __u32 calls;
+    __u32 miss;  /* an address outside every described mapping was met */
+    __u32 pad;
 };
 
 /* Per-CPU scratch: what crosses the tail calls of one sample (the sample's
@@ -115,6 +120,11 @@ BPF_HASH(ustacks0, u64, struct flamed_ustack, FLAMED_UW_STACK_ENTRIES);
 BPF_HASH(ustacks1, u64, struct flamed_ustack, FLAMED_UW_STACK_ENTRIES);
 /* 0: flamed_unwind, 1: flamed_finish (user space fills it before attaching). */
 BPF_PROG_ARRAY(uw_progs, 2);
+/* A process whose stack left its described mappings (a library loaded
+ * since: dlopen) is reported through uw_miss, at most once per
+ * FLAMED_UW_MISS_NS per process, so user space reads its maps again. */
+BPF_TABLE("lru_hash", u32, u64, uw_missed, FLAMED_UW_MAX_PROCS);
+BPF_PERF_OUTPUT(uw_miss);
 
 static __always_inline u64 uw_mix(u64 h, u64 v)
 {
@@ -206,6 +216,8 @@ static __always_inline int uw_step(struct flamed_uw_proc *p, struct flamed_uw_st
     if (m) {
         vaddr = pc - m->bias;
         uw_find_row(m, vaddr, &row);
+    } else if (pc < 0x800000000000ULL) {
+        s->miss = 1;
     }
     u64 cfa;
     u64 ra = 0;
@@ -310,6 +322,7 @@ static __always_inline void uw_begin(struct bpf_perf_event_data *ctx, u32 gen, s
     s->end = FLAMED_UW_END_DEPTH;
     s->fp_frames = 0;
     s->calls = 0;
+    s->miss = 0;
     s->hash = 0xcbf29ce484222325ULL ^ tgid;
     if (!uw_user_regs(ctx, s))
         return;
@@ -404,6 +417,14 @@ int flamed_unwind(struct bpf_perf_event_data *ctx)
     }
     /* 0 (ustacks full): flamed_finish takes the frame-pointer stack instead. */
     sc->key.native_stack_id = uw_store(sc, gen);
+    if (sc->s.miss) {
+        u64 now = bpf_ktime_get_ns();
+        u64 *last = uw_missed.lookup(&tgid);
+        if (!last || now - *last >= FLAMED_UW_MISS_NS) {
+            uw_missed.update(&tgid, &now);
+            uw_miss.perf_submit(ctx, &tgid, sizeof(tgid));
+        }
+    }
 #if FLAMED_UW_TIMING
     u32 idx = gen * FLAMED_NSTATS + FLAMED_STAT_UW_NS;
     u64 *v = stats.lookup(&idx);

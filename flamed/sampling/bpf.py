@@ -762,6 +762,11 @@ class BpfSampler:
         if size >= 4:
             self._new_images.append(ct.cast(data, ct.POINTER(ct.c_uint32))[0])
 
+    def _on_uw_miss(self, _cpu: int, data: Any, size: int) -> None:
+        # A stack left the process's described mappings: read them again.
+        if size >= 4 and self._unwinder is not None:
+            self._unwinder.submit(ct.cast(data, ct.POINTER(ct.c_uint32))[0])
+
     def _on_new_image_lost(self, lost: int) -> None:
         self._stats.prime_lost_total += int(lost)
 
@@ -1047,8 +1052,11 @@ class BpfSampler:
             cache = TableCache(self.options.unwind_cache_dir)
             self._unwinder = Unwinder(b, lib, rows_capacity=self.options.unwind_rows,
                                       max_maps=self.options.unwind_maps,
-                                      max_procs=self.options.unwind_max_procs, cache=cache)
+                                      max_procs=self.options.unwind_max_procs, cache=cache,
+                                      skip=frozenset({os.getpid()}))
             self._unwinder.start()
+            b["uw_miss"].open_perf_buffer(self._on_uw_miss, page_cnt=self.options.prime_pages,
+                                          lost_cb=lambda _n: None)
         if self.options.python:
             b["py_new"].open_perf_buffer(self._on_py_new, page_cnt=self.options.prime_pages,
                                          lost_cb=lambda _n: None)

@@ -170,7 +170,7 @@ class Unwinder:
     """Keeps ``uw_rows`` and ``uw_procs`` of a loaded program filled (see the module doc)."""
 
     def __init__(self, bpf: Any, lib: Any, *, rows_capacity: int, max_maps: int, max_procs: int,
-                 cache: TableCache, proc: Path = Path("/proc")) -> None:
+                 cache: TableCache, proc: Path = Path("/proc"), skip: frozenset[int] = frozenset()) -> None:
         self._bpf = bpf
         self._lib = lib
         self._rows = bpf["uw_rows"]
@@ -180,9 +180,13 @@ class Unwinder:
         self._max_procs = max_procs
         self._cache = cache
         self._proc = proc
+        #: Processes never described: the sampler's own (bcc maps libLLVM and
+        #: libclang-cpp into it, 2 M rows that would crowd out the host's).
+        self._skip = skip
         self._lock = threading.Lock()
-        #: (dev, inode, size, mtime) -> the binary's rows in uw_rows (None: no table)
-        self._by_file: dict[tuple[int, int, int, int], TableEntry | None] = {}
+        #: (dev, inode, size, mtime) -> the binary's rows in uw_rows (None: no
+        #: table) and its PT_LOAD segments
+        self._by_file: dict[tuple[int, int, int, int], tuple[TableEntry | None, tuple[tuple[int, int, int, int], ...]]] = {}
         self._by_key: dict[str, TableEntry] = {}
         self._next = 0
         self._described: dict[int, tuple[tuple[int, int, int], ...]] = {}
@@ -207,6 +211,8 @@ class Unwinder:
 
     def submit(self, tgid: int) -> None:
         """Describe ``tgid`` (again: its mappings may have changed) soon."""
+        if tgid in self._skip:
+            return
         with self._lock:
             if tgid in self._pending:
                 return
@@ -302,21 +308,21 @@ class Unwinder:
         except OSError:
             return None
         fkey = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        try:
-            info = ehframe.read_elf_info(path)
-        except ehframe.UnwindTableError as e:
-            log.debug("no unwind table for %s: %s", m.path, e)
-            self._by_file[fkey] = None
+        known = self._by_file.get(fkey)
+        if known is None:
+            try:
+                info = ehframe.read_elf_info(path)
+            except ehframe.UnwindTableError as e:
+                log.debug("no unwind table for %s: %s", m.path, e)
+                self._by_file[fkey] = (None, ())
+                return None
+            known = (self._load(path, info, m.path), info.loads)
+            self._by_file[fkey] = known
+        entry, loads = known
+        if entry is None:
             return None
-        bias = _bias(info, m)
-        if bias is None:
-            return None
-        if fkey in self._by_file:
-            entry = self._by_file[fkey]
-            return (entry, bias) if entry is not None else None
-        entry = self._load(path, info, m.path)
-        self._by_file[fkey] = entry
-        return (entry, bias) if entry is not None else None
+        bias = _bias(loads, m)
+        return (entry, bias) if bias is not None else None
 
     def _readable(self, tgid: int, m: _Map) -> str | None:
         # The process's own view of the path (containers), else the mapping itself
@@ -389,9 +395,9 @@ class Unwinder:
         return self.stats.rows_capacity * ehframe.ROW.size + self._max_procs * (16 + self._max_maps * _MAP.size)
 
 
-def _bias(info: ehframe.ElfInfo, m: _Map) -> int | None:
+def _bias(loads: tuple[tuple[int, int, int, int], ...], m: _Map) -> int | None:
     """address - bias = file vaddr, for the segment the mapping maps."""
-    for vaddr, offset, filesz, _flags in info.loads:
+    for vaddr, offset, filesz, _flags in loads:
         page = offset & ~0xFFF
         if page <= m.offset < offset + max(filesz, 1):
             return m.start - m.offset + offset - vaddr
