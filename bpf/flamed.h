@@ -42,6 +42,7 @@ struct flamed_event {
     __s32 kernel_stack_id;
     __s32 user_stack_id;
     char comm[FLAMED_COMM_LEN];
+    __u64 native_stack_id; /* as in struct flamed_key */
 };
 
 /* A process image as the program can tell it without reading kernel

@@ -166,7 +166,8 @@ static __always_inline u64 py_take_timed(struct bpf_perf_event_data *ctx, u32 ge
 #endif
 #if FLAMED_UNWIND
 /* In bpf/unwind.bpf.c, appended like python.bpf.c. */
-static __always_inline void uw_begin(struct bpf_perf_event_data *ctx, u32 gen, struct flamed_key *key);
+static __always_inline void uw_begin(struct bpf_perf_event_data *ctx, u32 gen, struct flamed_key *key,
+                                     int is_watched);
 #endif
 
 /* Was the task interrupted in user mode?  Tells a missing stack (an error)
@@ -231,6 +232,7 @@ static __always_inline int emit_event(u32 gen, struct flamed_key *key)
     e->kernel_stack_id = key->kernel_stack_id;
     e->user_stack_id = key->user_stack_id;
     __builtin_memcpy(e->comm, key->comm, FLAMED_COMM_LEN);
+    e->native_stack_id = key->native_stack_id;
     events.ringbuf_submit(e, 0);
     return 0;
 }
@@ -400,8 +402,7 @@ int flamed_sample(struct bpf_perf_event_data *ctx)
 #if FLAMED_UNWIND
     /* A process with unwind tables continues in flamed_unwind and ends in
      * flamed_finish (bpf/unwind.bpf.c): uw_begin returns only otherwise. */
-    if (!is_watched)
-        uw_begin(ctx, gen, &key);
+    uw_begin(ctx, gen, &key, is_watched);
 #endif
     finish_sample(ctx, &key, gen, is_watched);
     return 0;

@@ -108,7 +108,7 @@ struct flamed_uw_scratch {
     struct flamed_uw_state s;
     struct flamed_key key;
     __u32 gen;
-    __u32 pad;
+    __u32 is_watched;
     __u64 t0;
 };
 
@@ -305,7 +305,8 @@ static __always_inline int uw_user_regs(struct bpf_perf_event_data *ctx, struct 
  * tables, hand the sample to flamed_unwind (which does not come back).
  * Returns when the process has none, or the tail call failed (then the
  * sample keeps its frame-pointer stack). */
-static __always_inline void uw_begin(struct bpf_perf_event_data *ctx, u32 gen, struct flamed_key *key)
+static __always_inline void uw_begin(struct bpf_perf_event_data *ctx, u32 gen, struct flamed_key *key,
+                                     int is_watched)
 {
     u32 tgid = key->tgid;
     if (!uw_procs.lookup(&tgid))
@@ -328,6 +329,7 @@ static __always_inline void uw_begin(struct bpf_perf_event_data *ctx, u32 gen, s
         return;
     __builtin_memcpy(&sc->key, key, sizeof(*key));
     sc->gen = gen;
+    sc->is_watched = is_watched;
     stat_inc(gen, FLAMED_STAT_UW_SAMPLES);
     uw_progs.call(ctx, 0);
     stat_inc(gen, FLAMED_STAT_UW_TAIL_FAILED);
@@ -446,6 +448,6 @@ int flamed_finish(struct bpf_perf_event_data *ctx)
         return 0;
     struct flamed_key key = {};
     __builtin_memcpy(&key, &sc->key, sizeof(key));
-    finish_sample(ctx, &key, sc->gen & 1, 0);
+    finish_sample(ctx, &key, sc->gen & 1, sc->is_watched != 0);
     return 0;
 }

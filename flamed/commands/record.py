@@ -93,6 +93,9 @@ class RecordCommand(Command):
                             help="time py-spy's samples by its process_vm_readv calls (a tracepoint that makes "
                                  "every syscall on the host take the traced path; for comparison)")
         parser.add_argument("--no-bpf", action="store_true", help="py-spy alone, even when BPF is available")
+        parser.add_argument("--no-unwind", action="store_true",
+                            help="frame-pointer user stacks instead of unwinding them from .eh_frame tables "
+                                 "(tables are kept in $XDG_CACHE_HOME/flamed/unwind)")
         parser.add_argument("--timeline", metavar="FILE",
                             help="also write every mixed sample as 'MONOTONIC_NS PID TID STACK' lines")
         parser.add_argument("--title", default=None, help="graph title for image formats")
@@ -128,7 +131,8 @@ class RecordCommand(Command):
             try:
                 if not args.no_bpf:
                     self.warn("loading the BPF programs (compiling takes a few seconds)")
-                sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(args.rate, not force_pyspy)
+                sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(args.rate, not force_pyspy,
+                                                                                    not args.no_unwind)
             except KeyboardInterrupt:
                 # Nothing recorded yet: the output says so rather than not existing.
                 self._write(args, fmt, Profile(labels={"unit": "samples", "source": "flamed record"}))
@@ -139,13 +143,14 @@ class RecordCommand(Command):
             return self._mixed(args, cmd, sampler, pyspy_opts, fmt)
 
     # -- mixed mode ---------------------------------------------------------
-    def _bpf_sampler(self, rate: int, python: bool) -> tuple[Any, str]:
+    def _bpf_sampler(self, rate: int, python: bool, unwind: bool = True) -> tuple[Any, str]:
         try:
             from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: PLC0415
         except ImportError as e:
             return None, str(e)
         try:
-            s = BpfSampler(BpfSamplerOptions(frequency=rate, pids=frozenset(), python=python))
+            s = BpfSampler(BpfSamplerOptions(frequency=rate, pids=frozenset(), python=python, unwind=unwind,
+                                             unwind_cache_dir=_cache_dir() if unwind else None))
             s.start()
         except FlamedError as e:
             return None, str(e).splitlines()[0]
@@ -424,3 +429,9 @@ def _signals_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _cache_dir() -> Path:
+    """Where `record` keeps unwind tables: $XDG_CACHE_HOME/flamed/unwind (~/.cache/...)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "flamed" / "unwind"

@@ -72,6 +72,20 @@ class SamplingConfig:
     python_depth: int = 128
     #: Distinct Python stacks per drain interval (preallocated, ~1.5 KiB each at depth 128, twice).
     python_stack_map_size: int = 2048
+    #: Unwind user stacks from each binary's .eh_frame in the BPF program, so
+    #: programs built without frame pointers keep their callers (needs
+    #: prime_new_processes).  A stack cut short ends in a [truncated: REASON] frame.
+    unwind: bool = True
+    #: Frames kept per unwound stack (8..127).
+    unwind_depth: int = 64
+    #: Rows of all unwind tables together (8 bytes each, preallocated): libc
+    #: takes ~28 k, CPython ~65 k, libLLVM ~980 k.  Binaries beyond it keep
+    #: frame-pointer stacks (logged once, counted in flamed_unwind_binaries_skipped_total).
+    unwind_rows: int = 2_097_152
+    #: Distinct unwound stacks per drain interval (preallocated, ~0.5 KiB each at depth 64, twice).
+    unwind_stack_map_size: int = 8192
+    #: Where built tables are kept by build id; empty: "unwind" beside output.state_dir.
+    unwind_cache_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -271,6 +285,9 @@ _RANGES: dict[str, tuple[float, float]] = {
     "sampling.prime_rate": (1, 1_000_000),
     "sampling.python_depth": (8, 512),
     "sampling.python_stack_map_size": (16, 1 << 20),
+    "sampling.unwind_depth": (8, 127),
+    "sampling.unwind_rows": (1024, 1 << 26),
+    "sampling.unwind_stack_map_size": (16, 1 << 20),
     "output.rotate_interval": (0.05, 86400),
     "output.backlog_max_bytes": (0, 1 << 40),
     "retention.max_files": (0, 1 << 31),

@@ -65,7 +65,7 @@ LOOP_WAIT_TIMEOUT = 60.0
 
 
 def _default_factory(cfg: DaemonConfig) -> Sampler:
-    return make_sampler(cfg.sampling)
+    return make_sampler(cfg.sampling, cfg.output.state_dir)
 
 
 class Daemon:
@@ -366,6 +366,7 @@ class Daemon:
                 m.map_fill.labels(map="stacks").set(float(st.stack_map_fill))
                 self._count_primed(st)
                 self._count_python(st)
+                self._count_unwind(st)
             except (AttributeError, TypeError, ValueError):
                 pass
         for p in self.processors:
@@ -432,6 +433,35 @@ class Daemon:
             last = self._primed_seen.get(key, 0)
             self.metrics.python_bpf_samples.labels(result=result).inc(v - last if v >= last else v)
             self._primed_seen[key] = v
+
+    def _count_unwind(self, st: Any) -> None:
+        """The sampler's FLAMED_STAT_UW_* totals and table figures into the unwind metrics."""
+        totals = getattr(st, "unwind_total", None)
+        if not isinstance(totals, dict):
+            return
+        m = self.metrics
+        for result, name in (("complete", "UW_COMPLETE"), ("no_table", "UW_NO_TABLE"),
+                             ("unsupported_rule", "UW_UNSUPPORTED"), ("depth_limit", "UW_DEPTH"),
+                             ("read_fault", "UW_READ_FAULT"), ("stacks_full", "UW_STACKS_FULL")):
+            self._inc_from_total(m.unwind_stacks.labels(result=result), "uw:" + result, int(totals.get(name, 0)))
+        self._inc_from_total(m.unwind_fp_frames, "uw:fp", int(totals.get("UW_FP_FRAMES", 0)))
+        u = getattr(st, "unwind", None)
+        if u is None:
+            return
+        m.unwind_rows.labels(state="used").set(u.rows_used)
+        m.unwind_rows.labels(state="capacity").set(u.rows_capacity)
+        m.unwind_binaries.set(u.binaries)
+        m.unwind_processes.set(u.processes)
+        for reason, v in u.skipped.items():
+            self._inc_from_total(m.unwind_skipped.labels(reason=reason), "uwskip:" + reason, int(v))
+        self._inc_from_total(m.unwind_built.labels(source="built"), "uwb:built", int(u.tables_built))
+        self._inc_from_total(m.unwind_built.labels(source="cache"), "uwb:cache", int(u.tables_cached))
+
+    def _inc_from_total(self, counter: Any, key: str, v: int) -> None:
+        """Advance ``counter`` to a cumulative total (a new sampler after a reload starts again from 0)."""
+        last = self._primed_seen.get(key, 0)
+        counter.inc(v - last if v >= last else v)
+        self._primed_seen[key] = v
 
     def _count_primed(self, st: Any) -> None:
         """The sampler's cumulative priming totals into the counter (a new

@@ -113,6 +113,37 @@ class DaemonMetrics:
             "frames cut); stacks_full (sampling.python_stack_map_size reached: no Python frames).",
             ["result"], registry=r,
         )
+        self.unwind_stacks = Counter(
+            "flamed_unwind_stacks",
+            "User stacks unwound from .eh_frame tables in the BPF program, by how the walk ended: complete "
+            "(the outermost frame); no_table (no table and no frame pointer to follow); unsupported_rule; "
+            "depth_limit (deeper than sampling.unwind_depth); read_fault; stacks_full "
+            "(sampling.unwind_stack_map_size reached: the frame-pointer stack instead). All but complete "
+            "end in a [truncated: REASON] frame.",
+            ["result"], registry=r,
+        )
+        self.unwind_fp_frames = Counter(
+            "flamed_unwind_frame_pointer_frames",
+            "Frames the unwinder followed by frame pointer (no table for their address: JIT code, a "
+            "library loaded since the process was described).", registry=r,
+        )
+        self.unwind_rows = Gauge(
+            "flamed_unwind_table_rows", "Rows of the unwind tables in the BPF map, by state: used, capacity "
+            "(sampling.unwind_rows; 8 bytes each, preallocated).", ["state"], registry=r,
+        )
+        self.unwind_binaries = Gauge("flamed_unwind_binaries", "Binaries whose unwind table is loaded.", registry=r)
+        self.unwind_processes = Gauge("flamed_unwind_processes", "Processes described to the unwinder.",
+                                      registry=r)
+        self.unwind_skipped = Counter(
+            "flamed_unwind_binaries_skipped",
+            "Binaries left without an unwind table, by reason: no_cfi (no .eh_frame or .debug_frame); "
+            "rows_full (sampling.unwind_rows reached); error (unreadable or malformed).",
+            ["reason"], registry=r,
+        )
+        self.unwind_built = Counter(
+            "flamed_unwind_tables", "Unwind tables obtained, by source: built (parsed from the binary) or "
+            "cache (read from the cache directory by build id).", ["source"], registry=r,
+        )
         self.backlog_dropped = Counter(
             "flamed_backlog_dropped_files", "Unwritten files dropped because the backlog was full.", registry=r
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from flamed.daemon.config import SamplingConfig
@@ -9,7 +10,16 @@ from flamed.errors import CapabilityError, ConfigError
 from flamed.sampling.contract import Sampler
 
 
-def bpf_options(cfg: SamplingConfig) -> Any:
+def unwind_cache_dir(cfg: SamplingConfig, state_dir: str | None) -> Path | None:
+    """``unwind_cache_dir``, or "unwind" beside the profiles' state directory."""
+    if cfg.unwind_cache_dir:
+        return Path(cfg.unwind_cache_dir)
+    if state_dir:
+        return Path(state_dir).absolute().parent / "unwind"
+    return None
+
+
+def bpf_options(cfg: SamplingConfig, state_dir: str | None = None) -> Any:
     """The :class:`flamed.sampling.bpf.BpfSamplerOptions` for ``[sampling]``."""
     from flamed.sampling.bpf import BpfSamplerOptions
 
@@ -29,6 +39,11 @@ def bpf_options(cfg: SamplingConfig) -> Any:
         python=cfg.python_frames and cfg.prime_new_processes,
         python_depth=cfg.python_depth,
         python_stack_entries=cfg.python_stack_map_size,
+        unwind=cfg.unwind and cfg.prime_new_processes,
+        unwind_depth=cfg.unwind_depth,
+        unwind_rows=cfg.unwind_rows,
+        unwind_stack_entries=cfg.unwind_stack_map_size,
+        unwind_cache_dir=unwind_cache_dir(cfg, state_dir),
     )
     try:
         opts.validate()
@@ -37,7 +52,7 @@ def bpf_options(cfg: SamplingConfig) -> Any:
     return opts
 
 
-def make_sampler(cfg: SamplingConfig) -> Sampler:
+def make_sampler(cfg: SamplingConfig, state_dir: str | None = None) -> Sampler:
     if cfg.sampler == "fake":
         from flamed.daemon.fake import FakeSampler
 
@@ -47,7 +62,7 @@ def make_sampler(cfg: SamplingConfig) -> Sampler:
     except ImportError as e:
         raise CapabilityError(f"the BPF sampler cannot be loaded: {e}; is python3-bpfcc installed "
                               "(apt-get install python3-bpfcc) and flamed run by /usr/bin/python3?") from None
-    return BpfSampler(bpf_options(cfg))
+    return BpfSampler(bpf_options(cfg, state_dir))
 
 
 def bpf_program_text(cfg: SamplingConfig) -> str:

@@ -106,7 +106,7 @@ _PY_LOST_FRAME = "[lost python stack]"
 
 # struct flamed_key and struct flamed_event of bpf/flamed.h.
 _KEY = struct.Struct("<IIii16sQQ")
-_EVENT = struct.Struct("<QIIIIii16s")
+_EVENT = struct.Struct("<QIIIIii16sQ")
 _COMM_LEN = 16
 
 _CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
@@ -618,7 +618,7 @@ class BpfSampler:
         self._window_start = 0
         self._watched: set[int] = set()
         self._pids: set[int] = set(options.pids or ())
-        self._raw_events: list[tuple[int, int, int, int, int, int, int, bytes]] = []
+        self._raw_events: list[tuple[int, int, int, int, int, int, int, bytes, int]] = []
         self._global_seen: dict[str, int] = {"IDLE": 0, "FILTERED": 0, "SAMPLES": 0}
         self._stats = SamplerStats(frequency=options.frequency)
         self._stat_idx: dict[str, int] = {}
@@ -1548,7 +1548,7 @@ class BpfSampler:
     def _symbolize(
         self,
         keys: list[tuple[int, int, int, int, bytes, int, int, int]],
-        raw_events: list[tuple[int, int, int, int, int, int, int, bytes]],
+        raw_events: list[tuple[int, int, int, int, int, int, int, bytes, int]],
         stacks: dict[int, list[int]],
         pystacks: dict[int, bytes] | None = None,
         ustacks: dict[int, bytes] | None = None,
@@ -1633,9 +1633,9 @@ class BpfSampler:
         events = [
             SampleEvent(
                 ktime_ns=kt, tgid=tgid, tid=tid, comm=comm(rc),
-                user_stack=ustack(tgid, uid), kernel_stack=kstack(kid), cpu=cpu,
+                user_stack=nstack(tgid, nid) if nid else ustack(tgid, uid), kernel_stack=kstack(kid), cpu=cpu,
             )
-            for kt, tgid, tid, cpu, _gen, kid, uid, rc in raw_events
+            for kt, tgid, tid, cpu, _gen, kid, uid, rc, nid in raw_events
         ]
         events.sort(key=lambda e: (e.ktime_ns, e.cpu, e.tid))
         return counts, events
