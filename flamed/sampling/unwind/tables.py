@@ -138,7 +138,7 @@ class TableCache:
             log.warning("cannot keep the unwind table of %s in %s: %s", key, p.parent, e.strerror)
 
 
-class _Map(NamedTuple):
+class ExecMap(NamedTuple):
     start: int
     end: int
     offset: int
@@ -147,23 +147,25 @@ class _Map(NamedTuple):
     path: str
 
 
-def read_exec_maps(pid: int, proc: Path = Path("/proc")) -> list[_Map] | None:
+def read_exec_maps(pid: int, proc: Path = Path("/proc")) -> list[ExecMap] | None:
     """The executable file mappings of ``pid`` (None when it is gone)."""
     try:
         text = (proc / str(pid) / "maps").read_text(errors="surrogateescape")
     except OSError:
         return None
-    out = []
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 6 or "x" not in parts[1]:
-            continue
-        path = parts[5]
-        if not path.startswith("/") or path in _PSEUDO:
-            continue
-        lo, _, hi = parts[0].partition("-")
-        out.append(_Map(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[3], int(parts[4]), path))
-    return out
+    return [m for m in map(parse_exec_map, text.splitlines()) if m is not None]
+
+
+def parse_exec_map(line: str) -> ExecMap | None:
+    """One line of /proc/PID/maps, if it maps a file executable."""
+    parts = line.split(None, 5)
+    if len(parts) < 6 or "x" not in parts[1]:
+        return None
+    path = parts[5]
+    if not path.startswith("/") or path in _PSEUDO:
+        return None
+    lo, _, hi = parts[0].partition("-")
+    return ExecMap(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[3], int(parts[4]), path)
 
 
 class Unwinder:
@@ -298,7 +300,7 @@ class Unwinder:
                 self._free_slots.append(slot)
             self.stats.processes = len(self._described)
 
-    def _table_for(self, tgid: int, m: _Map) -> tuple[TableEntry, int] | None:
+    def _table_for(self, tgid: int, m: ExecMap) -> tuple[TableEntry, int] | None:
         """The binary's rows (loaded on first need) and the mapping's bias."""
         path = self._readable(tgid, m)
         if path is None:
@@ -321,10 +323,10 @@ class Unwinder:
         entry, loads = known
         if entry is None:
             return None
-        bias = _bias(loads, m)
+        bias = mapping_bias(loads, m)
         return (entry, bias) if bias is not None else None
 
-    def _readable(self, tgid: int, m: _Map) -> str | None:
+    def _readable(self, tgid: int, m: ExecMap) -> str | None:
         # The process's own view of the path (containers), else the mapping itself
         # (a file replaced or deleted since it was mapped).
         for p in (f"{self._proc}/{tgid}/root{m.path}", f"{self._proc}/{tgid}/map_files/{m.start:x}-{m.end:x}"):
@@ -395,10 +397,14 @@ class Unwinder:
         return self.stats.rows_capacity * ehframe.ROW.size + self._max_procs * (16 + self._max_maps * _MAP.size)
 
 
-def _bias(loads: tuple[tuple[int, int, int, int], ...], m: _Map) -> int | None:
-    """address - bias = file vaddr, for the segment the mapping maps."""
-    for vaddr, offset, filesz, _flags in loads:
+def mapping_bias(loads: tuple[tuple[int, int, int, int], ...], m: ExecMap) -> int | None:
+    """address - bias = file vaddr, for the executable segment the mapping maps.
+
+    Only executable segments (PF_X) are candidates: with lld's layout the
+    read-only segment before the code can end inside the page where the
+    code segment begins, so both contain the mapping's file offset."""
+    for vaddr, offset, filesz, flags in loads:
         page = offset & ~0xFFF
-        if page <= m.offset < offset + max(filesz, 1):
+        if flags & 1 and page <= m.offset < offset + max(filesz, 1):
             return m.start - m.offset + offset - vaddr
     return None

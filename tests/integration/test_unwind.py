@@ -1,0 +1,303 @@
+"""Native stacks unwound from .eh_frame in the BPF program, on real binaries
+built here without frame pointers (C, C++ with exceptions, Rust), on Debian's
+stripped python3.11, and against `perf record --call-graph dwarf` frame by frame.
+
+One sampler (unwinding and the Python walker on, a pid filter) serves the
+module; each test adds its workload's pid, waits until the process is
+described to the unwinder, throws away what was sampled before, and reads
+one window of ~1.5 s.  Workloads end on their own and are killed in a finally.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
+from flamed.sampling.symbols import Symbolizer
+from flamed.sampling.unwind import ehframe
+from flamed.sampling.unwind.tables import mapping_bias, parse_exec_map
+from support import ROOT, have_bcc, have_root, need
+
+pytestmark = pytest.mark.bpf
+
+SRC = ROOT / "tests" / "workloads" / "unwind"
+CHAIN = ["main", "level_a", "level_b", "level_c", "leaf"]
+PY_FRAME = re.compile(r" \(.*:\d+\)$")
+
+
+def _tool(name: str, *extra: Path) -> str:
+    for p in (shutil.which(name), *(str(e) for e in extra)):
+        if p and os.access(p, os.X_OK):
+            return p
+    need(False, f"{name} to build an unwinding workload")
+    raise AssertionError
+
+
+@pytest.fixture(scope="module")
+def bins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The workloads, all built optimized and without frame pointers."""
+    d = tmp_path_factory.mktemp("unwind")
+    gcc, gxx = _tool("gcc"), _tool("g++")
+    rustc = _tool("rustc", Path.home() / ".cargo" / "bin" / "rustc")
+    out = {name: d / name for name in ("chain", "throw", "chainrs", "recurse")}
+    builds = [
+        [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["chain"]), str(SRC / "chain.c")],
+        [gxx, "-O2", "-fomit-frame-pointer", "-o", str(out["throw"]), str(SRC / "throw.cpp")],
+        [rustc, "-O", "-C", "force-frame-pointers=no", "-o", str(out["chainrs"]), str(SRC / "chain.rs")],
+        [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["recurse"]), str(SRC / "recurse.c")],
+    ]
+    for cmd in builds:
+        subprocess.run(cmd, check=True, timeout=300, cwd=d, capture_output=True)
+    return out
+
+
+class RecordingSymbolizer(Symbolizer):
+    """The real symbolizer, remembering the raw addresses of each user stack it names in a drain."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: dict[int, set[tuple[tuple[int, ...], tuple[str, ...]]]] = collections.defaultdict(set)
+
+    def begin_drain(self) -> None:
+        super().begin_drain()
+        self.raw.clear()  # the last drain's only: _record's measured window
+
+    def user_stack(self, pid: int, addrs_leaf_first: list[int]) -> tuple[str, ...]:
+        frames = super().user_stack(pid, addrs_leaf_first)
+        self.raw[pid].add((tuple(addrs_leaf_first), frames))
+        return frames
+
+
+@pytest.fixture(scope="module")
+def sampler() -> Iterator[tuple[BpfSampler, RecordingSymbolizer]]:
+    need(have_root(), "root (BPF and perf events)")
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    sym = RecordingSymbolizer()
+    s = BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), python=True, unwind=True),
+                   symbolizer=sym)
+    s.start()
+    try:
+        yield s, sym
+    finally:
+        s.close()
+
+
+def _record(s: BpfSampler, argv: list[str], seconds: float = 1.5) -> tuple[int, collections.Counter[tuple[str, ...]],
+                                                                           list[str]]:
+    """Run ``argv`` (which must run seconds + 3 s or more), sample it once it is
+    described; its pid, the user+Python stacks of one window, its exec maps."""
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    try:
+        s.add_pid(p.pid)
+        deadline = time.monotonic() + 20
+        while not s.unwind_ready(p.pid):
+            assert p.poll() is None, f"{argv[0]} exited early"
+            assert time.monotonic() < deadline, "the process was never described to the unwinder"
+            time.sleep(0.01)
+        time.sleep(0.3)  # the libraries the dynamic loader maps after the first description
+        maps = (Path("/proc") / str(p.pid) / "maps").read_text().splitlines()
+        s.drain()  # what was sampled before: frame-pointer stacks
+        time.sleep(seconds)
+        w = s.drain()
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+        s.remove_pid(p.pid)
+    stacks: collections.Counter[tuple[str, ...]] = collections.Counter()
+    for (tgid, _tid, _comm, stack), n in w.counts.items():
+        if tgid == p.pid:
+            stacks[tuple(f for f in stack if not f.endswith("_[k]"))] += n
+    return p.pid, stacks, maps
+
+
+def _share(stacks: collections.Counter[tuple[str, ...]], leaf: str, chain: list[str]) -> tuple[float, int]:
+    """Of the samples whose leaf-most user frame is ``leaf``: the share holding ``chain`` in order."""
+    with_leaf = {s: n for s, n in stacks.items() if s and s[-1] == leaf}
+    total = sum(with_leaf.values())
+
+    def holds(s: tuple[str, ...]) -> bool:
+        it = iter(s)
+        return all(any(f == want for f in it) for want in chain)
+
+    good = sum(n for s, n in with_leaf.items() if holds(s) and s[0] == "_start")
+    return (good / total if total else 0.0), total
+
+
+def test_c_chain_without_frame_pointers(sampler: tuple[BpfSampler, RecordingSymbolizer],
+                                        bins: dict[str, Path]) -> None:
+    s, _ = sampler
+    _pid, stacks, _ = _record(s, [str(bins["chain"]), "6"])
+    share, total = _share(stacks, "leaf", CHAIN)
+    assert total >= 100, stacks.most_common(5)
+    assert share >= 0.95, stacks.most_common(5)
+
+
+def test_frame_pointer_walk_loses_the_chain(bins: dict[str, Path]) -> None:
+    """The same program without unwinding: what users saw before (the test above can fail)."""
+    need(have_root(), "root (BPF and perf events)")
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    with BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), unwind=False)) as s:
+        p = subprocess.Popen([str(bins["chain"]), "4"])
+        try:
+            s.add_pid(p.pid)
+            time.sleep(1.5)
+            w = s.drain()
+        finally:
+            p.kill()
+            p.wait(timeout=10)
+    stacks: collections.Counter[tuple[str, ...]] = collections.Counter()
+    for (tgid, _t, _c, stack), n in w.counts.items():
+        if tgid == p.pid:
+            stacks[tuple(f for f in stack if not f.endswith("_[k]"))] += n
+    share, total = _share(stacks, "leaf", CHAIN)
+    assert total >= 50
+    assert share < 0.05, stacks.most_common(5)
+
+
+def test_cpp_with_exceptions_and_inlining(sampler: tuple[BpfSampler, RecordingSymbolizer],
+                                          bins: dict[str, Path]) -> None:
+    s, _ = sampler
+    _pid, stacks, _ = _record(s, [str(bins["throw"]), "6"])
+    names = ["main", "outer(unsigned long)", "middle(unsigned long)", "work(unsigned long)"]
+    share, total = _share(stacks, "work(unsigned long)", names)
+    assert total >= 100, stacks.most_common(5)
+    assert share >= 0.95, stacks.most_common(5)
+
+
+def test_rust_release_build(sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path]) -> None:
+    s, _ = sampler
+    _pid, stacks, _ = _record(s, [str(bins["chainrs"]), "6"])
+    leaf = {s_: n for s_, n in stacks.items() if s_ and s_[-1].startswith("chain::leaf::")}
+    total = sum(leaf.values())
+    assert total >= 100, stacks.most_common(5)
+    want = ["main", "chain::main::", "chain::level_a::", "chain::level_b::", "chain::level_c::", "chain::leaf::"]
+
+    def holds(st: tuple[str, ...]) -> bool:
+        it = iter(st)
+        return st[0] == "_start" and all(any(f.startswith(w) for f in it) for w in want)
+
+    assert sum(n for st, n in leaf.items() if holds(st)) / total >= 0.95, stacks.most_common(3)
+
+
+def test_depth_limit_is_said(sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path]) -> None:
+    s, _ = sampler
+    before = s.stats().unwind_total["UW_DEPTH"]
+    _pid, deep, _ = _record(s, [str(bins["recurse"]), "200", "6"])
+    total = sum(deep.values())
+    cut = sum(n for st, n in deep.items() if st and st[0] == "[truncated: depth]")
+    assert total >= 100 and cut / total >= 0.9, deep.most_common(3)
+    assert s.stats().unwind_total["UW_DEPTH"] - before >= cut
+    # Within the limit: whole, down to _start.
+    _pid, shallow, _ = _record(s, [str(bins["recurse"]), "20", "6"])
+    whole = sum(n for st, n in shallow.items() if st and st[0] == "_start" and st.count("descend") == 21)
+    assert whole / sum(shallow.values()) >= 0.9, shallow.most_common(3)
+
+
+def test_debian_python311_native_frames(sampler: tuple[BpfSampler, RecordingSymbolizer]) -> None:
+    py = Path("/usr/bin/python3.11")
+    need(py.exists(), "Debian's /usr/bin/python3.11")
+    code = (
+        "import hashlib, json, threading, time, zlib\n"
+        "def digest(d): return hashlib.sha256(d).digest()\n"
+        "def pack(d): return zlib.compress(d, 6)\n"
+        "def dump(o): return json.dumps(o)\n"
+        "def pure(n): return sum(i * i for i in range(n))\n"
+        "def work(end):\n"
+        "    d = bytes(range(256)) * 2000\n"
+        "    while time.time() < end:\n"
+        "        digest(d * 4); pack(d); dump({'k': list(range(2000))}); pure(20000)\n"
+        "end = time.time() + 8\n"
+        "t = threading.Thread(target=work, args=(end,)); t.start(); work(end); t.join()\n"
+    )
+    s, _ = sampler
+    before = dict(s.stats().unwind_total)
+    _pid, stacks, _ = _record(s, [str(py), "-c", code], seconds=2.0)
+    total = sum(stacks.values())
+    assert total >= 200, stacks.most_common(3)
+
+    def natives(st: tuple[str, ...]) -> list[str]:
+        return [f for f in st if not PY_FRAME.search(f) and not f.startswith("[truncated")]
+
+    all_unknown = sum(n for st, n in stacks.items() if all(f.startswith("[unknown]") for f in natives(st)))
+    assert all_unknown / total <= 0.05, stacks.most_common(5)
+    # The Python frames are spliced where the interpreter ran them, under a whole native stack.
+    with_python = sum(n for st, n in stacks.items() if any(PY_FRAME.search(f) for f in st))
+    assert with_python / total >= 0.9, stacks.most_common(5)
+    rooted = sum(n for st, n in stacks.items() if st and st[0] in ("_start", "clone3", "clone", "start_thread"))
+    assert rooted / total >= 0.9, stacks.most_common(5)
+    after = s.stats().unwind_total
+    complete = after["UW_COMPLETE"] - before["UW_COMPLETE"]
+    assert complete / max(1, after["UW_SAMPLES"] - before["UW_SAMPLES"]) >= 0.9
+
+
+# -- the reference: perf record --call-graph dwarf --------------------------
+
+def _perf_callers(perf: str, binary: Path, leaf_sym: str, tmp: Path) -> collections.Counter[tuple[tuple[str, int], ...]]:
+    """Callers (binary name, file address of the call) of the samples perf unwound into ``leaf_sym``."""
+    data = tmp / "perf.data"
+    subprocess.run([perf, "record", "-q", "--call-graph", "dwarf", "-F", "199", "-o", str(data), "--",
+                    str(binary), "2"], check=True, timeout=120, capture_output=True)
+    out = subprocess.run([perf, "script", "-i", str(data), "-F", "comm,ip,sym,dso"], check=True,
+                         timeout=300, capture_output=True, text=True).stdout
+    chains: collections.Counter[tuple[tuple[str, int], ...]] = collections.Counter()
+    for block in out.split("\n\n"):
+        frames = []
+        for line in block.splitlines()[1:]:
+            m = re.match(r"\s*([0-9a-f]+) (.+) \((.+)\)$", line)
+            if m:
+                # "(inlined)" stands where perf names a frame from inline
+                # information: the binary is the one of the frame before.
+                dso = os.path.basename(m[3]) if m[3] != "inlined" or not frames else frames[-1][1]
+                frames.append((m[2], dso, int(m[1], 16)))
+        if frames and frames[0][0] == leaf_sym:
+            # Frames perf adds for inlined functions share their caller's address.
+            callers: list[tuple[str, int]] = []
+            for name, dso, ip in frames[1:]:
+                if callers and callers[-1] == (dso, ip):
+                    continue
+                callers.append((dso, ip))
+            chains[tuple(callers)] += 1
+    return chains
+
+
+def _file_address(maps: list[str], addr: int) -> tuple[str, int] | None:
+    """(binary name, file address) of a process address, from the process's maps."""
+    for m in filter(None, map(parse_exec_map, maps)):
+        if m.start <= addr < m.end:
+            bias = mapping_bias(ehframe.read_elf_info(m.path).loads, m)
+            return (os.path.basename(m.path), addr - bias) if bias is not None else None
+    return None
+
+
+@pytest.mark.parametrize("name,perf_leaf,leaf", [("chain", "leaf", "leaf"),
+                                                 ("throw", "work", "work(unsigned long)")])
+def test_same_callers_as_perf_dwarf(sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path],
+                                    tmp_path: Path, name: str, perf_leaf: str, leaf: str) -> None:
+    perf = shutil.which("perf")
+    need(perf is not None, "perf (Debian linux-perf)")
+    assert perf is not None
+    reference = _perf_callers(perf, bins[name], perf_leaf, tmp_path)
+    assert reference, "perf unwound no sample into the leaf"
+    want, n_ref = reference.most_common(1)[0]
+    assert n_ref / sum(reference.values()) >= 0.9, reference.most_common(3)
+
+    s, sym = sampler
+    pid, stacks, maps = _record(s, [str(bins[name]), "6"])
+    ours: collections.Counter[tuple[tuple[str, int] | None, ...]] = collections.Counter()
+    for addrs, frames in sym.raw[pid]:
+        if frames and frames[-1] == leaf:
+            # perf shows a caller at its return address - 1 (in the call instruction).
+            ours[tuple(_file_address(maps, a - 1) for a in addrs[1:])] += 1
+    assert ours, stacks.most_common(3)
+    # Every distinct stack of ours into the leaf has perf's callers, frame by frame.
+    for callers in ours:
+        assert list(callers) == list(want), (callers, want)
