@@ -169,9 +169,10 @@ def peer_rate(binary: Path, rate: int, seconds: float, tmp: Path) -> list[str]:
             f"{100 * (r1 - r0) / 1e9 / wall:.3f}", f"{(r1 - r0) / runs:.0f}" if runs else "-", "-", loadavg()]
 
 
-def part_a(binary: Path, seconds: float, windows: int) -> list[list[str]]:
+def part_a(binary: Path, seconds: float, windows: int, unwind: bool = False) -> list[list[str]]:
     rows = []
-    opts = BpfSamplerOptions(frequency=999, stack_storage_size=524288, stack_depth=48, max_entries=262144)
+    opts = BpfSamplerOptions(frequency=999, stack_storage_size=524288, stack_depth=48, max_entries=262144,
+                             unwind=unwind, unwind_depth=48, unwind_stack_entries=262144)
     with BpfSampler(opts) as s, workloads([str(binary), "paths", str(windows * (seconds + 30)), "26"], 4) as ps:
         s.drain()  # start clean, after the compile
         for i in range(windows):
@@ -186,7 +187,8 @@ def part_a(binary: Path, seconds: float, windows: int) -> list[list[str]]:
             for p in ps:
                 p.send_signal(signal.SIGCONT)
             rows.append([
-                "flamed, cold" if i == 0 else "flamed, warm", f"{w.samples}", f"{st.last_keys}", f"{st.last_stack_ids}",
+                ("flamed, cold" if i == 0 else "flamed, warm") + (", unwound" if unwind else ""), f"{w.samples}",
+                f"{st.last_keys}", f"{st.last_stack_ids + st.last_unwound_stacks}",
                 f"{len(w.counts)}", f"{st.last_drain_seconds - st.last_symbolize_seconds:.2f}",
                 f"{st.last_symbolize_seconds:.2f}", f"{wall:.2f}", f"{cpu:.2f}",
                 f"{w.lost['user_stack_eexist'] + w.lost['kernel_stack_eexist']}", load,
@@ -194,8 +196,9 @@ def part_a(binary: Path, seconds: float, windows: int) -> list[list[str]]:
     return rows
 
 
-def part_b(binary: Path, rate: int, seconds: float, drain_interval: float) -> list[str]:
-    with BpfSampler(BpfSamplerOptions(frequency=rate)) as s, workloads([str(binary), "busy", str(seconds + 30)], 2):
+def part_b(binary: Path, rate: int, seconds: float, drain_interval: float, unwind: bool = False) -> list[str]:
+    with BpfSampler(BpfSamplerOptions(frequency=rate, unwind=unwind)) as s, \
+            workloads([str(binary), "busy", str(seconds + 30)], 2):
         pid = prog_id(s._prog_fd)  # noqa: SLF001 -- the bench needs the program's id
         # Warm up: the first drain loads kallsyms and the symbols of every
         # process on the host; a daemon pays that once, not per window.
@@ -239,6 +242,8 @@ def main() -> int:
     ap.add_argument("--skip-unique", action="store_true")
     ap.add_argument("--skip-rates", action="store_true")
     ap.add_argument("--no-peer", action="store_true", help="leave out bcc's profile-bpfcc")
+    ap.add_argument("--unwind", action="store_true",
+                    help="flamed's rows also with user stacks unwound from .eh_frame (bpf/unwind.bpf.c)")
     args = ap.parse_args()
     if os.geteuid() != 0 or shutil.which("gcc") is None or shutil.which("bpftool") is None:
         print("bench/sampler.py needs root, gcc and bpftool", file=sys.stderr)
@@ -249,6 +254,8 @@ def main() -> int:
         peer_ok = Path(PEER).exists() and not args.no_peer
         if not args.skip_unique:
             rows = part_a(binary, args.unique_seconds, args.windows)
+            if args.unwind:
+                rows += part_a(binary, args.unique_seconds, args.windows, unwind=True)
             if peer_ok:
                 rows.append(peer_dump(binary, args.unique_seconds, Path(tmp)))
             print(f"\n## A. drain + symbolize, 999 Hz, {args.unique_seconds:.0f} s windows, 4 'paths' workloads")
@@ -262,6 +269,9 @@ def main() -> int:
                 rows = []
                 for rate in (19, 99):
                     rows.append(part_b(binary, rate, args.rate_seconds, args.drain_interval))
+                    if args.unwind:
+                        row = part_b(binary, rate, args.rate_seconds, args.drain_interval, unwind=True)
+                        rows.append([row[0], row[1] + ", unwound", *row[2:]])
                     if peer_ok:
                         rows.append(peer_rate(binary, rate, args.rate_seconds, Path(tmp)))
             finally:

@@ -424,6 +424,7 @@ class SamplerStats:
     last_drain_cpu_seconds: float = 0.0  # CPU time of the draining thread (less than wall on a busy host)
     last_keys: int = 0  # count-map entries read in the last drain
     last_stack_ids: int = 0  # distinct stack ids read in the last drain
+    last_unwound_stacks: int = 0  # distinct unwound user stacks read in the last drain
     last_stacks: int = 0  # distinct (tgid, tid, comm, stack) in the last Window
     last_events: int = 0
     count_map_fill: float = 0.0  # last_keys / max_entries
@@ -1303,6 +1304,7 @@ class BpfSampler:
         s.last_symbolize_seconds = t2 - t1
         s.last_keys = len(keys)
         s.last_stack_ids = len(ids)
+        s.last_unwound_stacks = len(ustacks)
         s.last_stacks = len(counts)
         s.last_events = len(events)
         s.count_map_fill = len(keys) / self.options.max_entries
