@@ -81,6 +81,11 @@ def read_identity(pid: int, proc: Path = Path("/proc")) -> ProcessIdentity | Non
     if end < 0:
         return None
     rest = raw[end + 2 :].split()
+    if rest[:1] in ([b"Z"], [b"X"]):
+        # A zombie has exited: its memory (and with it start_code and
+        # start_stack, now 0) is gone.  Read as an identity, it looked like a
+        # new image, and the samples still to be named lost their symbols.
+        return None
     try:
         # rest[0] is field 3, so field N is rest[N - 3].
         return ProcessIdentity(pid, int(rest[19]), int(rest[23]), int(rest[25]))
