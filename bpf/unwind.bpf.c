@@ -97,8 +97,9 @@ struct flamed_uw_state {
     __u32 end;
     __u32 fp_frames;
     __u32 calls;
-    __u32 miss;  /* an address outside every described mapping was met */
+    __u32 miss;  /* an address without a table was met (outside every mapping, or in one with no rows) */
     __u32 pad;
+    __u64 miss_addr; /* the first such address */
 };
 
 /* Per-CPU scratch: what crosses the tail calls of one sample (the sample's
@@ -120,9 +121,15 @@ BPF_HASH(ustacks0, u64, struct flamed_ustack, FLAMED_UW_STACK_ENTRIES);
 BPF_HASH(ustacks1, u64, struct flamed_ustack, FLAMED_UW_STACK_ENTRIES);
 /* 0: flamed_unwind, 1: flamed_finish (user space fills it before attaching). */
 BPF_PROG_ARRAY(uw_progs, 2);
-/* A process whose stack left its described mappings (a library loaded
- * since: dlopen) is reported through uw_miss, at most once per
- * FLAMED_UW_MISS_NS per process, so user space reads its maps again. */
+/* A process whose stack met an address without a table (a library loaded
+ * since it was described, a large binary not loaded yet) is reported through
+ * uw_miss with that address, at most once per FLAMED_UW_MISS_NS per process,
+ * so user space reads its maps again and loads what the address needs. */
+struct flamed_uw_miss {
+    __u32 tgid;
+    __u32 pad;
+    __u64 addr;
+};
 BPF_TABLE("lru_hash", u32, u64, uw_missed, FLAMED_UW_MAX_PROCS);
 BPF_PERF_OUTPUT(uw_miss);
 
@@ -213,11 +220,14 @@ static __always_inline int uw_step(struct flamed_uw_proc *p, struct flamed_uw_st
     struct flamed_uw_row row = {};
     struct flamed_uw_map *m = uw_find_map(p, pc);
     u64 vaddr = 0;
-    if (m) {
+    if (m && m->count) {
         vaddr = pc - m->bias;
         uw_find_row(m, vaddr, &row);
-    } else if (pc < 0x800000000000ULL) {
+    } else if (pc < 0x800000000000ULL && !s->miss) {
+        /* A library loaded since the process was described, or a large
+         * binary whose rows user space loads only once a sample needs them. */
         s->miss = 1;
+        s->miss_addr = pc;
     }
     u64 cfa;
     u64 ra = 0;
@@ -324,6 +334,7 @@ static __always_inline void uw_begin(struct bpf_perf_event_data *ctx, u32 gen, s
     s->fp_frames = 0;
     s->calls = 0;
     s->miss = 0;
+    s->miss_addr = 0;
     s->hash = 0xcbf29ce484222325ULL ^ tgid;
     if (!uw_user_regs(ctx, s))
         return;
@@ -424,7 +435,10 @@ int flamed_unwind(struct bpf_perf_event_data *ctx)
         u64 *last = uw_missed.lookup(&tgid);
         if (!last || now - *last >= FLAMED_UW_MISS_NS) {
             uw_missed.update(&tgid, &now);
-            uw_miss.perf_submit(ctx, &tgid, sizeof(tgid));
+            struct flamed_uw_miss e = {};
+            e.tgid = tgid;
+            e.addr = sc->s.miss_addr;
+            uw_miss.perf_submit(ctx, &e, sizeof(e));
         }
     }
 #if FLAMED_UW_TIMING

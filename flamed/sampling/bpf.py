@@ -764,9 +764,11 @@ class BpfSampler:
             self._new_images.append(ct.cast(data, ct.POINTER(ct.c_uint32))[0])
 
     def _on_uw_miss(self, _cpu: int, data: Any, size: int) -> None:
-        # A stack left the process's described mappings: read them again.
-        if size >= 4 and self._unwinder is not None:
-            self._unwinder.submit(ct.cast(data, ct.POINTER(ct.c_uint32))[0])
+        # A stack met an address without a table: read the maps again, and
+        # load the binary of that address.
+        if size >= 16 and self._unwinder is not None:
+            tgid, _pad, addr = struct.unpack("<IIQ", ct.string_at(data, 16))
+            self._unwinder.submit(tgid, addr)
 
     def _on_new_image_lost(self, lost: int) -> None:
         self._stats.prime_lost_total += int(lost)

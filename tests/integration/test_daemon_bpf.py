@@ -167,6 +167,44 @@ def test_next_snapshot_of_a_syscall_heavy_workload_has_kernel_frames(daemon: Run
     assert head["end_ns"] - head["start_ns"] >= 2.9e9
 
 
+def test_snapshot_has_whole_stacks_of_a_program_without_frame_pointers(daemon: Running, tmp_path: Path) -> None:
+    """The daemon's default config unwinds from .eh_frame: main -> level_a ->
+    level_b -> level_c -> leaf built -O2 -fomit-frame-pointer, whole in a snapshot."""
+    gcc = shutil.which("gcc")
+    need(gcc is not None, "gcc (Debian gcc, libc6-dev) to build the C workload")
+    assert gcc is not None
+    exe = tmp_path / "chain"
+    subprocess.run([gcc, "-O2", "-fomit-frame-pointer", "-o", str(exe),
+                    str(ROOT / "tests" / "workloads" / "unwind" / "chain.c")], check=True, timeout=120)
+    chain = subprocess.Popen([str(exe), "60"])
+    try:
+        time.sleep(1.0)  # past its first ~0.1 s, sampled before it was described
+        start = time.time_ns()
+        prof = Profile()
+        deadline = time.monotonic() + 60
+        while prof.total() < 100 and time.monotonic() < deadline:
+            time.sleep(1.0)
+            head, data = _snapshot(daemon, seconds=30, pid=chain.pid, root="none")
+            prof = read_folded(io.BytesIO(data))
+            prof = Profile({s: n for s, n in prof.stacks.items()}, start_ns=start)
+    finally:
+        chain.kill()
+        chain.wait(timeout=10)
+    user = {}
+    for st, n in prof.stacks.items():
+        key = tuple(f for f in st if not f.endswith("_[k]"))
+        user[key] = user.get(key, 0) + n
+    leaf = {st: n for st, n in user.items() if st and st[-1] == "leaf"}
+    whole = sum(n for st, n in leaf.items()
+                if st[0] == "_start" and [f for f in st if f in ("main", "level_a", "level_b", "level_c", "leaf")]
+                == ["main", "level_a", "level_b", "level_c", "leaf"])
+    assert sum(leaf.values()) >= 50, user
+    # The samples of its first instants (before it was described) may be frame-pointer
+    # stacks, and they say so with [truncated: no table]: never a short stack that looks whole.
+    assert whole / sum(leaf.values()) >= 0.95, sorted(user.items(), key=lambda kv: -kv[1])[:4]
+    assert all(st[0] in ("_start", "[truncated: no table]") for st in leaf), list(leaf)
+
+
 def test_metrics_over_http_match_the_files(daemon: Running) -> None:
     promtool = shutil.which("promtool")
     need(promtool is not None, "promtool (Debian prometheus)")
@@ -204,6 +242,11 @@ def test_metrics_over_http_match_the_files(daemon: Running) -> None:
     # every process it sampled had its memory map read at its first sample
     assert values['flamed_processes_primed_total{result="primed"}'] >= 1
     assert 'flamed_processes_primed_total{result="gone"}' in values
+    # user stacks unwound from .eh_frame tables (the default), with their memory reported
+    assert values['flamed_unwind_stacks_total{result="complete"}'] >= 1
+    assert 0 < values['flamed_unwind_table_rows{state="used"}'] <= values['flamed_unwind_table_rows{state="capacity"}']
+    assert values["flamed_unwind_binaries"] >= 1 and values["flamed_unwind_processes"] >= 1
+    assert 'flamed_unwind_stacks_total{result="depth_limit"}' in values
 
 
 def test_sigterm_writes_the_last_partial_window_and_nothing_is_lost(daemon: Running) -> None:

@@ -193,7 +193,7 @@ def test_depth_limit_is_said(sampler: tuple[BpfSampler, RecordingSymbolizer], bi
     before = s.stats().unwind_total["UW_DEPTH"]
     _pid, deep, _ = _record(s, [str(bins["recurse"]), "200", "6"])
     total = sum(deep.values())
-    cut = sum(n for st, n in deep.items() if st and st[0] == "[truncated: depth]")
+    cut = sum(n for st, n in deep.items() if st and st[0] == "[truncated: depth limit]")
     assert total >= 100 and cut / total >= 0.9, deep.most_common(3)
     assert s.stats().unwind_total["UW_DEPTH"] - before >= cut
     # Within the limit: whole, down to _start.
@@ -301,3 +301,70 @@ def test_same_callers_as_perf_dwarf(sampler: tuple[BpfSampler, RecordingSymboliz
     # Every distinct stack of ours into the leaf has perf's callers, frame by frame.
     for callers in ours:
         assert list(callers) == list(want), (callers, want)
+
+
+def test_large_binaries_load_when_a_sample_needs_them(bins: dict[str, Path]) -> None:
+    """With 65,536 rows, a binary above 4,096 rows (libc here) is loaded only
+    once a stack meets it (the uw_miss report), not when the process is first
+    described; the stacks are whole after that."""
+    need(have_root(), "root (BPF and perf events)")
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    with BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), unwind=True, unwind_rows=65536)) as s:
+        u = s.unwinder
+        assert u is not None
+        p = subprocess.Popen([str(bins["chain"]), "8"])
+        try:
+            s.add_pid(p.pid)
+            deadline = time.monotonic() + 20
+            # libc's ~28,000 rows, once a stack went through __libc_start_call_main.
+            while u.stats.rows_used < 4096 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert u.stats.rows_used > 4096, u.stats
+            time.sleep(0.3)
+            s.drain()
+            time.sleep(1.5)
+            w = s.drain()
+        finally:
+            p.kill()
+            p.wait(timeout=10)
+    stacks: collections.Counter[tuple[str, ...]] = collections.Counter()
+    for (tgid, _t, _c, stack), n in w.counts.items():
+        if tgid == p.pid:
+            stacks[tuple(f for f in stack if not f.endswith("_[k]"))] += n
+    share, total = _share(stacks, "leaf", CHAIN)
+    assert total >= 100 and share >= 0.95, stacks.most_common(3)
+
+
+def test_a_large_binary_mapped_but_not_run_costs_no_rows() -> None:
+    """Every bcc user maps libLLVM (~980,000 rows); a process that maps it and
+    never runs it is described without them."""
+    llvm = sorted(Path("/usr/lib/x86_64-linux-gnu").glob("libLLVM-1*.so.1"))
+    need(bool(llvm), "a libLLVM (Debian libllvm*, installed with bcc)")
+    need(have_root(), "root (BPF and perf events)")
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    code = ("import ctypes, sys, time\n"
+            f"ctypes.CDLL({str(llvm[-1])!r})\n"
+            "print('ready', flush=True)\n"
+            "end = time.time() + 20\n"
+            "while time.time() < end:\n"
+            "    sum(i * i for i in range(10000))\n")
+    with BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), unwind=True)) as s:
+        u = s.unwinder
+        assert u is not None
+        p = subprocess.Popen(["/usr/bin/python3", "-c", code], stdout=subprocess.PIPE)
+        try:
+            assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+            s.add_pid(p.pid)  # from here on: its constructors have run
+            deadline = time.monotonic() + 20
+            while not s.unwind_ready(p.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert s.unwind_ready(p.pid)
+            time.sleep(1.5)
+            w = s.drain()
+            st = u.stats.copy()
+        finally:
+            p.kill()
+            p.wait(timeout=10)
+    assert st.rows_used < 300_000, st  # python3.11, libc, libstdc++, ... but not libLLVM
+    mine = sum(n for (tgid, _t, _c, _s), n in w.counts.items() if tgid == p.pid)
+    assert mine >= 100

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 
 #: struct flamed_ustack.end values, in order (FLAMED_UW_END_* of bpf/flamed.h).
-END_REASONS = ("complete", "no_table", "unsupported", "depth", "read_fault")
+END_REASONS = ("complete", "no_table", "unsupported_rule", "depth_limit", "read_fault")
 
 _HEAD = struct.Struct("<II")
 

@@ -41,6 +41,14 @@ _MAP = struct.Struct("<QQQII")  # struct flamed_uw_map
 _PSEUDO = ("[vdso]", "[vsyscall]", "[vvar]")
 
 
+#: .eh_frame bytes per row, roughly (libc 5.4, libLLVM 5.3, CPython 6.4):
+#: estimates a table's size before it is built.
+_CFI_BYTES_PER_ROW = 5
+#: A binary whose table would take more than this fraction of unwind_rows is
+#: loaded only when a sample lands in it.
+_LAZY_FRACTION = 16
+
+
 class TableEntry(NamedTuple):
     key: str
     first: int
@@ -62,6 +70,8 @@ class UnwindStats:
     skipped: dict[str, int] = field(default_factory=lambda: {"no_cfi": 0, "rows_full": 0, "error": 0})
     #: mappings beyond unwind_maps left out of a process (they use frame pointers)
     mappings_dropped: int = 0
+    #: times the rows were full of exited processes' binaries and were reloaded
+    resets: int = 0
 
     def copy(self) -> UnwindStats:
         c = UnwindStats(**{k: getattr(self, k) for k in self.__dataclass_fields__})
@@ -138,6 +148,12 @@ class TableCache:
             log.warning("cannot keep the unwind table of %s in %s: %s", key, p.parent, e.strerror)
 
 
+class _File(NamedTuple):
+    entry: TableEntry | None  # the rows, once loaded (None: not yet, or never)
+    loads: tuple[tuple[int, int, int, int], ...]
+    info: ehframe.ElfInfo | None  # kept while the table is not decided (a large binary not run yet)
+
+
 class ExecMap(NamedTuple):
     start: int
     end: int
@@ -186,18 +202,20 @@ class Unwinder:
         #: libclang-cpp into it, 2 M rows that would crowd out the host's).
         self._skip = skip
         self._lock = threading.Lock()
-        #: (dev, inode, size, mtime) -> the binary's rows in uw_rows (None: no
-        #: table) and its PT_LOAD segments
-        self._by_file: dict[tuple[int, int, int, int], tuple[TableEntry | None, tuple[tuple[int, int, int, int], ...]]] = {}
+        #: (dev, inode, size, mtime) -> the binary's rows in uw_rows, if any
+        self._by_file: dict[tuple[int, int, int, int], _File] = {}
         self._by_key: dict[str, TableEntry] = {}
         self._next = 0
-        self._described: dict[int, tuple[tuple[int, int, int], ...]] = {}
+        self._described: dict[int, tuple[tuple[int, int, int, int], ...]] = {}
         self._slots: dict[int, int] = {}  # tgid -> its block of unwind_maps entries in uw_maps
         self._free_slots = list(range(max_procs - 1, -1, -1))
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._pending: set[int] = set()
         self._thread: threading.Thread | None = None
         self._full_warned = False
+        self._reset_due = False
+        self._wanted: dict[int, set[int]] = {}  # tgid -> sampled addresses without a table
+        self._uses: dict[int, set[str]] = {}  # tgid -> keys of the tables its description uses
         self.stats = UnwindStats(rows_capacity=rows_capacity)
 
     # -- the worker ---------------------------------------------------------
@@ -211,11 +229,14 @@ class Unwinder:
             self._thread.join(timeout=30)
             self._thread = None
 
-    def submit(self, tgid: int) -> None:
-        """Describe ``tgid`` (again: its mappings may have changed) soon."""
+    def submit(self, tgid: int, addr: int | None = None) -> None:
+        """Describe ``tgid`` (again: its mappings may have changed) soon;
+        ``addr``: a sampled address its description lacked a table for."""
         if tgid in self._skip:
             return
         with self._lock:
+            if addr is not None:
+                self._wanted.setdefault(tgid, set()).add(addr)
             if tgid in self._pending:
                 return
             self._pending.add(tgid)
@@ -231,8 +252,11 @@ class Unwinder:
             tgid = self._queue.get()
             if tgid is None:
                 return
+            with self._lock:
+                want = self._wanted.pop(tgid, set())
             try:
-                self.describe(tgid)
+                self.describe(tgid, want)
+                self._run_reset_if_due()
             except Exception as e:  # noqa: BLE001 -- one process must not stop the others
                 log.warning("describing pid %d to the unwinder failed: %s", tgid, e)
             finally:
@@ -243,19 +267,30 @@ class Unwinder:
     def described(self, tgid: int) -> bool:
         return tgid in self._described
 
-    def describe(self, tgid: int) -> bool:
+    def describe(self, tgid: int, want: set[int] | None = None) -> bool:
         """Load the tables of ``tgid``'s binaries and write its uw_procs entry;
-        False when it is gone or has no binary with a table."""
+        False when it is gone or has no binary with a table.
+
+        A large binary (its table above 1/16 of ``unwind_rows``: libLLVM,
+        a browser) is loaded only once a sample lands in it (an address in
+        ``want``, from uw_miss): a process that maps it but does not run it
+        (the way every bcc user maps libLLVM) costs no rows.  Until then its
+        mapping is listed with no rows, and its frames use frame pointers."""
         maps = read_exec_maps(tgid, self._proc)
         if maps is None:
             self.forget(tgid)
             return False
+        want = want or set()
         entries: list[tuple[int, int, int, int, int, int]] = []  # start, end, bias, first, count, size
+        keys: set[str] = set()
         for m in maps:
-            got = self._table_for(tgid, m)
+            load = any(m.start <= a < m.end for a in want)
+            got = self._table_for(tgid, m, load)
             if got is None:
                 continue
             entry, bias = got
+            if entry.rows:
+                keys.add(entry.key)
             entries.append((m.start, m.end, bias, entry.first, entry.rows, m.end - m.start))
         if len(entries) > self._max_maps:
             # Keep the largest code: the main program, the interpreter, libc
@@ -263,13 +298,13 @@ class Unwinder:
             self.stats.mappings_dropped += len(entries) - self._max_maps
             entries = sorted(entries, key=lambda e: -e[5])[: self._max_maps]
         entries.sort()
-        sig = tuple((e[0], e[1], e[3]) for e in entries)
+        sig = tuple((e[0], e[1], e[3], e[4]) for e in entries)
         if self._described.get(tgid) == sig:
             return bool(entries)
-        if not entries:
+        if not any(e[4] for e in entries):
             self.forget(tgid)
             return False
-        if not self._free_slots:
+        if tgid not in self._slots and not self._free_slots:
             log.debug("unwind_max_procs reached: pid %d keeps frame-pointer stacks", tgid)
             return False
         # A fresh block, then the switch: a sample never sees a half-written list.
@@ -286,10 +321,12 @@ class Unwinder:
             self._free_slots.append(old)
         self._slots[tgid] = slot
         self._described[tgid] = sig
+        self._uses[tgid] = keys
         self.stats.processes = len(self._described)
         return True
 
     def forget(self, tgid: int) -> None:
+        self._uses.pop(tgid, None)
         if self._described.pop(tgid, None) is not None:
             try:
                 del self._procs[ct.c_uint32(tgid)]
@@ -300,8 +337,9 @@ class Unwinder:
                 self._free_slots.append(slot)
             self.stats.processes = len(self._described)
 
-    def _table_for(self, tgid: int, m: ExecMap) -> tuple[TableEntry, int] | None:
-        """The binary's rows (loaded on first need) and the mapping's bias."""
+    def _table_for(self, tgid: int, m: ExecMap, load: bool) -> tuple[TableEntry, int] | None:
+        """The binary's rows (loaded on first need; a large binary only when
+        ``load``: else an entry with no rows) and the mapping's bias."""
         path = self._readable(tgid, m)
         if path is None:
             return None
@@ -316,15 +354,54 @@ class Unwinder:
                 info = ehframe.read_elf_info(path)
             except ehframe.UnwindTableError as e:
                 log.debug("no unwind table for %s: %s", m.path, e)
-                self._by_file[fkey] = (None, ())
+                self._by_file[fkey] = _File(None, (), None)
                 return None
-            known = (self._load(path, info, m.path), info.loads)
+            known = _File(None, info.loads, info)
             self._by_file[fkey] = known
-        entry, loads = known
-        if entry is None:
+        if known.entry is None and known.info is not None:
+            cfi = known.info.sections.get(".eh_frame") or known.info.sections.get(".debug_frame")
+            estimate = (cfi[1] if cfi else 0) // _CFI_BYTES_PER_ROW
+            if load or estimate <= self.stats.rows_capacity // _LAZY_FRACTION:
+                entry = self._load(path, known.info, m.path)
+                known = _File(entry, known.loads, None)  # decided: loaded, or never will be
+                self._by_file[fkey] = known
+            else:
+                bias = mapping_bias(known.loads, m)
+                return (TableEntry("", 0, 0), bias) if bias is not None else None
+        if known.entry is None:
             return None
-        bias = mapping_bias(loads, m)
-        return (entry, bias) if bias is not None else None
+        bias = mapping_bias(known.loads, m)
+        return (known.entry, bias) if bias is not None else None
+
+    def _run_reset_if_due(self) -> None:
+        if self._reset_due:
+            self._reset()
+
+    def _reset(self) -> None:
+        """Rows are full and binaries no live process uses hold a good part
+        of them: drop every table and describe the live processes again
+        (their tables come back from the disk cache in milliseconds).  Their
+        samples use frame pointers meanwhile."""
+        self._reset_due = False
+        live = list(self._described)
+        log.info("unwind tables: %d of %d rows in use, %d by binaries of exited processes: reloading the "
+                 "tables of the %d processes described", self._next, self.stats.rows_capacity,
+                 self._next - self._live_rows(), len(live))
+        for tgid in live:
+            self.forget(tgid)
+        self._by_file.clear()
+        self._by_key.clear()
+        self._next = 0
+        self._full_warned = False
+        self.stats.resets += 1
+        for tgid in live:
+            self.describe(tgid)
+        self.stats.rows_used = self._next
+        self.stats.binaries = len(self._by_key)
+
+    def _live_rows(self) -> int:
+        live = set().union(*self._uses.values()) if self._uses else set()
+        return sum(e.rows for k, e in self._by_key.items() if k in live)
 
     def _readable(self, tgid: int, m: ExecMap) -> str | None:
         # The process's own view of the path (containers), else the mapping itself
@@ -357,6 +434,9 @@ class Unwinder:
             self.stats.skipped["no_cfi"] += 1
             return None
         if self._next + n > self.stats.rows_capacity:
+            garbage = self._next - self._live_rows()
+            if garbage >= max(n, self.stats.rows_capacity // 4) and not self._reset_due:
+                self._reset_due = True  # after this description: see _reset
             self.stats.skipped["rows_full"] += 1
             if not self._full_warned:
                 self._full_warned = True

@@ -1,0 +1,140 @@
+"""flamed.sampling.unwind.tables.Unwinder against in-memory stand-ins for the
+BPF maps (the real maps are exercised by tests/integration/test_unwind.py):
+which binaries get rows, the process entries, forgetting, and the reload
+when the rows are full of exited processes' binaries."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flamed.sampling.unwind import ehframe
+from flamed.sampling.unwind.tables import TableCache, Unwinder
+from support import ROOT, need
+
+
+class FakeArray:
+    """An array map: values of ``size`` bytes by index."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.map_fd = -1
+        self.values: dict[int, bytes] = {}
+
+        class Leaf(ct.Structure):
+            _fields_ = [("raw", ct.c_uint8 * size)]
+
+        self.Leaf = Leaf
+
+    def __setitem__(self, key: Any, leaf: Any) -> None:
+        self.values[key.value] = bytes(leaf)
+
+    def __delitem__(self, key: Any) -> None:
+        del self.values[key.value]
+
+
+class FakeLib:
+    """bpf_update_batch into FakeArrays by fd (tables register themselves)."""
+
+    def __init__(self, tables: dict[int, FakeArray]) -> None:
+        self.tables = tables
+
+    def bpf_update_batch(self, fd: int, keys: Any, vals: Any, count: Any) -> int:
+        t = self.tables[fd]
+        n = count._obj.value
+        ks = ct.cast(keys, ct.POINTER(ct.c_uint32))
+        raw = ct.string_at(ct.cast(vals, ct.c_void_p), n * t.size)
+        for i in range(n):
+            t.values[ks[i]] = raw[i * t.size:(i + 1) * t.size]
+        return 0
+
+
+def make(tmp_path: Path, proc: Path, rows: int) -> tuple[Unwinder, dict[str, FakeArray]]:
+    maps = {"uw_rows": FakeArray(ehframe.ROW.size), "uw_procs": FakeArray(8), "uw_maps": FakeArray(32)}
+    for i, t in enumerate(maps.values()):
+        t.map_fd = 100 + i
+    lib = FakeLib({t.map_fd: t for t in maps.values()})
+    u = Unwinder(maps, lib, rows_capacity=rows, max_maps=8, max_procs=16, cache=TableCache(tmp_path / "cache"),
+                 proc=proc)
+    return u, maps
+
+
+def fake_process(proc: Path, pid: int, binaries: list[Path]) -> None:
+    """/proc/PID/maps mapping each binary's executable segment, and /proc/PID/root."""
+    d = proc / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, b in enumerate(binaries):
+        info = ehframe.read_elf_info(str(b))
+        vaddr, off, filesz, _flags = next(ld for ld in info.loads if ld[3] & 1)
+        start = 0x7F0000000000 + i * 0x10000000
+        lines.append(f"{start:x}-{start + ((filesz + 0xFFF) & ~0xFFF) + 0x1000:x} r-xp {off & ~0xFFF:08x} "
+                     f"fe:00 {b.stat().st_ino} {b}")
+    (d / "maps").write_text("\n".join(lines) + "\n")
+    if not (d / "root").exists():
+        (d / "root").symlink_to("/")
+
+
+@pytest.fixture
+def binaries(tmp_path: Path) -> list[Path]:
+    gcc = shutil.which("gcc")
+    need(gcc is not None, "gcc to build small binaries")
+    assert gcc is not None
+    out = []
+    for i in range(3):
+        exe = tmp_path / f"prog{i}"
+        subprocess.run([gcc, "-O2", "-o", str(exe), str(ROOT / "tests" / "workloads" / "unwind" / "chain.c")],
+                       check=True, timeout=120)
+        exe.write_bytes(exe.read_bytes() + bytes([i]))  # a different file (the table is the same)
+        out.append(exe)
+    return out
+
+
+def proc_entry(maps: dict[str, FakeArray], pid: int) -> tuple[int, int]:
+    slot, n = struct.unpack("<II", maps["uw_procs"].values[pid][:8])
+    return slot, n
+
+
+def test_describe_writes_the_mappings_and_forget_frees_them(tmp_path: Path, binaries: list[Path]) -> None:
+    proc = tmp_path / "proc"
+    fake_process(proc, 10, binaries[:2])
+    u, maps = make(tmp_path, proc, rows=4096)
+    assert u.describe(10)
+    slot, n = proc_entry(maps, 10)
+    assert n == 2
+    starts = [struct.unpack_from("<QQQII", maps["uw_maps"].values[slot * 8 + i])[0] for i in range(n)]
+    assert starts == sorted(starts)
+    # Two files with one build id share one table in the rows.
+    assert u.stats.binaries == 1 and u.stats.rows_used == len(maps["uw_rows"].values)
+    u.forget(10)
+    assert 10 not in maps["uw_procs"].values and u.stats.processes == 0
+
+
+def test_full_rows_held_by_exited_processes_are_reloaded(tmp_path: Path) -> None:
+    libc = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
+    py = Path("/usr/bin/python3.11")
+    need(libc.exists() and py.exists(), "Debian's libc.so.6 and python3.11")
+    proc = tmp_path / "proc"
+    n_libc = len(ehframe.build_table(str(libc)).rows)
+    n_py = len(ehframe.build_table(str(py)).rows)
+    # Room for python3.11, or for libc, not for both.  Both are "large" for
+    # so few rows: loaded when a sample lands in them (the address passed).
+    u, maps = make(tmp_path, proc, rows=max(n_libc, n_py) + 1000)
+    sampled = {0x7F0000000000 + 0x100}
+    fake_process(proc, 10, [py])
+    assert not u.describe(10)  # mapped, not run yet: no rows
+    assert u.describe(10, sampled) and u.stats.rows_used == n_py
+    u.forget(10)  # exited: its rows are garbage now
+    fake_process(proc, 11, [libc])
+    assert not u.describe(11, sampled)  # full: libc does not fit ...
+    assert u.stats.skipped["rows_full"] == 1
+    u._run_reset_if_due()  # ... and the worker reloads (what it does after each description)
+    assert u.stats.resets == 1 and u.stats.rows_used == 0
+    assert u.describe(11, sampled)
+    assert u.stats.rows_used == n_libc and u.stats.tables_cached >= 1
