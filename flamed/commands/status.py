@@ -52,6 +52,7 @@ class StatusCommand(Command):
             ("metrics", f"http://{st['metrics']}/metrics" if st.get("metrics") else "off"),
             ("pprof", f"http://{st['metrics']}/debug/pprof/profile?seconds=N" if st.get("pprof") else "off"),
             ("push", _push_row(st.get("push"))),
+            ("unwind", _unwind_row(st.get("unwind"))),
         ]
         for name, p in sorted((st.get("processors") or {}).items()):
             rows.append((f"processor {name}", json.dumps(p, sort_keys=True)))
@@ -59,6 +60,17 @@ class StatusCommand(Command):
         for k, v in rows:
             print(f"{k:<{width}}  {v}", file=self.stdout)
         return 0
+
+
+def _unwind_row(u: dict[str, Any] | None) -> str:
+    if not u:
+        return "off (frame-pointer user stacks)"
+    stacks = u["stacks"]
+    total = sum(stacks.values())
+    cut = ", ".join(f"{k}={v}" for k, v in stacks.items() if v and k != "complete") or "none cut"
+    share = f"{100 * stacks['complete'] / total:.1f} % complete" if total else "no stack yet"
+    return (f"{share} ({cut}); {u['processes']} processes, {u['binaries']} binaries, "
+            f"{u['rows']['used']}/{u['rows']['capacity']} rows")
 
 
 def _push_row(push: dict[str, Any] | None) -> str:

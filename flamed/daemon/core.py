@@ -488,6 +488,24 @@ class Daemon:
         except (AttributeError, TypeError, ValueError):
             return None
 
+    def _unwind_status(self) -> dict[str, Any] | None:
+        """The native unwinder as of the last drain: stacks by how they ended, tables, memory."""
+        st: Any = self._sampler_stats
+        u = getattr(st, "unwind", None)
+        if u is None:
+            return None
+        t = st.unwind_total
+        return {
+            "stacks": {"complete": t["UW_COMPLETE"], "no_table": t["UW_NO_TABLE"],
+                       "unsupported_rule": t["UW_UNSUPPORTED"], "depth_limit": t["UW_DEPTH"],
+                       "read_fault": t["UW_READ_FAULT"], "stacks_full": t["UW_STACKS_FULL"]},
+            "processes": u.processes, "binaries": u.binaries,
+            "rows": {"used": u.rows_used, "capacity": u.rows_capacity},
+            "tables": {"built": u.tables_built, "cached": u.tables_cached,
+                       "build_seconds": round(u.build_seconds, 3)},
+            "skipped": dict(u.skipped), "resets": u.resets,
+        }
+
     def _symbol_cache_stats(self) -> dict[str, int] | None:
         """Per-process symbol caches of the sampler (fault tests count them before and after churn)."""
         st: Any = self._sampler_stats  # as of the last drain: status must not wait for one
@@ -792,6 +810,7 @@ class Daemon:
             "samples": self.totals["samples"],
             "bpf_samples": self.bpf_samples_total(),
             "symbol_caches": self._symbol_cache_stats(),
+            "unwind": self._unwind_status(),
             "weight": self.totals["weight"],
             "lost": dict(sorted(self.lost_totals.items())),
             "ring": {"windows": nw, "stacks": ns, "seconds": cfg.snapshot.ring_seconds},

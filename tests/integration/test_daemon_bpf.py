@@ -179,17 +179,17 @@ def test_snapshot_has_whole_stacks_of_a_program_without_frame_pointers(daemon: R
     chain = subprocess.Popen([str(exe), "60"])
     try:
         time.sleep(1.0)  # past its first ~0.1 s, sampled before it was described
-        start = time.time_ns()
-        prof = Profile()
-        deadline = time.monotonic() + 60
-        while prof.total() < 100 and time.monotonic() < deadline:
-            time.sleep(1.0)
-            head, data = _snapshot(daemon, seconds=30, pid=chain.pid, root="none")
-            prof = read_folded(io.BytesIO(data))
-            prof = Profile({s: n for s, n in prof.stacks.items()}, start_ns=start)
+        _head, data = _snapshot(daemon, next=4.0, pid=chain.pid, root="none")
+        prof = read_folded(io.BytesIO(data))
+        _head, data = _snapshot(daemon, seconds=30, pid=chain.pid, root="none")
+        early = read_folded(io.BytesIO(data))
     finally:
         chain.kill()
         chain.wait(timeout=10)
+    # From its start: the samples taken before it was described may be
+    # frame-pointer stacks, and they say so -- never a short stack that looks whole.
+    assert all(st[0] in ("_start", "[truncated: no table]") for st in early.stacks
+               if [f for f in st if not f.endswith("_[k]")][-1:] == ["leaf"]), list(early.stacks)
     user = {}
     for st, n in prof.stacks.items():
         key = tuple(f for f in st if not f.endswith("_[k]"))
@@ -199,10 +199,7 @@ def test_snapshot_has_whole_stacks_of_a_program_without_frame_pointers(daemon: R
                 if st[0] == "_start" and [f for f in st if f in ("main", "level_a", "level_b", "level_c", "leaf")]
                 == ["main", "level_a", "level_b", "level_c", "leaf"])
     assert sum(leaf.values()) >= 50, user
-    # The samples of its first instants (before it was described) may be frame-pointer
-    # stacks, and they say so with [truncated: no table]: never a short stack that looks whole.
     assert whole / sum(leaf.values()) >= 0.95, sorted(user.items(), key=lambda kv: -kv[1])[:4]
-    assert all(st[0] in ("_start", "[truncated: no table]") for st in leaf), list(leaf)
 
 
 def test_metrics_over_http_match_the_files(daemon: Running) -> None:
@@ -247,6 +244,11 @@ def test_metrics_over_http_match_the_files(daemon: Running) -> None:
     assert 0 < values['flamed_unwind_table_rows{state="used"}'] <= values['flamed_unwind_table_rows{state="capacity"}']
     assert values["flamed_unwind_binaries"] >= 1 and values["flamed_unwind_processes"] >= 1
     assert 'flamed_unwind_stacks_total{result="depth_limit"}' in values
+    # ... and in `flamed status`
+    assert st["unwind"]["stacks"]["complete"] >= 1 and st["unwind"]["rows"]["used"] >= 1
+    out = subprocess.run([sys.executable, "-m", "flamed", "status", "--socket", daemon.sock], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert re.search(r"^unwind +\d+\.\d % complete", out.stdout, re.M), out.stdout
 
 
 def test_sigterm_writes_the_last_partial_window_and_nothing_is_lost(daemon: Running) -> None:

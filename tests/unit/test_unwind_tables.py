@@ -9,6 +9,7 @@ import ctypes as ct
 import shutil
 import struct
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,8 @@ def test_full_rows_held_by_exited_processes_are_reloaded(tmp_path: Path) -> None
     # Room for python3.11, or for libc, not for both.  Both are "large" for
     # so few rows: loaded when a sample lands in them (the address passed).
     u, maps = make(tmp_path, proc, rows=max(n_libc, n_py) + 1000)
+    for b in (py, libc):  # built before: loaded inline from the cache (see the test below for the builder)
+        TableCache(tmp_path / "cache").rows(str(b), ehframe.read_elf_info(str(b)))
     sampled = {0x7F0000000000 + 0x100}
     fake_process(proc, 10, [py])
     assert not u.describe(10)  # mapped, not run yet: no rows
@@ -138,3 +141,23 @@ def test_full_rows_held_by_exited_processes_are_reloaded(tmp_path: Path) -> None
     assert u.stats.resets == 1 and u.stats.rows_used == 0
     assert u.describe(11, sampled)
     assert u.stats.rows_used == n_libc and u.stats.tables_cached >= 1
+
+
+def test_a_large_table_is_built_aside_and_loaded_when_ready(tmp_path: Path) -> None:
+    """Building libLLVM's table takes seconds: the worker describes other
+    processes meanwhile, and the one that needs it gets it when it is built."""
+    py = Path("/usr/bin/python3.11")
+    need(py.exists(), "Debian's python3.11")
+    proc = tmp_path / "proc"
+    fake_process(proc, 10, [py])
+    u, maps = make(tmp_path, proc, rows=65536)  # python3.11 (~65,000 rows) is large here
+    u.start()
+    try:
+        u.submit(10, 0x7F0000000000 + 0x100)  # a sample landed in it
+        deadline = time.monotonic() + 60
+        while not u.described(10) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert u.described(10), u.stats
+        assert u.stats.tables_built == 1 and u.stats.rows_used == len(ehframe.build_table(str(py)).rows)
+    finally:
+        u.stop()

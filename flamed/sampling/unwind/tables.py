@@ -55,6 +55,10 @@ class TableEntry(NamedTuple):
     rows: int
 
 
+#: What _load returns for a large table handed to the builder thread.
+_BUILDING = TableEntry("(building)", 0, 0)
+
+
 @dataclass
 class UnwindStats:
     """What the unwinder has done, for metrics and status."""
@@ -87,21 +91,41 @@ class TableCache:
         self.built = 0
         self.cached = 0
         self.build_seconds = 0.0
+        #: Built without a directory to keep them in: held until taken once.
+        self._held: dict[str, bytes] = {}
+        self._lock = threading.Lock()
 
     def rows(self, path: str, info: ehframe.ElfInfo) -> tuple[str, bytes]:
         """(cache key, packed rows) of the binary at ``path``."""
         key = ehframe.file_key(path, info)
-        cached = self._read(key)
+        cached = self.cached_rows(key)
         if cached is not None:
-            self.cached += 1
             return key, cached
+        return key, self.build(path, info, key)
+
+    def cached_rows(self, key: str) -> bytes | None:
+        """The rows of ``key`` if they are built already (no parsing)."""
+        with self._lock:
+            held = self._held.pop(key, None)
+        cached = held if held is not None else self._read(key)
+        if cached is not None:
+            with self._lock:
+                self.cached += 1
+        return cached
+
+    def build(self, path: str, info: ehframe.ElfInfo, key: str, *, hold: bool = False) -> bytes:
+        """Parse the binary's CFI and keep the rows (on disk; in memory until
+        taken when ``hold`` and there is no directory)."""
         t0 = time.perf_counter()
         table = ehframe.build_table(path, info)
-        self.build_seconds += time.perf_counter() - t0
-        self.built += 1
         packed = table.pack()
+        with self._lock:
+            self.build_seconds += time.perf_counter() - t0
+            self.built += 1
+            if hold and self.directory is None:
+                self._held[key] = packed
         self._write(key, packed, table.fdes)
-        return key, packed
+        return packed
 
     def _file(self, key: str) -> Path | None:
         return self.directory / f"{key}.uwt" if self.directory is not None else None
@@ -214,6 +238,11 @@ class Unwinder:
         self._thread: threading.Thread | None = None
         self._full_warned = False
         self._reset_due = False
+        self._builder: threading.Thread | None = None
+        self._builds: queue.Queue[tuple[str, ehframe.ElfInfo, str] | None] = queue.Queue()
+        self._building: set[str] = set()  # keys of large tables being built
+        self._waiting: dict[str, set[int]] = {}  # key being built -> processes that map it
+        self._want_keys: dict[int, set[str]] = {}  # tgid -> large tables to load at its next description
         self._wanted: dict[int, set[int]] = {}  # tgid -> sampled addresses without a table
         self._uses: dict[int, set[str]] = {}  # tgid -> keys of the tables its description uses
         self.stats = UnwindStats(rows_capacity=rows_capacity)
@@ -228,15 +257,22 @@ class Unwinder:
             self._queue.put(None)
             self._thread.join(timeout=30)
             self._thread = None
+        if self._builder is not None:
+            self._builds.put(None)
+            self._builder.join(timeout=30)
+            self._builder = None
 
-    def submit(self, tgid: int, addr: int | None = None) -> None:
+    def submit(self, tgid: int, addr: int | None = None, *, load_key: str | None = None) -> None:
         """Describe ``tgid`` (again: its mappings may have changed) soon;
-        ``addr``: a sampled address its description lacked a table for."""
+        ``addr``: a sampled address its description lacked a table for;
+        ``load_key``: a large table now built, to load for it."""
         if tgid in self._skip:
             return
         with self._lock:
             if addr is not None:
                 self._wanted.setdefault(tgid, set()).add(addr)
+            if load_key is not None:
+                self._want_keys.setdefault(tgid, set()).add(load_key)
             if tgid in self._pending:
                 return
             self._pending.add(tgid)
@@ -254,8 +290,9 @@ class Unwinder:
                 return
             with self._lock:
                 want = self._wanted.pop(tgid, set())
+                keys = self._want_keys.pop(tgid, set())
             try:
-                self.describe(tgid, want)
+                self.describe(tgid, want, keys)
                 self._run_reset_if_due()
             except Exception as e:  # noqa: BLE001 -- one process must not stop the others
                 log.warning("describing pid %d to the unwinder failed: %s", tgid, e)
@@ -267,7 +304,7 @@ class Unwinder:
     def described(self, tgid: int) -> bool:
         return tgid in self._described
 
-    def describe(self, tgid: int, want: set[int] | None = None) -> bool:
+    def describe(self, tgid: int, want: set[int] | None = None, want_keys: set[str] | None = None) -> bool:
         """Load the tables of ``tgid``'s binaries and write its uw_procs entry;
         False when it is gone or has no binary with a table.
 
@@ -275,17 +312,20 @@ class Unwinder:
         a browser) is loaded only once a sample lands in it (an address in
         ``want``, from uw_miss): a process that maps it but does not run it
         (the way every bcc user maps libLLVM) costs no rows.  Until then its
-        mapping is listed with no rows, and its frames use frame pointers."""
+        mapping is listed with no rows, and its frames use frame pointers.
+        Its table is built in another thread (``want_keys`` names the tables
+        built since, to load now)."""
         maps = read_exec_maps(tgid, self._proc)
         if maps is None:
             self.forget(tgid)
             return False
         want = want or set()
+        want_keys = want_keys or set()
         entries: list[tuple[int, int, int, int, int, int]] = []  # start, end, bias, first, count, size
         keys: set[str] = set()
         for m in maps:
             load = any(m.start <= a < m.end for a in want)
-            got = self._table_for(tgid, m, load)
+            got = self._table_for(tgid, m, load, want_keys)
             if got is None:
                 continue
             entry, bias = got
@@ -337,7 +377,7 @@ class Unwinder:
                 self._free_slots.append(slot)
             self.stats.processes = len(self._described)
 
-    def _table_for(self, tgid: int, m: ExecMap, load: bool) -> tuple[TableEntry, int] | None:
+    def _table_for(self, tgid: int, m: ExecMap, load: bool, want_keys: set[str]) -> tuple[TableEntry, int] | None:
         """The binary's rows (loaded on first need; a large binary only when
         ``load``: else an entry with no rows) and the mapping's bias."""
         path = self._readable(tgid, m)
@@ -361,17 +401,48 @@ class Unwinder:
         if known.entry is None and known.info is not None:
             cfi = known.info.sections.get(".eh_frame") or known.info.sections.get(".debug_frame")
             estimate = (cfi[1] if cfi else 0) // _CFI_BYTES_PER_ROW
-            if load or estimate <= self.stats.rows_capacity // _LAZY_FRACTION:
-                entry = self._load(path, known.info, m.path)
-                known = _File(entry, known.loads, None)  # decided: loaded, or never will be
-                self._by_file[fkey] = known
-            else:
+            large = estimate > self.stats.rows_capacity // _LAZY_FRACTION
+            load = load or (bool(want_keys) and ehframe.file_key(path, known.info) in want_keys)
+            entry = self._load(path, known.info, m.path, large) if load or not large else _BUILDING
+            if entry is _BUILDING:
+                # Not run yet, or its table is being built: listed with no rows.
+                with self._lock:
+                    self._waiting.setdefault(ehframe.file_key(path, known.info), set()).add(tgid)
                 bias = mapping_bias(known.loads, m)
                 return (TableEntry("", 0, 0), bias) if bias is not None else None
+            known = _File(entry, known.loads, None)  # decided: loaded, or never will be
+            self._by_file[fkey] = known
         if known.entry is None:
             return None
         bias = mapping_bias(known.loads, m)
         return (known.entry, bias) if bias is not None else None
+
+    def _build_later(self, path: str, info: ehframe.ElfInfo, key: str) -> None:
+        with self._lock:
+            if key in self._building:
+                return
+            self._building.add(key)
+        if self._builder is None:
+            self._builder = threading.Thread(target=self._build_loop, name="flamed-unwind-build", daemon=True)
+            self._builder.start()
+        self._builds.put((path, info, key))
+
+    def _build_loop(self) -> None:
+        while True:
+            item = self._builds.get()
+            if item is None:
+                return
+            path, info, key = item
+            try:
+                self._cache.build(path, info, key, hold=True)
+            except (ehframe.UnwindTableError, OSError) as e:
+                log.info("no unwind table for %s: %s", path, e)
+            with self._lock:
+                self._building.discard(key)
+                waiting = self._waiting.pop(key, set())
+            # Described again, now that the rows are there to load.
+            for tgid in waiting:
+                self.submit(tgid, None, load_key=key)
 
     def _run_reset_if_due(self) -> None:
         if self._reset_due:
@@ -415,9 +486,20 @@ class Unwinder:
                 return p
         return None
 
-    def _load(self, path: str, info: ehframe.ElfInfo, name: str) -> TableEntry | None:
+    def _load(self, path: str, info: ehframe.ElfInfo, name: str, large: bool = False) -> TableEntry | None:
         try:
-            key, packed = self._cache.rows(path, info)
+            key = ehframe.file_key(path, info)
+            have = self._by_key.get(key)
+            if have is not None:
+                return have
+            packed = self._cache.cached_rows(key)
+            if packed is None:
+                if large:
+                    # Seconds of parsing (libLLVM: ~3 s): in the builder thread,
+                    # so the descriptions of other processes do not wait.
+                    self._build_later(path, info, key)
+                    return _BUILDING
+                packed = self._cache.build(path, info, key)
         except (ehframe.UnwindTableError, OSError) as e:
             log.info("no unwind table for %s: %s", name, e)
             self.stats.skipped["error"] += 1
