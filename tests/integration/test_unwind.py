@@ -368,3 +368,35 @@ def test_a_large_binary_mapped_but_not_run_costs_no_rows() -> None:
     assert st.rows_used < 300_000, st  # python3.11, libc, libstdc++, ... but not libLLVM
     mine = sum(n for (tgid, _t, _c, _s), n in w.counts.items() if tgid == p.pid)
     assert mine >= 100
+
+
+@pytest.mark.parametrize("minor", ["3.11", "3.12", "3.13"])
+def test_python_frames_spliced_at_the_evaluation_loops(sampler: tuple[BpfSampler, RecordingSymbolizer],
+                                                       minor: str) -> None:
+    """Python -> C -> Python: with whole native stacks the interpreter's
+    evaluation-loop frames are where each run of Python frames goes, so the C
+    function that called back into Python sits between the two runs."""
+    from cpython_support import pyenv_python
+
+    py = pyenv_python(minor)
+    code = ("import time\n"
+            "def key(x):\n"
+            "    s = 0\n"
+            "    for i in range(200): s += i * x\n"
+            "    return s\n"
+            "def main():\n"
+            "    end = time.time() + 8\n"
+            "    while time.time() < end:\n"
+            "        sorted(range(2000), key=key)\n"
+            "main()\n")
+    s, _ = sampler
+    _pid, stacks, _ = _record(s, [str(py), "-c", code])
+    total = sum(stacks.values())
+
+    def interleaved(st: tuple[str, ...]) -> bool:
+        want = [re.compile(r"^main \(<string>:\d+\)$"), re.compile(r"^list_sort"), re.compile(r"^key \(<string>:\d+\)$")]
+        it = iter(st)
+        return st[0] == "_start" and all(any(w.match(f) for f in it) for w in want)
+
+    good = sum(n for st, n in stacks.items() if interleaved(st))
+    assert total >= 100 and good / total >= 0.9, stacks.most_common(3)
