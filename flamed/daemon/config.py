@@ -84,8 +84,9 @@ class SamplingConfig:
     unwind_rows: int = 2_097_152
     #: Distinct unwound stacks per drain interval (preallocated, ~0.5 KiB each at depth 64, twice).
     unwind_stack_map_size: int = 8192
-    #: Where built tables are kept by build id; empty: "unwind" beside output.state_dir.
-    unwind_cache_dir: str = ""
+    #: Where built tables are kept by build id, shared by every flamed on the host
+    #: (a table is rebuilt when missing).
+    unwind_cache_dir: str = "/var/cache/flamed/unwind"
 
 
 @dataclass(frozen=True)

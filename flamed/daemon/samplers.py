@@ -11,12 +11,10 @@ from flamed.sampling.contract import Sampler
 
 
 def unwind_cache_dir(cfg: SamplingConfig, state_dir: str | None) -> Path | None:
-    """``unwind_cache_dir``, or "unwind" beside the profiles' state directory."""
-    if cfg.unwind_cache_dir:
-        return Path(cfg.unwind_cache_dir)
-    if state_dir:
-        return Path(state_dir).absolute().parent / "unwind"
-    return None
+    """``unwind_cache_dir`` (relative to the working directory); empty: none,
+    tables are rebuilt at each start."""
+    del state_dir  # the cache is the host's, not one daemon's
+    return Path(cfg.unwind_cache_dir).absolute() if cfg.unwind_cache_dir else None
 
 
 def bpf_options(cfg: SamplingConfig, state_dir: str | None = None) -> Any:

@@ -91,6 +91,7 @@ class TableCache:
         self.built = 0
         self.cached = 0
         self.build_seconds = 0.0
+        self._write_warned = False
         #: Built without a directory to keep them in: held until taken once.
         self._held: dict[str, bytes] = {}
         self._lock = threading.Lock()
@@ -169,7 +170,10 @@ class TableCache:
                 raise
         except OSError as e:
             # A full or read-only disk costs the next start a rebuild, nothing else.
-            log.warning("cannot keep the unwind table of %s in %s: %s", key, p.parent, e.strerror)
+            if not self._write_warned:
+                self._write_warned = True
+                log.warning("cannot keep unwind tables in %s (%s): they are rebuilt at each start; "
+                            "set [sampling] unwind_cache_dir to a writable directory", p.parent, e.strerror)
 
 
 class _File(NamedTuple):
