@@ -141,6 +141,31 @@ def test_c_chain_without_frame_pointers(sampler: tuple[BpfSampler, RecordingSymb
     assert share >= 0.95, stacks.most_common(5)
 
 
+def test_samples_taken_in_the_kernel_have_the_whole_user_chain(sampler: tuple[BpfSampler, RecordingSymbolizer],
+                                                               bins: dict[str, Path]) -> None:
+    s, _ = sampler
+    p = subprocess.Popen([str(bins["chain"]), "6", "sys"])
+    try:
+        s.add_pid(p.pid)
+        deadline = time.monotonic() + 20
+        while not s.unwind_ready(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        s.drain()
+        time.sleep(1.5)
+        w = s.drain()
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+        s.remove_pid(p.pid)
+    in_kernel = {st: n for (tgid, _t, _c, st), n in w.counts.items() if tgid == p.pid and st[-1].endswith("_[k]")}
+    total = sum(in_kernel.values())
+    assert total >= 50, list(in_kernel)[:3]
+    whole = sum(n for st, n in in_kernel.items()
+                if st[0] == "_start" and [f for f in st if f in CHAIN] == CHAIN)
+    assert whole / total >= 0.9, sorted(in_kernel.items(), key=lambda kv: -kv[1])[:3]
+
+
 def test_frame_pointer_walk_loses_the_chain(bins: dict[str, Path]) -> None:
     """The same program without unwinding: what users saw before (the test above can fail)."""
     need(have_root(), "root (BPF and perf events)")
