@@ -14,7 +14,7 @@ WANT_TEST=0
 log() { echo "setup: $*" >&2; }
 
 RUNTIME_PKGS="python3 python3-venv python3-bpfcc bpfcc-tools python3-systemd linux-headers-amd64 libcap2-bin util-linux"
-TEST_PKGS="golang-go prometheus chromium linux-perf bpftool perl gzip procps gcc g++ binutils libc6-dev nodejs"
+TEST_PKGS="golang-go prometheus chromium linux-perf bpftool perl gzip procps gcc g++ binutils libc6-dev nodejs lintian"
 
 missing=""
 check_pkgs() {
