@@ -95,19 +95,25 @@ def proc_mem(pid: int) -> tuple[int, int, int]:
     return tuple(int(kv[k].split()[0]) * 1024 for k in ("VmRSS", "RssAnon", "VmHWM"))  # type: ignore[return-value]
 
 
-def prog_ids(pid: int) -> set[int]:
-    """Ids of the BPF programs whose fds ``pid`` holds (other flamed daemons may run too)."""
+def held(pid: int, kind: str = "bpf-prog", key: str = "prog_id:") -> set[int]:
+    """Ids of the BPF objects (``bpf-prog``: programs, ``bpf-map`` with key
+    ``map_id:``: maps) whose fds ``pid`` holds (other flamed daemons may run too)."""
     ids = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:bpf-prog":
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != f"anon_inode:{kind}":
                 continue
             for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines():
-                if line.startswith("prog_id:"):
+                if line.startswith(key):
                     ids.add(int(line.split()[1]))
         except OSError:
             continue
     return ids
+
+
+def prog_ids(pid: int) -> set[int]:
+    """Ids of the BPF programs ``pid`` holds."""
+    return held(pid)
 
 
 def bpf_runtime(ids: set[int]) -> tuple[int, int]:

@@ -47,10 +47,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from daemon_cost import bpf_runtime, held, proc_cpu  # noqa: E402  (bench/daemon_cost.py)
 from flamed.sampling.unwind import ehframe  # noqa: E402
 from flamed.sampling.unwind.tables import TableCache  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
 PY_WORK = (
     "import hashlib, json, time, zlib\n"
     "d = bytes(range(256)) * 2000\n"
@@ -106,36 +107,6 @@ def part_a(repeat: int) -> None:
 
 
 # -- part B ------------------------------------------------------------------
-
-def proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def held(pid: int, kind: str, key: str) -> set[int]:
-    """Ids of the BPF objects (``bpf-prog`` / ``bpf-map``) whose fds ``pid`` holds."""
-    ids = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") != f"anon_inode:{kind}":
-                continue
-            for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines():
-                if line.startswith(key):
-                    ids.add(int(line.split()[1]))
-        except OSError:
-            continue
-    return ids
-
-
-def bpf_runtime(ids: set[int]) -> tuple[int, int]:
-    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
-    ns = cnt = 0
-    for prog in json.loads(out):
-        if prog.get("id") in ids:
-            ns += int(prog.get("run_time_ns", 0))
-            cnt += int(prog.get("run_cnt", 0))
-    return ns, cnt
-
 
 def map_bytes(ids: set[int]) -> tuple[int, int]:
     """(all maps, the unwinder's maps) bytes_memlock."""

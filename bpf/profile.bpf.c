@@ -151,6 +151,16 @@ static __always_inline void report_new_image(struct bpf_perf_event_data *ctx, st
 }
 #endif
 
+/* The 64-bit hash that names a stack built by the program (Python frames,
+ * unwound user stacks) in its per-generation map. */
+static __always_inline u64 flamed_mix(u64 h, u64 v)
+{
+    h ^= v;
+    h *= 0x100000001b3ULL;
+    h ^= h >> 29;
+    return h;
+}
+
 static __always_inline void stat_inc(u32 block, u32 which)
 {
     u32 idx = block * FLAMED_NSTATS + which;

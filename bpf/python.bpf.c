@@ -111,14 +111,6 @@ BPF_HASH(pystacks0, u64, struct flamed_pystack, FLAMED_PY_STACK_ENTRIES);
 BPF_HASH(pystacks1, u64, struct flamed_pystack, FLAMED_PY_STACK_ENTRIES);
 BPF_PERF_OUTPUT(py_new);
 
-static __always_inline u64 py_mix(u64 h, u64 v)
-{
-    h ^= v;
-    h *= 0x100000001b3ULL;
-    h ^= h >> 29;
-    return h;
-}
-
 
 /* One step through the interpreter's thread list: 1 when `f->tstate` is the
  * sampled thread's (its bytes are then in s->tstate), 0 to go on. */
@@ -188,7 +180,7 @@ static __always_inline int py_frame_step(struct flamed_py_scratch *s, struct fla
         return 0;
     s->stack.code[n] = code;
     s->stack.instr[n] = pos;
-    w->hash = py_mix(py_mix(w->hash, code), pos);
+    w->hash = flamed_mix(flamed_mix(w->hash, code), pos);
     w->n = n + 1;
     w->frame = prev;
     return 1;
@@ -301,7 +293,7 @@ static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32
     }
     s->stack.len = w.n;
     s->stack.flags = w.flags;
-    u64 id = py_mix(w.hash, w.n ^ ((u64)w.flags << 32));
+    u64 id = flamed_mix(w.hash, w.n ^ ((u64)w.flags << 32));
     if (id == 0)
         id = 1;
 

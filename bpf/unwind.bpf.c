@@ -133,14 +133,6 @@ struct flamed_uw_miss {
 BPF_TABLE("lru_hash", u32, u64, uw_missed, FLAMED_UW_MAX_PROCS);
 BPF_PERF_OUTPUT(uw_miss);
 
-static __always_inline u64 uw_mix(u64 h, u64 v)
-{
-    h ^= v;
-    h *= 0x100000001b3ULL;
-    h ^= h >> 29;
-    return h;
-}
-
 /* The mapping holding pc, or NULL. */
 static __always_inline struct flamed_uw_map *uw_find_map(struct flamed_uw_proc *p, u64 pc)
 {
@@ -212,7 +204,7 @@ static __always_inline int uw_step(struct flamed_uw_proc *p, struct flamed_uw_st
         return 0;
     }
     st->ip[n & 127] = s->ip;
-    s->hash = uw_mix(s->hash, s->ip);
+    s->hash = flamed_mix(s->hash, s->ip);
     s->n = n + 1;
 
     /* A caller's address is a return address: the call is the byte before. */
@@ -377,7 +369,7 @@ static __always_inline u64 uw_store(struct flamed_uw_scratch *sc, u32 gen)
     struct flamed_ustack *st = &sc->stack;
     st->len = s->n;
     st->end = s->end;
-    u64 id = uw_mix(s->hash, s->n ^ ((u64)s->end << 32));
+    u64 id = flamed_mix(s->hash, s->n ^ ((u64)s->end << 32));
     if (id == 0)
         id = 1;
     void *found = gen ? ustacks1.lookup(&id) : ustacks0.lookup(&id);

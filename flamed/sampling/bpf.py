@@ -606,7 +606,6 @@ class BpfSampler:
         self._fsbase_offset = -1
         self._py_forget: set[int] = set()  # exited: dropped after the next drain
         self._py_retry_lock = threading.Lock()
-        self._py_bufs: tuple[Any, Any] | None = None
         self._py_gone: set[int] = set()  # found exited at the last drain, forgotten at this one
         self._clock = clock
         self._symbolizer = symbolizer
@@ -640,7 +639,7 @@ class BpfSampler:
         self._reprime: deque[tuple[float, int]] = deque()  # (due, tgid) of second reads, in due order
         self._unwinder: Unwinder | None = None
         self._uw_forget: set[int] = set()  # exited: their uw_procs entry goes after the next drain
-        self._uw_bufs: tuple[Any, Any] | None = None
+        self._stack_bufs: dict[str, tuple[Any, Any]] = {}  # reused by every drain, per stack map kind
         self._prime_tokens = float(options.prime_rate)  # token bucket of prime_rate reads per second
         self._prime_refill = time.monotonic()
 
@@ -1377,29 +1376,22 @@ class BpfSampler:
     def _take_pystacks(self, gen: int) -> dict[int, bytes]:
         """Read and delete the old generation's Python stacks: id -> raw
         ``struct flamed_pystack``."""
-        table = self._bpf[f"pystacks{gen}"]
-        vsz = ct.sizeof(table.Leaf)
-        cap = self.options.python_stack_entries
-        if self._py_bufs is None:  # once: a drain must not allocate and zero megabytes
-            self._py_bufs = ((ct.c_uint64 * cap)(), (ct.c_uint8 * (vsz * cap))())
-        keys, vals = self._py_bufs
-        total = self._take_batch(f"pystacks{gen}", table, keys, 8, vals, vsz, cap)
-        raw = memoryview(vals)[: total * vsz]
-        out = {keys[i]: bytes(raw[i * vsz:(i + 1) * vsz]) for i in range(total)}
-        for kb, vb in self._take_rest(table):
-            out[int.from_bytes(kb, "little")] = vb
-        return out
+        return self._take_stack_map(f"pystacks{gen}", self.options.python_stack_entries)
 
     def _take_ustacks(self, gen: int) -> dict[int, bytes]:
         """Read and delete the old generation's unwound stacks: id -> raw
         ``struct flamed_ustack``."""
-        table = self._bpf[f"ustacks{gen}"]
+        return self._take_stack_map(f"ustacks{gen}", self.options.unwind_stack_entries)
+
+    def _take_stack_map(self, name: str, cap: int) -> dict[int, bytes]:
+        """Read and delete a (quiescent) hash of stacks the program built, keyed by a u64 hash."""
+        table = self._bpf[name]
         vsz = ct.sizeof(table.Leaf)
-        cap = self.options.unwind_stack_entries
-        if self._uw_bufs is None:
-            self._uw_bufs = ((ct.c_uint64 * cap)(), (ct.c_uint8 * (vsz * cap))())
-        keys, vals = self._uw_bufs
-        total = self._take_batch(f"ustacks{gen}", table, keys, 8, vals, vsz, cap)
+        kind = name.rstrip("01")
+        if kind not in self._stack_bufs:  # once: a drain must not allocate and zero megabytes
+            self._stack_bufs[kind] = ((ct.c_uint64 * cap)(), (ct.c_uint8 * (vsz * cap))())
+        keys, vals = self._stack_bufs[kind]
+        total = self._take_batch(name, table, keys, 8, vals, vsz, cap)
         raw = memoryview(vals)[: total * vsz]
         out = {keys[i]: bytes(raw[i * vsz:(i + 1) * vsz]) for i in range(total)}
         for kb, vb in self._take_rest(table):

@@ -91,15 +91,19 @@ def sampler() -> Iterator[tuple[BpfSampler, RecordingSymbolizer]]:
         s.close()
 
 
-def _record(s: BpfSampler, argv: list[str], seconds: float = 1.5) -> tuple[int, collections.Counter[tuple[str, ...]],
-                                                                           list[str]]:
+Stacks = collections.Counter[tuple[str, ...]]
+
+
+def _record(s: BpfSampler, argv: list[str], seconds: float = 1.5, *,
+            kernel: bool = False) -> tuple[int, Stacks, list[str]]:
     """Run ``argv`` (which must run seconds + 3 s or more), sample it once it is
-    described; its pid, the user+Python stacks of one window, its exec maps."""
+    described (at once without unwinding); its pid, the user+Python stacks
+    (with the kernel frames when ``kernel``) of one window, its exec maps."""
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     try:
         s.add_pid(p.pid)
         deadline = time.monotonic() + 20
-        while not s.unwind_ready(p.pid):
+        while s.options.unwind and not s.unwind_ready(p.pid):
             assert p.poll() is None, f"{argv[0]} exited early"
             assert time.monotonic() < deadline, "the process was never described to the unwinder"
             time.sleep(0.01)
@@ -112,14 +116,14 @@ def _record(s: BpfSampler, argv: list[str], seconds: float = 1.5) -> tuple[int, 
         p.kill()
         p.wait(timeout=10)
         s.remove_pid(p.pid)
-    stacks: collections.Counter[tuple[str, ...]] = collections.Counter()
+    stacks: Stacks = collections.Counter()
     for (tgid, _tid, _comm, stack), n in w.counts.items():
         if tgid == p.pid:
-            stacks[tuple(f for f in stack if not f.endswith("_[k]"))] += n
+            stacks[tuple(f for f in stack if kernel or not f.endswith("_[k]"))] += n
     return p.pid, stacks, maps
 
 
-def _share(stacks: collections.Counter[tuple[str, ...]], leaf: str, chain: list[str]) -> tuple[float, int]:
+def _share(stacks: Stacks, leaf: str, chain: list[str]) -> tuple[float, int]:
     """Of the samples whose leaf-most user frame is ``leaf``: the share holding ``chain`` in order."""
     with_leaf = {s: n for s, n in stacks.items() if s and s[-1] == leaf}
     total = sum(with_leaf.values())
@@ -144,21 +148,8 @@ def test_c_chain_without_frame_pointers(sampler: tuple[BpfSampler, RecordingSymb
 def test_samples_taken_in_the_kernel_have_the_whole_user_chain(sampler: tuple[BpfSampler, RecordingSymbolizer],
                                                                bins: dict[str, Path]) -> None:
     s, _ = sampler
-    p = subprocess.Popen([str(bins["chain"]), "6", "sys"])
-    try:
-        s.add_pid(p.pid)
-        deadline = time.monotonic() + 20
-        while not s.unwind_ready(p.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.3)
-        s.drain()
-        time.sleep(1.5)
-        w = s.drain()
-    finally:
-        p.kill()
-        p.wait(timeout=10)
-        s.remove_pid(p.pid)
-    in_kernel = {st: n for (tgid, _t, _c, st), n in w.counts.items() if tgid == p.pid and st[-1].endswith("_[k]")}
+    _pid, stacks, _ = _record(s, [str(bins["chain"]), "6", "sys"], kernel=True)
+    in_kernel = {st: n for st, n in stacks.items() if st[-1].endswith("_[k]")}
     total = sum(in_kernel.values())
     assert total >= 50, list(in_kernel)[:3]
     whole = sum(n for st, n in in_kernel.items()
@@ -171,18 +162,7 @@ def test_frame_pointer_walk_loses_the_chain(bins: dict[str, Path]) -> None:
     need(have_root(), "root (BPF and perf events)")
     need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
     with BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), unwind=False)) as s:
-        p = subprocess.Popen([str(bins["chain"]), "4"])
-        try:
-            s.add_pid(p.pid)
-            time.sleep(1.5)
-            w = s.drain()
-        finally:
-            p.kill()
-            p.wait(timeout=10)
-    stacks: collections.Counter[tuple[str, ...]] = collections.Counter()
-    for (tgid, _t, _c, stack), n in w.counts.items():
-        if tgid == p.pid:
-            stacks[tuple(f for f in stack if not f.endswith("_[k]"))] += n
+        _pid, stacks, _ = _record(s, [str(bins["chain"]), "6"])
     share, total = _share(stacks, "leaf", CHAIN)
     assert total >= 50
     assert share < 0.05, stacks.most_common(5)
@@ -337,25 +317,9 @@ def test_large_binaries_load_when_a_sample_needs_them(bins: dict[str, Path]) -> 
     with BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), unwind=True, unwind_rows=65536)) as s:
         u = s.unwinder
         assert u is not None
-        p = subprocess.Popen([str(bins["chain"]), "8"])
-        try:
-            s.add_pid(p.pid)
-            deadline = time.monotonic() + 20
-            # libc's ~28,000 rows, once a stack went through __libc_start_call_main.
-            while u.stats.rows_used < 4096 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert u.stats.rows_used > 4096, u.stats
-            time.sleep(0.3)
-            s.drain()
-            time.sleep(1.5)
-            w = s.drain()
-        finally:
-            p.kill()
-            p.wait(timeout=10)
-    stacks: collections.Counter[tuple[str, ...]] = collections.Counter()
-    for (tgid, _t, _c, stack), n in w.counts.items():
-        if tgid == p.pid:
-            stacks[tuple(f for f in stack if not f.endswith("_[k]"))] += n
+        _pid, stacks, _ = _record(s, [str(bins["chain"]), "6"])
+        # libc's ~28,000 rows came with the first stack through __libc_start_call_main
+        assert u.stats.rows_used > 4096, u.stats
     share, total = _share(stacks, "leaf", CHAIN)
     assert total >= 100 and share >= 0.95, stacks.most_common(3)
 
