@@ -48,12 +48,13 @@ def bins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("unwind")
     gcc, gxx = _tool("gcc"), _tool("g++")
     rustc = _tool("rustc", Path.home() / ".cargo" / "bin" / "rustc")
-    out = {name: d / name for name in ("chain", "throw", "chainrs", "recurse")}
+    out = {name: d / name for name in ("chain", "throw", "chainrs", "recurse", "jit")}
     builds = [
         [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["chain"]), str(SRC / "chain.c")],
         [gxx, "-O2", "-fomit-frame-pointer", "-o", str(out["throw"]), str(SRC / "throw.cpp")],
         [rustc, "-O", "-C", "force-frame-pointers=no", "-o", str(out["chainrs"]), str(SRC / "chain.rs")],
         [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["recurse"]), str(SRC / "recurse.c")],
+        [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["jit"]), str(SRC / "jit.c")],
     ]
     for cmd in builds:
         subprocess.run(cmd, check=True, timeout=300, cwd=d, capture_output=True)
@@ -191,6 +192,18 @@ def test_rust_release_build(sampler: tuple[BpfSampler, RecordingSymbolizer], bin
         return st[0] == "_start" and all(any(f.startswith(w) for f in it) for w in want)
 
     assert sum(n for st, n in leaf.items() if holds(st)) / total >= 0.95, stacks.most_common(3)
+
+
+def test_jit_code_by_its_frame_pointer_and_perf_map(sampler: tuple[BpfSampler, RecordingSymbolizer],
+                                                    bins: dict[str, Path]) -> None:
+    """Code generated at run time has no table: the unwinder follows its frame
+    pointer back into the tables, and /tmp/perf-PID.map names it."""
+    s, _ = sampler
+    fp_before = s.stats().unwind_total["UW_FP_FRAMES"]
+    _pid, stacks, _ = _record(s, [str(bins["jit"]), "6"])
+    share, total = _share(stacks, "jitted_spin", ["main", "level_a", "level_b", "call_jit", "jitted_spin"])
+    assert total >= 100 and share >= 0.95, stacks.most_common(3)
+    assert s.stats().unwind_total["UW_FP_FRAMES"] - fp_before >= total
 
 
 def test_depth_limit_is_said(sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path]) -> None:
