@@ -310,7 +310,9 @@ def test_bpf_map_pressure_counts_losses_and_names_the_setting(require_bpf: None,
     p = subprocess.Popen([str(many_stacks_binary)], start_new_session=True)
     try:
         d = daemon_factory(
-            sampling={"frequency": 499, "drain_interval": 1.0, "stack_map_size": 64, "counts_map_size": 64},
+            # The stack-trace map under pressure: user stacks go there without unwinding.
+            sampling={"frequency": 499, "drain_interval": 1.0, "stack_map_size": 64, "counts_map_size": 64,
+                      "unwind": False},
         )
         d.wait_for(lambda: d.status()["windows"] >= 6, 30, "six windows under pressure")
         text = d.metrics_text()
