@@ -406,12 +406,16 @@ class Unwinder:
             cfi = known.info.sections.get(".eh_frame") or known.info.sections.get(".debug_frame")
             estimate = (cfi[1] if cfi else 0) // _CFI_BYTES_PER_ROW
             large = estimate > self.stats.rows_capacity // _LAZY_FRACTION
-            load = load or (bool(want_keys) and ehframe.file_key(path, known.info) in want_keys)
+            key = ehframe.file_key(path, known.info) if large else ""
+            load = load or key in want_keys
             entry = self._load(path, known.info, m.path, large) if load or not large else _BUILDING
             if entry is _BUILDING:
                 # Not run yet, or its table is being built: listed with no rows.
-                with self._lock:
-                    self._waiting.setdefault(ehframe.file_key(path, known.info), set()).add(tgid)
+                # Only a process that ran it waits for the build; the others
+                # ask through uw_miss when they do.
+                if load:
+                    with self._lock:
+                        self._waiting.setdefault(key, set()).add(tgid)
                 bias = mapping_bias(known.loads, m)
                 return (TableEntry("", 0, 0), bias) if bias is not None else None
             known = _File(entry, known.loads, None)  # decided: loaded, or never will be
