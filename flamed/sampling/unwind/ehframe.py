@@ -34,7 +34,6 @@ PLT = 3  # a PLT entry: CFA = rsp + cfa, + 8 when (addr & 15) >= rbp
 STOP = 4  # the return address is undefined: the outermost frame
 UNSUPPORTED = 5  # a rule the unwinder cannot follow (a DWARF expression, another register)
 
-KIND_NAMES = {NONE: "none", CFA_RSP: "rsp", CFA_RBP: "rbp", PLT: "plt", STOP: "stop", UNSUPPORTED: "unsupported"}
 
 # DWARF register numbers of x86-64.
 _RBP, _RSP, _RA = 6, 7, 16

@@ -282,11 +282,6 @@ class Unwinder:
             self._pending.add(tgid)
         self._queue.put(tgid)
 
-    def idle(self) -> bool:
-        """Nothing queued or in progress (for tests and `record`)."""
-        with self._lock:
-            return not self._pending
-
     def _run(self) -> None:
         while True:
             tgid = self._queue.get()
@@ -561,10 +556,6 @@ class Unwinder:
                     leaf = leaf_t.from_buffer_copy(packed[(lo + i) * size:(lo + i + 1) * size])
                     table[ct.c_int(first + lo + i)] = leaf
                 log.debug("batch update of an unwind map failed (%s): wrote one by one", os.strerror(err))
-
-    def memory_bytes(self) -> int:
-        """Bytes the unwinder's maps take (preallocated: the bound, not the use)."""
-        return self.stats.rows_capacity * ehframe.ROW.size + self._max_procs * (16 + self._max_maps * _MAP.size)
 
 
 def mapping_bias(loads: tuple[tuple[int, int, int, int], ...], m: ExecMap) -> int | None:
