@@ -582,6 +582,20 @@ def _age_s(ident: ProcessIdentity) -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME) - ident.start_time / _CLK_TCK
 
 
+def _alive(pid: int) -> bool:
+    """Is ``pid`` a user process that has not exited (a zombie has; a
+    kernel thread has no maps to read)?"""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    rest = raw[raw.rfind(b")") + 2:].split()
+    try:
+        return rest[0] not in (b"Z", b"X") and not int(rest[6]) & 0x00200000  # PF_KTHREAD
+    except (IndexError, ValueError):
+        return False
+
+
 class BpfSampler:
     """bpf/profile.bpf.c through bcc; implements :class:`flamed.sampling.contract.Sampler`.
 
@@ -636,7 +650,10 @@ class BpfSampler:
         self._prime_stop = threading.Event()
         self._prime_wake = -1  # eventfd: close() wakes the priming thread's epoll wait with it
         self._new_images: list[int] = []  # tgids reported, filled by perf_buffer_poll's callback
-        self._reprime: deque[tuple[float, int]] = deque()  # (due, tgid) of second reads, in due order
+        #: (due, tgid, tries) of reads to repeat, in due order: tries 0 is the
+        #: second read of a young process, tries >= 1 a first read that failed
+        #: while the process was still there (it was exec'ing).
+        self._reprime: deque[tuple[float, int, int]] = deque()
         self._unwinder: Unwinder | None = None
         self._uw_forget: set[int] = set()  # exited: their uw_procs entry goes after the next drain
         self._stack_bufs: dict[str, tuple[Any, Any]] = {}  # reused by every drain, per stack map kind
@@ -710,6 +727,12 @@ class BpfSampler:
     #: the second read, 0.5 % with it; a read costs ~90 us of CPU.
     PRIME_REREAD_S = 0.02
     PRIME_YOUNG_S = 0.1
+    #: A first read that fails while the process is still there (it read
+    #: the identity of an image that exec replaced in the middle of the
+    #: read) is tried again PRIME_REREAD_S later, up to this many times.
+    #: Without it, 1 in ~100 short Python processes started from a Python
+    #: parent was never described (tests/integration/test_python_bpf.py).
+    PRIME_FIRST_TRIES = 4
 
     def _prime_loop(self) -> None:
         # Latency matters here (a process's maps and its Python description
@@ -784,15 +807,19 @@ class BpfSampler:
         self._stats.prime_throttled_total += 1
         return False
 
-    def _read_and_prime(self, tgid: int, *, first: bool) -> ProcessIdentity | None:
+    def _read_and_prime(self, tgid: int, *, first: bool, tries: int | None = None) -> ProcessIdentity | None:
         """Read ``tgid``'s identity and maps and hand them to the symbolizer
         (in the priming thread); the identity primed, or ``None`` when
         throttled, gone or closed.  Only first reads are counted as primed
-        or missed."""
+        or missed.  ``tries``: how many times this first read failed already;
+        a failed one of a process still there is tried again soon."""
         sym = self._symbolizer
         if sym is None or not self._prime_token():
             return None
         prepared = sym.prepare(tgid)  # /proc reads: outside the lock, a drain may hold it
+        if prepared is None and tries is not None and tries + 1 < self.PRIME_FIRST_TRIES and _alive(tgid):
+            self._reprime.append((time.monotonic() + self.PRIME_REREAD_S, tgid, tries + 1))
+            return None
         with self._lock:
             if self._closed:
                 return None
@@ -811,13 +838,20 @@ class BpfSampler:
         for tgid in dict.fromkeys(tasks):
             if self._prime_stop.is_set():
                 break
-            ident = self._read_and_prime(tgid, first=True)
-            if ident is not None and self._unwinder is not None:
-                self._unwinder.submit(tgid)
-            if ident is not None and _age_s(ident) < self.PRIME_YOUNG_S:
-                self._reprime.append((time.monotonic() + self.PRIME_REREAD_S, tgid))
-            if self._python is not None and ident is not None:
-                self._py_describe(tgid, 0.002)
+            self._prime_first(tgid, 0)
+
+    def _prime_first(self, tgid: int, tries: int) -> None:
+        """The first read of a process image, then its unwinder and Python
+        descriptions."""
+        ident = self._read_and_prime(tgid, first=True, tries=tries)
+        if ident is None:
+            return
+        if self._unwinder is not None:
+            self._unwinder.submit(tgid)
+        if _age_s(ident) < self.PRIME_YOUNG_S:
+            self._reprime.append((time.monotonic() + self.PRIME_REREAD_S, tgid, 0))
+        if self._python is not None:
+            self._py_describe(tgid, 0.002)
 
     # -- Python processes: described to the program when first sampled -----
     #: Longest wait between two probes of a process that is not ready yet.
@@ -910,8 +944,10 @@ class BpfSampler:
         """The due second reads of recently primed young processes."""
         now = time.monotonic()
         while self._reprime and self._reprime[0][0] <= now:
-            tgid = self._reprime.popleft()[1]
-            if self._read_and_prime(tgid, first=False) is not None and self._unwinder is not None:
+            _due, tgid, tries = self._reprime.popleft()
+            if tries:
+                self._prime_first(tgid, tries)
+            elif self._read_and_prime(tgid, first=False) is not None and self._unwinder is not None:
                 self._unwinder.submit(tgid)  # libraries mapped since the first read
 
     def stop(self) -> None:

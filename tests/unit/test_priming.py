@@ -1,0 +1,109 @@
+"""The priming thread's first read of a new process image (BpfSampler without
+BPF: the reports are fed in by hand, the processes are real).
+
+A first read can fail while the process is still there: the image reported
+was replaced by exec in the middle of the read (identity read before and
+after differ).  Before it was tried again, about 1 in 150 short Python
+processes started by a Python parent was never described to the program and
+had no Python frame at all."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
+from flamed.sampling.pyframes import PythonFrames
+from flamed.sampling.symbols import ProcessIdentity
+
+
+class FlakySymbolizer:
+    """``prepare`` fails the first ``fail`` times for every pid, as a read racing exec does."""
+
+    def __init__(self, fail: int) -> None:
+        self.fail = fail
+        self.calls: dict[int, int] = {}
+        self.primed: list[int] = []
+
+    def prepare(self, pid: int) -> Any:
+        n = self.calls[pid] = self.calls.get(pid, 0) + 1
+        if n <= self.fail:
+            return None
+        return ProcessIdentity(pid, int(time.clock_gettime(time.CLOCK_BOOTTIME) * 100) - 1000, 0x400000, 0x7FFF0000), []
+
+    def prime(self, pid: int, prepared: Any) -> None:
+        self.primed.append(pid)
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        yield p
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _sampler(sym: FlakySymbolizer, probed: list[int]) -> BpfSampler:
+    frames = PythonFrames(probe=lambda pid: probed.append(pid), symbolizer_factory=lambda _p, _t: None)
+    return BpfSampler(BpfSamplerOptions(frequency=99, python=True), symbolizer=sym,  # type: ignore[arg-type]
+                      python_frames=frames)
+
+
+def _run_due(s: BpfSampler, deadline_s: float = 2.0) -> None:
+    end = time.monotonic() + deadline_s
+    while s._reprime and time.monotonic() < end:
+        time.sleep(s.PRIME_REREAD_S)
+        s._prime_again()
+
+
+def test_a_failed_first_read_of_a_live_process_is_tried_again(child: subprocess.Popen[bytes]) -> None:
+    sym, probed = FlakySymbolizer(fail=2), []
+    s = _sampler(sym, probed)
+    s._new_images.append(child.pid)
+    s._prime_reported()
+    assert probed == [], "described before its maps were read"
+    _run_due(s)
+    assert sym.calls[child.pid] == 3
+    assert child.pid in sym.primed
+    assert probed == [child.pid], "the Python description must follow the late first read"
+    st = s._stats
+    assert (st.primed_total, st.prime_missed_total) == (1, 0)
+
+
+def test_retries_are_bounded_and_then_counted_as_missed(child: subprocess.Popen[bytes]) -> None:
+    sym, probed = FlakySymbolizer(fail=1000), []
+    s = _sampler(sym, probed)
+    s._new_images.append(child.pid)
+    s._prime_reported()
+    _run_due(s)
+    assert sym.calls[child.pid] == s.PRIME_FIRST_TRIES
+    assert not s._reprime
+    assert (s._stats.primed_total, s._stats.prime_missed_total) == (0, 1)
+    assert probed == []
+
+
+def test_an_exited_process_is_not_tried_again() -> None:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    sym, probed = FlakySymbolizer(fail=1000), []
+    s = _sampler(sym, probed)
+    s._new_images.append(p.pid)
+    s._prime_reported()
+    assert not s._reprime
+    assert sym.calls[p.pid] == 1
+    assert s._stats.prime_missed_total == 1
+
+
+def test_a_kernel_thread_is_not_tried_again() -> None:
+    sym, probed = FlakySymbolizer(fail=1000), []
+    s = _sampler(sym, probed)
+    s._new_images.append(2)  # kthreadd
+    s._prime_reported()
+    assert not s._reprime
