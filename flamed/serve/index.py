@@ -348,9 +348,21 @@ class Index:
         for e in self.overlapping(start_ns, end_ns):
             ratio = self._ratio(e, filters) if filters.active() else 1.0
             if e.windows:
-                for ws, _we, n in e.windows:
-                    if start_ns <= ws < end_ns:
-                        yield ws, n * ratio
+                for ws, we, n in e.windows:
+                    # A window longer than a second (the daemon drains every
+                    # drain_interval, 10 s by default) holds no finer times:
+                    # its count is spread evenly over its seconds rather than
+                    # piled into the first one.
+                    secs = max(1, -(-(we - ws) // NS))
+                    if secs == 1:
+                        if start_ns <= ws < end_ns:
+                            yield ws, n * ratio
+                        continue
+                    share = n * ratio / secs
+                    for k in range(secs):
+                        t = ws + k * NS
+                        if start_ns <= t < end_ns:
+                            yield t, share
             else:
                 yield max(e.start_ns, start_ns), float(e.weight) * ratio
 

@@ -45,6 +45,22 @@ def test_state_dir_api(tmp_path: Path) -> None:
         assert e.value.code == 400 and b"not a valid regex" in e.value.read()
 
 
+def test_heatmap_of_ten_second_windows(tmp_path: Path) -> None:
+    """The shipped config drains every 10 s: each window's count covers its ten
+    seconds of the heatmap, not the first of them (nine empty rows in ten)."""
+    write_state_dir(tmp_path, files=2, window_s=10)
+    with serve("--state-dir", str(tmp_path)) as url:
+        tl = json.loads(_get(url + f"api/timeline?start={T0_MS}&end={T0_MS + 120_000}&view=heatmap"))
+        assert tl["view"] == "heatmap" and tl["cols"] == 2 and tl["rows"] == 60
+        for col in tl["cells"]:
+            assert col == pytest.approx([10.0] * 60), col  # (97 + 3) per 10 s window, over its 10 rows
+        hist = json.loads(_get(url + f"api/timeline?start={T0_MS}&end={T0_MS + 120_000}&view=histogram"))
+        assert sum(hist["counts"]) == pytest.approx(2 * 6 * 100)
+        # A range starting inside a window counts only that window's seconds in it.
+        part = json.loads(_get(url + f"api/timeline?start={T0_MS + 5_000}&end={T0_MS + 60_000}&view=histogram"))
+        assert sum(part["counts"]) == pytest.approx(55 * 10)
+
+
 def test_trace_subsecond_heatmap(tmp_path: Path) -> None:
     trace = tmp_path / "t.trace"
     base = 1_700_000_000
