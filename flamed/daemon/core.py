@@ -37,7 +37,7 @@ from flamed.daemon.logs import setup_logging
 from flamed.daemon.losses import LossAdvisor, placeholder_stacks
 from flamed.daemon.metrics import DaemonMetrics, MetricsServer
 from flamed.daemon.notify import Notifier, watchdog_interval
-from flamed.daemon.pyroscope import Pusher
+from flamed.daemon.pyroscope import Pusher, Target
 from flamed.daemon.processors import ProcessorContext, WindowProcessor, processor_options
 from flamed.daemon.protocol import (
     ProtocolError,
@@ -551,6 +551,10 @@ class Daemon:
             return
         new_lock: StateDirLock | None = None
         try:
+            if new.pyroscope.server_address:
+                # Read the password file before anything changes: a reload it
+                # refuses must leave all of the running configuration alone.
+                Target.from_config(new.pyroscope, self.store.host)
             if os.path.abspath(new.output.state_dir) != self.store.dir:
                 # The new directory must be ours before anything else changes.
                 new_lock = StateDirLock(new.output.state_dir)

@@ -156,8 +156,9 @@ class Pusher:
     """The queue and the thread that empties it; thread-safe."""
 
     def __init__(self, cfg: PyroscopeConfig, metrics: DaemonMetrics, *, host: str, root: str,
-                 sleep: Callable[[float], None] | None = None) -> None:
+                 sender: Callable[[Target, urllib.request.Request], None] = send) -> None:
         self.metrics = metrics
+        self._send = sender
         self.host = host
         self.root = root
         self.cfg = cfg
@@ -186,28 +187,34 @@ class Pusher:
             self.cfg = cfg
             self.target = target
             self.root = root
-            while len(self._queue) > cfg.max_queue:
+            while self._waiting() > cfg.max_queue:
                 self._drop_oldest()
             self._cond.notify_all()
 
     def submit(self, w: RingWindow) -> None:
         """Called by the drain: never waits for the network."""
         with self._cond:
-            while len(self._queue) >= self.cfg.max_queue:
+            while self._waiting() >= self.cfg.max_queue:
                 self._drop_oldest()
             self._queue.append(w)
-            self.metrics.push_queue.set(len(self._queue))
+            self.metrics.push_queue.set(self._waiting())
             self._cond.notify_all()
 
+    def _sending(self) -> bool:
+        """Is the head of the queue in flight (a request under way)?"""
+        return self._inflight is not None and bool(self._queue) and self._queue[0] is self._inflight
+
+    def _waiting(self) -> int:
+        """Windows waiting: not the one in flight (it may arrive; dropping it
+        as well would count it twice)."""
+        return len(self._queue) - self._sending()
+
     def _drop_oldest(self) -> None:
-        # The window being sent stays (it may arrive); the next oldest goes.
-        i = 1 if self._inflight is not None and self._queue and self._queue[0] is self._inflight else 0
-        if i >= len(self._queue):
-            i = 0
-        del self._queue[i]
+        # The window being sent stays; the oldest waiting one goes.
+        del self._queue[1 if self._sending() else 0]
         self.dropped += 1
         self.metrics.push_windows.labels(result="dropped").inc()
-        self.metrics.push_queue.set(len(self._queue))
+        self.metrics.push_queue.set(self._waiting())
 
     def _run(self) -> None:
         backoff = 0.0
@@ -223,7 +230,7 @@ class Pusher:
             cpu0 = time.thread_time()
             try:
                 body = encode(target, [w], root=root, host=self.host)
-                send(target, ingest_request(target, start_ns=w.start_ns, end_ns=w.end_ns,
+                self._send(target, ingest_request(target, start_ns=w.start_ns, end_ns=w.end_ns,
                                             sample_rate=w.sample_rate, body=body))
             except PushError as e:
                 self.metrics.push_cpu.inc(time.thread_time() - cpu0)
@@ -257,8 +264,8 @@ class Pusher:
             self._inflight = None
             if self._queue and self._queue[0] is w:
                 self._queue.popleft()
-            elif result != "sent":
-                return  # dropped while in flight: counted already
+            else:
+                return  # counted already (dropped when the daemon stopped)
             if result == "sent":
                 if self._failing:
                     log.info("pyroscope push: sending again (%d window(s) queued)", len(self._queue))
@@ -268,7 +275,7 @@ class Pusher:
             else:
                 self.failed += 1
             self.metrics.push_windows.labels(result=result).inc()
-            self.metrics.push_queue.set(len(self._queue))
+            self.metrics.push_queue.set(self._waiting())
 
     def _error(self, message: str) -> None:
         with self._cond:

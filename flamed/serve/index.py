@@ -360,9 +360,9 @@ class Index:
                         continue
                     share = n * ratio / secs
                     for k in range(secs):
-                        t = ws + k * NS
-                        if start_ns <= t < end_ns:
-                            yield t, share
+                        at = ws + k * NS
+                        if start_ns <= at < end_ns:
+                            yield at, share
             else:
                 yield max(e.start_ns, start_ns), float(e.weight) * ratio
 
