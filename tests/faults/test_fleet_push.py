@@ -268,3 +268,37 @@ def test_flamed_push_backfills_rotated_files(tmp_path: Path, daemon_factory: Any
     r = subprocess.run([sys.executable, "-m", "flamed", "push", "--server", f"http://127.0.0.1:{free_port()}",
                         "--config", str(d.cfg_path), paths[0]], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and paths[0] in r.stderr and "cannot send" in r.stderr, r.stderr
+
+
+def test_reload_changes_the_push_and_a_bad_password_file_changes_nothing(tmp_path: Path, daemon_factory: Any) -> None:
+    """A reload applies a new [pyroscope] table; one whose password file cannot
+    be read is refused as a whole: the sampler's new frequency is not applied
+    either (the ingest server checks every request's sampleRate is 99)."""
+    from daemonproc import write_config
+
+    srv = Ingest()
+    try:
+        d = push_daemon(daemon_factory, srv.port, application_name="one")
+        d.wait_for(lambda: any(r["q"]["name"].startswith("one{") for r in srv.requests), 30, "a push as 'one'")
+        d.config["pyroscope"]["application_name"] = "two"
+        write_config(d.cfg_path, d.config)
+        d.signal(signal.SIGHUP)
+        d.wait_for(lambda: d.metric("flamed_config_reloads_total", {"result": "ok"}) == 1, 30, "the reload")
+        d.wait_for(lambda: any(r["q"]["name"].startswith("two{") for r in srv.requests), 30, "a push as 'two'")
+        d.config["pyroscope"]["basic_auth_password_file"] = str(tmp_path / "no-such-file")
+        d.config["sampling"]["frequency"] = 49
+        write_config(d.cfg_path, d.config)
+        d.signal(signal.SIGHUP)
+        d.wait_for(lambda: d.metric("flamed_config_reloads_total", {"result": "error"}) == 1, 30, "the refused reload")
+        line = [ln for ln in d.log().splitlines() if "keeping the running configuration" in ln][-1]
+        assert "basic_auth_password_file" in line and "no-such-file" in line, line
+        n = srv.count()
+        d.wait_for(lambda: srv.count() >= n + 3, 30, "three pushes after the refused reload")
+        st = d.status()
+        assert st["frequency"] == 99 and st["push"]["last_error"] is None, st
+        d.signal(signal.SIGTERM)
+        assert d.wait_exit(60) == 0
+    finally:
+        srv.close()
+    assert not srv.problems, srv.problems[:5]
+    assert all(r["q"]["name"].startswith("two{") for r in srv.requests[n:])
