@@ -1044,6 +1044,8 @@ class BpfSampler:
         _check_privileges()
         if self.options.python:
             self._fsbase_offset = task_fsbase_offset()
+            if self._python is not None:
+                self._python.fsbase_known = self._fsbase_offset >= 0
         prog = bpf_program(self.options, fsbase_offset=self._fsbase_offset)
         self._stat_idx = _stat_indices(prog.path.parent / "flamed.h")
         # Compile from the files' text with -D flags; the header comes through -I.

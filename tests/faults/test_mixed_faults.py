@@ -524,6 +524,44 @@ def test_sigterm_with_python_processes_writes_every_sample(require_bpf: None, re
                                      "difference": counted - written})
 
 
+def test_sigterm_with_bpf_python_processes_writes_every_sample(require_bpf: None, daemon_factory: Any,
+                                                               cgroup: str) -> None:
+    """The default source: Python frames read by the program; a SIGTERM while
+    they are sampled writes every counted sample, with its Python frames."""
+    from daemonproc import BUSY
+    from test_daemon_faults import bpf_total_from_log
+
+    d = _mixed_daemon(daemon_factory, cgroup, source="bpf")
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=in_cgroup(cgroup)) for _ in range(2)]
+    try:
+        for p in busy:
+            d.wait_for(lambda p=p: _python_share(d, p.pid)[0] > 20, 60, f"Python frames of {p.pid}")
+        time.sleep(1.5)  # a drain interval and a half: samples taken since the last drain are pending
+        d.signal(signal.SIGTERM)
+        rc = d.wait_exit(90)
+    finally:
+        for p in busy:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+    log = d.log()
+    assert rc == 0, log[-3000:]
+    tot = check_state_dir(d.state_dir)
+    counted = bpf_total_from_log(log)
+    assert counted is not None, log[-2000:]
+    written = tot["weight"] + tot["lost"].get("map_full", 0)
+    assert counted == written, (counted, tot, log[-2000:])
+    m = re.findall(r"stopping: .* went into windows \((\d+) written", log)
+    assert m and int(m[-1]) == tot["weight"], log[-2000:]
+    stacks = _written_stacks(d.state_dir)
+    # Only the cgroup is sampled: every written sample is one of the busy processes'.
+    python = sum(n for s, n in stacks.items() if any(f.startswith("<genexpr> (") for f in s))
+    assert python >= 0.8 * tot["weight"] and python > 40, (python, tot["weight"])
+    record_figure("sigterm_python_bpf", {"bpf_samples": counted, "written_weight": tot["weight"],
+                                         "with_python_frames": python, "difference": counted - written})
+
+
 # ---------------------------------------------------------------------------
 # Reloads while Python processes are profiled
 
@@ -563,12 +601,15 @@ RELOADS: list[tuple[str, str, Any]] = [
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("source", ["pyspy", "bpf"])
 def test_reload_of_every_section_keeps_python_frames(require_bpf: None, require_pyspy: str,
-                                                     daemon_factory: Any, cgroup: str) -> None:
+                                                     daemon_factory: Any, cgroup: str, source: str) -> None:
+    """Both sources: py-spy children are reconfigured; the BPF walker's
+    descriptions must survive a [sampling] reload that replaces the program."""
     from daemonproc import BUSY, write_config
 
     # Python samples are stored one py-spy window after they were taken: a short window.
-    d = _mixed_daemon(daemon_factory, cgroup, window_s=1.0)
+    d = _mixed_daemon(daemon_factory, cgroup, window_s=1.0, source=source)
     busy = subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=in_cgroup(cgroup))
     figures: list[dict[str, Any]] = []
     try:
@@ -605,10 +646,13 @@ def test_reload_of_every_section_keeps_python_frames(require_bpf: None, require_
             got = d.wait_for(python_frames, 60, f"Python frames after reloading {section}.{key}")
             figures.append({"reload": f"{section}.{key} = {value!r}", "python": got[0], "samples": got[1]})
         st = d.status()["processors"]["python"]
-        assert st["processes"] == [busy.pid], st
+        if source == "pyspy":
+            assert st["processes"] == [busy.pid], st
+        else:
+            assert daemon_children(d.pid).get("py-spy", 0) == 0, "py-spy started for a walked process"
     finally:
         busy.kill()
         busy.wait(10)
     log = d.log()
     assert "py-spy not found" not in log, log[-2000:]
-    record_figure("reload_sections_python", figures)
+    record_figure("reload_sections_python" + ("" if source == "pyspy" else "_bpf"), figures)

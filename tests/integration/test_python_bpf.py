@@ -250,3 +250,31 @@ def test_a_refused_process_falls_back_to_pyspy_and_says_why(require_pyspy: str) 
     assert mine, "no sample of the refused process came through py-spy's join"
     named = sum(1 for s in mine if any(f.startswith("step_") for f in s))
     assert named >= 0.5 * len(mine), f"{named}/{len(mine)} py-spy-joined samples with the workload's frames"
+
+
+def test_without_btf_fs_base_old_pythons_are_refused_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """3.8-3.10 threads are matched by fs base, whose offset in task_struct comes
+    from the kernel's BTF.  Without it such a process must be refused with its
+    reason (so py-spy may take it), not claimed and left without Python frames;
+    3.11+ (matched by native_thread_id) is still walked."""
+    import flamed.sampling.bpf as bpfmod
+    from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
+    from flamed.sampling.pyframes import PythonFrames
+
+    need(have_root(), "root (BPF and perf events need CAP_BPF/CAP_PERFMON)")
+    monkeypatch.setattr(bpfmod, "task_fsbase_offset", lambda: -1)
+    refused: list[tuple[int, str, str]] = []
+    frames = PythonFrames(on_refused=lambda pid, code, why: refused.append((pid, code, why)))
+    code = "import time\nend = time.perf_counter() + 1.5\nwhile time.perf_counter() < end: pass\n"
+    with BpfSampler(BpfSamplerOptions(frequency=199, python=True), python_frames=frames) as s:
+        old = subprocess.Popen([str(_interpreter("3.8")), "-c", code])
+        new = subprocess.Popen([str(_interpreter("3.12")), "-c", code])
+        assert old.wait(timeout=30) == 0 and new.wait(timeout=30) == 0
+        w = s.drain()
+        assert s.python_claim(old.pid) == (False, "no_fsbase")
+        assert s.python_claim(new.pid) == (True, "walked")
+    assert frames.verdict(old.pid) == "no_fsbase"
+    assert [r for r in refused if r[0] == old.pid and r[1] == "no_fsbase" and "BTF" in r[2]]
+    assert frames.stats.refused["no_fsbase"] >= 1
+    assert not any(_PY_FRAME.search(f) for st, _n in _stacks_of(w, {old.pid}) for f in st)
+    assert any(_PY_FRAME.search(f) for st, _n in _stacks_of(w, {new.pid}) for f in st)

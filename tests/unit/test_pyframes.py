@@ -86,3 +86,41 @@ def test_parse_pystack_reads_the_struct_of_the_program() -> None:
     raw = struct.pack("<II", 2, 1) + struct.pack(f"<{depth}Q", *codes) + struct.pack(f"<{depth}I", *instrs)
     frames, flags = parse_pystack(raw, depth)
     assert frames == [(0x1000, 10), (0x2001, 20)] and flags == 1
+
+
+class _Flaky(_Target):
+    """A target whose walk from user space fails ``fails`` times first (a starting interpreter)."""
+
+    def __init__(self, fails: list[int]) -> None:
+        self.fails = fails
+
+    def validate(self) -> Any:
+        if self.fails[0] > 0:
+            self.fails[0] -= 1
+            return type("State", (), {"kind": "invalid", "reason": "frame code object 0x0 is unreadable"})()
+        return "ready"
+
+
+def test_failures_in_quick_succession_do_not_refuse_a_starting_interpreter() -> None:
+    fails = [5]
+    refused: list[str] = []
+    pf = PythonFrames(probe=lambda pid: _Flaky(fails), symbolizer_factory=lambda pid, t: _Names({}),
+                      on_refused=lambda pid, code, why: refused.append(code))
+    got = [pf.describe(7) for _ in range(6)]  # within microseconds: no VALIDATE_SPAN_S elapsed
+    assert got[:5] == [True] * 5 and isinstance(got[5], bytes), got
+    assert pf.verdict(7) == "bpf" and refused == []
+
+
+def test_a_layout_that_keeps_failing_is_refused_once_the_span_has_passed(monkeypatch: Any) -> None:
+    import flamed.sampling.pyframes as mod
+
+    now = [1000.0]
+    monkeypatch.setattr(mod.time, "monotonic", lambda: now[0])
+    refused: list[str] = []
+    pf = PythonFrames(probe=lambda pid: _Flaky([10**6]), symbolizer_factory=lambda pid, t: _Names({}),
+                      on_refused=lambda pid, code, why: refused.append(code))
+    for _ in range(10):
+        assert pf.describe(7) is True
+    now[0] += PythonFrames.VALIDATE_SPAN_S
+    assert pf.describe(7) is None
+    assert pf.verdict(7) == "invalid_layout" and refused == ["invalid_layout"]

@@ -1,8 +1,15 @@
 """Score stacks against py_truth.py's signatures (used by tests and bench).
 
 A stack (root first) is a *signature sample* when its native or kernel frames
-show one of the steps' signatures; it is *right* when its innermost
-``step_*`` Python frame is that step.
+show one of the steps' signatures while the workload's ``worker`` runs (a
+``worker`` or ``step_*`` Python frame, or no Python frame at all); it is
+*right* when its innermost ``step_*`` Python frame is that step.
+
+Signature code runs outside the steps too, and is not the steps' work:
+libcrypto loaded by ``import hashlib`` (import machinery frames, no worker)
+and OpenSSL's exit handlers (no Python frame, below ``__run_exit_handlers``).
+A stack whose Python frames were lost or wrong still counts: it has no
+Python frame, or a worker without the step.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 _PY = re.compile(r"^(\S+) \(.*\.py:\d+\)$")
+#: Any Python frame, frozen modules' (``<frozen importlib._bootstrap>:1149``) too.
+_ANY_PY = re.compile(r"^(\S+) \(.*:\d+\)$")
 SIGNATURES = {
     "step_hash": re.compile(r"libcrypto|_sha2|_sha256|sha256_block|SHA256"),
     "step_zlib": re.compile(r"libz\.so|deflate|zlib"),
@@ -51,6 +60,14 @@ def innermost_step(stack: Sequence[str]) -> str | None:
     return None
 
 
+def in_workload(stack: Sequence[str]) -> bool:
+    """Could the steps' work be on this stack (see the module doc)?"""
+    names = [m.group(1) for f in stack if (m := _ANY_PY.match(f))]
+    if not names:
+        return not any(f.startswith("__run_exit_handlers") for f in stack)
+    return any(n == "worker" or n.startswith("step_") for n in names)
+
+
 def score(stacks: Iterable[tuple[Sequence[str], int]]) -> Score:
     s = Score()
     for stack, n in stacks:
@@ -58,7 +75,7 @@ def score(stacks: Iterable[tuple[Sequence[str], int]]) -> Score:
         if any(_PY.match(f) for f in stack):
             s.with_python += n
         sig = signature_of(stack)
-        if sig is None:
+        if sig is None or not in_workload(stack):
             continue
         s.signature += n
         if innermost_step(stack) == sig:
