@@ -58,18 +58,21 @@ INTERPRETERS = ("/root/.pyenv/versions/3.11.7/bin/python3.11", "/usr/bin/python3
 TICK = os.sysconf("SC_CLK_TCK")
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 SERVICE = r"""
-import time
+import sys, time
+BUSY, IDLE = float(sys.argv[1]), float(sys.argv[2])
 def work():
-    end = time.perf_counter() + 0.002
+    end = time.perf_counter() + BUSY
     n = 0
     while time.perf_counter() < end:
         n += 1
 def serve():
     while True:
         work()
-        time.sleep(0.008)
+        time.sleep(IDLE)
 serve()
 """
+#: Seconds of work and of sleep of each service (--busy-ms, --sleep-ms).
+DUTY = [0.002, 0.008]
 _PY_FRAME = re.compile(r"^(\S+) \(.*\.py:\d+\)$")
 
 
@@ -155,7 +158,7 @@ def services(tmp: Path, n: int) -> Iterator[list[int]]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i in range(n):
-            procs.append(subprocess.Popen([str(names[i % 2]), "-S", str(script)],
+            procs.append(subprocess.Popen([str(names[i % 2]), "-S", str(script), str(DUTY[0]), str(DUTY[1])],
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
         yield [p.pid for p in procs]
     finally:
@@ -313,7 +316,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="about a minute: settle 2 s, measure 5 s, "
                     "counts 1,8 (py-spy 8), walk runs of 3 s")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--busy-ms", type=float, default=2.0, help="each service's work per cycle (2 ms)")
+    ap.add_argument("--sleep-ms", type=float, default=8.0,
+                    help="each service's sleep per cycle (8 ms): 32 services of 2+8 ms are 6.4 cores of demand; "
+                         "0.3+9.7 ms makes 32 of them fit in one")
     args = ap.parse_args()
+    DUTY[:] = [args.busy_ms / 1000, args.sleep_ms / 1000]
     # SIGTERM (timeout(1), a CI kill) must run the finally blocks that stop the
     # daemon, the services and py-spy, and restore bpf_stats_enabled.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -340,7 +348,7 @@ def main() -> int:
     load = os.getloadavg()
     print(f"# bench/python_bpf.py: {os.cpu_count()} CPUs, load average at start "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; settle {args.settle:g} s, measure {args.measure:g} s, "
-          f"repeat {args.repeat}", flush=True)
+          f"repeat {args.repeat}; services {args.busy_ms:g} ms busy / {args.sleep_ms:g} ms asleep", flush=True)
     runs: list[dict[str, Any]] = []
     walk: list[dict[str, Any]] = []
     old_stats = STATS.read_text().strip()
