@@ -165,7 +165,8 @@ class Handler(BaseHTTPRequestHandler):
         ctype, ext = _FORMATS[fmt]
         buf = io.BytesIO()
         title = q.get("title") or "Flame Graph"
-        outputs.get(fmt).write(p, buf, OutputOptions(title=title, subtitle=_span_text(lo, hi), palette="mixed", minwidth=0.1))
+        minwidth = _minwidth(q)
+        outputs.get(fmt).write(p, buf, OutputOptions(title=title, subtitle=_span_text(lo, hi), palette="mixed", minwidth=minwidth))
         extra = {}
         if q.get("download"):
             extra["Content-Disposition"] = f'attachment; filename="flamed-{lo // 1_000_000}-{hi // 1_000_000}{ext}"'
@@ -186,7 +187,8 @@ class Handler(BaseHTTPRequestHandler):
                 {"name": c.function, "before": c.total_before, "after": c.total_after, "delta": c.total_delta,
                  "self_delta": c.self_delta} for c in rows]})
             return
-        options = OutputOptions(title="Differential Flame Graph", subtitle=f"A {_span_text(a0, a1)} -> B {_span_text(b0, b1)}")
+        options = OutputOptions(title="Differential Flame Graph", subtitle=f"A {_span_text(a0, a1)} -> B {_span_text(b0, b1)}",
+                                minwidth=_minwidth(q))
         table = table_from_items(d.after_items(include_gone=True), d.deltas())
         boxes = flame_frames(table, min_weight(table.total, options)) if len(table) else []
         buf = io.BytesIO()
@@ -201,3 +203,17 @@ def _span_text(lo: int, hi: int) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns // 1_000_000_000)) + "Z"
 
     return f"{t(lo)} .. {t(hi)}"
+
+
+def _minwidth(q: dict[str, str]) -> float:
+    """``minwidth`` (px) of an SVG: 0.1 as ``flamed svg`` by default (downloads);
+    the page asks for 0.5: a cold hour of a busy host was a 3 MB SVG whose
+    layout alone took the browser over a second (docs/serve.md)."""
+    raw = q.get("minwidth", "") or "0.1"
+    try:
+        v = float(raw)
+    except ValueError:
+        raise FlamedError(f"minwidth: expected pixels, got {raw!r}") from None
+    if not 0 <= v <= 100:
+        raise FlamedError("minwidth: expected 0..100 pixels")
+    return v

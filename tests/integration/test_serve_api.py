@@ -45,6 +45,22 @@ def test_state_dir_api(tmp_path: Path) -> None:
         assert e.value.code == 400 and b"not a valid regex" in e.value.read()
 
 
+def test_svg_minwidth_is_a_parameter(tmp_path: Path) -> None:
+    """The page asks for 0.5 px boxes, a download keeps flamed svg's 0.1 px."""
+    # 4,000 leaves of equal weight in each file: ~0.3 px each in a 1200 px graph.
+    write_state_dir(tmp_path, files=2, stacks_per_phase=4000, window_s=10)
+    with serve("--state-dir", str(tmp_path)) as url:
+        rng = f"start={T0_MS}&end={T0_MS + 120_000}"
+        full = _get(url + f"api/profile?format=svg&{rng}")
+        page = _get(url + f"api/profile?format=svg&{rng}&minwidth=0.5")
+        coarse = _get(url + f"api/profile?format=svg&{rng}&minwidth=5")
+        assert full.count(b"<g") > page.count(b"<g") >= coarse.count(b"<g"), (
+            full.count(b"<g"), page.count(b"<g"), coarse.count(b"<g"))
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _get(url + f"api/profile?format=svg&{rng}&minwidth=wide")
+        assert e.value.code == 400 and b"minwidth" in e.value.read()
+
+
 def test_heatmap_of_ten_second_windows(tmp_path: Path) -> None:
     """The shipped config drains every 10 s: each window's count covers its ten
     seconds of the heatmap, not the first of them (nine empty rows in ten)."""

@@ -128,7 +128,9 @@ function graphKey() {
 }
 // The graph's own parameters: flamegraph.js reads s, i and z from its URL.
 function graphParams() {
-  const g = {};
+  // Boxes under half a pixel are left out of the page's graph (search still
+  // counts their samples); the SVG download keeps flamed svg's 0.1 px.
+  const g = { minwidth: "0.5" };
   if (S.search) { g.s = S.search; if (S.icase) g.i = "1"; }
   if (S.zoom != null) g.z = S.zoom;
   return g;
