@@ -8,6 +8,10 @@ skipping.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 from support import have_bcc, have_root, need, pyspy_path
 
@@ -25,3 +29,16 @@ def require_pyspy() -> str:
     need(have_root(), "root or CAP_SYS_PTRACE for py-spy")
     assert path is not None
     return path
+
+
+@pytest.fixture
+def serve_browser(tmp_path: Path) -> Iterator[Any]:
+    """Headless Chromium sized for ``flamed serve``'s page (timeline, graph, table)."""
+    from cdp import Browser, chromium_path
+
+    need(chromium_path() is not None, "chromium (Debian package chromium)")
+    b = Browser(tmp_path / "chromium-profile", width=1200, height=1000)
+    try:
+        yield b
+    finally:
+        b.close()

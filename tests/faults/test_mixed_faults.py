@@ -482,10 +482,35 @@ def _written_stacks(state: Path) -> dict[tuple[str, ...], int]:
     return out
 
 
+def _sigterm_accounting(d: Any, rc: int) -> tuple[int, dict[str, Any]]:
+    """After a SIGTERM: every sample the program counted is in a file (or a
+    counted loss), and the daemon's own stop-time accounting says the same.
+    (BPF count, the state directory's totals.)"""
+    from test_daemon_faults import bpf_total_from_log
+
+    log = d.log()
+    assert rc == 0, log[-3000:]
+    tot = check_state_dir(d.state_dir)
+    counted = bpf_total_from_log(log)
+    assert counted is not None, log[-2000:]
+    written = tot["weight"] + tot["lost"].get("map_full", 0)
+    assert counted == written, (counted, tot, log[-2000:])
+    m = re.findall(r"stopping: .* went into windows \((\d+) written", log)
+    assert m and int(m[-1]) == tot["weight"], log[-2000:]
+    return counted, tot
+
+
+def _stop_busy(busy: list[subprocess.Popen[bytes]]) -> None:
+    for p in busy:
+        with contextlib.suppress(ProcessLookupError):
+            p.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(10)
+
+
 def test_sigterm_with_python_processes_writes_every_sample(require_bpf: None, require_pyspy: str,
                                                            daemon_factory: Any, cgroup: str) -> None:
     from daemonproc import BUSY
-    from test_daemon_faults import bpf_total_from_log
 
     # A long py-spy window: at SIGTERM most Python samples wait for a trace that
     # py-spy only writes when it stops.
@@ -499,29 +524,16 @@ def test_sigterm_with_python_processes_writes_every_sample(require_bpf: None, re
         d.signal(signal.SIGTERM)
         rc = d.wait_exit(90)
     finally:
-        for p in busy:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(10)
-    log = d.log()
-    assert rc == 0, log[-3000:]
-    tot = check_state_dir(d.state_dir)
-    counted = bpf_total_from_log(log)
-    assert counted is not None, log[-2000:]
-    # Every sample the program counted is in a file (or a counted loss), the pending Python ones too.
-    written = tot["weight"] + tot["lost"].get("map_full", 0)
-    assert counted == written, (counted, tot, log[-2000:])
-    # The daemon's own stop-time accounting says the same.
-    m = re.findall(r"stopping: .* went into windows \((\d+) written", log)
-    assert m and int(m[-1]) == tot["weight"], log[-2000:]
+        _stop_busy(busy)
+    # Every counted sample written, the pending Python ones too.
+    counted, tot = _sigterm_accounting(d, rc)
     # ... and they carry Python frames (py-spy's last trace is joined before the last file).
     stacks = _written_stacks(d.state_dir)
     python = sum(n for s, n in stacks.items() if any(f.startswith("<genexpr> (") for f in s))
     assert python >= pending // 2, (python, pending)
     record_figure("sigterm_python", {"bpf_samples": counted, "written_weight": tot["weight"],
                                      "pending_at_sigterm": pending, "with_python_frames": python,
-                                     "difference": counted - written})
+                                     "difference": counted - tot["weight"] - tot["lost"].get("map_full", 0)})
 
 
 def test_sigterm_with_bpf_python_processes_writes_every_sample(require_bpf: None, daemon_factory: Any,
@@ -529,7 +541,6 @@ def test_sigterm_with_bpf_python_processes_writes_every_sample(require_bpf: None
     """The default source: Python frames read by the program; a SIGTERM while
     they are sampled writes every counted sample, with its Python frames."""
     from daemonproc import BUSY
-    from test_daemon_faults import bpf_total_from_log
 
     d = _mixed_daemon(daemon_factory, cgroup, source="bpf")
     busy = [subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=in_cgroup(cgroup)) for _ in range(2)]
@@ -540,26 +551,15 @@ def test_sigterm_with_bpf_python_processes_writes_every_sample(require_bpf: None
         d.signal(signal.SIGTERM)
         rc = d.wait_exit(90)
     finally:
-        for p in busy:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(10)
-    log = d.log()
-    assert rc == 0, log[-3000:]
-    tot = check_state_dir(d.state_dir)
-    counted = bpf_total_from_log(log)
-    assert counted is not None, log[-2000:]
-    written = tot["weight"] + tot["lost"].get("map_full", 0)
-    assert counted == written, (counted, tot, log[-2000:])
-    m = re.findall(r"stopping: .* went into windows \((\d+) written", log)
-    assert m and int(m[-1]) == tot["weight"], log[-2000:]
+        _stop_busy(busy)
+    counted, tot = _sigterm_accounting(d, rc)
     stacks = _written_stacks(d.state_dir)
     # Only the cgroup is sampled: every written sample is one of the busy processes'.
     python = sum(n for s, n in stacks.items() if any(re.search(r" \(<string>:\d+\)$", f) for f in s))
     assert python >= 0.9 * tot["weight"] and python > 40, (python, tot["weight"])
     record_figure("sigterm_python_bpf", {"bpf_samples": counted, "written_weight": tot["weight"],
-                                         "with_python_frames": python, "difference": counted - written})
+                                         "with_python_frames": python,
+                                         "difference": counted - tot["weight"] - tot["lost"].get("map_full", 0)})
 
 
 # ---------------------------------------------------------------------------

@@ -14,15 +14,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cdp import Browser, chromium_path
+from cdp import Browser
 from serveproc import serve
-from support import ARTIFACTS, need
+from support import ARTIFACTS
 
 pytestmark = pytest.mark.slow
 
@@ -44,16 +43,6 @@ func_b(t1 + {PHASE_S})
 """
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Browser]:
-    need(chromium_path() is not None, "chromium (Debian package chromium)")
-    b = Browser(tmp_path / "chromium-profile", width=1200, height=1000)
-    try:
-        yield b
-    finally:
-        b.close()
-
-
 def _wait_loads(b: Browser, n: int) -> None:
     b.wait_for(f"window.flamed && window.flamed.loads >= {n}")
     assert b.eval("window.flamed.error") is None
@@ -68,7 +57,7 @@ def _has(names: Any, func: str) -> bool:
     return any(str(n).startswith(func + " (") for n in names)
 
 
-def test_serve_a_real_daemon_run(require_bpf: None, daemon_factory: Any, browser: Browser, tmp_path: Path) -> None:
+def test_serve_a_real_daemon_run(require_bpf: None, daemon_factory: Any, serve_browser: Browser, tmp_path: Path) -> None:
     d = daemon_factory(sampling={"frequency": 99, "drain_interval": 1.0}, output={"rotate_interval": 2.0})
     script = tmp_path / "phases.py"
     script.write_text(WORK)
@@ -88,7 +77,7 @@ def test_serve_a_real_daemon_run(require_bpf: None, daemon_factory: Any, browser
     # Files are the daemon's finest stack resolution (2 s here): ranges kept 2.5 s from the switch.
     a0, a1 = ms(t0 + 0.5), ms(t1 - 2.5)
     b0, b1 = ms(t1 + 2.5), ms(t1 + PHASE_S - 0.5)
-    b = browser
+    b = serve_browser
     with serve("--state-dir", str(d.state_dir)) as url:
         b.navigate(f"{url}?start={a0}&end={a1}&pid={work.pid}")
         _wait_loads(b, 1)

@@ -8,28 +8,17 @@ daemon run: ten one-minute files of 1 s windows, func_a then func_b.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cdp import Browser, chromium_path
+from cdp import Browser
 from servedata import NS, T0, write_state_dir
 from serveproc import serve
-from support import ARTIFACTS, need
+from support import ARTIFACTS
 
 pytestmark = pytest.mark.slow
 T0_MS = T0 // 1_000_000
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Browser]:
-    need(chromium_path() is not None, "chromium (Debian package chromium)")
-    b = Browser(tmp_path / "chromium-profile", width=1200, height=1000)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def _names(b: Browser) -> set[str]:
@@ -63,10 +52,10 @@ def _diff_rows(b: Browser) -> list[tuple[str, str]]:
     return b.eval("[...document.querySelectorAll('#top tbody tr')].map(r => [r.className, r.lastChild.textContent])")
 
 
-def test_serve_page_select_compare_filter_url(browser: Browser, tmp_path: Path) -> None:
+def test_serve_page_select_compare_filter_url(serve_browser: Browser, tmp_path: Path) -> None:
     state = tmp_path / "state"
     write_state_dir(state, files=10)
-    b = browser
+    b = serve_browser
     with serve("--state-dir", str(state)) as url:
         b.navigate(url)
         _wait_loads(b, 1)
@@ -121,11 +110,11 @@ def test_serve_page_select_compare_filter_url(browser: Browser, tmp_path: Path) 
         assert "include=func_b" in href and f"start={T0_MS}" in href
 
 
-def test_serve_page_live_refresh(browser: Browser, tmp_path: Path) -> None:
+def test_serve_page_live_refresh(serve_browser: Browser, tmp_path: Path) -> None:
     """The open page's timeline takes in files the daemon writes while it is shown."""
     state = tmp_path / "state"
     write_state_dir(state, files=4)
-    b = browser
+    b = serve_browser
     with serve("--state-dir", str(state)) as url:
         b.navigate(url)
         _wait_loads(b, 1)
@@ -137,11 +126,11 @@ def test_serve_page_live_refresh(browser: Browser, tmp_path: Path) -> None:
         assert "(6 files)" in b.eval("document.getElementById('source').textContent")
 
 
-def test_serve_page_thread_filter_url(browser: Browser, tmp_path: Path) -> None:
+def test_serve_page_thread_filter_url(serve_browser: Browser, tmp_path: Path) -> None:
     """tid from the URL fills its box and filters the graph and the timeline; a typed tid goes to the URL."""
     state = tmp_path / "state"
     write_state_dir(state, files=4, root_frame="tid")
-    b = browser
+    b = serve_browser
     with serve("--state-dir", str(state)) as url:
         b.navigate(f"{url}?start={T0_MS}&end={T0_MS + 240_000}&tid=4243")
         _wait_loads(b, 1)
@@ -167,11 +156,11 @@ def _in_graph(b: Browser, selector_js: str) -> tuple[float, float]:
     return x, y
 
 
-def test_serve_page_search_zoom_url(browser: Browser, tmp_path: Path) -> None:
+def test_serve_page_search_zoom_url(serve_browser: Browser, tmp_path: Path) -> None:
     """The graph's search and zoom, done in the graph with the mouse, go to the page URL; the link reopens them."""
     state = tmp_path / "state"
     write_state_dir(state, files=4)
-    b = browser
+    b = serve_browser
     with serve("--state-dir", str(state)) as url:
         b.navigate(f"{url}?start={T0_MS}&end={T0_MS + 240_000}")
         _wait_loads(b, 1)
