@@ -730,7 +730,7 @@ class BpfSampler:
     #: A first read that fails while the process is still there (it read
     #: the identity of an image that exec replaced in the middle of the
     #: read) is tried again PRIME_REREAD_S later, up to this many times.
-    #: Without it, 1 in ~100 short Python processes started from a Python
+    #: Without it, about 1 in 200 short Python processes started from a Python
     #: parent was never described (tests/integration/test_python_bpf.py).
     PRIME_FIRST_TRIES = 4
 

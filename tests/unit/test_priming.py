@@ -3,7 +3,7 @@ BPF: the reports are fed in by hand, the processes are real).
 
 A first read can fail while the process is still there: the image reported
 was replaced by exec in the middle of the read (identity read before and
-after differ).  Before it was tried again, about 1 in 150 short Python
+after differ).  Before it was tried again, about 1 in 200 short Python
 processes started by a Python parent was never described to the program and
 had no Python frame at all."""
 
