@@ -82,8 +82,11 @@ def start(cfg: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]
     return subprocess.Popen([*FLAMED, "daemon", "--config", str(cfg)], stderr=subprocess.PIPE, text=True, env=e)
 
 
-def stop(p: subprocess.Popen[str]) -> str:
-    if p.poll() is None:
+def stop(p: subprocess.Popen[str], *, signal_it: bool = True) -> str:
+    """SIGTERM (unless sent already) and wait.  One signal only: a second one
+    arriving while the interpreter finalizes (its handlers are back to the
+    default then) ends the process by the signal, after a clean stop."""
+    if signal_it and p.poll() is None:
         p.send_signal(signal.SIGTERM)
     try:
         _, err = p.communicate(timeout=60)
@@ -123,7 +126,7 @@ def test_sd_notify_ready_watchdog_stopping_and_sigterm_writes_last_window(tmp_pa
         assert st["files"]["count"] == 0
         p.send_signal(signal.SIGTERM)
         n.wait_for("STOPPING=1")
-        err = stop(p)
+        err = stop(p, signal_it=False)
     finally:
         if p.poll() is None:
             p.kill()
