@@ -48,7 +48,7 @@ from flamed.errors import CapabilityError, ConfigError, FlamedError
 from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Stack
 from flamed.sampling.contract import CountKey, SampleEvent, Window
 from flamed.sampling.kallsyms import Kallsyms
-from flamed.sampling.symbols import BccResolver, ProcessIdentity, Resolver, Symbolizer
+from flamed.sampling.symbols import BccResolver, ProcessIdentity, Resolver, Symbolizer, read_identity
 from flamed.sampling.pyframes import PythonFrames, parse_pystack, splice
 from flamed.sampling.unwind import is_outermost, parse_ustack, truncated_frame
 from flamed.sampling.unwind.tables import TableCache, Unwinder, UnwindStats
@@ -583,17 +583,11 @@ def _age_s(ident: ProcessIdentity) -> float:
 
 
 def _alive(pid: int) -> bool:
-    """Is ``pid`` a user process that has not exited (a zombie has; a
-    kernel thread has no maps to read)?"""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    rest = raw[raw.rfind(b")") + 2:].split()
-    try:
-        return rest[0] not in (b"Z", b"X") and not int(rest[6]) & 0x00200000  # PF_KTHREAD
-    except (IndexError, ValueError):
-        return False
+    """Is ``pid`` a user process that has not exited?  (``read_identity``
+    says None for an exited one or a zombie; a kernel thread has no code
+    mapped, start_code 0, and no maps to read.)"""
+    ident = read_identity(pid)
+    return ident is not None and ident.start_code != 0
 
 
 class BpfSampler:
