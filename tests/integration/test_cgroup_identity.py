@@ -41,7 +41,7 @@ UID = "6a2b8f3e-1c4d-4e5f-8a9b-" + secrets.token_hex(6)
 UNIT = f"flamed-demo-{secrets.token_hex(4)}.service"
 
 #: Leaves under the test's subtree -> what identity_from_path must find there.
-LEAVES = {
+LEAVES: dict[str, dict[str, str | None]] = {
     f"system.slice/{UNIT}": dict(unit=UNIT, slice="system.slice", container_id=None, runtime=None),
     f"system.slice/docker-{C1}.scope": dict(unit=f"docker-{C1}.scope", container_id=C1, runtime="docker"),
     (f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/"
@@ -222,7 +222,7 @@ def test_filter_refresh_reports_a_recreated_cgroup(tree: Tree) -> None:
 def test_bpf_cgroup_ids_are_the_resolver_ids(tree: Tree) -> None:
     """What bpf_get_current_cgroup_id() returns in each leaf is the id the resolver names."""
     need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
-    import bcc  # type: ignore[import-not-found]
+    import bcc
 
     leaves = [f"system.slice/{UNIT}", f"system.slice/docker-{C1}.scope", f"docker/{C3}"]
     ids = {leaf: os.stat(tree.make(leaf)).st_ino for leaf in leaves}

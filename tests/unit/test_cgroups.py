@@ -229,7 +229,7 @@ def test_root_frames() -> None:
     assert bare.root_frame("unit") == "[no unit]" and identity_from_path("/").root_frame("cgroup") == "/"
     odd = identity_from_path("/system.slice/a;b\nc.service")
     for kind in ("unit", "cgroup"):
-        frame = odd.root_frame(kind)  # type: ignore[arg-type]
+        frame = odd.root_frame(kind)
         assert ";" not in frame and "\n" not in frame
     named = CgroupIdentity(path=box.path, container_id=C1, container_name="web;1")
     assert named.root_frame("container") == "web:1" and named.service_name == "web;1"
