@@ -3,7 +3,11 @@
 Modules, one job each:
 
 * :mod:`~flamed.daemon.config` -- TOML config, frozen dataclasses, validation.
-* :mod:`~flamed.daemon.core` -- :class:`Daemon`: the drain loop and lifecycle.
+* :mod:`~flamed.daemon.core` -- :class:`Daemon`: the parts put together, lifecycle, status.
+* :mod:`~flamed.daemon.loop` -- the main loop: drains, windows, rotation, flush hand-off.
+* :mod:`~flamed.daemon.sampler_stats` -- the sampler's own stats into metrics and status.
+* :mod:`~flamed.daemon.reload` -- SIGHUP: the configuration applied section by section.
+* :mod:`~flamed.daemon.handlers` -- control-socket requests and the pprof pull endpoint.
 * :mod:`~flamed.daemon.store` -- rotating folded files, sidecars, retention.
 * :mod:`~flamed.daemon.ring` -- recent windows in memory, for snapshots.
 * :mod:`~flamed.daemon.metrics` -- Prometheus metrics and their HTTP server.

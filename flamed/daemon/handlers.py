@@ -1,0 +1,196 @@
+"""Answers to the control socket (status, snapshot, flush) and the pull endpoint (pprof).
+
+They run in client and HTTP threads.  They read the ring and only *ask* the
+main loop (through :class:`LoopRequests`) for a drain or a flush, then wait;
+they never touch the sampler or the files, so a slow client cannot delay a
+drain.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from flamed import outputs
+from flamed.daemon.config import DaemonConfig
+from flamed.daemon.control import Peer
+from flamed.daemon.fleet import windows_pprof
+from flamed.daemon.metrics import DaemonMetrics
+from flamed.daemon.protocol import (
+    ProtocolError,
+    SnapshotFilter,
+    SnapshotRequest,
+    encode_header,
+    error_header,
+    parse_request,
+)
+from flamed.daemon.ring import RingWindow, WindowRing
+from flamed.daemon.store import ProfileStore
+from flamed.errors import FlamedError
+from flamed.outputs import OutputOptions
+from flamed.sampling.contract import CountKey, counts_to_profile
+
+log = logging.getLogger("flamed.daemon")
+
+
+class LoopRequests(Protocol):
+    """What the handlers need of the main loop (:class:`flamed.daemon.loop.DrainLoop` is one)."""
+
+    config: DaemonConfig
+    last_drain_ns: int
+
+    @property
+    def stop_requested(self) -> bool: ...
+
+    def request_drain(self) -> None: ...
+
+    def request_flush(self) -> str | None: ...
+
+
+class RequestHandlers:
+    def __init__(self, loop: LoopRequests, *, ring: WindowRing, store: ProfileStore, metrics: DaemonMetrics,
+                 clock_ns: Callable[[], int], stopping: threading.Event, status: Callable[[], dict[str, Any]],
+                 min_drain_spacing: float, wait_timeout: float) -> None:
+        self.loop = loop
+        self.ring = ring
+        self.store = store  # for its host name, which a reload may change
+        self.metrics = metrics
+        self.clock_ns = clock_ns
+        self.stopping = stopping
+        self.status = status
+        self.spacing_ns = int(min_drain_spacing * 1e9)  # the loop drains no more often than this
+        self.wait_timeout = wait_timeout  # how long to wait for the loop to drain
+
+    def handle_request(self, line: bytes, peer: Peer) -> Iterator[bytes]:
+        """One control-socket request: a JSON header line, then the payload in chunks."""
+        m = self.metrics
+        kind = "unknown"
+        try:
+            cfg = self.loop.config
+            req = parse_request(
+                line,
+                formats=outputs.names(),
+                max_next=cfg.snapshot.max_next_seconds,
+                default_root=cfg.output.root_frame,
+            )
+            kind = req.request
+            if req.request == "status":
+                head = encode_header({"ok": True, "status": self.status()})
+                m.requests.labels(request=kind, result="ok").inc()
+                yield head
+                return
+            if req.request == "flush":
+                path = self.loop.request_flush()
+                m.requests.labels(request=kind, result="ok").inc()
+                yield encode_header({"ok": True, "file": path})
+                return
+            assert req.snapshot is not None
+            header, payload = self.snapshot(req.snapshot)
+        except ProtocolError as e:
+            m.requests.labels(request=kind, result=e.code).inc()
+            yield error_header(str(e), e.code)
+            return
+        except FlamedError as e:
+            m.requests.labels(request=kind, result="error").inc()
+            yield error_header(str(e), "error")
+            return
+        except Exception:
+            m.requests.labels(request=kind, result="internal_error").inc()
+            log.exception("snapshot failed")
+            yield error_header("internal error in the daemon (see its log)", "internal_error")
+            return
+        m.requests.labels(request="snapshot", result="ok").inc()
+        yield encode_header(header)
+        view = memoryview(payload)
+        for i in range(0, len(view), 1 << 18):
+            yield bytes(view[i: i + (1 << 18)])
+
+    def pprof_profile(self, seconds: float) -> bytes:
+        """``/debug/pprof/profile?seconds=N``: the samples of the next N seconds (an HTTP thread waits)."""
+        windows, _t0, _t1 = self._next_windows(seconds)
+        if not windows and self.stopping.is_set():
+            raise FlamedError("the daemon is stopping; retry when it is back")
+        return windows_pprof(windows, root=self.loop.config.output.root_frame, host=self.store.host)
+
+    def snapshot(self, req: SnapshotRequest) -> tuple[dict[str, Any], bytes]:
+        if req.next is not None:
+            windows, _t0, _t1 = self._next_windows(req.next)
+        else:
+            now = self.clock_ns()
+            if now - self.loop.last_drain_ns > self.spacing_ns:
+                self.loop.request_drain()
+                self._wait_ring(now - self.spacing_ns)
+            assert req.seconds is not None
+            windows = self.ring.since(self.clock_ns() - int(req.seconds * 1e9))
+        flt = SnapshotFilter(req)
+        counts: dict[CountKey, int] = {}
+        samples = 0
+        lost: dict[str, int] = {}
+        for w in windows:
+            flt.apply(w.counts, counts)
+            samples += w.samples
+            for r, n in w.lost.items():
+                lost[r] = lost.get(r, 0) + n
+        rates = {w.sample_rate for w in windows}
+        profile = counts_to_profile(
+            counts,
+            req.root,
+            start_ns=windows[0].start_ns if windows else None,
+            end_ns=windows[-1].end_ns if windows else None,
+            sample_rate=rates.pop() if len(rates) == 1 else None,
+            labels={"host": self.store.host, "unit": "samples"},
+        )
+        fmt = outputs.get(req.format)
+        buf = io.BytesIO()
+        fmt.write(profile, buf, OutputOptions(title=req.title))
+        payload = buf.getvalue()
+        header = {
+            "ok": True,
+            "format": req.format,
+            "start_ns": profile.start_ns,
+            "end_ns": profile.end_ns,
+            "windows": len(windows),
+            "stacks": len(profile),
+            "weight": profile.total(),
+            "samples_all_tasks": samples,
+            "lost": dict(sorted(lost.items())),
+            "sample_rate": profile.sample_rate,
+            "length": len(payload),
+        }
+        return header, payload
+
+    def _wait_ring(self, end_ns: int) -> None:
+        deadline = time.monotonic() + self.wait_timeout
+        while not self.ring.wait_for_end(end_ns, 0.5):
+            if self.stopping.is_set() or time.monotonic() > deadline:
+                return
+            self.loop.request_drain()
+
+    def _sleep_until(self, t_ns: int) -> None:
+        while not self.stopping.is_set() and not self.loop.stop_requested:
+            left = (t_ns - self.clock_ns()) / 1e9
+            if left <= 0:
+                return
+            self.stopping.wait(min(left, 0.5))
+
+    def _next_windows(self, seconds: float) -> tuple[list[RingWindow], int, int]:
+        """Wait ``seconds`` and return the windows of those seconds, with the span's (start, end)."""
+        # A drain now puts a window boundary at the start of the requested span.
+        t_req = self.clock_ns()
+        self.loop.request_drain()
+        self._wait_ring(t_req)
+        t0 = max(t_req - self.spacing_ns, self._newest_end(t_req))
+        t1 = t0 + int(seconds * 1e9)
+        self._sleep_until(t1)
+        self.loop.request_drain()
+        self._wait_ring(t1)
+        windows = [w for w in self.ring.since(t0) if w.start_ns >= t0 - 1_000_000 and w.start_ns < t1]
+        return windows, t0, t1
+
+    def _newest_end(self, default: int) -> int:
+        ws = self.ring.since(0)
+        return ws[-1].end_ns if ws else default

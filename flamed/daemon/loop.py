@@ -1,0 +1,279 @@
+"""The main loop: drains on a wall-clock grid and hands each window on.
+
+Runs in the one thread that gets signals, and owns what that thread alone
+touches: the sampler, the window processors and the push queue.
+
+* every ``drain_interval`` (on a wall-clock grid, so files start on round
+  times) drain the sampler into a :class:`~flamed.sampling.contract.Window`, run the
+  window processors, count leftover events, and store the window in the
+  ring (snapshots), the push queue and the current rotation period (files);
+* when the period reaches its boundary, close it into a file;
+* between drains, sleep on an event that signals, snapshot and flush requests
+  set, and ping the systemd watchdog at half its period.
+
+Other threads only *ask* (:meth:`DrainLoop.request_drain`,
+:meth:`DrainLoop.request_flush`...) and wait; they never touch the sampler
+or the files themselves, so a slow client cannot delay a drain.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flamed.daemon.config import DaemonConfig
+from flamed.daemon.losses import LossAdvisor, placeholder_stacks
+from flamed.daemon.metrics import DaemonMetrics
+from flamed.daemon.notify import Notifier, watchdog_interval
+from flamed.daemon.processors import WindowProcessor
+from flamed.daemon.pyroscope import Pusher
+from flamed.daemon.ring import RingWindow, WindowRing
+from flamed.daemon.sampler_stats import SamplerAccounting
+from flamed.daemon.store import ProfileStore
+from flamed.errors import FlamedError
+from flamed.sampling.contract import CountKey, Sampler, Window
+
+log = logging.getLogger("flamed.daemon")
+
+#: Snapshots may force a drain, but not more often than this (seconds).
+MIN_DRAIN_SPACING = 0.2
+#: How long a request waits for the main loop to drain or flush.
+LOOP_WAIT_TIMEOUT = 60.0
+
+_FlushWaiter = tuple[threading.Event, list[str | None]]
+
+
+def detach(sampler: Sampler, context: str) -> None:
+    """Stop ``sampler`` taking samples while its maps stay readable (if it can; a failure only warns)."""
+    stop = getattr(sampler, "stop", None)
+    if callable(stop):
+        try:
+            stop()
+        except Exception as e:
+            log.warning("%s: %s", context, e)
+
+
+class DrainLoop:
+    def __init__(self, config: DaemonConfig, *, store: ProfileStore, ring: WindowRing, metrics: DaemonMetrics,
+                 notifier: Notifier, clock_ns: Callable[[], int]) -> None:
+        self.config = config  # the running configuration: a reload replaces it
+        self.store = store
+        self.ring = ring
+        self.metrics = metrics
+        self.notifier = notifier
+        self.clock_ns = clock_ns
+        self.sampler: Sampler | None = None
+        self.processors: list[WindowProcessor] = []
+        self.pusher: Pusher | None = None
+        self.sampler_stats = SamplerAccounting(metrics)
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._stop = False
+        self._reload = False
+        self._drain_wanted = False
+        self._flush_waiters: list[_FlushWaiter] = []
+        self.last_drain_ns = 0
+        self.last_drain_seconds = 0.0
+        self.totals = {"windows": 0, "samples": 0, "weight": 0}
+        self.lost_totals: dict[str, int] = {}
+        self._losses = LossAdvisor()
+
+    # -- requests from other threads and signal handlers -----------------
+    def request_stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop
+
+    def request_reload(self) -> None:
+        self._reload = True
+        self._wake.set()
+
+    def request_drain(self) -> None:
+        self._drain_wanted = True
+        self._wake.set()
+
+    def request_flush(self, timeout: float = LOOP_WAIT_TIMEOUT) -> str | None:
+        """Close the current period into a file now; returns its path (None if nothing to write)."""
+        ev = threading.Event()
+        holder: list[str | None] = [None]
+        with self._lock:
+            self._flush_waiters.append((ev, holder))
+        self._wake.set()
+        if not ev.wait(timeout):
+            raise FlamedError(f"the daemon did not flush within {timeout:g} s")
+        return holder[0]
+
+    def answer_late_flushes(self) -> None:
+        """Flush requests that came in while stopping: the last rotation answered them."""
+        with self._lock:
+            waiters, self._flush_waiters = self._flush_waiters, []
+        for ev, holder in waiters:
+            holder[0] = self.store.last_written
+            ev.set()
+
+    # -- the loop --------------------------------------------------------
+    def run(self, reload: Callable[[], None]) -> None:
+        """Drain until a stop is requested; ``reload`` runs here, between drains, when one is asked for."""
+        wd = watchdog_interval()
+        next_ping = time.monotonic()
+        next_drain = self._next_grid(self.clock_ns())
+        while True:
+            now_mono = time.monotonic()
+            if wd is not None and now_mono >= next_ping:
+                self.notifier.watchdog()
+                next_ping = now_mono + wd
+            if self._stop:
+                return
+            if self._reload:
+                self._reload = False
+                reload()
+                next_drain = self._next_grid(self.clock_ns())
+            now = self.clock_ns()
+            with self._lock:
+                flushes = self._flush_waiters
+                self._flush_waiters = []
+            scheduled = now >= next_drain
+            forced = bool(flushes) or (
+                self._drain_wanted and now - self.last_drain_ns >= MIN_DRAIN_SPACING * 1e9
+            )
+            if scheduled or forced:
+                self._drain_wanted = False
+                if scheduled:
+                    self.metrics.drain_lateness.observe(max(0, now - next_drain) / 1e9)
+                written_before = self.store.files_written
+                self.drain_once(rotate_now=bool(flushes))
+                if scheduled:
+                    next_drain = self._next_grid(self.clock_ns())
+                for ev, holder in flushes:
+                    # None when this flush wrote nothing (e.g. the disk refuses writes)
+                    holder[0] = self.store.last_written if self.store.files_written != written_before else None
+                    ev.set()
+            wait = (next_drain - self.clock_ns()) / 1e9
+            if self._drain_wanted:
+                wait = min(wait, MIN_DRAIN_SPACING)
+            if wd is not None:
+                wait = min(wait, next_ping - time.monotonic())
+            self._wake.wait(max(0.0, wait))
+            self._wake.clear()
+
+    def _next_grid(self, now_ns: int) -> int:
+        step = int(self.config.sampling.drain_interval * 1e9)
+        return (now_ns // step + 1) * step
+
+    # -- windows ---------------------------------------------------------
+    def drain_once(self, *, rotate_now: bool = False, final: bool = False) -> None:
+        assert self.sampler is not None
+        t0 = time.perf_counter()
+        try:
+            window = self.sampler.drain()
+        except Exception as e:
+            # A failed drain loses nothing yet (the sampler keeps counting); report and retry next time.
+            self.metrics.drain_errors.inc()
+            log.error("drain failed: %s", e, exc_info=not isinstance(e, FlamedError))
+            if rotate_now:
+                self.store.rotate()
+            return
+        self._take_window(window, time.perf_counter() - t0, final=final)
+        if rotate_now or self.store.due(window.end_ns, int(self.config.sampling.drain_interval * 0.5e9)):
+            self.store.rotate()
+        elif self.store.backlog:
+            self.store.write_pending()
+        self.notifier.status(self.status_line())
+
+    def _take_window(self, window: Window, drain_seconds: float, *, final: bool = False) -> None:
+        m = self.metrics
+        # Beyond the Sampler protocol: BpfSampler.stats() tells how the drain went.
+        stats_fn = getattr(self.sampler, "stats", None)
+        if callable(stats_fn):
+            try:
+                self.sampler_stats.take(stats_fn())
+            except (AttributeError, TypeError, ValueError):
+                pass
+        for p in self.processors:
+            try:
+                if final:
+                    p.finish(window)  # the last window: everything still pending goes in
+                else:
+                    p.process(window)
+            except Exception:
+                m.processor_errors.labels(processor=p.name).inc()
+                log.exception("window processor %s failed; its events are kept as native stacks", p.name)
+        counts = window.counts
+        # Events nobody claimed keep their native and kernel frames: nothing is dropped.
+        for ev in window.events:
+            key: CountKey = (ev.tgid, ev.tid, ev.comm, ev.user_stack + ev.kernel_stack)
+            counts[key] = counts.get(key, 0) + 1
+        window.events = []
+        self.last_drain_seconds = drain_seconds
+        self.last_drain_ns = window.end_ns
+        m.drains.inc()
+        m.drain_duration.observe(drain_seconds)
+        m.samples.inc(window.samples)
+        m.observe_lost(window.lost)
+        self._warn_losses(window, counts)
+        m.unique_stacks.set(len(counts))
+        m.window_seconds.set((window.end_ns - window.start_ns) / 1e9)
+        self.totals["windows"] += 1
+        self.totals["samples"] += window.samples
+        self.totals["weight"] += sum(counts.values())
+        for r, n in window.lost.items():
+            self.lost_totals[r] = self.lost_totals.get(r, 0) + n
+        rw = RingWindow(window.start_ns, window.end_ns, counts, window.samples, dict(window.lost),
+                        window.sample_rate)
+        self.ring.add(rw)
+        if self.pusher is not None:
+            self.pusher.submit(rw)  # a deque append: the network is the pusher thread's
+        self.store.add(window.start_ns, window.end_ns, counts, window.samples, window.lost, window.sample_rate)
+        nw, ns = self.ring.stats()
+        m.ring_windows.set(nw)
+        m.ring_stacks.set(ns)
+
+    def _warn_losses(self, window: Window, counts: Mapping[CountKey, int]) -> None:
+        """Say what the window lost and only what would cure it (flamed/daemon/losses.py)."""
+        lost = window.lost
+        if not any(lost.get(r, 0) for r in ("map_full", "kernel_stack_enomem", "user_stack_enomem",
+                                            "kernel_stack_eexist", "user_stack_eexist")):
+            return
+        stacks = placeholder_stacks(key[3] for key in counts)
+        settings = {"sampling.counts_map_size": self.config.sampling.counts_map_size,
+                    "sampling.stack_map_size": self.config.sampling.stack_map_size}
+        for advice in self._losses.advise(window.samples, lost, stacks, settings):
+            log.log(advice.level, "%s", advice.message)
+
+    # -- the sampler -----------------------------------------------------
+    def replace_sampler(self, fresh: Sampler) -> None:
+        """Hand over to ``fresh`` (started): the old sampler's last window goes into the current period."""
+        assert self.sampler is not None
+        # Detach the old program at once (its maps stay readable), so the two
+        # sample together only for the moment between attach and detach.
+        detach(self.sampler, "reload: stopping the old sampler")
+        self.drain_once()
+        retired = self.bpf_samples_total(live=True)
+        self.sampler.close()
+        self.sampler = fresh
+        self.sampler_stats.sampler_replaced(retired)
+        for p in self.processors:
+            p.sampler_changed(fresh)
+
+    def bpf_samples_total(self, *, live: bool = False) -> int | None:
+        """Samples the BPF program(s) counted since start (its never-reset counter), if the sampler tells.
+
+        ``live`` asks the sampler (main thread only: it waits for a running
+        drain); otherwise the figure as of the last drain.
+        """
+        st: Any = self.sampler_stats.last
+        if live:
+            stats_fn = getattr(self.sampler, "stats", None)
+            st = stats_fn() if callable(stats_fn) else None
+        return self.sampler_stats.bpf_samples_total(st)
+
+    def status_line(self) -> str:
+        return (f"{self.totals['samples']} samples in {self.totals['windows']} windows; "
+                f"{self.store.files_written} files written"
+                + (f"; WRITE ERROR: {self.store.last_error}" if self.store.last_error else ""))

@@ -1,0 +1,118 @@
+"""What a sampler's ``stats()`` tell, into the metrics and the status.
+
+Beyond the :class:`~flamed.sampling.contract.Sampler` protocol: the BPF
+sampler reports cumulative totals (samples, priming, the Python walker, the
+native unwinder).  A reload starts a new sampler whose totals begin again
+from 0, so the counters here advance by what is new since the last look and
+the retired samplers' sample count is carried over.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flamed.daemon.metrics import DaemonMetrics
+
+#: FLAMED_STAT_PY_* totals by the ``result`` label of flamed_python_bpf_samples_total.
+_PYTHON_RESULTS = (("stack", "PY_STACKS"), ("no_thread", "PY_NO_THREAD"), ("no_frame", "PY_NO_FRAME"),
+                   ("read_fault", "PY_READ_FAULT"), ("truncated", "PY_TRUNCATED"),
+                   ("stacks_full", "PY_STACKS_FULL"))
+#: FLAMED_STAT_UW_* totals by the ``result`` label of the unwind stacks counter (and in the status).
+_UNWIND_RESULTS = (("complete", "UW_COMPLETE"), ("no_table", "UW_NO_TABLE"),
+                   ("unsupported_rule", "UW_UNSUPPORTED"), ("depth_limit", "UW_DEPTH"),
+                   ("read_fault", "UW_READ_FAULT"), ("stacks_full", "UW_STACKS_FULL"))
+_PRIMING_RESULTS = (("primed", "primed_total"), ("gone", "prime_missed_total"),
+                    ("lost", "prime_lost_total"), ("throttled", "prime_throttled_total"))
+
+
+class SamplerAccounting:
+    def __init__(self, metrics: DaemonMetrics) -> None:
+        self.metrics = metrics
+        self.last: Any = None  # the sampler's stats() as of the last drain
+        self._retired = 0  # BPF samples counted by samplers replaced on reload
+        self._seen: dict[str, int] = {}  # the sampler's cumulative totals already counted
+
+    def take(self, st: Any) -> None:
+        """One drain's stats into the metrics; raises AttributeError, TypeError or ValueError on odd ones."""
+        self.last = st  # for the status: the sampler's lock is held during drains
+        m = self.metrics
+        m.symbolize_duration.observe(float(st.last_symbolize_seconds))
+        m.map_fill.labels(map="counts").set(float(st.count_map_fill))
+        m.map_fill.labels(map="stacks").set(float(st.stack_map_fill))
+        for result, attr in _PRIMING_RESULTS:
+            self._advance(m.processes_primed.labels(result=result), result, int(getattr(st, attr, 0)))
+        self._count_python(st)
+        self._count_unwind(st)
+
+    def sampler_replaced(self, retired_total: int | None) -> None:
+        """A reload retired the sampler whose samples (with those before it) were ``retired_total``."""
+        self._retired = retired_total or 0
+        self.last = None
+        self._seen.clear()
+
+    def _count_python(self, st: Any) -> None:
+        totals = getattr(st, "python_total", None)
+        if not isinstance(totals, dict):
+            return
+        for result, name in _PYTHON_RESULTS:
+            self._advance(self.metrics.python_bpf_samples.labels(result=result), "py:" + result,
+                          int(totals.get(name, 0)))
+
+    def _count_unwind(self, st: Any) -> None:
+        totals = getattr(st, "unwind_total", None)
+        if not isinstance(totals, dict):
+            return
+        m = self.metrics
+        for result, name in _UNWIND_RESULTS:
+            self._advance(m.unwind_stacks.labels(result=result), "uw:" + result, int(totals.get(name, 0)))
+        self._advance(m.unwind_fp_frames, "uw:fp", int(totals.get("UW_FP_FRAMES", 0)))
+        u = getattr(st, "unwind", None)
+        if u is None:
+            return
+        m.unwind_rows.labels(state="used").set(u.rows_used)
+        m.unwind_rows.labels(state="capacity").set(u.rows_capacity)
+        m.unwind_binaries.set(u.binaries)
+        m.unwind_processes.set(u.processes)
+        for reason, v in u.skipped.items():
+            self._advance(m.unwind_skipped.labels(reason=reason), "uwskip:" + reason, int(v))
+        self._advance(m.unwind_built.labels(source="built"), "uwb:built", int(u.tables_built))
+        self._advance(m.unwind_built.labels(source="cache"), "uwb:cache", int(u.tables_cached))
+
+    def _advance(self, counter: Any, key: str, v: int) -> None:
+        """Advance ``counter`` to a cumulative total (a new sampler after a reload starts again from 0)."""
+        last = self._seen.get(key, 0)
+        counter.inc(v - last if v >= last else v)
+        self._seen[key] = v
+
+    def bpf_samples_total(self, st: Any) -> int | None:
+        """Samples the BPF program(s) counted since start (its never-reset counter), if ``st`` tells."""
+        try:
+            return None if st is None else self._retired + int(st.bpf_samples_total)
+        except (AttributeError, TypeError, ValueError):
+            return None
+
+    def unwind_status(self) -> dict[str, Any] | None:
+        """The native unwinder as of the last drain: stacks by how they ended, tables, memory."""
+        st: Any = self.last
+        u = getattr(st, "unwind", None)
+        if u is None:
+            return None
+        t = st.unwind_total
+        return {
+            "stacks": {result: t[name] for result, name in _UNWIND_RESULTS},
+            "processes": u.processes, "binaries": u.binaries,
+            "rows": {"used": u.rows_used, "capacity": u.rows_capacity},
+            "tables": {"built": u.tables_built, "cached": u.tables_cached,
+                       "build_seconds": round(u.build_seconds, 3)},
+            "skipped": dict(u.skipped), "resets": u.resets,
+        }
+
+    def symbol_cache_stats(self) -> dict[str, int] | None:
+        """Per-process symbol caches of the sampler (fault tests count them before and after churn)."""
+        st: Any = self.last  # as of the last drain: status must not wait for one
+        if st is None:
+            return None
+        try:
+            return {"processes": int(st.symbol_processes), "addresses": int(st.symbol_addresses)}
+        except (AttributeError, TypeError, ValueError):
+            return None
