@@ -5,7 +5,7 @@
 // writes with `Instant::now()` (CLOCK_MONOTONIC) relative to its start; each
 // hit here is the same instant in bpf_ktime_get_ns() terms.  The first hit of
 // a py-spy process pins its clock offset; bursts of hits are its samples.
-// flamed/python/align.py turns them into a calibration (see docs/mixed-mode.md).
+// flamed/pyspy/clockfit.py turns them into a calibration (see docs/mixed-mode.md).
 //
 // The increment runs after py-spy has read the stacks, late by 0.2-5 ms on a
 // busy host (measured).  With TRACE_VM_READV, a tracepoint on
@@ -13,7 +13,7 @@
 // `pyspy_pids`, also reports when each sample's reads began.  It runs for
 // every syscall on the host (a map lookup, tens of ns), so it is optional.
 //
-// Loaded by bcc (flamed/python/clock.py), separately from the main sampler.
+// Loaded by bcc (flamed/pyspy/clock.py), separately from the main sampler.
 // Configured by defines: RINGBUF_PAGES (power of two), TRACE_VM_READV, MAX_PYSPY, BURST_GAP_NS.
 
 #include <uapi/linux/ptrace.h>

@@ -54,7 +54,7 @@ find "$R/usr/lib/flamed/site" -type f -exec chmod 0644 {} +
 # these modules are imported, not run, but say which one they would need.
 find "$R/usr/lib/flamed/site" -name '*.py' -type f -exec sed -i '1s|^#!\(.*[/ ]\)\{0,1\}python$|#!/usr/bin/python3|' {} +
 # Extension modules lose their debug symbols (as dh_strip would); py-spy keeps its own:
-# the py-spy clock finds its recorder function by symbol (flamed/python/clock.py).
+# the py-spy clock finds its recorder function by symbol (flamed/pyspy/clock.py).
 find "$R/usr/lib/flamed/site" -name '*.so' -type f \
     -exec strip --strip-unneeded --remove-section=.comment --remove-section=.note {} +
 install -m 0755 "$VENV/bin/py-spy" "$R/usr/lib/flamed/bin/py-spy"

@@ -22,10 +22,11 @@ from flamed.fileio import open_output
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack, task_frame
 from flamed.outputs.base import OutputOptions
-from flamed.python.align import JoinOptions
-from flamed.python.mixed import MixedMode, MixedOptions
-from flamed.python.pyspy import MAX_RATE, PySpyOptions, find_pyspy
-from flamed.python.watcher import PyProcess, WatchOptions
+from flamed.pyspy.align import JoinOptions
+from flamed.pyspy.mixed import MixedMode, MixedOptions
+from flamed.pyspy.supervisor import MAX_RATE, PySpyOptions, find_pyspy
+from flamed.pyspy.watcher import PyProcess, WatchOptions
+from flamed.sampling import pysource
 from flamed.sampling.contract import SampleEvent
 
 DRAIN_S = 0.5
@@ -114,7 +115,8 @@ class RecordCommand(Command):
         if args.duration is not None and args.duration <= 0:
             raise UsageError("-d/--duration must be positive")
         fmt = outputs.choose(args.format, args.output)
-        force_pyspy = args.pyspy is not None
+        policy = _policy(args)
+        force_pyspy = policy == "pyspy"
         pyspy_bin = args.pyspy or args.pyspy_binary or None
         pyspy_opts = PySpyOptions(binary=pyspy_bin, rate=args.pyspy_rate, nonblocking=not args.blocking,
                                   idle=not args.no_idle, native=args.native,
@@ -131,8 +133,8 @@ class RecordCommand(Command):
             try:
                 if not args.no_bpf:
                     self.warn("loading the BPF programs (compiling takes a few seconds)")
-                sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(args.rate, not force_pyspy,
-                                                                                    not args.no_unwind)
+                sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(
+                    args.rate, pysource.walker_wanted(policy), not args.no_unwind)
             except KeyboardInterrupt:
                 # Nothing recorded yet: the output says so rather than not existing.
                 self._write(args, fmt, Profile(labels={"unit": "samples", "source": "flamed record"}))
@@ -183,8 +185,9 @@ class RecordCommand(Command):
                 )
                 # Everything that compiles (BPF) is ready before the command starts,
                 # so a short command is recorded from its first samples.
-                claim = getattr(sampler, "python_claim", None) if sampler.python_frames is not None else None
-                mixed = MixedMode(sampler, opts, on_process=found, claim=claim)
+                policy = _policy(args)
+                mixed = MixedMode(sampler, opts, on_process=found, claim=pysource.claim_for(policy, sampler),
+                                  pyspy_fallback=pysource.pyspy_fallback(policy))
                 mixed.start()
                 target = args.pid
                 if target is not None and not _alive(target):
@@ -388,6 +391,11 @@ class RecordCommand(Command):
             fmt.write(profile, out, opts)
         if path != "-":
             self.warn(f"wrote {path} ({int(profile.total())} samples, {len(profile)} stacks)")
+
+
+def _policy(args: argparse.Namespace) -> pysource.Policy:
+    """Where Python frames come from: --pyspy forces py-spy for all."""
+    return "pyspy" if args.pyspy is not None else "auto"
 
 
 def _palettes() -> tuple[str, ...]:

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from flamed.model import Stack
-from flamed.python.align import EVAL_FRAME, native_below_interpreter
+from flamed.sampling.pysource import refusal_code
+from flamed.sampling.pystack import EVAL_FRAME, native_below_interpreter
 from flamed.sampling.symbols import read_identity
 
 log = logging.getLogger("flamed.python.bpf")
@@ -149,7 +150,7 @@ class PythonFrames:
         if not hasattr(res, "pack"):  # a refusal
             if getattr(res, "not_yet", False):
                 return self._retry(tgid)
-            code = str(getattr(res, "code", "") or _refusal_code(str(getattr(res, "reason", res))))
+            code = str(getattr(res, "code", "") or refusal_code(str(getattr(res, "reason", res))))
             if code in ("not_python", "gone"):
                 self._pending.pop(tgid, None)
                 self._verdicts[tgid] = code
@@ -210,7 +211,8 @@ class PythonFrames:
         return True
 
     def verdict(self, tgid: int) -> str | None:
-        """What :meth:`describe` last decided for ``tgid`` (None: never asked)."""
+        """What :meth:`describe` last decided for ``tgid`` (None: never asked);
+        :mod:`flamed.sampling.pysource` makes it a choice of source."""
         return self._verdicts.get(tgid)
 
     def _refuse(self, tgid: int, code: str, reason: str, interpreter: str) -> None:
@@ -315,17 +317,6 @@ class PythonFrames:
             if isinstance(st, dict):
                 total.update({k: int(v) for k, v in st.items()})
         return total
-
-
-def _refusal_code(reason: str) -> str:
-    r = reason.lower()
-    if "not a cpython" in r:
-        return "not_python"
-    if "gone" in r:
-        return "gone"
-    if "no table" in r or "unsupported" in r or "not supported" in r:
-        return "unsupported_version"
-    return "refused"
 
 
 def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:

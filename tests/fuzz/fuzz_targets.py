@@ -308,7 +308,7 @@ PPROF_TOKENS = (b"\x08", b"\x10", b"\x12", b"\x1a", b"\x22", b"\x2a", b"\x32", b
 
 
 # ---------------------------------------------------------------------------
-# py-spy chrometrace (mixed mode's reader, flamed/python/align.py)
+# py-spy chrometrace (mixed mode's reader, flamed/pyspy/chrometrace.py)
 
 CHROMETRACE_SEEDS = [
     b'[{"args":{},"cat":"py-spy","name":"work (app.py:5)","ph":"B","pid":1,"tid":7,"ts":1000},'
@@ -318,7 +318,7 @@ CHROMETRACE_SEEDS = [
 
 
 def _chrometrace(data: bytes) -> object:
-    from flamed.python.align import parse_chrometrace
+    from flamed.pyspy.chrometrace import parse_chrometrace
 
     return parse_chrometrace(data, source="<fuzz>")
 
@@ -345,7 +345,7 @@ def targets() -> list[Target]:
     load_seeds = auto_seeds + _writer_seeds("pprof") + _writer_seeds("speedscope")
     ts.append(_reader_target("load-profile-file", "flamed.inputs", _via_file(_load_profile), lambda: load_seeds,
                              COLLAPSE_TOKENS + SPEEDSCOPE_TOKENS))
-    ts.append(_reader_target("pyspy-chrometrace", "flamed.python.align", _chrometrace, lambda: CHROMETRACE_SEEDS,
+    ts.append(_reader_target("pyspy-chrometrace", "flamed.pyspy.chrometrace", _chrometrace, lambda: CHROMETRACE_SEEDS,
                              SPEEDSCOPE_TOKENS + (b'"ph"', b'"B"', b'"E"', b'"ts"', b'"tid"', b'"traceEvents"')))
     return ts
 

@@ -20,9 +20,9 @@ from support import ROOT, have_root, need
 from flamed.sampling.cpython import elf
 from flamed.sampling.cpython.layout import ENTRY_BIT
 from flamed.sampling.cpython.memory import ProcessMemory
-from flamed.sampling.cpython.process import Refusal, Target, probe
+from flamed.sampling.cpython.process import Refusal, Target, probe, walk
 from flamed.sampling.cpython.symbolize import CodeSymbolizer
-from flamed.sampling.cpython.walk import walk, walk_memory
+from flamed.sampling.cpython.walk import walk_memory
 
 WORKLOAD = ROOT / "tests" / "workloads" / "cpython_frames.py"
 WAIT_S = 60.0

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from flamed.model import Stack
-from flamed.python.mixed import MixedMode, MixedOptions
-from flamed.python.pyspy import PySpyOptions
-from flamed.python.watcher import PyProcess, WatchOptions
+from flamed.pyspy.mixed import MixedMode, MixedOptions
+from flamed.pyspy.supervisor import PySpyOptions
+from flamed.pyspy.watcher import PyProcess, WatchOptions
 from flamed.sampling.contract import SampleEvent
 from support import ROOT
 

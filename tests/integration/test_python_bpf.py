@@ -209,10 +209,10 @@ def test_exited_processes_leave_no_description_behind(sampler: Any) -> None:
 def test_a_refused_process_falls_back_to_pyspy_and_says_why(require_pyspy: str) -> None:
     """The walker refuses a layout that does not validate; mixed mode then gives
     that process a py-spy (real BPF, real py-spy), and says why."""
-    from flamed.python.align import JoinOptions
-    from flamed.python.mixed import MixedMode, MixedOptions
-    from flamed.python.pyspy import PySpyOptions
-    from flamed.python.watcher import WatchOptions
+    from flamed.pyspy.align import JoinOptions
+    from flamed.pyspy.mixed import MixedMode, MixedOptions
+    from flamed.pyspy.supervisor import PySpyOptions
+    from flamed.pyspy.watcher import WatchOptions
     from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
     from flamed.sampling.pyframes import PythonFrames
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from flamed.python.pyspy import Failure, PySpyOptions, PySpySupervisor, classify
-from flamed.python.watcher import ProcessWatcher, PyProcess, WatchOptions
+from flamed.pyspy.supervisor import Failure, PySpyOptions, PySpySupervisor, classify
+from flamed.pyspy.watcher import ProcessWatcher, PyProcess, WatchOptions
 from support import need
 
 pytestmark = pytest.mark.pyspy
@@ -122,7 +122,7 @@ def test_pyspy_dies_with_its_parent(require_pyspy: str, tmp_path: Path) -> None:
     script = tmp_path / "parent.py"
     script.write_text(
         "import sys, time\n"
-        "from flamed.python.pyspy import PySpyOptions, PySpySupervisor\n"
+        "from flamed.pyspy.supervisor import PySpyOptions, PySpySupervisor\n"
         f"sup = PySpySupervisor(PySpyOptions(binary={require_pyspy!r}, min_age_s=0))\n"
         "sup.add(int(sys.argv[1]))\n"
         "print(sup._targets[int(sys.argv[1])].children[0].proc.pid, flush=True)\n"

@@ -14,20 +14,11 @@ import random
 import pytest
 
 from flamed.errors import InputError
-from flamed.python.align import (
-    NO_PYTHON_FRAME,
-    QUEUED_NS,
-    JoinOptions,
-    align_trace,
-    fit_clock,
-    join,
-    join_events,
-    mixed_stack,
-    native_below_interpreter,
-    parse_chrometrace,
-    sample_times,
-)
+from flamed.pyspy.align import NO_PYTHON_FRAME, JoinOptions, align_trace, join, join_events, mixed_stack
+from flamed.pyspy.chrometrace import parse_chrometrace
+from flamed.pyspy.clockfit import QUEUED_NS, fit_clock, sample_times
 from flamed.sampling.contract import SampleEvent
+from flamed.sampling.pystack import native_below_interpreter
 
 PID = 4242
 TID = 4242
@@ -182,10 +173,10 @@ def test_parse_maps_threads_by_os_tid_and_skips_name_only_changes() -> None:
         {"ph": "E", "ts": 40, "tid": 99, "pid": 1, "name": "thread (501): Main", "args": {"filename": "", "line": 0}},
     ]
     t = parse_chrometrace(json.dumps(ev))
-    # 7 (a hex id) is a pthread id: kept, for flamed.python.threadids to map
+    # 7 (a hex id) is a pthread id: kept, for flamed.pyspy.threadids to map
     assert t.threads == {501: [(10, ("f (json/x.py:3)",))], 7: [(30, ())]}
     assert t.thread_names == {501: "Main"}
-    # a hex id is a pthread id (Python < 3.11), kept for flamed.python.threadids to map
+    # a hex id is a pthread id (Python < 3.11), kept for flamed.pyspy.threadids to map
     assert t.pthread_ids == {7} and t.unmapped == 0
     assert (t.first_ts_us, t.last_ts_us) == (10, 40)
 
@@ -262,7 +253,7 @@ def test_mixed_stack_replaces_eval_frames() -> None:
 
 
 def test_observed_times_pair_read_bursts_with_increments() -> None:
-    from flamed.python.align import observed_times
+    from flamed.pyspy.clockfit import observed_times
 
     iv = 10_000_000
     reads, incs = [], []
@@ -426,7 +417,8 @@ def test_samples_incremented_back_to_back_may_have_waited_in_the_queue() -> None
     # py-spy's main thread ran late: three samples read at unknown times since the
     # one at 10 ms were incremented at 40.0, 40.3 and 40.6 ms.  A change seen at the
     # last of them happened after 10 ms, not after 40.3 ms.
-    from flamed.python.align import ClockFit, PyTrace
+    from flamed.pyspy.chrometrace import PyTrace
+    from flamed.pyspy.clockfit import ClockFit
 
     start = 1_000_000_000
     samples = [start, start + 10_000_000, start + 40_000_000, start + 40_300_000, start + 40_600_000,
@@ -472,7 +464,7 @@ def test_a_thread_ending_is_not_found_unseen_in_between() -> None:
     # samples in the middle of a phase must not be taken for it.
     from dataclasses import replace
 
-    from flamed.python.align import Segment
+    from flamed.pyspy.align import Segment
 
     aligned, events, truth = build_poisson(200, 2)
     last = aligned.samples_ns[-1]

@@ -18,7 +18,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 #: Modules no command below needs: the process pool, protobuf (pprof), the
 #: mixed-mode recorder and the daemon.
-HEAVY = ("multiprocessing", "google.protobuf", "flamed.python.mixed", "flamed.python.pyspy", "flamed.daemon")
+HEAVY = ("multiprocessing", "google.protobuf", "flamed.pyspy.mixed", "flamed.pyspy.supervisor", "flamed.daemon")
 
 _PROBE = """
 import json, sys

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
-from flamed.python.threadids import ThreadIds
+from flamed.pyspy.threadids import ThreadIds
 
 
 def test_maps_the_pthread_ids_of_a_live_process_to_its_os_tids() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flamed.errors import ConfigError
-from flamed.python.watcher import ProcessWatcher, ProcReader, PyProcess, WatchOptions, python_identity
+from flamed.pyspy.watcher import ProcessWatcher, ProcReader, PyProcess, WatchOptions, python_identity
 
 LIBPY = "7f0000000000-7f0000100000 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libpython{ver}.so.1.0\n"
 
@@ -103,7 +103,7 @@ def test_bad_regex_is_a_config_error() -> None:
 def test_parse_proc_events_decodes_connector_datagrams() -> None:
     import struct
 
-    from flamed.python.watcher import parse_proc_events
+    from flamed.pyspy.watcher import parse_proc_events
 
     def msg(what: int, ts: int, body: bytes) -> bytes:
         payload = struct.pack("=IIIIHH", 1, 1, 0, 0, 16 + len(body), 0) + struct.pack("=IIQ", what, 0, ts) + body

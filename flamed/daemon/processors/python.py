@@ -3,7 +3,7 @@
 Configured by ``[processors.python]``; runs only with the BPF sampler.  Every
 Python process the watcher finds is ``watch()``-ed (its samples arrive as
 timestamped events) and gets a py-spy child; each drained window's events are
-joined with py-spy's Python stacks (:mod:`flamed.python.align`) and added to
+joined with py-spy's Python stacks (:mod:`flamed.pyspy.align`) and added to
 the window's counts.  An event waits for the py-spy window that covers it, so
 Python samples are stored up to one ``window_s`` (+ a drain) after they were
 taken; their weights are the BPF samples', never py-spy's.
@@ -20,11 +20,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from flamed.daemon.processors.base import ProcessorContext, WindowProcessor
-from flamed.python.align import JoinOptions
-from flamed.python.mixed import MixedMode, MixedOptions
 from flamed.errors import ConfigError
-from flamed.python.pyspy import MAX_RATE, Failure, PySpyOptions
-from flamed.python.watcher import WatchOptions
+from flamed.pyspy.align import JoinOptions
+from flamed.pyspy.mixed import MixedMode, MixedOptions
+from flamed.pyspy.supervisor import MAX_RATE, Failure, PySpyOptions
+from flamed.pyspy.watcher import WatchOptions
+from flamed.sampling import pysource
 from flamed.sampling.contract import Window
 
 
@@ -86,7 +87,7 @@ class PythonProcessorOptions:
         def bad(key: str, why: str) -> ConfigError:
             return ConfigError(f"processors.python.{key}: {getattr(self, key)!r} {why}")
 
-        if self.source not in ("auto", "bpf", "pyspy"):
+        if self.source not in pysource.POLICIES:
             raise bad("source", "must be auto, bpf or pyspy")
         if not 1 <= self.rate <= MAX_RATE:
             raise bad("rate", f"is out of range: py-spy samples 1..{MAX_RATE} times a second")
@@ -149,21 +150,9 @@ class PythonProcessor(WindowProcessor):
         forget = getattr(self.ctx.sampler, "forget", None)
         self.mixed = MixedMode(self.ctx.sampler, options.mixed(),
                                on_exit=forget if callable(forget) else None,
-                               claim=self._claim_for(options), pyspy_fallback=options.source != "bpf")
+                               claim=pysource.claim_for(options.source, self.ctx.sampler),
+                               pyspy_fallback=pysource.pyspy_fallback(options.source))
         self.mixed.start()
-
-    def _claim_for(self, options: PythonProcessorOptions) -> Any:
-        """Which Python processes skip py-spy: those the BPF program reads (auto),
-        all (bpf), none (pyspy)."""
-        claim = getattr(self.ctx.sampler, "python_claim", None)
-        walker = getattr(self.ctx.sampler, "python_frames", None) is not None
-        if options.source == "pyspy":
-            return None
-        if claim is not None and walker:
-            return claim
-        if options.source == "bpf":
-            return lambda _pid: (False, "bpf_walker_off")
-        return None
 
     def process(self, window: Window) -> None:
         if self._carry:

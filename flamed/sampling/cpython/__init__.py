@@ -3,8 +3,10 @@
 The BPF walker (bpf/) reads one ``struct flamed_pyproc`` per process
 (:meth:`Layout.pack`); :func:`probe` finds the interpreter of a pid,
 :class:`CodeSymbolizer` turns the (code address, instruction) pairs the
-walker emits into ``name (file:line)`` frames and :func:`walk` is the
-user-space reference walker.  See docs/cpython.md.
+walker emits into ``name (file:line)`` frames and :func:`walk_memory` is the
+user-space reference walker (``process.walk`` for a pid).  Modules depend
+downwards only: errors, layout, memory, elf, btf; objects and walk; process;
+symbolize.  See docs/cpython.md.
 """
 
 from __future__ import annotations

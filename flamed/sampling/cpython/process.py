@@ -32,7 +32,8 @@ from flamed.sampling.cpython.layout import (
     layout_from_debug_offsets,
 )
 from flamed.sampling.cpython.memory import ProcessMemory
-from flamed.sampling.cpython.walk import Walk, walk_memory
+from flamed.sampling.cpython.objects import read_unicode
+from flamed.sampling.cpython.walk import MAX_DEPTH, MAX_THREADS, Frame, Walk, walk_memory
 from flamed.sampling.symbols import read_identity
 
 PAGE = 4096
@@ -230,8 +231,6 @@ def _type_name(mem: ProcessMemory, layout: Layout, type_addr: int) -> bytes | No
 
 
 def _code_name(mem: ProcessMemory, layout: Layout, code: int) -> str | None:
-    from flamed.sampling.cpython.symbolize import read_unicode
-
     raw = mem.read(code + layout.code_name, 8)
     if raw is None:
         return None
@@ -352,3 +351,20 @@ def _target(pid: int, proc_root: Path, path: str, facts: elf.ElfFacts, maps: lis
     except CPythonError as e:
         return Refusal(pid, f"{path}: {e}")
     return Target(pid, identity.start_time, version, hexversion, path, runtime, layout, proc_root)
+
+
+def walk(pid: int, *, max_threads: int = MAX_THREADS, max_depth: int = MAX_DEPTH) -> dict[int, list[Frame]]:
+    """Frames of every thread of ``pid`` by the id the BPF walker matches
+    (tid on 3.11+, pthread id on 3.8-3.10); {} when not (yet) walkable.
+
+    Probes the process first; raises CPythonError when it is not a CPython
+    process flamed can read.
+    """
+    target = probe(pid)
+    if isinstance(target, Refusal):
+        raise CPythonError(f"pid {pid}: {target.reason}")
+    result = walk_memory(ProcessMemory(pid), target.layout, target.interp_head_addr,
+                         max_threads=max_threads, max_depth=max_depth)
+    if result is None:
+        return {}
+    return {t.key: t.frames for t in result.threads}

@@ -19,16 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from flamed.model import sanitize_frame
-from flamed.python.align import short_filename
 from flamed.sampling.cpython.layout import ENTRY_BIT, Layout
 from flamed.sampling.cpython.memory import ProcessMemory
+from flamed.sampling.cpython.objects import MAX_NAME, read_objects
+from flamed.sampling.cpython.process import Target
+from flamed.sampling.pystack import short_filename
 
-MAX_NAME = 1024
 MAX_PATH = 4096
 MAX_LINETABLE = 64 << 10
-#: Bytes read of a str or bytes object in the first read: header plus a
-#: typical name, so most strings need one read.
-_SPECULATIVE = 160
 
 STAT_REASONS = ("read_failed", "not_code", "bad_string", "bad_linetable", "stale", "process_gone")
 
@@ -48,80 +46,6 @@ class _Code:
 def _u64(data: bytes, off: int) -> int:
     value: int = struct.unpack_from("<Q", data, off)[0]
     return value
-
-
-def _decode_unicode(layout: Layout, head: bytes, limit: int) -> tuple[int, int, str] | str:
-    """(data offset, byte size, encoding) of a compact str, or the failure reason."""
-    state = struct.unpack_from("<I", head, layout.unicode_state)[0]
-    length = struct.unpack_from("<q", head, layout.unicode_length)[0]
-    kind = (state >> 2) & 7
-    compact = (state >> 5) & 1
-    ascii_ = (state >> 6) & 1
-    if not compact or kind not in (1, 2, 4) or length < 0 or (ascii_ and kind != 1):
-        return "bad_string"
-    size = length * kind
-    if size > limit:
-        return "bad_string"
-    if ascii_:
-        return layout.unicode_ascii_size, size, "ascii"
-    return layout.unicode_compact_size, size, {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind]
-
-
-def _header_size(layout: Layout) -> int:
-    return layout.unicode_compact_size
-
-
-def read_unicode(mem: ProcessMemory, layout: Layout, addr: int, limit: int = MAX_NAME) -> str | None:
-    """One compact str object of the process (None when unreadable or not a compact str)."""
-    got = _read_objects(mem, layout, [(addr, limit)], unicode=True)[0]
-    return got if isinstance(got, str) else None
-
-
-def _read_objects(
-    mem: ProcessMemory, layout: Layout, objs: Sequence[tuple[int, int]], *, unicode: bool
-) -> list[str | bytes | None | tuple[str]]:
-    """Read str (``unicode``) or bytes objects; a failure is ``(reason,)``."""
-    first = [(addr, _header_size(layout) + _SPECULATIVE) for addr, _ in objs]
-    heads = mem.read_many(first)
-    out: list[str | bytes | None | tuple[str]] = [None] * len(objs)
-    more: list[tuple[int, int, int, str]] = []  # index, addr, size, encoding
-    for i, ((addr, limit), head) in enumerate(zip(objs, heads)):
-        if head is None:
-            # The speculative tail may cross into an unmapped page: retry the header alone.
-            head = mem.read(addr, _header_size(layout))
-            if head is None:
-                out[i] = ("read_failed",)
-                continue
-        if unicode:
-            dec = _decode_unicode(layout, head, limit)
-            if isinstance(dec, str):
-                out[i] = (dec,)
-                continue
-            off, size, enc = dec
-        else:
-            size = struct.unpack_from("<q", head, layout.bytes_size)[0]
-            if size < 0 or size > limit:
-                out[i] = ("bad_linetable",)
-                continue
-            off, enc = layout.bytes_sval, ""
-        if off + size <= len(head):
-            out[i] = _finish(head[off : off + size], enc)
-        else:
-            more.append((i, addr + off, size, enc))
-    if more:
-        datas = mem.read_many([(a, s) for _, a, s, _ in more]) if any(s for _, _, s, _ in more) else []
-        for (i, _a, size, enc), data in zip(more, datas):
-            out[i] = ("read_failed",) if data is None else _finish(data, enc)
-    return out
-
-
-def _finish(data: bytes, enc: str) -> str | bytes | tuple[str]:
-    if not enc:
-        return data
-    try:
-        return data.decode(enc)
-    except UnicodeDecodeError:
-        return ("bad_string",)
 
 
 # ---- line tables ----
@@ -238,10 +162,7 @@ class CodeSymbolizer:
         self._head_size = max(fields) + 8
 
     @classmethod
-    def for_target(cls, target: object, *, short_filenames: bool = False) -> CodeSymbolizer:
-        from flamed.sampling.cpython.process import Target
-
-        assert isinstance(target, Target)
+    def for_target(cls, target: Target, *, short_filenames: bool = False) -> CodeSymbolizer:
         return cls(target.pid, target.start_time, target.layout, short_filenames=short_filenames)
 
     def begin_batch(self) -> None:
@@ -349,12 +270,12 @@ class CodeSymbolizer:
         if not good:
             return
         name_field = lay.code_qualname if lay.code_qualname is not None else lay.code_name
-        strs = _read_objects(
+        strs = read_objects(
             self.memory, lay,
             [(_u64(h, name_field), MAX_NAME) for _, h in good] + [(_u64(h, lay.code_filename), MAX_PATH) for _, h in good],
             unicode=True,
         )
-        tables = _read_objects(self.memory, lay, [(_u64(h, lay.code_linetable), MAX_LINETABLE) for _, h in good],
+        tables = read_objects(self.memory, lay, [(_u64(h, lay.code_linetable), MAX_LINETABLE) for _, h in good],
                                unicode=False)
         n = len(good)
         for k, (code, head) in enumerate(good):

@@ -5,6 +5,9 @@ the pointer at ``&_PyRuntime.interpreters.head``, the interpreter's first
 thread state, FLAMED_PY_TSTATE_BYTES of each thread state and
 FLAMED_PY_FRAME_BYTES of each frame in one read each, and emits the same
 (code address | entry bit, raw instruction field) pairs, innermost first.
+It takes a layout and an address, never a pid: finding them is
+:func:`flamed.sampling.cpython.process.probe`'s, and
+:func:`flamed.sampling.cpython.process.walk` does both for a pid.
 """
 
 from __future__ import annotations
@@ -137,23 +140,3 @@ def _walk_thread(memory: ProcessMemory, layout: Layout, tstate: int, ts: bytes, 
         frames=frames,
         truncated=truncated,
     )
-
-
-def walk(pid: int, *, max_threads: int = MAX_THREADS, max_depth: int = MAX_DEPTH) -> dict[int, list[Frame]]:
-    """Frames of every thread of ``pid`` by the id the BPF walker matches
-    (tid on 3.11+, pthread id on 3.8-3.10); {} when not (yet) walkable.
-
-    Probes the process first; raises CPythonError when it is not a CPython
-    process flamed can read.
-    """
-    from flamed.sampling.cpython.errors import CPythonError
-    from flamed.sampling.cpython.process import Refusal, probe
-
-    target = probe(pid)
-    if isinstance(target, Refusal):
-        raise CPythonError(f"pid {pid}: {target.reason}")
-    result = walk_memory(ProcessMemory(pid), target.layout, target.interp_head_addr,
-                         max_threads=max_threads, max_depth=max_depth)
-    if result is None:
-        return {}
-    return {t.key: t.frames for t in result.threads}

@@ -2,31 +2,23 @@
 
 The BPF sampler knows, for every sample of a watched Python thread, the kernel
 stack and (usually only the leaf of) the native stack, stamped with
-CLOCK_MONOTONIC.  py-spy knows the Python stack.  This module joins the two
-per OS thread and per instant, in three steps:
+CLOCK_MONOTONIC.  py-spy knows the Python stack.  They are joined per OS
+thread and per instant, in three steps:
 
-1. **Parse** py-spy's chrometrace (:func:`parse_chrometrace`).  Chrometrace only
-   has an event when a thread's stack *changes*, stamped in microseconds since
-   py-spy created its recorder (``-t`` adds a ``thread (OS_TID): name`` root
-   frame, which is how a pthread id becomes the OS tid BPF reports).
-2. **Calibrate** that clock (:func:`fit_clock`).  ``bpf/pyspy_clock.bpf.c``
-   puts a uprobe on py-spy's ``Chrometrace::increment``: each hit is the same
-   instant as the ``Instant::now()`` that stamps the events written by that
-   call, in CLOCK_MONOTONIC.  The very first hit of a py-spy process belongs to
-   the first event of its trace, which bounds the offset to tens of
-   microseconds; the offset at which changes and hits pair up densest fixes it
-   to about a microsecond.  The hits, one per thread per sample, are also the
-   times py-spy sampled (:func:`sample_times`).
-3. **Place** each change (:func:`align_trace`, :func:`join`).  A change seen at
-   sample *j* happened somewhere between samples *j-1* and *j* (or since the
-   sample before a run of samples that waited in py-spy's queue).  BPF samples
-   in that gap get the old or the new stack by the likelihood of their
-   signature (kernel frames present, native leaf symbol) under each stack,
-   learnt from the BPF samples of the same run that are not in any gap; with
-   nothing to learn from, the midpoint decides.  A function py-spy saw nearby
-   may also have run entirely between two samples, when the signatures say so;
-   the model is then learnt again from every placed sample, and samples placed
-   again.
+1. **Parse** py-spy's chrometrace (:mod:`flamed.pyspy.chrometrace`): the
+   stack changes of each thread, in py-spy's own clock.
+2. **Calibrate** that clock (:mod:`flamed.pyspy.clockfit`) from the uprobe
+   on py-spy's recorder, which also says when py-spy sampled.
+3. **Place** each change (:func:`align_trace`, :func:`join`, here).  A change
+   seen at sample *j* happened somewhere between samples *j-1* and *j* (or
+   since the sample before a run of samples that waited in py-spy's queue).
+   BPF samples in that gap get the old or the new stack by the likelihood of
+   their signature (kernel frames present, native leaf symbol) under each
+   stack, learnt from the BPF samples of the same run that are not in any
+   gap; with nothing to learn from, the midpoint decides.  A function py-spy
+   saw nearby may also have run entirely between two samples, when the
+   signatures say so; the model is then learnt again from every placed
+   sample, and samples placed again.
 
 Weights are always those of the BPF samples: py-spy only names the Python
 frames, it never adds or scales samples (the trap of py-spy issue #506).
@@ -35,348 +27,20 @@ frames, it never adds or scales samples (the trap of py-spy issue #506).
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
 
-from flamed.errors import InputError
-from flamed.model import Stack, is_kernel_frame, sanitize_frame
+from flamed.model import Stack, is_kernel_frame
+from flamed.pyspy.chrometrace import PyTrace
+from flamed.pyspy.clockfit import QUEUED_NS, SAMPLE_GAP_NS, ClockFit
 from flamed.sampling.contract import SampleEvent
+from flamed.sampling.pystack import native_below_interpreter
 
 #: Root frame of a BPF sample that no Python stack could be joined with.
 NO_PYTHON_FRAME = "[python: no frame]"
-
-#: Interpreter frames that py-spy --native replaces with Python frames.
-EVAL_FRAME = re.compile(
-    r"^(_PyEval_EvalFrameDefault|_PyEval_EvalFrame|PyEval_EvalFrameEx|PyEval_EvalFrame|"
-    r"_PyEval_Vector|PyEval_EvalCode|_PyEval_EvalCode|_PyEval_EvalCodeWithName)(\b|$)"
-)
-_THREAD_FRAME = re.compile(r"^thread \((?P<id>\d+|0x[0-9a-fA-F]+)\)(?:: (?P<name>.*))?$")
-_PROCESS_FRAME = re.compile(r"^process \d+:")
-_LIB_PREFIX = re.compile(r"^.*/(?:site|dist)-packages/|^.*/lib/python3\.\d+t?/")
-
-
-# ---------------------------------------------------------------------------
-# 1. chrometrace
-
-
-@dataclass
-class PyTrace:
-    """One py-spy chrometrace, per OS thread.
-
-    ``threads[tid]``: ``[(ts_us, python_stack)]`` in time order, one entry per
-    sample at which the thread's Python stack changed (root first, without the
-    thread frame).  ``first_ts_us``/``last_ts_us``: first event and the final
-    write (after the last sample).  ``unmapped``: threads whose root frame had
-    no id (py-spy without ``-t``).  ``pthread_ids``: keys of ``threads`` that
-    are pthread ids, not OS tids: before CPython 3.11 the interpreter keeps no
-    native id, and py-spy's ``thread (0x...)`` frame names ``pthread_self()``;
-    :mod:`flamed.python.threadids` maps them to OS tids.
-    """
-
-    threads: dict[int, list[tuple[int, Stack]]] = field(default_factory=dict)
-    thread_names: dict[int, str] = field(default_factory=dict)
-    change_ts_us: list[int] = field(default_factory=list)
-    first_ts_us: int | None = None
-    last_ts_us: int | None = None
-    unmapped: int = 0
-    pthread_ids: set[int] = field(default_factory=set)
-
-
-def short_filename(path: str) -> str:
-    """``/usr/lib/python3.11/json/decoder.py`` -> ``json/decoder.py`` (py-spy's short names)."""
-    return _LIB_PREFIX.sub("", path, count=1)
-
-
-def python_frame(name: str, filename: str, line: int | None) -> str:
-    """A Python frame in py-spy's folded convention: ``func (file.py:line)``."""
-    fn = short_filename(filename)
-    where = f"{fn}:{line}" if line else fn
-    return sanitize_frame(f"{name} ({where})")
-
-
-def parse_chrometrace(data: bytes | str | BinaryIO, *, source: str = "<chrometrace>") -> PyTrace:
-    """Read py-spy's ``--format chrometrace`` output (a JSON list of B/E events)."""
-    if not isinstance(data, (bytes, str)):
-        data = data.read()
-    try:
-        events = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deep
-        raise InputError(f"not a py-spy chrometrace: {e}", source=source) from None
-    if not isinstance(events, list):
-        raise InputError("not a py-spy chrometrace: expected a JSON list of events", source=source)
-    return _build_trace(events, source)
-
-
-def _build_trace(events: list[Any], source: str) -> PyTrace:
-    trace = PyTrace()
-    # The frames open per py-spy thread id (pthread id), root first.
-    open_frames: dict[int, list[tuple[str, str, int | None]]] = defaultdict(list)
-    os_tid: dict[int, int | None] = {}
-    last_stack: dict[int, Stack] = {}
-    changes: set[int] = set()
-
-    def flush(ts: int, touched: Iterable[int]) -> None:
-        for ptid in touched:
-            frames = open_frames[ptid]
-            tid = os_tid.get(ptid)
-            if tid is None:
-                continue
-            if not frames:
-                # Every frame closed: py-spy wrote its file (end of recording).
-                continue
-            stack = tuple(python_frame(n, f, ln) for n, f, ln in frames if not _is_meta_frame(n, f))
-            if last_stack.get(tid) == stack:
-                continue  # only the thread frame changed (its name appeared)
-            last_stack[tid] = stack
-            trace.threads.setdefault(tid, []).append((ts, stack))
-            changes.add(ts)
-
-    cur_ts: int | None = None
-    touched: set[int] = set()
-    for i, ev in enumerate(events):
-        try:
-            ph = ev["ph"]
-            ts = int(ev["ts"])
-            ptid = int(ev["tid"])
-            name = str(ev["name"])
-            args = ev.get("args") or {}
-            filename = str(args.get("filename") or "")
-            line_raw = args.get("line")
-            line = int(line_raw) if line_raw is not None else None
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):  # Overflow: "ts": 1e999
-            raise InputError(f"event {i} is not a py-spy trace event", source=source) from None
-        if cur_ts is not None and ts != cur_ts:
-            flush(cur_ts, touched)
-            touched = set()
-        cur_ts = ts
-        if trace.first_ts_us is None:
-            trace.first_ts_us = ts
-        trace.last_ts_us = ts if trace.last_ts_us is None else max(trace.last_ts_us, ts)
-        touched.add(ptid)
-        frames = open_frames[ptid]
-        if ph == "B":
-            if not frames:
-                # The root frame of a thread names it (``-t``); its name may
-                # appear only in a later sample, under the same OS tid.
-                m = _THREAD_FRAME.match(name) if not filename else None
-                if m is not None:
-                    ident = m.group("id")
-                    tid = int(ident, 16) if ident.startswith("0x") else int(ident)
-                    if ident.startswith("0x"):
-                        trace.pthread_ids.add(tid)
-                    os_tid[ptid] = tid
-                    if m.group("name"):
-                        trace.thread_names[tid] = m.group("name")
-                elif ptid not in os_tid:
-                    os_tid[ptid] = None
-                    trace.unmapped += 1
-            frames.append((name, filename, line))
-        elif ph == "E":
-            if frames:
-                frames.pop()
-        else:
-            continue
-    if cur_ts is not None:
-        flush(cur_ts, touched)
-    trace.change_ts_us = sorted(changes)
-    return trace
-
-
-def _is_meta_frame(name: str, filename: str) -> bool:
-    return not filename and (_THREAD_FRAME.match(name) is not None or _PROCESS_FRAME.match(name) is not None)
-
-
-# ---------------------------------------------------------------------------
-# 2. clock
-
-
-@dataclass(frozen=True, slots=True)
-class ClockFit:
-    """CLOCK_MONOTONIC ns of py-spy's ``ts == 0``; ``calibrated`` False means a guess."""
-
-    start_ns: int
-    calibrated: bool
-    matched: int = 0
-    #: spread (max - min) of the per-event offsets used, ns: about 1000 when healthy
-    spread_ns: int = 0
-
-    def to_mono(self, ts_us: int) -> int:
-        return self.start_ns + ts_us * 1000
-
-
-#: Where py-spy's recorder clock starts relative to its spawn when nothing
-#: better is known (a prototype measured 18-33 ms).
-SPAWN_TO_START_GUESS_NS = 25_000_000
-
-
-def fit_clock(trace: PyTrace, hits_ns: Sequence[int], *, spawn_ns: int | None = None,
-              interval_ns: int = 10_000_000) -> ClockFit:
-    """Fit py-spy's chrometrace clock to CLOCK_MONOTONIC from its uprobe hits.
-
-    ``hits_ns``: sorted CLOCK_MONOTONIC times of ``Chrometrace::increment``
-    calls of this py-spy process (all of them, from its first).  Without hits,
-    falls back to ``spawn_ns`` + 25 ms (``calibrated=False``).
-    """
-    if trace.first_ts_us is None:
-        return ClockFit(start_ns=spawn_ns or 0, calibrated=False)
-    if not hits_ns:
-        guess = (spawn_ns or 0) + SPAWN_TO_START_GUESS_NS
-        return ClockFit(start_ns=guess, calibrated=False)
-    # The first increment always writes events (every stack is new), so the
-    # first hit and the first event are the same call.  That pins the offset
-    # only to tens of microseconds (the first call's clock read is slow), so
-    # it merely bounds the search below.
-    coarse = hits_ns[0] - trace.first_ts_us * 1000
-    window = max(interval_ns // 4, 200_000)
-    # Each change event is matched with every hit near it.  One of them is the
-    # call that wrote it: those pairs all share the offset (start + r - delay,
-    # r in [0, 1 us) from the truncation to microseconds, delay the ~1 us from
-    # the uprobe to Instant::now()).  The other pairs are the increments of the
-    # sample's other threads, 10-100 us before or after, and scatter.  So the
-    # offset is where the pairs are densest -- not their median, which such
-    # neighbours pull by a thread's spacing (measured: 15-25 us off, enough to
-    # put a change in the sample before its own).
-    offsets: list[int] = []
-    nearest: list[int] = []
-    for ts in trace.change_ts_us:
-        want = coarse + ts * 1000
-        i = bisect.bisect_left(hits_ns, want - window)
-        best: int | None = None
-        while i < len(hits_ns) and hits_ns[i] <= want + window:
-            offsets.append(hits_ns[i] - ts * 1000)
-            if best is None or abs(hits_ns[i] - want) < abs(best - want):
-                best = hits_ns[i]
-            i += 1
-        if best is not None:
-            nearest.append(best - ts * 1000)
-    if not offsets:
-        return ClockFit(start_ns=coarse, calibrated=True, matched=0)
-    offsets.sort()
-    lo, hi = _densest(offsets, CLOCK_PEAK_NS)
-    peak = offsets[lo:hi]
-    med = peak[len(peak) // 2]
-    return ClockFit(start_ns=med - 500, calibrated=True, matched=len(peak),
-                    spread_ns=(nearest and max(nearest) - min(nearest)) or 0)
-
-
-#: Width of the offset peak of :func:`fit_clock`: truncation to microseconds
-#: plus the uprobe's own jitter.
-CLOCK_PEAK_NS = 3_000
-
-
-def _densest(values: Sequence[int], width: int) -> tuple[int, int]:
-    """``[lo, hi)`` of the most values of sorted ``values`` within ``width`` of each other.
-
-    Ties go to the earliest such run.
-    """
-    best = (0, 0)
-    j = 0
-    for i in range(len(values)):
-        while values[i] - values[j] > width:
-            j += 1
-        if i + 1 - j > best[1] - best[0]:
-            best = (j, i + 1)
-    return best
-
-
-#: Increment calls of one sample (one per thread) follow each other within
-#: microseconds; a py-spy catching up after a late wakeup takes samples back to
-#: back, but each costs it a read of the target, hundreds of microseconds.
-SAMPLE_GAP_NS = 150_000
-
-#: A sample incremented less than this after the previous one may have
-#: waited in py-spy's queue (see :func:`align_trace`).
-QUEUED_NS = 500_000
-
-#: Bursts around which the usual number of increments per sample is counted.
-_LOCAL_BURSTS = 10
-
-
-def sample_times(hits_ns: Sequence[int], interval_ns: int) -> list[int]:
-    """Start of each py-spy sample: its first increment call (one call per thread).
-
-    Calls closer than SAMPLE_GAP_NS form a burst.  With ``--idle`` every
-    sample has one call per thread, so the usual burst size (the most common
-    one among the neighbouring bursts) is the number of threads, and it
-    corrects the bursts that are not one sample: py-spy's main thread,
-    preempted between two calls of one sample (measured: 0.15-2.7 ms, in 4-7 %
-    of the samples of a busy 2-CPU host), leaves two short bursts, joined again
-    here when they fit in one sample and are less than half an interval
-    apart; samples taken back to back to catch up leave one long burst, cut
-    here into samples of the usual size.
-    """
-    return [s[0] for s in sample_spans(hits_ns, interval_ns)]
-
-
-def sample_spans(hits_ns: Sequence[int], interval_ns: int) -> list[list[int]]:
-    """The increment calls of each py-spy sample (see :func:`sample_times`)."""
-    gap = min(interval_ns // 2, SAMPLE_GAP_NS)
-    bursts: list[list[int]] = []
-    for h in hits_ns:
-        if bursts and h - bursts[-1][-1] <= gap:
-            bursts[-1].append(h)
-        else:
-            bursts.append([h])
-    sizes = [len(b) for b in bursts]
-    out: list[list[int]] = []
-    i = 0
-    while i < len(bursts):
-        lo = max(0, i - _LOCAL_BURSTS)
-        usual = Counter(sizes[lo:i + _LOCAL_BURSTS + 1]).most_common(1)[0][0]
-        cur = list(bursts[i])
-        while (len(cur) < usual and i + 1 < len(bursts) and len(cur) + len(bursts[i + 1]) <= usual
-               and bursts[i + 1][0] - cur[-1] < interval_ns // 2):
-            i += 1
-            cur.extend(bursts[i])
-        if len(cur) > usual and len(cur) % usual == 0:
-            out.extend(cur[k:k + usual] for k in range(0, len(cur), usual))
-        else:
-            out.append(cur)
-        i += 1
-    return out
-
-
-def _bursts(times: Sequence[int], gap: int) -> list[int]:
-    out: list[int] = []
-    prev: int | None = None
-    for h in times:
-        if prev is None or h - prev > gap:
-            out.append(h)
-        prev = h
-    return out
-
-
-def observed_times(samples_ns: Sequence[int], reads_ns: Sequence[int], interval_ns: int) -> list[int]:
-    """When each sample (an increment burst) actually read the stacks.
-
-    ``reads_ns``: the py-spy process's process_vm_readv calls.  Each sample is
-    one burst of reads followed, after a queueing delay, by its increment
-    burst; they pair up in order.  A read burst more than one interval older
-    than the next increment while a later burst also precedes it had no
-    increments (a failed sample) and is skipped.  Samples with no read burst
-    keep their increment time.
-    """
-    bursts = _bursts(reads_ns, interval_ns // 2)
-    out: list[int] = []
-    b = 0
-    for s in samples_ns:
-        while (b + 1 < len(bursts) and bursts[b + 1] <= s and s - bursts[b] > interval_ns):
-            b += 1
-        if b < len(bursts) and bursts[b] <= s:
-            out.append(bursts[b])
-            b += 1
-        else:
-            out.append(s)
-    return out
-
-
-# ---------------------------------------------------------------------------
-# 3. placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -830,25 +494,6 @@ def _unseen(events: Sequence[SampleEvent], idxs: list[int], tr: AlignedTrace, ti
 # composing the mixed stack
 
 
-def native_below_interpreter(user_stack: Stack) -> Stack:
-    """The native frames a Python frame caused: those below the innermost eval frame.
-
-    Without an eval frame (the usual case when the interpreter has no frame
-    pointers, so BPF only walks the leaf), the whole native stack is kept,
-    minus the ``[unknown]`` frames a broken walk leaves at its root end.
-    """
-    last = -1
-    for i, f in enumerate(user_stack):
-        if EVAL_FRAME.match(f):
-            last = i
-    if last >= 0:
-        return user_stack[last + 1:]
-    i = 0
-    while i < len(user_stack) - 1 and user_stack[i].startswith("[unknown]"):
-        i += 1
-    return user_stack[i:]
-
-
 def mixed_stack(python: Stack | None, ev: SampleEvent) -> Stack:
     """Root first: Python frames; native frames below the interpreter; kernel frames."""
     kernel = tuple(f if is_kernel_frame(f) else f + "_[k]" for f in ev.kernel_stack)
@@ -862,13 +507,3 @@ def join_events(events: Sequence[SampleEvent], traces: Sequence[AlignedTrace],
     """:func:`join` then :func:`mixed_stack`: one mixed stack per event."""
     py, stats = join(events, traces, options)
     return [mixed_stack(p, ev) for p, ev in zip(py, events)], stats
-
-
-def hits_by_pid(hits: Iterable[tuple[int, int]]) -> Mapping[int, list[int]]:
-    """``[(tgid, ktime_ns)]`` -> sorted times per tgid."""
-    out: dict[int, list[int]] = defaultdict(list)
-    for tgid, t in hits:
-        out[tgid].append(t)
-    for v in out.values():
-        v.sort()
-    return out

@@ -25,21 +25,14 @@ from dataclasses import dataclass, field
 
 from flamed.errors import CapabilityError
 from flamed.model import Stack
-from flamed.python.align import (
-    AlignedTrace,
-    JoinOptions,
-    JoinStats,
-    align_trace,
-    fit_clock,
-    join_events,
-    observed_times,
-    sample_times,
-)
-from flamed.python.clock import PySpyClock
-from flamed.python.pyspy import CompletedRun, Failure, PySpyOptions, PySpySupervisor
-from flamed.python.threadids import ThreadIds
-from flamed.python.watcher import ProcessWatcher, PyProcess, WatchOptions
+from flamed.pyspy.align import AlignedTrace, JoinOptions, JoinStats, align_trace, join_events
+from flamed.pyspy.clock import PySpyClock
+from flamed.pyspy.clockfit import fit_clock, observed_times, sample_times
+from flamed.pyspy.supervisor import CompletedRun, Failure, PySpyOptions, PySpySupervisor
+from flamed.pyspy.threadids import ThreadIds
+from flamed.pyspy.watcher import ProcessWatcher, PyProcess, WatchOptions
 from flamed.sampling.contract import Sampler, SampleEvent, Window
+from flamed.sampling.pysource import Claim, ClaimFn, Decision, decide, decide_late
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +79,13 @@ class MixedMode:
                  proc_root: str = "/proc", on_process: Callable[[PyProcess], None] | None = None,
                  on_exit: Callable[[int], None] | None = None,
                  clock: Callable[[], int] = time.monotonic_ns,
-                 claim: Callable[[int], tuple[bool | None, str]] | None = None,
+                 claim: ClaimFn | None = None,
                  pyspy_fallback: bool = True) -> None:
         """``claim(pid)``: does the BPF sampler read this process's Python frames
         itself?  ``(True, _)``: yes, no py-spy for it; ``(False, reason)``: no,
         py-spy it; ``(None, _)``: not decided yet (asked again each tick, for
-        at most CLAIM_WAIT_S).  ``None``: every process gets py-spy."""
+        at most CLAIM_WAIT_S).  ``None``: every process gets py-spy.  The
+        decision itself is :func:`flamed.sampling.pysource.decide`'s."""
         self.options = options or MixedOptions()
         self._claim = claim
         self._pyspy_fallback = pyspy_fallback
@@ -264,16 +258,12 @@ class MixedMode:
     CLAIM_WAIT_S = 2.0
 
     def _started(self, proc: PyProcess) -> bool:
-        if self._claim is not None:
-            claimed, reason = self._claim(proc.pid)
-            if claimed is None:
-                self._deferred[proc.pid] = (proc, self._now())
-                return True
-            if claimed:
-                self._by_bpf(proc)
-                return True
-            return self._pyspy_path(proc, reason)
-        return self._pyspy_path(proc, "")
+        claim: Claim = self._claim(proc.pid) if self._claim is not None else (False, "")
+        d = decide(claim, fallback=self._pyspy_fallback, have_pyspy=self.supervisor.binary is not None)
+        if d is None:
+            self._deferred[proc.pid] = (proc, self._now())
+            return True
+        return self._apply(proc, d)
 
     MAX_DECIDED = 4096
 
@@ -282,36 +272,31 @@ class MixedMode:
         if len(self.decided) > self.MAX_DECIDED:
             del self.decided[next(iter(self.decided))]
 
-    def _by_bpf(self, proc: PyProcess) -> None:
-        self._decide(proc.pid, "bpf", "walked")
-        self.counters["processes_bpf"] += 1
-        if self._on_process is not None:
-            self._on_process(proc)
-
     def _check_deferred(self) -> None:
         now = self._now()
         for pid, (proc, since) in list(self._deferred.items()):
             assert self._claim is not None
-            claimed, reason = self._claim(pid)
-            if claimed is None and now - since < self.CLAIM_WAIT_S * 1e9:
+            claim = self._claim(pid)
+            if claim[0] is None and now - since < self.CLAIM_WAIT_S * 1e9:
                 continue
             del self._deferred[pid]
-            if claimed:
-                self._by_bpf(proc)
-            else:
-                self._pyspy_path(proc, reason or "undecided")
+            self._apply(proc, decide_late(claim, fallback=self._pyspy_fallback,
+                                          have_pyspy=self.supervisor.binary is not None))
 
-    def _pyspy_path(self, proc: PyProcess, reason: str) -> bool:
-        if not self._pyspy_fallback:
-            self._decide(proc.pid, "none", reason or "pyspy_off")
+    def _apply(self, proc: PyProcess, d: Decision) -> bool:
+        """Act on the source decided for ``proc`` (False: py-spy had no room for it)."""
+        self._decide(proc.pid, d.source, d.reason)
+        if d.source == "bpf":
+            self.counters["processes_bpf"] += 1
+            if self._on_process is not None:
+                self._on_process(proc)
             return True
-        if self.supervisor.binary is None:
-            self._decide(proc.pid, "none", reason or "no_pyspy")
-            # No py-spy: the process keeps native and kernel stacks (counted by
-            # the sampler as usual); the reason is counted once per process.
-            self.supervisor.failures[Failure.MISSING_BINARY.value] += 1
+        if d.source == "none":
+            if self._pyspy_fallback:
+                # Wanted py-spy, found none: the process keeps native and kernel
+                # stacks (counted by the sampler as usual); counted once per process.
+                self.supervisor.failures[Failure.MISSING_BINARY.value] += 1
             return True
-        self._decide(proc.pid, "pyspy", reason or "pyspy_chosen")
         if self.options.active_only:
             self.candidates[proc.pid] = proc
             return True
@@ -347,8 +332,8 @@ class MixedMode:
         if self.clock is not None and runs:
             self.clock.drain()
         for r in runs:
-            if r.trace.pthread_ids:
-                self._map_pthread_ids(r)
+            if r.trace.pthread_ids and self.thread_ids.rekey(r.pid, r.trace) is not None:
+                self.counters["runs_threads_unmapped"] += 1
             hits = self.clock.hits(r.pyspy_pid) if self.clock is not None else []
             reads = self.clock.reads(r.pyspy_pid) if self.clock is not None else []
             if self.clock is not None:
@@ -369,25 +354,6 @@ class MixedMode:
         for pid in [p for p in self._gone if p not in busy]:
             self._gone.discard(pid)
             self.thread_ids.forget(pid)
-
-    def _map_pthread_ids(self, r: CompletedRun) -> None:
-        """Re-key a trace of an interpreter before 3.11 by OS tid (see flamed.python.threadids)."""
-        tr = r.trace
-        mapping, why = self.thread_ids.resolve(r.pid, tr.pthread_ids)
-        threads: dict[int, list[tuple[int, Stack]]] = {}
-        for key, changes in tr.threads.items():
-            if key in tr.pthread_ids:
-                if key not in mapping:
-                    tr.unmapped += 1
-                    continue
-                key = mapping[key]
-            threads[key] = changes
-        tr.thread_names = {mapping.get(k, k): v for k, v in tr.thread_names.items()
-                           if k not in tr.pthread_ids or k in mapping}
-        tr.threads = threads
-        tr.pthread_ids = set()
-        if why is not None:
-            self.counters["runs_threads_unmapped"] += 1
 
     def observe(self, window: Window) -> None:
         """With ``active_only``: promote candidates the window saw on a CPU, demote idle ones.

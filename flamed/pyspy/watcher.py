@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flamed.errors import ConfigError
-from flamed.python.pyspy import have_cap_sys_ptrace
+from flamed.pyspy.supervisor import have_cap_sys_ptrace
 
 log = logging.getLogger(__name__)
 

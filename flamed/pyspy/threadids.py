@@ -22,6 +22,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from flamed.model import Stack
+from flamed.pyspy.chrometrace import PyTrace
+
 log = logging.getLogger(__name__)
 
 #: Bytes of each struct pthread searched for the tid (glibc 2.36 has it at 720).
@@ -122,6 +125,27 @@ class ThreadIds:
                             pid, why)
             self.reasons[pid] = why
         return out, (why if len(out) < len(ptids) else None)
+
+    def rekey(self, pid: int, trace: PyTrace) -> str | None:
+        """Key ``trace`` (of an interpreter before 3.11) by OS tid, in place.
+
+        Threads left unmapped are dropped from it (counted in its
+        ``unmapped``); returns why some were, None when all were mapped.
+        """
+        mapping, why = self.resolve(pid, trace.pthread_ids)
+        threads: dict[int, list[tuple[int, Stack]]] = {}
+        for key, changes in trace.threads.items():
+            if key in trace.pthread_ids:
+                if key not in mapping:
+                    trace.unmapped += 1
+                    continue
+                key = mapping[key]
+            threads[key] = changes
+        trace.thread_names = {mapping.get(k, k): v for k, v in trace.thread_names.items()
+                              if k not in trace.pthread_ids or k in mapping}
+        trace.threads = threads
+        trace.pthread_ids = set()
+        return why
 
     def forget(self, pid: int) -> None:
         self._procs.pop(pid, None)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flamed.errors import ConfigError, InputError
-from flamed.python.align import PyTrace, parse_chrometrace
+from flamed.pyspy.chrometrace import PyTrace, parse_chrometrace
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ One :class:`PySpyClock` serves every py-spy child of a daemon or a ``flamed
 record``: the uprobe is attached to the py-spy binary (not to a pid), so it is
 in place before any child starts and sees each child's very first
 ``Chrometrace::increment`` -- the anchor of the clock fit in
-:func:`flamed.python.align.fit_clock`.
+:func:`flamed.pyspy.clockfit.fit_clock`.
 """
 
 from __future__ import annotations
