@@ -199,7 +199,7 @@ def part_a(binary: Path, seconds: float, windows: int, unwind: bool = False) -> 
 def part_b(binary: Path, rate: int, seconds: float, drain_interval: float, unwind: bool = False) -> list[str]:
     with BpfSampler(BpfSamplerOptions(frequency=rate, unwind=unwind)) as s, \
             workloads([str(binary), "busy", str(seconds + 30)], 2):
-        pid = prog_id(s._prog_fd)  # noqa: SLF001 -- the bench needs the program's id
+        pid = prog_id(s._program.prog_fd)  # noqa: SLF001 -- the bench needs the program's id
         # Warm up: the first drain loads kallsyms and the symbols of every
         # process on the host; a daemon pays that once, not per window.
         time.sleep(drain_interval)

@@ -195,13 +195,13 @@ def test_exited_processes_leave_no_description_behind(sampler: Any) -> None:
         assert p.wait(timeout=30) == 0
     time.sleep(0.2)
     sampler.drain()
-    seen = pids & set(sampler.python_frames.described()) | (pids & set(sampler._py_gone))
+    seen = pids & set(sampler.python_frames.described()) | (pids & sampler._python_feed.gone_pending())
     assert len(seen) >= 20, f"only {len(seen)} of 40 short processes were described"
     sampler.drain()
     sampler.drain()
     left = pids & set(sampler.python_frames.described())
     assert not left, f"{len(left)} exited processes still described"
-    table = sampler._bpf["pyprocs"]
+    table = sampler._program.bpf["pyprocs"]
     in_map = {k.value for k in table.keys()}
     assert not (pids & in_map), "exited processes still in the program's pyprocs map"
 

@@ -10,15 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from flamed.sampling import bpf as bpfsampler
-from flamed.sampling.bpf import (
-    LOST_REASONS,
-    BpfSampler,
-    BpfSamplerOptions,
-    bpf_program,
-    online_cpus,
-    options_from_config,
-)
+from flamed.sampling.bpf import BpfSampler, options_from_config
+from flamed.sampling.drain import LOST_REASONS, STAT_TO_REASON, placeholder
+from flamed.sampling.program import BpfSamplerOptions, bpf_program, online_cpus, stat_indices
 from flamed.errors import ConfigError, FlamedError
 
 
@@ -59,16 +53,16 @@ def test_defines_follow_the_options() -> None:
 
 
 def test_header_indices_cover_every_lost_reason() -> None:
-    idx = bpfsampler._stat_indices(bpf_program().path.parent / "flamed.h")
+    idx = stat_indices(bpf_program().path.parent / "flamed.h")
     n = idx.pop("__N__")
     assert sorted(idx.values()) == list(range(n))
-    reasons = {bpfsampler._STAT_TO_REASON[k] for k in idx if k in bpfsampler._STAT_TO_REASON}
+    reasons = {STAT_TO_REASON[k] for k in idx if k in STAT_TO_REASON}
     # Every BPF-side reason is reported; stack_read_failed is the user-space one.
     assert reasons | {"stack_read_failed"} == set(LOST_REASONS)
 
 
 def test_placeholders() -> None:
-    ph = bpfsampler._placeholder
+    ph = placeholder
     assert ph(-errno.EFAULT, False) == () and ph(-errno.EFAULT, True) == ()
     assert ph(-errno.EEXIST, False) == ("[lost stack: EEXIST]",)
     assert ph(-errno.ENOMEM, True) == ("[lost stack: ENOMEM]_[k]",)
@@ -111,11 +105,11 @@ def test_unstarted_sampler() -> None:
 def test_priming_reads_are_rate_limited() -> None:
     """The token bucket: prime_rate reads at once, then prime_rate per second, the rest counted."""
     s = BpfSampler(BpfSamplerOptions(prime_rate=5))
-    allowed = sum(s._prime_token() for _ in range(20))
+    allowed = sum(s._processes._prime_token() for _ in range(20))
     assert allowed == 5
     assert s.stats().prime_throttled_total == 15
-    s._prime_refill -= 0.4  # as if 0.4 s had passed: 2 more
-    assert sum(s._prime_token() for _ in range(10)) == 2
+    s._processes._prime_refill -= 0.4  # as if 0.4 s had passed: 2 more
+    assert sum(s._processes._prime_token() for _ in range(10)) == 2
 
 
 def test_prime_rate_is_validated() -> None:

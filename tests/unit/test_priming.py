@@ -58,16 +58,16 @@ def _sampler(sym: FlakySymbolizer, probed: list[int]) -> BpfSampler:
 
 def _run_due(s: BpfSampler, deadline_s: float = 2.0) -> None:
     end = time.monotonic() + deadline_s
-    while s._reprime and time.monotonic() < end:
-        time.sleep(s.PRIME_REREAD_S)
-        s._prime_again()
+    while s._processes._reprime and time.monotonic() < end:
+        time.sleep(s._processes.PRIME_REREAD_S)
+        s._processes._prime_again()
 
 
 def test_a_failed_first_read_of_a_live_process_is_tried_again(child: subprocess.Popen[bytes]) -> None:
     sym, probed = FlakySymbolizer(fail=2), []
     s = _sampler(sym, probed)
-    s._new_images.append(child.pid)
-    s._prime_reported()
+    s._processes._new_images.append(child.pid)
+    s._processes._prime_reported()
     assert probed == [], "described before its maps were read"
     _run_due(s)
     assert sym.calls[child.pid] == 3
@@ -80,11 +80,11 @@ def test_a_failed_first_read_of_a_live_process_is_tried_again(child: subprocess.
 def test_retries_are_bounded_and_then_counted_as_missed(child: subprocess.Popen[bytes]) -> None:
     sym, probed = FlakySymbolizer(fail=1000), []
     s = _sampler(sym, probed)
-    s._new_images.append(child.pid)
-    s._prime_reported()
+    s._processes._new_images.append(child.pid)
+    s._processes._prime_reported()
     _run_due(s)
-    assert sym.calls[child.pid] == s.PRIME_FIRST_TRIES
-    assert not s._reprime
+    assert sym.calls[child.pid] == s._processes.PRIME_FIRST_TRIES
+    assert not s._processes._reprime
     assert (s._stats.primed_total, s._stats.prime_missed_total) == (0, 1)
     assert probed == []
 
@@ -94,9 +94,9 @@ def test_an_exited_process_is_not_tried_again() -> None:
     p.wait()
     sym, probed = FlakySymbolizer(fail=1000), []
     s = _sampler(sym, probed)
-    s._new_images.append(p.pid)
-    s._prime_reported()
-    assert not s._reprime
+    s._processes._new_images.append(p.pid)
+    s._processes._prime_reported()
+    assert not s._processes._reprime
     assert sym.calls[p.pid] == 1
     assert s._stats.prime_missed_total == 1
 
@@ -104,6 +104,6 @@ def test_an_exited_process_is_not_tried_again() -> None:
 def test_a_kernel_thread_is_not_tried_again() -> None:
     sym, probed = FlakySymbolizer(fail=1000), []
     s = _sampler(sym, probed)
-    s._new_images.append(2)  # kthreadd
-    s._prime_reported()
-    assert not s._reprime
+    s._processes._new_images.append(2)  # kthreadd
+    s._processes._prime_reported()
+    assert not s._processes._reprime
