@@ -82,7 +82,7 @@ enum flamed_stat {
     FLAMED_STAT_FILTERED = 14,      /* global block only: filtered out */
     FLAMED_STAT_PY_SAMPLES = 15,    /* samples of a described CPython process */
     FLAMED_STAT_PY_STACKS = 16,     /* ... with a Python stack in the key */
-    FLAMED_STAT_PY_NO_THREAD = 17,  /* ... whose thread has no thread state (a native thread) */
+    FLAMED_STAT_PY_NO_THREAD = 17,  /* ... whose thread state was not found (a native thread, or not reached yet) */
     FLAMED_STAT_PY_NO_FRAME = 18,   /* ... whose thread state has no frame (idle, or not started) */
     FLAMED_STAT_PY_READ_FAULT = 19, /* ... a read of the interpreter's memory failed */
     FLAMED_STAT_PY_TRUNCATED = 20,  /* ... deeper than FLAMED_PY_DEPTH: outer frames cut */
@@ -142,7 +142,18 @@ struct flamed_pyproc {
     __u8 owner_cstack;           /* owner value of a frame owned by the C stack (a shim: skipped) */
     __u8 instr_size;             /* 4: f_lasti is an int, 8: a pointer */
     __u16 pad;
+    /* The process's PID namespace (device and inode of /proc/PID/ns/pid) when
+     * it is not the one whose ids the program sees (a container): 3.11+ keep
+     * the namespace's tid in native_thread_id, so the match compares it with
+     * the task's tid in that namespace.  Both 0 on the host. */
+    __u64 ns_dev;
+    __u64 ns_ino;
 };
+
+/* The Python stack id of a sample of a described process whose thread state
+ * was not found (a native thread, or one not reached yet in a long thread
+ * list): user space shows it as a marker frame.  Real stack ids avoid it. */
+#define FLAMED_PY_ID_NO_THREAD 0xfffffffffffffff1ULL
 
 /* One Python frame as the program emits it: the code object's address with
  * bit 0 set on the first (outermost) frame of one run of the evaluation loop

@@ -26,7 +26,8 @@
  *   FLAMED_PY_DEPTH          Python frames kept per stack (power of 2, default 128)
  *   FLAMED_PY_STACK_ENTRIES  distinct Python stacks per generation (default 2048)
  *   FLAMED_PY_MAX_PROCS      CPython processes described at once (default 4096)
- *   FLAMED_PY_MAX_THREADS    thread states looked at per sample (default 128)
+ *   FLAMED_PY_MAX_THREADS    thread states looked at per sample (default 128; a longer
+ *                            list is searched over several samples, see py_cursors)
  *   FLAMED_TASK_FSBASE_OFF   offset of thread.fsbase in task_struct, or -1
  *   FLAMED_PY_TIMING         1: add the ns each walk takes to FLAMED_STAT_PY_NS
  *                            (for bench/python_bpf.py; two clock reads a sample)
@@ -106,6 +107,12 @@ BPF_HASH(pyprocs, u32, struct flamed_pyproc, FLAMED_PY_MAX_PROCS);
 /* tid -> its PyThreadState: threads keep theirs for life, so the list walk
  * happens once per thread; each use re-checks the thread field. */
 BPF_TABLE("lru_hash", u32, u64, py_tstates, FLAMED_PY_MAX_PROCS * 4);
+/* tid -> the thread state where the next search of its thread list resumes:
+ * a list longer than FLAMED_PY_MAX_THREADS (a big thread pool, newest first,
+ * so old busy threads sit at its end) is searched FLAMED_PY_MAX_THREADS
+ * entries per sample, each sample going on where the last one stopped, until
+ * the thread is found (then cached above) or the end is reached. */
+BPF_TABLE("lru_hash", u32, u64, py_cursors, FLAMED_PY_MAX_PROCS * 4);
 BPF_PERCPU_ARRAY(py_scratch, struct flamed_py_scratch, 1);
 BPF_HASH(pystacks0, u64, struct flamed_pystack, FLAMED_PY_STACK_ENTRIES);
 BPF_HASH(pystacks1, u64, struct flamed_pystack, FLAMED_PY_STACK_ENTRIES);
@@ -219,8 +226,16 @@ static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32
         f.want = py_fsbase();
         if (!f.want) {
             stat_inc(gen, FLAMED_STAT_PY_NO_THREAD);
-            return 0;
+            return FLAMED_PY_ID_NO_THREAD;
         }
+    } else if (pp->ns_ino) {
+        /* A process in its own PID namespace keeps that namespace's tid. */
+        struct bpf_pidns_info ns = {};
+        if (bpf_get_ns_current_pid_tgid(pp->ns_dev, pp->ns_ino, &ns, sizeof(ns)) != 0) {
+            stat_inc(gen, FLAMED_STAT_PY_NO_THREAD);
+            return FLAMED_PY_ID_NO_THREAD;
+        }
+        f.want = ns.pid;
     } else {
         f.want = tid;
     }
@@ -232,23 +247,40 @@ static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32
         py_find_step(s, &f);
     }
     if (f.found != 1) {
-        u64 interp = 0;
         f.found = 0;
         f.tstate = 0;
-        if (bpf_probe_read_user(&interp, sizeof(interp), (void *)pp->interp_head_addr) != 0 || !interp) {
-            stat_inc(gen, FLAMED_STAT_PY_NO_THREAD);
-            return 0;
+        u64 *resume = py_cursors.lookup(&tid);
+        if (resume)
+            f.tstate = *resume;
+        if (!f.tstate) {
+            u64 interp = 0;
+            if (bpf_probe_read_user(&interp, sizeof(interp), (void *)pp->interp_head_addr) != 0 || !interp) {
+                stat_inc(gen, FLAMED_STAT_PY_NO_THREAD);
+                return FLAMED_PY_ID_NO_THREAD;
+            }
+            bpf_probe_read_user(&f.tstate, sizeof(f.tstate), (void *)(interp + pp->interp_threads_head));
         }
-        bpf_probe_read_user(&f.tstate, sizeof(f.tstate), (void *)(interp + pp->interp_threads_head));
 #pragma clang loop unroll(disable)
         for (u32 i = 0; i < FLAMED_PY_MAX_THREADS; i++) {
             if (py_find_step(s, &f))
                 break;
         }
         if (f.found != 1) {
-            stat_inc(gen, f.found == 2 ? FLAMED_STAT_PY_READ_FAULT : FLAMED_STAT_PY_NO_THREAD);
-            return 0;
+            if (f.found == 0 && f.tstate) {
+                /* Bound reached inside the list: the next sample goes on from here. */
+                py_cursors.update(&tid, &f.tstate);
+            } else if (resume) {
+                py_cursors.delete(&tid);
+            }
+            if (f.found == 2) {
+                stat_inc(gen, FLAMED_STAT_PY_READ_FAULT);
+                return 0;
+            }
+            stat_inc(gen, FLAMED_STAT_PY_NO_THREAD);
+            return FLAMED_PY_ID_NO_THREAD;
         }
+        if (resume)
+            py_cursors.delete(&tid);
         py_tstates.update(&tid, &f.tstate);
     }
 
@@ -294,8 +326,8 @@ static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32
     s->stack.len = w.n;
     s->stack.flags = w.flags;
     u64 id = flamed_mix(w.hash, w.n ^ ((u64)w.flags << 32));
-    if (id == 0)
-        id = 1;
+    if (id == 0 || id == FLAMED_PY_ID_NO_THREAD)
+        id ^= 2;
 
     void *found;
     if (gen)

@@ -108,7 +108,8 @@ class DaemonMetrics:
         self.python_bpf_samples = Counter(
             "flamed_python_bpf_samples",
             "Samples of CPython processes whose frames the BPF program reads, by result: stack (Python "
-            "frames taken); no_thread (a thread without a thread state: native threads); no_frame (no "
+            "frames taken); no_thread (its thread state was not found: a native thread, or one of a long "
+            "thread list not reached yet; the stack shows [python: thread not found]); no_frame (no "
             "frame: idle or starting); read_fault; truncated (deeper than sampling.python_depth, outer "
             "frames cut); stacks_full (sampling.python_stack_map_size reached: no Python frames).",
             ["result"], registry=r,

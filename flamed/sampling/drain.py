@@ -35,7 +35,7 @@ from typing import Any
 from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Stack
 from flamed.sampling.contract import CountKey, SampleEvent, Window
 from flamed.sampling.program import EVENT, KEY, KernelProgram
-from flamed.sampling.pyframes import PythonFrames, parse_pystack, splice
+from flamed.sampling.pyframes import NO_THREAD_FRAME, PY_ID_NO_THREAD, PythonFrames, parse_pystack, splice
 from flamed.sampling.symbols import Symbolizer
 from flamed.sampling.unwind import is_outermost, parse_ustack, truncated_frame
 from flamed.sampling.unwind.tables import Unwinder, UnwindStats
@@ -626,7 +626,9 @@ class Drainer:
             r = pymemo.get((tgid, pid_))
             if r is None:
                 raw = (pystacks or {}).get(pid_)
-                if raw is None or py is None:
+                if pid_ == PY_ID_NO_THREAD:
+                    r = [(NO_THREAD_FRAME,)]
+                elif raw is None or py is None:
                     r = [(_PY_LOST_FRAME,)]
                 else:
                     frames, flags = parse_pystack(raw, depth)

@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from flamed.sampling import pysource
 from flamed.sampling.processes import Process, ProcessHandler, ProcessManager, ProcessTable, Slot
 from flamed.sampling.program import KernelProgram
 from flamed.sampling.pyframes import PythonFrames, parse_pystack
@@ -111,6 +112,24 @@ class PythonFeed(ProcessHandler):
             elif self.described(tgid):
                 m.program.map_del("pyprocs", tgid, ct.c_uint32)
                 self._undescribe(tgid)
+        if isinstance(res, bytes):
+            self._seed_threads(tgid)
+
+    def _seed_threads(self, tgid: int) -> None:
+        """Put the process's thread states in the program's tid cache: the
+        program searches a thread list FLAMED_PY_MAX_THREADS entries per
+        sample, so without this the old threads of a big pool (at the end of
+        the list) would miss their first samples' Python frames."""
+        states = self.frames.thread_states(tgid)  # user-space reads: outside the lock
+        if not states:
+            return
+        m = self._m
+        with m.lock:
+            if m.program.bpf is None or m.closed:
+                return
+            t = m.program.bpf["py_tstates"]
+            for tid, ts in states.items():
+                t[ct.c_uint32(tid)] = ct.c_uint64(ts)
 
     def _undescribe(self, tgid: int) -> None:
         proc = self._m.table.get(tgid)
@@ -131,19 +150,7 @@ class PythonFeed(ProcessHandler):
         """Does the program read ``tgid``'s Python frames itself?  ``(True,
         "walked")``; ``(False, reason)`` (then py-spy may); ``(None, "")``: not
         ready yet, ask again.  Probes the process now if it has not been."""
-        py = self.frames
-        if self.described(tgid):
-            return True, "walked"
-        if py.verdict(tgid) is None:
-            self._describe(tgid, 0.002)
-            if self.described(tgid):
-                return True, "walked"
-        v = py.verdict(tgid)
-        if v in (None, "pending"):
-            return None, ""
-        if v == "bpf":
-            return True, "walked"
-        return False, str(v)
+        return pysource.walker_claim(self.frames, tgid, self.described, lambda t: self._describe(t, 0.002))
 
     def _on_new(self, _cpu: int, data: Any, size: int) -> None:
         if size >= _PY_NEW.size:

@@ -200,6 +200,21 @@ class PythonFrames:
         packed: bytes = target.pack()
         return packed
 
+    def thread_states(self, tgid: int) -> dict[int, int]:
+        """Host tid -> thread state address of a described process's threads
+        ({} when not known; see ``Target.thread_states``)."""
+        with self._lock:
+            p = self._procs.get(tgid)
+        fn = getattr(p.target, "thread_states", None) if p is not None else None
+        if fn is None:
+            return {}
+        try:
+            out: dict[int, int] = fn()
+            return out
+        except Exception as e:  # noqa: BLE001 -- only a head start for the program's search
+            log.debug("thread states of %d: %s", tgid, e)
+            return {}
+
     def _retry(self, tgid: int) -> bool | None:
         first = self._pending.setdefault(tgid, time.monotonic())
         if time.monotonic() - first > self.RETRY_FOR_S:
@@ -345,6 +360,13 @@ def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:
     python = tuple(f for run in runs for f in run)
     return python + native_below_interpreter(user_stack)
 
+
+#: FLAMED_PY_ID_NO_THREAD of bpf/flamed.h: the Python stack id of a sample of a
+#: described process whose thread state the program did not find.
+PY_ID_NO_THREAD = 0xFFFFFFFFFFFFFFF1
+#: What such a sample shows where its Python frames would be: a native thread
+#: of a Python process, or a thread of a long list not reached yet.
+NO_THREAD_FRAME = "[python: thread not found]"
 
 #: struct flamed_pystack header: len, flags.
 PYSTACK_HEAD = struct.Struct("<II")

@@ -45,6 +45,7 @@ ClaimFn = Callable[[int], Claim]
 
 WALKED = "walked"
 WALKER_OFF = "bpf_walker_off"
+NOT_PYTHON = "not_python"
 #: Verdicts of the walker that are not (yet) a decision.
 _UNDECIDED_VERDICTS = (None, "pending")
 
@@ -95,7 +96,10 @@ def walker_claim(walker: Verdicts | None, tgid: int, installed: Callable[[int], 
         return False, WALKER_OFF
     if installed(tgid):
         return True, WALKED
-    if walker.verdict(tgid) is None:
+    # Asked about a process someone found to be Python: a "not_python" kept
+    # from an earlier image (a shell shim, `uv run`, an entrypoint script that
+    # execs the interpreter) is stale, so the process is probed again.
+    if walker.verdict(tgid) in (None, NOT_PYTHON):
         describe(tgid)
         if installed(tgid):
             return True, WALKED

@@ -34,6 +34,9 @@ from flamed.sampling.cpython.layout import (
 from flamed.sampling.cpython.memory import ProcessMemory
 from flamed.sampling.cpython.objects import read_unicode
 from flamed.sampling.cpython.walk import MAX_DEPTH, MAX_THREADS, Frame, Walk, walk_memory
+
+#: Thread states validation reads (the newest ones)
+VALIDATE_THREADS = 64
 from flamed.sampling.symbols import read_identity
 
 PAGE = 4096
@@ -105,17 +108,50 @@ class Target:
     runtime_addr: int
     layout: Layout
     proc_root: Path = Path("/proc")
+    #: (kernel dev_t, inode) of the process's PID namespace when it is not the
+    #: initial one (a container): its 3.11+ thread states hold that namespace's tids
+    pid_ns: tuple[int, int] = (0, 0)
 
     @property
     def interp_head_addr(self) -> int:
         return self.runtime_addr + self.layout.runtime_interp_head
 
+    @property
+    def in_pid_namespace(self) -> bool:
+        return self.pid_ns != (0, 0)
+
     def pack(self) -> bytes:
         """The ``struct flamed_pyproc`` of this process for the BPF map."""
-        return self.layout.pack(self.interp_head_addr)
+        return self.layout.pack(self.interp_head_addr, self.pid_ns)
 
     def memory(self) -> ProcessMemory:
         return ProcessMemory(self.pid)
+
+    def thread_states(self, memory: ProcessMemory | None = None, *, max_threads: int = 16384) -> dict[int, int]:
+        """Host tid -> PyThreadState address of every thread whose state
+        names its tid (3.11+; {} before, or when unreadable).  The BPF walker
+        searches a thread list a bounded part per sample; a pool's old
+        threads, at the list's end, are found at once when seeded from this."""
+        if self.layout.tstate_native_thread_id is None:
+            return {}
+        result = walk_memory(memory or self.memory(), self.layout, self.interp_head_addr,
+                             max_threads=max_threads, max_depth=0)
+        if result is None:
+            return {}
+        by_id = {t.native_thread_id: t.tstate for t in result.threads if t.native_thread_id}
+        if not self.in_pid_namespace:
+            return {tid: ts for tid, ts in by_id.items() if ts}
+        out: dict[int, int] = {}
+        task_dir = self.proc_root / str(self.pid) / "task"
+        try:
+            tids = [int(n) for n in os.listdir(task_dir)]
+        except (OSError, ValueError):
+            return {}
+        for tid in tids:
+            ids = nspids(task_dir / str(tid) / "status")
+            if ids and ids[-1] in by_id:
+                out[tid] = by_id[ids[-1]]
+        return out
 
     def state(self, memory: ProcessMemory | None = None) -> State:
         """Is the interpreter initialized (an interpreter with a thread state)?"""
@@ -139,7 +175,9 @@ class Target:
         st = self.state(mem)
         if st.kind != "ready":
             return st
-        result = walk_memory(mem, self.layout, self.interp_head_addr)
+        # Validation looks at the newest threads only (the list is newest
+        # first): a pool of thousands is walked in BPF a bounded part per sample.
+        result = walk_memory(mem, self.layout, self.interp_head_addr, max_threads=VALIDATE_THREADS)
         if result is None:
             return State("invalid", "interpreters.head became unreadable")
         if result.threads and not any(t.frames for t in result.threads) and not any(t.truncated for t in result.threads):
@@ -155,15 +193,17 @@ class Target:
         if not result.threads:
             return "no thread state"
         if result.truncated:
-            return "the thread list is unreadable or longer than the walk's bound"
-        tasks = _tasks(self.proc_root, self.pid)
+            return "the thread list is unreadable"
+        tasks = _tasks(self.proc_root, self.pid, namespaced=self.in_pid_namespace)
         anon = _all_ranges(self.proc_root, self.pid)
         code_type = 0
         for t in result.threads:
             if t.interp != result.head:
                 return f"thread state 0x{t.tstate:x}: interp 0x{t.interp:x} is not the interpreter 0x{result.head:x}"
             if t.native_thread_id is not None and t.native_thread_id not in tasks:
-                return f"thread state 0x{t.tstate:x}: native_thread_id {t.native_thread_id} is not a task of the process"
+                where = " in its PID namespace" if self.in_pid_namespace else ""
+                return (f"thread state 0x{t.tstate:x}: native_thread_id {t.native_thread_id} "
+                        f"is not a task of the process{where}")
             if t.native_thread_id is None and not any(lo <= t.thread_id < hi for lo, hi in anon):
                 return f"thread state 0x{t.tstate:x}: thread_id 0x{t.thread_id:x} is not a mapped address"
             if t.truncated:
@@ -182,7 +222,7 @@ class Target:
                     return f"frame object 0x{code:x} has type 0x{ob_type:x}, not the code type 0x{code_type:x}"
         # The first thread state created (the main thread's) is last in the list.
         main = result.threads[-1]
-        if main.frames and _EXE_RE.search(_exe(self.proc_root, self.pid)):
+        if main.frames and not main.deep and not result.bounded and _EXE_RE.search(_exe(self.proc_root, self.pid)):
             # Only that it names something: during start-up (site, the
             # importer) and in embedded interpreters the outermost frame is
             # not the main module's, so '<module>' cannot be required.
@@ -192,11 +232,52 @@ class Target:
         return ""
 
 
-def _tasks(proc: Path, pid: int) -> set[int]:
+def _tasks(proc: Path, pid: int, *, namespaced: bool = False) -> set[int]:
+    """The process's tids; for a process in its own PID namespace, the ids
+    that namespace gives them (the last of each task's ``NSpid:``), which is
+    what its interpreter stores."""
     try:
-        return {int(n) for n in os.listdir(proc / str(pid) / "task")}
+        tids = [int(n) for n in os.listdir(proc / str(pid) / "task")]
     except (OSError, ValueError):
         return set()
+    if not namespaced:
+        return set(tids)
+    out: set[int] = set()
+    for tid in tids:
+        ids = nspids(proc / str(pid) / "task" / str(tid) / "status")
+        if ids:
+            out.add(ids[-1])
+    return out
+
+
+#: The inode of the initial PID namespace (PROC_PID_INIT_INO): the one whose
+#: ids the BPF program's bpf_get_current_pid_tgid() gives.
+INIT_PID_NS_INO = 0xEFFFFFFC
+
+
+def nspids(status: Path) -> list[int]:
+    """The ``NSpid:`` ids of a /proc status file, outermost namespace first ([] if unreadable)."""
+    try:
+        with open(status, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def pid_namespace(proc: Path, pid: int) -> tuple[int, int] | None:
+    """(kernel dev_t, inode) of ``pid``'s PID namespace, (0, 0) for the initial
+    one, None when it cannot be read (the process is gone, or no permission)."""
+    try:
+        st = os.stat(proc / str(pid) / "ns" / "pid")
+    except OSError:
+        return None
+    if st.st_ino == INIT_PID_NS_INO:
+        return (0, 0)
+    # The kernel's dev_t (MAJOR << 20 | MINOR), which bpf_get_ns_current_pid_tgid compares.
+    return ((os.major(st.st_dev) << 20) | os.minor(st.st_dev), st.st_ino)
 
 
 def _all_ranges(proc: Path, pid: int) -> list[tuple[int, int]]:
@@ -350,7 +431,10 @@ def _target(pid: int, proc_root: Path, path: str, facts: elf.ElfFacts, maps: lis
             layout.check()
     except CPythonError as e:
         return Refusal(pid, f"{path}: {e}")
-    return Target(pid, identity.start_time, version, hexversion, path, runtime, layout, proc_root)
+    ns = pid_namespace(proc_root, pid)
+    if ns is None:
+        return Refusal(pid, "cannot read its PID namespace (/proc/PID/ns/pid)")
+    return Target(pid, identity.start_time, version, hexversion, path, runtime, layout, proc_root, ns)
 
 
 def walk(pid: int, *, max_threads: int = MAX_THREADS, max_depth: int = MAX_DEPTH) -> dict[int, list[Frame]]:

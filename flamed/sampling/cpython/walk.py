@@ -36,8 +36,10 @@ class ThreadFrames:
     #: PyThreadState.native_thread_id (the kernel tid), 3.11+
     native_thread_id: int | None
     frames: list[Frame] = field(default_factory=list)
-    #: the walk stopped at MAX_DEPTH or at a frame it could not read
+    #: the walk stopped at a frame it could not read
     truncated: bool = False
+    #: the walk stopped at its depth bound: the outermost frames are not in ``frames``
+    deep: bool = False
 
     @property
     def key(self) -> int:
@@ -49,8 +51,10 @@ class ThreadFrames:
 class Walk:
     head: int
     threads: list[ThreadFrames]
-    #: the thread list was longer than MAX_THREADS, or a thread state was unreadable
+    #: a thread state (or the list's head) was unreadable
     truncated: bool = False
+    #: the thread list was longer than the walk's bound: the oldest threads are not in ``threads``
+    bounded: bool = False
 
 
 def _u64(data: bytes, off: int) -> int:
@@ -86,7 +90,7 @@ def walk_memory(
     seen: set[int] = set()
     while tstate and tstate not in seen:
         if len(result.threads) >= max_threads:
-            result.truncated = True
+            result.bounded = True
             break
         seen.add(tstate)
         ts = memory.read(tstate, TSTATE_BYTES)
@@ -109,9 +113,10 @@ def _walk_thread(memory: ProcessMemory, layout: Layout, tstate: int, ts: bytes, 
         truncated = raw is None
     every_frame_entry = layout.version <= (3, 10)
     steps = 0
+    deep = False
     while ptr:
         if steps >= max_depth:
-            truncated = True
+            deep = True
             break
         steps += 1
         fb = memory.read(ptr, FRAME_BYTES)
@@ -139,4 +144,5 @@ def _walk_thread(memory: ProcessMemory, layout: Layout, tstate: int, ts: bytes, 
         native_thread_id=native,
         frames=frames,
         truncated=truncated,
+        deep=deep,
     )
