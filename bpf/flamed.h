@@ -30,6 +30,10 @@ struct flamed_key {
      * addresses), 0 for none: the process has no unwind tables and
      * user_stack_id holds its frame-pointer stack (bpf/unwind.bpf.c). */
     __u64 native_stack_id;
+    /* bpf_get_current_cgroup_id(): the task's cgroup v2 id (the inode number
+     * of its directory), which user space maps to a service or container;
+     * in the key because a process can move between cgroups mid-window. */
+    __u64 cgroup_id;
 };
 
 /* One sample of a watched process, sent through the ring buffer. */

@@ -381,6 +381,7 @@ int flamed_sample(struct bpf_perf_event_data *ctx)
     key.tgid = tgid;
     key.tid = tid;
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
+    key.cgroup_id = bpf_get_current_cgroup_id();
 
     /* A watched process is sampled whatever the filters say: watching is an
      * explicit request for that process. */

@@ -18,6 +18,7 @@ in flamed.sampling.drain.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flamed.errors import FlamedError
+from flamed.sampling.cgroups import CgroupResolver, find_v2_hierarchy
 from flamed.sampling.contract import Window
 from flamed.sampling.drain import DROPPING_REASONS, LOST_REASONS, Drainer, SamplerStats
 from flamed.sampling.feeds import PythonFeed, UnwindFeed
@@ -67,6 +69,9 @@ __all__ = [
 ]
 
 
+log = logging.getLogger("flamed.bpf")
+
+
 def _default_resolver(pid: int) -> Resolver:
     """kallsyms read by flamed for the kernel (bcc's needs euid 0), bcc per process."""
     return Kallsyms() if pid < 0 else BccResolver(pid)
@@ -77,6 +82,8 @@ class BpfSampler:
 
     ``symbolizer`` and ``clock`` (wall-clock ns) can be passed in; the
     defaults are bcc's symbol caches and :func:`time.time_ns`.
+    ``cgroup_resolver`` names the cgroups of the samples (``Window.identities``);
+    by default one on this host's cgroup v2 hierarchy, none without one.
     """
 
     def __init__(
@@ -86,8 +93,10 @@ class BpfSampler:
         symbolizer: Symbolizer | None = None,
         clock: Callable[[], int] = time.time_ns,
         python_frames: PythonFrames | None = None,
+        cgroup_resolver: CgroupResolver | None = None,
     ) -> None:
         options.validate()
+        self._cgroups = cgroup_resolver
         self.options = options
         self._python = python_frames if python_frames is not None else (PythonFrames() if options.python else None)
         self._fsbase_offset = -1
@@ -105,6 +114,7 @@ class BpfSampler:
                 self._processes.add(feed)
         self._drainer: Drainer | None = None
         self._started = False
+        self._no_cgroups = False  # looked for a cgroup v2 hierarchy and found none
 
     # -- Sampler protocol -------------------------------------------------
     def start(self) -> None:
@@ -230,10 +240,22 @@ class BpfSampler:
         program.fill_filters()
         self._processes.open()
         self._drainer = Drainer(program, self._stats, sym, python=self._python, unwinder=self.unwinder,
-                                clock=self._clock, settle=self._settle)
+                                clock=self._clock, settle=self._settle, cgroups=self.cgroup_resolver)
         program.attach()
         self._stats.event = program.event_name
         self._stats.cpus = program.cpus
+
+    @property
+    def cgroup_resolver(self) -> CgroupResolver | None:
+        """The resolver of the samples' cgroup ids (made on first use); None without cgroup v2."""
+        if self._cgroups is None and not self._no_cgroups:
+            hierarchy, why = find_v2_hierarchy()
+            if hierarchy is None:
+                self._no_cgroups = True
+                log.info("no cgroup v2 hierarchy (%s): samples carry no service or container identity", why)
+            else:
+                self._cgroups = CgroupResolver(hierarchy)
+        return self._cgroups
 
     def _fsbase(self) -> int:
         """Where the kernel keeps a task's fs base, for the CPython walker (-1: unknown or not needed)."""

@@ -16,13 +16,69 @@ placeholder (``[missing user stack]``, ``[missing kernel stack]``,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol, cast
 
 from flamed.model import Profile, Stack, task_frame
+from flamed.sampling.cgroups import CgroupIdentity
 
 #: (tgid, tid, comm, stack) -> sample count
 CountKey = tuple[int, int, str, Stack]
+
+#: Root frames naming the task (at most one of them in a root spec).
+TASK_ROOTS = ("comm", "pid", "tid")
+#: Root frames naming the task's cgroup owner (see CgroupIdentity.root_frame).
+CGROUP_ROOTS = ("unit", "container", "cgroup")
+#: The root frame of a task whose cgroup is not known (no cgroup v2, or an id
+#: that did not resolve): distinct from "[no unit]" and "[host]", which are facts.
+UNKNOWN_CGROUP_FRAME = "[unknown cgroup]"
+ROOT_SYNTAX = ("'none', or a comma-separated list of frames, root first, of unit, container, cgroup "
+               "and at most one of comm, pid, tid (e.g. 'pid', 'container,pid', 'unit,comm')")
+
+
+def parse_root(spec: str) -> tuple[str, ...]:
+    """The root frames a root spec asks for, root first; ValueError saying what to write.
+
+    ``none`` -> ``()``; ``pid`` -> ``("pid",)``; ``container,pid`` -> a
+    container frame above the comm-PID frame.
+    """
+    text = spec.strip()
+    if text == "none":
+        return ()
+    parts = tuple(p.strip() for p in text.split(","))
+    bad = [p for p in parts if p not in TASK_ROOTS + CGROUP_ROOTS]
+    if not text or bad:
+        raise ValueError(f"root {spec!r}: {'unknown frame ' + repr(bad[0]) if bad and bad[0] else 'empty frame'}; "
+                         f"expected {ROOT_SYNTAX}")
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"root {spec!r}: a frame is repeated; expected {ROOT_SYNTAX}")
+    if sum(p in TASK_ROOTS for p in parts) > 1:
+        raise ValueError(f"root {spec!r}: comm, pid and tid each name the task, give one; expected {ROOT_SYNTAX}")
+    return parts
+
+
+def wants_cgroups(spec: str) -> bool:
+    """Does this (valid) root spec name a cgroup owner?"""
+    return any(p in CGROUP_ROOTS for p in parse_root(spec))
+
+
+def root_frames(kinds: tuple[str, ...], tgid: int, tid: int, comm: str,
+                identity: CgroupIdentity | None) -> Stack:
+    """The frames above a task's stack for the parsed root spec ``kinds``."""
+    out: list[str] = []
+    for kind in kinds:
+        if kind == "pid":
+            out.append(task_frame(comm, tgid))
+        elif kind == "tid":
+            out.append(task_frame(comm, tgid, tid))
+        elif kind == "comm":
+            out.append(task_frame(comm))
+        elif identity is None:
+            out.append(UNKNOWN_CGROUP_FRAME)
+        else:
+            out.append(identity.root_frame(cast(Literal["unit", "container", "cgroup"], kind)))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +114,17 @@ class Window:
     samples: int = 0
     lost: dict[str, int] = field(default_factory=dict)
     sample_rate: float | None = None
+    #: tgid -> the cgroup v2 id of its samples in the window (the one with
+    #: most samples if it moved); empty from samplers that do not read it.
+    cgroups: dict[int, int] = field(default_factory=dict)
+    #: tgid -> who owns that cgroup (unit, container, pod), for the ids that
+    #: resolved; empty without a cgroup v2 hierarchy.
+    identities: dict[int, CgroupIdentity] = field(default_factory=dict)
 
     def to_profile(self, root: str = "comm", labels: dict[str, str] | None = None) -> Profile:
-        """Counts (not events) as a Profile whose root frame names the task.
-
-        ``root``: ``comm`` (``python3``), ``pid`` (``python3-1234``), ``tid``
-        (``python3-1234/1240``) or ``none``.
-        """
+        """Counts (not events) as a Profile whose root frames name the task (see :func:`counts_to_profile`)."""
         return counts_to_profile(self.counts, root, start_ns=self.start_ns, end_ns=self.end_ns,
-                                 sample_rate=self.sample_rate, labels=labels)
+                                 sample_rate=self.sample_rate, labels=labels, identities=self.identities)
 
 
 def counts_to_profile(
@@ -77,24 +135,28 @@ def counts_to_profile(
     end_ns: int | None = None,
     sample_rate: float | None = None,
     labels: dict[str, str] | None = None,
+    identities: Mapping[int, CgroupIdentity] | None = None,
 ) -> Profile:
-    """Task-keyed counts as a Profile whose root frame names the task.
+    """Task-keyed counts as a Profile whose root frames name the task.
 
-    ``root``: ``comm`` (``python3``), ``pid`` (``python3-1234``), ``tid``
-    (``python3-1234/1240``) or ``none``.
+    ``root`` (see :func:`parse_root`): ``comm`` (``python3``), ``pid``
+    (``python3-1234``), ``tid`` (``python3-1234/1240``), ``none``, or a
+    comma-separated list adding ``unit`` (``nginx.service``), ``container``
+    (name or short id, ``[host]`` outside containers) and ``cgroup`` (its
+    path) from ``identities`` (tgid -> identity; ``[unknown cgroup]`` for a
+    tgid not in it).
     """
+    kinds = parse_root(root)
+    idents = identities or {}
     p = Profile(start_ns=start_ns, end_ns=end_ns, sample_rate=sample_rate, labels=dict(labels or {}))
     stacks = p.stacks
+    prefixes: dict[tuple[int, int, str], Stack] = {}
     for (tgid, tid, comm, stack), n in counts.items():
-        key: Stack
-        if root == "none":
-            key = stack
-        elif root == "pid":
-            key = (task_frame(comm, tgid),) + stack
-        elif root == "tid":
-            key = (task_frame(comm, tgid, tid),) + stack
-        else:
-            key = (task_frame(comm),) + stack
+        task = (tgid, tid, comm)
+        prefix = prefixes.get(task)
+        if prefix is None:
+            prefix = prefixes[task] = root_frames(kinds, tgid, tid, comm, idents.get(tgid))
+        key = prefix + stack
         stacks[key] = stacks.get(key, 0) + n
     return p
 

@@ -1,7 +1,7 @@
 """Draining the program's maps into a :class:`~flamed.sampling.contract.Window`.
 
-The program counts ``{tgid, tid, comm, kernel stack id, user stack id}`` in
-two generations of maps.  :meth:`Drainer.drain` flips the generation, waits
+The program counts ``{tgid, tid, comm, kernel stack id, user stack id,
+cgroup id}`` in two generations of maps.  :meth:`Drainer.drain` flips the generation, waits
 until no program still writes the old one, reads and clears it (in batches,
 into buffers allocated once) and returns it symbolized.  How and why is in
 docs/bpf.md.
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Stack
+from flamed.sampling.cgroups import CgroupIdentity, CgroupResolver
 from flamed.sampling.contract import CountKey, SampleEvent, Window
 from flamed.sampling.program import EVENT, KEY, KernelProgram
 from flamed.sampling.pyframes import NO_THREAD_FRAME, PY_ID_NO_THREAD, PythonFrames, parse_pystack, splice
@@ -167,8 +168,8 @@ class SamplerStats:
 
 
 #: One row of a count map: tgid, tid, kernel stack id, user stack id, raw
-#: comm, Python stack id, unwound stack id, samples.
-CountRow = tuple[int, int, int, int, bytes, int, int, int]
+#: comm, Python stack id, unwound stack id, cgroup v2 id, samples.
+CountRow = tuple[int, int, int, int, bytes, int, int, int, int]
 #: One ring-buffer event (struct flamed_event): ktime, tgid, tid, cpu,
 #: generation, kernel stack id, user stack id, raw comm, unwound stack id.
 EventRow = tuple[int, int, int, int, int, int, int, bytes, int]
@@ -380,6 +381,19 @@ class MapReader:
 
 
 
+def task_cgroups(keys: list[CountRow]) -> dict[int, int]:
+    """tgid -> the cgroup id with most of its samples in these rows (a process
+    that moved mid-window is named by where it mostly ran)."""
+    per: dict[tuple[int, int], int] = {}
+    for tgid, _tid, _kid, _uid, _comm, _py, _nid, cg, n in keys:
+        per[(tgid, cg)] = per.get((tgid, cg), 0) + n
+    best: dict[int, tuple[int, int]] = {}
+    for (tgid, cg), n in per.items():
+        if tgid not in best or n > best[tgid][1]:
+            best[tgid] = (cg, n)
+    return {tgid: cg for tgid, (cg, _n) in best.items()}
+
+
 # ---------------------------------------------------------------------------
 # The drain
 
@@ -402,6 +416,7 @@ class Drainer:
         unwinder: Unwinder | None,
         clock: Callable[[], int],
         settle: Callable[[], None],
+        cgroups: CgroupResolver | None = None,
     ) -> None:
         self.options = program.options
         self._program = program
@@ -414,6 +429,7 @@ class Drainer:
         self._python = python
         self._unwinder = unwinder
         self._settle = settle
+        self._cgroups = cgroups
         self._comm_cache: dict[bytes, str] = {}
         self._raw_events: list[EventRow] = []
         program.bpf["events"].open_ring_buffer(self._on_event)
@@ -455,7 +471,7 @@ class Drainer:
         self._raw_events = [e for e in self._raw_events if e[4] != old]
 
         ids: set[int] = set()
-        for _tgid, _tid, kid, uid, _comm, _py, _nid, _n in keys:
+        for _tgid, _tid, kid, uid, _comm, _py, _nid, _cg, _n in keys:
             ids.add(kid)
             ids.add(uid)
         for e in raw_events:
@@ -477,6 +493,8 @@ class Drainer:
         lost["stack_read_failed"] = sum(1 for i in ids if i not in stacks)
         counts, events = self._symbolize(keys, raw_events, stacks, pystacks, ustacks)
         sym.end_drain()
+        cgroups = task_cgroups(keys)
+        identities = self._identify(cgroups)
         self._settle()
         t2 = time.perf_counter()
 
@@ -494,7 +512,30 @@ class Drainer:
             samples=samples,
             lost=lost,
             sample_rate=float(self.options.frequency),
+            cgroups=cgroups,
+            identities=identities,
         )
+
+    def _identify(self, cgroups: dict[int, int]) -> dict[int, CgroupIdentity]:
+        """tgid -> the identity of its cgroup id, for the ids that resolve.
+
+        An id the resolver cannot place yet (a cgroup created since its last
+        walk, while walks are rate-limited) is looked up through the
+        process's /proc/PID/cgroup, which is kept only if it names the same id.
+        """
+        resolver = self._cgroups
+        out: dict[int, CgroupIdentity] = {}
+        if resolver is None:
+            return out
+        for tgid, cg in cgroups.items():
+            ident = resolver.resolve(cg)
+            if ident is None and tgid > 0:
+                ident = resolver.identity_of_pid(tgid)
+                if ident is not None and ident.cgroup_id != cg:
+                    ident = None
+            if ident is not None:
+                out[tgid] = ident
+        return out
 
     def _account(
         self,
@@ -638,7 +679,7 @@ class Drainer:
 
         counts: dict[CountKey, int] = {}
         comm = self._comm
-        for tgid, tid, kid, uid, rc, pyid, nid, n in keys:
+        for tgid, tid, kid, uid, rc, pyid, nid, _cg, n in keys:
             user = nstack(tgid, nid) if nid else ustack(tgid, uid)
             if pyid:
                 stack = splice(user, pyruns(tgid, pyid)) + kstack(kid)

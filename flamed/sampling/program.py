@@ -36,7 +36,7 @@ PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK = 1, 0
 EVENTS = {"cycles": (PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES), "cpu-clock": (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK)}
 
 # struct flamed_key and struct flamed_event of bpf/flamed.h.
-KEY = struct.Struct("<IIii16sQQ")
+KEY = struct.Struct("<IIii16sQQQ")
 EVENT = struct.Struct("<QIIIIii16sQ")
 _COMM_LEN = 16
 
