@@ -22,6 +22,8 @@ class SnapshotCommand(Command):
       flamed snapshot --seconds 30 --pid 1234 --format svg -o now.svg
       flamed snapshot --next 10 --comm '^python' > next10.folded
       flamed snapshot --frame 'ext4_' --frames kernel --format folded
+      flamed snapshot --unit nginx.service --root unit,pid
+      flamed snapshot --container 3f2a9c1b --format pprof -o web.pb.gz
       flamed snapshot --flush             # close the current file now
     """
 
@@ -40,8 +42,18 @@ class SnapshotCommand(Command):
         parser.add_argument("--exclude-frame", metavar="REGEX", help="drop stacks with a frame matching")
         parser.add_argument("--frames", choices=("all", "kernel", "user"), default="all",
                             help="keep only kernel or only user frames (default all)")
-        parser.add_argument("--root", choices=("comm", "pid", "tid", "none"),
-                            help="root frame naming the task (default: the daemon's output.root_frame)")
+        parser.add_argument("--unit", metavar="UNIT", action="append",
+                            help="only tasks of this systemd unit (nginx.service or nginx; repeatable)")
+        parser.add_argument("--container", metavar="NAME|ID", action="append",
+                            help="only tasks of this container: its name or an id prefix (repeatable)")
+        parser.add_argument("--pod", metavar="UID", action="append", help="only tasks of this pod UID (repeatable)")
+        parser.add_argument("--cgroup", metavar="PATH", action="append",
+                            help="only tasks in this cgroup v2 path or below it (/system.slice/x.service, "
+                                 "/sys/fs/cgroup/..., a unit, or an id; repeatable)")
+        parser.add_argument("--root", metavar="FRAMES", type=root_spec,
+                            help="root frames, root first: comm, pid, tid or none, or a comma-separated list "
+                                 "adding unit, container, cgroup, e.g. container,pid "
+                                 "(default: the daemon's output.root_frame)")
         parser.add_argument("--format", "-f", metavar="F", help="output format (default: by -o extension, else folded)")
         parser.add_argument("--title", metavar="TEXT", help="title for graphical formats")
         parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (atomically)")
@@ -69,6 +81,9 @@ class SnapshotCommand(Command):
             req["pid"] = args.pid
         if args.tid:
             req["tid"] = args.tid
+        for key in ("unit", "container", "pod", "cgroup"):
+            if getattr(args, key):
+                req[key] = getattr(args, key)
         if (args.seconds is not None and args.seconds <= 0) or (args.next is not None and args.next <= 0):
             raise UsageError("--seconds/--next must be > 0")
         with open_output(args.output) as out:
@@ -76,6 +91,16 @@ class SnapshotCommand(Command):
         if head.get("stacks") == 0:
             self.warn("no samples matched (check the filters, or wait for the first drain)")
         return 0
+
+
+def root_spec(text: str) -> str:
+    """argparse type of ``--root``: a root spec in its canonical spelling."""
+    from flamed.sampling.contract import canonical_root
+
+    try:
+        return canonical_root(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 class FlushCommand(Command):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args, get_origin, get_type_hints
 
 from flamed.errors import ConfigError
+from flamed.sampling.contract import canonical_root
 
 DEFAULT_CONFIG_PATH = "/etc/flamed/flamed.toml"
 
@@ -99,7 +100,8 @@ class OutputConfig:
     rotate_interval: float = 60.0
     #: Write ``.folded.gz`` instead of ``.folded``.
     compress: bool = False
-    #: Root frame naming the task: ``comm``, ``pid`` (comm-PID), ``tid`` (comm-PID/TID) or ``none``.
+    #: Root frames: ``comm``, ``pid`` (comm-PID), ``tid`` (comm-PID/TID) or ``none``, or a
+    #: comma-separated list, root first, adding ``unit``, ``container``, ``cgroup`` (e.g. ``container,pid``).
     root_frame: str = "pid"
     #: Host name in file names and sidecars; empty = the machine's host name.
     host: str = ""
@@ -313,7 +315,6 @@ _RANGES: dict[str, tuple[float, float]] = {
 _CHOICES: dict[str, tuple[str, ...]] = {
     "sampling.sampler": SAMPLERS,
     "sampling.event": ("auto", "cycles", "cpu-clock"),
-    "output.root_frame": ROOT_FRAMES,
     "log.level": LOG_LEVELS,
     "log.target": LOG_TARGETS,
     "pyroscope.format": ("pprof", "folded"),
@@ -444,7 +445,17 @@ def build_options(cls: type[Any], raw: Mapping[str, Any], prefix: str) -> Any:
         raise ConfigError("control.socket: must not be empty")
     if prefix == "output" and "state_dir" in values and not values["state_dir"]:
         raise ConfigError("output.state_dir: must not be empty")
+    if prefix == "output" and "root_frame" in values:
+        values["root_frame"] = root_frame_spec(values["root_frame"], key="output.root_frame")
     return cls(**values)
+
+
+def root_frame_spec(text: str, *, key: str) -> str:
+    """A valid root spec in its canonical spelling (``"container, pid"`` -> ``"container,pid"``)."""
+    try:
+        return canonical_root(text)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
 
 
 def parse_address(text: str, *, key: str = "metrics.address") -> tuple[str, int]:

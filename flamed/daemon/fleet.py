@@ -2,20 +2,32 @@
 
 Both the pull endpoint (``/debug/pprof/profile``) and the Pyroscope push
 encode windows of the ring here.  In pprof every sample carries string labels
-``pid``, ``thread``, ``comm`` and ``host``, so a backend can filter by task and
-machine; the stacks keep the configured root frame, as the files do.
+``pid``, ``thread``, ``comm`` and ``host``, and, when its task's cgroup is
+known, ``cgroup``, ``service_name`` (systemd unit without its suffix, or the
+container's name or short id), ``container_id`` and ``pod`` (the pod UID), so
+a backend can filter by task, service, container and machine; the stacks keep
+the configured root frames, as the files do.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from flamed.daemon.ring import RingWindow
 from flamed.folded import write_folded
-from flamed.model import Profile, task_frame
+from flamed.model import Profile
 from flamed.outputs.pprof import LabelledSample, write_pprof
-from flamed.sampling.contract import CountKey, counts_to_profile
+from flamed.sampling.cgroups import CgroupIdentity
+from flamed.sampling.contract import CountKey, counts_to_profile, parse_root, root_frames
+
+
+def merged_identities(windows: Sequence[RingWindow]) -> dict[int, CgroupIdentity]:
+    """tgid -> identity over ``windows``, the newest window's where they differ."""
+    out: dict[int, CgroupIdentity] = {}
+    for w in windows:
+        out.update(w.identities)
+    return out
 
 
 def _merged(windows: Sequence[RingWindow]) -> tuple[dict[CountKey, int], int | None, int | None, float | None]:
@@ -30,14 +42,23 @@ def _merged(windows: Sequence[RingWindow]) -> tuple[dict[CountKey, int], int | N
     return counts, start, end, rate
 
 
-def _rooted(root: str, tgid: int, tid: int, comm: str) -> tuple[str, ...]:
-    if root == "none":
-        return ()
-    if root == "pid":
-        return (task_frame(comm, tgid),)
-    if root == "tid":
-        return (task_frame(comm, tgid, tid),)
-    return (task_frame(comm),)
+def labelled_pprof(profile: Profile, counts: Mapping[CountKey, int], identities: Mapping[int, CgroupIdentity],
+                   *, root: str, host: str) -> bytes:
+    """Gzipped pprof of task-keyed ``counts``: one sample per (task, stack),
+    labelled with its task, host and cgroup identity (see the module's doc)."""
+    kinds = parse_root(root)
+    samples: list[LabelledSample] = []
+    for (tgid, tid, comm, stack), n in counts.items():
+        ident = identities.get(tgid)
+        labels = {"pid": str(tgid), "thread": str(tid), "comm": comm or "[unknown]", "host": host}
+        if ident is not None:
+            labels.update(ident.labels())
+        samples.append((root_frames(kinds, tgid, tid, comm, ident) + stack, n, labels))
+    # Deterministic: the same windows give the same bytes.
+    samples.sort(key=lambda e: (e[0], sorted(e[2].items())))
+    buf = io.BytesIO()
+    write_pprof(profile, buf, samples)
+    return buf.getvalue()
 
 
 def windows_pprof(windows: Sequence[RingWindow], *, root: str, host: str,
@@ -51,19 +72,11 @@ def windows_pprof(windows: Sequence[RingWindow], *, root: str, host: str,
     profile = Profile(start_ns=start_ns if start_ns is not None else start,
                       end_ns=end_ns if end_ns is not None else end,
                       sample_rate=rate, labels={"host": host, "unit": "samples"})
-    samples: list[LabelledSample] = []
-    for (tgid, tid, comm, stack), n in counts.items():
-        labels = {"pid": str(tgid), "thread": str(tid), "comm": comm or "[unknown]", "host": host}
-        samples.append((_rooted(root, tgid, tid, comm) + stack, n, labels))
-    # Deterministic: the same windows give the same bytes.
-    samples.sort(key=lambda e: (e[0], sorted(e[2].items())))
-    buf = io.BytesIO()
-    write_pprof(profile, buf, samples)
-    return buf.getvalue()
+    return labelled_pprof(profile, counts, merged_identities(windows), root=root, host=host)
 
 
 def windows_folded(windows: Sequence[RingWindow], *, root: str) -> bytes:
     counts, _, _, _ = _merged(windows)
     buf = io.BytesIO()
-    write_folded(counts_to_profile(counts, root), buf)
+    write_folded(counts_to_profile(counts, root, identities=merged_identities(windows)), buf)
     return buf.getvalue()

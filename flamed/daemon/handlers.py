@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from flamed import outputs
 from flamed.daemon.config import DaemonConfig
 from flamed.daemon.control import Peer
-from flamed.daemon.fleet import windows_pprof
+from flamed.daemon.fleet import labelled_pprof, merged_identities, windows_pprof
 from flamed.daemon.metrics import DaemonMetrics
 from flamed.daemon.protocol import (
     ProtocolError,
@@ -131,11 +131,12 @@ class RequestHandlers:
         samples = 0
         lost: dict[str, int] = {}
         for w in windows:
-            flt.apply(w.counts, counts)
+            flt.apply(w.counts, counts, w.identities)
             samples += w.samples
             for r, n in w.lost.items():
                 lost[r] = lost.get(r, 0) + n
         rates = {w.sample_rate for w in windows}
+        identities = merged_identities(windows)
         profile = counts_to_profile(
             counts,
             req.root,
@@ -143,11 +144,15 @@ class RequestHandlers:
             end_ns=windows[-1].end_ns if windows else None,
             sample_rate=rates.pop() if len(rates) == 1 else None,
             labels={"host": self.store.host, "unit": "samples"},
+            identities=identities,
         )
-        fmt = outputs.get(req.format)
-        buf = io.BytesIO()
-        fmt.write(profile, buf, OutputOptions(title=req.title))
-        payload = buf.getvalue()
+        if req.format == "pprof":
+            # Labelled per sample (task, service, container...), as the pull endpoint.
+            payload = labelled_pprof(profile, counts, identities, root=req.root, host=self.store.host)
+        else:
+            buf = io.BytesIO()
+            outputs.get(req.format).write(profile, buf, OutputOptions(title=req.title))
+            payload = buf.getvalue()
         header = {
             "ok": True,
             "format": req.format,

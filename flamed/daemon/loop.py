@@ -225,11 +225,12 @@ class DrainLoop:
         for r, n in window.lost.items():
             self.lost_totals[r] = self.lost_totals.get(r, 0) + n
         rw = RingWindow(window.start_ns, window.end_ns, counts, window.samples, dict(window.lost),
-                        window.sample_rate)
+                        window.sample_rate, identities=window.identities)
         self.ring.add(rw)
         if self.pusher is not None:
             self.pusher.submit(rw)  # a deque append: the network is the pusher thread's
-        self.store.add(window.start_ns, window.end_ns, counts, window.samples, window.lost, window.sample_rate)
+        self.store.add(window.start_ns, window.end_ns, counts, window.samples, window.lost, window.sample_rate,
+                       window.identities)
         nw, ns = self.ring.stats()
         m.ring_windows.set(nw)
         m.ring_stacks.set(ns)

@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from flamed.model import KERNEL_SUFFIX, Stack
-from flamed.sampling.contract import CountKey
+from flamed.sampling.cgroups import CgroupError, CgroupIdentity, CgroupSpec, parse_cgroup_spec
+from flamed.sampling.contract import CountKey, canonical_root
 
 MAX_REQUEST_BYTES = 64 * 1024
 REQUESTS = ("snapshot", "status", "flush")
 FRAMES = ("all", "kernel", "user")
-ROOTS = ("comm", "pid", "tid", "none")
+ROOTS = ("comm", "pid", "tid", "none")  # alone; with unit, container, cgroup: see parse_root
+#: Filters on the cgroup identity of a task: each a name or a list of names.
+IDENTITY_FIELDS = ("unit", "container", "pod", "cgroup")
+MAX_NAME_LENGTH = 4096
 #: Longest regex a client may send; frames are matched one unique frame at a time.
 MAX_REGEX_LENGTH = 256
 MAX_IDS = 1024
@@ -50,6 +55,10 @@ class SnapshotRequest:
     root: str = "pid"
     format: str = "folded"
     title: str | None = None
+    units: tuple[str, ...] | None = None  # unit names, or names without the suffix
+    containers: tuple[str, ...] | None = None  # names, or ids or id prefixes (4+ hex digits)
+    pods: tuple[str, ...] | None = None  # pod UIDs
+    cgroups: tuple[CgroupSpec, ...] | None = None  # a cgroup and its subtree, a unit anywhere, an id
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,7 @@ class Request:
 
 _FIELDS = {
     "snapshot": {"request", "seconds", "next", "pid", "tgid", "tid", "comm", "frame", "exclude_frame",
-                 "frames", "root", "format", "title"},
+                 "frames", "root", "format", "title", *IDENTITY_FIELDS},
     "status": {"request"},
     "flush": {"request"},
 }
@@ -117,8 +126,17 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
     if frames not in FRAMES:
         raise ProtocolError(f"field 'frames' must be one of {', '.join(FRAMES)}")
     root = obj.get("root", default_root)
-    if root not in ROOTS:
-        raise ProtocolError(f"field 'root' must be one of {', '.join(ROOTS)}")
+    if not isinstance(root, str):
+        raise ProtocolError("field 'root' must be a string such as \"pid\" or \"container,pid\"")
+    try:
+        root = canonical_root(root)
+    except ValueError as e:
+        raise ProtocolError(f"field 'root': {e}") from None
+    cgroups = _names(obj, "cgroup")
+    try:
+        cgroup_specs = None if cgroups is None else tuple(parse_cgroup_spec(c, key="cgroup") for c in cgroups)
+    except CgroupError as e:
+        raise ProtocolError(str(e)) from None
     title = obj.get("title")
     if title is not None and (not isinstance(title, str) or len(title) > 200):
         raise ProtocolError("field 'title' must be a string of at most 200 characters")
@@ -136,6 +154,10 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
             root=root,
             format=fmt,
             title=title,
+            units=_names(obj, "unit"),
+            containers=_names(obj, "container"),
+            pods=_names(obj, "pod"),
+            cgroups=cgroup_specs,
         ),
     )
 
@@ -179,6 +201,20 @@ def _ids(obj: dict[str, Any], key: str) -> frozenset[int] | None:
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 1 << 32:
             raise ProtocolError(f"field {key!r} must hold integers in [0, 2^32)")
     return frozenset(items)
+
+
+def _names(obj: dict[str, Any], key: str) -> tuple[str, ...] | None:
+    v = obj.get(key)
+    if v is None:
+        return None
+    items = v if isinstance(v, list) else [v]
+    if not items or len(items) > MAX_IDS:
+        raise ProtocolError(f"field {key!r} must be a name or a list of 1..{MAX_IDS} names")
+    for i in items:
+        if not isinstance(i, str) or not i.strip() or len(i) > MAX_NAME_LENGTH or "\0" in i or "\n" in i:
+            raise ProtocolError(f"field {key!r} must hold non-empty names of at most {MAX_NAME_LENGTH} "
+                                "characters, without NUL or newline")
+    return tuple(i.strip() for i in items)
 
 
 def _regex(obj: dict[str, Any], key: str) -> str | None:
@@ -291,6 +327,8 @@ class SnapshotFilter:
         self._comm_cache: dict[str, bool] = {}
         self._frame_cache: dict[str, bool] = {}
         self._exclude_cache: dict[str, bool] = {}
+        self.by_identity = any(f is not None for f in (req.units, req.containers, req.pods, req.cgroups))
+        self._identity_cache: dict[CgroupIdentity, bool] = {}
 
     def _match(self, cache: dict[str, bool], rx: _Matcher, text: str) -> bool:
         hit = cache.get(text)
@@ -308,6 +346,18 @@ class SnapshotFilter:
             return False
         return True
 
+    def keep_identity(self, ident: CgroupIdentity | None) -> bool:
+        """Does a task of this cgroup pass the unit/container/pod/cgroup filters?
+        A task whose cgroup is unknown passes only when there are none."""
+        if not self.by_identity:
+            return True
+        if ident is None:
+            return False
+        hit = self._identity_cache.get(ident)
+        if hit is None:
+            hit = self._identity_cache[ident] = identity_matches(self.req, ident)
+        return hit
+
     def stack(self, stack: Stack) -> Stack | None:
         """The stack to keep (frames filtered by kind), or ``None`` to drop it."""
         if self.req.frames == "kernel":
@@ -322,15 +372,55 @@ class SnapshotFilter:
             return None
         return stack
 
-    def apply(self, counts: dict[CountKey, int], into: dict[CountKey, int]) -> None:
+    def apply(self, counts: dict[CountKey, int], into: dict[CountKey, int],
+              identities: Mapping[int, CgroupIdentity] | None = None) -> None:
+        """Add the counts that pass to ``into``; ``identities`` (tgid -> identity) for the cgroup filters."""
+        idents = identities or {}
         for (tgid, tid, comm, stack), n in counts.items():
-            if not self.keep_task(tgid, tid, comm):
+            if not self.keep_task(tgid, tid, comm) or not self.keep_identity(idents.get(tgid)):
                 continue
             s = self.stack(stack)
             if s is None:
                 continue
             key = (tgid, tid, comm, s)
             into[key] = into.get(key, 0) + n
+
+
+_HEX_PREFIX = re.compile(r"^[0-9a-f]{4,64}$")
+
+
+def identity_matches(req: SnapshotRequest, ident: CgroupIdentity) -> bool:
+    """The identity filters of ``req``: any name of a filter, every filter given.
+
+    ``units``: the unit (``nginx.service``) or its name without the suffix;
+    ``containers``: the container's name or an id prefix of 4+ hex digits;
+    ``pods``: the pod UID (dashes or underscores); ``cgroups``: a path and
+    its subtree, a unit name anywhere in the path, or a cgroup id.
+    """
+    if req.units is not None:
+        names = {ident.unit, ident.unit.rsplit(".", 1)[0]} if ident.unit else set()
+        if not names.intersection(req.units):
+            return False
+    if req.containers is not None:
+        cid = ident.container_id
+        if cid is None or not any(c == ident.container_name or (_HEX_PREFIX.match(c) and cid.startswith(c))
+                                  for c in req.containers):
+            return False
+    if req.pods is not None:
+        if ident.pod_uid is None or ident.pod_uid not in {p.replace("_", "-") for p in req.pods}:
+            return False
+    if req.cgroups is not None and not any(_cgroup_matches(spec, ident) for spec in req.cgroups):
+        return False
+    return True
+
+
+def _cgroup_matches(spec: CgroupSpec, ident: CgroupIdentity) -> bool:
+    if spec.kind == "id":
+        return ident.cgroup_id == spec.value
+    assert isinstance(spec.value, str)
+    if spec.kind == "unit":
+        return spec.value in ident.path.split("/")
+    return spec.value == "/" or ident.path == spec.value or ident.path.startswith(spec.value + "/")
 
 
 def encode_header(obj: dict[str, Any]) -> bytes:

@@ -13,6 +13,14 @@ Ingest parameters, as Pyroscope's HTTP API documents them: ``name``
 ``format`` (``pprof`` -- the body a multipart form with the gzipped profile in
 field ``profile`` -- or ``folded``, plain lines), ``sampleRate`` (Hz),
 ``spyName=flamed``, ``units=samples``, ``aggregationType=sum``.
+
+Services: a window is sent as one request per ``service_name`` of its tasks
+(the systemd unit without its suffix, or the container's name or short id;
+see flamed.sampling.cgroups), each tagged ``service_name=...``, so Pyroscope
+keeps one series per service; tasks without one go in a request without the
+tag (unless ``[pyroscope.tags]`` sets ``service_name`` itself, which then
+tags every request).  A window counts once (sent, failed, dropped) whatever
+its number of requests; a retried window resumes at its first unsent request.
 """
 
 from __future__ import annotations
@@ -26,10 +34,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import re
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flamed import __version__
@@ -146,6 +155,33 @@ def send(target: Target, req: urllib.request.Request) -> None:
         raise PushError(f"cannot send to {target.server}/ingest: {reason}", retry=True) from None
 
 
+#: What a Pyroscope tag value may not hold (it would break ``name{k=v,...}``).
+_BAD_TAG_CHARS = re.compile(r"[{},=\s]")
+
+
+def service_parts(w: RingWindow) -> list[tuple[str | None, RingWindow]]:
+    """``w`` split by the service_name of its tasks, tasks without one (None) first, then by name."""
+    names = {tgid: ident.service_name for tgid, ident in w.identities.items()}
+    groups: dict[str | None, dict[tuple[int, int, str, tuple[str, ...]], int]] = {}
+    for key, n in w.counts.items():
+        name = names.get(key[0])
+        part = groups.setdefault(_BAD_TAG_CHARS.sub("_", name) if name else None, {})
+        part[key] = n
+    if len(groups) <= 1:
+        return [(next(iter(groups), None), w)]
+    order = sorted(groups, key=lambda g: (g is not None, g or ""))
+    # samples/lost stay on the first part: they describe the window, not a service.
+    return [(g, replace(w, counts=groups[g], samples=w.samples if i == 0 else 0, lost=w.lost if i == 0 else {}))
+            for i, g in enumerate(order)]
+
+
+def part_target(target: Target, service: str | None) -> Target:
+    """The target of one service's request: its tags plus ``service_name`` (a configured one wins)."""
+    if service is None or "service_name" in target.tags:
+        return target
+    return replace(target, tags={**target.tags, "service_name": service})
+
+
 def encode(target: Target, windows: list[RingWindow], *, root: str, host: str) -> bytes:
     if target.format == "folded":
         return windows_folded(windows, root=root)
@@ -165,6 +201,8 @@ class Pusher:
         self.target = Target.from_config(cfg, host)
         self._queue: deque[RingWindow] = deque()
         self._inflight: RingWindow | None = None
+        # (window, requests of it already sent): where a retry of the head resumes
+        self._resume: tuple[RingWindow | None, int] = (None, 0)
         self._cond = threading.Condition()
         self._stop = False
         self._deadline = 0.0
@@ -229,9 +267,16 @@ class Pusher:
                 target, root = self.target, self.root
             cpu0 = time.thread_time()
             try:
-                body = encode(target, [w], root=root, host=self.host)
-                self._send(target, ingest_request(target, start_ns=w.start_ns, end_ns=w.end_ns,
-                                            sample_rate=w.sample_rate, body=body))
+                parts = service_parts(w)
+                first = self._resume[1] if self._resume[0] is w else 0
+                for i in range(first, len(parts)):
+                    service, part = parts[i]
+                    part_to = part_target(target, service)
+                    body = encode(part_to, [part], root=root, host=self.host)
+                    self._send(part_to, ingest_request(part_to, start_ns=w.start_ns, end_ns=w.end_ns,
+                                                       sample_rate=w.sample_rate, body=body))
+                    self.metrics.push_bytes.inc(len(body))
+                    self._resume = (w, i + 1)
             except PushError as e:
                 self.metrics.push_cpu.inc(time.thread_time() - cpu0)
                 self._error(str(e))
@@ -256,7 +301,6 @@ class Pusher:
                 continue
             backoff = 0.0
             self.metrics.push_cpu.inc(time.thread_time() - cpu0)
-            self.metrics.push_bytes.inc(len(body))
             self._done(w, "sent")
 
     def _done(self, w: RingWindow, result: str) -> None:

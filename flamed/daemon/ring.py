@@ -4,8 +4,10 @@ Bounded twice: by age (``ring_seconds``) and by the number of (task, stack)
 entries over all windows (``ring_max_stacks``), so a burst of unique stacks
 cannot grow the daemon without limit.  Oldest windows go first.
 
-Windows are kept with their task keys (tgid, tid, comm) so that a snapshot can
-filter by pid/tid/comm and choose its root frame per request.
+Windows are kept with their task keys (tgid, tid, comm) and the identities of
+their tasks' cgroups (tgid -> unit, container, pod) so that a snapshot can
+filter by pid/tid/comm/unit/container/cgroup and choose its root frames per
+request.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from flamed.sampling.cgroups import CgroupIdentity
 from flamed.sampling.contract import CountKey
 
 
@@ -27,6 +30,8 @@ class RingWindow:
     lost: dict[str, int] = field(default_factory=dict)
     sample_rate: float | None = None
     seq: int = 0
+    #: tgid -> who owns its cgroup (Window.identities)
+    identities: dict[int, CgroupIdentity] = field(default_factory=dict)
 
 
 class WindowRing:
@@ -51,7 +56,7 @@ class WindowRing:
     def add(self, w: RingWindow) -> None:
         with self._cond:
             self.seq += 1
-            w = RingWindow(w.start_ns, w.end_ns, w.counts, w.samples, w.lost, w.sample_rate, self.seq)
+            w = replace(w, seq=self.seq)
             self._windows.append(w)
             self._stacks += len(w.counts)
             self._trim()

@@ -2,7 +2,9 @@
 
 One file per rotation period, ``HOST-YYYYMMDDTHHMMSSZ.folded[.gz]`` (UTC start
 of its first window), pure folded text that flamegraph.pl reads as it is.
-Its metadata is in the sidecar ``HOST-YYYYMMDDTHHMMSSZ.json``.
+Its metadata is in the sidecar ``HOST-YYYYMMDDTHHMMSSZ.json``, with the
+cgroup identities of its processes (``identities``: pid -> labels) so files
+can be filtered by service or container later.
 
 Crash safety: the sidecar is written (temp, fsync, rename) *before* the
 folded file, so every folded file has its sidecar; a crash between the two
@@ -30,7 +32,7 @@ import re
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,7 @@ from flamed.daemon.config import OutputConfig, RetentionConfig
 from flamed.daemon.metrics import DaemonMetrics
 from flamed.fileio import atomic_write
 from flamed.folded import write_folded
+from flamed.sampling.cgroups import CgroupIdentity
 from flamed.sampling.contract import CountKey, counts_to_profile
 
 log = logging.getLogger("flamed.daemon")
@@ -69,9 +72,14 @@ class Period:
     #: (start_ns, end_ns, samples) of every window, so a viewer can draw the
     #: period at the drain resolution without reading the stacks.
     window_samples: list[tuple[int, int, int]] = field(default_factory=list)
+    #: tgid -> who owns its cgroup, the newest window's where they differ
+    identities: dict[int, CgroupIdentity] = field(default_factory=dict)
 
     def add(self, start_ns: int, end_ns: int, counts: dict[CountKey, int], samples: int,
-            lost: dict[str, int], sample_rate: float | None) -> None:
+            lost: dict[str, int], sample_rate: float | None,
+            identities: Mapping[int, CgroupIdentity] | None = None) -> None:
+        if identities:
+            self.identities.update(identities)
         if self.start_ns is None:
             self.start_ns = start_ns
         self.end_ns = end_ns
@@ -138,8 +146,9 @@ class ProfileStore:
 
     # -- filling ---------------------------------------------------------
     def add(self, start_ns: int, end_ns: int, counts: dict[CountKey, int], samples: int,
-            lost: dict[str, int], sample_rate: float | None) -> None:
-        self.period.add(start_ns, end_ns, counts, samples, lost, sample_rate)
+            lost: dict[str, int], sample_rate: float | None,
+            identities: Mapping[int, CgroupIdentity] | None = None) -> None:
+        self.period.add(start_ns, end_ns, counts, samples, lost, sample_rate, identities)
 
     def due(self, now_ns: int, slack_ns: int = 0) -> bool:
         """Has the current period reached its boundary (a multiple of rotate_interval)?"""
@@ -163,7 +172,7 @@ class ProfileStore:
 
     def _serialize(self, p: Period) -> PendingFile:
         assert p.start_ns is not None and p.end_ns is not None
-        profile = counts_to_profile(p.counts, self.output.root_frame)
+        profile = counts_to_profile(p.counts, self.output.root_frame, identities=p.identities)
         buf = io.BytesIO()
         lines = write_folded(profile, buf)
         payload = buf.getvalue()
@@ -188,6 +197,7 @@ class ProfileStore:
             "windows": p.windows,
             "window_samples": [list(w) for w in p.window_samples],
             "root_frame": self.output.root_frame,
+            "identities": _identities(p),
             "bytes": len(payload),
             "sha256": hashlib.sha256(payload).hexdigest(),
             "flamed_version": __version__,
@@ -399,6 +409,13 @@ class ProfileStore:
         }
         with atomic_write(os.path.join(self.dir, stem + ".json"), fsync=self.output.fsync) as out:
             out.write((json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _identities(p: Period) -> dict[str, dict[str, str]]:
+    """pid -> cgroup labels (cgroup, service_name, container_id, pod) of the
+    processes in the file, for the sidecar: JSON keys are strings."""
+    pids = sorted({k[0] for k in p.counts} & p.identities.keys())
+    return {str(pid): p.identities[pid].labels() for pid in pids}
 
 
 def _iso(ns: int) -> str:

@@ -47,6 +47,8 @@ def parse_root(spec: str) -> tuple[str, ...]:
     if text == "none":
         return ()
     parts = tuple(p.strip() for p in text.split(","))
+    if "none" in parts:
+        raise ValueError(f"root {spec!r}: 'none' stands alone; expected {ROOT_SYNTAX}")
     bad = [p for p in parts if p not in TASK_ROOTS + CGROUP_ROOTS]
     if not text or bad:
         raise ValueError(f"root {spec!r}: {'unknown frame ' + repr(bad[0]) if bad and bad[0] else 'empty frame'}; "
@@ -58,9 +60,9 @@ def parse_root(spec: str) -> tuple[str, ...]:
     return parts
 
 
-def wants_cgroups(spec: str) -> bool:
-    """Does this (valid) root spec name a cgroup owner?"""
-    return any(p in CGROUP_ROOTS for p in parse_root(spec))
+def canonical_root(spec: str) -> str:
+    """A valid root spec in its canonical spelling (``"container, pid"`` -> ``"container,pid"``); ValueError."""
+    return ",".join(parse_root(spec)) or "none"
 
 
 def root_frames(kinds: tuple[str, ...], tgid: int, tid: int, comm: str,

@@ -494,7 +494,7 @@ class Drainer:
         counts, events = self._symbolize(keys, raw_events, stacks, pystacks, ustacks)
         sym.end_drain()
         cgroups = task_cgroups(keys)
-        identities = self._identify(cgroups)
+        identities = self._identify(cgroups, {e[1] for e in raw_events})
         self._settle()
         t2 = time.perf_counter()
 
@@ -516,12 +516,13 @@ class Drainer:
             identities=identities,
         )
 
-    def _identify(self, cgroups: dict[int, int]) -> dict[int, CgroupIdentity]:
+    def _identify(self, cgroups: dict[int, int], event_tgids: set[int]) -> dict[int, CgroupIdentity]:
         """tgid -> the identity of its cgroup id, for the ids that resolve.
 
         An id the resolver cannot place yet (a cgroup created since its last
         walk, while walks are rate-limited) is looked up through the
         process's /proc/PID/cgroup, which is kept only if it names the same id.
+        Watched processes' events carry no cgroup id: theirs is read from /proc.
         """
         resolver = self._cgroups
         out: dict[int, CgroupIdentity] = {}
@@ -533,6 +534,10 @@ class Drainer:
                 ident = resolver.identity_of_pid(tgid)
                 if ident is not None and ident.cgroup_id != cg:
                     ident = None
+            if ident is not None:
+                out[tgid] = ident
+        for tgid in event_tgids - out.keys():
+            ident = resolver.identity_of_pid(tgid)
             if ident is not None:
                 out[tgid] = ident
         return out
