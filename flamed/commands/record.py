@@ -20,14 +20,16 @@ from flamed.commands.base import Command
 from flamed.errors import CapabilityError, FlamedError, UsageError
 from flamed.fileio import open_output
 from flamed.folded import read_folded
-from flamed.model import Profile, Stack, task_frame
+from flamed.model import Profile, Stack
 from flamed.outputs.base import OutputOptions
 from flamed.pyspy.align import JoinOptions
 from flamed.pyspy.mixed import MixedMode, MixedOptions
 from flamed.pyspy.supervisor import MAX_RATE, PySpyOptions, find_pyspy
 from flamed.pyspy.watcher import PyProcess, WatchOptions
 from flamed.sampling import pysource
-from flamed.sampling.contract import SampleEvent
+from flamed.commands.snapshot import root_spec
+from flamed.sampling.cgroups import CgroupIdentity
+from flamed.sampling.contract import SampleEvent, parse_root, root_frames
 
 DRAIN_S = 0.5
 #: A Python frame, ``name (file:line)`` (``<string>`` for ``python -c``).
@@ -72,8 +74,10 @@ class RecordCommand(Command):
         parser.add_argument("-f", "--format", default=None,
                             help=f"output format: {', '.join(outputs.names())} (default: by -o's extension, else folded)")
         parser.add_argument("--subprocesses", action="store_true", help="also record Python descendants")
-        parser.add_argument("--root", choices=("none", "comm", "pid", "tid"), default=None,
-                            help="root frame naming the task (default: none; pid with --subprocesses)")
+        parser.add_argument("--root", metavar="FRAMES", type=root_spec, default=None,
+                            help="root frames, root first: none, comm, pid or tid, or a comma-separated list "
+                                 "adding unit, container, cgroup, e.g. unit,pid (default: none; pid with "
+                                 "--subprocesses)")
         parser.add_argument("--pyspy", nargs="?", const="", default=None, metavar="BINARY",
                             help="Python frames from py-spy (joined by time) instead of the BPF program's own "
                                  "reading, optionally with that py-spy binary")
@@ -164,6 +168,7 @@ class RecordCommand(Command):
         mixed: MixedMode | None = None
         samples: list[tuple[SampleEvent, Stack]] = []
         counts: dict[tuple[int, int, str, Stack], int] = {}
+        self._identities: dict[int, CgroupIdentity] = {}  # tgid -> its cgroup's owner, for --root
         rc = 0
         interrupted = False
         pythons: set[int] = set()
@@ -274,23 +279,19 @@ class RecordCommand(Command):
     def _drain(self, sampler: Any, mixed: MixedMode, samples: list[tuple[SampleEvent, Stack]],
                counts: dict[tuple[int, int, str, Stack], int]) -> None:
         w = sampler.drain()
+        self._identities.update(w.identities)
         for k, n in w.counts.items():
             counts[k] = counts.get(k, 0) + n
         samples.extend(mixed.process(w.events))
 
     def _profile(self, args: argparse.Namespace, samples: list[tuple[SampleEvent, Stack]],
                  counts: dict[tuple[int, int, str, Stack], int], sampler: Any) -> Profile:
-        root = args.root or ("pid" if args.subprocesses else "none")
+        kinds = parse_root(args.root or ("pid" if args.subprocesses else "none"))
         p = Profile(sample_rate=float(args.rate), labels={"unit": "samples", "source": "flamed record"})
+        identities = getattr(self, "_identities", {})
 
         def key(tgid: int, tid: int, comm: str, stack: Stack) -> Stack:
-            if root == "none":
-                return stack
-            if root == "comm":
-                return (task_frame(comm),) + stack
-            if root == "pid":
-                return (task_frame(comm, tgid),) + stack
-            return (task_frame(comm, tgid, tid),) + stack
+            return root_frames(kinds, tgid, tid, comm, identities.get(tgid)) + stack
 
         for (tgid, tid, comm, stack), n in counts.items():
             p.add(key(tgid, tid, comm, stack), n)
