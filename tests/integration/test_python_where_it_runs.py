@@ -1,0 +1,260 @@
+"""Python frames where production Python runs: in PID namespaces (what every
+container runtime makes), in big thread pools, behind exec wrappers, and
+already deep when first seen.  Real BPF, real namespaces (``unshare``), real
+interpreters (pyenv 3.8-3.13 and Debian's static 3.11).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cpython_support import DEBIAN_311, VERSIONS, pyenv_python
+
+from support import ROOT, have_bcc, have_root, need
+
+pytestmark = pytest.mark.usefixtures("require_bpf")
+
+FLAMED = [sys.executable, "-m", "flamed"]
+#: A Python frame: ``name (file:line)``.
+_PY_FRAME = re.compile(r" \(.*:\d+\)$")
+INTERPRETERS = [*VERSIONS, "debian-3.11"]
+
+BUSY = ("import time\n"
+        "def busy_in_container(seconds):\n"
+        "    end = time.time() + seconds\n"
+        "    while time.time() < end:\n"
+        "        pass\n"
+        "busy_in_container({seconds})\n")
+
+
+def _interpreter(name: str) -> Path:
+    if name == "debian-3.11":
+        need(DEBIAN_311.exists(), f"Debian's {DEBIAN_311}")
+        return DEBIAN_311
+    return pyenv_python(name)
+
+
+@pytest.fixture(scope="module")
+def sampler() -> Iterator[Any]:
+    need(have_root(), "root (BPF and perf events need CAP_BPF/CAP_PERFMON)")
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    need(shutil.which("unshare") is not None, "unshare (util-linux)")
+    from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
+
+    s = BpfSampler(BpfSamplerOptions(frequency=199, python=True, python_depth=128))
+    s.start()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _in_namespace(cmd: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    """``cmd`` as PID 1 of a new PID namespace; (the unshare process, cmd's host pid)."""
+    p = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *cmd])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        kids = _children(p.pid)
+        if kids:
+            return p, kids[0]
+        time.sleep(0.01)
+    p.kill()
+    p.wait()
+    raise AssertionError("unshare started no child within 10 s")
+
+
+def _share(window: Any, pids: set[int], tids: set[int] | None = None) -> tuple[int, int]:
+    """(samples, samples with a Python frame) of ``pids`` (only ``tids`` when given)."""
+    total = named = 0
+    for (tgid, tid, _comm, stack), n in window.counts.items():
+        if tgid in pids and (tids is None or tid in tids):
+            total += n
+            if any(_PY_FRAME.search(f) for f in stack):
+                named += n
+    return total, named
+
+
+def _nspid(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    return []
+
+
+@pytest.mark.parametrize("version", INTERPRETERS)
+def test_pid_namespace_keeps_python_frames(sampler: Any, version: str) -> None:
+    """A busy interpreter as PID 1 of its own namespace: its 3.11+ thread
+    states hold namespace tids, which the walker matches."""
+    exe = _interpreter(version)
+    sampler.drain()
+    p, inner = _in_namespace([str(exe), "-c", BUSY.format(seconds=2.5)])
+    try:
+        assert len(_nspid(inner)) == 2, "the workload is not in a nested PID namespace"
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    w = sampler.drain()
+    total, named = _share(w, {inner})
+    assert total >= 100, f"{version}: only {total} samples of the namespaced workload"
+    assert named / total >= 0.95, f"{version}: {named}/{total} samples with Python frames in a PID namespace"
+    stacks = [s for (tgid, _t, _c, s) in w.counts if tgid == inner]
+    assert any("busy_in_container (<string>:4)" in s for s in stacks), stacks[:3]
+
+
+@pytest.mark.parametrize("version", ["3.12", "debian-3.11"])
+def test_record_pid_of_a_namespaced_process(tmp_path: Path, version: str) -> None:
+    """``flamed record -p HOSTPID`` of a process in a PID namespace: read in BPF."""
+    need(have_root(), "root")
+    exe = _interpreter(version)
+    p, inner = _in_namespace([str(exe), "-c", BUSY.format(seconds=30)])
+    out = tmp_path / "ns.folded"
+    try:
+        r = subprocess.run(FLAMED + ["record", "-p", str(inner), "-d", "3", "-r", "99", "-o", str(out)],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 0, r.stderr
+    assert "read in BPF" in r.stderr and "py-spy" not in r.stderr, r.stderr
+    lines = out.read_text().splitlines()
+    total = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines)
+    named = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "busy_in_container (<string>:4)" in ln)
+    assert total >= 50 and named / total >= 0.95, (named, total, lines[:3])
+
+
+POOL = """import sys, threading, time
+def busy_old_thread(seconds):
+    end = time.time() + seconds
+    while time.time() < end:
+        pass
+ids = []
+go = threading.Event()
+def worker():
+    ids.append(threading.get_native_id())
+    go.wait()
+    busy_old_thread({seconds})
+busy = [threading.Thread(target=worker) for _ in range(4)]
+for t in busy:
+    t.start()
+stop = threading.Event()
+idle = [threading.Thread(target=stop.wait) for _ in range({idle})]
+for t in idle:
+    t.start()
+time.sleep(0.3)  # the main thread's samples describe the process before the busy threads run
+go.set()
+print(" ".join(map(str, ids)), flush=True)
+for t in busy:
+    t.join()
+stop.set()
+for t in idle:
+    t.join()
+"""
+
+
+@pytest.mark.parametrize("version", ["3.9", "3.11", "3.12", "3.13"])
+def test_big_thread_pool_keeps_python_frames_of_its_oldest_threads(sampler: Any, version: str) -> None:
+    """1,000 threads, the 4 busy ones created first (so last in the
+    interpreter's thread list) and idle until the pool exists, as in a server
+    profiled after it started: their samples keep their Python frames."""
+    exe = _interpreter(version)
+    sampler.drain()
+    p = subprocess.Popen([str(exe), "-c", POOL.format(seconds=4, idle=996)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        tids = {int(x) for x in p.stdout.readline().split()}
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert len(tids) == 4
+    w = sampler.drain()
+    total, named = _share(w, {p.pid}, tids)
+    assert total >= 200, f"{version}: only {total} samples of the busy threads"
+    assert named / total >= 0.95, f"{version}: {named}/{total} samples of the oldest busy threads with Python frames"
+    # Samples of the process outside Python code (1,000 threads exiting) say why they have no Python frames.
+    marked = sum(n for (tgid, _t, _c, s), n in w.counts.items() if tgid == p.pid and "[python: thread not found]" in s)
+    unnamed = sum(n for (tgid, _t, _c, s), n in w.counts.items()
+                  if tgid == p.pid and not any(_PY_FRAME.search(f) for f in s))
+    assert marked <= unnamed
+
+
+def test_deep_at_first_sight_is_walked_and_marked(tmp_path: Path) -> None:
+    """``flamed record -p`` of a process already 900 frames deep: walked (its
+    innermost frames, the stack marked truncated), not refused."""
+    need(have_root(), "root")
+    exe = _interpreter("3.11")
+    code = ("import sys, time\n"
+            "sys.setrecursionlimit(5000)\n"
+            "def deep(n):\n"
+            "    if n == 0:\n"
+            "        print('deep', flush=True)\n"
+            "        end = time.time() + 60\n"
+            "        while time.time() < end:\n"
+            "            pass\n"
+            "        return\n"
+            "    deep(n - 1)\n"
+            "deep(900)\n")
+    p = subprocess.Popen([str(exe), "-c", code], stdout=subprocess.PIPE, text=True)
+    out = tmp_path / "deep.folded"
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "deep"
+        r = subprocess.run(FLAMED + ["record", "-p", str(p.pid), "-d", "3", "-r", "99", "-o", str(out)],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 0, r.stderr
+    assert "read in BPF" in r.stderr and "py-spy" not in r.stderr, r.stderr
+    lines = out.read_text().splitlines()
+    total = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines)
+    deep = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "deep (<string>" in ln)
+    marked = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "truncated python stack" in ln)
+    assert total >= 50 and deep / total >= 0.9, (deep, total, lines[:2])
+    assert marked / total >= 0.9, (marked, total)
+
+
+def test_record_through_an_exec_wrapper_reads_python_in_bpf(tmp_path: Path) -> None:
+    """``flamed record -- SHIM``: a shell script that execs the interpreter
+    (a pyenv shim, ``uv run``, an entrypoint) is probed again as Python."""
+    need(have_root(), "root")
+    exe = _interpreter("3.12")
+    env = dict(os.environ)
+    pyenv_shim = exe.parents[2].parent / "shims" / exe.name  # $(pyenv root)/shims/python3.12
+    if pyenv_shim.exists():
+        shim = pyenv_shim
+        env["PYENV_VERSION"] = exe.parents[1].name
+    else:
+        shim = tmp_path / "python-shim"
+        shim.write_text(f"#!/bin/sh\n# a shim: some shell work, then exec\nsleep 0.2\nexec {exe} \"$@\"\n")
+        shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    out = tmp_path / "shim.folded"
+    r = subprocess.run(FLAMED + ["record", "-r", "99", "-o", str(out), "--", str(shim), "-c",
+                                 BUSY.format(seconds=2)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env=env)
+    assert r.returncode == 0, r.stderr
+    assert "read in BPF" in r.stderr and "py-spy" not in r.stderr, r.stderr
+    lines = out.read_text().splitlines()
+    named = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "busy_in_container (<string>:4)" in ln)
+    assert named >= 100, lines[:5]
