@@ -4,7 +4,7 @@ One module per format, each defining a :class:`flamed.collapse.base.Collapser`
 subclass with a ``name``; they are discovered automatically.
 :func:`guess` asks each one "is this yours?" on the head of an input and takes
 the most confident.  :mod:`flamed.collapse.driver` runs a format over inputs,
-in parallel.
+in parallel, and its ``read_profile`` reads any input into one Profile.
 """
 
 from __future__ import annotations
@@ -54,32 +54,3 @@ def guess(head: bytes, *, source: str = "<input>") -> Collapser:
             source=source,
         )
     return best[1]
-
-
-def read_profile(
-    paths: list[str] | tuple[str, ...],
-    *,
-    fmt: str | None = None,
-    strict: bool = False,
-    stats: object | None = None,
-    jobs: int = 1,
-    options: CollapseOptions | None = None,
-) -> object:
-    """Any supported input(s) -> one :class:`flamed.model.Profile` (format guessed per input).
-
-    For commands that accept perf script, bcc, py-spy, traces or folded alike.
-    ``stats`` (a :class:`flamed.folded.ReadStats`) receives the line counts.
-    """
-    from dataclasses import replace
-
-    from flamed.collapse.driver import collapse
-    from flamed.folded import ReadStats
-
-    opts = options if options is not None else CollapseOptions()
-    if strict and not opts.strict:
-        opts = replace(opts, strict=True)
-    inputs: list[str | None] = list(paths) or [None]
-    res = collapse(inputs, fmt=fmt, options=opts, jobs=jobs)
-    if isinstance(stats, ReadStats):
-        stats.merge(res.stats)
-    return res.profile

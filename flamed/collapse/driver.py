@@ -30,7 +30,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, BinaryIO, TextIO
 
 if TYPE_CHECKING:
@@ -619,3 +619,27 @@ def default_jobs() -> int:
     except (AttributeError, OSError):
         n = os.cpu_count() or 1
     return max(1, min(8, n))
+
+
+def read_profile(
+    paths: list[str] | tuple[str, ...],
+    *,
+    fmt: str | None = None,
+    strict: bool = False,
+    stats: object | None = None,
+    jobs: int = 1,
+    options: CollapseOptions | None = None,
+) -> object:
+    """Any supported input(s) -> one :class:`flamed.model.Profile` (format guessed per input).
+
+    For commands that accept perf script, bcc, py-spy, traces or folded alike.
+    ``stats`` (a :class:`flamed.folded.ReadStats`) receives the line counts.
+    """
+    opts = options if options is not None else CollapseOptions()
+    if strict and not opts.strict:
+        opts = replace(opts, strict=True)
+    inputs: list[str | None] = list(paths) or [None]
+    res = collapse(inputs, fmt=fmt, options=opts, jobs=jobs)
+    if isinstance(stats, ReadStats):
+        stats.merge(res.stats)
+    return res.profile

@@ -221,7 +221,7 @@ def transform_diff(diff: DiffProfile, args: argparse.Namespace) -> DiffProfile:
 def collapse_reader() -> Callable[..., Any] | None:
     """The multi-format reader of flamed.collapse, when that package provides one."""
     try:
-        mod = importlib.import_module("flamed.collapse")
+        mod = importlib.import_module("flamed.collapse.driver")
     except ImportError:
         return None
     for name in ("read_any", "read_profile", "read"):

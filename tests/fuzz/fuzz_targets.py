@@ -214,7 +214,7 @@ def _collapse_target(name: str, *, strict: bool = False, timed: bool = False) ->
 
 
 def _collapse_auto(path: str) -> object:
-    from flamed.collapse import read_profile
+    from flamed.collapse.driver import read_profile
 
     return read_profile([path])
 
