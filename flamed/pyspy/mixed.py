@@ -332,7 +332,8 @@ class MixedMode:
         if self.clock is not None and runs:
             self.clock.drain()
         for r in runs:
-            if r.trace.pthread_ids and self.thread_ids.rekey(r.pid, r.trace) is not None:
+            if ((r.trace.pthread_ids or self.thread_ids.namespaced(r.pid))
+                    and self.thread_ids.rekey(r.pid, r.trace) is not None):
                 self.counters["runs_threads_unmapped"] += 1
             hits = self.clock.hits(r.pyspy_pid) if self.clock is not None else []
             reads = self.clock.reads(r.pyspy_pid) if self.clock is not None else []

@@ -43,7 +43,9 @@ def pid_max(proc_root: str = "/proc") -> int:
 @dataclass
 class _Process:
     offset: int | None = None
-    tids: dict[int, int] = field(default_factory=dict)  # pthread id -> OS tid
+    tids: dict[int, int] = field(default_factory=dict)  # pthread id -> OS tid (host)
+    #: tid in the process's own PID namespace -> host tid ({} on the host)
+    ns_tids: dict[int, int] = field(default_factory=dict)
 
 
 class ThreadIds:
@@ -74,6 +76,10 @@ class ThreadIds:
             tids = {int(t) for t in os.listdir(f"{self.proc_root}/{pid}/task")}
         except OSError as e:
             return f"cannot list the threads of pid {pid} ({e.strerror}): it has exited"
+        # In a PID namespace, struct pthread holds the namespace's tid.
+        ns = self._learn_namespace(pid, proc, tids)
+        if ns:
+            tids = set(ns)
         blocks: dict[int, bytes] = {}
         err: str | None = None
         try:
@@ -106,9 +112,35 @@ class ThreadIds:
         for p, b in blocks.items():
             tid = struct.unpack_from("<i", b, offset)[0]
             if tid:
-                proc.tids[p] = tid
+                proc.tids[p] = ns.get(tid, tid) if ns else tid
         missing = len(want) - sum(1 for p in want if p in proc.tids)
         return f"{missing} thread(s) of pid {pid} had exited before they could be mapped" if missing else None
+
+    def _learn_namespace(self, pid: int, proc: _Process, tids: Iterable[int]) -> dict[int, int]:
+        """Namespace tid -> host tid of ``pid``'s threads ({} on the host), from ``NSpid:``."""
+        for tid in tids:
+            if tid in proc.ns_tids.values():
+                continue
+            try:
+                with open(f"{self.proc_root}/{pid}/task/{tid}/status", encoding="ascii", errors="replace") as f:
+                    ids = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+            except OSError:
+                continue
+            if len(ids) > 1:
+                proc.ns_tids[int(ids[-1])] = tid
+        return proc.ns_tids
+
+    def namespaced(self, pid: int) -> bool:
+        """Is ``pid`` in a PID namespace of its own (py-spy then reports that namespace's tids)?"""
+        proc = self._procs.setdefault(pid, _Process())
+        try:
+            tids = [int(t) for t in os.listdir(f"{self.proc_root}/{pid}/task")]
+        except OSError:
+            return bool(proc.ns_tids)
+        # One task tells whether the process is namespaced; then all are mapped.
+        if not proc.ns_tids and not self._learn_namespace(pid, proc, tids[:1]):
+            return False
+        return bool(self._learn_namespace(pid, proc, tids))
 
     def resolve(self, pid: int, ptids: Iterable[int]) -> tuple[dict[int, int], str | None]:
         """The OS tid of each of ``ptids`` that can be mapped (memory read now if the process lives)."""
@@ -127,20 +159,26 @@ class ThreadIds:
         return out, (why if len(out) < len(ptids) else None)
 
     def rekey(self, pid: int, trace: PyTrace) -> str | None:
-        """Key ``trace`` (of an interpreter before 3.11) by OS tid, in place.
+        """Key ``trace`` by host OS tid, in place: pthread ids (interpreters
+        before 3.11) mapped through memory, a PID namespace's tids (3.11+ in a
+        container) through ``NSpid:``.
 
         Threads left unmapped are dropped from it (counted in its
         ``unmapped``); returns why some were, None when all were mapped.
         """
-        mapping, why = self.resolve(pid, trace.pthread_ids)
+        mapping, why = self.resolve(pid, trace.pthread_ids) if trace.pthread_ids else ({}, None)
+        # 3.11+ in a PID namespace: py-spy names the namespace's OS tids.
+        ns = self._procs.get(pid, _Process()).ns_tids
+        for key in set(trace.threads) - trace.pthread_ids:
+            if ns and key in ns:
+                mapping[key] = ns[key]
         threads: dict[int, list[tuple[int, Stack]]] = {}
         for key, changes in trace.threads.items():
             if key in trace.pthread_ids:
                 if key not in mapping:
                     trace.unmapped += 1
                     continue
-                key = mapping[key]
-            threads[key] = changes
+            threads[mapping.get(key, key)] = changes
         trace.thread_names = {mapping.get(k, k): v for k, v in trace.thread_names.items()
                               if k not in trace.pthread_ids or k in mapping}
         trace.threads = threads

@@ -258,3 +258,23 @@ def test_record_through_an_exec_wrapper_reads_python_in_bpf(tmp_path: Path) -> N
     lines = out.read_text().splitlines()
     named = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "busy_in_container (<string>:4)" in ln)
     assert named >= 100, lines[:5]
+
+
+def test_pyspy_fallback_maps_namespace_tids(tmp_path: Path, require_pyspy: str) -> None:
+    """``record --pyspy -p HOSTPID`` of a namespaced 3.12: py-spy names the
+    namespace's tids, mapped to host tids so its frames join the BPF samples."""
+    need(have_root(), "root")
+    exe = _interpreter("3.12")
+    p, inner = _in_namespace([str(exe), "-c", BUSY.format(seconds=30)])
+    out = tmp_path / "pyspy-ns.folded"
+    try:
+        r = subprocess.run(FLAMED + ["record", "--pyspy", "-p", str(inner), "-d", "3", "-r", "99", "-o", str(out)],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 0, r.stderr
+    lines = out.read_text().splitlines()
+    total = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines)
+    named = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "busy_in_container (<string>:4)" in ln)
+    assert total >= 50 and named / total >= 0.9, (named, total, r.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import threading
 
 from flamed.pyspy.threadids import ThreadIds
@@ -38,3 +39,32 @@ def test_says_why_when_the_process_is_gone() -> None:
     got, why = ids.resolve(2**22 + 1, [0x7F0000000000])  # above any pid_max: no such process
     assert got == {} and why is not None and "exited" in why
     assert ids.counters["unmapped"] == 1
+
+
+def test_namespaced_tids_map_to_host_tids(tmp_path: Path) -> None:
+    """A process in a PID namespace: py-spy's tids are the namespace's, mapped
+    to host tids through each task's NSpid line (a fake /proc)."""
+    from flamed.pyspy.chrometrace import PyTrace
+    from flamed.pyspy.threadids import ThreadIds
+
+    for host, inner in ((4242, 1), (4250, 7)):
+        d = tmp_path / "4242" / "task" / str(host)
+        d.mkdir(parents=True)
+        (d / "status").write_text(f"Name:\tpython3\nNSpid:\t{host}\t{inner}\n")
+    ids = ThreadIds(proc_root=str(tmp_path))
+    assert ids.namespaced(4242)
+    trace = PyTrace()
+    trace.threads = {1: [(0, ("main",))], 7: [(0, ("worker",))], 99: [(0, ("gone",))]}
+    trace.thread_names = {1: "MainThread", 7: "worker"}
+    assert ids.rekey(4242, trace) is None
+    assert set(trace.threads) == {4242, 4250, 99}
+    assert trace.thread_names == {4242: "MainThread", 4250: "worker"}
+
+
+def test_host_process_is_not_namespaced(tmp_path: Path) -> None:
+    from flamed.pyspy.threadids import ThreadIds
+
+    d = tmp_path / "77" / "task" / "77"
+    d.mkdir(parents=True)
+    (d / "status").write_text("Name:\tpython3\nNSpid:\t77\n")
+    assert not ThreadIds(proc_root=str(tmp_path)).namespaced(77)
