@@ -1,0 +1,213 @@
+"""Service and container identity on every sample, through a real BPF daemon.
+
+Busy workloads run in real cgroups of the v2 hierarchy shaped like a systemd
+service, a docker scope and a kubelet pod's containerd scope (under a private
+``flamed-test-*`` subtree).  Each workload puts itself into its cgroup before
+it starts working.  The daemon must then name each workload's samples by its
+unit, container and pod: in folded root frames, in pprof labels as
+``go tool pprof -tags`` reads them (pull endpoint and ``snapshot --format
+pprof``), in snapshot filters and in the rotated files' sidecars.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemonproc import DaemonProc, profile_files
+from flamed.sampling.cgroups import CgroupResolver, find_v2_hierarchy
+from support import have_root, need
+from tests.integration.test_cgroup_identity import Tree
+
+pytestmark = pytest.mark.bpf
+
+C_DOCKER = secrets.token_hex(32)
+C_POD = secrets.token_hex(32)
+UID = "7b3c9f4e-2d5e-4f60-9bac-" + secrets.token_hex(6)
+UNIT = f"flamed-demo-{secrets.token_hex(4)}.service"
+POD_LEAF = (f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/"
+            f"cri-containerd-{C_POD}.scope")
+
+#: leaf -> (unit frame, container frame, labels every sample of its workload must carry)
+WORKLOADS: dict[str, tuple[str, str, dict[str, str]]] = {
+    f"system.slice/{UNIT}": (UNIT, "[host]", {"service_name": UNIT.removesuffix(".service")}),
+    f"system.slice/docker-{C_DOCKER}.scope": (
+        f"docker-{C_DOCKER}.scope", C_DOCKER[:12], {"service_name": C_DOCKER[:12], "container_id": C_DOCKER}),
+    POD_LEAF: (f"cri-containerd-{C_POD}.scope", C_POD[:12],
+               {"service_name": C_POD[:12], "container_id": C_POD, "pod": UID}),
+}
+#: The share of a workload's samples that must carry its identity.
+LEAST = 0.99
+
+
+@pytest.fixture
+def tree() -> Iterator[Tree]:
+    need(have_root(), "root (creating cgroups and moving processes between them)")
+    h, why = find_v2_hierarchy()
+    need(h is not None, f"a cgroup v2 hierarchy ({why})")
+    assert h is not None
+    own = CgroupResolver(h).path_of_pid(os.getpid())
+    need(own is not None, "this process's cgroup in the v2 hierarchy")
+    assert own is not None
+    t = Tree(h, own[0])
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+def _spawn_busy(tree: Tree, leaf: str) -> subprocess.Popen[bytes]:
+    """A Python spinner that enters ``leaf`` itself before it starts to spin."""
+    procs = tree.make(leaf) / "cgroup.procs"
+    # The interpreter itself, not a shim on PATH that would fork helpers in there too.
+    script = f"echo $$ > '{procs}' && exec '{sys.executable}' -c 'while True: pass'"
+    return tree.spawn(leaf, ["sh", "-c", script])
+
+
+def _pprof(tmp: Path, *args: str) -> str:
+    go = shutil.which("go")
+    need(go is not None, "go (Debian golang-go) for `go tool pprof`")
+    assert go is not None
+    env = dict(os.environ, PPROF_TMPDIR=str(tmp / "pprof"), HOME=str(tmp), GOCACHE=str(tmp / "gocache"),
+               GOTOOLCHAIN="local", PPROF_BINARY_PATH="/nonexistent")
+    r = subprocess.run([go, "tool", "pprof", *args], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout + r.stderr
+
+
+def _tag_counts(tags_output: str) -> dict[str, dict[str, float]]:
+    """``go tool pprof -tags``: key -> value -> samples."""
+    out: dict[str, dict[str, float]] = {}
+    key = None
+    for line in tags_output.splitlines():
+        m = re.match(r"^\s*(\S+): Total ([\d.]+)", line)
+        if m:
+            key = m.group(1)
+            out[key] = {}
+            continue
+        m = re.match(r"^\s*([\d.]+) \(\s*[\d.]+%\): (.*)$", line)
+        if m and key is not None:
+            out[key][m.group(2).strip()] = float(m.group(1))
+    return out
+
+
+def _check_pprof_labels(tmp: Path, profile: str, pids: dict[str, int], tree: Tree) -> None:
+    """Each workload's samples, as go tool pprof reads them, carry its labels."""
+    for leaf, pid in pids.items():
+        tags = _tag_counts(_pprof(tmp, "-tags", "-sample_index=samples", f"-tagfocus=pid=^{pid}$", profile))
+        total = sum(tags.get("pid", {}).values())
+        assert total >= 50 and set(tags["pid"]) == {str(pid)}, (leaf, tags)
+        for name, value in [*WORKLOADS[leaf][2].items(), ("cgroup", tree.path(leaf))]:
+            got = tags.get(name, {})
+            assert got.get(value, 0) >= LEAST * total, (leaf, name, value, total, got)
+
+
+def _folded_by_pid(payload: bytes) -> dict[int, dict[tuple[str, str], int]]:
+    """pid -> (root frame 1, root frame 2) -> samples, from a unit,container,pid rooted folded profile."""
+    out: dict[int, dict[tuple[str, str], int]] = {}
+    for line in payload.decode().splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        m = re.search(r"-(\d+)$", frames[2]) if len(frames) > 2 else None
+        if m:
+            per = out.setdefault(int(m.group(1)), {})
+            per[(frames[0], frames[1])] = per.get((frames[0], frames[1]), 0) + int(n)
+    return out
+
+
+def _pids_in(payload: bytes) -> dict[int, int]:
+    """pid -> samples, from a pid-rooted folded profile."""
+    out: dict[int, int] = {}
+    for line in payload.decode().splitlines():
+        stack, _, n = line.rpartition(" ")
+        m = re.search(r"-(\d+)$", stack.split(";")[0])
+        if m:
+            out[int(m.group(1))] = out.get(int(m.group(1)), 0) + int(n)
+    return out
+
+
+def test_units_containers_and_pods_name_every_sample(tmp_path: Path, require_bpf: None, daemon_factory: Any,
+                                                    tree: Tree) -> None:
+    d: DaemonProc = daemon_factory(output={"root_frame": "unit,container,pid", "rotate_interval": 2.0})
+    d.wait_for(lambda: d.status()["windows"] >= 1, 60, "a first window")
+    # The cgroups are created after the daemon started: it must find them itself.
+    procs = {leaf: _spawn_busy(tree, leaf) for leaf in WORKLOADS}
+    pids = {leaf: p.pid for leaf, p in procs.items()}
+    for leaf, pid in pids.items():
+        assert f"0::{tree.path(leaf)}\n" in Path(f"/proc/{pid}/cgroup").read_text()
+
+    # The pull endpoint, while they run.
+    addr = d.status()["metrics"]
+    _pprof(tmp_path, "-raw", f"http://{addr}/debug/pprof/profile?seconds=4")
+    pulled = sorted((tmp_path / "pprof").glob("*.pb.gz"))
+    assert pulled
+    _check_pprof_labels(tmp_path, str(pulled[-1]), pids, tree)
+
+    # Then stopped: every later request sees the same samples of them.
+    for p in procs.values():
+        os.kill(p.pid, signal.SIGSTOP)
+    seen = d.status()["windows"]
+    d.wait_for(lambda: d.status()["windows"] >= seen + 2, 30, "two windows after the stop")
+
+    head, folded = d.request({"request": "snapshot", "seconds": 600, "format": "folded"})
+    assert head["ok"], head
+    by_pid = _folded_by_pid(folded)
+    totals: dict[int, int] = {}
+    for leaf, pid in pids.items():
+        unit, container, _labels = WORKLOADS[leaf]
+        roots = by_pid.get(pid, {})
+        totals[pid] = sum(roots.values())
+        assert totals[pid] >= 100, (leaf, roots)
+        assert roots.get((unit, container), 0) >= LEAST * totals[pid], (leaf, roots)
+    assert all(";" not in f for s in by_pid.values() for pair in s for f in pair)
+
+    # snapshot --format pprof, labelled as the pull endpoint is.
+    head, pb = d.request({"request": "snapshot", "seconds": 600, "format": "pprof"})
+    assert head["ok"], head
+    snap = tmp_path / "snapshot.pb.gz"
+    snap.write_bytes(pb)
+    _check_pprof_labels(tmp_path, str(snap), pids, tree)
+
+    # Filters: each picks its workload's samples, and only them.
+    unit_leaf, docker_leaf = f"system.slice/{UNIT}", f"system.slice/docker-{C_DOCKER}.scope"
+    cases: list[tuple[dict[str, Any], set[str]]] = [
+        ({"unit": UNIT}, {unit_leaf}),
+        ({"unit": UNIT.removesuffix(".service")}, {unit_leaf}),
+        ({"container": C_DOCKER[:12]}, {docker_leaf}),
+        ({"container": [C_DOCKER, C_POD[:8]]}, {docker_leaf, POD_LEAF}),
+        ({"pod": UID}, {POD_LEAF}),
+        ({"cgroup": f"/{tree.name}/system.slice"}, {unit_leaf, docker_leaf}),
+        ({"cgroup": f"/sys/fs/cgroup/{tree.name}/kubepods.slice"}, {POD_LEAF}),
+        ({"cgroup": f"/{tree.name}", "container": C_POD[:12]}, {POD_LEAF}),
+    ]
+    for flt, leaves in cases:
+        head, out = d.request({"request": "snapshot", "seconds": 600, "format": "folded", "root": "pid", **flt})
+        assert head["ok"], (flt, head)
+        got = _pids_in(out)
+        assert set(got) == {pids[leaf] for leaf in leaves}, (flt, got)
+        for leaf in leaves:
+            pid = pids[leaf]
+            assert got[pid] >= LEAST * totals[pid], (flt, leaf, got[pid], totals[pid])
+
+    # The files' sidecars say who each process was.
+    d.request({"request": "flush"})
+    seen_labels: dict[int, list[dict[str, str]]] = {}
+    for f in profile_files(d.state_dir):
+        sidecar = json.loads(f.with_name(f.name.split(".folded")[0] + ".json").read_text())
+        for pid_text, labels in sidecar["identities"].items():
+            seen_labels.setdefault(int(pid_text), []).append(labels)
+    for leaf, pid in pids.items():
+        assert seen_labels.get(pid), leaf
+        for labels in seen_labels[pid]:
+            assert labels == {"cgroup": tree.path(leaf), **WORKLOADS[leaf][2]}, (leaf, labels)
