@@ -190,13 +190,21 @@ def _number(obj: dict[str, Any], key: str) -> float | None:
     return float(v)
 
 
-def _ids(obj: dict[str, Any], key: str) -> frozenset[int] | None:
+def _items(obj: dict[str, Any], key: str, one: str, many: str) -> list[Any] | None:
+    """A field that holds one item or a list of 1..MAX_IDS, as a list (None if absent)."""
     v = obj.get(key)
     if v is None:
         return None
     items = v if isinstance(v, list) else [v]
     if not items or len(items) > MAX_IDS:
-        raise ProtocolError(f"field {key!r} must be an id or a list of 1..{MAX_IDS} ids")
+        raise ProtocolError(f"field {key!r} must be {one} or a list of 1..{MAX_IDS} {many}")
+    return items
+
+
+def _ids(obj: dict[str, Any], key: str) -> frozenset[int] | None:
+    items = _items(obj, key, "an id", "ids")
+    if items is None:
+        return None
     for i in items:
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 1 << 32:
             raise ProtocolError(f"field {key!r} must hold integers in [0, 2^32)")
@@ -204,12 +212,9 @@ def _ids(obj: dict[str, Any], key: str) -> frozenset[int] | None:
 
 
 def _names(obj: dict[str, Any], key: str) -> tuple[str, ...] | None:
-    v = obj.get(key)
-    if v is None:
+    items = _items(obj, key, "a name", "names")
+    if items is None:
         return None
-    items = v if isinstance(v, list) else [v]
-    if not items or len(items) > MAX_IDS:
-        raise ProtocolError(f"field {key!r} must be a name or a list of 1..{MAX_IDS} names")
     for i in items:
         if not isinstance(i, str) or not i.strip() or len(i) > MAX_NAME_LENGTH or "\0" in i or "\n" in i:
             raise ProtocolError(f"field {key!r} must hold non-empty names of at most {MAX_NAME_LENGTH} "

@@ -19,16 +19,14 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from daemonproc import DaemonProc, profile_files
-from flamed.sampling.cgroups import CgroupResolver, find_v2_hierarchy
-from support import have_root, need
-from tests.integration.test_cgroup_identity import Tree
+from support import need
+from tests.integration.test_cgroup_identity import Tree, tree  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.bpf
 
@@ -49,22 +47,6 @@ WORKLOADS: dict[str, tuple[str, str, dict[str, str]]] = {
 }
 #: The share of a workload's samples that must carry its identity.
 LEAST = 0.99
-
-
-@pytest.fixture
-def tree() -> Iterator[Tree]:
-    need(have_root(), "root (creating cgroups and moving processes between them)")
-    h, why = find_v2_hierarchy()
-    need(h is not None, f"a cgroup v2 hierarchy ({why})")
-    assert h is not None
-    own = CgroupResolver(h).path_of_pid(os.getpid())
-    need(own is not None, "this process's cgroup in the v2 hierarchy")
-    assert own is not None
-    t = Tree(h, own[0])
-    try:
-        yield t
-    finally:
-        t.close()
 
 
 def _spawn_busy(tree: Tree, leaf: str) -> subprocess.Popen[bytes]:
