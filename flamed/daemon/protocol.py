@@ -332,7 +332,7 @@ class SnapshotFilter:
         self._comm_cache: dict[str, bool] = {}
         self._frame_cache: dict[str, bool] = {}
         self._exclude_cache: dict[str, bool] = {}
-        self.by_identity = any(f is not None for f in (req.units, req.containers, req.pods, req.cgroups))
+        self.identity = IdentityQuery(req.units, req.containers, req.pods, req.cgroups)
         self._identity_cache: dict[CgroupIdentity, bool] = {}
 
     def _match(self, cache: dict[str, bool], rx: _Matcher, text: str) -> bool:
@@ -354,13 +354,13 @@ class SnapshotFilter:
     def keep_identity(self, ident: CgroupIdentity | None) -> bool:
         """Does a task of this cgroup pass the unit/container/pod/cgroup filters?
         A task whose cgroup is unknown passes only when there are none."""
-        if not self.by_identity:
+        if not self.identity.active():
             return True
         if ident is None:
             return False
         hit = self._identity_cache.get(ident)
         if hit is None:
-            hit = self._identity_cache[ident] = identity_matches(self.req, ident)
+            hit = self._identity_cache[ident] = self.identity.matches(ident)
         return hit
 
     def stack(self, stack: Stack) -> Stack | None:
@@ -394,29 +394,38 @@ class SnapshotFilter:
 _HEX_PREFIX = re.compile(r"^[0-9a-f]{4,64}$")
 
 
-def identity_matches(req: SnapshotRequest, ident: CgroupIdentity) -> bool:
-    """The identity filters of ``req``: any name of a filter, every filter given.
+@dataclass(frozen=True)
+class IdentityQuery:
+    """Filters on who owns a task's cgroup: any name of a filter, every filter given (None: no condition).
 
     ``units``: the unit (``nginx.service``) or its name without the suffix;
     ``containers``: the container's name or an id prefix of 4+ hex digits;
     ``pods``: the pod UID (dashes or underscores); ``cgroups``: a path and
     its subtree, a unit name anywhere in the path, or a cgroup id.
     """
-    if req.units is not None:
-        names = {ident.unit, ident.unit.rsplit(".", 1)[0]} if ident.unit else set()
-        if not names.intersection(req.units):
-            return False
-    if req.containers is not None:
-        cid = ident.container_id
-        if cid is None or not any(c == ident.container_name or (_HEX_PREFIX.match(c) and cid.startswith(c))
-                                  for c in req.containers):
-            return False
-    if req.pods is not None:
-        if ident.pod_uid is None or ident.pod_uid not in {p.replace("_", "-") for p in req.pods}:
-            return False
-    if req.cgroups is not None and not any(_cgroup_matches(spec, ident) for spec in req.cgroups):
-        return False
-    return True
+
+    units: tuple[str, ...] | None = None
+    containers: tuple[str, ...] | None = None
+    pods: tuple[str, ...] | None = None
+    cgroups: tuple[CgroupSpec, ...] | None = None
+
+    def active(self) -> bool:
+        return any(f is not None for f in (self.units, self.containers, self.pods, self.cgroups))
+
+    def matches(self, ident: CgroupIdentity) -> bool:
+        if self.units is not None:
+            names = {ident.unit, ident.unit.rsplit(".", 1)[0]} if ident.unit else set()
+            if not names.intersection(self.units):
+                return False
+        if self.containers is not None:
+            cid = ident.container_id
+            if cid is None or not any(c == ident.container_name or (_HEX_PREFIX.match(c) and cid.startswith(c))
+                                      for c in self.containers):
+                return False
+        if self.pods is not None:
+            if ident.pod_uid is None or ident.pod_uid not in {p.replace("_", "-") for p in self.pods}:
+                return False
+        return self.cgroups is None or any(_cgroup_matches(spec, ident) for spec in self.cgroups)
 
 
 def _cgroup_matches(spec: CgroupSpec, ident: CgroupIdentity) -> bool:

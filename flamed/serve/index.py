@@ -1,7 +1,7 @@
 """The index behind ``flamed serve``: which file covers which time, and queries over it.
 
 Daemon state directories are indexed from their sidecars only (time range,
-weight, per-window sample counts), so opening days of files reads a few KB
+weight, per-window sample counts, the cgroup identities of the processes), so opening days of files reads a few KB
 per file; stacks are read when a range is asked for, a file at a time, with
 a bounded cache of parsed files.  Any other input the toolkit reads is an
 entry too; inputs that keep time per sample (perf script, timestamped traces)
@@ -20,9 +20,12 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from flamed.daemon.protocol import IdentityQuery
 from flamed.daemon.store import FILE_RE, SIDECAR_RE
 from flamed.errors import UsageError
 from flamed.model import Profile, Stack, Weight, frame_kind, normalize_weight, parse_task_frame
+from flamed.sampling.cgroups import CgroupError, CgroupIdentity, identity_from_path, parse_cgroup_spec
+from flamed.sampling.contract import CGROUP_ROOTS, parse_root, root_frames
 
 NS = 1_000_000_000
 KINDS = ("kernel", "native", "python")
@@ -43,6 +46,12 @@ class Filters:
     comm: regex searched in the task's comm.
     include/exclude: regex that some / no frame of the stack matches.
     kinds: frame kinds drawn (the root frame, which names the task, is always kept).
+    unit/container/pod/cgroup: comma-separated names of the task's systemd
+    unit, container, pod or cgroup (as ``flamed snapshot --unit`` ... takes
+    them), read from the sidecars' identities: daemon files whose root
+    frames name the pid only.
+    group: ``unit``, ``container`` or ``cgroup``: a frame of that name above
+    each task (``[unknown cgroup]`` where the sidecar does not say).
     """
 
     pid: str = ""
@@ -51,6 +60,11 @@ class Filters:
     include: str = ""
     exclude: str = ""
     kinds: frozenset[str] = frozenset(KINDS)
+    unit: str = ""
+    container: str = ""
+    pod: str = ""
+    cgroup: str = ""
+    group: str = ""
 
     @classmethod
     def parse(cls, q: dict[str, str]) -> Filters:
@@ -58,13 +72,57 @@ class Filters:
         bad = kinds - set(KINDS)
         if bad:
             raise UsageError(f"unknown frame kind(s) {', '.join(sorted(bad))}; use {', '.join(KINDS)}")
+        group = q.get("group", "").strip()
+        if group and group not in CGROUP_ROOTS:
+            raise UsageError(f"group {group!r}: use {', '.join(CGROUP_ROOTS)}")
         f = cls(q.get("pid", "").strip(), q.get("tid", "").strip(), q.get("comm", ""), q.get("include", ""),
-                q.get("exclude", ""), kinds)
+                q.get("exclude", ""), kinds, unit=q.get("unit", "").strip(), container=q.get("container", "").strip(),
+                pod=q.get("pod", "").strip(), cgroup=q.get("cgroup", "").strip(), group=group)
         f.compiled()  # say now when a regex or pid is invalid
+        f.identity()
         return f
 
     def active(self) -> bool:
-        return bool(self.pid or self.tid or self.comm or self.include or self.exclude or self.kinds != frozenset(KINDS))
+        return bool(self.pid or self.tid or self.comm or self.include or self.exclude or self.kinds != frozenset(KINDS)
+                    or self.by_cgroup())
+
+    def by_cgroup(self) -> bool:
+        """Do these filters need the sidecars' identities (an identity filter, or a group)?"""
+        return bool(self.unit or self.container or self.pod or self.cgroup or self.group)
+
+    def identity(self) -> IdentityQuery:
+        def names(text: str) -> tuple[str, ...] | None:
+            return tuple(n.strip() for n in text.split(",") if n.strip()) or None
+
+        cgroups = names(self.cgroup)
+        try:
+            specs = None if cgroups is None else tuple(parse_cgroup_spec(c, key="cgroup") for c in cgroups)
+        except CgroupError as e:
+            raise UsageError(str(e)) from None
+        return IdentityQuery(names(self.unit), names(self.container), names(self.pod), specs)
+
+    def apply_identities(self, profile: Profile, identities: dict[int, CgroupIdentity], task_at: int | None
+                         ) -> Profile:
+        """One daemon file's stacks, kept by its processes' identities and grouped (see the class)."""
+        query = self.identity()
+        if not query.active() and not self.group:
+            return profile
+        if query.active() and task_at is None:
+            return Profile()  # no pid in the root frames: nothing can be told apart
+
+        def ident_of(stack: Stack) -> CgroupIdentity | None:
+            pid = parse_task_frame(stack[task_at]).pid if task_at is not None and len(stack) > task_at else None
+            return identities.get(pid) if pid is not None else None
+
+        out = Profile(start_ns=profile.start_ns, end_ns=profile.end_ns)
+        for stack, w in profile.stacks.items():
+            ident = ident_of(stack)
+            if query.active() and (ident is None or not query.matches(ident)):
+                continue
+            if self.group:
+                stack = root_frames((self.group,), 0, 0, "", ident) + stack
+            out.stacks[stack] = out.stacks.get(stack, 0) + w
+        return out
 
     def compiled(self) -> tuple[set[int] | None, set[int] | None, re.Pattern[str] | None, re.Pattern[str] | None,
                                 re.Pattern[str] | None]:
@@ -112,6 +170,10 @@ class Entry:
     timed: bool = True
     #: Placed from its sidecar (False: from its name, to be read again once the sidecar is there).
     sidecar: bool = False
+    #: pid -> who owned its cgroup, from the sidecar's ``identities``.
+    identities: dict[int, CgroupIdentity] = field(default_factory=dict)
+    #: Which root frame names the task with its pid (from the sidecar's root_frame); None: none does.
+    task_at: int | None = 0
 
 
 @dataclass
@@ -294,9 +356,19 @@ class Index:
     def overlapping(self, start_ns: int, end_ns: int) -> list[Entry]:
         return [e for e in self.entries if e.path and e.start_ns < end_ns and e.end_ns > start_ns]
 
+    def _entry_profile(self, e: Entry, filters: Filters) -> Profile:
+        """One file's stacks through every filter, the cgroup ones by its own sidecar."""
+        return filters.apply_identities(filters.apply(self._load(e)), e.identities, e.task_at)
+
     def profile(self, start_ns: int, end_ns: int, filters: Filters = Filters()) -> Profile:
         """The stacks of ``[start_ns, end_ns)``: whole files that overlap it, samples inside it."""
         out = Profile()
+        if filters.by_cgroup():
+            # Per file: pids name processes only within the file their sidecar describes.
+            for e in self.overlapping(start_ns, end_ns):
+                out.update(self._entry_profile(e, filters).stacks)
+            out.start_ns, out.end_ns = start_ns, end_ns
+            return out  # timestamped inputs have no identities: none passes, none is grouped
         for e in self.overlapping(start_ns, end_ns):
             out.update(self._load(e).stacks)
         t = self.trace
@@ -319,7 +391,7 @@ class Index:
         with self._lock:
             w = self._filtered_weight.get(key)
         if w is None:
-            w = filters.apply(self._load(e)).total()
+            w = self._entry_profile(e, filters).total()
             with self._lock:
                 self._filtered_weight[key] = w
                 while len(self._filtered_weight) > 100_000:
@@ -329,7 +401,7 @@ class Index:
     def points(self, start_ns: int, end_ns: int, filters: Filters) -> Iterable[tuple[int, float]]:
         """(time_ns, weight) of the finest things known: samples, windows, or whole files."""
         t = self.trace
-        if t.times:
+        if t.times and not filters.by_cgroup():
             lo = bisect.bisect_left(t.times, start_ns)
             hi = bisect.bisect_left(t.times, end_ns)
             if filters.active():
@@ -456,4 +528,27 @@ def _entry_from_sidecar(name: str, path: str, ts: str, meta: dict[str, object]) 
         for w in raw:
             if isinstance(w, list) and len(w) == 3 and all(isinstance(x, int) for x in w):
                 windows.append((w[0], w[1], w[2]))
-    return Entry(name, path, start, end, weight, windows)
+    return Entry(name, path, start, end, weight, windows, identities=_identities(meta),
+                 task_at=_task_at(meta.get("root_frame", "pid")))
+
+
+def _identities(meta: dict[str, object]) -> dict[int, CgroupIdentity]:
+    """pid -> identity from a sidecar's ``identities`` (pid -> labels); the cgroup path says it all."""
+    raw = meta.get("identities")
+    out: dict[int, CgroupIdentity] = {}
+    if isinstance(raw, dict):
+        for pid, labels in raw.items():
+            if isinstance(pid, str) and pid.isdigit() and isinstance(labels, dict):
+                path = labels.get("cgroup")
+                if isinstance(path, str):
+                    out[int(pid)] = identity_from_path(path)
+    return out
+
+
+def _task_at(root_frame: object) -> int | None:
+    """Which of a file's root frames names the task with its pid."""
+    try:
+        kinds = parse_root(root_frame) if isinstance(root_frame, str) else ()
+    except ValueError:
+        return None
+    return next((i for i, k in enumerate(kinds) if k in ("pid", "tid")), None)

@@ -19,9 +19,10 @@ from flamed.daemon.protocol import ProtocolError, SnapshotFilter, parse_request
 from flamed.daemon.pyroscope import Pusher, Target, service_parts
 from flamed.daemon.ring import RingWindow
 from flamed.daemon.store import ProfileStore
-from flamed.errors import ConfigError
+from flamed.errors import ConfigError, UsageError
 from flamed.outputs import profile_pb2 as pb
 from flamed.sampling.cgroups import CgroupIdentity, identity_from_path
+from flamed.serve.index import Filters, Index
 from flamed.sampling.contract import CountKey, canonical_root, counts_to_profile, parse_root
 
 C1 = "ab" * 32
@@ -165,3 +166,48 @@ def test_sidecar_records_the_identities_of_the_files_processes(tmp_path: Path) -
     assert meta["root_frame"] == "container,pid"
     lines = Path(path).read_text().splitlines()
     assert f"{C1[:12]};app-20;main;work 3" in lines and "[host];nginx-10;main;serve 5" in lines
+
+
+def _state_dir(tmp_path: Path, root_frame: str) -> Path:
+    out = OutputConfig(state_dir=str(tmp_path), host="h1", root_frame=root_frame)
+    st = ProfileStore(out, RetentionConfig(), DaemonMetrics(process=False), clock_ns=lambda: 0)
+    st.ensure_dir()
+    st.add(0, 10**9, dict(COUNTS), 11, {}, 99.0, IDENTS)
+    assert st.rotate() is not None
+    return tmp_path
+
+
+def test_serve_filters_and_groups_by_the_sidecars_identities(tmp_path: Path) -> None:
+    index = Index.from_state_dir(str(_state_dir(tmp_path, "pid")))
+
+    def roots(**q: str) -> dict[tuple[str, ...], float]:
+        p = index.profile(0, 2 * 10**9, Filters.parse(q))
+        out: dict[tuple[str, ...], float] = {}
+        for s, w in p.stacks.items():
+            key = s[:2] if "group" in q else s[:1]
+            out[key] = out.get(key, 0) + w
+        return out
+
+    assert roots(unit="nginx") == {("nginx-10",): 5}
+    assert roots(container=C1[:12]) == {("app-20",): 3, ("pause-30",): 2}
+    assert roots(pod=UID) == {("pause-30",): 2}
+    assert roots(cgroup="/system.slice") == {("nginx-10",): 5, ("app-20",): 3}
+    assert roots(cgroup="/system.slice", comm="^app$") == {("app-20",): 3}
+    assert roots(group="container") == {("[host]", "nginx-10"): 5, (C1[:12], "app-20"): 3,
+                                        (C1[:12], "pause-30"): 2, ("[unknown cgroup]", "lost-40"): 1}
+    assert roots(group="unit", unit="nginx") == {("nginx.service", "nginx-10"): 5}
+    # the timeline's weights follow the filters
+    tl = sum(w for _t, w in index.points(0, 2 * 10**9, Filters.parse({"container": C1[:12]})))
+    assert tl == pytest.approx(5)
+    with pytest.raises(UsageError, match="group"):
+        Filters.parse({"group": "pid"})
+    with pytest.raises(UsageError, match="cgroup v1"):
+        Filters.parse({"cgroup": "/sys/fs/cgroup/memory/x"})
+
+
+def test_serve_finds_the_pid_among_composite_roots(tmp_path: Path) -> None:
+    index = Index.from_state_dir(str(_state_dir(tmp_path, "unit,pid")))
+    p = index.profile(0, 2 * 10**9, Filters.parse({"pod": UID}))
+    assert {s[:2] for s in p.stacks} == {(f"cri-containerd-{C1}.scope", "pause-30")}
+    bare = Index.from_state_dir(str(_state_dir(tmp_path / "bare", "unit,comm")))
+    assert not bare.profile(0, 2 * 10**9, Filters.parse({"pod": UID})).stacks  # no pid: nothing to match
