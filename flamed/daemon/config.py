@@ -51,8 +51,13 @@ class SamplingConfig:
     pids: tuple[int, ...] = ()
     #: Only tasks whose comm is one of these (exact, up to 15 bytes); empty = all.
     comms: tuple[str, ...] = ()
-    #: Only tasks in these cgroups (v2 paths under /sys/fs/cgroup, or ids); empty = all.
+    #: Only tasks in these cgroups and below them: v2 paths (/sys/fs/cgroup/system.slice/x.service,
+    #: its /sys/fs/cgroup/unified/... form, or /system.slice/x.service), unit names or ids; empty = all.
+    #: A re-created cgroup (a restarted unit) is followed.
     cgroups: tuple[str, ...] = ()
+    #: Only tasks of these systemd units (nginx.service, docker-*.scope) wherever they are
+    #: in the tree, following restarts; with cgroups, a task in either is sampled.
+    units: tuple[str, ...] = ()
     #: Capacity of the stack-trace map (unique stacks between two drains).
     stack_map_size: int = 16384
     #: Frames kept per stack (1..127).

@@ -105,6 +105,14 @@ class DaemonMetrics:
             "throttled (over sampling.prime_rate reads per second).",
             ["result"], registry=r,
         )
+        self.cgroup_filter_ids = Gauge(
+            "flamed_cgroup_filter_ids", "cgroup ids in the BPF filter map of sampling.cgroups and "
+            "sampling.units (each named cgroup and those below it).", registry=r,
+        )
+        self.cgroup_filter_changes = Counter(
+            "flamed_cgroup_filter_changes", "cgroups named by sampling.cgroups or sampling.units that appeared, "
+            "went away or were re-created with a new id (a restarted unit) since the daemon started.", registry=r,
+        )
         self.python_bpf_samples = Counter(
             "flamed_python_bpf_samples",
             "Samples of CPython processes whose frames the BPF program reads, by result: stack (Python "

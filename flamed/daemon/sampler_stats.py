@@ -41,6 +41,8 @@ class SamplerAccounting:
         m.map_fill.labels(map="stacks").set(float(st.stack_map_fill))
         for result, attr in _PRIMING_RESULTS:
             self._advance(m.processes_primed.labels(result=result), result, int(getattr(st, attr, 0)))
+        m.cgroup_filter_ids.set(int(getattr(st, "cgroup_filter_ids", 0)))
+        self._advance(m.cgroup_filter_changes, "cgroup_filter", int(getattr(st, "cgroup_filter_changes_total", 0)))
         self._count_python(st)
         self._count_unwind(st)
 

@@ -21,14 +21,16 @@ def bpf_options(cfg: SamplingConfig, state_dir: str | None = None) -> Any:
     """The :class:`flamed.sampling.bpf.BpfSamplerOptions` for ``[sampling]``."""
     from flamed.sampling.bpf import BpfSamplerOptions
 
-    cgroups: list[int | str] = [int(c) if c.isdigit() else c for c in cfg.cgroups]
     opts = BpfSamplerOptions(
         frequency=cfg.frequency,
         event=cfg.event,
         include_idle=cfg.include_idle,
         pids=frozenset(cfg.pids) if cfg.pids else None,
         comms=frozenset(cfg.comms) if cfg.comms else None,
-        cgroups=frozenset(cgroups) if cgroups else None,
+        cgroups=frozenset(cfg.cgroups) if cfg.cgroups else None,
+        units=frozenset(cfg.units) if cfg.units else None,
+        # A unit may start after the daemon: wait for it rather than refuse to start.
+        cgroups_missing_ok=True,
         stack_storage_size=cfg.stack_map_size,
         stack_depth=cfg.stack_depth,
         max_entries=cfg.counts_map_size,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from flamed.errors import FlamedError
-from flamed.sampling.cgroups import CgroupResolver, find_v2_hierarchy
+from flamed.sampling.cgroups import CgroupError, CgroupFilter, CgroupResolver, find_v2_hierarchy
 from flamed.sampling.contract import Window
 from flamed.sampling.drain import DROPPING_REASONS, LOST_REASONS, Drainer, SamplerStats
 from flamed.sampling.feeds import PythonFeed, UnwindFeed
@@ -113,6 +113,7 @@ class BpfSampler:
             if feed is not None:
                 self._processes.add(feed)
         self._drainer: Drainer | None = None
+        self._cgroup_filter: _FollowedCgroups | None = None
         self._started = False
         self._no_cgroups = False  # looked for a cgroup v2 hierarchy and found none
 
@@ -234,10 +235,15 @@ class BpfSampler:
     # -- start and teardown ------------------------------------------------
     def _start(self) -> None:
         program = self._program
+        # Before the compile: a typo in a cgroup filter fails in milliseconds.
+        followed = self._follow_cgroups()
         program.load(self._fsbase)
         sym = self._processes.symbolizer = (self._processes.symbolizer
                                             or Symbolizer(resolver_factory=_default_resolver))
         program.fill_filters()
+        if followed is not None:
+            followed.fill(self._stats)
+            self._cgroup_filter = followed
         self._processes.open()
         self._drainer = Drainer(program, self._stats, sym, python=self._python, unwinder=self.unwinder,
                                 clock=self._clock, settle=self._settle, cgroups=self.cgroup_resolver)
@@ -257,6 +263,17 @@ class BpfSampler:
                 self._cgroups = CgroupResolver(hierarchy)
         return self._cgroups
 
+    def _follow_cgroups(self) -> _FollowedCgroups | None:
+        if not self.options.filters_cgroups:
+            return None
+        resolver = self.cgroup_resolver
+        if resolver is None:
+            _, why = find_v2_hierarchy()
+            raise CgroupError(f"cgroups/units filters need cgroup v2, and there is none: {why}")
+        specs = self.options.cgroup_specs(resolver.hierarchy)
+        cgroup_filter = CgroupFilter(specs, resolver, require_present=not self.options.cgroups_missing_ok)
+        return _FollowedCgroups(cgroup_filter, self._program, self.options.filter_max)
+
     def _fsbase(self) -> int:
         """Where the kernel keeps a task's fs base, for the CPython walker (-1: unknown or not needed)."""
         if self.options.python:
@@ -268,6 +285,8 @@ class BpfSampler:
     def _settle(self) -> None:
         """The end of each drain: exited processes go, CPUs come online."""
         self._processes.settle()
+        if self._cgroup_filter is not None:
+            self._cgroup_filter.refresh(self._stats)
         if self._program.refresh_cpus():
             self._stats.cpus = self._program.cpus
 
@@ -278,6 +297,50 @@ class BpfSampler:
         if self._processes.symbolizer is not None:
             self._processes.symbolizer.close()
         self._drainer = None
+        self._cgroup_filter = None
+
+
+class _FollowedCgroups:
+    """The BPF cgroup filter map kept equal to a :class:`CgroupFilter`'s ids.
+
+    A restarted unit gets a new cgroup (a new id) at the same path, so the
+    ids are looked up again at every drain, not once at start.
+    """
+
+    def __init__(self, cgroup_filter: CgroupFilter, program: KernelProgram, capacity: int) -> None:
+        self.filter = cgroup_filter
+        self.program = program
+        self.capacity = capacity
+        self.in_map: set[int] = set()
+        self._overflow_logged = False
+
+    def fill(self, stats: SamplerStats) -> None:
+        where = self.filter.resolver.hierarchy.mount_point
+        for spec in self.filter.missing():
+            log.warning("cgroup filter %s: no such cgroup under %s yet; its tasks are sampled once it appears",
+                        spec, where)
+        self._write(self.filter.ids(), stats)
+
+    def refresh(self, stats: SamplerStats) -> None:
+        found = self.filter.refresh()
+        for change in found.changes:
+            log.info("%s", change)
+        stats.cgroup_filter_changes_total += len(found.changes)
+        if found or len(self.in_map) < len(self.filter.ids()):
+            self._write(self.filter.ids(), stats)
+
+    def _write(self, ids: frozenset[int], stats: SamplerStats) -> None:
+        gone = self.in_map - ids
+        room = self.capacity - (len(self.in_map) - len(gone))
+        new = sorted(ids - self.in_map)
+        if len(new) > room and not self._overflow_logged:
+            self._overflow_logged = True
+            log.warning("cgroup filter: %d cgroups match, the filter map holds %d; the rest are not sampled "
+                        "(name fewer or deeper cgroups)", len(ids), self.capacity)
+        new = new[:max(room, 0)]
+        self.program.update_cgroup_filter(new, gone)
+        self.in_map = (self.in_map - gone) | set(new)
+        stats.cgroup_filter_ids = len(self.in_map)
 
 
 # ---------------------------------------------------------------------------
@@ -307,6 +370,7 @@ def options_from_config(cfg: Any) -> BpfSamplerOptions:
         pids=filt("pids"),
         tids=filt("tids"),
         cgroups=filt("cgroups"),
+        units=filt("units"),
         comms=filt("comms"),
         stack_storage_size=int(get("stack_map_size", get("stack_storage_size", d.stack_storage_size))),
         stack_depth=int(get("stack_depth", d.stack_depth)),

@@ -121,6 +121,8 @@ class SamplerStats:
     events_total: int = 0  # samples sent as events (watched processes)
     idle_total: int = 0  # idle samples skipped (include_idle=False)
     filtered_total: int = 0  # samples the filters excluded
+    cgroup_filter_ids: int = 0  # cgroup ids in the BPF filter map now
+    cgroup_filter_changes_total: int = 0  # filtered cgroups created, removed or re-created since start
     lost_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOST_REASONS, 0))
     drains_total: int = 0
     quiesce_timeouts: int = 0

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from flamed.errors import CapabilityError, ConfigError, FlamedError
 from flamed.sampling.bpfload import adopt, close_bpf, find_bpf_dir
+from flamed.sampling.cgroups import CgroupError, CgroupSpec, Hierarchy, parse_cgroup_spec
 
 log = logging.getLogger("flamed.bpf")
 
@@ -72,7 +73,17 @@ class BpfSamplerOptions:
     #: whatever the filters say.
     pids: frozenset[int] | None = None  # process ids (tgid)
     tids: frozenset[int] | None = None  # thread ids
-    cgroups: frozenset[int | str] | None = None  # cgroup v2 ids or paths (/sys/fs/cgroup/...)
+    #: cgroup v2 paths (/sys/fs/cgroup/..., /sys/fs/cgroup/unified/...,
+    #: /system.slice/x.service), unit names or ids (see
+    #: :func:`flamed.sampling.cgroups.parse_cgroup_spec`); a path or unit
+    #: stands for its subtree and follows re-creations (a restarted unit).
+    cgroups: frozenset[int | str] | None = None
+    #: systemd units (nginx.service, a scope, a slice) wherever they are in
+    #: the tree; with ``cgroups``, a task in either is sampled.
+    units: frozenset[str] | None = None
+    #: A path or unit naming no cgroup at start is logged and waited for (the
+    #: daemon: the unit may start later) instead of refused as a likely typo.
+    cgroups_missing_ok: bool = False
     comms: frozenset[str] | None = None  # exact comm (first 15 bytes)
     #: Stack ids per generation (the stack map is preallocated: about
     #: 8 * stack_depth + 32 bytes each, twice).  Raise on ``*_stack_eexist``.
@@ -148,6 +159,25 @@ class BpfSamplerOptions:
     #: ``SamplerStats.unwind_total["UW_NS"]``: for benchmarks.
     unwind_timing: bool = False
 
+    @property
+    def filters_cgroups(self) -> bool:
+        return self.cgroups is not None or self.units is not None
+
+    def cgroup_specs(self, hierarchy: Hierarchy | None = None) -> tuple[CgroupSpec, ...]:
+        """``cgroups`` and ``units`` parsed, in a stable order; :class:`CgroupError` says what to write.
+
+        The one parser of these keys: ``flamed daemon --check-config`` and the
+        daemon's start go through it, so a spec passes both or neither.
+        """
+        specs = [parse_cgroup_spec(c, hierarchy, key="cgroups") for c in sorted(self.cgroups or (), key=str)]
+        for u in sorted(self.units or ()):
+            spec = parse_cgroup_spec(u, hierarchy, key="units")
+            if spec.kind != "unit":
+                raise CgroupError(f"units: {u!r}: not a unit name; write e.g. nginx.service or "
+                                  "docker-*.scope here, and paths or ids in cgroups")
+            specs.append(spec)
+        return tuple(specs)
+
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
 
@@ -168,10 +198,11 @@ class BpfSamplerOptions:
         p = self.ringbuf_pages
         if p < 1 or p & (p - 1) or p > 1 << 18:
             raise bad("ringbuf_pages", "must be a power of 2, at most 262144")
-        for name in ("pids", "tids", "cgroups", "comms"):
+        for name in ("pids", "tids", "cgroups", "units", "comms"):
             v = getattr(self, name)
             if v is not None and len(v) > self.filter_max:
                 raise bad(name, f"more entries than filter_max={self.filter_max}")
+        self.cgroup_specs()
         for c in self.comms or ():
             if not c or len(c.encode()) > _COMM_LEN - 1:
                 raise bad("comms", f"{c!r}: a comm is 1..15 bytes")
@@ -269,7 +300,7 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
         "FLAMED_INCLUDE_IDLE": int(options.include_idle),
         "FLAMED_FILTER_PIDS": int(options.pids is not None),
         "FLAMED_FILTER_TIDS": int(options.tids is not None),
-        "FLAMED_FILTER_CGROUPS": int(options.cgroups is not None),
+        "FLAMED_FILTER_CGROUPS": int(options.filters_cgroups),
         "FLAMED_FILTER_COMMS": int(options.comms is not None),
         "FLAMED_PRIME": int(options.prime),
         "FLAMED_SEEN_MAX": options.seen_max,
@@ -481,12 +512,11 @@ class KernelProgram:
         self._check_layout()
 
     def fill_filters(self) -> None:
-        """The filters fixed by the options: tids, cgroups, comms (the pid
-        filter changes while sampling: the process manager writes it)."""
+        """The filters fixed by the options: tids, comms (the pid filter
+        changes while sampling: the process manager writes it; the cgroup
+        filter follows re-created cgroups: :meth:`update_cgroup_filter`)."""
         for t in self.options.tids or ():
             self.map_set("filter_tids", t, ct.c_uint32)
-        for cg in self.options.cgroups or ():
-            self.map_set("filter_cgroups", _cgroup_id(cg), ct.c_uint64)
         comms = self.bpf["filter_comms"]
         for c in self.options.comms or ():
             k = comms.Key()
@@ -609,6 +639,13 @@ class KernelProgram:
                 self.bpf = None
 
     # -- small map helpers -------------------------------------------------
+    def update_cgroup_filter(self, add: Iterable[int], remove: Iterable[int] = ()) -> None:
+        """Add and delete cgroup ids of the filter map (deletes first: the map has ``filter_max`` entries)."""
+        for cg in remove:
+            self.map_del("filter_cgroups", cg, ct.c_uint64)
+        for cg in add:
+            self.map_set("filter_cgroups", cg, ct.c_uint64)
+
     def map_set(self, name: str, key: int, ktype: Any) -> None:
         t = self.bpf[name]
         t[ktype(key)] = t.Leaf(1)
@@ -627,13 +664,3 @@ class KernelProgram:
     def read_percpu(self, name: str, index: int) -> list[int]:
         return [int(v) for v in self.bpf[name][ct.c_int(index)]]
 
-
-def _cgroup_id(cg: int | str) -> int:
-    if isinstance(cg, int):
-        return cg
-    try:
-        # The cgroup v2 id that bpf_get_current_cgroup_id returns is the
-        # inode number of the cgroup's directory.
-        return os.stat(cg).st_ino
-    except OSError as e:
-        raise ConfigError(f"sampler option cgroups: {cg}: {e.strerror}") from None
