@@ -113,6 +113,9 @@ class PerfCollapser(Collapser):
             elif ln[:1] in (b"\t", b" ") and _FRAME_HINT.match(ln):
                 if ln.rstrip().endswith(b")"):
                     score = max(score, 60)
+            elif i + 1 < len(lines) and _flush_left_sample(ln, lines[i + 1]):
+                # perf before 3.x: "comm pid event:" then frames printed flush left.
+                return 90
             elif i + 1 < len(lines) and _FRAME_HINT.match(lines[i + 1]) and _parses_as_header(ln):
                 # "-F comm,tid,period,ip,sym": no time, no event, frames without DSOs.
                 # An unindented task line followed by indented "ADDRESS SYMBOL" lines is
@@ -460,6 +463,15 @@ def _parses_as_header(line: bytes, full: bool = False) -> Any:
         return None if full else False
     h = parse_header(line.decode("utf-8", "surrogateescape").rstrip("\r"))
     return h if full else h is not None
+
+
+def _flush_left_sample(line: bytes, nxt: bytes) -> bool:
+    """Whether ``line`` is an old perf header (with an event or a time) and ``nxt`` its first frame,
+    printed flush left (``ffffffff8103d0ca native_write_msr_safe ([kernel.kallsyms])``)."""
+    if _FLUSH_FRAME.match(nxt) is None or _FLUSH_FRAME.match(line) is not None:
+        return False
+    h = _parses_as_header(line, full=True)
+    return h is not None and bool(h[3] or h[6] is not None)
 
 
 def _starts_sample(line: bytes) -> bool:
