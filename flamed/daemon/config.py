@@ -55,7 +55,7 @@ class SamplingConfig:
     #: its /sys/fs/cgroup/unified/... form, or /system.slice/x.service), unit names or ids; empty = all.
     #: A re-created cgroup (a restarted unit) is followed.
     cgroups: tuple[str, ...] = ()
-    #: Only tasks of these systemd units (nginx.service, docker-*.scope) wherever they are
+    #: Only tasks of these systemd units (nginx.service, getty@.service) wherever they are
     #: in the tree, following restarts; with cgroups, a task in either is sampled.
     units: tuple[str, ...] = ()
     #: Capacity of the stack-trace map (unique stacks between two drains).

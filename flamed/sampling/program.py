@@ -174,7 +174,7 @@ class BpfSamplerOptions:
             spec = parse_cgroup_spec(u, hierarchy, key="units")
             if spec.kind != "unit":
                 raise CgroupError(f"units: {u!r}: not a unit name; write e.g. nginx.service or "
-                                  "docker-*.scope here, and paths or ids in cgroups")
+                                  "getty@.service here, and paths or ids in cgroups")
             specs.append(spec)
         return tuple(specs)
 
