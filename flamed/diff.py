@@ -5,7 +5,7 @@ profile gets a (before, after) pair; the graph is drawn with the AFTER
 widths and colored by ``after - before`` of the box's own stack (its self
 change: red grew, blue shrank, white unchanged), or, on request, of all the
 stacks under it (inclusive).  ``normalize`` first scales BEFORE to
-AFTER's total, so a longer or busier second capture does not paint
+AFTER's total (truncating, as difffolded.pl ``-n``), so a longer or busier second capture does not paint
 everything red.
 """
 
@@ -60,11 +60,21 @@ def read_differential(paths: Sequence[str], *, strict: bool = False, stats: obje
 def diff_profiles(before: Profile, after: Profile, *, normalize: bool = False) -> DiffProfile:
     bt = before.total()
     at = after.total()
-    factor = (float(at) / float(bt)) if normalize and bt else 1.0
+    # difffolded.pl -n scales only when the totals differ, as int(count * total2 / total1):
+    # truncated, multiplied before dividing, so the counts written match its own.
+    scale = normalize and bool(bt) and bt != at
     pairs: dict[Stack, tuple[Weight, Weight]] = {}
     for k, w in before.stacks.items():
-        # Rounded like difffolded.pl, so normalized counts stay counts.
-        b = normalize_weight(int(w * factor + 0.5)) if normalize and isinstance(w, int) else normalize_weight(w * factor)
+        b: Weight = w
+        if scale:
+            if isinstance(w, int) and isinstance(at, int) and isinstance(bt, int):
+                # Perl's arithmetic: an exact integer quotient stays exact, any other is a
+                # division of doubles (the product's rounding included), then truncated.
+                p = w * at
+                b = p // bt if p % bt == 0 else int(float(p) / float(bt))
+            else:
+                # Fractional weights (seconds, say) would lose everything below one to truncation.
+                b = normalize_weight(float(w) * float(at) / float(bt))
         pairs[k] = (b, 0)
     for k, w in after.stacks.items():
         b, _ = pairs.get(k, (0, 0))

@@ -32,7 +32,7 @@ def test_pairs_and_normalize_like_difffolded() -> None:
     d = diff_profiles(b, a)
     assert d.pairs == {("main", "parse", "lex"): (10, 20), ("main", "parse"): (5, 2), ("main", "gone"): (3, 0),
                        ("main", "new"): (0, 4)}
-    n = diff_profiles(b, a, normalize=True)  # 18 -> 26: factor 26/18, rounded half up
+    n = diff_profiles(b, a, normalize=True)  # 18 -> 26: int(count * 26 / 18), as difffolded.pl -n
     assert n.pairs[("main", "parse", "lex")] == (14, 20)
     assert n.pairs[("main", "parse")] == (7, 2)
     assert n.pairs[("main", "gone")] == (4, 0)
@@ -150,6 +150,27 @@ def test_diff_folded_output_is_difffolded_pl_s(tmp_path: Path) -> None:
     out = tmp_path / "d.txt"
     assert main(["diff", "--format", "folded", str(DIFF / "before.folded"), str(DIFF / "after.folded"), "-o", str(out)]) == 0
     assert sorted(out.read_text().splitlines()) == sorted((DIFF / "difffolded.txt").read_text().splitlines())
+
+
+def test_diff_normalized_folded_output_is_difffolded_pl_n_s(tmp_path: Path) -> None:
+    # difffolded.pl -n truncates int(count * total2 / total1); rounding would write
+    # 17 of these BEFORE counts one higher.
+    out = tmp_path / "d.txt"
+    args = ["diff", "--normalize", "--format", "folded", str(DIFF / "before.folded"), str(DIFF / "after.folded")]
+    assert main([*args, "-o", str(out)]) == 0
+    assert sorted(out.read_text().splitlines()) == sorted((DIFF / "difffolded-n.txt").read_text().splitlines())
+
+
+def test_normalize_truncates_and_leaves_equal_totals_alone() -> None:
+    before, after = Profile(), Profile()
+    before.add(("a",), 2)
+    before.add(("b",), 1)
+    after.add(("a",), 5)
+    # 2 * 5 / 3 = 3.33 and 1 * 5 / 3 = 1.67: both truncated.
+    assert diff_profiles(before, after, normalize=True).pairs == {("a",): (3, 5), ("b",): (1, 0)}
+    same = Profile()
+    same.add(("a",), 3)
+    assert diff_profiles(before, same, normalize=True).pairs == {("a",): (2, 3), ("b",): (1, 0)}
 
 
 def test_differential_input_is_refused_where_a_profile_is_read(tmp_path: Path) -> None:
