@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 from flamed.collapse import get, guess
 from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser
-from flamed.collapse.perf import _event_matches
+from flamed.collapse.perf import _event_matches, event_base
 from flamed.errors import InputError
 from flamed.fileio import input_name, input_size, open_input
 from flamed.folded import ReadStats, is_differential
@@ -529,12 +529,16 @@ def _collapse(
                 source=", ".join(result.formats) or None,
             )
     else:
-        chosen = order[:1]
-        named = [e for e in order if e]
-        if len(named) > 1:
-            others = ", ".join(f"{e} ({_fmt_w(event_weight[e])})" for e in order[1:])
+        # The first event, under every spelling of its modifiers (cycles:u, cycles), as one.
+        first_base = event_base(order[0]) if order else ""
+        chosen = [e for e in order if event_base(e) == first_base]
+        rest = [e for e in order if e and e not in chosen]
+        if rest and len([e for e in order if e]) > 1:
+            kept = sum(event_weight[e] for e in chosen)
+            alias = "".join(f", with {e!r}" for e in chosen[1:])
+            others = ", ".join(f"{e} ({_fmt_w(event_weight[e])})" for e in rest)
             result.messages.append(
-                f"kept event {order[0]!r} (the first in the input, weight {_fmt_w(event_weight[order[0]])}); "
+                f"kept event {order[0]!r}{alias} (the first in the input, weight {_fmt_w(kept)}); "
                 f"also present: {others}; choose one with --event"
             )
     texts: dict[str, Weight] = {}

@@ -575,11 +575,28 @@ def _line_at(data: bytes, offset: int, first_line: int) -> int:
 _header_key_fast = re.compile(rb" \d{1,19}\.\d{1,19}:(?= |$)").sub
 
 
+#: perf's event modifiers (``cycles:u``, ``cpu-clock:ppp``, ``cycles:uppp``): user/kernel/hypervisor,
+#: precision, guest/host, sampling-read, pinned, exclusive...
+_MODIFIERS = frozenset("ukhpGHSDIWe")
+
+
 def _event_matches(event: str, want: str) -> bool:
     """``--event cpu-clock`` also matches ``cpu-clock:ppp`` (perf's precision modifiers)."""
     if not event.startswith(want + ":"):
         return False
-    return all(c in "ukhpGHSDIWe" for c in event[len(want) + 1 :])
+    return _MODIFIERS.issuperset(event[len(want) + 1 :])
+
+
+def event_base(event: str) -> str:
+    """The event without its modifiers: ``cycles:u`` and ``cycles:uppp`` are ``cycles``.
+
+    One capture can name the same event both ways (perf script printed
+    ``cycles:u:`` and ``cycles:`` headers for one ``perf record -e cycles:u``
+    run, inferno's single-line-stacks corpus file); a tracepoint's
+    ``sched:sched_switch`` is not a modifier and stays whole.
+    """
+    name, sep, mods = event.rpartition(":")
+    return name if sep and name and mods and _MODIFIERS.issuperset(mods) else event
 
 
 def _task(comm: str, pid: int | None, tid: int | None, with_tid: bool) -> str:

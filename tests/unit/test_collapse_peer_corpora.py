@@ -52,3 +52,42 @@ def test_flush_left_old_perf_is_guessed(tmp_path: Path) -> None:
     assert sum(got.values()) == 2  # two samples, no period field
     (stack,) = got
     assert stack.startswith("java;start_thread;JavaMain;") and stack.endswith("native_write_msr_safe_[k]")
+
+
+# -- 6: the default event filter: cycles:u and cycles are one event ----------------
+
+def test_event_modifiers_are_the_same_event_by_default(tmp_path: Path) -> None:
+    # inferno's single-line-stacks: perf script without -g, headers "cycles:u:" then "cycles:".
+    path = INFERNO_PERF / "single-line-stacks.txt"
+    rc, out, err = run(tmp_path, "--annotate", "none", str(path))
+    assert rc == 0, err
+    want = (INFERNO_PERF / "results" / "single-line-stacks-collapsed.txt").read_text()
+    assert folded_lines(out) == folded_lines(want) == {"false;[unknown]": 1, "false;_dl_start": 1}
+    assert "kept event" not in err  # nothing was dropped
+
+
+def test_other_events_are_still_dropped_and_named(tmp_path: Path) -> None:
+    f = tmp_path / "ev.txt"
+    f.write_text(
+        "a 1 1.0: 5 cycles:u: \n\t1 f (/x)\n\n"
+        "b 1 1.1: 7 cycles: \n\t1 g (/x)\n\n"
+        "c 1 1.2: 3 task-clock: \n\t1 h (/x)\n\n"
+        "d 1 1.3: 2 sched:sched_switch: prev_comm=d\n\t1 h (/x)\n\n"
+    )
+    rc, out, err = run(tmp_path, str(f))
+    assert rc == 0 and folded_lines(out) == {"a;f": 5, "b;g": 7}
+    assert "kept event 'cycles:u', with 'cycles' (the first in the input, weight 12)" in err
+    assert "task-clock (3)" in err and "sched:sched_switch (2)" in err
+    # --event still names one spelling, or all of them without modifiers.
+    assert folded_lines(run(tmp_path, "--event", "cycles:u", str(f))[1]) == {"a;f": 5}
+    assert folded_lines(run(tmp_path, "--event", "cycles", str(f))[1]) == {"a;f": 5, "b;g": 7}
+
+
+def test_event_base() -> None:
+    from flamed.collapse.perf import event_base
+
+    assert event_base("cycles:u") == event_base("cycles:uppp") == event_base("cycles") == "cycles"
+    assert event_base("cpu-clock:ppp") == "cpu-clock"
+    assert event_base("sched:sched_switch") == "sched:sched_switch"
+    assert event_base("probe_libc:malloc") == "probe_libc:malloc"
+    assert event_base("") == ""
