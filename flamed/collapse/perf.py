@@ -43,7 +43,7 @@ from __future__ import annotations
 import itertools
 import operator
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, cast
 
 from flamed.collapse.base import (
@@ -81,6 +81,11 @@ _JAVA_CLASS = re.compile(r"^L(?=[A-Za-z_$][\w$]*(?:/[\w$]+)+(?:[;:.(]|$))")
 _NOT_KERNEL = frozenset(
     {"[unknown]", "[vdso]", "[vsyscall]", "[vectors]", "[heap]", "[stack]", "[anon]", "[uprobes]", "[vvar]", "[jit]"}
 )
+# A -F+srcline line under a frame: "FILE:LINE", "??:0", maybe "(discriminator N)".
+_SRCLINE = re.compile(rb"^.+:(?:\d+|\?)(?:\s+\(discriminator \d+\))?$")
+#: What _line_frame gives for an indented line that is neither a frame nor a srcline
+#: (never a frame text: frames are sanitised and contain no NUL).
+_JUNK = "\x00unreadable frame line\x00"
 _HEADER_HINT = re.compile(rb"^\S.*?\s\d+(?:/\d+)?\s+(?:\[\d+\]\s+)?\d+\.\d+:\s")
 _FRAME_HINT = re.compile(rb"^\s+[0-9a-f]+ \S.*")
 
@@ -163,6 +168,8 @@ class PerfParser(ChunkParser):
         self._ann_inline = "inline" in ann
         self._by_period = options.weight == "period"
         self._want_event = options.event
+        #: Indices of the unreadable lines of the last _frames_of call.
+        self._junk: list[int] = []
 
     # -- chunks ------------------------------------------------------------
     def parse(self, data: bytes, *, source: str, first_line: int) -> ChunkResult:
@@ -244,7 +251,13 @@ class PerfParser(ChunkParser):
             lines = body_s.split(b"\n")
             i = next(i for i, ln in enumerate(lines) if ln and _starts_sample(ln))
             self._parse_flat(lines[i:], res, data, start, first_line, source, i + 1)
-            return self._frames_of(b"\n".join(lines[:i]), trailing) or ""
+            out = self._frames_of(b"\n".join(lines[:i]), trailing) or ""
+            self._report_junk(res, source, lambda: _line_at(data, start, first_line))
+            return out
+        if self._junk:
+            # Counted again each time the block recurs: not cached.
+            self._report_junk(res, source, lambda: _line_at(data, start, first_line))
+            return out
         if not trailing:
             if self._body_bytes > _BODY_CACHE_BYTES:
                 self._bodies.clear()
@@ -263,6 +276,8 @@ class PerfParser(ChunkParser):
         same symbol and offset at another address, e.g. ``[unknown]``).
         """
         lines = body.split(b"\n") if body else []
+        junk: list[int] = []
+        self._junk = junk
         # "IP SYM+OFF (DSO)" -> "SYM+OFF (DSO)" -> frame, in C-level passes over
         # the lines (no Python code per line): only texts never seen before reach
         # _line_frame, which checks the address and the indentation. (A srcline
@@ -274,8 +289,13 @@ class PerfParser(ChunkParser):
                     fr = got[i] = self._line_frame(lines[i])
                     if fr is None:
                         return None
+                    if fr is _JUNK:
+                        junk.append(i)
         # ("" marks srcline lines: not frames.)
-        frames: list[str] = [f for f in got if f] if "" in got else cast("list[str]", got)
+        if junk:
+            frames: list[str] = [f for f in got if f and f is not _JUNK]
+        else:
+            frames = [f for f in got if f] if "" in got else cast("list[str]", got)
         if not frames and trailing:
             # No callchain: the header itself ends with "IP SYM (DSO)".
             ip, _, rest_t = trailing.partition(" ")
@@ -287,14 +307,15 @@ class PerfParser(ChunkParser):
         return ";" + ";".join(frames)
 
     def _line_frame(self, line: bytes) -> str | None:
-        """The frame of one indented line, ``""`` for a line that is not a frame (srcline),
-        ``None`` for an unindented line (not cached: it is a header)."""
+        """The frame of one indented line, ``""`` for a line that is not a frame (srcline, blank),
+        ``_JUNK`` for one that is nothing perf prints there, ``None`` for an unindented line
+        (not cached: it is a header)."""
         if line and _starts_sample(line):
             return None
         s = line.strip()
         ip, _, rest = s.partition(b" ")
         if not ip or not _HEX.issuperset(ip):
-            return ""
+            return "" if not s or _SRCLINE.match(s) else _JUNK
         fr = self._rests.get(rest)
         if fr is None:
             fr = self._parse_rest(rest)
@@ -304,6 +325,11 @@ class PerfParser(ChunkParser):
                 self._rests.clear()
             self._rests[rest] = fr
         return fr
+
+    def _report_junk(self, res: ChunkResult, source: str, header_line: Callable[[], int]) -> None:
+        """Count the unreadable lines of the last _frames_of call (or raise under ``--strict``)."""
+        for i in self._junk:
+            self.malformed(res, source, lambda: header_line() + 1 + i, "unreadable perf script frame line")
 
     def _parse_flat(
         self, lines: list[bytes], res: ChunkResult, data: bytes, start: int, first_line: int, source: str, skip: int
@@ -436,6 +462,7 @@ class PerfParser(ChunkParser):
                     frames = self._bodies.get(body)
                     if frames is None:
                         frames = self._frames_of(body.rstrip(b"\n\r "), trailing) or ""
+                        self._report_junk(bad, source, lambda: _line_at(chunk, start, line))
                     if where is not None:
                         at_line += chunk.count(b"\n", at_off, start)
                         at_off = start

@@ -91,3 +91,35 @@ def test_event_base() -> None:
     assert event_base("sched:sched_switch") == "sched:sched_switch"
     assert event_base("probe_libc:malloc") == "probe_libc:malloc"
     assert event_base("") == ""
+
+
+# -- 8: an unreadable line inside a perf stack is counted, and an error under --strict --
+
+def test_unreadable_frame_line_is_reported(tmp_path: Path) -> None:
+    path = INFERNO_PERF / "weird-stack-line.txt"  # line 5: "\t          THIS_IS_A_WEIRD_LINE"
+    rc, out, err = run(tmp_path, str(path))
+    assert rc == 0, err
+    assert folded_lines(out) == {"inline-counter;main": 250000, "inline-counter;[no frames]": 250000}
+    assert "skipped 1 malformed line" in err and "weird-stack-line.txt:5: unreadable perf script frame line" in err
+    rc, _, err = run(tmp_path, "--strict", str(path))
+    assert rc == 1 and "weird-stack-line.txt:5: unreadable perf script frame line" in err
+
+
+def test_unreadable_frame_line_counted_every_time(tmp_path: Path) -> None:
+    # The same block twice: the second is not served from the frame-block cache unreported.
+    # srcline lines ("file.c:12", "??:0") and blank-looking lines are not errors.
+    block = ("x 1 1.0: 1 cpu-clock: \n\t 401b97 main+0x1f (/bin/x)\n  x.c:12\n  ??:0\n"
+             "\t@@GARBAGE@@\n\t 401b00 _start (/bin/x)\n\n")
+    f = tmp_path / "p.txt"
+    f.write_text(block * 2)
+    rc, out, err = run(tmp_path, "--format", "perf", str(f))
+    assert rc == 0 and folded_lines(out) == {"x;_start;main": 2}
+    assert "skipped 2 malformed lines (first: " in err and "p.txt:5: unreadable" in err
+    from flamed.collapse import get
+    from flamed.collapse.base import CollapseOptions
+    from flamed.folded import ReadStats
+
+    stats = ReadStats()
+    with open(f, "rb") as fh:
+        samples = list(get("perf").samples(fh, CollapseOptions(), source="p.txt", stats=stats))
+    assert len(samples) == 2 and stats.skipped == 2
