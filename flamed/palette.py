@@ -13,9 +13,10 @@ name into the palette's free parameters:
 
 * default: a checksum of the whole name -- neighbouring functions get
   unrelated colors, which separates adjacent boxes well;
-* ``hash=True``: a weighted sum over the first characters of the name (after
-  any ``module```/``module::`` prefix), so names that start alike get similar
-  colors (flamegraph.pl's ``--hash`` idea).
+* ``hash=True``: flamegraph.pl's ``--hash``: a weighted sum over the first three
+  characters of the name (after any ``module``` prefix) and of the name reversed,
+  so names that start alike get similar colors -- computed as flamegraph.pl
+  computes it, so a name gets the very rgb flamegraph.pl ``--hash`` gives it.
 
 A palette file (``--palette-file``) pins colors across graphs: names found
 in it keep their color, new names get their computed color and are appended
@@ -50,78 +51,83 @@ def _scalars_checksum(name: str) -> tuple[float, float, float]:
     return ((h & 0x3FF) / 1023.0, ((h >> 10) & 0x3FF) / 1023.0, ((h >> 20) & 0x3FF) / 1023.0)
 
 
-def _similar(name: str) -> float:
-    # Weighted first characters: 'read_a' and 'read_b' land close together.
-    value = 0.0
+#: flamegraph.pl drops everything up to the first backtick past the first character
+#: ("module`function" hashes as "function").
+_HASH_MODULE = re.compile(r".(.*?)`")
+
+
+def _namehash(name: str) -> float:
+    """flamegraph.pl's ``namehash``: its first three characters, the first weighing most,
+    in (0, 1] -- so names that start alike land close together."""
+    name = _HASH_MODULE.sub("", name, count=1)
+    vector = 0.0
     weight = 1.0
-    scale = 1.0
-    modulus = 10
-    for ch in name[:8]:
-        i = ord(ch) % modulus
-        value += (i / (modulus - 1)) * weight
-        scale += weight
-        weight *= 0.7
-        modulus += 1
-    return value / scale if scale else 0.0
-
-
-def _strip_module(name: str) -> str:
-    for sep in ("`", "::"):
-        pos = name.rfind(sep)
-        if pos >= 0:
-            return name[pos + len(sep):] or name
-    return name
+    total = 1.0
+    mod = 10
+    for ch in name:
+        # Same operations in the same order as the Perl, so the doubles (and the
+        # colors truncated from them) are the same to the last bit.
+        vector += ((ord(ch) % mod) / (mod - 1)) * weight
+        mod += 1
+        total += weight
+        weight *= 0.70
+        if mod > 12:
+            break
+    return 1 - vector / total
 
 
 def _scalars_similar(name: str) -> tuple[float, float, float]:
-    base = _strip_module(name)
-    v1 = _similar(base)
-    v2 = _similar(base[::-1])
-    return v1, v2, v2
+    v2 = _namehash(name[::-1])
+    return _namehash(name), v2, v2
 
 
 def _clamp(v: float) -> int:
     return max(0, min(255, int(v)))
 
 
+def _shade(base: int, span: int, v: float) -> int:
+    # flamegraph.pl's base + int(span * v): the fraction truncated before the base is added.
+    return _clamp(base + int(span * v))
+
+
 def _hot(v1: float, v2: float, v3: float) -> RGB:
-    return _clamp(205 + 50 * v3), _clamp(230 * v1), _clamp(55 * v2)
+    return _shade(205, 50, v3), _shade(0, 230, v1), _shade(0, 55, v2)
 
 
 def _mem(v1: float, v2: float, v3: float) -> RGB:
-    return 0, _clamp(190 + 50 * v2), _clamp(210 * v1)
+    return 0, _shade(190, 50, v2), _shade(0, 210, v1)
 
 
 def _io(v1: float, v2: float, v3: float) -> RGB:
-    return _clamp(80 + 60 * v1), _clamp(80 + 60 * v1), _clamp(190 + 55 * v2)
+    return _shade(80, 60, v1), _shade(80, 60, v1), _shade(190, 55, v2)
 
 
 def _red(v1: float, v2: float, v3: float) -> RGB:
-    return _clamp(200 + 55 * v1), _clamp(50 + 80 * v1), _clamp(50 + 80 * v1)
+    return _shade(200, 55, v1), _shade(50, 80, v1), _shade(50, 80, v1)
 
 
 def _green(v1: float, v2: float, v3: float) -> RGB:
-    return _clamp(50 + 60 * v1), _clamp(200 + 55 * v1), _clamp(50 + 60 * v1)
+    return _shade(50, 60, v1), _shade(200, 55, v1), _shade(50, 60, v1)
 
 
 def _blue(v1: float, v2: float, v3: float) -> RGB:
-    return _clamp(80 + 60 * v1), _clamp(80 + 60 * v1), _clamp(205 + 50 * v1)
+    return _shade(80, 60, v1), _shade(80, 60, v1), _shade(205, 50, v1)
 
 
 def _aqua(v1: float, v2: float, v3: float) -> RGB:
-    return _clamp(50 + 60 * v1), _clamp(165 + 55 * v1), _clamp(165 + 55 * v1)
+    return _shade(50, 60, v1), _shade(165, 55, v1), _shade(165, 55, v1)
 
 
 def _yellow(v1: float, v2: float, v3: float) -> RGB:
-    return _clamp(175 + 55 * v1), _clamp(175 + 55 * v1), _clamp(50 + 20 * v1)
+    return _shade(175, 55, v1), _shade(175, 55, v1), _shade(50, 20, v1)
 
 
 def _purple(v1: float, v2: float, v3: float) -> RGB:
-    return _clamp(190 + 65 * v1), _clamp(80 + 60 * v1), _clamp(190 + 65 * v1)
+    return _shade(190, 65, v1), _shade(80, 60, v1), _shade(190, 65, v1)
 
 
 def _orange(v1: float, v2: float, v3: float) -> RGB:
-    return _clamp(190 + 65 * v1), _clamp(90 + 65 * v1), 0
+    return _shade(190, 65, v1), _shade(90, 65, v1), 0
 
 
 def _grey(v1: float, v2: float, v3: float) -> RGB:

@@ -13,7 +13,9 @@ NS = {"s": "http://www.w3.org/2000/svg"}
 
 @dataclass(frozen=True)
 class ParsedBox:
+    #: The frame's name, with the ``_[k]``-style annotation the title leaves out (``data-a``).
     name: str
+    #: The tooltip as written: the name as shown, then its weight and share.
     title: str
     x: float
     width: float
@@ -41,9 +43,13 @@ def parse_svg(data: bytes) -> tuple[ET.Element, list[ParsedBox]]:
             weight = float(m.group(1).replace(",", ""))
         else:
             weight = width
+        name = text[: text.rindex(" (")]
+        annotation = g.get("data-a")
+        if annotation is not None:
+            name += f"_[{annotation}]"
         boxes.append(
             ParsedBox(
-                name=text[: text.rindex(" (")],
+                name=name,
                 title=text,
                 x=float(rect.get("x", "nan")),
                 width=width,

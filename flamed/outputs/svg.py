@@ -12,7 +12,9 @@ profiles, with no rounding to pixels.  Zooming only changes that viewBox.
 (Totals past 2^24, e.g. nanosecond weights, are drawn in units of total/2^24,
 since browsers clamp larger coordinates; titles keep the exact weights.)
 Each box carries one ``<title>`` (``name (N samples, P%)``) that the script
-reads the name from; labels are emitted only for boxes wide enough to show
+reads the name from -- without the ``_[k]``/``_[j]``/``_[i]``/``_[w]``
+annotation, as flamegraph.pl shows names; the ``<g>``'s ``data-a`` keeps the
+annotation's letter (the search matches the name with or without it); labels are emitted only for boxes wide enough to show
 three characters, and the script recomputes them after a zoom.
 """
 
@@ -224,23 +226,24 @@ def render_boxes(
     )
     labels: list[str] = []
     lab = labels.append
-    esc_cache: dict[str, str] = {}
+    # name -> (shown name, its escaped text, the <g>'s attributes)
+    names: dict[str, tuple[str, str, str]] = {}
     bottom = height - ypad2
     rh = fh - 1
     for b in boxes:
         name = b.name
-        esc = esc_cache.get(name)
-        if esc is None:
-            esc = xml_escape(name)
-            esc_cache[name] = esc
+        known = names.get(name)
+        if known is None:
+            known = names[name] = _shown(name)
+        label_name, esc, gattr = known
         y = _num(ypad1 + b.depth * fh if inverted else bottom - (b.depth + 1) * fh)
         bw = b.width
         pct = 100.0 * float(bw) / float(total)
         if diff:
             delta = float(b.delta or 0)
             fill = diff_color(delta, max_delta if b.depth else max(max_delta, abs(delta)), negate=o.negate)
-            shown = -delta if o.negate else delta
-            title = f"{esc} ({format_count(bw)} {countname}, {pct:.2f}%; {_delta_pct(shown, total)}%)"
+            change = -delta if o.negate else delta
+            title = f"{esc} ({format_count(bw)} {countname}, {pct:.2f}%; {_delta_pct(change, total)}%)"
         else:
             fill = colorer.color(name, b.depth)
             title = f"{esc} ({format_count(bw)} {countname}, {pct:.2f}%)"
@@ -254,13 +257,13 @@ def render_boxes(
             if iwu <= 0:
                 continue  # under 1/2^24 of the total: nothing to draw at any zoom
             x0, wu, xs, ws = ix0, iwu, str(ix0), str(iwu)
-        w(f'<g><title>{title}</title><rect x="{xs}" y="{y}" width="{ws}" height="{rh}" fill="{fill}"/></g>\n')
+        w(f'<g{gattr}><title>{title}</title><rect x="{xs}" y="{y}" width="{ws}" height="{rh}" fill="{fill}"/></g>\n')
         chars = int(wu * scale / char_px)
         if chars >= 3:
-            label = name if len(name) <= chars else name[: chars - 2] + ".."
+            label = label_name if len(label_name) <= chars else label_name[: chars - 2] + ".."
             lab(
                 f'<text x="{XPAD + x0 * scale + 3:.1f}" y="{_num(y + fh - 5)}">'
-                f"{esc if label is name else xml_escape(label)}</text>\n"
+                f"{esc if label is label_name else xml_escape(label)}</text>\n"
             )
     w("</svg>\n")
     if hidden and len(hidden) < HIDDEN_LIMIT:
@@ -277,6 +280,22 @@ def render_boxes(
     w("</svg>\n")
     out.write("".join(parts).encode("utf-8"))
     colorer.save()
+
+
+#: The annotation perf and flamegraph.pl append to a name (kernel, JIT, inlined, waker):
+#: it picks the color, and is not shown.
+_ANNOTATION = re.compile(r"_\[([kwij])\]$")
+
+
+def _shown(name: str) -> tuple[str, str, str]:
+    """How a frame name is written: the name without its annotation (as flamegraph.pl
+    shows it in titles and labels), escaped, and the ``<g>``'s attributes, where
+    ``data-a`` keeps the annotation (for the search, and readers of the file)."""
+    m = _ANNOTATION.search(name)
+    if m is None:
+        return name, xml_escape(name), ""
+    shown = name[: m.start()]
+    return shown, xml_escape(shown), f' data-a="{m.group(1)}"'
 
 
 def _num(v: float) -> int | float:

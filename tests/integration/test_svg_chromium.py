@@ -157,6 +157,13 @@ def test_svg_search_from_url_and_bad_regex(browser: Browser, tmp_path: Path) -> 
     b.wait_for("typeof F !== 'undefined' && F.length > 0")
     want = sum(w for s, w in p.stacks.items() if any(f.endswith("_[k]") for f in s))
     assert b.eval("document.getElementById('matched').textContent") == f"Matched: {100 * want / p.total():.2f}%"
+    # Names are shown without their annotation, as flamegraph.pl shows them, and the
+    # search finds them by that name too.
+    assert b.eval("F.filter(f => f.full === 'sys_read_[k]').map(f => [f.name, f.title.split(' (')[0]])") == [
+        ["sys_read", "sys_read"]
+    ]
+    b.eval("search('^sys_read$')")
+    assert b.eval("document.getElementById('matched').textContent") == f"Matched: {100 * want / p.total():.2f}%"
     b.eval("search('(')")
     assert re.match(r"Bad regex", b.eval("document.getElementById('matched').textContent"))
 

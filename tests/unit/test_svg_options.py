@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,45 @@ def test_negate_swaps_differential_hues(tmp_path: Path) -> None:
     neg = {b.name: (_rgb(b.fill), b.title) for b in parse_svg(out.read_bytes())[1]}
     assert plain["grow"][0][0] == 255 and neg["grow"][0][2] == 255, "red becomes blue"
     assert plain["grow"][1].endswith("+80.00%)") and neg["grow"][1].endswith("-80.00%)")
+
+
+FGPL = Path(__file__).resolve().parents[1] / "data" / "svg" / "flamegraph-pl"
+
+
+def _titled_fills(svg: str) -> Counter[tuple[str, tuple[int, int, int]]]:
+    """(title, rgb) of every box but the root, of a flamegraph.pl or flamed SVG."""
+    out: Counter[tuple[str, tuple[int, int, int]]] = Counter()
+    for title, fill in re.findall(r'<title>([^<]*)</title><rect [^>]*fill="([^"]*)"', svg):
+        if title.startswith("all ("):
+            continue  # flamed draws the root grey, flamegraph.pl in the palette
+        m = re.match(r"rgb\((\d+),(\d+),(\d+)\)$", fill)
+        out[(title, (int(m[1]), int(m[2]), int(m[3])) if m else _rgb(fill))] += 1
+    return out
+
+
+@pytest.mark.parametrize("palette", ["hot", "java", "mem", "io"])
+def test_hash_colors_are_flamegraph_pl_s(tmp_path: Path, palette: str) -> None:
+    # flamegraph.pl --hash output of the same input: every box it draws, flamed draws
+    # with the same title and the same rgb (module`names, unicode, annotations included).
+    ours = _titled_fills(_svg(tmp_path, "--hash", "--colors", palette, "--minwidth", "0.1",
+                              text=(FGPL / "names.folded").read_text()))
+    ref = _titled_fills((FGPL / f"hash-{palette}.svg").read_text())
+    assert len(ref) > 90
+    assert sorted((ref - ours).elements()) == []
+
+
+def test_annotations_are_left_out_of_titles_and_labels(tmp_path: Path) -> None:
+    # flamegraph.pl colors by the _[k]/_[j]/_[i]/_[w] annotation and shows the name without it.
+    svg = _svg(tmp_path, "--colors", "java", "--width", "3000")
+    titles = re.findall(r"<title>([^<]*) \(", svg)
+    labels = re.findall(r"<text x=[^>]*>([^<]*)</text>", svg)
+    for name in ("do_nanosleep", "com/example/App:::work", "C2Compiler::compile"):
+        assert name in titles and name in labels, name
+    assert not [t for t in titles + labels if re.search(r"_\[[kwij]\]", t)]
+    # The annotation stays in the file, for the search and for readers of the file.
+    assert '<g data-a="k"><title>do_nanosleep (' in svg
+    chain = _svg(tmp_path, "--colors", "chain", text="sleeper;schedule;--;waker;try_to_wake_up 5\n")
+    assert '<g data-a="w"><title>waker (' in chain and "_[w]" not in re.sub(r"<script.*</script>", "", chain, flags=re.S)
+    # Only a trailing annotation is one.
+    odd = _svg(tmp_path, text="a_[k]x;b_[k]_[k];c_[q] 5\n")
+    assert {"a_[k]x", "b_[k]", "c_[q]"} <= set(re.findall(r"<title>([^<]*) \(", odd))

@@ -56,10 +56,12 @@ function init() {
   var gs = fv.children;
   for (var i = 0; i < gs.length; i++) {
     var g = gs[i], t = g.firstElementChild, r = t.nextElementSibling, txt = t.textContent;
+    var name = txt.slice(0, txt.lastIndexOf(" (")), a = g.getAttribute("data-a");
     g.setAttribute("data-i", i);
+    // name: as shown (no _[k]-style annotation); full: with it, for the search.
     F.push({g: g, r: r, x: num(r.getAttribute("x")), w: num(r.getAttribute("width")),
             y: num(r.getAttribute("y")), fill: r.getAttribute("fill"), title: txt,
-            name: txt.slice(0, txt.lastIndexOf(" ("))});
+            name: name, full: a ? name + "_[" + a + "]" : name});
   }
   fv.addEventListener("click", function (e) { var f = frameOf(e); if (f) zoom(f); });
   fv.addEventListener("mouseover", function (e) {
@@ -208,6 +210,14 @@ function resetSearch() {
   report();
 }
 
+// A name matches as shown or with its annotation: "read$" finds sys_read_[k] as
+// flamegraph.pl's search does, and _\[k\] still finds the kernel frames.
+function matches(re, full) {
+  if (re.test(full)) return true;
+  var m = /_\[[kwij]\]$/.exec(full);
+  return m !== null && re.test(full.slice(0, m.index));
+}
+
 // Color every box whose name matches; the matched share counts each sample once
 // (nested matches overlap their ancestor's interval and are merged away), the
 // samples of boxes too narrow to draw included.
@@ -219,11 +229,11 @@ function search(term) {
   var hits = [];
   for (var i = 0; i < F.length; i++) {
     var f = F[i];
-    if (re.test(f.name)) { f.r.setAttribute("fill", "#e600e6"); hits.push([f.x, f.x + f.w]); }
+    if (matches(re, f.full)) { f.r.setAttribute("fill", "#e600e6"); hits.push([f.x, f.x + f.w]); }
     else f.r.setAttribute("fill", f.fill);
   }
   for (var m = 0; m < hidden.length; m++) {
-    if (re.test(hidden[m].name)) Array.prototype.push.apply(hits, hidden[m].spans);
+    if (matches(re, hidden[m].name)) Array.prototype.push.apply(hits, hidden[m].spans);
   }
   hits.sort(function (p, q) { return p[0] - q[0]; });
   var merged = [], end = -Infinity;
