@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from daemonproc import DaemonProc
+from tests.faults.test_cgroup_labels import _pids_in
 from tests.integration.test_cgroup_identity import Tree, tree  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.bpf
@@ -36,13 +37,7 @@ def _busy(tree: Tree, leaf: str) -> subprocess.Popen[bytes]:
 def _samples_by_pid(d: DaemonProc) -> dict[int, int]:
     head, payload = d.request({"request": "snapshot", "seconds": 600, "format": "folded", "root": "pid"})
     assert head["ok"], head
-    out: dict[int, int] = {}
-    for line in payload.decode().splitlines():
-        stack, _, n = line.rpartition(" ")
-        m = re.search(r"-(\d+)$", stack.split(";")[0])
-        if m:
-            out[int(m.group(1))] = out.get(int(m.group(1)), 0) + int(n)
-    return out
+    return _pids_in(payload)
 
 
 def _wait_sampled(d: DaemonProc, pid: int) -> dict[int, int]:
