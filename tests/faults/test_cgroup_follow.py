@@ -82,3 +82,18 @@ def test_the_filter_follows_a_restarted_unit(require_bpf: None, daemon_factory: 
     assert samples.get(outside.pid, 0) == 0, samples
     assert set(samples) <= {inside.pid, again.pid}, samples
     assert d.alive()
+
+
+def test_the_library_sampler_refuses_a_cgroup_that_is_not_there(require_bpf: None, tree: Tree) -> None:
+    """Outside the daemon (which waits for a unit to start), a missing cgroup is a typo: refused before the compile."""
+    from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
+    from flamed.sampling.cgroups import CgroupError
+
+    typo = f"/sys/fs/cgroup{tree.path('system.slice/demo.servcie')}"
+    s = BpfSampler(BpfSamplerOptions(cgroups=frozenset({typo})))
+    try:
+        with pytest.raises(CgroupError) as e:
+            s.start()
+    finally:
+        s.close()
+    assert f"no cgroup {typo!r}" in str(e.value) and "check the name" in str(e.value)
