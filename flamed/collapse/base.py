@@ -181,6 +181,15 @@ def block_boundary(buf: bytes) -> int:
     return -1
 
 
+def text_lines(data: bytes) -> list[str]:
+    """The lines of a chunk as text (undecodable bytes kept as surrogates), without the
+    empty string after a final newline."""
+    lines = data.decode("utf-8", "surrogateescape").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
 def first_lines(head: bytes, n: int = 64) -> list[bytes]:
     """Up to ``n`` complete lines of ``head`` (the last, maybe cut, line dropped if more follow)."""
     lines = head.split(b"\n")

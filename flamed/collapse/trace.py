@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser, first_lines
+from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser, first_lines, text_lines
 from flamed.errors import InputError
 from flamed.folded import MAX_COUNT, ReadStats
 from flamed.model import EMPTY_STACK_FRAME, Sample, Stack, Weight, parse_task_frame
@@ -124,9 +124,7 @@ class TraceParser(ChunkParser):
     def parse(self, data: bytes, *, source: str, first_line: int) -> ChunkResult:
         res = ChunkResult()
         group = res.group("")
-        lines = data.decode("utf-8", "surrogateescape").split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
+        lines = text_lines(data)
         lo: int | None = None
         hi: int | None = None
         records = 0

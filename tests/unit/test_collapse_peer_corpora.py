@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
+
 from flamed.cli import main
 from flamed.collapse import guess
 from flamed.collapse.driver import read_head
@@ -123,3 +125,72 @@ def test_unreadable_frame_line_counted_every_time(tmp_path: Path) -> None:
     with open(f, "rb") as fh:
         samples = list(get("perf").samples(fh, CollapseOptions(), source="p.txt", stats=stats))
     assert len(samples) == 2 and stats.skipped == 2
+
+
+# -- 7: macOS `sample` reports were guessed as perf (one bogus stack, exit 0) --------
+
+INFERNO_SAMPLE = CORPUS / "inferno" / "collapse-sample"
+
+
+def test_macos_sample_is_guessed_and_matches_inferno(tmp_path: Path) -> None:
+    path = INFERNO_SAMPLE / "sample.txt"
+    assert guessed(path) == "sample"
+    rc, out, err = run(tmp_path, str(path))
+    assert rc == 0 and not err, err
+    got = folded_lines(out)
+    want = folded_lines((INFERNO_SAMPLE / "results" / "sample-default.txt").read_text())
+    assert got.keys() == want.keys()
+    # Two leaves of these stacks fold to one stack (File::open_c called from two offsets,
+    # 7 + 5 + 2 and 3 + 3 + 2 samples): flamed adds them up, inferno keeps the last count.
+    added = {k for k in got if k.startswith(("Thread_15758535;", "Thread_15758553;"))
+             and k.endswith("ignore::dir::create_gitignore;rg`ignore::gitignore::GitignoreBuilder::add;"
+                            "rg`std::fs::OpenOptions::_open;rg`std::sys::unix::fs::File::open;"
+                            "rg`std::sys::unix::fs::File::open_c;rg`std::sys::unix::cvt_r;libsystem_kernel`__open")}
+    assert {k: (got[k], want[k]) for k in added} == {
+        min(added): (14, 2),
+        max(added): (8, 2),
+    }
+    assert {k: v for k, v in got.items() if k not in added} == {k: v for k, v in want.items() if k not in added}
+
+
+def test_macos_sample_reports_in_chunks(tmp_path: Path) -> None:
+    from flamed.collapse.base import CollapseOptions
+    from flamed.collapse.driver import collapse
+
+    one = (INFERNO_SAMPLE / "sample.txt").read_bytes()
+    two = tmp_path / "two.txt"
+    two.write_bytes(one + one)  # two reports: cut before the second "Call graph:"
+    a = collapse([str(INFERNO_SAMPLE / "sample.txt")], options=CollapseOptions(), jobs=1).profile.stacks
+    b = collapse([str(two)], options=CollapseOptions(), jobs=2, chunk_bytes=4096).profile.stacks
+    assert b == {k: 2 * v for k, v in a.items()}
+
+
+@pytest.mark.parametrize(
+    ("name", "line", "why"),
+    [
+        ("bad-stack-line.txt", 22, "call graph line without a function"),
+        ("invalid-samples-field.txt", 22, "invalid sample count"),
+        ("no-four-spaces.txt", 22, "not indented by 4 spaces"),
+        ("odd-indentation.txt", 22, "odd indentation"),
+        ("skipped-indentation.txt", 23, "skips an indentation level"),
+        ("stack-line-only-indent-chars.txt", 22, "only indentation"),
+        ("end-before-call-graph-end.txt", 34, "input ended inside the call graph"),
+    ],
+)
+def test_macos_sample_malformed_lines(tmp_path: Path, name: str, line: int, why: str) -> None:
+    # inferno's error cases: each a malformed line, counted (or an error under --strict).
+    path = INFERNO_SAMPLE / name
+    assert guessed(path) == "sample"
+    rc, _, err = run(tmp_path, str(path))
+    assert rc == 0 and "malformed line" in err and f"{name}:{line}: " in err and why in err, err
+    rc, _, err = run(tmp_path, "--strict", str(path))
+    assert rc == 1 and f"{name}:{line}: " in err and why in err, err
+
+
+def test_unknown_format_is_refused_with_the_formats_tried(tmp_path: Path) -> None:
+    # A sample report cut before its call graph is nothing flamed reads: an error, not a guess.
+    rc, out, err = run(tmp_path, str(INFERNO_SAMPLE / "end-before-call-graph-start.txt"))
+    assert rc == 1 and not out
+    assert "cannot tell the input format (tried " in err and "sample" in err and "--format" in err
+    rc, _, err = run(tmp_path, "--format", "sample", "--strict", str(INFERNO_SAMPLE / "end-before-call-graph-start.txt"))
+    assert rc == 1 and "no 'Call graph:' section" in err
