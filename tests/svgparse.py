@@ -31,7 +31,8 @@ def parse_svg(data: bytes) -> tuple[ET.Element, list[ParsedBox]]:
     assert fv is not None, "no #fv group of boxes"
     scaled = fv.get("data-per-unit") is not None
     boxes = []
-    for g in fv.findall("s:g", NS):
+    # A box is a <g>, or an <a> when --nameattr made it a link.
+    for g in (e for e in fv if e.tag in (f"{{{NS['s']}}}g", f"{{{NS['s']}}}a")):
         title = g.find("s:title", NS)
         rect = g.find("s:rect", NS)
         assert title is not None and rect is not None
@@ -43,7 +44,10 @@ def parse_svg(data: bytes) -> tuple[ET.Element, list[ParsedBox]]:
             weight = float(m.group(1).replace(",", ""))
         else:
             weight = width
-        name = text[: text.rindex(" (")]
+        # data-n: the name, when --nameattr replaced the tooltip text.
+        name = g.get("data-n")
+        if name is None:
+            name = text[: text.rindex(" (")]
         annotation = g.get("data-a")
         if annotation is not None:
             name += f"_[{annotation}]"

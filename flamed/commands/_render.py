@@ -13,13 +13,17 @@ from flamed.fastfolded import count_folded, count_folded_file, profile_from_coun
 from flamed.fileio import input_name, open_input
 from flamed.folded import ReadStats, iter_folded
 from flamed.errors import UsageError
-from flamed.model import Profile, Stack, Weight, decode_frame, encode_frame, normalize_weight
+from flamed.model import Profile, Stack, Weight, decode_frame, encode_frame, format_weight, normalize_weight
 from flamed.outputs.base import OutputOptions
-from flamed.outputs.svg import parse_minwidth
+from flamed.outputs._svgattrs import read_nameattr
+from flamed.outputs.svg import ENCODING, NAMEATTR, TOTAL, check_encoding, graph_total, parse_minwidth, parse_total
 from flamed.palette import PALETTES
 
 if TYPE_CHECKING:
     from flamed.diff import DiffProfile
+
+#: The file of --cp, flamegraph.pl's name for it.
+CP_FILE = "palette.map"
 
 
 def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True, colors: bool = True) -> None:
@@ -54,6 +58,15 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True,
     g.add_argument("--factor", type=float, default=1.0, help="multiply every weight by this (default 1)")
     g.add_argument("--notes", default="", metavar="TEXT", help="text of a comment embedded in the SVG")
     g.add_argument("--negate", action="store_true", help="differentials: swap the hues (red shrank, blue grew)")
+    g.add_argument(
+        "--total",
+        metavar="SAMPLES",
+        help="the width stands for this many samples (before --factor), when more than the input's: "
+        "graphs of different captures drawn to one scale (flamegraph.pl's --total)",
+    )
+    g.add_argument("--encoding", metavar="NAME", help="encoding of the file, declared in its XML header (default UTF-8)")
+    nameattr_help = "extra SVG attributes per function, flamegraph.pl's file: lines 'NAME<TAB>key=value<TAB>...'"
+    g.add_argument("--nameattr", metavar="FILE", help=nameattr_help + " (title id class href target g_extra a_extra)")
     if chart:
         g.add_argument(
             "--flamechart",
@@ -62,7 +75,7 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True,
         )
     if not colors:
         # Differentials are colored by change; the palette options would do nothing.
-        parser.set_defaults(palette="hot", hash=False, palette_file=None, random=False)
+        parser.set_defaults(palette="hot", hash=False, palette_file=None, random=False, cp=False)
         return
     g.add_argument(
         "--palette",
@@ -80,6 +93,11 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True,
         metavar="FILE",
         help="keep colors consistent across graphs: read NAME->rgb(R,G,B) lines, add new names",
     )
+    g.add_argument(
+        "--cp",
+        action="store_true",
+        help="consistent palette, as flamegraph.pl's --cp: --palette-file palette.map (in the current directory)",
+    )
 
 
 def add_delta_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,13 +112,17 @@ def add_delta_arguments(parser: argparse.ArgumentParser) -> None:
 def render_diff(diff: DiffProfile, out: BinaryIO, options: OutputOptions, *, inclusive: bool = False) -> int:
     """A differential flame graph: AFTER's widths, colored by each box's change; returns the boxes drawn."""
     from flamed.layout import Box, flame_frames, table_from_items
-    from flamed.outputs.svg import HIDDEN_LIMIT, min_weight, render_boxes
+    from flamed.outputs.svg import HIDDEN_LIMIT, graph_total, min_weight, render_boxes, spanning
 
     # Stacks gone in AFTER have no width but still count in their ancestors' (inclusive) change.
     table = table_from_items(diff.after_items(include_gone=True), diff.deltas())
     hidden: list[Box] = []
+    span = graph_total(table.total, options)
     boxes = (
-        flame_frames(table, min_weight(table.total, options), self_deltas=not inclusive, hidden=hidden, hidden_limit=HIDDEN_LIMIT)
+        spanning(
+            flame_frames(table, min_weight(span, options), self_deltas=not inclusive, hidden=hidden, hidden_limit=HIDDEN_LIMIT),
+            span,
+        )
         if len(table)
         else []
     )
@@ -115,6 +137,19 @@ def render_options(args: argparse.Namespace) -> OutputOptions:
         raise UsageError("--fontsize and --fontwidth must be positive")
     if not args.factor > 0 or args.factor != args.factor or args.factor == float("inf"):
         raise UsageError("--factor must be a positive number")
+    extra: dict[str, str] = {}
+    total = parse_total(args.total) if args.total is not None else None
+    if total is not None:
+        # Weights are multiplied by --factor as they are read: so is the span they fill.
+        extra[TOTAL] = format_weight(normalize_weight(total * args.factor) if args.factor != 1.0 else total)
+    if args.encoding:
+        extra[ENCODING] = check_encoding(args.encoding)
+    if args.nameattr:
+        read_nameattr(args.nameattr)  # a bad file is reported before any input is read
+        extra[NAMEATTR] = args.nameattr
+    palette_file = args.palette_file
+    if palette_file is None and args.cp:
+        palette_file = CP_FILE
     return OutputOptions(
         frame_height=args.height,
         font_size=args.fontsize,
@@ -134,8 +169,17 @@ def render_options(args: argparse.Namespace) -> OutputOptions:
         flamechart=getattr(args, "flamechart", False),
         palette=args.palette,
         hash=args.hash,
-        palette_file=args.palette_file,
+        palette_file=palette_file,
+        extra=extra,
     )
+
+
+def total_warning(total: Weight, options: OutputOptions) -> str | None:
+    """What to say when ``--total`` is less than the graph's ``total`` (and so ignored, as flamegraph.pl does)."""
+    want = options.extra.get(TOTAL)
+    if want and graph_total(total, options) == total and total and float(want) < float(total):
+        return f"--total {want} is less than the input's total {format_weight(total)}: ignored"
+    return None
 
 
 def stack_transform(args: argparse.Namespace) -> Callable[[Stack], Stack] | None:

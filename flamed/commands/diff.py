@@ -9,6 +9,7 @@ from flamed.commands._render import (
     add_render_arguments,
     render_diff,
     render_options,
+    total_warning,
     transform_profile,
 )
 from flamed.commands.base import Command
@@ -83,6 +84,9 @@ class DiffCommand(Command):
                 options = render_options(args)
                 # Stacks gone in AFTER have no width but still count in their ancestors' change.
                 render_diff(diff, out, options, inclusive=args.inclusive)
+                warning = total_warning(diff.after_total, options)
+                if warning:
+                    self.warn(warning)
         summary = stats.summary()
         if summary:
             self.warn(summary)

@@ -12,6 +12,7 @@ from flamed.commands._render import (
     read_ordered,
     render_diff,
     render_options,
+    total_warning,
     transform_counts,
     transform_diff,
     transform_items,
@@ -24,6 +25,8 @@ from flamed.folded import ReadStats
 from flamed.diff import read_differential
 from flamed.inputs import all_folded, differential_inputs, load_profile, open_sample_streams
 from flamed.layout import StackTable, table_from_keyed, table_from_profile
+from flamed.model import Weight
+from flamed.outputs.base import OutputOptions
 from flamed.outputs._timeline import lanes
 from flamed.outputs.svg import render_chart, render_table
 
@@ -48,6 +51,7 @@ class SvgCommand(Command):
       flamed svg --inverted --minwidth 0.5% out.folded -o icicle.svg
       flamed svg --flamechart trace.folded -o chart.svg     # input order = time
       flamed svg --palette-file colors.map before.folded -o before.svg
+      flamed svg --cp --total 5000 --nameattr links.tsv in.folded > in.svg   # flamegraph.pl's options
     """
 
     name = "svg"
@@ -80,12 +84,7 @@ class SvgCommand(Command):
             diff = transform_diff(read_differential(args.inputs, strict=args.strict, stats=stats), args)
             with open_output(args.output) as out:
                 n = render_diff(diff, out, options, inclusive=args.inclusive)
-            summary = stats.summary()
-            if summary:
-                self.warn(summary)
-            if n == 0:
-                self.warn("no stacks in the input; the graph is empty")
-            return 0
+            return self._done(n, diff.after_total, stats, options)
         folded = all_folded(args.inputs)
         if options.flamechart:
             if folded:
@@ -97,8 +96,10 @@ class SvgCommand(Command):
                     items = lanes(stream) if stream is not None else []  # one lane per thread
                 if stream is None:
                     items = list(load_profile(args.inputs, strict=args.strict, stats=stats).stacks.items())
+            items = transform_items(items, args)
+            total = sum(w for _, w in items if w > 0)
             with open_output(args.output) as out:
-                n = render_chart(transform_items(items, args), out, options)
+                n = render_chart(items, out, options)
         else:
             # Folded text skips the Profile: counted by stack text, split once per box drawn.
             table: StackTable[bytes] | StackTable[str]
@@ -107,11 +108,15 @@ class SvgCommand(Command):
                 table = table_from_keyed(transform_counts(counts, args))
             else:
                 table = table_from_profile(transform_profile(load_profile(args.inputs, strict=args.strict, stats=stats), args))
+            total = table.total
             with open_output(args.output) as out:
                 n = render_table(table, out, options)
-        summary = stats.summary()
-        if summary:
-            self.warn(summary)
-        if n == 0:
+        return self._done(n, total, stats, options)
+
+    def _done(self, boxes: int, total: Weight, stats: ReadStats, options: OutputOptions) -> int:
+        for message in (stats.summary(), total_warning(total, options)):
+            if message:
+                self.warn(message)
+        if boxes == 0:
             self.warn("no stacks in the input; the graph is empty")
         return 0

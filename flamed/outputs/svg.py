@@ -20,6 +20,7 @@ three characters, and the script recomputes them after a zoom.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import functools
 import math
@@ -30,7 +31,8 @@ from typing import BinaryIO
 
 from flamed.errors import UsageError
 from flamed.layout import Box, StackTable, chart_frames, flame_frames, table_from_profile
-from flamed.model import Profile, Sample, Stack, Weight, format_weight
+from flamed.model import Profile, Sample, Stack, Weight, format_weight, normalize_weight
+from flamed.outputs._svgattrs import XLINK, NameAttr, read_nameattr
 from flamed.outputs._timeline import lanes
 from flamed.outputs.base import OutputFormat, OutputOptions
 from flamed.palette import Colorer, background, diff_color, kind_color
@@ -46,6 +48,10 @@ XPAD = 10
 HIDDEN_LIMIT = 100_000
 #: Largest coordinate written into the drawing (see render_boxes).
 MAX_UNITS = 1 << 24
+#: OutputOptions.extra keys of flamegraph.pl's --total (the weight the width stands
+#: for, after --factor), --encoding (of the XML declaration and the bytes) and
+#: --nameattr (a file of attributes per function name).
+TOTAL, ENCODING, NAMEATTR = "total", "encoding", "nameattr"
 
 # Characters XML 1.0 cannot carry, plus the lone surrogates that
 # surrogateescape decoding leaves for invalid UTF-8 bytes.
@@ -113,6 +119,48 @@ def parse_minwidth(text: str, width: int = 1200) -> float:
     return v
 
 
+def parse_total(text: str) -> Weight | None:
+    """``--total``: a positive number of samples (0: none, as flamegraph.pl)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise UsageError(f"--total: expected a number of samples, got {text!r}") from None
+    if v < 0 or not math.isfinite(v):
+        raise UsageError("--total must be a positive number of samples")
+    return normalize_weight(v) if v else None
+
+
+def graph_total(total: Weight, options: OutputOptions) -> Weight:
+    """The weight the whole width stands for: ``--total`` when it is at least ``total``
+    (flamegraph.pl ignores a smaller one), else ``total``."""
+    want = options.extra.get(TOTAL)
+    if not want:
+        return total
+    t = parse_total(want)
+    return t if t is not None and t > total else total
+
+
+def spanning(boxes: list[Box], span: Weight) -> list[Box]:
+    # --total: the root stands for the whole span; the stacks fill its left part.
+    if boxes and boxes[0].width != span:
+        boxes[0] = dataclasses.replace(boxes[0], width=span)
+    return boxes
+
+
+def check_encoding(name: str) -> str:
+    """``--encoding``: a name XML and Python both know, of an encoding that writes ASCII as ASCII."""
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9._-]*", name):
+        raise UsageError(f"--encoding: {name!r} is not an encoding name")
+    try:
+        codecs.lookup(name)
+        ascii_safe = "<?xml &#;".encode(name) == b"<?xml &#;"
+    except (LookupError, UnicodeError):
+        raise UsageError(f"--encoding: unknown encoding {name!r}") from None
+    if not ascii_safe:
+        raise UsageError(f"--encoding: {name} does not write ASCII as ASCII; use UTF-8 or an 8-bit encoding")
+    return name
+
+
 def min_weight(total: Weight, options: OutputOptions) -> float:
     """``options.minwidth`` (px) in weight units, for a graph of ``total``."""
     dw = options.width - 2 * XPAD
@@ -165,6 +213,9 @@ def render_boxes(
     if not boxes:
         height = _num(ypad1 + ypad2 + 2 * fh)
     colorer = Colorer(o.palette, hash=o.hash, palette_file=o.palette_file, random=o.random)
+    encoding = o.extra.get(ENCODING)
+    nameattr_file = o.extra.get(NAMEATTR)
+    nameattr = read_nameattr(nameattr_file) if nameattr_file else {}
     countname = xml_escape(o.countname)
     max_delta = 0.0
     if diff:
@@ -174,10 +225,13 @@ def render_boxes(
 
     parts: list[str] = []
     w = parts.append
-    w('<?xml version="1.0" standalone="no"?>\n')
+    declared = f' encoding="{check_encoding(encoding)}"' if encoding else ""
+    w(f'<?xml version="1.0"{declared} standalone="no"?>\n')
     w(
         f'<svg version="1.1" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        f'xmlns="http://www.w3.org/2000/svg" data-fs="{_num(fs)}" data-fw="{o.font_width}" '
+        f'xmlns="http://www.w3.org/2000/svg"'
+        + (f' xmlns:xlink="{XLINK}"' if any(a.tag == "a" for a in nameattr.values()) else "")
+        + f' data-fs="{_num(fs)}" data-fw="{o.font_width}" '
         f'data-fh="{fh}" data-inverted="{1 if inverted else 0}" data-unit="{countname}"'
         + (f' data-nametype="{xml_escape(o.nametype)}"' if o.nametype != "Function:" else "")
         + ">\n"
@@ -226,16 +280,18 @@ def render_boxes(
     )
     labels: list[str] = []
     lab = labels.append
-    # name -> (shown name, its escaped text, the <g>'s attributes)
-    names: dict[str, tuple[str, str, str]] = {}
+    # name -> (shown name, its escaped text, the box's opening tag, closing tag, --nameattr title)
+    names: dict[str, tuple[str, str, str, str, str | None]] = {}
     bottom = height - ypad2
     rh = fh - 1
     for b in boxes:
         name = b.name
-        known = names.get(name)
+        known = names.get(name) if b.depth else None
         if known is None:
-            known = names[name] = _shown(name)
-        label_name, esc, gattr = known
+            known = _box_markup(name, nameattr.get(name) if b.depth else None)
+            if b.depth:
+                names[name] = known
+        label_name, esc, open_tag, close_tag, custom_title = known
         y = _num(ypad1 + b.depth * fh if inverted else bottom - (b.depth + 1) * fh)
         bw = b.width
         pct = 100.0 * float(bw) / float(total)
@@ -257,7 +313,9 @@ def render_boxes(
             if iwu <= 0:
                 continue  # under 1/2^24 of the total: nothing to draw at any zoom
             x0, wu, xs, ws = ix0, iwu, str(ix0), str(iwu)
-        w(f'<g{gattr}><title>{title}</title><rect x="{xs}" y="{y}" width="{ws}" height="{rh}" fill="{fill}"/></g>\n')
+        if custom_title is not None:
+            title = custom_title
+        w(f'{open_tag}<title>{title}</title><rect x="{xs}" y="{y}" width="{ws}" height="{rh}" fill="{fill}"/>{close_tag}\n')
         chars = int(wu * scale / char_px)
         if chars >= 3:
             label = label_name if len(label_name) <= chars else label_name[: chars - 2] + ".."
@@ -278,7 +336,8 @@ def render_boxes(
         f'<tspan id="tipinfo" x="6" dy="{_num(fs + 3)}"> </tspan></text></g>\n'
     )
     w("</svg>\n")
-    out.write("".join(parts).encode("utf-8"))
+    # Another encoding (--encoding) writes what it cannot hold as character references.
+    out.write("".join(parts).encode(encoding, "xmlcharrefreplace") if encoding else "".join(parts).encode("utf-8"))
     colorer.save()
 
 
@@ -296,6 +355,15 @@ def _shown(name: str) -> tuple[str, str, str]:
         return name, xml_escape(name), ""
     shown = name[: m.start()]
     return shown, xml_escape(shown), f' data-a="{m.group(1)}"'
+
+
+def _box_markup(name: str, attr: NameAttr | None) -> tuple[str, str, str, str, str | None]:
+    shown, esc, annotation = _shown(name)
+    if attr is None:
+        return shown, esc, f"<g{annotation}>", "</g>", None
+    # A replaced tooltip no longer starts with the name: data-n carries it for the script.
+    named = f' data-n="{esc}"' if attr.title is not None else ""
+    return shown, esc, f"<{attr.tag}{attr.attrs}{annotation}{named}>", f"</{attr.tag}>", attr.title
 
 
 def _num(v: float) -> int | float:
@@ -350,7 +418,8 @@ def render_table(table: StackTable[str] | StackTable[bytes], out: BinaryIO, opti
     """Flame (or icicle) graph of a prepared StackTable; returns the number of boxes drawn."""
     o = options or OutputOptions()
     hidden: list[Box] = []
-    boxes = flame_frames(table, min_weight(table.total, o), hidden=hidden, hidden_limit=HIDDEN_LIMIT) if len(table) else []
+    span = graph_total(table.total, o)
+    boxes = spanning(flame_frames(table, min_weight(span, o), hidden=hidden, hidden_limit=HIDDEN_LIMIT), span) if len(table) else []
     render_boxes(boxes, out, o, diff=table.dcum is not None, hidden=hidden)
     return len(boxes)
 
@@ -359,7 +428,8 @@ def render_chart(items: Sequence[tuple[Stack, Weight]], out: BinaryIO, options: 
     """Flame chart: ``items`` in time order, not sorted."""
     o = options or OutputOptions()
     total = sum(w for _, w in items if w > 0)
-    boxes = chart_frames(items, min_weight(total, o)) if total else []
+    span = graph_total(total, o)
+    boxes = spanning(chart_frames(items, min_weight(span, o)), span) if total else []
     render_boxes(boxes, out, o)
     return len(boxes)
 

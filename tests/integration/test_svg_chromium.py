@@ -298,3 +298,29 @@ def test_svg_search_counts_samples_of_boxes_too_narrow_to_draw(browser: Browser,
     x, y = _center(b, _frame_js("busy"))
     b.mouse("mouseMoved", x, y)
     assert b.eval("document.getElementById('details').textContent").startswith("Symbol: busy (")
+
+
+def test_svg_nameattr_links_and_tooltips(browser: Browser, tmp_path: Path) -> None:
+    # flamegraph.pl's --nameattr: a replaced tooltip, and a box that is a link
+    # (a click follows it, a Ctrl-click zooms, as in flamegraph.pl).
+    attrs = tmp_path / "attrs.tsv"
+    attrs.write_text("spin_for\ttitle=spin: the hot loop\nlib_inner\thref=#lib\tclass=lib\n")
+    buf = io.BytesIO()
+    render_profile(_profile(), buf, OutputOptions(minwidth=0, extra={"nameattr": str(attrs)}))
+    svg = tmp_path / "attrs.svg"
+    svg.write_bytes(buf.getvalue())
+    b = browser
+    b.navigate(svg.as_uri())
+    b.wait_for("typeof F !== 'undefined' && F.length > 0")
+    x, y = _center(b, _frame_js("spin_for"))
+    b.mouse("mouseMoved", x, y)
+    assert b.eval("document.getElementById('tipname').textContent") == "spin_for"
+    assert b.eval("document.getElementById('tipinfo').textContent") == "spin: the hot loop"
+    assert b.eval("document.getElementById('details').textContent") == "Function: spin: the hot loop"
+    link = f"{_frame_js('lib_inner')}.parentNode"
+    assert b.eval(f"{link}.localName + ' ' + {link}.getAttribute('class')") == "a lib"
+    b.eval(f"{_frame_js('lib_inner')}.dispatchEvent(new MouseEvent('click', {{bubbles: true, cancelable: true}}))")
+    assert b.eval("document.getElementById('unzoom').classList.contains('hide')")
+    b.eval(f"{_frame_js('lib_inner')}.dispatchEvent(new MouseEvent('click', {{bubbles: true, cancelable: true, ctrlKey: true}}))")
+    assert not b.eval("document.getElementById('unzoom').classList.contains('hide')")
+    assert b.eval("zoomed") == b.eval("F.indexOf(F.filter(f => f.name === 'lib_inner').sort((a, b) => b.w - a.w)[0])")

@@ -179,3 +179,122 @@ def test_annotations_are_left_out_of_titles_and_labels(tmp_path: Path) -> None:
     # Only a trailing annotation is one.
     odd = _svg(tmp_path, text="a_[k]x;b_[k]_[k];c_[q] 5\n")
     assert {"a_[k]x", "b_[k]", "c_[q]"} <= set(re.findall(r"<title>([^<]*) \(", odd))
+
+
+def _boxes_markup(svg: str) -> dict[str, tuple[str, dict[str, str], str]]:
+    """Each box's element, attributes (flamed's own data-* left out) and title text, by
+    the name its title starts with (a whole title that --nameattr replaced)."""
+    out: dict[str, tuple[str, dict[str, str], str]] = {}
+    for tag, attrs, title in re.findall(r"<(g|a)( [^>]*)?>\s*<title>([^<]*)</title><rect", svg):
+        pairs = dict(re.findall(r'([\w:-]+)="([^"]*)"', attrs or ""))
+        name = title[: title.rindex(" (")] if " (" in title else title
+        out[name] = (tag, {k: v for k, v in pairs.items() if not k.startswith("data-") or k == "data-x"}, title)
+    return out
+
+
+def test_total_encoding_nameattr_as_flamegraph_pl(tmp_path: Path) -> None:
+    # One drawing by flamegraph.pl --hash --total 200 --encoding ISO-8859-1 --nameattr.
+    ref = (FGPL / "opts.svg").read_text()
+    args = ["--hash", "--total", "200", "--encoding", "ISO-8859-1", "--nameattr", str(FGPL / "nameattr.tsv")]
+    src = tmp_path / "in.folded"
+    src.write_bytes((FGPL / "opts.folded").read_bytes())
+    out = tmp_path / "out.svg"
+    err = io.StringIO()
+    assert main(["svg", str(src), "-o", str(out), *args], stderr=err) == 0, err.getvalue()
+    assert err.getvalue() == ""
+    ours = out.read_bytes().decode("iso-8859-1")
+    assert ours.splitlines()[0] == ref.splitlines()[0] == '<?xml version="1.0" encoding="ISO-8859-1" standalone="no"?>'
+    # --total: shares of 200 samples, and the root stands for all 200 of them.
+    assert _titled_fills(ours) == _titled_fills(ref)
+    _, boxes = parse_svg(out.read_bytes())
+    root = next(b for b in boxes if b.name == "all")
+    assert root.title == "all (200 samples, 100.00%)" and root.width == 200
+    assert sum(b.width for b in boxes if b.y == root.y - 16) == 60
+    # --nameattr: the same elements, attributes and tooltips.
+    theirs = _boxes_markup(ref)
+    mine = _boxes_markup(ours)
+    assert theirs["lexer: tokens"] == ("a", {"xlink:href": "https://example.com/lex?a=1&amp;b=2", "target": "_top"},
+                                       "lexer: tokens")
+    for name in ("lexer: tokens", "parse", "main()", "sys_read", "eval", "jit_fn", "a&amp;b&lt;c&gt;"):
+        assert mine[name] == theirs[name], name
+    assert 'xmlns:xlink="http://www.w3.org/1999/xlink"' in ours
+    # The replaced tooltips keep the names for the script and for readers of the file.
+    assert {b.name for b in boxes} == {"all", "main", "parse", "lex", "eval", "sys_read_[k]", "jit_fn_[j]", "a&b<c>"}
+
+
+def test_total_smaller_than_the_input_is_ignored_with_a_warning(tmp_path: Path) -> None:
+    plain = _svg(tmp_path)
+    src = tmp_path / "in.folded"
+    err = io.StringIO()
+    out = tmp_path / "t.svg"
+    assert main(["svg", str(src), "-o", str(out), "--minwidth", "0", "--total", "10"], stderr=err) == 0
+    assert "--total 10 is less than the input's total 60" in err.getvalue()
+    assert out.read_text() == plain
+    # Before --factor, as flamegraph.pl compares it with the counts it reads.
+    assert "<title>all (240 samples, 100.00%)</title>" in _svg(tmp_path, "--total", "120", "--factor", "2")
+    # Differentials and flame charts take it too.
+    assert "<title>all (100 samples, 100.00%)</title>" in _svg(tmp_path, "--total", "100", "--flamechart")
+    bp, ap = tmp_path / "b.folded", tmp_path / "a.folded"
+    bp.write_text("main;grow 1\nmain;shrink 9\n")
+    ap.write_text("main;grow 9\nmain;shrink 1\n")
+    assert main(["diff", str(bp), str(ap), "-o", str(out), "--total", "20"]) == 0
+    assert "main;grow" not in out.read_text() and "<title>grow (9 samples, 45.00%; +40.00%)</title>" in out.read_text()
+    for bad in ("-1", "x", "nan"):
+        err = io.StringIO()
+        assert main(["svg", str(src), "-o", str(out), "--total", bad], stderr=err) == 2, bad
+        assert "--total" in err.getvalue()
+
+
+def test_encoding_writes_what_it_declares(tmp_path: Path) -> None:
+    text = "main;réponse_ü;日本語 5\n"
+    data = (tmp_path / "x.svg")
+    svg_utf8 = _svg(tmp_path, text=text)
+    assert svg_utf8.startswith('<?xml version="1.0" standalone="no"?>')
+    assert main(["svg", str(tmp_path / "in.folded"), "-o", str(data), "--encoding", "latin-1"]) == 0
+    raw = data.read_bytes()
+    assert raw.startswith(b'<?xml version="1.0" encoding="latin-1" standalone="no"?>')
+    assert "réponse_ü".encode("latin-1") in raw and "&#26085;&#26412;&#35486;".encode() in raw
+    _, boxes = parse_svg(raw)  # the parser decodes by the declaration
+    assert {"réponse_ü", "日本語"} <= {b.name for b in boxes}
+    for bad in ("utf-16", "no-such-codec", 'x"y'):
+        err = io.StringIO()
+        assert main(["svg", str(tmp_path / "in.folded"), "-o", str(data), "--encoding", bad], stderr=err) == 2, bad
+        assert "--encoding" in err.getvalue()
+
+
+def test_nameattr_file_errors(tmp_path: Path) -> None:
+    src = tmp_path / "in.folded"
+    src.write_text(FOLDED)
+    attrs = tmp_path / "attrs.tsv"
+    for content, why in (("JVM_Sleep\n", "NAME<TAB>"), ("JVM_Sleep\tnoequals\n", "key=value"),
+                         ('JVM_Sleep\tg_extra=onclick="x\n', "well-formed"), ("JVM_Sleep\tg_extra=id=\"a\" id=\"b\"\n", "well-formed")):
+        attrs.write_text(content)
+        err = io.StringIO()
+        assert main(["svg", str(src), "-o", str(tmp_path / "o.svg"), "--nameattr", str(attrs)], stderr=err) != 0
+        assert why in err.getvalue() and "attrs.tsv:1" in err.getvalue(), (content, err.getvalue())
+    assert not (tmp_path / "o.svg").exists()
+    # A value is escaped where it would break the file, its references are kept.
+    attrs.write_text("JVM_Sleep\ttitle=<b> & &lt;i&gt;\tclass=a\"b\n\nInterpreter::call\tunknown=1\n")
+    svg = _svg(tmp_path, "--nameattr", str(attrs))
+    assert '<g class="a&quot;b" data-n="JVM_Sleep"><title>&lt;b&gt; &amp; &lt;i&gt;</title>' in svg
+    assert "<g><title>Interpreter::call (" in svg
+
+
+def test_cp_is_flamegraph_pl_s_palette_map(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (FGPL / "names.folded").read_text()
+    # flamegraph.pl --cp's palette.map pins the colors: flamed draws with its colors.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "palette.map").write_bytes((FGPL / "cp.map").read_bytes())
+    ours = _titled_fills(_svg(tmp_path, "--cp", "--minwidth", "0.1", text=text))
+    ref = _titled_fills((FGPL / "cp.svg").read_text())
+    assert len(ref) > 90 and sorted((ref - ours).elements()) == []
+    assert set((FGPL / "cp.map").read_text().splitlines()) <= set((tmp_path / "palette.map").read_text().splitlines())
+    # A first --cp --hash run writes flamegraph.pl's lines (the root aside: "" there, "all" here).
+    (tmp_path / "palette.map").unlink()
+    _svg(tmp_path, "--cp", "--hash", "--minwidth", "0.1", text=text)
+    mine = set((tmp_path / "palette.map").read_text().splitlines())
+    theirs = set((FGPL / "cp-hash.map").read_text().splitlines())
+    assert {ln for ln in mine if not ln.startswith("all->")} == {ln for ln in theirs if not ln.startswith("->")}
+    # --palette-file names another file.
+    _svg(tmp_path, "--cp", "--palette-file", "other.map")
+    assert (tmp_path / "other.map").exists()

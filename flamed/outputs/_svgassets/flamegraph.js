@@ -56,14 +56,26 @@ function init() {
   var gs = fv.children;
   for (var i = 0; i < gs.length; i++) {
     var g = gs[i], t = g.firstElementChild, r = t.nextElementSibling, txt = t.textContent;
-    var name = txt.slice(0, txt.lastIndexOf(" (")), a = g.getAttribute("data-a");
+    // A tooltip replaced by --nameattr does not start with the name: data-n holds it.
+    var named = g.hasAttribute("data-n");
+    var name = named ? g.getAttribute("data-n") : txt.slice(0, txt.lastIndexOf(" (")), a = g.getAttribute("data-a");
     g.setAttribute("data-i", i);
     // name: as shown (no _[k]-style annotation); full: with it, for the search.
     F.push({g: g, r: r, x: num(r.getAttribute("x")), w: num(r.getAttribute("width")),
             y: num(r.getAttribute("y")), fill: r.getAttribute("fill"), title: txt,
-            name: name, full: a ? name + "_[" + a + "]" : name});
+            name: name, full: a ? name + "_[" + a + "]" : name,
+            info: named ? txt : txt.slice(name.length + 2, -1)});
   }
-  fv.addEventListener("click", function (e) { var f = frameOf(e); if (f) zoom(f); });
+  fv.addEventListener("click", function (e) {
+    var f = frameOf(e);
+    if (!f) return;
+    // A box made a link (--nameattr href) follows it; Ctrl-click zooms instead, as in flamegraph.pl.
+    if (f.g.localName === "a") {
+      if (!e.ctrlKey && !e.metaKey) return;
+      e.preventDefault();
+    }
+    zoom(f);
+  });
   fv.addEventListener("mouseover", function (e) {
     var f = frameOf(e);
     if (!f) return;
@@ -95,7 +107,7 @@ function init() {
 function showTip(f, e) {
   var name = f.name.length > 100 ? f.name.slice(0, 98) + ".." : f.name;
   tipName.textContent = name;
-  tipInfo.textContent = f.title.slice(f.name.length + 2, -1);
+  tipInfo.textContent = f.info;
   tip.classList.remove("hide");
   var bb = tip.lastElementChild.getBBox();
   tipBg.setAttribute("width", Math.ceil(bb.width) + 12);
@@ -116,7 +128,7 @@ function placeTip(e) {
 }
 
 function frameOf(e) {
-  var g = e.target.closest ? e.target.closest("g[data-i]") : null;
+  var g = e.target.closest ? e.target.closest("[data-i]") : null;
   return g ? F[+g.getAttribute("data-i")] : null;
 }
 
