@@ -1,0 +1,242 @@
+"""``flamed dump -p PID`` on real processes: hung CPython processes of each
+build (main thread in ``stuck_handler``, a second thread asleep in ``nap``),
+one inside its own PID namespace, a process that is not Python, and the
+errors (no such process, not permitted)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cpython_support import need_debian_311, pyenv_python
+from support import ROOT, have_root, need
+
+from flamed.cli import main
+
+WAIT_S = 30.0
+
+SCRIPT = """\
+import json, sys, threading, time
+
+def nap():
+    time.sleep(1000)  # NAP_LINE
+
+def sleeper():
+    nap()
+
+def stuck_handler():
+    threading.Event().wait()  # STUCK_LINE
+
+t = threading.Thread(target=sleeper, name="sleeper", daemon=True)
+t.start()
+with open(sys.argv[1] + ".tmp", "w") as f:
+    json.dump({"main": threading.get_native_id(), "sleeper": t.native_id}, f)
+import os
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+stuck_handler()
+"""
+
+
+def _line_of(marker: str) -> int:
+    return next(i for i, ln in enumerate(SCRIPT.splitlines(), 1) if marker in ln)
+
+
+STUCK_LINE = _line_of("# STUCK_LINE")
+NAP_LINE = _line_of("# NAP_LINE")
+
+
+def _exe(which: str) -> Path:
+    return need_debian_311() if which == "debian-3.11" else pyenv_python(which)
+
+
+def _wait_for(cond: Callable[[], object], what: str, timeout: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def dump(pid: int, *extra: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(["dump", "-p", str(pid), *extra], stdout=out, stderr=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def thread_blocks(text: str) -> dict[int, str]:
+    """tid -> the text of its ``Thread TID ...`` block."""
+    out: dict[int, str] = {}
+    for block in text.split("\n\n"):
+        if block.startswith("Thread "):
+            out[int(block.split()[1])] = block
+    return out
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    # A path with a space: the frames carry co_filename as it is.
+    p = tmp_path / "hung target.py"
+    p.write_text(SCRIPT)
+    return p
+
+
+@pytest.fixture
+def spawn() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=30)
+
+
+def _frames_named(script: Path, main_tid: int, sleeper_tid: int) -> Callable[[], str | None]:
+    """A poll: the dump's text once both threads are where the script parks them."""
+    stuck = f"stuck_handler ({script}:{STUCK_LINE})"
+    nap = f"nap ({script}:{NAP_LINE})"
+
+    def check() -> str | None:
+        rc, text, err = dump(main_tid)
+        assert rc == 0, err
+        blocks = thread_blocks(text)
+        if stuck in blocks.get(main_tid, "") and nap in blocks.get(sleeper_tid, ""):
+            return text
+        return None
+
+    return check
+
+
+@pytest.mark.parametrize("which", ["3.8", "3.11", "3.12", "3.13", "debian-3.11"])
+def test_dump_names_the_hung_threads_frames(
+    which: str, script: Path, tmp_path: Path, spawn: list[subprocess.Popen[bytes]]
+) -> None:
+    need(have_root(), "root (process_vm_readv of another process, kernel stacks)")
+    exe = _exe(which)
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen([str(exe), str(script), str(ready)])
+    spawn.append(proc)
+    _wait_for(lambda: ready.exists() or proc.poll() is not None, "the target to start its threads")
+    assert proc.poll() is None, "the target exited"
+    ids = json.loads(ready.read_text())
+    assert ids["main"] == proc.pid
+    text = _wait_for(_frames_named(script, proc.pid, ids["sleeper"]), "stuck_handler and nap in the dump")
+
+    assert text.startswith(f"Process {proc.pid}: {exe} {script} {ready}\nPython {which.split('-')[-1]}")
+    blocks = thread_blocks(text)
+    assert set(blocks) == {proc.pid, ids["sleeper"]}
+    main_block, sleeper_block = blocks[proc.pid], blocks[ids["sleeper"]]
+    assert main_block.startswith(f"Thread {proc.pid} ({exe.name}) S (sleeping)")
+    assert "stuck_handler" not in sleeper_block and "nap (" not in main_block
+    # Innermost first: the sleep's caller before its caller's caller.
+    assert sleeper_block.index("nap (") < sleeper_block.index("sleeper (")
+    assert "  kernel:\n" in main_block and "no Python frames" not in text
+
+    rc, raw, err = dump(proc.pid, "--json")
+    assert rc == 0, err
+    doc = json.loads(raw)
+    assert doc["schema"] == 1 and doc["pid"] == proc.pid and doc["python_error"] is None
+    assert doc["cmdline"] == [str(exe), str(script), str(ready)]
+    assert doc["python"]["version"].startswith(which.split("-")[-1])
+    by_tid = {t["tid"]: t for t in doc["threads"]}
+    main_t = by_tid[proc.pid]
+    assert main_t["state"] == "S" and main_t["state_name"] == "sleeping" and main_t["kernel"]
+    frames = main_t["python"]["frames"]
+    assert {"function": "stuck_handler", "file": str(script), "line": STUCK_LINE} in frames
+    assert frames[-1]["function"] == "<module>"
+    nap_frames = by_tid[ids["sleeper"]]["python"]["frames"]
+    assert nap_frames[0] == {"function": "nap", "file": str(script), "line": NAP_LINE}
+    if which != "3.8":
+        assert main_t["python"]["native_thread_id"] == proc.pid
+    assert doc["unmatched_python_threads"] == []
+
+
+@pytest.mark.parametrize("which", ["3.8", "3.12"])
+def test_dump_in_a_pid_namespace(which: str, script: Path, tmp_path: Path,
+                                 spawn: list[subprocess.Popen[bytes]]) -> None:
+    need(have_root(), "root (unshare --pid, process_vm_readv)")
+    need(shutil.which("unshare") is not None, "unshare (util-linux)")
+    exe = _exe(which)
+    ready = tmp_path / "ready.json"
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc",
+                              str(exe), str(script), str(ready)])
+    spawn.append(outer)
+    try:
+        _wait_for(lambda: ready.exists() or outer.poll() is not None, "the namespaced target to start")
+        assert outer.poll() is None, "unshare exited"
+        children = Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()
+        assert len(children) == 1, children
+        pid = int(children[0])
+        ids = json.loads(ready.read_text())
+        assert ids["main"] == 1, "the target is not in a PID namespace of its own"
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        sleeper = next(t for t in tids if t != pid)
+        _wait_for(_frames_named(script, pid, sleeper), "stuck_handler and nap in the namespaced dump")
+        rc, raw, err = dump(pid, "--json")
+        assert rc == 0, err
+        doc = json.loads(raw)
+        assert doc["unmatched_python_threads"] == []
+        if which != "3.8":
+            # The interpreter holds the namespace's tids; the dump shows the host's.
+            by_tid = {t["tid"]: t for t in doc["threads"]}
+            assert by_tid[pid]["python"]["native_thread_id"] == 1
+    finally:
+        # Python is pid 1 of its namespace: it ignores SIGTERM; --kill-child ends it with unshare.
+        outer.kill()
+
+
+def test_dump_of_a_process_that_is_not_python(spawn: list[subprocess.Popen[bytes]]) -> None:
+    need(have_root(), "root (kernel stacks)")
+    proc = subprocess.Popen(["sleep", "1000"])
+    spawn.append(proc)
+    _wait_for(lambda: Path(f"/proc/{proc.pid}/comm").read_text() == "sleep\n", "sleep to exec")
+
+    def asleep() -> str | None:
+        rc, text, err = dump(proc.pid)
+        assert rc == 0, err
+        return text if f"Thread {proc.pid} (sleep) S (sleeping)" in text else None
+
+    text = _wait_for(asleep, "sleep to be asleep")
+    assert text.startswith(f"Process {proc.pid}: sleep 1000\nno Python frames: not a CPython process")
+    blocks = thread_blocks(text)
+    assert list(blocks) == [proc.pid]
+    assert blocks[proc.pid].startswith(f"Thread {proc.pid} (sleep) S (sleeping)")
+    assert "  kernel:\n" in blocks[proc.pid]
+    rc, raw, err = dump(proc.pid, "--json")
+    assert rc == 0, err
+    doc = json.loads(raw)
+    assert doc["python"] is None and doc["python_error"].startswith("not a CPython process")
+    assert [(t["tid"], t["name"], t["state"], t["python"]) for t in doc["threads"]] == [(proc.pid, "sleep", "S", None)]
+
+
+def test_dump_of_no_such_process() -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait(timeout=30)
+    rc, out, err = dump(proc.pid)
+    assert (rc, out) == (1, "")
+    assert err == f"flamed dump: error: no such process: {proc.pid}\n"
+
+
+def test_dump_not_permitted(spawn: list[subprocess.Popen[bytes]]) -> None:
+    need(have_root(), "root (to start a process another user may not read)")
+    setpriv = shutil.which("setpriv")
+    need(setpriv is not None, "setpriv (util-linux)")
+    assert setpriv is not None
+    proc = subprocess.Popen(["sleep", "1000"])
+    spawn.append(proc)
+    res = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+                          sys.executable, "-m", "flamed", "dump", "-p", str(proc.pid)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 3, res.stderr
+    assert res.stdout == ""
+    assert "run as root or grant CAP_SYS_PTRACE" in res.stderr
