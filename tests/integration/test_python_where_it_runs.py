@@ -278,3 +278,47 @@ def test_pyspy_fallback_maps_namespace_tids(tmp_path: Path, require_pyspy: str) 
     total = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines)
     named = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "busy_in_container (<string>:4)" in ln)
     assert total >= 50 and named / total >= 0.9, (named, total, r.stderr)
+
+
+#: Phases of an interpreter's life that have no Python frame to show: the
+#: dynamic loader, start-up before the first frame, finalization.
+_NO_PYTHON_PHASE = re.compile(r"^(_dl_|dl_main|Py_InitializeFromConfig|pymain_init|Py_FinalizeEx|_Py_Finalize)")
+
+
+@pytest.mark.parametrize("version", ["debian-3.11", "3.12"])
+def test_short_lived_processes_under_load(sampler: Any, version: str) -> None:
+    """40 jobs of 0.3 s with two busy loops beside them on this 2-CPU host:
+    the jobs' samples have Python frames from the first ones on (the
+    describing thread runs late under load)."""
+    exe = _interpreter(version)
+    code = ("import time\n"
+            "def short_job():\n"
+            "    end = time.perf_counter() + 0.3\n"
+            "    n = 0\n"
+            "    while time.perf_counter() < end:\n"
+            "        n += 1\n"
+            "short_job()\n")
+    hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(2)]
+    pids = set()
+    try:
+        sampler.drain()
+        for _ in range(40):
+            p = subprocess.Popen([str(exe), "-S", "-c", code])
+            pids.add(p.pid)
+            assert p.wait(timeout=30) == 0
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    w = sampler.drain()
+    working = named = 0
+    for (tgid, _tid, comm, stack), n in w.counts.items():
+        if tgid not in pids or not comm.startswith("python"):
+            continue
+        if any(_PY_FRAME.search(f) for f in stack):
+            working += n
+            named += n
+        elif not any(_NO_PYTHON_PHASE.match(f) for f in stack):
+            working += n  # the job ran (or the interpreter did) but no Python frame was read
+    assert working >= 400, f"{version}: only {working} samples of the jobs"
+    assert named / working >= 0.95, f"{version}: {named}/{working} samples with Python frames under load"
