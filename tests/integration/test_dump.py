@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -91,14 +92,15 @@ def script(tmp_path: Path) -> Path:
     return p
 
 
-@pytest.fixture
-def spawn() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=30)
+@contextmanager
+def running(*argv: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``argv`` started; killed and reaped however the test ends."""
+    proc = subprocess.Popen(list(argv))
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 def _frames_named(script: Path, main_tid: int, sleeper_tid: int) -> Callable[[], str | None]:
@@ -117,20 +119,25 @@ def _frames_named(script: Path, main_tid: int, sleeper_tid: int) -> Callable[[],
     return check
 
 
+def _started(proc: subprocess.Popen[bytes], ready: Path) -> dict[str, int]:
+    """The thread ids the target wrote once its threads were started."""
+    _wait_for(lambda: ready.exists() or proc.poll() is not None, "the target to start its threads")
+    assert proc.poll() is None, "the target exited"
+    ids: dict[str, int] = json.loads(ready.read_text())
+    return ids
+
+
 @pytest.mark.parametrize("which", ["3.8", "3.11", "3.12", "3.13", "debian-3.11"])
-def test_dump_names_the_hung_threads_frames(
-    which: str, script: Path, tmp_path: Path, spawn: list[subprocess.Popen[bytes]]
-) -> None:
+def test_dump_names_the_hung_threads_frames(which: str, script: Path, tmp_path: Path) -> None:
     need(have_root(), "root (process_vm_readv of another process, kernel stacks)")
     exe = _exe(which)
     ready = tmp_path / "ready.json"
-    proc = subprocess.Popen([str(exe), str(script), str(ready)])
-    spawn.append(proc)
-    _wait_for(lambda: ready.exists() or proc.poll() is not None, "the target to start its threads")
-    assert proc.poll() is None, "the target exited"
-    ids = json.loads(ready.read_text())
-    assert ids["main"] == proc.pid
-    text = _wait_for(_frames_named(script, proc.pid, ids["sleeper"]), "stuck_handler and nap in the dump")
+    with running(str(exe), str(script), str(ready)) as proc:
+        ids = _started(proc, ready)
+        assert ids["main"] == proc.pid
+        text = _wait_for(_frames_named(script, proc.pid, ids["sleeper"]), "stuck_handler and nap in the dump")
+        rc, raw, err = dump(proc.pid, "--json")
+    assert rc == 0, err
 
     assert text.startswith(f"Process {proc.pid}: {exe} {script} {ready}\nPython {which.split('-')[-1]}")
     blocks = thread_blocks(text)
@@ -142,8 +149,6 @@ def test_dump_names_the_hung_threads_frames(
     assert sleeper_block.index("nap (") < sleeper_block.index("sleeper (")
     assert "  kernel:\n" in main_block and "no Python frames" not in text
 
-    rc, raw, err = dump(proc.pid, "--json")
-    assert rc == 0, err
     doc = json.loads(raw)
     assert doc["schema"] == 1 and doc["pid"] == proc.pid and doc["python_error"] is None
     assert doc["cmdline"] == [str(exe), str(script), str(ready)]
@@ -162,57 +167,48 @@ def test_dump_names_the_hung_threads_frames(
 
 
 @pytest.mark.parametrize("which", ["3.8", "3.12"])
-def test_dump_in_a_pid_namespace(which: str, script: Path, tmp_path: Path,
-                                 spawn: list[subprocess.Popen[bytes]]) -> None:
+def test_dump_in_a_pid_namespace(which: str, script: Path, tmp_path: Path) -> None:
     need(have_root(), "root (unshare --pid, process_vm_readv)")
     need(shutil.which("unshare") is not None, "unshare (util-linux)")
     exe = _exe(which)
     ready = tmp_path / "ready.json"
-    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc",
-                              str(exe), str(script), str(ready)])
-    spawn.append(outer)
-    try:
-        _wait_for(lambda: ready.exists() or outer.poll() is not None, "the namespaced target to start")
-        assert outer.poll() is None, "unshare exited"
+    # Python is pid 1 of its namespace and ignores SIGTERM; killing unshare
+    # ends it (--kill-child).
+    with running("unshare", "--pid", "--fork", "--kill-child", "--mount-proc",
+                 str(exe), str(script), str(ready)) as outer:
+        ids = _started(outer, ready)
+        assert ids["main"] == 1, "the target is not in a PID namespace of its own"
         children = Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()
         assert len(children) == 1, children
         pid = int(children[0])
-        ids = json.loads(ready.read_text())
-        assert ids["main"] == 1, "the target is not in a PID namespace of its own"
-        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
-        sleeper = next(t for t in tids if t != pid)
+        sleeper = next(t for t in sorted(int(t) for t in os.listdir(f"/proc/{pid}/task")) if t != pid)
         _wait_for(_frames_named(script, pid, sleeper), "stuck_handler and nap in the namespaced dump")
         rc, raw, err = dump(pid, "--json")
-        assert rc == 0, err
-        doc = json.loads(raw)
-        assert doc["unmatched_python_threads"] == []
-        if which != "3.8":
-            # The interpreter holds the namespace's tids; the dump shows the host's.
-            by_tid = {t["tid"]: t for t in doc["threads"]}
-            assert by_tid[pid]["python"]["native_thread_id"] == 1
-    finally:
-        # Python is pid 1 of its namespace: it ignores SIGTERM; --kill-child ends it with unshare.
-        outer.kill()
+    assert rc == 0, err
+    doc = json.loads(raw)
+    assert doc["unmatched_python_threads"] == []
+    if which != "3.8":
+        # The interpreter holds the namespace's tids; the dump shows the host's.
+        by_tid = {t["tid"]: t for t in doc["threads"]}
+        assert by_tid[pid]["python"]["native_thread_id"] == 1
 
 
-def test_dump_of_a_process_that_is_not_python(spawn: list[subprocess.Popen[bytes]]) -> None:
+def test_dump_of_a_process_that_is_not_python() -> None:
     need(have_root(), "root (kernel stacks)")
-    proc = subprocess.Popen(["sleep", "1000"])
-    spawn.append(proc)
-    _wait_for(lambda: Path(f"/proc/{proc.pid}/comm").read_text() == "sleep\n", "sleep to exec")
+    with running("sleep", "1000") as proc:
+        _wait_for(lambda: Path(f"/proc/{proc.pid}/comm").read_text() == "sleep\n", "sleep to exec")
 
-    def asleep() -> str | None:
-        rc, text, err = dump(proc.pid)
-        assert rc == 0, err
-        return text if f"Thread {proc.pid} (sleep) S (sleeping)" in text else None
+        def asleep() -> str | None:
+            rc, text, err = dump(proc.pid)
+            assert rc == 0, err
+            return text if f"Thread {proc.pid} (sleep) S (sleeping)" in text else None
 
-    text = _wait_for(asleep, "sleep to be asleep")
+        text = _wait_for(asleep, "sleep to be asleep")
+        rc, raw, err = dump(proc.pid, "--json")
     assert text.startswith(f"Process {proc.pid}: sleep 1000\nno Python frames: not a CPython process")
     blocks = thread_blocks(text)
     assert list(blocks) == [proc.pid]
-    assert blocks[proc.pid].startswith(f"Thread {proc.pid} (sleep) S (sleeping)")
     assert "  kernel:\n" in blocks[proc.pid]
-    rc, raw, err = dump(proc.pid, "--json")
     assert rc == 0, err
     doc = json.loads(raw)
     assert doc["python"] is None and doc["python_error"].startswith("not a CPython process")
@@ -227,16 +223,15 @@ def test_dump_of_no_such_process() -> None:
     assert err == f"flamed dump: error: no such process: {proc.pid}\n"
 
 
-def test_dump_not_permitted(spawn: list[subprocess.Popen[bytes]]) -> None:
+def test_dump_not_permitted() -> None:
     need(have_root(), "root (to start a process another user may not read)")
     setpriv = shutil.which("setpriv")
     need(setpriv is not None, "setpriv (util-linux)")
     assert setpriv is not None
-    proc = subprocess.Popen(["sleep", "1000"])
-    spawn.append(proc)
-    res = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
-                          sys.executable, "-m", "flamed", "dump", "-p", str(proc.pid)],
-                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    with running("sleep", "1000") as proc:
+        res = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+                              sys.executable, "-m", "flamed", "dump", "-p", str(proc.pid)],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert res.returncode == 3, res.stderr
     assert res.stdout == ""
     assert "run as root or grant CAP_SYS_PTRACE" in res.stderr
