@@ -9,7 +9,7 @@ from flamed.commands.base import Command
 
 
 class DumpCommand(Command):
-    """Print the current stack of every thread of a process (a hung one, say).
+    """Print the current stack of every thread of a process (a hung one).
 
     For each thread: tid, name, scheduler state, wait channel, the kernel
     stack (/proc/PID/task/TID/stack, root only) and, for CPython 3.8-3.13,
