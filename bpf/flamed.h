@@ -102,12 +102,62 @@ enum flamed_stat {
     FLAMED_STAT_UW_FP_FRAMES = 30,  /* frames found by frame pointer (no table for their address) */
     FLAMED_STAT_UW_NS = 31,         /* ns spent unwinding (FLAMED_UW_TIMING=1 only) */
     FLAMED_STAT_UW_TAIL_FAILED = 32,/* a tail call into the unwinder failed (programs not installed) */
-    FLAMED_NSTATS = 33,
+    FLAMED_STAT_OFF_SWITCHES = 33,  /* off-CPU (bpf/offcpu.bpf.c): selected tasks leaving a CPU */
+    FLAMED_STAT_OFF_STARTS = 34,    /* ... remembered in offcpu_start */
+    FLAMED_STAT_OFF_START_FULL = 35,/* ... not remembered: offcpu_start full (that wait is lost) */
+    FLAMED_STAT_OFF_BELOW = 36,     /* waits shorter than the threshold, not counted */
+    FLAMED_STAT_OFF_COUNTED = 37,   /* waits added to offcpu_counts */
+    FLAMED_STAT_OFF_MAP_FULL = 38,  /* waits lost: offcpu_counts full */
+    FLAMED_STAT_OFF_CARRIED = 39,   /* waits that began before the last drain (offcpu_carried) */
+    FLAMED_STAT_OFF_CARRY_FULL = 40,/* ... lost: offcpu_carried full */
+    FLAMED_NSTATS = 41,
 };
 
 #define FLAMED_STATS_GLOBAL 2
 #define FLAMED_STATS_SLOTS (3 * FLAMED_NSTATS)
 
+
+/* ---- Off-CPU time (bpf/offcpu.bpf.c) ---- */
+
+/* flamed_offcpu_start.flags and flamed_offcpu_key.flags */
+#define FLAMED_OFF_PREEMPTED 1    /* left the CPU runnable (preempted, yielded); else it blocked */
+
+/* A task that left the CPU: what it was doing then.  Stack ids are in the
+ * maps of generation `epoch & 1`, valid only until the drain of `epoch`. */
+struct flamed_offcpu_start {
+    __u64 ktime_ns;
+    __u64 py_stack_id;
+    __u64 cgroup_id;
+    __u32 epoch;
+    __u32 tgid;
+    __s32 kernel_stack_id;
+    __s32 user_stack_id;
+    __u32 flags;
+    __u32 pad;
+    char comm[FLAMED_COMM_LEN];
+};
+
+/* Key of offcpu_counts*: the task and stacks of a wait that began and ended
+ * in the same generation; the value is nanoseconds. */
+struct flamed_offcpu_key {
+    struct flamed_key key;
+    __u32 flags;
+    __u32 pad;
+};
+
+/* Key and value of offcpu_carried*: one wait that began in an earlier
+ * generation than it ended in, whose stacks user space kept at the drain of
+ * the generation it began in. */
+struct flamed_offcpu_carry_key {
+    __u32 tid;
+    __u32 pad;
+    __u64 ktime_ns; /* the wait's start: with the tid, names it */
+};
+
+struct flamed_offcpu_carry {
+    struct flamed_offcpu_start start;
+    __u64 ns;
+};
 
 /* ---- CPython frames read by the program (bpf/python.bpf.c) ----
  *

@@ -122,6 +122,11 @@ class Window:
     #: tgid -> who owns that cgroup (unit, container, pod), for the ids that
     #: resolved; empty without a cgroup v2 hierarchy.
     identities: dict[int, CgroupIdentity] = field(default_factory=dict)
+    #: Off-CPU time (samplers measuring it: ``BpfSamplerOptions.offcpu``):
+    #: (tgid, tid, comm, stack) -> nanoseconds the task spent off the CPU in
+    #: that stack, whose leaf frame says why (``[off-cpu: blocked]`` or
+    #: ``[off-cpu: preempted]``); each wait is counted in the window it ended in.
+    offcpu: dict[CountKey, int] = field(default_factory=dict)
 
     def to_profile(self, root: str = "comm", labels: dict[str, str] | None = None) -> Profile:
         """Counts (not events) as a Profile whose root frames name the task (see :func:`counts_to_profile`)."""

@@ -27,6 +27,7 @@ import ctypes as ct
 import errno
 import logging
 import os
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -84,6 +85,26 @@ UW_STATS = ("UW_SAMPLES", "UW_COMPLETE", "UW_NO_TABLE", "UW_UNSUPPORTED", "UW_DE
 _UW_LOST_FRAME = "[lost stack: unwound]"
 #: A sample whose Python stack id names no stack the drain could read.
 _PY_LOST_FRAME = "[lost python stack]"
+
+#: FLAMED_STAT_OFF_* counters (bpf/offcpu.bpf.c) by the names _take_stats gives
+#: them, then the drain's own: waits spanning a drain whose stacks were not
+#: kept (CARRY_MISSING: the record came without its start having been seen;
+#: CARRY_OVERFLOW: more open waits than ``offcpu_starts``) or whose end never
+#: came (CARRY_EXPIRED: the start vanished without a record, e.g. the record
+#: map was full).
+OFF_STATS = ("OFF_SWITCHES", "OFF_STARTS", "OFF_START_FULL", "OFF_BELOW", "OFF_COUNTED", "OFF_MAP_FULL",
+             "OFF_CARRIED", "OFF_CARRY_FULL", "CARRY_MISSING", "CARRY_EXPIRED", "CARRY_OVERFLOW")
+#: The leaf frame of an off-CPU stack: why the task left the CPU.
+OFFCPU_BLOCKED_FRAME = "[off-cpu: blocked]"
+OFFCPU_PREEMPTED_FRAME = "[off-cpu: preempted]"
+_OFF_PREEMPTED = 1  # FLAMED_OFF_PREEMPTED
+# struct flamed_offcpu_start, flamed_offcpu_key, flamed_offcpu_carry_key of bpf/flamed.h.
+OFF_START = struct.Struct("<QQQIIiiII16s")
+OFF_KEY = struct.Struct("<IIii16sQQQII")
+OFF_CARRY_KEY = struct.Struct("<IIQ")
+#: One open wait as the program remembered it: start ktime, Python stack id,
+#: cgroup id, epoch, tgid, kernel stack id, user stack id, flags, raw comm.
+OffStart = tuple[int, int, int, int, int, int, int, int, bytes]
 
 
 #: errnos of a kernel without lookup-and-delete on stack-trace maps (524: ENOTSUPP)
@@ -153,12 +174,17 @@ class SamplerStats:
     unwind_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UW_STATS, 0))
     #: The unwinder's tables and processes (``options.unwind``), as of the last drain.
     unwind: UnwindStats | None = None
+    #: Off-CPU counters summed over drains (``options.offcpu``; :data:`OFF_STATS`).
+    offcpu_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OFF_STATS, 0))
+    #: Waits spanning a drain whose stacks are kept in user space now.
+    offcpu_carried_open: int = 0
 
     def copy(self) -> SamplerStats:
         c = SamplerStats(**{f.name: getattr(self, f.name) for f in fields(self)})
         c.lost_total = dict(self.lost_total)
         c.python_total = dict(self.python_total)
         c.unwind_total = dict(self.unwind_total)
+        c.offcpu_total = dict(self.offcpu_total)
         c.unwind = self.unwind.copy() if self.unwind is not None else None
         return c
 
@@ -235,18 +261,48 @@ class MapReader:
 
     def _take_stack_map(self, name: str, cap: int) -> dict[int, bytes]:
         """Read and delete a (quiescent) hash of stacks the program built, keyed by a u64 hash."""
+        return {int.from_bytes(k, "little"): v for k, v in self._take_raw(name, cap)}
+
+    def _take_raw(self, name: str, cap: int) -> list[tuple[bytes, bytes]]:
+        """Read and delete every entry of a (quiescent) hash map, as raw (key, value) bytes."""
         table = self._program.bpf[name]
-        vsz = ct.sizeof(table.Leaf)
+        ksz, vsz = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
         kind = name.rstrip("01")
         if kind not in self._stack_bufs:
-            self._stack_bufs[kind] = ((ct.c_uint64 * cap)(), (ct.c_uint8 * (vsz * cap))())
+            self._stack_bufs[kind] = ((ct.c_uint8 * (ksz * cap))(), (ct.c_uint8 * (vsz * cap))())
         keys, vals = self._stack_bufs[kind]
-        total = self._take_batch(name, table, keys, 8, vals, vsz, cap)
-        raw = memoryview(vals)[: total * vsz]
-        out = {keys[i]: bytes(raw[i * vsz:(i + 1) * vsz]) for i in range(total)}
-        for kb, vb in self._take_rest(table):
-            out[int.from_bytes(kb, "little")] = vb
+        total = self._take_batch(name, table, keys, ksz, vals, vsz, cap)
+        kraw, vraw = memoryview(keys)[: total * ksz], memoryview(vals)[: total * vsz]
+        out = [(bytes(kraw[i * ksz:(i + 1) * ksz]), bytes(vraw[i * vsz:(i + 1) * vsz])) for i in range(total)]
+        out.extend(self._take_rest(table))
         return out
+
+    def take_offcpu(self, gen: int) -> list[tuple[CountRow, int]]:
+        """Read and delete the old generation's off-CPU counts: (the count row, ns in it), flags."""
+        out: list[tuple[CountRow, int]] = []
+        for kb, vb in self._take_raw(f"offcpu_counts{gen}", self._options.offcpu_entries):
+            tgid, tid, kid, uid, comm, py, nid, cg, flags, _pad = OFF_KEY.unpack(kb)
+            out.append(((tgid, tid, kid, uid, comm, py, nid, cg, int.from_bytes(vb, "little")), flags))
+        return out
+
+    def take_carried(self, gen: int, delete: bool = True) -> dict[tuple[int, int], tuple[OffStart, int]]:
+        """The waits spanning a drain that ended in generation ``gen``: (tid,
+        start ktime) -> (its start, ns).  ``delete=False``: a look at the
+        current generation's, which the program still writes."""
+        name = f"offcpu_carried{gen}"
+        rows = (self._take_raw(name, self._options.offcpu_carried) if delete
+                else self._read_all(self._program.bpf[name], delete=False))
+        out: dict[tuple[int, int], tuple[OffStart, int]] = {}
+        for kb, vb in rows:
+            tid, _pad, kt = OFF_CARRY_KEY.unpack(kb)
+            start = _off_start(vb[: OFF_START.size])
+            out[(tid, kt)] = (start, int.from_bytes(vb[OFF_START.size: OFF_START.size + 8], "little"))
+        return out
+
+    def read_starts(self) -> dict[int, OffStart]:
+        """The open waits now (tid -> its start), read without deleting: the program owns them."""
+        return {int.from_bytes(kb, "little"): _off_start(vb)
+                for kb, vb in self._read_all(self._program.bpf["offcpu_start"], delete=False)}
 
     def take_counts(self, gen: int) -> list[CountRow]:
         """Read and delete every entry of the old count map (it is quiescent)."""
@@ -292,6 +348,10 @@ class MapReader:
         """Whatever :meth:`_take_batch` left (no batch support, a partial batch),
         key by key, as raw (key, value) bytes; when the batch emptied the map
         this is a single get_next_key call."""
+        return self._read_all(table, delete=True)
+
+    def _read_all(self, table: Any, *, delete: bool) -> list[tuple[bytes, bytes]]:
+        """Every entry of ``table`` key by key, as raw (key, value) bytes; deleted if asked."""
         lib = self._program.lib
         fd = table.map_fd
         key = table.Key()
@@ -311,7 +371,8 @@ class MapReader:
             ct.memmove(ct.byref(key), kb, len(kb))
             if lib.bpf_lookup_elem(fd, ct.byref(key), ct.byref(val)) == 0:
                 rest.append((kb, bytes(val)))
-                lib.bpf_delete_elem(fd, ct.byref(key))
+                if delete:
+                    lib.bpf_delete_elem(fd, ct.byref(key))
         return rest
 
     def read_stacks(self, gen: int, ids: set[int]) -> dict[int, list[int]]:
@@ -383,6 +444,29 @@ class MapReader:
 
 
 
+def _off_start(raw: bytes) -> OffStart:
+    kt, py, cg, epoch, tgid, kid, uid, flags, _pad, comm = OFF_START.unpack(raw)
+    return (kt, py, cg, epoch, tgid, kid, uid, flags, comm)
+
+
+def offcpu_frame(flags: int) -> str:
+    """The leaf frame saying why a task left the CPU."""
+    return OFFCPU_PREEMPTED_FRAME if flags & _OFF_PREEMPTED else OFFCPU_BLOCKED_FRAME
+
+
+#: Leaf kernel frames of the tracing machinery itself (the raw tracepoint's
+#: runner and the off-CPU program), above __schedule in every off-CPU stack.
+_TRACING_FRAME = ("bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_")
+
+
+def offcpu_stack(stack: Stack, flags: int) -> Stack:
+    """An off-CPU stack as shown: the tracing frames cut, the reason as leaf."""
+    n = len(stack)
+    while n and stack[n - 1].endswith(KERNEL_SUFFIX) and stack[n - 1].startswith(_TRACING_FRAME):
+        n -= 1
+    return stack[:n] + (offcpu_frame(flags),)
+
+
 def task_cgroups(keys: list[CountRow]) -> dict[int, int]:
     """tgid -> the cgroup id with most of its samples in these rows (a process
     that moved mid-window is named by where it mostly ran)."""
@@ -394,6 +478,40 @@ def task_cgroups(keys: list[CountRow]) -> dict[int, int]:
         if tgid not in best or n > best[tgid][1]:
             best[tgid] = (cg, n)
     return {tgid: cg for tgid, (cg, _n) in best.items()}
+
+
+@dataclass
+class _OffRead:
+    """What one drain reads of the off-CPU maps, right after the quiesce."""
+
+    #: Waits that began and ended in the old generation: (count row, flags).
+    rows: list[tuple[CountRow, int]]
+    #: Waits that began in the old generation and are still open, or ended
+    #: since the flip: their stacks must be named before the ids die.
+    to_carry: dict[tuple[int, int], OffStart]
+    #: Waits that began before the old generation and ended in it.
+    ended: dict[tuple[int, int], tuple[OffStart, int]]
+    #: Every wait whose kept stacks may still be asked for.
+    live: set[tuple[int, int]]
+
+    @classmethod
+    def take(cls, reader: MapReader, old: int, old_epoch: int) -> _OffRead:
+        rows = reader.take_offcpu(old)
+        ended = reader.take_carried(old)
+        # The open waits first, then the records of those that ended since
+        # the flip: a wait ending in between is found in the second (the
+        # program writes the record before it deletes the start).
+        starts = reader.read_starts()
+        since = reader.take_carried(old ^ 1, delete=False)
+        to_carry = {(tid, st[0]): st for tid, st in starts.items() if st[3] == old_epoch}
+        to_carry.update((ck, st) for ck, (st, _ns) in since.items() if st[3] == old_epoch)
+        live = {(tid, st[0]) for tid, st in starts.items()} | set(since)
+        return cls(rows, to_carry, ended, live)
+
+    def stack_ids(self) -> set[int]:
+        ids = {i for row, _f in self.rows for i in (row[2], row[3])}
+        ids.update(i for st in self.to_carry.values() for i in (st[5], st[6]))
+        return ids
 
 
 # ---------------------------------------------------------------------------
@@ -436,7 +554,14 @@ class Drainer:
         self._raw_events: list[EventRow] = []
         program.bpf["events"].open_ring_buffer(self._on_event)
         self._gen = 0
+        #: What `generation` holds: the program uses its parity, the off-CPU
+        #: program also the whole number (which drain a wait began before).
+        self._epoch = 0
         program.write_gen(0)
+        #: Waits spanning a drain: (tid, start ktime) -> (tgid, comm, stack,
+        #: flags), kept from the drain of the generation they began in until
+        #: their end arrives (docs/offcpu.md).
+        self._carry: dict[tuple[int, int], tuple[int, str, Stack, int]] = {}
         self._clock = clock
         self._window_start = clock()
 
@@ -457,8 +582,10 @@ class Drainer:
         t0 = time.perf_counter()
         c0 = time.thread_time()
         old = self._gen
-        self._gen = old ^ 1
-        self._program.write_gen(self._gen)
+        old_epoch = self._epoch
+        self._epoch += 1
+        self._gen = self._epoch & 1
+        self._program.write_gen(self._epoch)
         end_ns = self._clock()
         start_ns, self._window_start = self._window_start, end_ns
         self._quiesce()
@@ -468,6 +595,7 @@ class Drainer:
         keys = reader.take_counts(old)
         pystacks = reader.take_pystacks(old) if self._python is not None else {}
         ustacks = reader.take_ustacks(old) if self._unwinder is not None else {}
+        off = _OffRead.take(reader, old, old_epoch) if self.options.offcpu else None
         self._program.bpf.ring_buffer_consume()
         raw_events = [e for e in self._raw_events if e[4] == old]
         self._raw_events = [e for e in self._raw_events if e[4] != old]
@@ -479,6 +607,8 @@ class Drainer:
         for e in raw_events:
             ids.add(e[5])
             ids.add(e[6])
+        if off is not None:
+            ids |= off.stack_ids()
         ids = {i for i in ids if i >= 0}
         stacks = reader.read_stacks(old, ids)
         reader.clear_stacks(old)
@@ -494,6 +624,9 @@ class Drainer:
                 lost[reason] += n
         lost["stack_read_failed"] = sum(1 for i in ids if i not in stacks)
         counts, events = self._symbolize(keys, raw_events, stacks, pystacks, ustacks)
+        offcpu: dict[CountKey, int] = {}
+        if off is not None:
+            offcpu = self._offcpu(off, stacks, pystacks, counters)
         sym.end_drain()
         cgroups = task_cgroups(keys)
         identities = self._identify(cgroups, {e[1] for e in raw_events})
@@ -516,7 +649,53 @@ class Drainer:
             sample_rate=float(self.options.frequency),
             cgroups=cgroups,
             identities=identities,
+            offcpu=offcpu,
         )
+
+    def _offcpu(self, off: _OffRead, stacks: dict[int, list[int]], pystacks: dict[int, bytes],
+                counters: dict[str, int]) -> dict[CountKey, int]:
+        """The window's off-CPU time by stack (ns), the marker frame at the leaf.
+
+        Waits that began and ended in this generation come counted by stack
+        ids.  Open waits of this generation have their stacks named now and
+        kept, since their ids die with this drain; waits that began earlier
+        and ended in this generation are added to the stacks kept for them.
+        """
+        out: dict[CountKey, int] = {}
+        for flags in {f for _row, f in off.rows}:
+            rows = [row for row, f in off.rows if f == flags]
+            named, _ = self._symbolize(rows, [], stacks, pystacks, {})
+            for (tgid, tid, comm, stack), ns in named.items():
+                k = (tgid, tid, comm, offcpu_stack(stack, flags))
+                out[k] = out.get(k, 0) + ns
+        carry = self._carry
+        n = dict.fromkeys(("CARRY_MISSING", "CARRY_EXPIRED", "CARRY_OVERFLOW"), 0)
+        if off.to_carry:
+            rows = [(st[4], tid, st[5], st[6], st[8], st[1], 0, st[2], 1) for (tid, _kt), st in off.to_carry.items()]
+            named, _ = self._symbolize(rows, [], stacks, pystacks, {})
+            by_tid = {tid: (tgid, comm, stack) for (tgid, tid, comm, stack) in named}
+            room = self.options.offcpu_starts - len(carry)
+            for (tid, kt), st in off.to_carry.items():
+                if room <= 0:
+                    n["CARRY_OVERFLOW"] += 1
+                    continue
+                tgid, comm, stack = by_tid[tid]
+                carry[(tid, kt)] = (tgid, comm, stack, st[7])
+                room -= 1
+        for (tid, kt), (_st, ns) in off.ended.items():
+            kept = carry.pop((tid, kt), None)
+            if kept is None:
+                n["CARRY_MISSING"] += 1
+                continue
+            tgid, comm, stack, flags = kept
+            k = (tgid, tid, comm, offcpu_stack(stack, flags))
+            out[k] = out.get(k, 0) + ns
+        for ck in [ck for ck in carry if ck not in off.live]:
+            del carry[ck]
+            n["CARRY_EXPIRED"] += 1
+        counters.update(n)
+        self._stats.offcpu_carried_open = len(carry)
+        return out
 
     def _identify(self, cgroups: dict[int, int], event_tgids: set[int]) -> dict[int, CgroupIdentity]:
         """tgid -> the identity of its cgroup id, for the ids that resolve.
@@ -564,6 +743,8 @@ class Drainer:
             s.python_total[name] += counters.get(name, 0)
         for name in UW_STATS:
             s.unwind_total[name] += counters.get(name, 0)
+        for name in OFF_STATS:
+            s.offcpu_total[name] += counters.get(name, 0)
         if self._unwinder is not None:
             s.unwind = self._unwinder.stats.copy()
         for r, n in lost.items():
@@ -587,17 +768,18 @@ class Drainer:
         for until its sequence moves.
         """
         time.sleep(0.0005)
-        seqs = self._program.read_percpu("inflight", 0)
-        busy = {cpu: v for cpu, v in enumerate(seqs) if v & 1}
+        names = ("inflight", "offcpu_inflight") if self.options.offcpu else ("inflight",)
+        busy = {(name, cpu): v for name in names
+                for cpu, v in enumerate(self._program.read_percpu(name, 0)) if v & 1}
         deadline = time.monotonic() + self.options.quiesce_timeout
         while busy and time.monotonic() < deadline:
             time.sleep(0.0002)
-            now = self._program.read_percpu("inflight", 0)
-            busy = {cpu: v for cpu, v in busy.items() if now[cpu] == v}
+            now = {name: self._program.read_percpu(name, 0) for name in names}
+            busy = {nc: v for nc, v in busy.items() if now[nc[0]][nc[1]] == v}
         if busy:
             self._stats.quiesce_timeouts += 1
-            log.warning("CPUs %s still in the BPF program after %.1fs; draining anyway", sorted(busy),
-                        self.options.quiesce_timeout)
+            log.warning("CPUs %s still in the BPF program after %.1fs; draining anyway",
+                        sorted({cpu for _name, cpu in busy}), self.options.quiesce_timeout)
 
     def _comm(self, raw: bytes) -> str:
         c = self._comm_cache.get(raw)

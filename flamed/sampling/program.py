@@ -158,6 +158,20 @@ class BpfSamplerOptions:
     #: Time every walk in the program and report the sum in
     #: ``SamplerStats.unwind_total["UW_NS"]``: for benchmarks.
     unwind_timing: bool = False
+    #: Also measure off-CPU time (bpf/offcpu.bpf.c on the sched_switch raw
+    #: tracepoint): every wait of a selected task, with its stacks, in
+    #: ``Window.offcpu`` (ns).  See docs/offcpu.md.
+    offcpu: bool = False
+    #: Shortest wait counted, in microseconds (shorter ones are counted in
+    #: ``offcpu_total["OFF_BELOW"]`` only).
+    offcpu_min_us: int = 1000
+    #: Waits open at once (one per waiting selected thread); beyond it a
+    #: wait is lost (``OFF_START_FULL``).
+    offcpu_starts: int = 16384
+    #: Distinct off-CPU keys per generation (``OFF_MAP_FULL`` beyond).
+    offcpu_entries: int = 16384
+    #: Waits spanning a drain, per generation (``OFF_CARRY_FULL`` beyond).
+    offcpu_carried: int = 4096
 
     @property
     def filters_cgroups(self) -> bool:
@@ -233,6 +247,11 @@ class BpfSamplerOptions:
                 raise bad(name, "must be 1..1048576")
         if self.unwind and not self.prime:
             raise bad("unwind", "needs prime (processes are described when first sampled)")
+        if not 0 <= self.offcpu_min_us <= 3_600_000_000:
+            raise bad("offcpu_min_us", "must be 0..3600000000 microseconds")
+        for name in ("offcpu_starts", "offcpu_entries", "offcpu_carried"):
+            if not 1 <= getattr(self, name) <= 1 << 22:
+                raise bad(name, "must be 1..4194304")
 
 
 @dataclass(frozen=True)
@@ -265,12 +284,14 @@ class BpfProgram:
         )
 
 
-def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offset: int = -1) -> BpfProgram:
+def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offset: int = -1,
+                pid_offset: int = -1) -> BpfProgram:
     """The program and -D flags the options select (reads the files).
 
     ``fsbase_offset``: where the running kernel keeps a task's fs base in
     ``task_struct`` (from its BTF, :func:`task_fsbase_offset`), for matching
-    the threads of CPython 3.8-3.10; -1: unknown.
+    the threads of CPython 3.8-3.10; -1: unknown.  ``pid_offset``: where it
+    keeps the task's pid (:func:`task_pid_offset`), which off-CPU needs.
     """
     d = options.bpf_dir or default_bpf_dir()
     path = d / "profile.bpf.c"
@@ -285,6 +306,9 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
         if options.unwind:
             up = d / "unwind.bpf.c"
             parts.append((up, up.read_text()))
+        if options.offcpu:
+            op = d / "offcpu.bpf.c"
+            parts.append((op, op.read_text()))
     except OSError as e:
         raise CapabilityError(
             f"BPF source {e.filename} not readable ({e.strerror}); set FLAMED_BPF_DIR to the directory "
@@ -325,6 +349,15 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
             "FLAMED_UW_STACK_ENTRIES": options.unwind_stack_entries,
             "FLAMED_UW_TIMING": int(options.unwind_timing),
         })
+    if options.offcpu:
+        defines.update({
+            "FLAMED_OFFCPU": 1,
+            "FLAMED_TASK_PID_OFF": pid_offset,
+            "FLAMED_OFF_MIN_NS": options.offcpu_min_us * 1000,
+            "FLAMED_OFF_STARTS": options.offcpu_starts,
+            "FLAMED_OFF_ENTRIES": options.offcpu_entries,
+            "FLAMED_OFF_CARRIED": options.offcpu_carried,
+        })
     cflags = (f"-I{d}", *(f"-D{k}={v}" for k, v in defines.items()))
     return BpfProgram(path=path, text=text, cflags=cflags, header_path=header, header=header_text,
                       parts=tuple(parts))
@@ -343,9 +376,22 @@ def task_fsbase_offset() -> int:
         return -1
 
 
+def task_pid_offset() -> int:
+    """Offset of ``pid`` in the running kernel's ``task_struct`` (from
+    /sys/kernel/btf/vmlinux); CapabilityError when the BTF does not say."""
+    try:
+        from flamed.sampling.cpython import btf
+
+        return int(btf.Btf.load().member_offset("task_struct", "pid"))
+    except Exception as e:  # noqa: BLE001 -- any failure means the same: off-CPU cannot run
+        raise CapabilityError(f"off-CPU needs task_struct.pid's offset from the kernel's BTF "
+                              f"(/sys/kernel/btf/vmlinux): {e}") from None
+
+
 def print_bpf(options: BpfSamplerOptions = BpfSamplerOptions(), file: TextIO | None = None) -> None:
     fs = task_fsbase_offset() if options.python else -1
-    (file or sys.stdout).write(bpf_program(options, fsbase_offset=fs).render())
+    pid = task_pid_offset() if options.offcpu else -1
+    (file or sys.stdout).write(bpf_program(options, fsbase_offset=fs, pid_offset=pid).render())
 
 
 def stat_indices(header: Path) -> dict[str, int]:
@@ -477,6 +523,7 @@ class KernelProgram:
         #: Set by :meth:`stop`: CPUs coming online then stay unattached.
         self.stopped = False
         self._perf_fds: dict[int, int] = {}
+        self._offcpu_attached = False
 
     @property
     def cpus(self) -> tuple[int, ...]:
@@ -488,7 +535,8 @@ class KernelProgram:
         privileges are known to be there); raise CapabilityError saying why not."""
         bcc = _import_bcc()
         _check_privileges()
-        prog = bpf_program(self.options, fsbase_offset=fsbase_offset())
+        pid_off = task_pid_offset() if self.options.offcpu else -1
+        prog = bpf_program(self.options, fsbase_offset=fsbase_offset(), pid_offset=pid_off)
         self.stat_idx = stat_indices(prog.path.parent / "flamed.h")
         b, text, err = _with_captured_stderr(
             lambda: bcc.BPF(text=prog.source.encode(), cflags=list(prog.cflags))
@@ -509,6 +557,13 @@ class KernelProgram:
         self.prog_fd = fn.fd
         if self.options.unwind:
             self._load_unwind_programs(bcc)
+        if self.options.offcpu:
+            # Loaded (verified) now, attached with the perf events.
+            fn, text, err = _with_captured_stderr(lambda: b.load_func(b"flamed_offcpu", bcc.BPF.RAW_TRACEPOINT))
+            if err is not None or fn is None:
+                raise CapabilityError(
+                    f"the kernel refused the off-CPU program (verifier):\n  {_tail(text) or err}"
+                )
         self._check_layout()
 
     def fill_filters(self) -> None:
@@ -556,6 +611,7 @@ class KernelProgram:
             ok, last_err = self._attach_event(name, cpus)
             if ok:
                 self.event_name = name
+                self._attach_offcpu()
                 if "cycles" in errors:
                     log.info(
                         "hardware event cpu-cycles unavailable (%s); sampling with the software cpu-clock",
@@ -573,6 +629,17 @@ class KernelProgram:
             f"perf_event_open({'/'.join(order)}) refused on CPU(s) {cpus}: "
             f"{os.strerror(last_err) if last_err else 'error'}; {hint}"
         )
+
+    def _attach_offcpu(self) -> None:
+        if not self.options.offcpu or self._offcpu_attached:
+            return
+        _, text, err = _with_captured_stderr(
+            lambda: self.bpf.attach_raw_tracepoint(tp=b"sched_switch", fn_name=b"flamed_offcpu"))
+        if err is not None:
+            self.detach()
+            raise CapabilityError(f"cannot attach the off-CPU program to the sched_switch raw tracepoint "
+                                  f"(needs BTF raw tracepoints, kernel >= 4.17): {_tail(text) or err}")
+        self._offcpu_attached = True
 
     def _attach_event(self, name: str, cpus: Iterable[int]) -> tuple[bool, int]:
         ev_type, ev_config = EVENTS[name]
@@ -624,6 +691,12 @@ class KernelProgram:
         for fd in self._perf_fds.values():
             self.lib.bpf_close_perf_event_fd(fd)
         self._perf_fds.clear()
+        if self._offcpu_attached:
+            self._offcpu_attached = False
+            try:
+                self.bpf.detach_raw_tracepoint(tp=b"sched_switch")
+            except Exception as e:  # noqa: BLE001 -- bcc raises plain Exception; detaching must not fail a stop
+                log.debug("detaching the off-CPU program: %s", e)
 
     def stop(self) -> None:
         """Detach for good (a last drain may still read the maps)."""

@@ -1,0 +1,189 @@
+/* offcpu.bpf.c -- off-CPU time: how long selected tasks wait, and where.  With
+ * FLAMED_OFFCPU=1 the loader appends this file to profile.bpf.c (after
+ * python.bpf.c: one text, as bcc rewrites map calls only in the text it
+ * compiles) and attaches flamed_offcpu to the sched_switch BTF raw tracepoint
+ * (no tracefs needed).
+ *
+ * What: when a task the sampler selects (same filters, watched set and idle
+ * rule as a CPU sample) leaves a CPU, remember in offcpu_start[tid] when, why
+ * (blocked or preempted) and where: kernel stack, frame-pointer user stack
+ * and Python stack ids in the current generation's maps, exactly as a CPU
+ * sample takes them (the current task in this hook is the one leaving).  When
+ * that tid is switched in again, the wait's nanoseconds are added to
+ * offcpu_counts of the current generation under those stacks, if the wait
+ * lasted at least FLAMED_OFF_MIN_NS.
+ *
+ * Generations: stack ids are valid until the drain of the generation they
+ * were taken in.  A wait that began in an earlier generation than it ends in
+ * is not counted by stack: it goes to offcpu_carried (keyed by tid and start
+ * time, with its start record); user space read that start's stacks at the
+ * drain of the generation it began in and adds the wait to them when the
+ * carried record arrives (flamed/sampling/drain.py, docs/offcpu.md).  For
+ * that the start keeps the full epoch user space writes to `generation`, not
+ * just its parity.
+ *
+ * Header safety: the only kernel struct read is the next task's pid, at
+ * FLAMED_TASK_PID_OFF, which user space takes from the running kernel's BTF.
+ *
+ * Defines (flamed/sampling/program.py passes them):
+ *   FLAMED_TASK_PID_OFF   offset of pid in task_struct (required)
+ *   FLAMED_OFF_MIN_NS     shortest wait counted, ns (default 1000000)
+ *   FLAMED_OFF_STARTS     open waits remembered at once (default 16384)
+ *   FLAMED_OFF_ENTRIES    distinct off-CPU keys per generation (default 16384)
+ *   FLAMED_OFF_CARRIED    waits spanning a drain, per generation (default 4096)
+ */
+#ifndef FLAMED_OFF_MIN_NS
+#define FLAMED_OFF_MIN_NS 1000000
+#endif
+#ifndef FLAMED_OFF_STARTS
+#define FLAMED_OFF_STARTS 16384
+#endif
+#ifndef FLAMED_OFF_ENTRIES
+#define FLAMED_OFF_ENTRIES 16384
+#endif
+#ifndef FLAMED_OFF_CARRIED
+#define FLAMED_OFF_CARRIED 4096
+#endif
+
+/* TASK_DEAD in task_struct.__state: the last switch of an exiting task, which
+ * never comes back (its start would stay forever). */
+#define FLAMED_TASK_DEAD 0x80
+
+BPF_HASH(offcpu_start, u32, struct flamed_offcpu_start, FLAMED_OFF_STARTS);
+BPF_HASH(offcpu_counts0, struct flamed_offcpu_key, u64, FLAMED_OFF_ENTRIES);
+BPF_HASH(offcpu_counts1, struct flamed_offcpu_key, u64, FLAMED_OFF_ENTRIES);
+BPF_HASH(offcpu_carried0, struct flamed_offcpu_carry_key, struct flamed_offcpu_carry, FLAMED_OFF_CARRIED);
+BPF_HASH(offcpu_carried1, struct flamed_offcpu_carry_key, struct flamed_offcpu_carry, FLAMED_OFF_CARRIED);
+/* Its own in-flight sequence: a perf-event program may interrupt this one on
+ * the same CPU, and sharing `inflight` would make it look even meanwhile. */
+BPF_PERCPU_ARRAY(offcpu_inflight, u64, 1);
+
+static __always_inline void off_add(u32 gen, struct flamed_offcpu_key *k, u64 ns)
+{
+    u64 *v = gen ? offcpu_counts1.lookup(k) : offcpu_counts0.lookup(k);
+    if (!v) {
+        int err = gen ? offcpu_counts1.insert(k, &ns) : offcpu_counts0.insert(k, &ns);
+        if (err == 0) {
+            stat_inc(gen, FLAMED_STAT_OFF_COUNTED);
+            return;
+        }
+        /* Another CPU may have inserted the same key meanwhile. */
+        v = gen ? offcpu_counts1.lookup(k) : offcpu_counts0.lookup(k);
+        if (!v) {
+            stat_inc(gen, FLAMED_STAT_OFF_MAP_FULL);
+            return;
+        }
+    }
+    __sync_fetch_and_add(v, ns);
+    stat_inc(gen, FLAMED_STAT_OFF_COUNTED);
+}
+
+/* `tid` runs again: count its wait, if one was remembered. */
+static __always_inline void off_switch_in(u32 tid, u32 epoch, u64 now)
+{
+    struct flamed_offcpu_start *st = offcpu_start.lookup(&tid);
+    if (!st)
+        return;
+    u32 gen = epoch & 1;
+    u64 ns = now - st->ktime_ns;
+    if (ns < FLAMED_OFF_MIN_NS) {
+        stat_inc(gen, FLAMED_STAT_OFF_BELOW);
+    } else if (st->epoch == epoch) {
+        struct flamed_offcpu_key k = {};
+        k.key.tgid = st->tgid;
+        k.key.tid = tid;
+        k.key.kernel_stack_id = st->kernel_stack_id;
+        k.key.user_stack_id = st->user_stack_id;
+        __builtin_memcpy(k.key.comm, st->comm, FLAMED_COMM_LEN);
+        k.key.py_stack_id = st->py_stack_id;
+        k.key.cgroup_id = st->cgroup_id;
+        k.flags = st->flags;
+        off_add(gen, &k, ns);
+    } else {
+        /* The start's stack ids belong to a drained generation. */
+        struct flamed_offcpu_carry_key ck = {};
+        ck.tid = tid;
+        ck.ktime_ns = st->ktime_ns;
+        struct flamed_offcpu_carry c = {};
+        __builtin_memcpy(&c.start, st, sizeof(c.start));
+        c.ns = ns;
+        int err = gen ? offcpu_carried1.update(&ck, &c) : offcpu_carried0.update(&ck, &c);
+        stat_inc(gen, err == 0 ? FLAMED_STAT_OFF_CARRIED : FLAMED_STAT_OFF_CARRY_FULL);
+    }
+    /* After the carried record is written: a drain that no longer finds the
+     * start finds the record (see drain.py). */
+    offcpu_start.delete(&tid);
+}
+
+/* The current task leaves the CPU: remember when, why and where. */
+static __always_inline void off_switch_out(struct bpf_raw_tracepoint_args *ctx, u32 epoch, u64 now,
+                                           u32 prev_state, struct flamed_key *key)
+{
+    u32 gen = epoch & 1;
+    stat_inc(gen, FLAMED_STAT_OFF_SWITCHES);
+    struct flamed_offcpu_start st = {};
+    st.ktime_ns = now;
+    st.epoch = epoch;
+    st.tgid = key->tgid;
+    st.cgroup_id = key->cgroup_id;
+    st.flags = prev_state == 0 ? FLAMED_OFF_PREEMPTED : 0;
+    __builtin_memcpy(st.comm, key->comm, FLAMED_COMM_LEN);
+    /* In schedule(): a kernel stack must exist, a user one only for user tasks. */
+    if (gen) {
+        st.kernel_stack_id = stacks1.get_stackid(ctx, 0);
+        st.user_stack_id = stacks1.get_stackid(ctx, BPF_F_USER_STACK);
+    } else {
+        st.kernel_stack_id = stacks0.get_stackid(ctx, 0);
+        st.user_stack_id = stacks0.get_stackid(ctx, BPF_F_USER_STACK);
+    }
+    stack_errors(gen, 0, &st.kernel_stack_id, &st.user_stack_id);
+#if FLAMED_PYTHON
+    st.py_stack_id = py_take_timed((struct bpf_perf_event_data *)ctx, gen, key->tgid, key->tid);
+#endif
+    if (offcpu_start.update(&key->tid, &st) == 0)
+        stat_inc(gen, FLAMED_STAT_OFF_STARTS);
+    else
+        stat_inc(gen, FLAMED_STAT_OFF_START_FULL);
+}
+
+/* sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+ * unsigned int prev_state): the current task is prev. */
+int flamed_offcpu(struct bpf_raw_tracepoint_args *ctx)
+{
+    u32 zero = 0;
+    u64 *seq = offcpu_inflight.lookup(&zero);
+    if (!seq)
+        return 0;
+    /* Odd while this program uses a generation (as in flamed_sample). */
+    __sync_fetch_and_add(seq, 1);
+    u32 *genp = generation.lookup(&zero);
+    u32 epoch = genp ? *genp : 0;
+    u64 now = bpf_ktime_get_ns();
+
+    u32 next_tid = 0;
+    bpf_probe_read_kernel(&next_tid, sizeof(next_tid), (void *)ctx->args[2] + FLAMED_TASK_PID_OFF);
+    if (next_tid)
+        off_switch_in(next_tid, epoch, now);
+
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    u32 prev_state = (u32)ctx->args[3];
+    if (tid == 0 || (prev_state & FLAMED_TASK_DEAD))
+        goto out;
+    struct flamed_key key = {};
+    key.tgid = id >> 32;
+    key.tid = tid;
+    bpf_get_current_comm(&key.comm, sizeof(key.comm));
+    key.cgroup_id = bpf_get_current_cgroup_id();
+    if (!watched.lookup(&key.tgid) && !wanted(&key))
+        goto out;
+#if FLAMED_PRIME
+    /* A process that mostly waits may not be sampled on a CPU before its
+     * first wait: its maps are read now all the same. */
+    report_new_image((struct bpf_perf_event_data *)ctx, &key);
+#endif
+    off_switch_out(ctx, epoch, now, prev_state, &key);
+out:
+    __sync_fetch_and_add(seq, 1);
+    return 0;
+}
