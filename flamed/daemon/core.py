@@ -217,9 +217,7 @@ class Daemon:
                 detach(self.loop.sampler, "stopping the sampler")
                 self.loop.drain_once(rotate_now=True, final=True)
                 self._log_stop_accounting()
-            if self.store.backlog:
-                log.error("exiting with %d profile file(s) (%d bytes) that could not be written: %s",
-                          len(self.store.backlog), self.store.backlog_bytes, self.store.last_error)
+            self.store.log_exit_accounting()
         finally:
             self.loop.answer_late_flushes()
             self.ring.wake_all()

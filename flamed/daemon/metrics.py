@@ -93,6 +93,17 @@ class DaemonMetrics:
         self.retention_deletions = Counter(
             "flamed_retention_deletions", "Profile files deleted by retention, by limit.", ["reason"], registry=r
         )
+        self.files_deleted = Counter(
+            "flamed_files_deleted", "Profile files deleted, by reason: a retention limit (max_files, max_bytes, "
+            "max_age) or disk_full (the oldest make room for the newest).", ["reason"], registry=r
+        )
+        self.bytes_deleted = Counter(
+            "flamed_files_deleted_bytes", "Bytes of profile files and sidecars deleted, by reason.", ["reason"],
+            registry=r
+        )
+        self.samples_written = Counter(
+            "flamed_samples_written", "Samples in the profile files written (the sidecars' samples).", registry=r
+        )
         self.backlog_bytes = Gauge(
             "flamed_backlog_bytes", "Bytes of profile files waiting in memory for the disk.", registry=r
         )

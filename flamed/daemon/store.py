@@ -12,10 +12,17 @@ leaves at most an orphan sidecar, which :meth:`ProfileStore.recover` removes,
 as it removes temp files.  ``latest.folded`` is a symlink replaced atomically
 (rename of a new link over the old one).
 
-Disk errors (ENOSPC, EDQUOT, EIO, EROFS...): the closed period stays in an
-in-memory backlog, bounded by ``backlog_max_bytes`` (oldest dropped and
-counted), and is written once the disk accepts it again; nothing half-written
-stays behind because :func:`flamed.fileio.atomic_write` removes its temp file.
+A full disk (ENOSPC, EDQUOT): the oldest profile files are deleted, one at a
+time, until the newest fits -- the newest data is worth more -- and counted in
+``flamed_files_deleted_total{reason="disk_full"}``.  Other disk errors (EIO,
+EROFS...), or a disk full with none of our files left to delete: the closed
+period stays in an in-memory backlog, bounded by ``backlog_max_bytes``, and is
+written once the disk accepts it again.  What the bound drops is counted as
+lost samples (``flamed_samples_lost_total{reason="backlog_full"}``), and so is
+what is still unwritten at exit (``reason="unwritten_at_exit"``): every sample
+the store was given is either in a file written or counted lost
+(:meth:`ProfileStore.log_exit_accounting`).  Nothing half-written stays behind
+because :func:`flamed.fileio.atomic_write` removes its temp file.
 """
 
 from __future__ import annotations
@@ -106,6 +113,11 @@ class PendingFile:
     payload: bytes
     sidecar: bytes
     start_ns: int
+    samples: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) + len(self.sidecar)
 
 
 @dataclass
@@ -131,6 +143,13 @@ class ProfileStore:
         self.last_written: str | None = None
         self.last_error: str | None = None
         self.files_written = 0
+        #: Samples given to the store, in files written, dropped unwritten (backlog over budget).
+        self.samples_added = 0
+        self.samples_written = 0
+        self.samples_dropped = 0
+        #: (files, bytes) deleted to make room since the disk became full; None: it has room.
+        self._full_episode: tuple[int, int] | None = None
+        self._drop_logged = False
         self._names_used: set[str] = set()
         self.configure(output, retention)
 
@@ -149,6 +168,7 @@ class ProfileStore:
             lost: dict[str, int], sample_rate: float | None,
             identities: Mapping[int, CgroupIdentity] | None = None) -> None:
         self.period.add(start_ns, end_ns, counts, samples, lost, sample_rate, identities)
+        self.samples_added += samples
 
     def due(self, now_ns: int, slack_ns: int = 0) -> bool:
         """Has the current period reached its boundary (a multiple of rotate_interval)?"""
@@ -203,7 +223,7 @@ class ProfileStore:
             "flamed_version": __version__,
         }
         sidecar = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
-        return PendingFile(stem, suffix, payload, sidecar, p.start_ns)
+        return PendingFile(stem, suffix, payload, sidecar, p.start_ns, p.samples)
 
     def _unique_stem(self, start_ns: int, suffix: str) -> str:
         base = f"{self.host}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(start_ns // 1_000_000_000))}"
@@ -219,17 +239,22 @@ class ProfileStore:
 
     def _queue(self, f: PendingFile) -> None:
         self.backlog.append(f)
-        self.backlog_bytes += len(f.payload) + len(f.sidecar)
+        self.backlog_bytes += f.size
         # Keep the newest: drop the oldest unwritten files beyond the budget (but never the one just closed).
         while len(self.backlog) > 1 and self.backlog_bytes > self.output.backlog_max_bytes:
             old = self.backlog.popleft()
-            self.backlog_bytes -= len(old.payload) + len(old.sidecar)
+            self.backlog_bytes -= old.size
+            self.samples_dropped += old.samples
             self.metrics.backlog_dropped.inc()
-            log.error(
-                "dropped unwritten profile %s%s from memory: backlog over output.backlog_max_bytes=%d "
-                "while the state directory refuses writes",
-                old.stem, old.suffix, self.output.backlog_max_bytes,
-            )
+            self.metrics.samples_lost.labels(reason="backlog_full").inc(old.samples)
+            # Once per outage: every rotation drops one more while it lasts.
+            log.log(logging.DEBUG if self._drop_logged else logging.ERROR,
+                    "dropped unwritten profile %s%s (%d samples, counted lost: "
+                    "flamed_samples_lost_total{reason=\"backlog_full\"}) from memory: backlog over "
+                    "output.backlog_max_bytes=%d while the state directory refuses writes%s",
+                    old.stem, old.suffix, old.samples, self.output.backlog_max_bytes,
+                    "" if self._drop_logged else "; further drops are only counted until it accepts them")
+            self._drop_logged = True
         self._update_backlog_metrics()
 
     def _update_backlog_metrics(self) -> None:
@@ -242,31 +267,87 @@ class ProfileStore:
         while self.backlog:
             f = self.backlog[0]
             try:
-                self.ensure_dir()
-                path = self._write(f)
+                path = self._write_making_room(f)
             except OSError as e:
                 name = errno.errorcode.get(e.errno or 0, "EUNKNOWN")
                 self.metrics.write_errors.labels(errno=name).inc()
                 msg = f"cannot write {os.path.join(self.dir, f.stem + f.suffix)}: {e.strerror or e}"
-                if self.last_error != msg:
+                # Once per kind of error, not once per file: each drain retries a new one.
+                if self.last_error is None or self.last_error.split(": ")[-1] != msg.split(": ")[-1]:
                     log.error("%s; keeping %d file(s), %d bytes in memory (output.backlog_max_bytes=%d) "
                               "and retrying at every drain", msg, len(self.backlog), self.backlog_bytes,
                               self.output.backlog_max_bytes)
                 self.last_error = msg
-                if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                    # Retention may free room for the newest data.
-                    self.apply_retention()
                 break
             self.backlog.popleft()
-            self.backlog_bytes -= len(f.payload) + len(f.sidecar)
+            self.backlog_bytes -= f.size
+            self.samples_written += f.samples
+            self.metrics.samples_written.inc(f.samples)
             if self.last_error is not None:
                 log.warning("state directory writable again: wrote %s", path)
                 self.last_error = None
+                self._drop_logged = False
             newest = path
         self._update_backlog_metrics()
         if newest is not None:
             self.apply_retention()
         return newest
+
+    def _write_making_room(self, f: PendingFile) -> str:
+        """Write ``f``; while the disk is full, delete the oldest profile file and try again."""
+        deleted = False
+        while True:
+            try:
+                self.ensure_dir()
+                path = self._write(f)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not self._delete_oldest(e):
+                    raise
+                deleted = True
+                continue
+            if not deleted and self._full_episode is not None:
+                files, size = self._full_episode
+                self._full_episode = None
+                log.info("state directory has room again: %d profile file(s), %d bytes were deleted to make "
+                         "room while it was full", files, size)
+            return path
+
+    def _delete_oldest(self, e: OSError) -> bool:
+        """Delete the oldest profile file (and sidecar) for a full disk; False when none is left."""
+        files = self.list_files()
+        if not files:
+            return False
+        stem, name, size, _mtime = files[0]
+        self._delete(stem, name, size, "disk_full")
+        if self._full_episode is None:
+            self._full_episode = (0, 0)
+            log.warning("state directory %s is full (%s): deleting the oldest profile files to make room for "
+                        "the newest (counted in flamed_files_deleted_total{reason=\"disk_full\"}; logged "
+                        "again once it has room)", self.dir, e.strerror or e)
+        files_n, bytes_n = self._full_episode
+        self._full_episode = (files_n + 1, bytes_n + size)
+        return True
+
+    def _delete(self, stem: str, name: str, size: int, reason: str) -> None:
+        for n in (name, stem + ".json"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.dir, n))
+        self.metrics.files_deleted.labels(reason=reason).inc()
+        self.metrics.bytes_deleted.labels(reason=reason).inc(size)
+        log.debug("%s: deleted %s", reason, name)
+
+    def log_exit_accounting(self) -> None:
+        """At exit: every sample given to the store is in a file written or counted lost; say so."""
+        unwritten = sum(f.samples for f in self.backlog)
+        if unwritten:
+            self.metrics.samples_lost.labels(reason="unwritten_at_exit").inc(unwritten)
+        lost = self.samples_dropped + unwritten
+        log.log(logging.ERROR if lost else logging.INFO,
+                "stopping: %d samples taken since start: %d in profile files written, %d lost (%d dropped from "
+                "the backlog over output.backlog_max_bytes=%d, %d in %d profile file(s), %d bytes, that could "
+                "not be written at exit%s)", self.samples_added, self.samples_written, lost, self.samples_dropped,
+                self.output.backlog_max_bytes, unwritten, len(self.backlog), self.backlog_bytes,
+                f": {self.last_error}" if self.backlog else "")
 
     def _write(self, f: PendingFile) -> str:
         fsync = self.output.fsync
@@ -309,7 +390,7 @@ class ProfileStore:
     # -- the directory ---------------------------------------------------
     def list_files(self) -> list[tuple[str, str, int, float]]:
         """Profile files as (stem, name, bytes incl. sidecar, mtime), oldest first."""
-        out: list[tuple[str, str, str, int, float]] = []
+        out: list[tuple[str, int, str, str, int, float]] = []
         try:
             entries = list(os.scandir(self.dir))
         except OSError:
@@ -328,9 +409,11 @@ class ProfileStore:
             except OSError:
                 continue
             stem = m.group("stem")
-            out.append((m.group("ts"), stem, e.name, st.st_size + sizes.get(stem, 0), st.st_mtime))
-        out.sort(key=lambda t: (t[0], t[1]))
-        return [(stem, name, size, mtime) for _ts, stem, name, size, mtime in out]
+            # -10 after -9: periods that started in the same second, in the order they were written
+            seq = int(m.group("seq") or 1)
+            out.append((m.group("ts"), seq, stem, e.name, st.st_size + sizes.get(stem, 0), st.st_mtime))
+        out.sort(key=lambda t: (t[0], t[1], t[2]))
+        return [(stem, name, size, mtime) for _ts, _seq, stem, name, size, mtime in out]
 
     def apply_retention(self) -> StoreStats:
         """Delete the oldest files beyond max_files, max_bytes or max_age; update the disk metrics."""
@@ -349,11 +432,8 @@ class ProfileStore:
                 reason = "max_age"
             else:
                 break
-            for n in (name, stem + ".json"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.dir, n))
+            self._delete(stem, name, size, reason)
             self.metrics.retention_deletions.labels(reason=reason).inc()
-            log.debug("retention (%s): deleted %s", reason, name)
             files.pop(0)
             total -= size
         self.metrics.disk_bytes.set(total)

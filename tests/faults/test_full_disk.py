@@ -1,0 +1,162 @@
+"""A state directory that fills up: the newest files are kept, the backlog is bounded, losses are counted.
+
+A real daemon (fake sampler, so the run needs no BPF and fills the disk in
+seconds) writes into a real 256 KiB tmpfs until it is full, then a ballast
+file takes every page the daemon frees, so nothing of ours is left to delete
+and the closed periods wait in memory until the budget drops them.  A real
+SIGTERM ends it, and its last log line must add up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemonproc import DaemonProc, profile_files
+
+TMPFS_BYTES = 256 * 1024
+BUDGET = 16 * 1024
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+
+
+@pytest.fixture
+def tmpfs_state(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "state"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES // 1024}k,mode=0755", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs (needs root): {r.stderr}")
+    try:
+        yield mnt
+    finally:
+        for _ in range(20):
+            if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.2)
+        else:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def sidecars(state: Path) -> list[dict[str, Any]]:
+    """The sidecars of the profile files present, oldest first (by their first window)."""
+    out = []
+    for f in profile_files(state):
+        side = state / re.sub(r"\.folded(\.gz)?$", ".json", f.name)
+        with contextlib.suppress(FileNotFoundError, ValueError):  # the daemon may delete it meanwhile
+            out.append(json.loads(side.read_text()))
+    return sorted(out, key=lambda m: m["start_ns"])
+
+
+def used_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def take_every_free_page(ballast: Path, until: threading.Event) -> None:
+    """Grab whatever the daemon frees, as another program filling the disk would."""
+    with open(ballast, "ab", buffering=0) as f:
+        while not until.is_set():
+            try:
+                f.write(b"\0" * 4096)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                time.sleep(0.001)
+
+
+def test_full_disk_keeps_the_newest_files_and_counts_what_it_drops(daemon_factory: Any,
+                                                                   tmpfs_state: Path) -> None:
+    d: DaemonProc = daemon_factory(
+        sampling={"sampler": "fake", "frequency": 200, "drain_interval": 0.1},
+        output={"state_dir": str(tmpfs_state), "rotate_interval": 0.1, "backlog_max_bytes": BUDGET,
+                "fsync": False},
+        retention={"max_files": 0, "max_bytes": 0, "max_age": 0},
+    )
+    # 1. The daemon alone fills the tmpfs (a file and its sidecar take two 4 KiB pages: ~32 files).
+    d.wait_for(lambda: d.metric("flamed_write_errors_total", {"errno": "ENOSPC"}) > 0
+               or d.metric("flamed_files_deleted_total", {"reason": "disk_full"}) > 0, 30, "a full disk")
+    peak = 0
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        peak = max(peak, used_bytes(tmpfs_state))
+        time.sleep(0.05)
+    text = d.metrics_text()
+    deleted = d.metric("flamed_files_deleted_total", {"reason": "disk_full"}, text)
+    assert deleted > 0, f"nothing deleted to make room:\n{d.log()[-2000:]}"
+    assert d.metric("flamed_files_deleted_bytes_total", {"reason": "disk_full"}, text) > 0
+    assert d.metric("flamed_samples_lost_total", {"reason": "backlog_full"}, text) == 0
+    assert peak <= TMPFS_BYTES
+    # The files present are the newest, one unbroken run of periods up to now.
+    kept = sidecars(tmpfs_state)
+    assert len(kept) >= 10, [m["file"] for m in kept]
+    assert time.time_ns() - kept[-1]["end_ns"] < 2e9, "the newest file is not recent: old files were kept"
+    for a, b in zip(kept, kept[1:]):
+        assert b["start_ns"] == a["end_ns"], f"gap between {a['file']} and {b['file']}: a newer file was not kept"
+    assert d.status()["write_error"] is None
+    # Logged once for the whole episode, not once per file.
+    assert len(re.findall(r"is full \(.*\): deleting the oldest profile files", d.log())) == 1, d.log()[-3000:]
+    files_kept = len(kept)
+
+    # 2. Another program takes every page: nothing of ours is left to delete, the backlog is bounded.
+    stop = threading.Event()
+    grabber = threading.Thread(target=take_every_free_page, args=(tmpfs_state / "ballast", stop), daemon=True)
+    grabber.start()
+    try:
+        d.wait_for(lambda: not profile_files(tmpfs_state) and d.status()["backlog"]["files"] >= 2, 30,
+                   "the ballast to take the whole disk")
+    finally:
+        stop.set()
+        grabber.join(10)
+    rss0 = d.rss_bytes()
+    d.wait_for(lambda: d.metric("flamed_samples_lost_total", {"reason": "backlog_full"}) > 0, 20,
+               "the backlog budget to drop a file")
+    time.sleep(5)
+    rss1 = d.rss_bytes()
+    text = d.metrics_text()
+    st = d.status()
+    assert st["write_error"] and "space" in st["write_error"].lower(), st["write_error"]
+    backlog = d.metric("flamed_backlog_bytes", None, text)
+    assert 0 < backlog <= BUDGET + 4096, backlog
+    assert rss1 - rss0 < 8 * 1024 * 1024, (rss0, rss1)
+    produced = d.metric("flamed_samples_total", None, text)
+    written = d.metric("flamed_samples_written_total", None, text)
+    lost = d.metric("flamed_samples_lost_total", {"reason": "backlog_full"}, text)
+    # What is neither written nor counted lost is what waits in memory: the backlog and the open period.
+    waiting = produced - written - lost
+    per_period = 200 * 0.1 * 3
+    assert 0 <= waiting <= (d.metric("flamed_backlog_files", None, text) + 2) * per_period, (produced, written, lost)
+
+    # 3. SIGTERM with the disk still full: the last line adds up, nothing is silently gone.
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit(60) == 0
+    log = d.log()
+    m = re.search(r"stopping: (\d+) samples taken since start: (\d+) in profile files written, (\d+) lost "
+                  r"\((\d+) dropped from the backlog over output.backlog_max_bytes=\d+, (\d+) in (\d+) profile "
+                  r"file\(s\), \d+ bytes, that could not be written at exit", log)
+    assert m, log[-3000:]
+    taken, written_end, lost_end, dropped_end, unwritten_end, files_end = map(int, m.groups())
+    assert taken == written_end + lost_end and lost_end == dropped_end + unwritten_end
+    assert taken >= produced and written_end >= written and dropped_end >= lost
+    assert unwritten_end > 0 and files_end >= 1
+    assert "exiting with" not in log
+    assert not re.search(r"\b0 lost\b", log), log[-3000:]
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "full_disk.json").write_text(json.dumps({
+        "tmpfs_bytes": TMPFS_BYTES, "backlog_max_bytes": BUDGET, "peak_used_bytes": peak,
+        "files_kept_when_full": files_kept, "files_deleted_disk_full_first_4s": deleted,
+        "backlog_bytes_when_stuck": backlog, "rss_bytes": rss1, "rss_growth_5s_bytes": rss1 - rss0,
+        "samples_taken": taken, "samples_written": written_end, "samples_lost": lost_end,
+        "lost_backlog_full": dropped_end, "lost_unwritten_at_exit": unwritten_end,
+    }, indent=2, sort_keys=True) + "\n")
