@@ -39,6 +39,13 @@ SEMICOLON_REPLACEMENT = ":"
 #: Placeholder for a sample that arrived without any frame.
 EMPTY_STACK_FRAME = "[no frames]"
 
+#: ``Profile.labels["kind"]`` of a profile whose weights are times (with
+#: ``labels["unit"]`` saying which), and what it measures; a profile without
+#: it counts CPU samples (docs/offcpu.md).
+TIME_KINDS = {"off_cpu": "off-CPU time", "wall": "wall-clock time"}
+#: Short names of time units, for tooltips and tables.
+UNIT_ABBREV = {"nanoseconds": "ns", "microseconds": "\u00b5s", "milliseconds": "ms", "seconds": "s"}
+
 _PY_FRAME = re.compile(r".* \([^()]*\.pyx?:\d+\)$|.* \([^()]*\.pyx?\)$")
 _TASK_FRAME = re.compile(r"^(?P<comm>.*)-(?P<pid>\d+)(?:/(?P<tid>\d+))?$")
 
@@ -333,3 +340,13 @@ def filter_time(samples: Iterable[Sample], start_ns: int | None, end_ns: int | N
         if end_ns is not None and s.time_ns >= end_ns:
             continue
         yield s
+
+
+def time_kind(profile: Profile) -> tuple[str, str] | None:
+    """``(what it measures, short unit)`` of a profile of times (``kind`` and
+    ``unit`` labels), e.g. ``("off-CPU time", "µs")``; None for sample counts."""
+    what = TIME_KINDS.get(profile.labels.get("kind", ""))
+    unit = profile.labels.get("unit", "")
+    if what is None or unit not in UNIT_ABBREV:
+        return None
+    return what, UNIT_ABBREV[unit]

@@ -18,7 +18,7 @@ from flamed.errors import UsageError
 from flamed.fileio import open_output
 from flamed.folded import ReadStats, folded_line
 from flamed.inputs import load_profile
-from flamed.model import format_weight
+from flamed.model import format_weight, time_kind
 
 _BY_EXT = {".svg": "svg", ".txt": "table", ".folded": "folded"}
 
@@ -74,7 +74,9 @@ class DiffCommand(Command):
         diff = diff_profiles(before, after, normalize=args.normalize)
         with open_output(args.output) as out:
             if fmt == "table":
-                out.write(format_table(diff, limit=args.limit, countname=args.countname).encode("utf-8", "surrogateescape"))
+                timed = time_kind(after)
+                countname = timed[1] if timed is not None and args.countname == "samples" else args.countname
+                out.write(format_table(diff, limit=args.limit, countname=countname).encode("utf-8", "surrogateescape"))
             elif fmt == "folded":
                 for stack in sorted(diff.pairs):
                     b, a = diff.pairs[stack]

@@ -32,6 +32,8 @@ from flamed.sampling.cgroups import CgroupIdentity
 from flamed.sampling.contract import SampleEvent, parse_root, root_frames
 
 DRAIN_S = 0.5
+#: What ``--mode`` can record (docs/offcpu.md).
+MODES = ("cpu", "offcpu", "wall")
 #: A Python frame, ``name (file:line)`` (``<string>`` for ``python -c``).
 _PY_FRAME = re.compile(r" \(.*:\d+\)$")
 
@@ -51,6 +53,15 @@ class RecordCommand(Command):
     sampler only.  Without BPF it falls back to py-spy alone (Python frames
     only) and says so.
 
+    --mode says what the weights are: cpu (default) counts CPU samples; offcpu
+    is the time threads spent off the CPU (blocked or preempted), under the
+    stack they left it in, with a [off-cpu: blocked] or [off-cpu: preempted]
+    leaf; wall is where each thread's wall-clock time went: CPU samples as
+    time (1/rate s each) plus its off-CPU time.  offcpu and wall weights are
+    microseconds (folded output as bcc's offcputime -f writes it); they need
+    BPF, and waits shorter than --min-block-us are not counted.  See
+    docs/offcpu.md.
+
     With a COMMAND it runs it, stops when it exits and returns its exit code;
     --subprocesses also records its Python descendants.  Ctrl-C (or SIGTERM)
     writes what was recorded.
@@ -59,6 +70,7 @@ class RecordCommand(Command):
       flamed record -p 1234 -d 10 -o now.svg
       sudo flamed record -r 199 -o app.folded -- python app.py --port 8080
       flamed record --subprocesses --format folded -o - -- gunicorn app:wsgi
+      sudo flamed record --mode wall -o wall.svg -- python service.py
     """
 
     name = "record"
@@ -74,6 +86,11 @@ class RecordCommand(Command):
         parser.add_argument("-f", "--format", default=None,
                             help=f"output format: {', '.join(outputs.names())} (default: by -o's extension, else folded)")
         parser.add_argument("--subprocesses", action="store_true", help="also record Python descendants")
+        parser.add_argument("--mode", choices=MODES, default="cpu",
+                            help="cpu: CPU samples (default); offcpu: time off the CPU, in microseconds; "
+                                 "wall: CPU samples as time plus off-CPU time, in microseconds")
+        parser.add_argument("--min-block-us", type=int, default=1000, metavar="US",
+                            help="offcpu/wall: shortest wait counted, in microseconds (default 1000)")
         parser.add_argument("--root", metavar="FRAMES", type=root_spec, default=None,
                             help="root frames, root first: none, comm, pid or tid, or a comma-separated list "
                                  "adding unit, container, cgroup, e.g. unit,pid (default: none; pid with "
@@ -118,6 +135,11 @@ class RecordCommand(Command):
             raise UsageError("-r/--rate must be 1..999")
         if args.duration is not None and args.duration <= 0:
             raise UsageError("-d/--duration must be positive")
+        if args.min_block_us < 0:
+            raise UsageError("--min-block-us must not be negative")
+        timed = args.mode != "cpu"
+        if timed and (args.no_bpf or args.pyspy is not None):
+            raise UsageError(f"--mode {args.mode} measures waits in BPF: it cannot go with --no-bpf or --pyspy")
         fmt = outputs.choose(args.format, args.output)
         policy = _policy(args)
         force_pyspy = policy == "pyspy"
@@ -138,25 +160,30 @@ class RecordCommand(Command):
                 if not args.no_bpf:
                     self.warn("loading the BPF programs (compiling takes a few seconds)")
                 sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(
-                    args.rate, pysource.walker_wanted(policy), not args.no_unwind)
+                    args.rate, pysource.walker_wanted(policy), not args.no_unwind,
+                    offcpu_min_us=args.min_block_us if timed else None)
             except KeyboardInterrupt:
                 # Nothing recorded yet: the output says so rather than not existing.
-                self._write(args, fmt, Profile(labels={"unit": "samples", "source": "flamed record"}))
+                self._write(args, fmt, Profile(labels={**_mode_labels(args.mode), "source": "flamed record"}))
                 return 130
+            if sampler is None and timed:
+                raise CapabilityError(f"--mode {args.mode} needs the BPF sampler, which is unavailable: {why}")
             if sampler is None:
                 self.warn(f"BPF unavailable ({why}); recording Python stacks with py-spy alone")
                 return self._pyspy_only(args, cmd, pyspy_opts, fmt)
             return self._mixed(args, cmd, sampler, pyspy_opts, fmt)
 
     # -- mixed mode ---------------------------------------------------------
-    def _bpf_sampler(self, rate: int, python: bool, unwind: bool = True) -> tuple[Any, str]:
+    def _bpf_sampler(self, rate: int, python: bool, unwind: bool = True, *,
+                     offcpu_min_us: int | None = None) -> tuple[Any, str]:
         try:
             from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: PLC0415
         except ImportError as e:
             return None, str(e)
         try:
             s = BpfSampler(BpfSamplerOptions(frequency=rate, pids=frozenset(), python=python, unwind=unwind,
-                                             unwind_cache_dir=_cache_dir() if unwind else None))
+                                             unwind_cache_dir=_cache_dir() if unwind else None,
+                                             offcpu=offcpu_min_us is not None, offcpu_min_us=offcpu_min_us or 0))
             s.start()
         except FlamedError as e:
             return None, str(e).splitlines()[0]
@@ -169,6 +196,7 @@ class RecordCommand(Command):
         samples: list[tuple[SampleEvent, Stack]] = []
         counts: dict[tuple[int, int, str, Stack], int] = {}
         self._identities: dict[int, CgroupIdentity] = {}  # tgid -> its cgroup's owner, for --root
+        self._offcpu: dict[tuple[int, int, str, Stack], int] = {}  # ns, --mode offcpu/wall
         rc = 0
         interrupted = False
         pythons: set[int] = set()
@@ -266,6 +294,9 @@ class RecordCommand(Command):
             return 130
         if not profile.total():
             what = f"process {args.pid}" if args.pid is not None else f"{cmd[0]} (pid {child.pid if child else '?'})"
+            if args.mode == "offcpu":
+                self.warn(f"nothing was recorded: {what} did not wait {args.min_block_us} us or longer")
+                return rc or 1
             secs = time.monotonic() - t_sampling
             if target_exited:
                 self.warn(f"nothing was recorded: {what} exited {secs:.1f} s after sampling began, "
@@ -282,21 +313,41 @@ class RecordCommand(Command):
         self._identities.update(w.identities)
         for k, n in w.counts.items():
             counts[k] = counts.get(k, 0) + n
+        off = self._offcpu
+        for k, n in w.offcpu.items():
+            off[k] = off.get(k, 0) + n
         samples.extend(mixed.process(w.events))
 
     def _profile(self, args: argparse.Namespace, samples: list[tuple[SampleEvent, Stack]],
                  counts: dict[tuple[int, int, str, Stack], int], sampler: Any) -> Profile:
         kinds = parse_root(args.root or ("pid" if args.subprocesses else "none"))
-        p = Profile(sample_rate=float(args.rate), labels={"unit": "samples", "source": "flamed record"})
+        mode = getattr(args, "mode", "cpu")
+        p = Profile(sample_rate=float(args.rate), labels={**_mode_labels(mode), "source": "flamed record"})
         identities = getattr(self, "_identities", {})
 
         def key(tgid: int, tid: int, comm: str, stack: Stack) -> Stack:
             return root_frames(kinds, tgid, tid, comm, identities.get(tgid)) + stack
 
-        for (tgid, tid, comm, stack), n in counts.items():
-            p.add(key(tgid, tid, comm, stack), n)
-        for ev, stack in samples:
-            p.add(key(ev.tgid, ev.tid, ev.comm, stack), 1)
+        # CPU samples weigh one each, or their share of CPU time in wall mode;
+        # off-CPU nanoseconds are summed per stack before they become
+        # microseconds, so rounding happens once per stack.
+        per_sample = 1e6 / args.rate if mode == "wall" else 1.0
+        weights: dict[Stack, float] = {}
+        if mode != "offcpu":
+            for (tgid, tid, comm, stack), n in counts.items():
+                k = key(tgid, tid, comm, stack)
+                weights[k] = weights.get(k, 0.0) + n * per_sample
+            for ev, stack in samples:
+                k = key(ev.tgid, ev.tid, ev.comm, stack)
+                weights[k] = weights.get(k, 0.0) + per_sample
+        if mode != "cpu":
+            for (tgid, tid, comm, stack), ns in getattr(self, "_offcpu", {}).items():
+                k = key(tgid, tid, comm, stack)
+                weights[k] = weights.get(k, 0.0) + ns / 1000
+        for k, w in weights.items():
+            n = round(w)
+            if n > 0:
+                p.add(k, n)
         if samples:
             # ktime to wall clock, for the profile's time range
             off = time.time_ns() - time.monotonic_ns()
@@ -391,7 +442,15 @@ class RecordCommand(Command):
         with open_output(path) as out:
             fmt.write(profile, out, opts)
         if path != "-":
-            self.warn(f"wrote {path} ({int(profile.total())} samples, {len(profile)} stacks)")
+            unit = "us" if profile.labels.get("unit") == "microseconds" else "samples"
+            self.warn(f"wrote {path} ({int(profile.total())} {unit}, {len(profile)} stacks)")
+
+
+def _mode_labels(mode: str) -> dict[str, str]:
+    """The labels saying what a recording's weights are."""
+    if mode == "cpu":
+        return {"unit": "samples"}
+    return {"unit": "microseconds", "kind": "off_cpu" if mode == "offcpu" else "wall"}
 
 
 def _policy(args: argparse.Namespace) -> pysource.Policy:

@@ -41,7 +41,16 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from flamed.errors import InputError
 from flamed.fileio import GZIP_MAGIC
-from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Profile, Stack, Weight, parse_task_frame
+from flamed.model import (
+    EMPTY_STACK_FRAME,
+    KERNEL_SUFFIX,
+    TIME_KINDS,
+    Profile,
+    Stack,
+    Weight,
+    normalize_weight,
+    parse_task_frame,
+)
 from flamed.outputs.base import OutputFormat, OutputOptions
 
 if TYPE_CHECKING:
@@ -58,6 +67,8 @@ _BACKTICK = re.compile(r"^(?P<module>[^`]+)`(?P<name>.+)$", re.S)
 LabelledSample = tuple[Stack, Weight, Mapping[str, str]]
 #: Comment carrying the exact sample rate (a period in ns cannot hold e.g. 99 Hz exactly).
 _RATE_COMMENT = "flamed.sample_rate="
+#: Nanoseconds per unit of a profile of times (``labels["unit"]``).
+_TIME_SCALE = {"nanoseconds": 1, "microseconds": 1000, "milliseconds": 1_000_000, "seconds": 1_000_000_000}
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +150,16 @@ def to_proto(profile: Profile, labelled: Iterable[LabelledSample] | None = None)
     strings = _Strings(msg.string_table)
     s = strings.get
     unit = profile.labels.get("unit", "samples")
-    count_type = pb.ValueType(type=s("samples" if unit == "samples" else unit), unit=s("count"))
-    msg.sample_type.append(count_type)
+    # Off-CPU and wall-clock time as the OpenTelemetry profiler and Parca
+    # name them: one value, in nanoseconds.
+    kind = profile.labels.get("kind", "")
+    time_scale = _TIME_SCALE.get(unit, 0) if kind in TIME_KINDS else 0
+    if time_scale:
+        msg.sample_type.append(pb.ValueType(type=s(kind), unit=s("nanoseconds")))
+        msg.default_sample_type = s(kind)
+    else:
+        count_type = pb.ValueType(type=s("samples" if unit == "samples" else unit), unit=s("count"))
+        msg.sample_type.append(count_type)
     period = 0
     if profile.sample_rate and profile.sample_rate > 0 and unit == "samples":
         period = max(1, round(1e9 / profile.sample_rate))
@@ -198,7 +217,7 @@ def to_proto(profile: Profile, labelled: Iterable[LabelledSample] | None = None)
         ((st, w, None) for st, w in profile.sorted_items()) if labelled is None else labelled)
     for stack, w, extra in entries:
         # pprof values are int64: saturate rather than fail on absurd weights.
-        count = min(int(round(w)), INT64_MAX)
+        count = min(int(round(w * time_scale if time_scale else w)), INT64_MAX)
         if count <= 0:
             continue
         sample = msg.sample.add()
@@ -315,6 +334,14 @@ def read_pprof(stream: BinaryIO | bytes, *, source: str = "<input>", sample_type
             labels[k] = v
     if rate is None and msg.period > 0 and msg.HasField("period_type") and st(msg.period_type.unit) == "nanoseconds":
         rate = 1e9 / msg.period
+    time_div = 0
+    if types and types[index] in TIME_KINDS and st(msg.sample_type[index].unit) == "nanoseconds":
+        # Off-CPU or wall-clock nanoseconds (ours, OpenTelemetry's, Parca's): as the unit the labels
+        # name, microseconds by default (flamed's folded unit for times).
+        labels.setdefault("kind", types[index])
+        if labels.get("unit") not in _TIME_SCALE:
+            labels["unit"] = "microseconds"
+        time_div = _TIME_SCALE[labels["unit"]]
     if types and types[index] not in ("samples", "cpu") and "unit" not in labels:
         labels["unit"] = types[index]
     p.labels = labels
@@ -326,9 +353,11 @@ def read_pprof(stream: BinaryIO | bytes, *, source: str = "<input>", sample_type
     for sample in msg.sample:
         if index >= len(sample.value):
             continue
-        w = sample.value[index]
+        w: Weight = sample.value[index]
         if w <= 0:
             continue
+        if time_div > 1:
+            w = normalize_weight(w / time_div)
         frames: list[str] = []
         for lid in sample.location_id:
             lf = locs.get(lid)

@@ -31,7 +31,7 @@ from typing import BinaryIO
 
 from flamed.errors import UsageError
 from flamed.layout import Box, StackTable, chart_frames, flame_frames, table_from_profile
-from flamed.model import Profile, Sample, Stack, Weight, format_weight, normalize_weight
+from flamed.model import Profile, Sample, Stack, Weight, format_weight, normalize_weight, time_kind
 from flamed.outputs._svgattrs import XLINK, NameAttr, read_nameattr
 from flamed.outputs._timeline import lanes
 from flamed.outputs.base import OutputFormat, OutputOptions
@@ -437,6 +437,10 @@ def render_chart(items: Sequence[tuple[Stack, Weight]], out: BinaryIO, options: 
 def render_profile(profile: Profile, out: BinaryIO, options: OutputOptions | None = None) -> int:
     o = options or OutputOptions()
     unit = profile.labels.get("unit")
+    timed = time_kind(profile)
+    if timed is not None and o.countname == "samples":
+        # Off-CPU or wall-clock time: the unit in the tooltips and under the title.
+        o = dataclasses.replace(o, countname=timed[1], subtitle=o.subtitle or f"{timed[0]} in {timed[1]}")
     if unit and unit != "samples" and o.countname == "samples":
         # The profile says what its weights count (e.g. nanoseconds): say it in the details.
         o = dataclasses.replace(o, countname=unit)
