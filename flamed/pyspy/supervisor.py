@@ -80,7 +80,10 @@ class PySpyOptions:
     nice: scheduling niceness of py-spy children, so their samples stay on time on a
         busy host (default -10; needs root, else left at the daemon's; 0 = inherit).
     exit_grace_s: after its target exits, a child that has not stopped by itself gets SIGINT (default 2).
-    workdir: where trace files go (default: a private temporary directory).
+    workdir: where trace files go (default: a private directory under ``workdir_parent``, see
+        :func:`private_workdir`, removed at close).
+    workdir_parent: where that private directory is made (default: the system temp directory);
+        the daemon gives its runtime directory, so a daemon killed by SIGKILL leaves nothing in /tmp.
     """
 
     binary: str | None = None
@@ -100,6 +103,7 @@ class PySpyOptions:
     nice: int = -10
     exit_grace_s: float = 2.0
     workdir: str | None = None
+    workdir_parent: str | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.rate <= MAX_RATE:
@@ -200,6 +204,62 @@ def classify(returncode: int, stderr: str, target_alive: bool, killed_by_us: boo
     return Failure.CRASH
 
 
+#: Private work directories are named ``flamed-pyspy-PID-XXXXXXXX``: PID is their owner's.
+WORKDIR_PREFIX = "flamed-pyspy-"
+_WORKDIR_RE = re.compile(rf"^{re.escape(WORKDIR_PREFIX)}(\d+)-[A-Za-z0-9_]+$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_workdirs(parent: str) -> list[str]:
+    """Remove the private work directories under ``parent`` whose owner process is gone
+    (a SIGKILL skips :meth:`PySpySupervisor.close`); returns their paths.
+
+    A reused pid only keeps a stale directory until a later start; a live
+    owner's directory is never touched.
+    """
+    removed: list[str] = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        m = _WORKDIR_RE.match(name)
+        if m is None or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+            continue
+        path = os.path.join(parent, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        log.info("removed %d py-spy work director%s left by processes that no longer run: %s", len(removed),
+                 "y" if len(removed) == 1 else "ies", ", ".join(removed))
+    return removed
+
+
+def private_workdir(parent: str | None = None) -> str:
+    """A new directory for py-spy's trace files under ``parent`` (default: the system temp
+    directory), named after this process, after removing the stale ones there."""
+    if parent is not None:
+        try:
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+        except OSError as e:
+            log.warning("cannot create %s for py-spy's trace files (%s); using %s", parent, e.strerror or e,
+                        tempfile.gettempdir())
+            parent = None
+    base = parent if parent is not None else tempfile.gettempdir()
+    remove_stale_workdirs(base)
+    return tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=base)
+
+
 @dataclass
 class CompletedRun:
     """One finished py-spy window on one process."""
@@ -262,7 +322,7 @@ class PySpySupervisor:
         self._now = clock
         self._targets: dict[int, _Target] = {}
         self._own_dir = self.options.workdir is None
-        self.workdir = self.options.workdir or tempfile.mkdtemp(prefix="flamed-pyspy-")
+        self.workdir = self.options.workdir or private_workdir(self.options.workdir_parent)
         self.failures: Counter[str] = Counter()
         self.started = 0
         self.completed_runs = 0

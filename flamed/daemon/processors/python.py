@@ -11,9 +11,10 @@ taken; their weights are the BPF samples', never py-spy's.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -148,7 +149,13 @@ class PythonProcessor(WindowProcessor):
 
     def _start(self, options: PythonProcessorOptions) -> None:
         forget = getattr(self.ctx.sampler, "forget", None)
-        self.mixed = MixedMode(self.ctx.sampler, options.mixed(),
+        mixed = options.mixed()
+        # py-spy's trace files go under the runtime directory, where the next start finds what a SIGKILL left.
+        sock = getattr(getattr(self.ctx.config, "control", None), "socket", None)
+        if sock:
+            runtime = os.path.join(os.path.dirname(sock), "pyspy")
+            mixed = replace(mixed, pyspy=replace(mixed.pyspy, workdir_parent=runtime))
+        self.mixed = MixedMode(self.ctx.sampler, mixed,
                                on_exit=forget if callable(forget) else None,
                                claim=pysource.claim_for(options.source, self.ctx.sampler),
                                pyspy_fallback=pysource.pyspy_fallback(options.source))
