@@ -280,6 +280,26 @@ def check_state_dir(state: Path, *, allow_orphans: bool = False) -> dict[str, An
 
 
 @contextlib.contextmanager
+def tmpfs(mnt: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's syntax: 96k) mounted on the existing directory ``mnt``, unmounted after."""
+    import pytest
+
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs (needs root): {r.stderr}")
+    try:
+        yield mnt
+    finally:
+        for _ in range(20):
+            if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.2)
+        else:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@contextlib.contextmanager
 def workload(code: str, n: int = 1) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``n`` Python processes running ``code``; killed on exit."""
     procs = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True) for _ in range(n)]

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from support import scaled
-from daemonproc import BUSY, check_state_dir, metric_value, profile_files, workload
+from daemonproc import BUSY, check_state_dir, metric_value, profile_files, tmpfs, workload
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -179,19 +179,8 @@ def test_sigkill_random_points_then_restart(require_bpf: None, daemon_factory: A
 def small_tmpfs(tmp_path: Path) -> Any:
     mnt = tmp_path / "state"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k,mode=0755", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs (needs root): {r.stderr}")
-    try:
+    with tmpfs(mnt, "96k"):
         yield mnt
-    finally:
-        for _ in range(20):
-            if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.2)
-        else:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_disk_full_keeps_sampling_and_writes_again(require_bpf: None, daemon_factory: Any,

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemonproc import DaemonProc, profile_files
+from daemonproc import DaemonProc, profile_files, tmpfs
 
 TMPFS_BYTES = 256 * 1024
 BUDGET = 16 * 1024
@@ -34,19 +33,8 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 def tmpfs_state(tmp_path: Path) -> Iterator[Path]:
     mnt = tmp_path / "state"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES // 1024}k,mode=0755", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs (needs root): {r.stderr}")
-    try:
+    with tmpfs(mnt, f"{TMPFS_BYTES // 1024}k"):
         yield mnt
-    finally:
-        for _ in range(20):
-            if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.2)
-        else:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def sidecars(state: Path) -> list[dict[str, Any]]:
