@@ -144,9 +144,24 @@ def stop(p: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 3
 
 
 # -- workloads and daemon ------------------------------------------------------
+def _v2_root() -> Path:
+    sys.path.insert(0, str(ROOT))
+    from flamed.sampling.cgroups import find_v2_hierarchy
+
+    h, why = find_v2_hierarchy()
+    if h is None:
+        raise SystemExit(f"bench/python_bpf.py: --isolated needs cgroup v2: {why}")
+    return h.path
+
+
 @contextlib.contextmanager
-def services(tmp: Path, n: int) -> Iterator[list[int]]:
-    """``n`` Python services, the two interpreters alternately; killed when the block ends."""
+def services(tmp: Path, n: int, isolated: bool = False) -> Iterator[list[int]]:
+    """``n`` Python services, the two interpreters alternately; killed when the block ends.
+
+    ``isolated``: each one as PID 1 of its own PID namespace (``unshare``) in
+    its own cgroup (``flamed-bench-PID/svc-I.scope`` under the v2 root), as a
+    container runtime starts them."""
+    cg_top = _v2_root() / f"flamed-bench-{os.getpid()}" if isolated else None
     script = tmp / "service.py"
     script.write_text(SERVICE)
     names = []
@@ -158,8 +173,13 @@ def services(tmp: Path, n: int) -> Iterator[list[int]]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i in range(n):
-            procs.append(subprocess.Popen([str(names[i % 2]), "-S", str(script), str(DUTY[0]), str(DUTY[1])],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+            cmd = [str(names[i % 2]), "-S", str(script), str(DUTY[0]), str(DUTY[1])]
+            if cg_top is not None:
+                cg = cg_top / f"svc-{i}.scope"
+                cg.mkdir(parents=True, exist_ok=True)
+                cmd = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c",
+                       f'echo 0 > "{cg}/cgroup.procs" && exec "$@"', "sh", *cmd]
+            procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
         yield [p.pid for p in procs]
     finally:
         for p in procs:
@@ -167,6 +187,14 @@ def services(tmp: Path, n: int) -> Iterator[list[int]]:
                 p.kill()
         for p in procs:
             p.wait()
+        if cg_top is not None:
+            deadline = time.monotonic() + 10
+            for d in sorted(cg_top.glob("svc-*"), reverse=True) + [cg_top]:
+                while d.exists() and time.monotonic() < deadline:
+                    try:
+                        d.rmdir()
+                    except OSError:
+                        time.sleep(0.05)  # its processes are still exiting
 
 
 def free_port() -> int:
@@ -214,7 +242,8 @@ include_comm = "^flbench-"
 
 def daemon_case(tmp: Path, source: str, rate: int, n: int, settle: float, measure: float) -> dict[str, Any]:
     tag = f"{source}-{rate}-{n}-{time.monotonic_ns()}"
-    with services(tmp, n), daemon(tmp, tag, source, rate) as d:
+    isolated = source == "auto-isolated"
+    with services(tmp, n, isolated), daemon(tmp, tag, "auto" if isolated else source, rate) as d:
         if source == "pyspy":
             # py-spy starts once a drain (10 s) has seen the process busy.
             deadline = time.monotonic() + 60
@@ -315,6 +344,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs of every case; the table shows medians")
     ap.add_argument("--quick", action="store_true", help="about a minute: settle 2 s, measure 5 s, "
                     "counts 1,8 (py-spy 8), walk runs of 3 s")
+    ap.add_argument("--isolated", action="store_true",
+                    help="also the BPF path with each service in its own PID namespace and cgroup "
+                         "(as containers run them), at 19 Hz with 8 services")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--busy-ms", type=float, default=2.0, help="each service's work per cycle (2 ms)")
     ap.add_argument("--sleep-ms", type=float, default=8.0,
@@ -339,6 +371,8 @@ def main() -> int:
     counts = {"auto": [int(c) for c in args.counts.split(",") if c],
               "pyspy": [int(c) for c in args.pyspy_counts.split(",") if c]}
     cases: list[tuple[str, int, int]] = []
+    if args.isolated:
+        cases.append(("auto-isolated", 19, 8))
     for source in ("auto", "pyspy"):
         for rate in rates:
             cases.append((source, rate, 8))
