@@ -1,0 +1,158 @@
+"""Off-CPU and wall-clock profiles (bpf/offcpu.bpf.c, ``flamed record --mode``)
+against workloads that measure their own waits: real BPF, real interpreters.
+
+tests/workloads/offcpu_truth.py runs threads that sleep, wait on a lock, block
+on a pipe and sleep once across several drains, each in a function of its own
+that measures its off-CPU time (wall minus thread CPU time); the profile must
+put the same time under each function.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cpython_support import DEBIAN_311, pyenv_python
+
+from flamed.folded import read_folded
+from flamed.model import Stack
+from support import ROOT, need
+
+FLAMED = [sys.executable, "-m", "flamed"]
+TRUTH = str(ROOT / "tests" / "workloads" / "offcpu_truth.py")
+
+pytestmark = [pytest.mark.bpf, pytest.mark.slow, pytest.mark.usefixtures("require_bpf")]
+
+
+def _record(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(FLAMED + ["record", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _truth_function(stack: Stack) -> str | None:
+    """The innermost truth_* function of a stack: ``truth_sleep`` for both
+    ``truth_sleep.<locals>.body (...)`` (3.11+) and ``truth_sleep (...);body (...)``."""
+    names = [f.split(" (", 1)[0].split(".", 1)[0] for f in stack]
+    found = [n for n in names if n.startswith("truth_")]
+    return found[-1] if found else None
+
+
+def _interpreter(name: str) -> Path:
+    if name == "debian-3.11":
+        need(DEBIAN_311.exists(), f"Debian's {DEBIAN_311}")
+        return DEBIAN_311
+    return pyenv_python(name)
+
+
+@pytest.mark.parametrize("interp", ["3.12", "debian-3.11", "3.8", "3.10", "3.13"])
+def test_offcpu_time_under_each_function(tmp_path: Path, interp: str) -> None:
+    exe = _interpreter(interp)
+    out = tmp_path / "off.folded"
+    r = _record(["--mode", "offcpu", "-o", str(out), "--", str(exe), TRUTH, "3", "3"])
+    assert r.returncode == 0, r.stderr
+    truth = json.loads(r.stdout.strip().splitlines()[-1])["blocked_s"]
+    profile = read_folded(out.open("rb"))
+    got: dict[str, float] = {}
+    for stack, w in profile.stacks.items():
+        assert stack[-1] in ("[off-cpu: blocked]", "[off-cpu: preempted]"), stack
+        name = _truth_function(stack) or "[outside]"
+        got[name] = got.get(name, 0.0) + float(w) / 1e6
+    for name, seconds in truth.items():
+        assert abs(got.get(name, 0.0) - seconds) <= 0.2 * seconds, (interp, name, seconds, got, r.stderr)
+    # The long sleep spans several drains (0.5 s apart): counted in full.
+    assert abs(got.get("truth_long_sleep", 0.0) - truth["truth_long_sleep"]) <= 0.05 * truth["truth_long_sleep"]
+    total = sum(got.values())
+    assert total - got.get("[outside]", 0.0) >= 0.95 * total, (interp, got)
+    # Kernel frames of the wait under the Python function that waited.
+    sleeps = [s for s in profile.stacks if _truth_function(s) == "truth_sleep" and s[-1] == "[off-cpu: blocked]"]
+    # (clock_nanosleep from 3.11, select before)
+    assert any(f.endswith("_[k]") and ("sleep" in f or "select" in f) for s in sleeps for f in s), sleeps[:3]
+
+
+def test_a_sleep_across_drains_is_counted_in_full(require_bpf: None) -> None:
+    """The library sampler, drained every 0.3 s while a thread sleeps 3 s."""
+    from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
+
+    code = ("import time\ndef nap_across_drains():\n    time.sleep(3)\n"
+            "x = sum(range(10**6))\nnap_across_drains()\n")
+    s = BpfSampler(BpfSamplerOptions(frequency=49, pids=frozenset(), python=True, offcpu=True))
+    s.start()
+    try:
+        child = subprocess.Popen([sys.executable, "-c", code])
+        s.add_pid(child.pid)
+        off: dict[Stack, int] = {}
+        while child.poll() is None:
+            time.sleep(0.3)
+            for (_t, _i, _c, stack), ns in s.drain().offcpu.items():
+                off[stack] = off.get(stack, 0) + ns
+        for (_t, _i, _c, stack), ns in s.drain().offcpu.items():
+            off[stack] = off.get(stack, 0) + ns
+        stats = s.stats().offcpu_total
+    finally:
+        s.close()
+    nap = sum(ns for st, ns in off.items() if any(f.startswith("nap_across_drains (") for f in st))
+    assert 2.95e9 <= nap <= 3.1e9, (nap, stats)
+    assert stats["OFF_CARRIED"] >= 1 and stats["CARRY_MISSING"] == stats["CARRY_EXPIRED"] == 0, stats
+
+
+WALL_WORKLOAD = """
+import json, time
+def wall_compute(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+def wall_sleep(seconds):
+    time.sleep(seconds)
+w0, c0 = time.monotonic(), time.thread_time()
+end = w0 + 4
+while time.monotonic() < end:
+    wall_compute(0.01)
+    wall_sleep(0.09)
+wall, cpu = time.monotonic() - w0, time.thread_time() - c0
+print(json.dumps({"wall": wall, "cpu": cpu}))
+"""
+
+
+def test_wall_mode_shows_waits_in_proportion(tmp_path: Path) -> None:
+    work = tmp_path / "wall.py"
+    work.write_text(WALL_WORKLOAD)
+    out = tmp_path / "wall.folded"
+    r = _record(["--mode", "wall", "-r", "499", "-o", str(out), "--", sys.executable, str(work)])
+    assert r.returncode == 0, r.stderr
+    truth = json.loads(r.stdout.strip().splitlines()[-1])
+    profile = read_folded(out.open("rb"))
+    share = {"wall_compute": 0.0, "wall_sleep": 0.0}
+    for stack, w in profile.stacks.items():
+        for name in share:
+            if any(f.startswith(name + " (") for f in stack):
+                share[name] += float(w) / 1e6
+    want_sleep = truth["wall"] - truth["cpu"]
+    assert abs(share["wall_sleep"] - want_sleep) <= 0.2 * want_sleep, (share, truth)
+    assert abs(share["wall_compute"] - truth["cpu"]) <= 0.2 * truth["cpu"], (share, truth)
+    total = sum(w for w in profile.stacks.values()) / 1e6
+    assert share["wall_sleep"] / total >= 0.7, (share, total)
+
+
+def test_pprof_says_off_cpu_nanoseconds(tmp_path: Path) -> None:
+    go = shutil.which("go")
+    need(go is not None, "go tool pprof (Debian golang-go)")
+    assert go is not None
+    out = tmp_path / "off.pb.gz"
+    r = _record(["--mode", "offcpu", "-o", str(out), "--", sys.executable, "-c",
+                 "import time\ndef pprof_nap():\n    time.sleep(0.5)\nsum(range(10**6))\npprof_nap()\n"])
+    assert r.returncode == 0, r.stderr
+    raw = subprocess.run([go, "tool", "pprof", "-raw", str(out)], capture_output=True, text=True, timeout=120)
+    assert raw.returncode == 0, raw.stderr
+    assert "off_cpu/nanoseconds" in raw.stdout, raw.stdout[:2000]
+    traces = subprocess.run([go, "tool", "pprof", "-traces", str(out)], capture_output=True, text=True, timeout=120)
+    assert "pprof_nap" in traces.stdout and "Type: off_cpu" in traces.stdout, traces.stdout[:2000]
+    from flamed.outputs.pprof import read_pprof
+
+    p = read_pprof(out.read_bytes())
+    assert p.labels["kind"] == "off_cpu" and p.labels["unit"] == "microseconds", p.labels
+    nap = sum(float(w) for s, w in p.stacks.items() if any(f.startswith("pprof_nap") for f in s))
+    assert 0.45e6 <= nap <= 0.6e6, nap
