@@ -69,8 +69,15 @@ def _unwind_row(u: dict[str, Any] | None) -> str:
     total = sum(stacks.values())
     cut = ", ".join(f"{k}={v}" for k, v in stacks.items() if v and k != "complete") or "none cut"
     share = f"{100 * stacks['complete'] / total:.1f} % complete" if total else "no stack yet"
-    return (f"{share} ({cut}); {u['processes']} processes, {u['binaries']} binaries, "
-            f"{u['rows']['used']}/{u['rows']['capacity']} rows")
+    row = (f"{share} ({cut}); {u['processes']} processes, {u['binaries']} binaries, "
+           f"{u['rows']['used']}/{u['rows']['capacity']} rows")
+    ev = u.get("evicted") or {}
+    if ev.get("tables"):
+        row += f", {ev['tables']} tables evicted ({ev['rows']} rows)"
+    largest = u.get("largest") or []
+    if largest:
+        row += "; largest: " + ", ".join(f"{t['binary']} {t['rows']}" for t in largest[:3])
+    return row
 
 
 def _push_row(push: dict[str, Any] | None) -> str:

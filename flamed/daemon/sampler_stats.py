@@ -107,6 +107,8 @@ class SamplerAccounting:
             "tables": {"built": u.tables_built, "cached": u.tables_cached,
                        "build_seconds": round(u.build_seconds, 3)},
             "skipped": dict(u.skipped), "resets": u.resets,
+            "evicted": {"tables": u.evicted, "rows": u.evicted_rows},
+            "largest": [{"binary": name, "rows": rows, "idle_s": idle} for name, rows, idle in u.largest],
         }
 
     def symbol_cache_stats(self) -> dict[str, int] | None:

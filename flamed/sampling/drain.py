@@ -595,6 +595,8 @@ class Drainer:
         keys = reader.take_counts(old)
         pystacks = reader.take_pystacks(old) if self._python is not None else {}
         ustacks = reader.take_ustacks(old) if self._unwinder is not None else {}
+        if self._unwinder is not None:  # their tables are in use: the last ones evicted
+            self._unwinder.note_sampled({k[0] for k in keys if k[6]})
         off = _OffRead.take(reader, old, old_epoch) if self.options.offcpu else None
         self._program.bpf.ring_buffer_consume()
         raw_events = [e for e in self._raw_events if e[4] == old]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from flamed.sampling.unwind import ehframe
-from flamed.sampling.unwind.tables import TableCache, Unwinder
+from flamed.sampling.unwind.tables import EVICT_IDLE_S, TableCache, Unwinder
 from support import ROOT, need
 
 
@@ -135,12 +135,54 @@ def test_full_rows_held_by_exited_processes_are_reloaded(tmp_path: Path) -> None
     assert u.describe(10, sampled) and u.stats.rows_used == n_py
     u.forget(10)  # exited: its rows are garbage now
     fake_process(proc, 11, [libc])
-    assert not u.describe(11, sampled)  # full: libc does not fit ...
-    assert u.stats.skipped["rows_full"] == 1
-    u._run_reset_if_due()  # ... and the worker reloads (what it does after each description)
-    assert u.stats.resets == 1 and u.stats.rows_used == 0
+    # Full: python3.11's rows, used by no process now, are evicted for libc at once.
     assert u.describe(11, sampled)
+    assert u.stats.skipped["rows_full"] == 0 and u.stats.evicted == 1 and u.stats.evicted_rows == n_py
     assert u.stats.rows_used == n_libc and u.stats.tables_cached >= 1
+
+
+def _two_tables(tmp_path: Path) -> tuple[Unwinder, dict[str, FakeArray], Path, set[int], int, int]:
+    libc = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
+    py = Path("/usr/bin/python3.11")
+    need(libc.exists() and py.exists(), "Debian's libc.so.6 and python3.11")
+    proc = tmp_path / "proc"
+    n_libc = len(ehframe.build_table(str(libc)).rows)
+    n_py = len(ehframe.build_table(str(py)).rows)
+    u, maps = make(tmp_path, proc, rows=max(n_libc, n_py) + 1000)
+    for b in (py, libc):
+        TableCache(tmp_path / "cache").rows(str(b), ehframe.read_elf_info(str(b)))
+    fake_process(proc, 10, [py])
+    fake_process(proc, 11, [libc])
+    return u, maps, proc, {0x7F0000000000 + 0x100}, n_libc, n_py
+
+
+def test_a_live_process_table_not_sampled_lately_is_evicted_for_a_new_one(tmp_path: Path) -> None:
+    """A process alive but idle (a bcc tool after its compile) keeps no rows
+    another binary needs: its table goes, least recently sampled first, and
+    the process loses its description (no sample reads reused rows) until
+    described again."""
+    u, maps, _proc, sampled, n_libc, n_py = _two_tables(tmp_path)
+    now = [1000.0]
+    u._clock = lambda: now[0]
+    assert u.describe(10, sampled) and u.stats.rows_used == n_py
+    now[0] += EVICT_IDLE_S + 1  # process 10 alive, no unwound sample since
+    assert u.describe(11, sampled)
+    assert u.stats.evicted == 1 and u.stats.skipped["rows_full"] == 0 and u.stats.rows_used == n_libc
+    assert 10 not in maps["uw_procs"].values and not u.described(10)
+    u.note_sampled({11})
+    assert u.stats.largest and u.stats.largest[0][1] == n_libc
+
+
+def test_a_table_sampled_lately_is_not_evicted(tmp_path: Path) -> None:
+    u, maps, _proc, sampled, _n_libc, n_py = _two_tables(tmp_path)
+    now = [1000.0]
+    u._clock = lambda: now[0]
+    assert u.describe(10, sampled)
+    now[0] += EVICT_IDLE_S + 1
+    u.note_sampled({10})  # the last drain had unwound samples of process 10
+    assert not u.describe(11, sampled)
+    assert u.stats.evicted == 0 and u.stats.skipped["rows_full"] == 1 and u.stats.rows_used == n_py
+    assert u.described(10)
 
 
 def test_a_large_table_is_built_aside_and_loaded_when_ready(tmp_path: Path) -> None:

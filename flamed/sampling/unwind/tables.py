@@ -6,9 +6,12 @@ processes is parsed once, and a restart reuses the work.
 
 :class:`Unwinder` describes processes to the program: for each executable
 file mapping of a process it loads the binary's rows into ``uw_rows`` (once
-per binary: a bump allocation in one preallocated array, bounded by
+per binary: a contiguous range of one preallocated array, bounded by
 ``unwind_rows``) and writes the process's sorted mapping list into
-``uw_procs``.  It runs in its own thread: building the table of a large
+``uw_procs``.  When a table does not fit, the tables no process was sampled
+with for ``EVICT_IDLE_S`` are evicted, least recently sampled first, before
+anything is refused: a bcc tool that compiled once (libLLVM and libclang-cpp,
+2 M rows) and then sleeps must not keep the host's other binaries out.  It runs in its own thread: building the table of a large
 library takes seconds (libLLVM: ~2.6 s here), and samples taken meanwhile
 keep their frame-pointer stacks.
 """
@@ -47,12 +50,16 @@ _CFI_BYTES_PER_ROW = 5
 #: A binary whose table would take more than this fraction of unwind_rows is
 #: loaded only when a sample lands in it.
 _LAZY_FRACTION = 16
+#: A table none of whose processes had an unwound sample for this long may
+#: be evicted to make room (a drain interval is 10 s by default).
+EVICT_IDLE_S = 30.0
 
 
 class TableEntry(NamedTuple):
     key: str
     first: int
     rows: int
+    name: str = ""
 
 
 #: What _load returns for a large table handed to the builder thread.
@@ -76,10 +83,16 @@ class UnwindStats:
     mappings_dropped: int = 0
     #: times the rows were full of exited processes' binaries and were reloaded
     resets: int = 0
+    #: tables evicted (and their rows) to make room: not sampled for EVICT_IDLE_S
+    evicted: int = 0
+    evicted_rows: int = 0
+    #: the largest tables loaded: (binary, rows, seconds since a process using it was sampled)
+    largest: list[tuple[str, int, float]] = field(default_factory=list)
 
     def copy(self) -> UnwindStats:
         c = UnwindStats(**{k: getattr(self, k) for k in self.__dataclass_fields__})
         c.skipped = dict(self.skipped)
+        c.largest = list(self.largest)
         return c
 
 
@@ -233,7 +246,14 @@ class Unwinder:
         #: (dev, inode, size, mtime) -> the binary's rows in uw_rows, if any
         self._by_file: dict[tuple[int, int, int, int], _File] = {}
         self._by_key: dict[str, TableEntry] = {}
-        self._next = 0
+        self._next = 0  # rows in use
+        #: free ranges of uw_rows, (first, count), sorted, coalesced
+        self._free: list[tuple[int, int]] = [(0, rows_capacity)] if rows_capacity > 0 else []
+        #: table key -> monotonic time a process using it last had an unwound sample (or was loaded)
+        self._last_used: dict[str, float] = {}
+        self._clock = time.monotonic
+        #: tables the description in progress has taken (never evicted under it)
+        self._picking: set[str] = set()
         self._described: dict[int, tuple[tuple[int, int, int, int], ...]] = {}
         self._slots: dict[int, int] = {}  # tgid -> its block of unwind_maps entries in uw_maps
         self._free_slots = list(range(max_procs - 1, -1, -1))
@@ -303,6 +323,19 @@ class Unwinder:
     def described(self, tgid: int) -> bool:
         return tgid in self._described
 
+    def note_sampled(self, tgids: set[int]) -> None:
+        """``tgids`` had samples unwound from tables (each drain): their tables are in use."""
+        now = self._clock()
+        with self._lock:
+            for tgid in tgids:
+                for key in self._uses.get(tgid, ()):
+                    self._last_used[key] = now
+            self._refresh_largest(now)
+
+    def _refresh_largest(self, now: float) -> None:
+        top = sorted(list(self._by_key.values()), key=lambda e: -e.rows)[:5]
+        self.stats.largest = [(e.name, e.rows, round(now - self._last_used.get(e.key, now), 1)) for e in top]
+
     def describe(self, tgid: int, want: set[int] | None = None, want_keys: set[str] | None = None) -> bool:
         """Load the tables of ``tgid``'s binaries and write its uw_procs entry;
         False when it is gone or has no binary with a table.
@@ -322,15 +355,19 @@ class Unwinder:
         want_keys = want_keys or set()
         entries: list[tuple[int, int, int, int, int, int]] = []  # start, end, bias, first, count, size
         keys: set[str] = set()
-        for m in maps:
-            load = any(m.start <= a < m.end for a in want)
-            got = self._table_for(tgid, m, load, want_keys)
-            if got is None:
-                continue
-            entry, bias = got
-            if entry.rows:
-                keys.add(entry.key)
-            entries.append((m.start, m.end, bias, entry.first, entry.rows, m.end - m.start))
+        self._picking = keys
+        try:
+            for m in maps:
+                load = any(m.start <= a < m.end for a in want)
+                got = self._table_for(tgid, m, load, want_keys)
+                if got is None:
+                    continue
+                entry, bias = got
+                if entry.rows:
+                    keys.add(entry.key)
+                entries.append((m.start, m.end, bias, entry.first, entry.rows, m.end - m.start))
+        finally:
+            self._picking = set()
         if len(entries) > self._max_maps:
             # Keep the largest code: the main program, the interpreter, libc
             # before a small extension module.
@@ -465,7 +502,9 @@ class Unwinder:
             self.forget(tgid)
         self._by_file.clear()
         self._by_key.clear()
+        self._last_used.clear()
         self._next = 0
+        self._free = [(0, self.stats.rows_capacity)] if self.stats.rows_capacity > 0 else []
         self._full_warned = False
         self.stats.resets += 1
         for tgid in live:
@@ -518,26 +557,89 @@ class Unwinder:
         if n == 0:
             self.stats.skipped["no_cfi"] += 1
             return None
-        if self._next + n > self.stats.rows_capacity:
+        first = self._alloc(n)
+        if first is None and self._evict_for(n):
+            first = self._alloc(n)
+        if first is None:
             garbage = self._next - self._live_rows()
             if garbage >= max(n, self.stats.rows_capacity // 4) and not self._reset_due:
                 self._reset_due = True  # after this description: see _reset
             self.stats.skipped["rows_full"] += 1
             if not self._full_warned:
                 self._full_warned = True
-                log.warning("unwind tables are full (%d of %d rows): %s (%d rows) and binaries after it keep "
-                            "frame-pointer stacks; raise [sampling] unwind_rows",
-                            self._next, self.stats.rows_capacity, name, n)
+                log.warning("unwind tables are full (%d of %d rows, all sampled within %g s): %s (%d rows) and "
+                            "binaries after it keep frame-pointer stacks; raise [sampling] unwind_rows",
+                            self._next, self.stats.rows_capacity, EVICT_IDLE_S, name, n)
             return None
-        first = self._next
         self._write_array(self._rows, first, packed, ehframe.ROW.size, n)
         self._next += n
-        entry = TableEntry(key, first, n)
+        entry = TableEntry(key, first, n, os.path.basename(name))
         self._by_key[key] = entry
+        self._last_used[key] = self._clock()
         self.stats.binaries = len(self._by_key)
         self.stats.rows_used = self._next
         log.debug("unwind table of %s: %d rows at %d", name, n, first)
         return entry
+
+    # -- rows: ranges and eviction --------------------------------------------
+    def _alloc(self, n: int) -> int | None:
+        """The first free range of ``n`` contiguous rows (first fit), or None."""
+        for i, (lo, cnt) in enumerate(self._free):
+            if cnt >= n:
+                if cnt == n:
+                    del self._free[i]
+                else:
+                    self._free[i] = (lo + n, cnt - n)
+                return lo
+        return None
+
+    def _release(self, first: int, n: int) -> None:
+        free = sorted([*self._free, (first, n)])
+        out: list[tuple[int, int]] = []
+        for lo, cnt in free:
+            if out and out[-1][0] + out[-1][1] == lo:
+                out[-1] = (out[-1][0], out[-1][1] + cnt)
+            else:
+                out.append((lo, cnt))
+        self._free = out
+
+    def _evict_for(self, n: int) -> bool:
+        """Evict tables not sampled for EVICT_IDLE_S, least recently sampled
+        first, until ``n`` contiguous rows are free; True if they are.  The
+        processes using an evicted table lose their description at once (no
+        sample may read rows about to be reused) and are described again
+        without it (its mapping then uses frame pointers until a sample lands
+        in it and asks for it again through uw_miss)."""
+        now = self._clock()
+        in_use = set().union(*self._uses.values()) if self._uses else set()
+        # Tables of no described process (they exited) first, then the least recently sampled.
+        idle = sorted((k in in_use, self._last_used.get(k, 0.0), k) for k in self._by_key
+                      if k not in self._picking
+                      and (k not in in_use or now - self._last_used.get(k, 0.0) >= EVICT_IDLE_S))
+        evicted = False
+        for _used, _t, key in idle:
+            entry = self._by_key.pop(key)
+            self._last_used.pop(key, None)
+            users = [t for t, keys in self._uses.items() if key in keys]
+            for tgid in users:
+                self.forget(tgid)
+            for fkey in [f for f, known in self._by_file.items() if known.entry is not None and known.entry.key == key]:
+                del self._by_file[fkey]  # read again (its ELF facts) when next needed
+            self._release(entry.first, entry.rows)
+            self._next -= entry.rows
+            self.stats.evicted += 1
+            self.stats.evicted_rows += entry.rows
+            evicted = True
+            log.info("unwind tables: evicted %s (%d rows, %s) to make room", entry.name or key, entry.rows,
+                     f"not sampled for {now - _t:.0f} s" if _used else "no process uses it")
+            for tgid in users:
+                self.submit(tgid)
+            if any(cnt >= n for _lo, cnt in self._free):
+                break
+        if evicted:
+            self.stats.binaries = len(self._by_key)
+            self.stats.rows_used = self._next
+        return any(cnt >= n for _lo, cnt in self._free)
 
     def _write_array(self, table: Any, first: int, packed: bytes, size: int, n: int) -> None:
         """Write ``n`` values of ``size`` bytes at indices ``first``.. of an array map."""
