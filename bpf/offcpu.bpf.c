@@ -150,24 +150,25 @@ static __always_inline void off_switch_out(struct bpf_raw_tracepoint_args *ctx, 
  * unsigned int prev_state): the current task is prev. */
 int flamed_offcpu(struct bpf_raw_tracepoint_args *ctx)
 {
-    u32 zero = 0;
-    u64 *seq = offcpu_inflight.lookup(&zero);
-    if (!seq)
-        return 0;
-    /* Odd while this program uses a generation (as in flamed_sample). */
-    __sync_fetch_and_add(seq, 1);
-    u32 *genp = generation.lookup(&zero);
-    u32 epoch = genp ? *genp : 0;
-    u64 now = bpf_ktime_get_ns();
-
     u32 next_tid = 0;
     bpf_probe_read_kernel(&next_tid, sizeof(next_tid), (void *)ctx->args[2] + FLAMED_TASK_PID_OFF);
-    if (next_tid)
-        off_switch_in(next_tid, epoch, now);
-
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
     u32 prev_state = (u32)ctx->args[3];
+
+    u32 slot = 0;
+    u64 *seq = offcpu_inflight.lookup(&slot);
+    if (!seq)
+        return 0;
+    /* Odd while this program uses a generation (as in flamed_sample); the
+     * whole epoch, not its parity, tells a wait that spans a drain. */
+    __sync_fetch_and_add(seq, 1);
+    u32 *epochp = generation.lookup(&slot);
+    u32 epoch = epochp ? *epochp : 0;
+    u64 now = bpf_ktime_get_ns();
+    if (next_tid)
+        off_switch_in(next_tid, epoch, now);
+
     if (tid == 0 || (prev_state & FLAMED_TASK_DEAD))
         goto out;
     struct flamed_key key = {};
