@@ -14,6 +14,13 @@ from support import ROOT
 
 @contextmanager
 def serve(*args: str, timeout: float = 60.0) -> Iterator[str]:
+    with serve_process(*args, timeout=timeout) as (url, _proc):
+        yield url
+
+
+@contextmanager
+def serve_process(*args: str, timeout: float = 60.0) -> Iterator[tuple[str, "subprocess.Popen[str]"]]:
+    """:func:`serve` that also gives the process (its pid, for its memory)."""
     proc = subprocess.Popen([sys.executable, "-m", "flamed", "serve", *args, "--address", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -23,7 +30,7 @@ def serve(*args: str, timeout: float = 60.0) -> Iterator[str]:
         line = proc.stdout.readline()  # the server prints its URL once it listens
         assert line.startswith("flamed serve: http://"), (line, proc.stderr.read() if proc.poll() is not None else "")
         assert time.monotonic() < deadline
-        yield line.split()[2]
+        yield line.split()[2], proc
     finally:
         proc.terminate()
         try:

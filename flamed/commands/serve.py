@@ -45,6 +45,8 @@ class ServeCommand(Command):
         parser.add_argument("files", nargs="*", help="profile files (any format the toolkit reads)")
         parser.add_argument("--state-dir", help="the daemon's state directory (output.state_dir)")
         parser.add_argument("--address", default="127.0.0.1:8080", help="HOST:PORT to listen on (default 127.0.0.1:8080)")
+        parser.add_argument("--cache-mb", type=float, default=64.0,
+                            help="memory for parsed files, MB (default 64; a range within it is not read again)")
 
     def run(self, args: argparse.Namespace) -> int:
         from flamed.serve.index import Index
@@ -53,7 +55,11 @@ class ServeCommand(Command):
         if bool(args.state_dir) == bool(args.files):
             raise UsageError("give either --state-dir DIR or FILES..., not both and not neither")
         host, port = parse_address(args.address)
-        index = Index.from_state_dir(args.state_dir) if args.state_dir else Index.from_files(args.files)
+        if args.cache_mb < 0:
+            raise UsageError("--cache-mb must be 0 or more")
+        cache = int(args.cache_mb * 1024 * 1024)
+        index = (Index.from_state_dir(args.state_dir, cache) if args.state_dir
+                 else Index.from_files(args.files, cache))
         if not index.entries:
             self.warn(f"nothing to show yet in {index.source}; the page updates when restarted")
         if not is_loopback(host):

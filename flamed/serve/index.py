@@ -3,7 +3,9 @@
 Daemon state directories are indexed from their sidecars only (time range,
 weight, per-window sample counts, the cgroup identities of the processes), so opening days of files reads a few KB
 per file; stacks are read when a range is asked for, a file at a time, with
-a bounded cache of parsed files.  Any other input the toolkit reads is an
+a cache of parsed files bounded in bytes: each kept in a compact form (its
+stacks as packed ids into one shared table of frame names), several times
+smaller than the parsed profile.  Any other input the toolkit reads is an
 entry too; inputs that keep time per sample (perf script, timestamped traces)
 keep their samples in memory, which is what gives the subsecond heatmap.
 """
@@ -12,10 +14,12 @@ from __future__ import annotations
 
 import bisect
 import json
+import sys
 import os
 import re
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,8 +33,8 @@ from flamed.sampling.contract import CGROUP_ROOTS, parse_root, root_frames
 
 NS = 1_000_000_000
 KINDS = ("kernel", "native", "python")
-#: Parsed files kept in memory (a 1 h range of 60 s files fits).
-CACHE_FILES = 96
+#: Bytes of parsed files kept in memory (compact forms and their frame table), by default.
+CACHE_BYTES = 64 * 1024 * 1024
 #: A state directory is looked at again at most this often (seconds), on a request.
 REFRESH_S = 1.0
 #: Nice histogram bucket widths, seconds.
@@ -186,15 +190,71 @@ class Trace:
     stacks: list[Stack] = field(default_factory=list)
 
 
+class FrameTable:
+    """Frame names of parsed files, each stored once; compact stacks are ids into it."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.ids: dict[str, int] = {}
+        self.nbytes = 0
+
+    def pack(self, stack: Stack) -> bytes:
+        ids = self.ids
+        out = array("I")
+        for name in stack:
+            i = ids.get(name)
+            if i is None:
+                i = ids[name] = len(self.names)
+                self.names.append(name)
+                # the string, its list slot and its dict entry (amortised)
+                self.nbytes += sys.getsizeof(name) + 8 + 48
+            out.append(i)
+        return out.tobytes()
+
+    def unpack(self, key: bytes) -> Stack:
+        return tuple(map(self.names.__getitem__, memoryview(key).cast("I")))
+
+
+@dataclass
+class Compact:
+    """One parsed file: its stacks packed (4 bytes a frame) with their weights."""
+
+    table: FrameTable
+    keys: list[bytes]
+    weights: list[Weight]
+    start_ns: int | None
+    end_ns: int | None
+    nbytes: int
+    sample_rate: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, p: Profile, table: FrameTable) -> Compact:
+        keys = [table.pack(st) for st in p.stacks]
+        weights = list(p.stacks.values())
+        # bytes objects, two list slots per stack, weights that are not small cached ints
+        size = 200 + sum(sys.getsizeof(k) + 16 for k in keys) + 32 * sum(
+            1 for w in weights if not (isinstance(w, int) and -5 <= w <= 256))
+        return cls(table, keys, weights, p.start_ns, p.end_ns, size, p.sample_rate, p.labels)
+
+    def profile(self) -> Profile:
+        unpack = self.table.unpack
+        return Profile({unpack(k): w for k, w in zip(self.keys, self.weights)}, start_ns=self.start_ns,
+                       end_ns=self.end_ns, sample_rate=self.sample_rate, labels=dict(self.labels))
+
+
 class Index:
     def __init__(self, entries: list[Entry], trace: Trace, *, kind: str, source: str,
-                 state_dir: str | None = None) -> None:
+                 state_dir: str | None = None, cache_bytes: int = CACHE_BYTES) -> None:
         self.entries = sorted(entries, key=lambda e: (e.start_ns, e.name))
         self.trace = trace
         self.kind = kind
         self.source = source
         self.state_dir = state_dir
-        self._cache: OrderedDict[str, Profile] = OrderedDict()
+        self._cache: OrderedDict[str, Compact] = OrderedDict()
+        self.cache_limit = cache_bytes
+        self._cache_bytes = 0
+        self._table = FrameTable()
         self._lock = threading.Lock()
         self._parsing: dict[str, threading.Lock] = {}  # path -> held while one request parses it
         self._refresh_lock = threading.Lock()
@@ -203,10 +263,12 @@ class Index:
         self._dir_mtime = _mtime_ns(state_dir) if state_dir else None
         #: Directory listings read since start (the refresh's cost, for tests and the bench).
         self.rescans = 0
+        #: Files parsed since start: a range asked for again within the cache costs none.
+        self.parses = 0
 
     # -- building ----------------------------------------------------------
     @classmethod
-    def from_state_dir(cls, state_dir: str) -> Index:
+    def from_state_dir(cls, state_dir: str, cache_bytes: int = CACHE_BYTES) -> Index:
         # The directory's time before its listing: a file written during the scan changes it again.
         mtime = _mtime_ns(state_dir)
         try:
@@ -215,7 +277,7 @@ class Index:
             raise UsageError(f"cannot read the state directory {state_dir}: {e.strerror or e}; "
                              "give the daemon's output.state_dir") from None
         index = cls(_scan(state_dir, names, {}), Trace(), kind="store", source=os.path.abspath(state_dir),
-                    state_dir=state_dir)
+                    state_dir=state_dir, cache_bytes=cache_bytes)
         index._dir_mtime = mtime
         return index
 
@@ -254,13 +316,13 @@ class Index:
             with self._lock:
                 self.entries = entries
                 for path in [p for p in self._cache if p not in kept]:
-                    del self._cache[path]
+                    self._cache_bytes -= self._cache.pop(path).nbytes
             return True
         finally:
             self._refresh_lock.release()
 
     @classmethod
-    def from_files(cls, paths: Sequence[str]) -> Index:
+    def from_files(cls, paths: Sequence[str], cache_bytes: int = CACHE_BYTES) -> Index:
         import contextlib
 
         from flamed.inputs import load_profile, open_sample_streams
@@ -302,7 +364,8 @@ class Index:
             trace.times = [trace.times[i] for i in order]
             trace.ids = [trace.ids[i] for i in order]
             trace.weights = [trace.weights[i] for i in order]
-        return cls(entries, trace, kind="trace" if trace.times else "files", source=", ".join(paths))
+        return cls(entries, trace, kind="trace" if trace.times else "files", source=", ".join(paths),
+                   cache_bytes=cache_bytes)
 
     # -- reading -----------------------------------------------------------
     @property
@@ -326,32 +389,56 @@ class Index:
             "timed": all(e.timed for e in self.entries),
         }
 
+    def status(self) -> dict[str, object]:
+        """The cache's state and the work done since start (``/api/status``: tests and the bench)."""
+        with self._lock:
+            return {"parses": self.parses, "rescans": self.rescans, "cache_files": len(self._cache),
+                    "cache_bytes": self._cache_bytes + self._table.nbytes, "cache_limit_bytes": self.cache_limit,
+                    "frames": len(self._table.names), "entries": len(self.entries)}
+
     def _load(self, e: Entry) -> Profile:
+        return self._compact(e).profile()
+
+    def _compact(self, e: Entry) -> Compact:
         from flamed.inputs import load_profile
 
         # One parse per file however many requests want it at once (the page
         # asks for a range's graph and its top table together): the others
         # wait for that parse instead of repeating it.
         with self._lock:
-            p = self._cache.get(e.path)
-            if p is not None:
+            c = self._cache.get(e.path)
+            if c is not None:
                 self._cache.move_to_end(e.path)
-                return p
+                return c
             flight = self._parsing.get(e.path)
             if flight is None:
                 flight = self._parsing[e.path] = threading.Lock()
         with flight:
             with self._lock:
-                p = self._cache.get(e.path)
-                if p is not None:
-                    return p
+                c = self._cache.get(e.path)
+                if c is not None:
+                    return c
             p = load_profile([e.path])
             with self._lock:
-                self._cache[e.path] = p
+                self.parses += 1
+                if self._table.nbytes > self.cache_limit // 2:
+                    # Names no cached file may need any more would stay forever:
+                    # start a new table (files packed with the old one keep it
+                    # alive until they leave the cache, which starts now).
+                    self._table = FrameTable()
+                    self._cache.clear()
+                    self._cache_bytes = 0
+                table = self._table
+            c = Compact.of(p, table)
+            del p
+            with self._lock:
                 self._parsing.pop(e.path, None)
-                while len(self._cache) > CACHE_FILES:
-                    self._cache.popitem(last=False)
-        return p
+                if c.table is self._table:
+                    self._cache[e.path] = c
+                    self._cache_bytes += c.nbytes
+                while self._cache and self._cache_bytes + self._table.nbytes > self.cache_limit:
+                    self._cache_bytes -= self._cache.popitem(last=False)[1].nbytes
+        return c
 
     def overlapping(self, start_ns: int, end_ns: int) -> list[Entry]:
         return [e for e in self.entries if e.path and e.start_ns < end_ns and e.end_ns > start_ns]
@@ -369,8 +456,15 @@ class Index:
                 out.update(self._entry_profile(e, filters).stacks)
             out.start_ns, out.end_ns = start_ns, end_ns
             return out  # timestamped inputs have no identities: none passes, none is grouped
+        # Summed packed (the same stack is one short bytes key in every file), unpacked once.
+        merged: dict[int, tuple[FrameTable, dict[bytes, Weight]]] = {}
         for e in self.overlapping(start_ns, end_ns):
-            out.update(self._load(e).stacks)
+            c = self._compact(e)
+            packed = merged.setdefault(id(c.table), (c.table, {}))[1]
+            for key, w in zip(c.keys, c.weights):
+                packed[key] = packed.get(key, 0) + w
+        for table, packed in merged.values():
+            out.update({table.unpack(key): w for key, w in packed.items()})
         t = self.trace
         if t.times:
             lo = bisect.bisect_left(t.times, start_ns)

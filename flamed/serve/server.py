@@ -12,6 +12,8 @@ Endpoints (times are integer milliseconds since the epoch):
 * ``/api/top?start&end&limit&FILTERS``: functions by self and total weight.
 * ``/api/diff?start&end&bstart&bend&FILTERS``: differential SVG, A before, B after;
   ``format=json`` gives the grown / shrunk functions.
+* ``/api/status``: the parsed-file cache (files, bytes, limit) and the files
+  parsed since start (a range asked for again within the cache parses none).
 
 FILTERS: ``pid``, ``tid``, ``comm``, ``include``, ``exclude``, ``kinds`` (see
 :class:`flamed.serve.index.Filters`).
@@ -129,6 +131,9 @@ class Handler(BaseHTTPRequestHandler):
             index.refresh()  # files the daemon wrote since: at most one look per second
         if path == "/api/index":
             self._json(index.summary())
+            return
+        if path == "/api/status":
+            self._json(index.status())
             return
         filters = Filters.parse(q)
         if path == "/api/timeline":
