@@ -171,7 +171,8 @@ class Handler(BaseHTTPRequestHandler):
         buf = io.BytesIO()
         title = q.get("title") or "Flame Graph"
         minwidth = _minwidth(q)
-        outputs.get(fmt).write(p, buf, OutputOptions(title=title, subtitle=_span_text(lo, hi), palette="mixed", minwidth=minwidth))
+        outputs.get(fmt).write(p, buf, OutputOptions(title=title, subtitle=_span_text(lo, hi), palette="mixed", minwidth=minwidth,
+                                                     width=_width(q)))
         extra = {}
         if q.get("download"):
             extra["Content-Disposition"] = f'attachment; filename="flamed-{lo // 1_000_000}-{hi // 1_000_000}{ext}"'
@@ -193,7 +194,7 @@ class Handler(BaseHTTPRequestHandler):
                  "self_delta": c.self_delta} for c in rows]})
             return
         options = OutputOptions(title="Differential Flame Graph", subtitle=f"A {_span_text(a0, a1)} -> B {_span_text(b0, b1)}",
-                                minwidth=_minwidth(q))
+                                minwidth=_minwidth(q), width=_width(q))
         table = table_from_items(d.after_items(include_gone=True), d.deltas())
         boxes = flame_frames(table, min_weight(table.total, options)) if len(table) else []
         buf = io.BytesIO()
@@ -208,6 +209,15 @@ def _span_text(lo: int, hi: int) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns // 1_000_000_000)) + "Z"
 
     return f"{t(lo)} .. {t(hi)}"
+
+
+def _width(q: dict[str, str]) -> int:
+    """``width`` (px) of an SVG: 1200 as ``flamed svg`` by default (downloads);
+    the page asks for its frame's width, so the graph fits it."""
+    raw = q.get("width", "") or "1200"
+    if not raw.isdigit() or not 100 <= int(raw) <= 20000:
+        raise FlamedError(f"width: expected 100..20000 pixels, got {raw!r}")
+    return int(raw)
 
 
 def _minwidth(q: dict[str, str]) -> float:

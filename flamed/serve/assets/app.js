@@ -102,7 +102,7 @@ function draw() {
       const v = TL.cells[i][j];
       if (!v) continue;
       const a = Math.sqrt(v / max);  // hot spots stand out, cold cells stay visible
-      g.fillStyle = `rgb(255,${Math.round(235 - 200 * a)},${Math.round(220 - 220 * a)})`;
+      g.fillStyle = heatColor(a);
       g.fillRect(i * cw, j * ch, Math.ceil(cw), Math.ceil(ch));
     }
   } else {
@@ -117,6 +117,109 @@ function draw() {
   if (drag && drag.x1 != null) {
     g.strokeStyle = "#000"; g.strokeRect(Math.min(drag.x0, drag.x1), 0, Math.abs(drag.x1 - drag.x0), H);
   }
+  drawAxes();
+}
+
+// Axes around the timeline: times below (UTC), the offset inside a column (or
+// the bar scale) on the left, the colour scale on the right, ranges A and B
+// marked on the time axis. What is drawn is kept in flamed.axes for tests.
+const HEAT_A = "rgb(30,90,220)", HEAT_B = "rgb(20,160,60)";
+function heatColor(a) { return `rgb(255,${Math.round(235 - 200 * a)},${Math.round(220 - 220 * a)})`; }
+function canvas2d(id) {
+  const c = $(id);
+  c.width = c.clientWidth; c.height = c.clientHeight;
+  const g = c.getContext("2d");
+  g.clearRect(0, 0, c.width, c.height);
+  g.font = "11px sans-serif"; g.fillStyle = "#333"; g.strokeStyle = "#888";
+  return [g, c.width, c.height];
+}
+function durText(ms) {
+  if (ms === 0) return "0";
+  if (ms >= 86400000 && ms % 86400000 === 0) return ms / 86400000 + " d";
+  if (ms >= 3600000 && ms % 3600000 === 0) return ms / 3600000 + " h";
+  if (ms >= 60000 && ms % 60000 === 0) return ms / 60000 + " min";
+  if (ms >= 1000) return ms / 1000 + " s";
+  return ms + " ms";
+}
+function numText(v) { return v >= 10000 ? v.toExponential(1) : String(Math.round(v * 100) / 100); }
+const TICK_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+function timeTicks(a, b, W) {
+  const step = 1000 * (TICK_STEPS.find((s) => (s * 1000 * W) / (b - a) >= 90) || 86400);
+  const ticks = [];
+  let prevDay = null;
+  for (let t = Math.ceil(a / step) * step; t <= b; t += step) {
+    const iso = new Date(t).toISOString();  // UTC, as the API's and the range boxes' times
+    const day = iso.slice(0, 10);
+    const label = step >= 86400000 ? day : step >= 60000 ? iso.slice(11, 16) : iso.slice(11, 19);
+    ticks.push({ ms: t, x: xOf(t), label, day: day !== prevDay && step < 86400000 ? day : "" });
+    prevDay = day;
+  }
+  return ticks;
+}
+function drawAxes() {
+  const axes = { ticks: [], rows: [], legend: null, marks: {} };
+  window.flamed.axes = axes;
+  // Time axis
+  let [g, W, H] = canvas2d("tlaxis");
+  const [a, b] = tlSpan();
+  for (const [k, lo, hi, color, y] of [["A", S.start, S.end, HEAT_A, 0], ["B", S.bstart, S.bend, HEAT_B, 5]]) {
+    if (lo == null || hi == null) continue;
+    const x0 = Math.max(0, xOf(lo)), x1 = Math.min(W, Math.max(x0 + 2, xOf(hi)));
+    g.fillStyle = color; g.fillRect(x0, y, x1 - x0, 4);
+    g.fillText(k, Math.min(W - 8, x1 + 2), y + 8);
+    axes.marks[k] = [x0, x1];
+  }
+  g.fillStyle = "#333"; g.textBaseline = "top";
+  for (const t of timeTicks(a, b, W)) {
+    g.beginPath(); g.moveTo(t.x + 0.5, 0); g.lineTo(t.x + 0.5, 10); g.stroke();
+    const tx = Math.max(0, Math.min(W - g.measureText(t.day || t.label).width, t.x + 2));
+    g.fillText(t.label, tx, 11);
+    if (t.day) g.fillText(t.day, tx, 23);
+    axes.ticks.push(t);
+  }
+  if (!TL) return;
+  // Left: offset inside a column (heatmap) or the bar scale (histogram)
+  [g, W, H] = canvas2d("tlrows");
+  g.textAlign = "right"; g.textBaseline = "middle";
+  if (TL.view === "heatmap") {
+    const rowMs = TL.col_ms / TL.rows, every = Math.max(1, Math.ceil(TL.rows / 6 / 5) * 5);
+    for (let j = 0; j < TL.rows; j += every) {
+      const y = (j * H) / TL.rows, label = "+" + durText(j * rowMs);
+      g.fillRect(W - 4, y, 4, 1); g.fillText(label, W - 6, Math.max(6, y));
+      axes.rows.push(label);
+    }
+  } else {
+    const max = Math.max(1, ...TL.counts);
+    for (const f of [0, 0.5, 1]) {
+      const y = H - f * (H - 4), label = numText(f * max);
+      g.fillRect(W - 4, y - 1, 4, 1); g.fillText(label, W - 6, Math.min(H - 6, Math.max(6, y)));
+      axes.rows.push(label);
+    }
+  }
+  // Right: the colour scale (heatmap) or what a bar is (histogram)
+  [g, W, H] = canvas2d("tllegend");
+  g.textBaseline = "middle";
+  if (TL.view === "heatmap") {
+    let max = 0;
+    for (const col of TL.cells) for (const v of col) if (v > max) max = v;
+    const top = 16, bot = H - 6, bw = 12;
+    for (let y = top; y < bot; y++) { g.fillStyle = heatColor(Math.sqrt((bot - y) / (bot - top))); g.fillRect(4, y, bw, 1); }
+    g.strokeRect(4.5, top + 0.5, bw, bot - top);
+    g.fillStyle = "#333";
+    const stops = [1, 0.25, 0];  // square-root scale: a quarter of the top is half way up
+    for (const f of stops) {
+      const y = bot - Math.sqrt(f) * (bot - top);
+      g.fillRect(bw + 4, y, 4, 1); g.fillText(numText(f * max), bw + 10, y);
+    }
+    g.textBaseline = "top";
+    const cell = durText(TL.col_ms / TL.rows);
+    g.fillText(`samples / ${cell}`, 2, 1);
+    axes.legend = { max, unit: "samples", cell_ms: TL.col_ms / TL.rows, stops: stops.map((f) => f * max) };
+  } else {
+    g.fillStyle = "#d9531e"; g.fillRect(4, 20, 12, 12); g.fillStyle = "#333";
+    g.fillText(`samples / ${durText(TL.bucket_ms)}`, 20, 26);
+    axes.legend = { max: Math.max(0, ...TL.counts), unit: "samples", bucket_ms: TL.bucket_ms };
+  }
 }
 
 function setStatus(t) { $("status").textContent = t; }
@@ -127,10 +230,17 @@ function graphKey() {
   return p.toString();
 }
 // The graph's own parameters: flamegraph.js reads s, i and z from its URL.
+// The graph is drawn as wide as its frame (less a scrollbar), so it fits
+// without a horizontal scroll.
+const GRAPH_WIDTH = 1200, XPAD = 10;
+function graphWidth() { return Math.max(400, Math.min(8000, $("graph").clientWidth - 18)); }
 function graphParams() {
-  // Boxes under half a pixel are left out of the page's graph (search still
-  // counts their samples); the SVG download keeps flamed svg's 0.1 px.
-  const g = { minwidth: "0.5" };
+  // Boxes under half a pixel (of a 1200 px graph) are left out of the page's
+  // graph (search still counts their samples); the SVG download keeps flamed
+  // svg's 0.1 px. The threshold in samples is the same at any width, so a
+  // zoom in a link (a frame index) names the same frame on another screen.
+  const w = graphWidth();
+  const g = { width: String(w), minwidth: String((0.5 * (w - 2 * XPAD)) / (GRAPH_WIDTH - 2 * XPAD)) };
   if (S.search) { g.s = S.search; if (S.icase) g.i = "1"; }
   if (S.zoom != null) g.z = S.zoom;
   return g;
@@ -175,12 +285,30 @@ async function loadRange() {
       fillTop(table);
     }
     await done;  // the SVG's own script has run (it starts on the SVG's load)
+    fitGraph(frame);
     await new Promise((res) => requestAnimationFrame(res));
     window.flamed.rangeMs = performance.now() - t0;
   } catch (e) {
     setStatus(String(e.message || e)); window.flamed.error = String(e.message || e);
   }
   window.flamed.loads++;
+}
+
+// Open a graph at its root, as flame graph viewers do: a deep graph (a
+// recursion hundreds of frames high) is taller than its frame, and its top
+// (the title, the tips of the deepest stacks) says little; the root and the
+// processes are at the bottom (the top for an icicle graph).
+function fitGraph(frame) {
+  const d = frame.contentDocument, svg = d && d.documentElement;
+  if (!svg || svg.nodeName.toLowerCase() !== "svg") return;
+  const h = Number(svg.getAttribute("height")) || 0;
+  // A short graph takes its own height, a tall one the rest of the window
+  // below the frame's top, so its bottom (the root) is on screen.
+  const room = innerHeight - (frame.getBoundingClientRect().top + scrollY) - 8;
+  frame.style.height = Math.round(Math.max(240, Math.min(h + 4, Math.max(360, room)))) + "px";
+  const inverted = svg.getAttribute("data-inverted") === "1";
+  frame.contentWindow.scrollTo(0, inverted ? 0 : Math.max(d.documentElement.scrollHeight, h));
+  window.flamed.graphScroll = frame.contentWindow.scrollY;
 }
 
 function row(cells, cls) {
