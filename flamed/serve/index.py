@@ -394,7 +394,8 @@ class Index:
         with self._lock:
             return {"parses": self.parses, "rescans": self.rescans, "cache_files": len(self._cache),
                     "cache_bytes": self._cache_bytes + self._table.nbytes, "cache_limit_bytes": self.cache_limit,
-                    "frames": len(self._table.names), "entries": len(self.entries)}
+                    "frames": len(self._table.names), "frame_bytes": self._table.nbytes,
+                    "entries": len(self.entries)}
 
     def _load(self, e: Entry) -> Profile:
         return self._compact(e).profile()
