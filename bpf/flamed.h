@@ -110,7 +110,8 @@ enum flamed_stat {
     FLAMED_STAT_OFF_MAP_FULL = 38,  /* waits lost: offcpu_counts full */
     FLAMED_STAT_OFF_CARRIED = 39,   /* waits that began before the last drain (offcpu_carried) */
     FLAMED_STAT_OFF_CARRY_FULL = 40,/* ... lost: offcpu_carried full */
-    FLAMED_NSTATS = 41,
+    FLAMED_STAT_OFF_STALE = 41,     /* a task left a CPU with a wait still open: its switch-in was missed */
+    FLAMED_NSTATS = 42,
 };
 
 #define FLAMED_STATS_GLOBAL 2

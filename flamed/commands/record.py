@@ -91,6 +91,9 @@ class RecordCommand(Command):
                                  "wall: CPU samples as time plus off-CPU time, in microseconds")
         parser.add_argument("--min-block-us", type=int, default=1000, metavar="US",
                             help="offcpu/wall: shortest wait counted, in microseconds (default 1000)")
+        parser.add_argument("--offcpu-every", type=int, default=1, metavar="N",
+                            help="offcpu/wall: remember one switch off the CPU in N at random and count its wait "
+                                 "N times, to cut the cost on threads switching >10k times/s (default 1: all)")
         parser.add_argument("--root", metavar="FRAMES", type=root_spec, default=None,
                             help="root frames, root first: none, comm, pid or tid, or a comma-separated list "
                                  "adding unit, container, cgroup, e.g. unit,pid (default: none; pid with "
@@ -137,6 +140,8 @@ class RecordCommand(Command):
             raise UsageError("-d/--duration must be positive")
         if args.min_block_us < 0:
             raise UsageError("--min-block-us must not be negative")
+        if args.offcpu_every < 1:
+            raise UsageError("--offcpu-every must be at least 1")
         timed = args.mode != "cpu"
         if timed and (args.no_bpf or args.pyspy is not None):
             raise UsageError(f"--mode {args.mode} measures waits in BPF: it cannot go with --no-bpf or --pyspy")
@@ -161,7 +166,7 @@ class RecordCommand(Command):
                     self.warn("loading the BPF programs (compiling takes a few seconds)")
                 sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(
                     args.rate, pysource.walker_wanted(policy), not args.no_unwind,
-                    offcpu_min_us=args.min_block_us if timed else None)
+                    offcpu_min_us=args.min_block_us if timed else None, offcpu_every=args.offcpu_every)
             except KeyboardInterrupt:
                 # Nothing recorded yet: the output says so rather than not existing.
                 self._write(args, fmt, Profile(labels={**_mode_labels(args.mode), "source": "flamed record"}))
@@ -175,7 +180,7 @@ class RecordCommand(Command):
 
     # -- mixed mode ---------------------------------------------------------
     def _bpf_sampler(self, rate: int, python: bool, unwind: bool = True, *,
-                     offcpu_min_us: int | None = None) -> tuple[Any, str]:
+                     offcpu_min_us: int | None = None, offcpu_every: int = 1) -> tuple[Any, str]:
         try:
             from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: PLC0415
         except ImportError as e:
@@ -183,7 +188,8 @@ class RecordCommand(Command):
         try:
             s = BpfSampler(BpfSamplerOptions(frequency=rate, pids=frozenset(), python=python, unwind=unwind,
                                              unwind_cache_dir=_cache_dir() if unwind else None,
-                                             offcpu=offcpu_min_us is not None, offcpu_min_us=offcpu_min_us or 0))
+                                             offcpu=offcpu_min_us is not None, offcpu_min_us=offcpu_min_us or 0,
+                                             offcpu_every=offcpu_every))
             s.start()
         except FlamedError as e:
             return None, str(e).splitlines()[0]
@@ -253,7 +259,7 @@ class RecordCommand(Command):
                         self._drain(sampler, mixed, samples, counts)
                 except KeyboardInterrupt:
                     interrupted = True
-                self._drain(sampler, mixed, samples, counts)
+                self._drain(sampler, mixed, samples, counts, last=True)
             except KeyboardInterrupt:
                 # Ctrl-C before or between drains: still write what was recorded.
                 interrupted = True
@@ -308,8 +314,10 @@ class RecordCommand(Command):
         return rc
 
     def _drain(self, sampler: Any, mixed: MixedMode, samples: list[tuple[SampleEvent, Stack]],
-               counts: dict[tuple[int, int, str, Stack], int]) -> None:
-        w = sampler.drain()
+               counts: dict[tuple[int, int, str, Stack], int], last: bool = False) -> None:
+        # The last drain of an off-CPU recording counts the waits still open.
+        offcpu = getattr(getattr(sampler, "options", None), "offcpu", False)
+        w = sampler.drain(close_waits=True) if last and offcpu else sampler.drain()
         self._identities.update(w.identities)
         for k, n in w.counts.items():
             counts[k] = counts.get(k, 0) + n

@@ -133,11 +133,13 @@ class BpfSampler:
             if self.options.prime:
                 self._processes.start_priming()
 
-    def drain(self) -> Window:
+    def drain(self, *, close_waits: bool = False) -> Window:
+        """See the protocol; ``close_waits`` (off-CPU): also count the waits
+        still open up to now and forget them, for the last drain of a recording."""
         with self._lock:
             if not self._started or self._processes.closed or self._drainer is None:
                 raise FlamedError("sampler not started")
-            return self._drainer.drain()
+            return self._drainer.drain(close_waits=close_waits)
 
     def watch(self, tgid: int) -> None:
         self._processes.watch(tgid)

@@ -23,6 +23,7 @@ of sent, so for every window::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes as ct
 import errno
 import logging
@@ -93,7 +94,7 @@ _PY_LOST_FRAME = "[lost python stack]"
 #: came (CARRY_EXPIRED: the start vanished without a record, e.g. the record
 #: map was full).
 OFF_STATS = ("OFF_SWITCHES", "OFF_STARTS", "OFF_START_FULL", "OFF_BELOW", "OFF_COUNTED", "OFF_MAP_FULL",
-             "OFF_CARRIED", "OFF_CARRY_FULL", "CARRY_MISSING", "CARRY_EXPIRED", "CARRY_OVERFLOW")
+             "OFF_CARRIED", "OFF_CARRY_FULL", "OFF_STALE", "CARRY_MISSING", "CARRY_EXPIRED", "CARRY_OVERFLOW")
 #: The leaf frame of an off-CPU stack: why the task left the CPU.
 OFFCPU_BLOCKED_FRAME = "[off-cpu: blocked]"
 OFFCPU_PREEMPTED_FRAME = "[off-cpu: preempted]"
@@ -449,6 +450,15 @@ def _off_start(raw: bytes) -> OffStart:
     return (kt, py, cg, epoch, tgid, kid, uid, flags, comm)
 
 
+def _thread_alive(tgid: int, tid: int) -> bool:
+    try:
+        with open(f"/proc/{tgid}/task/{tid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 def offcpu_frame(flags: int) -> str:
     """The leaf frame saying why a task left the CPU."""
     return OFFCPU_PREEMPTED_FRAME if flags & _OFF_PREEMPTED else OFFCPU_BLOCKED_FRAME
@@ -493,6 +503,8 @@ class _OffRead:
     ended: dict[tuple[int, int], tuple[OffStart, int]]
     #: Every wait whose kept stacks may still be asked for.
     live: set[tuple[int, int]]
+    #: The waits still open when read.
+    open_waits: set[tuple[int, int]] = field(default_factory=set)
 
     @classmethod
     def take(cls, reader: MapReader, old: int, old_epoch: int) -> _OffRead:
@@ -505,8 +517,8 @@ class _OffRead:
         since = reader.take_carried(old ^ 1, delete=False)
         to_carry = {(tid, st[0]): st for tid, st in starts.items() if st[3] == old_epoch}
         to_carry.update((ck, st) for ck, (st, _ns) in since.items() if st[3] == old_epoch)
-        live = {(tid, st[0]) for tid, st in starts.items()} | set(since)
-        return cls(rows, to_carry, ended, live)
+        open_waits = {(tid, st[0]) for tid, st in starts.items()}
+        return cls(rows, to_carry, ended, open_waits | set(since), open_waits)
 
     def stack_ids(self) -> set[int]:
         ids = {i for row, _f in self.rows for i in (row[2], row[3])}
@@ -577,8 +589,12 @@ class Drainer:
         self._program.bpf.ring_buffer_consume()
         return len(self._raw_events) - before
 
-    def drain(self) -> Window:
-        """Flip, quiesce, read and clear the old generation; symbolize it."""
+    def drain(self, *, close_waits: bool = False) -> Window:
+        """Flip, quiesce, read and clear the old generation; symbolize it.
+
+        ``close_waits``: also count the off-CPU waits still open, up to now,
+        and forget them (the last drain of a recording: a thread blocked at
+        its end keeps its wait so far)."""
         t0 = time.perf_counter()
         c0 = time.thread_time()
         old = self._gen
@@ -587,6 +603,7 @@ class Drainer:
         self._gen = self._epoch & 1
         self._program.write_gen(self._epoch)
         end_ns = self._clock()
+        flip_ktime = time.monotonic_ns()  # bpf_ktime_get_ns()'s clock
         start_ns, self._window_start = self._window_start, end_ns
         self._quiesce()
 
@@ -629,6 +646,8 @@ class Drainer:
         offcpu: dict[CountKey, int] = {}
         if off is not None:
             offcpu = self._offcpu(off, stacks, pystacks, counters)
+            if close_waits:
+                self._close_waits(off, flip_ktime, offcpu)
         sym.end_drain()
         cgroups = task_cgroups(keys)
         identities = self._identify(cgroups, {e[1] for e in raw_events})
@@ -698,6 +717,25 @@ class Drainer:
         counters.update(n)
         self._stats.offcpu_carried_open = len(carry)
         return out
+
+    def _close_waits(self, off: _OffRead, now_ktime: int, out: dict[CountKey, int]) -> None:
+        """Count the open waits kept in user space up to ``now_ktime`` into
+        ``out`` and forget them, in the program too (counted once)."""
+        table = self._program.bpf["offcpu_start"]
+        every = self.options.offcpu_every
+        for tid, kt in off.open_waits:
+            kept = self._carry.pop((tid, kt), None)
+            if kept is None:
+                continue
+            with contextlib.suppress(KeyError):
+                del table[table.Key(tid)]
+            tgid, comm, stack, flags = kept
+            ns = now_ktime - kt
+            # A thread gone is not waiting (its switch-in was missed: OFF_STALE's case).
+            if ns >= self.options.offcpu_min_us * 1000 and _thread_alive(tgid, tid):
+                k = (tgid, tid, comm, offcpu_stack(stack, flags))
+                out[k] = out.get(k, 0) + ns * every
+        self._stats.offcpu_carried_open = len(self._carry)
 
     def _identify(self, cgroups: dict[int, int], event_tgids: set[int]) -> dict[int, CgroupIdentity]:
         """tgid -> the identity of its cgroup id, for the ids that resolve.

@@ -172,6 +172,9 @@ class BpfSamplerOptions:
     offcpu_entries: int = 16384
     #: Waits spanning a drain, per generation (``OFF_CARRY_FULL`` beyond).
     offcpu_carried: int = 4096
+    #: Remember one switch-out in N, at random, and count its wait N times:
+    #: the stack walks at switch-out are the cost (bench/offcpu.py).  1: all.
+    offcpu_every: int = 1
 
     @property
     def filters_cgroups(self) -> bool:
@@ -249,7 +252,7 @@ class BpfSamplerOptions:
             raise bad("unwind", "needs prime (processes are described when first sampled)")
         if not 0 <= self.offcpu_min_us <= 3_600_000_000:
             raise bad("offcpu_min_us", "must be 0..3600000000 microseconds")
-        for name in ("offcpu_starts", "offcpu_entries", "offcpu_carried"):
+        for name in ("offcpu_starts", "offcpu_entries", "offcpu_carried", "offcpu_every"):
             if not 1 <= getattr(self, name) <= 1 << 22:
                 raise bad(name, "must be 1..4194304")
 
@@ -357,6 +360,7 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
             "FLAMED_OFF_STARTS": options.offcpu_starts,
             "FLAMED_OFF_ENTRIES": options.offcpu_entries,
             "FLAMED_OFF_CARRIED": options.offcpu_carried,
+            "FLAMED_OFF_EVERY": options.offcpu_every,
         })
     cflags = (f"-I{d}", *(f"-D{k}={v}" for k, v in defines.items()))
     return BpfProgram(path=path, text=text, cflags=cflags, header_path=header, header=header_text,

@@ -192,3 +192,36 @@ def test_same_generation_rows_get_their_reason_as_leaf() -> None:
 
 def test_speedscope_document_is_json() -> None:
     json.dumps(to_document(_off_profile()))
+
+
+class _FakeStarts(dict[int, object]):
+    """offcpu_start as bcc shows it: Key(tid), del table[key]."""
+
+    @staticmethod
+    def Key(tid: int) -> int:  # noqa: N802 -- bcc's name
+        return tid
+
+
+def test_the_last_drain_counts_open_waits_up_to_its_flip(monkeypatch: Any) -> None:
+    from flamed.sampling import drain
+
+    monkeypatch.setattr(drain, "_thread_alive", lambda tgid, tid: tid != 9)
+    d = _drainer()
+    table = _FakeStarts({5: object(), 6: object()})
+    d._program = type("P", (), {"bpf": {"offcpu_start": table}})()  # type: ignore[assignment]
+    counters: dict[str, int] = {}
+    # Thread 5 waits since ktime 1e9 (kept at an earlier drain); thread 6 since 2e9 (this one).
+    d._carry[(5, 1_000_000_000)] = (7, "py", ("u1",), 0)
+    off = _OffRead(rows=[], to_carry={(6, 2_000_000_000): _start(9, 2_000_000_000)}, ended={},
+                   live={(5, 1_000_000_000), (6, 2_000_000_000)},
+                   open_waits={(5, 1_000_000_000), (6, 2_000_000_000), (8, 9_000_000_000)})
+    out = d._offcpu(off, {}, {}, counters)
+    d._close_waits(off, 4_000_000_000, out)
+    assert out == {(7, 5, "py", ("u1", OFFCPU_BLOCKED_FRAME)): 3_000_000_000,
+                   (7, 6, "py", ("u12", "k11_[k]", OFFCPU_BLOCKED_FRAME)): 2_000_000_000}
+    assert d._carry == {} and dict(table) == {}
+    # A thread gone (tid 9) is not waiting: its stale start is dropped, not counted.
+    d._carry[(9, 1)] = (7, "py", ("u1",), 0)
+    out = {}
+    d._close_waits(_OffRead(rows=[], to_carry={}, ended={}, live=set(), open_waits={(9, 1)}), 5, out)
+    assert out == {} and d._carry == {}
