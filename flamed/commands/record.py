@@ -318,6 +318,8 @@ class RecordCommand(Command):
         # The last drain of an off-CPU recording counts the waits still open.
         offcpu = getattr(getattr(sampler, "options", None), "offcpu", False)
         w = sampler.drain(close_waits=True) if last and offcpu else sampler.drain()
+        if last and offcpu:
+            self._warn_offcpu_losses(sampler.stats().offcpu_total)
         self._identities.update(w.identities)
         for k, n in w.counts.items():
             counts[k] = counts.get(k, 0) + n
@@ -325,6 +327,15 @@ class RecordCommand(Command):
         for k, n in w.offcpu.items():
             off[k] = off.get(k, 0) + n
         samples.extend(mixed.process(w.events))
+
+    def _warn_offcpu_losses(self, st: dict[str, int]) -> None:
+        """Say what off-CPU lost, and which option to raise (docs/offcpu.md)."""
+        why = {"OFF_START_FULL": "offcpu_starts", "OFF_MAP_FULL": "offcpu_entries", "OFF_CARRY_FULL": "offcpu_carried",
+               "CARRY_OVERFLOW": "offcpu_starts", "CARRY_MISSING": "", "CARRY_EXPIRED": "", "OFF_STALE": ""}
+        lost = {k: st.get(k, 0) for k in why if st.get(k, 0)}
+        if lost:
+            self.warn("off-CPU waits lost: " + ", ".join(
+                f"{k.lower()}={n}" + (f" (raise {why[k]})" if why[k] else "") for k, n in sorted(lost.items())))
 
     def _profile(self, args: argparse.Namespace, samples: list[tuple[SampleEvent, Stack]],
                  counts: dict[tuple[int, int, str, Stack], int], sampler: Any) -> Profile:
