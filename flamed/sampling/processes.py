@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, cast
 
 from flamed.errors import FlamedError
-from flamed.sampling.drain import SamplerStats
+from flamed.sampling.stats import SamplerStats
 from flamed.sampling.program import BpfSamplerOptions, KernelProgram
 from flamed.sampling.symbols import ProcessIdentity, Symbolizer, read_identity
 

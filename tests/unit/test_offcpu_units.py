@@ -205,7 +205,7 @@ class _FakeStarts(dict[int, object]):
 def test_the_last_drain_counts_open_waits_up_to_its_flip(monkeypatch: Any) -> None:
     from flamed.sampling import drain
 
-    monkeypatch.setattr(drain, "_thread_alive", lambda tgid, tid: tid != 9)
+    monkeypatch.setattr(drain, "thread_alive", lambda tgid, tid: tid != 9)
     d = _drainer()
     table = _FakeStarts({5: object(), 6: object()})
     d._program = type("P", (), {"bpf": {"offcpu_start": table}})()  # type: ignore[assignment]

@@ -1,0 +1,272 @@
+"""Reading and emptying one quiescent generation of the program's maps, into
+buffers allocated once (a drain must not allocate and zero megabytes): the
+counts, the stack maps, the counters and the off-CPU records."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import logging
+import os
+from typing import Any
+
+from flamed.sampling.offcpu import OFF_CARRY_KEY, OFF_KEY, OFF_START, OffStart, off_start
+from flamed.sampling.program import KEY, KernelProgram
+from flamed.sampling.stats import STAT_TO_REASON, SamplerStats
+
+log = logging.getLogger("flamed.bpf")
+
+#: errnos of a kernel without lookup-and-delete on stack-trace maps (524: ENOTSUPP)
+_NO_LOOKUP_AND_DELETE = (errno.EINVAL, 524, errno.EOPNOTSUPP)
+
+
+# ---------------------------------------------------------------------------
+# Reading the old generation
+
+
+#: One row of a count map: tgid, tid, kernel stack id, user stack id, raw
+#: comm, Python stack id, unwound stack id, cgroup v2 id, samples.
+CountRow = tuple[int, int, int, int, bytes, int, int, int, int]
+#: One ring-buffer event (struct flamed_event): ktime, tgid, tid, cpu,
+#: generation, kernel stack id, user stack id, raw comm, unwound stack id.
+EventRow = tuple[int, int, int, int, int, int, int, bytes, int]
+
+
+class MapReader:
+    """Reads and empties one (quiescent) generation of the program's maps,
+    into buffers allocated once: a drain must not allocate and zero megabytes."""
+
+    def __init__(self, program: KernelProgram, stats: SamplerStats) -> None:
+        self._program = program
+        self._stats = stats
+        self._options = program.options
+        n = program.options.max_entries
+        b = program.bpf
+        key_t, leaf_t = b["counts0"].Key, b["counts0"].Leaf
+        self._keys_buf: Any = (key_t * n)()
+        self._vals_buf: Any = (leaf_t * n)()
+        self._stack_buf: Any = (ct.c_uint64 * program.options.stack_depth)()
+        self._stack_bufs: dict[str, tuple[Any, Any]] = {}  # per stack map kind
+        self._global_seen: dict[str, int] = {"IDLE": 0, "FILTERED": 0, "SAMPLES": 0}
+        self._lookup_and_delete = True  # until the kernel says otherwise
+
+    def take_stats(self, gen: int) -> dict[str, int]:
+        """Read and zero the old generation's counters; deltas of the global ones."""
+        idx = self._program.stat_idx
+        nstats = idx["__N__"]
+        t = self._program.bpf["stats"]
+        out: dict[str, int] = {}
+        zero = t.Leaf()
+        for name, i in idx.items():
+            if name == "__N__" or name in ("IDLE", "FILTERED"):
+                continue
+            slot = gen * nstats + i
+            vals = t[ct.c_int(slot)]
+            total = sum(int(v) for v in vals)
+            if total:
+                t[ct.c_int(slot)] = zero
+            out[STAT_TO_REASON.get(name, name)] = total
+        for name in ("IDLE", "FILTERED", "SAMPLES"):
+            total = sum(int(v) for v in t[ct.c_int(2 * nstats + idx[name])])
+            delta = total - self._global_seen[name]
+            self._global_seen[name] = total
+            if name == "IDLE":
+                self._stats.idle_total += delta
+            elif name == "FILTERED":
+                self._stats.filtered_total += delta
+            else:
+                self._stats.bpf_samples_total += delta
+        return out
+
+    def take_pystacks(self, gen: int) -> dict[int, bytes]:
+        """Read and delete the old generation's Python stacks: id -> raw
+        ``struct flamed_pystack``."""
+        return self._take_stack_map(f"pystacks{gen}", self._options.python_stack_entries)
+
+    def take_ustacks(self, gen: int) -> dict[int, bytes]:
+        """Read and delete the old generation's unwound stacks: id -> raw
+        ``struct flamed_ustack``."""
+        return self._take_stack_map(f"ustacks{gen}", self._options.unwind_stack_entries)
+
+    def _take_stack_map(self, name: str, cap: int) -> dict[int, bytes]:
+        """Read and delete a (quiescent) hash of stacks the program built, keyed by a u64 hash."""
+        return {int.from_bytes(k, "little"): v for k, v in self._take_raw(name, cap)}
+
+    def _take_raw(self, name: str, cap: int) -> list[tuple[bytes, bytes]]:
+        """Read and delete every entry of a (quiescent) hash map, as raw (key, value) bytes."""
+        table = self._program.bpf[name]
+        ksz, vsz = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
+        kind = name.rstrip("01")
+        if kind not in self._stack_bufs:
+            self._stack_bufs[kind] = ((ct.c_uint8 * (ksz * cap))(), (ct.c_uint8 * (vsz * cap))())
+        keys, vals = self._stack_bufs[kind]
+        total = self._take_batch(name, table, keys, ksz, vals, vsz, cap)
+        kraw, vraw = memoryview(keys)[: total * ksz], memoryview(vals)[: total * vsz]
+        out = [(bytes(kraw[i * ksz:(i + 1) * ksz]), bytes(vraw[i * vsz:(i + 1) * vsz])) for i in range(total)]
+        out.extend(self._take_rest(table))
+        return out
+
+    def take_offcpu(self, gen: int) -> list[tuple[CountRow, int]]:
+        """Read and delete the old generation's off-CPU counts: (the count row, ns in it), flags."""
+        out: list[tuple[CountRow, int]] = []
+        for kb, vb in self._take_raw(f"offcpu_counts{gen}", self._options.offcpu_entries):
+            tgid, tid, kid, uid, comm, py, nid, cg, flags, _pad = OFF_KEY.unpack(kb)
+            out.append(((tgid, tid, kid, uid, comm, py, nid, cg, int.from_bytes(vb, "little")), flags))
+        return out
+
+    def take_carried(self, gen: int, delete: bool = True) -> dict[tuple[int, int], tuple[OffStart, int]]:
+        """The waits spanning a drain that ended in generation ``gen``: (tid,
+        start ktime) -> (its start, ns).  ``delete=False``: a look at the
+        current generation's, which the program still writes."""
+        name = f"offcpu_carried{gen}"
+        rows = (self._take_raw(name, self._options.offcpu_carried) if delete
+                else self._read_all(self._program.bpf[name], delete=False))
+        out: dict[tuple[int, int], tuple[OffStart, int]] = {}
+        for kb, vb in rows:
+            tid, _pad, kt = OFF_CARRY_KEY.unpack(kb)
+            start = off_start(vb[: OFF_START.size])
+            out[(tid, kt)] = (start, int.from_bytes(vb[OFF_START.size: OFF_START.size + 8], "little"))
+        return out
+
+    def read_starts(self) -> dict[int, OffStart]:
+        """The open waits now (tid -> its start), read without deleting: the program owns them."""
+        return {int.from_bytes(kb, "little"): off_start(vb)
+                for kb, vb in self._read_all(self._program.bpf["offcpu_start"], delete=False)}
+
+    def take_counts(self, gen: int) -> list[CountRow]:
+        """Read and delete every entry of the old count map (it is quiescent)."""
+        table = self._program.bpf[f"counts{gen}"]
+        keys, vals = self._keys_buf, self._vals_buf
+        ksz = KEY.size
+        total = self._take_batch(f"counts{gen}", table, keys, ksz, vals, 8, self._options.max_entries)
+        raw = bytes(memoryview(keys).cast("B")[: total * ksz])
+        values = memoryview(vals).cast("B")[: total * 8].cast("Q").tolist()
+        out = [(*k, n) for k, n in zip(KEY.iter_unpack(raw), values)]
+        out.extend((*KEY.unpack(kb), int.from_bytes(vb, "little")) for kb, vb in self._take_rest(table))
+        return out
+
+    def _take_batch(self, name: str, table: Any, keys: Any, ksz: int, vals: Any, vsz: int, cap: int) -> int:
+        """Read and delete entries of a (quiescent) hash map into ``keys``/``vals``,
+        one syscall per few thousand entries; how many were read.  Stops early
+        where the kernel lacks batch operations: :meth:`_take_rest` reads the rest."""
+        lib = self._program.lib
+        fd = table.map_fd
+        total = 0
+        in_batch = ct.c_uint32(0)  # a bucket index for hash maps
+        out_batch = ct.c_uint32(0)
+        count = ct.c_uint32(0)
+        first = True
+        while total < cap:
+            count.value = cap - total
+            res = lib.bpf_lookup_and_delete_batch(
+                fd, None if first else ct.byref(in_batch), ct.byref(out_batch),
+                ct.byref(keys, ksz * total), ct.byref(vals, vsz * total), ct.byref(count),
+            )
+            err = ct.get_errno()
+            total += count.value
+            if res != 0:
+                if err != errno.ENOENT:
+                    log.debug("batch lookup-and-delete of %s failed after %d entries (%s); reading key by key",
+                              name, total, os.strerror(err))
+                break
+            in_batch.value = out_batch.value
+            first = False
+        return total
+
+    def _take_rest(self, table: Any) -> list[tuple[bytes, bytes]]:
+        """Whatever :meth:`_take_batch` left (no batch support, a partial batch),
+        key by key, as raw (key, value) bytes; when the batch emptied the map
+        this is a single get_next_key call."""
+        return self._read_all(table, delete=True)
+
+    def _read_all(self, table: Any, *, delete: bool) -> list[tuple[bytes, bytes]]:
+        """Every entry of ``table`` key by key, as raw (key, value) bytes; deleted if asked."""
+        lib = self._program.lib
+        fd = table.map_fd
+        key = table.Key()
+        nxt = table.Key()
+        val = table.Leaf()
+        rest: list[tuple[bytes, bytes]] = []
+        # Collect first: deleting the current key would restart the walk.
+        found: list[bytes] = []
+        if lib.bpf_get_next_key(fd, None, ct.byref(nxt)) != 0:
+            return rest
+        while True:
+            found.append(bytes(nxt))
+            ct.memmove(ct.byref(key), ct.byref(nxt), ct.sizeof(key))
+            if lib.bpf_get_next_key(fd, ct.byref(key), ct.byref(nxt)) != 0:
+                break
+        for kb in found:
+            ct.memmove(ct.byref(key), kb, len(kb))
+            if lib.bpf_lookup_elem(fd, ct.byref(key), ct.byref(val)) == 0:
+                rest.append((kb, bytes(val)))
+                if delete:
+                    lib.bpf_delete_elem(fd, ct.byref(key))
+        return rest
+
+    def read_stacks(self, gen: int, ids: set[int]) -> dict[int, list[int]]:
+        """Stack id -> instruction pointers, leaf first; each entry is deleted as it is read.
+
+        One BPF_MAP_LOOKUP_AND_DELETE_ELEM per stack (stack-trace maps have no
+        batch operations) instead of a lookup and a delete: half the system
+        calls of a drain with 100,000 stacks.  Kernels that refuse it for
+        stack-trace maps get the two calls.
+        """
+        fd = self._program.bpf[f"stacks{gen}"].map_fd
+        lib = self._program.lib
+        lookup = lib.bpf_lookup_elem
+        take = lookup
+        if self._lookup_and_delete:
+            take = lib.bpf_lookup_and_delete
+            take.argtypes, take.restype = [ct.c_int, ct.c_void_p, ct.c_void_p], ct.c_int
+        delete = lib.bpf_delete_elem
+        buf = self._stack_buf
+        pbuf = ct.byref(buf)
+        key = ct.c_int(0)
+        pkey = ct.byref(key)
+        mb = memoryview(buf).cast("B")
+        mv = mb.cast("Q")
+        zero8 = bytes(8)
+        out: dict[int, list[int]] = {}
+        separate_delete = take is lookup
+        for sid in ids:
+            key.value = sid
+            if take(fd, pkey, pbuf) != 0:
+                if take is not lookup and ct.get_errno() in _NO_LOOKUP_AND_DELETE:
+                    log.info("this kernel has no lookup-and-delete on stack-trace maps; using two calls")
+                    self._lookup_and_delete = False
+                    take, separate_delete = lookup, True
+                    if take(fd, pkey, pbuf) != 0:
+                        continue
+                else:
+                    continue
+            if separate_delete:
+                delete(fd, pkey)
+            # The walk ends at the first zero slot: find it in the bytes (C speed)
+            # and make ints only of the frames before it.
+            raw = mb.tobytes()
+            n = raw.find(zero8)
+            while n > 0 and n & 7:  # an unaligned run of zero bytes across two addresses
+                n = raw.find(zero8, n + 1)
+            out[sid] = mv[: n >> 3].tolist() if n >= 0 else mv.tolist()
+        return out
+
+    def clear_stacks(self, gen: int) -> None:
+        """Empty what is left of the old generation's stack map: orphans (a
+        stack id whose sample was dropped before it was counted) and ids that
+        could not be read."""
+        fd = self._program.bpf[f"stacks{gen}"].map_fd
+        lib = self._program.lib
+        key = ct.c_int(0)
+        pkey = ct.byref(key)
+        nxt = ct.c_int(0)
+        orphans: list[int] = []
+        if lib.bpf_get_next_key(fd, None, ct.byref(nxt)) == 0:
+            while True:
+                orphans.append(nxt.value)
+                key.value = nxt.value
+                if lib.bpf_get_next_key(fd, pkey, ct.byref(nxt)) != 0:
+                    break
+        for sid in orphans:
+            key.value = sid
+            lib.bpf_delete_elem(fd, pkey)
