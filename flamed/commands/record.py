@@ -190,9 +190,18 @@ class RecordCommand(Command):
                                              unwind_cache_dir=_cache_dir() if unwind else None,
                                              offcpu=offcpu_min_us is not None, offcpu_min_us=offcpu_min_us or 0,
                                              offcpu_every=offcpu_every))
-            s.start()
         except FlamedError as e:
             return None, str(e).splitlines()[0]
+        try:
+            s.start()
+        except FlamedError as e:
+            s.close()
+            return None, str(e).splitlines()[0]
+        except BaseException:
+            # Ctrl-C while compiling or attaching: what start() had begun (the
+            # priming and unwinder threads, perf buffers) stops before the exit.
+            s.close()
+            raise
         return s, ""
 
     def _mixed(self, args: argparse.Namespace, cmd: list[str], sampler: Any, pyspy_opts: PySpyOptions,
