@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,16 +51,16 @@ def used_bytes(path: Path) -> int:
     return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
-def take_every_free_page(ballast: Path, until: threading.Event) -> None:
-    """Grab whatever the daemon frees, as another program filling the disk would."""
+def fill_until_full(ballast: Path) -> None:
+    """Write to ``ballast`` until the file system has no page left."""
     with open(ballast, "ab", buffering=0) as f:
-        while not until.is_set():
+        while True:
             try:
                 f.write(b"\0" * 4096)
             except OSError as e:
                 if e.errno != errno.ENOSPC:
                     raise
-                time.sleep(0.001)
+                return
 
 
 def test_full_disk_keeps_the_newest_files_and_counts_what_it_drops(daemon_factory: Any,
@@ -98,15 +97,21 @@ def test_full_disk_keeps_the_newest_files_and_counts_what_it_drops(daemon_factor
     files_kept = len(kept)
 
     # 2. Another program takes every page: nothing of ours is left to delete, the backlog is bounded.
-    stop = threading.Event()
-    grabber = threading.Thread(target=take_every_free_page, args=(tmpfs_state / "ballast", stop), daemon=True)
-    grabber.start()
+    # Set up with the daemon stopped (SIGSTOP), so that the ballast does not race its
+    # deletions page by page (a loaded host let the daemon win that race for 30 s):
+    # its files go, the ballast takes every page, then it runs on a disk it cannot free.
+    d.signal(signal.SIGSTOP)
     try:
-        d.wait_for(lambda: not profile_files(tmpfs_state) and d.status()["backlog"]["files"] >= 2, 30,
-                   "the ballast to take the whole disk")
+        for f in profile_files(tmpfs_state):
+            side = tmpfs_state / (re.sub(r"\.folded(\.gz)?$", "", f.name) + ".json")
+            for g in (f, side):
+                with contextlib.suppress(FileNotFoundError):
+                    g.unlink()
+        fill_until_full(tmpfs_state / "ballast")
     finally:
-        stop.set()
-        grabber.join(10)
+        d.signal(signal.SIGCONT)
+    d.wait_for(lambda: not profile_files(tmpfs_state) and d.status()["backlog"]["files"] >= 2, 30,
+               "the ballast to take the whole disk")
     rss0 = d.rss_bytes()
     d.wait_for(lambda: d.metric("flamed_samples_lost_total", {"reason": "backlog_full"}) > 0, 20,
                "the backlog budget to drop a file")
