@@ -110,7 +110,7 @@ enum flamed_stat {
     FLAMED_STAT_OFF_MAP_FULL = 38,  /* waits lost: offcpu_counts full */
     FLAMED_STAT_OFF_CARRIED = 39,   /* waits that began before the last drain (offcpu_carried) */
     FLAMED_STAT_OFF_CARRY_FULL = 40,/* ... lost: offcpu_carried full */
-    FLAMED_STAT_OFF_STALE = 41,     /* a task left a CPU with a wait still open: its switch-in was missed */
+    FLAMED_STAT_OFF_STALE = 41,     /* waits whose switch-in was not traced: ended at the CPU's last traced switch */
     FLAMED_NSTATS = 42,
 };
 
@@ -122,6 +122,7 @@ enum flamed_stat {
 
 /* flamed_offcpu_start.flags and flamed_offcpu_key.flags */
 #define FLAMED_OFF_PREEMPTED 1    /* left the CPU runnable (preempted, yielded); else it blocked */
+#define FLAMED_OFF_GIL 2          /* blocked on a futex inside the interpreter's GIL (docs/offcpu.md) */
 
 /* A task that left the CPU: what it was doing then.  Stack ids are in the
  * maps of generation `epoch & 1`, valid only until the drain of `epoch`. */
@@ -203,6 +204,11 @@ struct flamed_pyproc {
      * the task's tid in that namespace.  Both 0 on the host. */
     __u64 ns_dev;
     __u64 ns_ino;
+    /* [gil_lo, gil_hi): where the main interpreter's GIL lives (the
+     * _PyRuntime symbol, which holds it inline on 3.8-3.13).  A thread that
+     * blocks in futex() on an address there waits for the GIL.  0, 0: unknown. */
+    __u64 gil_lo;
+    __u64 gil_hi;
 };
 
 /* The Python stack id of a sample of a described process whose thread state

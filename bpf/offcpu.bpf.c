@@ -22,8 +22,15 @@
  * that the start keeps the full epoch user space writes to `generation`, not
  * just its parity.
  *
- * Header safety: the only kernel struct read is the next task's pid, at
- * FLAMED_TASK_PID_OFF, which user space takes from the running kernel's BTF.
+ * GIL waits (FLAMED_GIL_WAIT, x86-64): a described CPython thread that blocks
+ * in futex() on an address inside its process's [gil_lo, gil_hi) (the
+ * _PyRuntime symbol, where the main interpreter's GIL condition variables and
+ * mutexes live) is waiting for the GIL: its start gets FLAMED_OFF_GIL.  The
+ * syscall and its first argument come from the task's saved user registers.
+ *
+ * Header safety: the kernel structs read are the next task's pid, at
+ * FLAMED_TASK_PID_OFF, which user space takes from the running kernel's BTF,
+ * and pt_regs (orig_ax, di) through bpf_task_pt_regs().
  *
  * Defines (flamed/sampling/program.py passes them):
  *   FLAMED_TASK_PID_OFF   offset of pid in task_struct (required)
@@ -50,6 +57,11 @@
 #ifndef FLAMED_OFF_EVERY
 #define FLAMED_OFF_EVERY 1
 #endif
+#ifndef FLAMED_GIL_WAIT
+#define FLAMED_GIL_WAIT 0
+#endif
+/* x86-64's futex(2). */
+#define FLAMED_NR_FUTEX 202
 
 /* TASK_DEAD in task_struct.__state: the last switch of an exiting task, which
  * never comes back (its start would stay forever). */
@@ -63,6 +75,8 @@ BPF_HASH(offcpu_carried1, struct flamed_offcpu_carry_key, struct flamed_offcpu_c
 /* Its own in-flight sequence: a perf-event program may interrupt this one on
  * the same CPU, and sharing `inflight` would make it look even meanwhile. */
 BPF_PERCPU_ARRAY(offcpu_inflight, u64, 1);
+/* ktime of this CPU's last switch the program saw (off_untraced_in). */
+BPF_PERCPU_ARRAY(offcpu_last_switch, u64, 1);
 
 static __always_inline void off_add(u32 gen, struct flamed_offcpu_key *k, u64 ns)
 {
@@ -84,14 +98,11 @@ static __always_inline void off_add(u32 gen, struct flamed_offcpu_key *k, u64 ns
     stat_inc(gen, FLAMED_STAT_OFF_COUNTED);
 }
 
-/* `tid` runs again: count its wait, if one was remembered. */
-static __always_inline void off_switch_in(u32 tid, u32 epoch, u64 now)
+/* The wait remembered in `st` for `tid` ended at `end`: count it, forget it. */
+static __always_inline void off_end(u32 tid, struct flamed_offcpu_start *st, u32 epoch, u64 end)
 {
-    struct flamed_offcpu_start *st = offcpu_start.lookup(&tid);
-    if (!st)
-        return;
     u32 gen = epoch & 1;
-    u64 ns = now - st->ktime_ns;
+    u64 ns = end > st->ktime_ns ? end - st->ktime_ns : 0;
     if (ns < FLAMED_OFF_MIN_NS) {
         stat_inc(gen, FLAMED_STAT_OFF_BELOW);
         goto done;
@@ -126,6 +137,44 @@ done:
     offcpu_start.delete(&tid);
 }
 
+/* `tid` runs again: count its wait, if one was remembered. */
+static __always_inline void off_switch_in(u32 tid, u32 epoch, u64 now)
+{
+    struct flamed_offcpu_start *st = offcpu_start.lookup(&tid);
+    if (st)
+        off_end(tid, st, epoch, now);
+}
+
+/* The current task leaves the CPU with a wait still open: it was put back on
+ * this CPU by a switch this program did not see (the kernel does not run it
+ * for every switch: some tasks' switches away are not traced).  That switch
+ * came after this CPU's last traced one, `last`, which ran the untraced task:
+ * the wait is ended there, short by that task's run time. */
+static __always_inline void off_untraced_in(u32 tid, u32 epoch, u64 last)
+{
+    struct flamed_offcpu_start *st = offcpu_start.lookup(&tid);
+    if (!st)
+        return;
+    stat_inc(epoch & 1, FLAMED_STAT_OFF_STALE);
+    off_end(tid, st, epoch, last);
+}
+
+#if FLAMED_PYTHON && FLAMED_GIL_WAIT
+/* Does the current task block in futex() on its interpreter's GIL? */
+static __always_inline int off_gil_wait(u32 tgid)
+{
+    struct flamed_pyproc *pp = pyprocs.lookup(&tgid);
+    if (!pp || !pp->gil_hi)
+        return 0;
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+    u64 nr = 0, uaddr = 0;
+    if (bpf_probe_read_kernel(&nr, sizeof(nr), &regs->orig_ax) ||
+        bpf_probe_read_kernel(&uaddr, sizeof(uaddr), &regs->di))
+        return 0;
+    return nr == FLAMED_NR_FUTEX && uaddr >= pp->gil_lo && uaddr < pp->gil_hi;
+}
+#endif
+
 /* The current task leaves the CPU: remember when, why and where. */
 static __always_inline void off_switch_out(struct bpf_raw_tracepoint_args *ctx, u32 epoch, u64 now,
                                            u32 prev_state, struct flamed_key *key)
@@ -142,6 +191,10 @@ static __always_inline void off_switch_out(struct bpf_raw_tracepoint_args *ctx, 
     st.tgid = key->tgid;
     st.cgroup_id = key->cgroup_id;
     st.flags = prev_state == 0 ? FLAMED_OFF_PREEMPTED : 0;
+#if FLAMED_PYTHON && FLAMED_GIL_WAIT
+    if (prev_state != 0 && off_gil_wait(key->tgid))
+        st.flags |= FLAMED_OFF_GIL;
+#endif
     __builtin_memcpy(st.comm, key->comm, FLAMED_COMM_LEN);
     /* In schedule(): a kernel stack must exist, a user one only for user tasks. */
     if (gen) {
@@ -155,17 +208,11 @@ static __always_inline void off_switch_out(struct bpf_raw_tracepoint_args *ctx, 
 #if FLAMED_PYTHON
     st.py_stack_id = py_take_timed((struct bpf_perf_event_data *)ctx, gen, key->tgid, key->tid);
 #endif
-    /* A start still there means its switch-in was never seen: counted, as
-     * that wait is lost (it should not happen; the figure says if it does). */
-    if (offcpu_start.insert(&key->tid, &st) == 0) {
+    /* (An open start of this tid was ended by off_untraced_in.) */
+    if (offcpu_start.insert(&key->tid, &st) == 0)
         stat_inc(gen, FLAMED_STAT_OFF_STARTS);
-    } else if (offcpu_start.lookup(&key->tid)) {
-        stat_inc(gen, FLAMED_STAT_OFF_STALE);
-        offcpu_start.update(&key->tid, &st);
-        stat_inc(gen, FLAMED_STAT_OFF_STARTS);
-    } else {
+    else
         stat_inc(gen, FLAMED_STAT_OFF_START_FULL);
-    }
 }
 
 /* sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
@@ -188,10 +235,20 @@ int flamed_offcpu(struct bpf_raw_tracepoint_args *ctx)
     u32 *epochp = generation.lookup(&slot);
     u32 epoch = epochp ? *epochp : 0;
     u64 now = bpf_ktime_get_ns();
+    u64 last = now;
+    u64 *lastp = offcpu_last_switch.lookup(&slot);
+    if (lastp) {
+        last = *lastp;
+        *lastp = now;
+    }
     if (next_tid)
         off_switch_in(next_tid, epoch, now);
 
-    if (tid == 0 || (prev_state & FLAMED_TASK_DEAD))
+    if (tid == 0)
+        goto out;
+    /* Before the filters: no start exists for a task they refuse. */
+    off_untraced_in(tid, epoch, last);
+    if (prev_state & FLAMED_TASK_DEAD)
         goto out;
     struct flamed_key key = {};
     key.tgid = id >> 32;

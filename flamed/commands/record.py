@@ -340,11 +340,14 @@ class RecordCommand(Command):
     def _warn_offcpu_losses(self, st: dict[str, int]) -> None:
         """Say what off-CPU lost, and which option to raise (docs/offcpu.md)."""
         why = {"OFF_START_FULL": "offcpu_starts", "OFF_MAP_FULL": "offcpu_entries", "OFF_CARRY_FULL": "offcpu_carried",
-               "CARRY_OVERFLOW": "offcpu_starts", "CARRY_MISSING": "", "CARRY_EXPIRED": "", "OFF_STALE": ""}
+               "CARRY_OVERFLOW": "offcpu_starts", "CARRY_MISSING": "", "CARRY_EXPIRED": ""}
         lost = {k: st.get(k, 0) for k in why if st.get(k, 0)}
         if lost:
             self.warn("off-CPU waits lost: " + ", ".join(
                 f"{k.lower()}={n}" + (f" (raise {why[k]})" if why[k] else "") for k, n in sorted(lost.items())))
+        if st.get("OFF_STALE", 0):
+            self.warn(f"{st['OFF_STALE']} off-CPU wait(s) ended at an estimate: the kernel did not trace their "
+                      "return to a CPU (docs/offcpu.md)")
 
     def _profile(self, args: argparse.Namespace, samples: list[tuple[SampleEvent, Stack]],
                  counts: dict[tuple[int, int, str, Stack], int], sampler: Any) -> Profile:

@@ -124,8 +124,8 @@ class Window:
     identities: dict[int, CgroupIdentity] = field(default_factory=dict)
     #: Off-CPU time (samplers measuring it: ``BpfSamplerOptions.offcpu``):
     #: (tgid, tid, comm, stack) -> nanoseconds the task spent off the CPU in
-    #: that stack, whose leaf frame says why (``[off-cpu: blocked]`` or
-    #: ``[off-cpu: preempted]``); each wait is counted in the window it ended in.
+    #: that stack, whose leaf frame says why (``[off-cpu: blocked]``,
+    #: ``[off-cpu: preempted]`` or ``[gil wait]``); each wait is counted in the window it ended in.
     offcpu: dict[CountKey, int] = field(default_factory=dict)
 
     def to_profile(self, root: str = "comm", labels: dict[str, str] | None = None) -> Profile:

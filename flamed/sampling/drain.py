@@ -38,6 +38,7 @@ from flamed.sampling.contract import CountKey, SampleEvent, Window
 from flamed.sampling.mapread import CountRow, EventRow, MapReader
 from flamed.sampling.offcpu import (
     OFFCPU_BLOCKED_FRAME,
+    OFFCPU_GIL_FRAME,
     OFFCPU_PREEMPTED_FRAME,
     OffStart,
     offcpu_stack,
@@ -59,9 +60,9 @@ from flamed.sampling.unwind import is_outermost, parse_ustack, truncated_frame
 from flamed.sampling.unwind.tables import Unwinder
 
 #: Names other modules import from here (the split of this module kept them).
-__all__ = ["DROPPING_REASONS", "LOST_REASONS", "OFF_STATS", "OFFCPU_BLOCKED_FRAME", "OFFCPU_PREEMPTED_FRAME",
-           "PY_STATS", "STAT_TO_REASON", "UW_STATS", "Drainer", "SamplerStats", "placeholder", "offcpu_stack",
-           "task_cgroups"]
+__all__ = ["DROPPING_REASONS", "LOST_REASONS", "OFF_STATS", "OFFCPU_BLOCKED_FRAME", "OFFCPU_GIL_FRAME",
+           "OFFCPU_PREEMPTED_FRAME", "PY_STATS", "STAT_TO_REASON", "UW_STATS", "Drainer", "SamplerStats",
+           "placeholder", "offcpu_stack", "task_cgroups"]
 
 log = logging.getLogger("flamed.bpf")
 

@@ -11,7 +11,10 @@ from flamed.model import KERNEL_SUFFIX, Stack
 #: The leaf frame of an off-CPU stack: why the task left the CPU.
 OFFCPU_BLOCKED_FRAME = "[off-cpu: blocked]"
 OFFCPU_PREEMPTED_FRAME = "[off-cpu: preempted]"
+#: ... blocked waiting for the interpreter's GIL (a CPython thread read in BPF).
+OFFCPU_GIL_FRAME = "[gil wait]"
 _OFF_PREEMPTED = 1  # FLAMED_OFF_PREEMPTED
+_OFF_GIL = 2  # FLAMED_OFF_GIL
 # struct flamed_offcpu_start, flamed_offcpu_key, flamed_offcpu_carry_key of bpf/flamed.h.
 OFF_START = struct.Struct("<QQQIIiiII16s")
 OFF_KEY = struct.Struct("<IIii16sQQQII")
@@ -37,6 +40,8 @@ def thread_alive(tgid: int, tid: int) -> bool:
 
 def offcpu_frame(flags: int) -> str:
     """The leaf frame saying why a task left the CPU."""
+    if flags & _OFF_GIL:
+        return OFFCPU_GIL_FRAME
     return OFFCPU_PREEMPTED_FRAME if flags & _OFF_PREEMPTED else OFFCPU_BLOCKED_FRAME
 
 

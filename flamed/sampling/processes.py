@@ -217,7 +217,8 @@ class ProcessManager:
         self._stats = stats
         self._handlers: list[ProcessHandler] = []
         self._primer: threading.Thread | None = None
-        self._prime_wake = -1  # eventfd: close() wakes the priming thread's epoll wait with it
+        self._prime_wake = -1  # eventfd: close() and wake() wake the priming thread's epoll wait with it
+        self._wake_lock = threading.Lock()
         self._new_images: list[int] = []  # tgids reported, filled by perf_buffer_poll's callback
         #: (due, tgid, tries) of reads to repeat, in due order: tries 0 is the
         #: second read of a young process, tries >= 1 a first read that failed
@@ -309,6 +310,21 @@ class ProcessManager:
         self._primer = threading.Thread(target=self._prime_loop, name="flamed-prime", daemon=True)
         self._primer.start()
 
+    @property
+    def primer(self) -> threading.Thread | None:
+        """The priming thread (None before start_priming)."""
+        return self._primer
+
+    def wake(self) -> None:
+        """Have the priming thread look at its handlers' due work now: a
+        retry queued from another thread (a claim asked from mixed mode) is
+        otherwise seen only at the thread's next wake-up, which on a quiet
+        host is the next exec anywhere, seconds later."""
+        with self._wake_lock:
+            if self._prime_wake >= 0 and not self.stopping.is_set():
+                with contextlib.suppress(OSError):
+                    os.eventfd_write(self._prime_wake, 1)
+
     def stop_priming(self) -> None:
         self.stopping.set()
         if self._prime_wake >= 0:
@@ -321,8 +337,9 @@ class ProcessManager:
                 log.warning("the priming thread did not stop within 10 s")
                 return  # it may still wait on the eventfd: leave it open
         if self._prime_wake >= 0 and (t is None or not t.is_alive()):
-            os.close(self._prime_wake)
-            self._prime_wake = -1
+            with self._wake_lock:
+                os.close(self._prime_wake)
+                self._prime_wake = -1
 
     def _prime_loop(self) -> None:
         # Latency matters here (a process's maps and its Python description
@@ -354,7 +371,9 @@ class ProcessManager:
                 due = [d for d in (self._reprime[0][0] if self._reprime else None,
                                    *(h.due() for h in self._handlers)) if d is not None]
                 wait = max(0.0, min(due) - time.monotonic()) if due else -1.0
-                ep.poll(wait)
+                if ep.poll(wait) and not self.stopping.is_set():
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(self._prime_wake)  # a wake(): reset it
                 if self.stopping.is_set():
                     break  # close() joins this thread before it tears the buffers down
                 # Reads every buffer's pending records and calls their callbacks.

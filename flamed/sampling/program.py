@@ -14,6 +14,7 @@ import ctypes as ct
 import errno
 import logging
 import os
+import platform
 import re
 import shlex
 import struct
@@ -361,10 +362,24 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
             "FLAMED_OFF_ENTRIES": options.offcpu_entries,
             "FLAMED_OFF_CARRIED": options.offcpu_carried,
             "FLAMED_OFF_EVERY": options.offcpu_every,
+            "FLAMED_GIL_WAIT": int(options.python and gil_wait_supported()),
         })
     cflags = (f"-I{d}", *(f"-D{k}={v}" for k, v in defines.items()))
     return BpfProgram(path=path, text=text, cflags=cflags, header_path=header, header=header_text,
                       parts=tuple(parts))
+
+
+def gil_wait_supported() -> bool:
+    """Can the off-CPU program tell GIL waits (docs/offcpu.md)?  It reads the
+    futex(2) number and address from x86-64 user registers through
+    bpf_task_pt_regs(), which kernels have from 5.15."""
+    if platform.machine() != "x86_64":
+        return False
+    try:
+        major, minor = (int(x) for x in platform.release().split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 15)
 
 
 def task_fsbase_offset() -> int:

@@ -52,21 +52,29 @@ def _interpreter(name: str) -> Path:
 def test_offcpu_time_under_each_function(tmp_path: Path, interp: str) -> None:
     exe = _interpreter(interp)
     out = tmp_path / "off.folded"
-    r = _record(["--mode", "offcpu", "-o", str(out), "--", str(exe), TRUTH, "3", "3"])
+    r = _record(["--mode", "offcpu", "-o", str(out), "--", str(exe), TRUTH, "3", "3", "gil"])
     assert r.returncode == 0, r.stderr
     truth = json.loads(r.stdout.strip().splitlines()[-1])["blocked_s"]
     profile = read_folded(out.open("rb"))
     got: dict[str, float] = {}
+    gil: dict[str, float] = {}
     for stack, w in profile.stacks.items():
-        assert stack[-1] in ("[off-cpu: blocked]", "[off-cpu: preempted]"), stack
+        assert stack[-1] in ("[off-cpu: blocked]", "[off-cpu: preempted]", "[gil wait]"), stack
         name = _truth_function(stack) or "[outside]"
         got[name] = got.get(name, 0.0) + float(w) / 1e6
+        if stack[-1] == "[gil wait]":
+            gil[name] = gil.get(name, 0.0) + float(w) / 1e6
     for name, seconds in truth.items():
         assert abs(got.get(name, 0.0) - seconds) <= 0.2 * seconds, f"{interp} {name} {seconds} {got}\n{r.stderr}"
     # The long sleep spans several drains (0.5 s apart): counted in full.
     assert abs(got.get("truth_long_sleep", 0.0) - truth["truth_long_sleep"]) <= 0.05 * truth["truth_long_sleep"]
     total = sum(got.values())
     assert total - got.get("[outside]", 0.0) >= 0.95 * total, (interp, got)
+    # The two spinners wait mostly for the GIL (the rest: preempted by the
+    # other threads); a sleep of 3 s needs the GIL once, when it ends.
+    for name in ("truth_gil_spin_a", "truth_gil_spin_b"):
+        assert gil.get(name, 0.0) >= 0.4 * truth[name], f"{interp} {name} {truth[name]} {gil}\n{r.stderr}"
+    assert gil.get("truth_long_sleep", 0.0) <= 0.1, (interp, gil)
     # Kernel frames of the wait under the Python function that waited.
     sleeps = [s for s in profile.stacks if _truth_function(s) == "truth_sleep" and s[-1] == "[off-cpu: blocked]"]
     # (clock_nanosleep from 3.11, select before)

@@ -26,7 +26,7 @@ from flamed.sampling.cpython.layout import (
 PYPROC_FIELDS = (
     "interp_head_addr version thread_match flags interp_threads_head tstate_next tstate_thread "
     "tstate_frame cframe_frame frame_code frame_previous frame_instr frame_owner frame_is_entry "
-    "owner_cstack instr_size pad"
+    "owner_cstack instr_size pad ns_dev ns_ino gil_lo gil_hi"
 ).split()
 HEADER_DEFINES = (
     "FLAMED_PY_TSTATE_BYTES FLAMED_PY_FRAME_BYTES FLAMED_PY_NONE FLAMED_PY_MATCH_TID "
@@ -71,7 +71,7 @@ def test_pack_is_struct_flamed_pyproc(tmp_path: Path) -> None:
     assert FRAME_BYTES == facts["FLAMED_PY_FRAME_BYTES"][0]
     # Every field lands at gcc's offset with gcc's width: values chosen distinct.
     layout = layout_for((3, 11))
-    packed = layout.pack(0x7F0011223344)
+    packed = layout.pack(0x7F0011223344, (0x801, 0xEFFFFF00), (0x7F0011220000, 0x7F0011260000))
     assert len(packed) == facts["sizeof"][0]
     widths = {1: "<B", 2: "<H", 8: "<Q"}
 
@@ -96,6 +96,8 @@ def test_pack_is_struct_flamed_pyproc(tmp_path: Path) -> None:
     assert field("frame_is_entry") == 68
     assert field("instr_size") == 8
     assert field("pad") == 0
+    assert (field("ns_dev"), field("ns_ino")) == (0x801, 0xEFFFFF00)
+    assert (field("gil_lo"), field("gil_hi")) == (0x7F0011220000, 0x7F0011260000)
     old = layout_for((3, 9)).pack(1)
     assert struct.unpack_from("<B", old, facts["thread_match"][0])[0] == facts["FLAMED_PY_MATCH_FSBASE"][0]
     assert struct.unpack_from("<B", old, facts["flags"][0])[0] == 0

@@ -20,6 +20,7 @@ from flamed.outputs.svg import render_profile
 from flamed.sampling.drain import (
     OFF_STATS,
     OFFCPU_BLOCKED_FRAME,
+    OFFCPU_GIL_FRAME,
     OFFCPU_PREEMPTED_FRAME,
     Drainer,
     SamplerStats,
@@ -124,6 +125,8 @@ def test_offcpu_stack_cuts_the_tracing_frames() -> None:
     raw: Stack = ("main", "schedule_[k]", "__schedule_[k]", "bpf_trace_run4_[k]", "bpf_prog_3f1d_flamed_offcpu_[k]")
     assert offcpu_stack(raw, 0) == ("main", "schedule_[k]", "__schedule_[k]", OFFCPU_BLOCKED_FRAME)
     assert offcpu_stack(("main",), 1) == ("main", OFFCPU_PREEMPTED_FRAME)
+    # FLAMED_OFF_GIL: blocked on the interpreter's GIL.
+    assert offcpu_stack(("main", "spin"), 2) == ("main", "spin", OFFCPU_GIL_FRAME)
 
 
 def _start(epoch: int, kt: int, flags: int = 0) -> tuple[int, int, int, int, int, int, int, int, bytes]:

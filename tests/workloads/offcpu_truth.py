@@ -2,14 +2,17 @@
 functions, each measuring its own off-CPU time (wall time minus the thread's
 CPU time, so a preempted stretch counts as it does for the profiler).
 
-    python offcpu_truth.py [SECONDS] [LONG_SLEEP]
+    python offcpu_truth.py [SECONDS] [LONG_SLEEP] [gil]
 
 Threads, each in its own function for about SECONDS (default 3):
 ``truth_sleep`` sleeps 20 ms at a time; ``truth_lock_wait`` takes a lock that
 ``truth_lock_hold`` keeps for 30 ms at a time (sleeping while it holds it);
 ``truth_pipe_read`` blocks reading a pipe that ``truth_pipe_feed`` writes every
 25 ms; ``truth_long_sleep`` sleeps LONG_SLEEP seconds once (default 3: across
-several drains).  The main thread waits for them in ``truth_main_join``.
+several drains).  With ``gil``, two more threads compute in pure Python in
+``truth_gil_spin_a`` and ``truth_gil_spin_b``: they contend for the GIL, so
+their off-CPU time is mostly waiting for it.  The main thread waits for them
+all in ``truth_main_join``.
 It first computes for 0.3 s in ``truth_warmup`` (on a CPU, so the sampler has
 seen the process before its first wait).  At the end it prints one JSON line:
 ``{"blocked_s": {function: seconds off the CPU}, "pid": PID}``.
@@ -88,6 +91,23 @@ def truth_long_sleep(seconds: float) -> None:
     _measure("truth_long_sleep", lambda: time.sleep(seconds))
 
 
+def _spin(name: str, end: float) -> None:
+    def body() -> None:
+        n = 0
+        while time.monotonic() < end:
+            for i in range(2000):
+                n += i * i
+    _measure(name, body)
+
+
+def truth_gil_spin_a(end: float) -> None:
+    _spin("truth_gil_spin_a", end)
+
+
+def truth_gil_spin_b(end: float) -> None:
+    _spin("truth_gil_spin_b", end)
+
+
 def truth_main_join(threads: list[threading.Thread]) -> None:
     def body() -> None:
         for t in threads:
@@ -98,6 +118,7 @@ def truth_main_join(threads: list[threading.Thread]) -> None:
 def main() -> None:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
     long_sleep = float(sys.argv[2]) if len(sys.argv) > 2 else 3.0
+    gil = len(sys.argv) > 3 and sys.argv[3] == "gil"
     truth_warmup()
     end = time.monotonic() + seconds
     lock = threading.Lock()
@@ -110,6 +131,9 @@ def main() -> None:
         threading.Thread(target=truth_pipe_read, args=(rfd,)),
         threading.Thread(target=truth_long_sleep, args=(long_sleep,)),
     ]
+    if gil:
+        threads += [threading.Thread(target=truth_gil_spin_a, args=(end,)),
+                    threading.Thread(target=truth_gil_spin_b, args=(end,))]
     for t in threads:
         t.start()
     truth_main_join(threads)

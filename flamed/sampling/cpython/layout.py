@@ -29,7 +29,7 @@ ENTRY_BIT = 1
 
 #: struct flamed_pyproc, little-endian C layout: u64, u16, u8, u8, 10 x u16,
 #: u8, u8, u16, then tail padding to the u64 alignment (40 bytes).
-PYPROC_FORMAT = "<QHBBHHHHHHHHHHBBH4xQQ"
+PYPROC_FORMAT = "<QHBBHHHHHHHHHHBBH4xQQQQ"
 PYPROC_SIZE = struct.calcsize(PYPROC_FORMAT)
 
 #: Frame owner of a shim frame the evaluation loop pushes on the C stack
@@ -147,9 +147,11 @@ class Layout:
             if off is not None and off + 8 > 64:
                 raise LayoutError(f"{name} at offset {off}: a _PyCFrame is not that large")
 
-    def pack(self, interp_head_addr: int, pid_ns: tuple[int, int] = (0, 0)) -> bytes:
+    def pack(self, interp_head_addr: int, pid_ns: tuple[int, int] = (0, 0),
+             gil_range: tuple[int, int] = (0, 0)) -> bytes:
         """``struct flamed_pyproc`` for a process whose ``&_PyRuntime.interpreters.head`` is given;
-        ``pid_ns`` is the (kernel dev_t, inode) of its PID namespace when that is not the host's."""
+        ``pid_ns`` is the (kernel dev_t, inode) of its PID namespace when that is not the host's;
+        ``gil_range`` the addresses [lo, hi) holding its GIL, (0, 0) if not known."""
         self.check()
         flags = FLAG_CFRAME if self.cframe_frame is not None else 0
         return struct.pack(
@@ -173,6 +175,8 @@ class Layout:
             0,
             pid_ns[0],
             pid_ns[1],
+            gil_range[0],
+            gil_range[1],
         )
 
     def with_offsets(self, **changes: int | None) -> Layout:

@@ -111,6 +111,16 @@ class Target:
     #: (kernel dev_t, inode) of the process's PID namespace when it is not the
     #: initial one (a container): its 3.11+ thread states hold that namespace's tids
     pid_ns: tuple[int, int] = (0, 0)
+    #: st_size of the _PyRuntime symbol (0 if the table does not say)
+    runtime_size: int = 0
+
+    @property
+    def gil_range(self) -> tuple[int, int]:
+        """Where the main interpreter's GIL lives: inside _PyRuntime on 3.8-3.13
+        (``ceval.gil`` up to 3.11, ``_main_interpreter._gil`` from 3.12)."""
+        if not self.runtime_size or self.version >= (3, 14) or self.version < (3, 8):
+            return (0, 0)
+        return (self.runtime_addr, self.runtime_addr + self.runtime_size)
 
     @property
     def interp_head_addr(self) -> int:
@@ -122,7 +132,7 @@ class Target:
 
     def pack(self) -> bytes:
         """The ``struct flamed_pyproc`` of this process for the BPF map."""
-        return self.layout.pack(self.interp_head_addr, self.pid_ns)
+        return self.layout.pack(self.interp_head_addr, self.pid_ns, self.gil_range)
 
     def memory(self) -> ProcessMemory:
         return ProcessMemory(self.pid)
@@ -434,7 +444,8 @@ def _target(pid: int, proc_root: Path, path: str, facts: elf.ElfFacts, maps: lis
     ns = pid_namespace(proc_root, pid)
     if ns is None:
         return Refusal(pid, "cannot read its PID namespace (/proc/PID/ns/pid)")
-    return Target(pid, identity.start_time, version, hexversion, path, runtime, layout, proc_root, ns)
+    size = facts.symbols[b"_PyRuntime"][1]
+    return Target(pid, identity.start_time, version, hexversion, path, runtime, layout, proc_root, ns, size)
 
 
 def walk(pid: int, *, max_threads: int = MAX_THREADS, max_depth: int = MAX_DEPTH) -> dict[int, list[Frame]]:
