@@ -132,19 +132,24 @@ def test_a_sleep_across_drains_is_counted_in_full(require_bpf: None) -> None:
 
 WALL_WORKLOAD = """
 import json, time
+spent = {"wall_compute": 0.0, "wall_sleep": 0.0}
 def wall_compute(seconds):
+    t0 = time.monotonic()
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass
+    spent["wall_compute"] += time.monotonic() - t0
 def wall_sleep(seconds):
+    t0 = time.monotonic()
     time.sleep(seconds)
+    spent["wall_sleep"] += time.monotonic() - t0
 w0, c0 = time.monotonic(), time.thread_time()
 end = w0 + 4
 while time.monotonic() < end:
     wall_compute(0.01)
     wall_sleep(0.09)
 wall, cpu = time.monotonic() - w0, time.thread_time() - c0
-print(json.dumps({"wall": wall, "cpu": cpu}))
+print(json.dumps({"wall": wall, "cpu": cpu, **spent}))
 """
 
 
@@ -161,9 +166,11 @@ def test_wall_mode_shows_waits_in_proportion(tmp_path: Path) -> None:
         for name in share:
             if any(f.startswith(name + " (") for f in stack):
                 share[name] += float(w) / 1e6
-    want_sleep = truth["wall"] - truth["cpu"]
-    assert abs(share["wall_sleep"] - want_sleep) <= 0.2 * want_sleep, (share, truth)
-    assert abs(share["wall_compute"] - truth["cpu"]) <= 0.2 * truth["cpu"], (share, truth)
+    # Each function's wall time as it measured it: a compute step preempted
+    # on a loaded host takes longer than its CPU time, and wall mode counts
+    # that time under it (as CPU samples and [off-cpu: preempted]).
+    for name in share:
+        assert abs(share[name] - truth[name]) <= 0.2 * truth[name], (share, truth)
     total = sum(w for w in profile.stacks.values()) / 1e6
     assert share["wall_sleep"] / total >= 0.7, (share, total)
 
