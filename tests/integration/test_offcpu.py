@@ -211,3 +211,28 @@ def test_a_wait_still_open_at_the_end_is_counted_up_to_it(tmp_path: Path) -> Non
                 if any(f.startswith("stuck_at_the_end (") for f in s)) / 1e6
     # Began within the first second of the 3 s recording, ended with it.
     assert 1.8 <= stuck <= 3.05, (stuck, elapsed, r.stderr)
+
+
+def test_wall_mode_of_a_waiting_service_against_pyspy(tmp_path: Path, require_pyspy: str) -> None:
+    """The request-like service of tests/workloads/requests_wait.py (about 10 %
+    computing, the rest sleeping, reading a socket, waiting on a lock):
+    flamed's wall profile and ``py-spy record --idle``'s, in the same run,
+    against the wall time each function measured (bench/wall_vs_pyspy.py
+    gives the medians of several runs)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wall_vs_pyspy", ROOT / "bench" / "wall_vs_pyspy.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    py = str(pyenv_python("3.12"))
+    flamed, truth = bench.run_flamed(py, 3.0, tmp_path)
+    pyspy, pyspy_truth = bench.run_pyspy(require_pyspy, py, 3.0, tmp_path)
+    err = {f: abs(flamed[f] - truth[f]) for f in bench.FUNCTIONS}
+    pyspy_err = {f: abs(pyspy[f] - pyspy_truth[f]) for f in bench.FUNCTIONS}
+    detail = f"flamed {flamed} truth {truth}; py-spy {pyspy} truth {pyspy_truth}"
+    # Waits in proportion: every function's share within 5 points of what it measured.
+    assert max(err.values()) <= 0.05, detail
+    # py-spy saw the same program: both tools name all four functions.
+    assert all(pyspy[f] > 0 for f in bench.FUNCTIONS), detail
+    print(f"max share error: flamed {max(err.values()):.3f}, py-spy --idle {max(pyspy_err.values()):.3f}")
