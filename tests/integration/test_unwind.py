@@ -96,10 +96,14 @@ Stacks = collections.Counter[tuple[str, ...]]
 
 
 def _record(s: BpfSampler, argv: list[str], seconds: float = 1.5, *,
-            kernel: bool = False) -> tuple[int, Stacks, list[str]]:
+            kernel: bool = False, warm_libs: tuple[str, ...] = ()) -> tuple[int, Stacks, list[str]]:
     """Run ``argv`` (which must run seconds + 3 s or more), sample it once it is
     described (at once without unwinding); its pid, the user+Python stacks
-    (with the kernel frames when ``kernel``) of one window, its exec maps."""
+    (with the kernel frames when ``kernel``) of one window, its exec maps.
+    ``warm_libs``: libraries it maps while it starts (names in its maps) whose
+    tables must be loaded first: once mapped, a second is sampled and drained
+    (a large table is loaded when a sample lands in it), then the unwinder
+    is waited for."""
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     try:
         s.add_pid(p.pid)
@@ -109,6 +113,17 @@ def _record(s: BpfSampler, argv: list[str], seconds: float = 1.5, *,
             assert time.monotonic() < deadline, "the process was never described to the unwinder"
             time.sleep(0.01)
         time.sleep(0.3)  # the libraries the dynamic loader maps after the first description
+        if warm_libs and s.unwinder is not None:
+            maps_path = Path("/proc") / str(p.pid) / "maps"
+            while not all(lib in maps_path.read_text() for lib in warm_libs):
+                assert time.monotonic() < deadline, f"{warm_libs} never mapped"
+                time.sleep(0.05)
+            s.unwinder.submit(p.pid)  # described again with its libraries
+            time.sleep(1.0)
+            s.drain()  # its misses ask for the large tables
+            while not s.unwinder.idle():
+                assert time.monotonic() < deadline, "the unwinder did not settle"
+                time.sleep(0.05)
         maps = (Path("/proc") / str(p.pid) / "maps").read_text().splitlines()
         s.drain()  # what was sampled before: frame-pointer stacks
         time.sleep(seconds)
@@ -238,7 +253,10 @@ def test_debian_python311_native_frames(sampler: tuple[BpfSampler, RecordingSymb
     )
     s, _ = sampler
     before = dict(s.stats().unwind_total)
-    _pid, stacks, _ = _record(s, [str(py), "-c", code], seconds=2.0)
+    # hashlib and zlib map libcrypto and libz while the process starts; a
+    # large library's table is loaded once a sample lands in it: a second of
+    # warm-up windows, then the tables asked for are loaded, before sampling.
+    _pid, stacks, _ = _record(s, [str(py), "-c", code], seconds=2.0, warm_libs=("libcrypto", "libz"))
     total = sum(stacks.values())
     assert total >= 200, stacks.most_common(3)
 

@@ -319,6 +319,11 @@ class Unwinder:
                 with self._lock:
                     self._pending.discard(tgid)
 
+    def idle(self) -> bool:
+        """No process is waiting to be described (nor being described) now."""
+        with self._lock:
+            return not self._pending
+
     # -- processes ------------------------------------------------------------
     def described(self, tgid: int) -> bool:
         return tgid in self._described
