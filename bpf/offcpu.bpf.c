@@ -246,10 +246,6 @@ int flamed_offcpu(struct bpf_raw_tracepoint_args *ctx)
 
     if (tid == 0)
         goto out;
-    /* Before the filters: no start exists for a task they refuse. */
-    off_untraced_in(tid, epoch, last);
-    if (prev_state & FLAMED_TASK_DEAD)
-        goto out;
     struct flamed_key key = {};
     key.tgid = id >> 32;
     key.tid = tid;
@@ -260,6 +256,11 @@ int flamed_offcpu(struct bpf_raw_tracepoint_args *ctx)
     if (!is_watched && !filter_pids.lookup(&key.tgid))
         goto out;
 #endif
+    /* Before the comm and cgroup filters and the exit check: a wait that
+     * began while the task passed them, or a task exiting, still ends. */
+    off_untraced_in(tid, epoch, last);
+    if (prev_state & FLAMED_TASK_DEAD)
+        goto out;
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
     key.cgroup_id = bpf_get_current_cgroup_id();
     if (!is_watched && !wanted(&key))
