@@ -53,6 +53,8 @@ class StatusCommand(Command):
             ("pprof", f"http://{st['metrics']}/debug/pprof/profile?seconds=N" if st.get("pprof") else "off"),
             ("push", _push_row(st.get("push"))),
             ("unwind", _unwind_row(st.get("unwind"))),
+            ("start-up", _startup_row(st.get("startup"))),
+            ("memory", _memory_row(st.get("memory"))),
         ]
         for name, p in sorted((st.get("processors") or {}).items()):
             rows.append((f"processor {name}", json.dumps(p, sort_keys=True)))
@@ -78,6 +80,26 @@ def _unwind_row(u: dict[str, Any] | None) -> str:
     if largest:
         row += "; largest: " + ", ".join(f"{t['binary']} {t['rows']}" for t in largest[:3])
     return row
+
+
+def _startup_row(su: dict[str, float] | None) -> str:
+    if not su:
+        return "-"
+    parts = [("state dir", "state_dir_s"), ("BPF compile", "sampler_compile_s"), ("attach", "sampler_attach_s"),
+             ("sampler in all", "sampler_s"), ("processors", "processors_s"), ("servers", "servers_s")]
+    shown = ", ".join(f"{name} {su[k]:.2f} s" for name, k in parts if k in su)
+    return f"ready in {su.get('ready_s', 0.0):.2f} s ({shown})"
+
+
+def _memory_row(mem: dict[str, int] | None) -> str:
+    if not mem:
+        return "-"
+
+    def mb(k: str) -> str:
+        return f"{mem.get(k, 0) / 2**20:.0f} MB"
+
+    return (f"{mb('rss')} resident: {mb('anon')} anonymous (heap, caches), {mb('compiler')} LLVM/clang, "
+            f"{mb('files')} other files; BPF maps {mb('bpf_maps')} (kernel)")
 
 
 def _push_row(push: dict[str, Any] | None) -> str:

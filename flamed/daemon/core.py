@@ -41,7 +41,7 @@ from flamed.daemon.statelock import StateDirLock
 from flamed.daemon.store import ProfileStore
 from flamed.errors import FlamedError
 from flamed.sampling.contract import Sampler
-from flamed.sampling.memory import release_compiler_memory
+from flamed.sampling.memory import memory_by_part, release_compiler_memory
 
 __all__ = ["LOOP_WAIT_TIMEOUT", "MIN_DRAIN_SPACING", "Daemon", "SamplerFactory", "replace_config"]
 
@@ -86,6 +86,8 @@ class Daemon:
         self.stopping = threading.Event()
         self.ready = threading.Event()
         self.started_ns = 0
+        #: Seconds of each start-up phase (status "startup", flamed_startup_seconds).
+        self.startup: dict[str, float] = {}
         self.handlers = RequestHandlers(self.loop, ring=self.ring, store=self.store, metrics=self.metrics,
                                         clock_ns=clock_ns, stopping=self.stopping, status=self.status,
                                         min_drain_spacing=MIN_DRAIN_SPACING, wait_timeout=LOOP_WAIT_TIMEOUT)
@@ -147,6 +149,8 @@ class Daemon:
         cfg = self.config
         self.started_ns = self.clock_ns()
         self.metrics.up_since.set(self.started_ns / 1e9)
+        t0 = time.perf_counter()
+        startup = self.startup = {}
         try:
             self.store.ensure_dir()
         except OSError as e:
@@ -160,14 +164,20 @@ class Daemon:
         try:
             self.store.recover()
             self.store.apply_retention()
+            startup["state_dir_s"] = time.perf_counter() - t0
+            t = time.perf_counter()
             self.loop.sampler = self.sampler_factory(cfg)
             self.loop.sampler.start()
+            startup["sampler_s"] = time.perf_counter() - t
         except BaseException:
             self.state_lock.release()
             raise
         try:
+            t = time.perf_counter()
             self._start_processors(cfg, procs)
+            startup["processors_s"] = time.perf_counter() - t
             release_compiler_memory()  # after every compile (sampler, Python clock)
+            t = time.perf_counter()
             try:
                 self.metrics_server.start(cfg.metrics.address)
             except OSError as e:
@@ -178,9 +188,20 @@ class Daemon:
             if cfg.pyroscope.server_address:
                 self.loop.pusher = Pusher(cfg.pyroscope, self.metrics, host=self.store.host,
                                           root=cfg.output.root_frame)
+            startup["servers_s"] = time.perf_counter() - t
         except BaseException:
             self._close_all()
             raise
+        startup["ready_s"] = time.perf_counter() - t0
+        parts = getattr(self.loop.sampler, "stats", None)
+        if parts is not None:
+            # The sampler's own phases: compile (BTF offsets, clang, maps) and attach (verifier, perf events).
+            for k, v in getattr(parts(), "startup", {}).items():
+                if k != "sampler_s":
+                    startup[f"sampler_{k}"] = v
+        for k, v in startup.items():
+            startup[k] = round(v, 3)
+            self.metrics.startup_seconds.labels(part=k.removesuffix("_s")).set(v)
         self.loop.last_drain_ns = self.started_ns
         self.ready.set()
         self.notifier.ready(self.loop.status_line())
@@ -306,7 +327,13 @@ class Daemon:
             "clients": self.control.active,
             "processors": {p.name: _safe_status(p) for p in loop.processors},
             "formats": outputs.names(),
+            "startup": dict(self.startup),
+            "memory": self.memory(),
         }
+
+    def memory(self) -> dict[str, int]:
+        """Bytes by part now (flamed/sampling/memory.py; flamed_memory_bytes at each scrape)."""
+        return memory_by_part()
 
 
 def _safe_status(p: WindowProcessor) -> dict[str, Any]:

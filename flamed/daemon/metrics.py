@@ -23,9 +23,11 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import ProcessCollector
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 
 from flamed import __version__
+from flamed.sampling.memory import memory_by_part
 from flamed.daemon.config import MetricsConfig, parse_address
 from flamed.errors import FlamedError
 
@@ -185,6 +187,10 @@ class DaemonMetrics:
             "flamed_processor_errors", "Window processors that raised, by processor.", ["processor"], registry=r
         )
         self.up_since = Gauge("flamed_start_time_seconds", "Unix time the daemon started.", registry=r)
+        self.startup_seconds = Gauge(
+            "flamed_startup_seconds", "Seconds each start-up phase took: state_dir, sampler (with sampler_compile "
+            "and sampler_attach), processors, servers; ready is the whole start.", ["part"], registry=r)
+        r.register(_MemoryCollector())
         self.profile_requests = Counter(
             "flamed_pprof_requests", "Requests of /debug/pprof/profile, by result: ok; bad_request; "
             "busy (over metrics.pprof_max_requests); off (metrics.pprof = false); error.", ["result"],
@@ -388,3 +394,17 @@ class MetricsServer:
         self._server = None
         self._thread = None
         self.address = ""
+
+
+class _MemoryCollector:
+    """``flamed_memory_bytes{part}``, read at scrape time only (parsing smaps
+    takes milliseconds: not a cost to pay at every drain)."""
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        g = GaugeMetricFamily("flamed_memory_bytes", "The daemon's memory by part: rss (all resident), anon "
+                              "(heap, caches), compiler (libLLVM/libclang pages resident), files (other "
+                              "file-backed pages), bpf_maps (kernel memory of its BPF maps, not in rss).",
+                              labels=["part"])
+        for part, v in memory_by_part().items():
+            g.add_metric([part], float(v))
+        yield g

@@ -237,9 +237,13 @@ class BpfSampler:
     # -- start and teardown ------------------------------------------------
     def _start(self) -> None:
         program = self._program
+        startup = self._stats.startup
+        t0 = time.perf_counter()
         # Before the compile: a typo in a cgroup filter fails in milliseconds.
         followed = self._follow_cgroups()
         program.load(self._fsbase)
+        t1 = time.perf_counter()
+        startup["compile_s"] = round(t1 - t0, 3)  # BTF offsets, bcc's clang compile, maps, the verifier
         sym = self._processes.symbolizer = (self._processes.symbolizer
                                             or Symbolizer(resolver_factory=_default_resolver))
         program.fill_filters()
@@ -249,7 +253,10 @@ class BpfSampler:
         self._processes.open()
         self._drainer = Drainer(program, self._stats, sym, python=self._python, unwinder=self.unwinder,
                                 clock=self._clock, settle=self._settle, cgroups=self.cgroup_resolver)
+        t2 = time.perf_counter()
         program.attach()
+        startup["attach_s"] = round(time.perf_counter() - t2, 3)  # perf events per CPU, tracepoints, uprobes
+        startup["sampler_s"] = round(time.perf_counter() - t0, 3)
         self._stats.event = program.event_name
         self._stats.cpus = program.cpus
 

@@ -12,13 +12,15 @@ kinds of memory stay resident although the daemon no longer needs them:
   program) needs them; written pages stay unless there is swap to put them in.
 
 The daemon calls :func:`release_compiler_memory` after each compile; the
-measured effect is in docs/daemon.md ("Memory").
+measured effect is in docs/daemon.md ("Memory").  :func:`memory_by_part`
+says where the process's memory is now (``flamed status``, the metrics).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import re
 
 log = logging.getLogger("flamed.sampling.memory")
@@ -70,3 +72,51 @@ def release_compiler_memory() -> int:
             log.debug("madvise(MADV_PAGEOUT) on %s: errno %d", path, ctypes.get_errno())
             break
     return total
+
+
+def memory_by_part(pid: str = "self") -> dict[str, int]:
+    """Bytes resident by kind, from /proc/PID/smaps, and the BPF maps' locked
+    kernel memory, from the fdinfo of the process's map descriptors:
+
+    ``rss`` (all), ``anon`` (heap, Python objects, caches, bcc's buffers),
+    ``compiler`` (libLLVM and libclang pages still resident), ``files`` (the
+    other file-backed pages: Python, libraries, libbcc) and ``bpf_maps``
+    (kernel memory of the maps this process holds; not part of ``rss``).
+    Empty when /proc cannot be read."""
+    out = {"rss": 0, "anon": 0, "compiler": 0, "files": 0, "bpf_maps": 0}
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            path = ""
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    parts = line.split(None, 5)
+                    path = parts[5].strip() if len(parts) == 6 else ""
+                elif head == "Rss:":
+                    kb = int(line.split()[1]) * 1024
+                    out["rss"] += kb
+                    if not path.startswith("/"):
+                        out["anon"] += kb
+                    elif COMPILER_LIBS.search(path):
+                        out["compiler"] += kb
+                    else:
+                        out["files"] += kb
+    except (OSError, ValueError, IndexError):
+        return {}
+    fd_dir = f"/proc/{pid}/fdinfo"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            with open(f"{fd_dir}/{fd}") as f:
+                info = f.read()
+        except OSError:
+            continue
+        if "map_type:" not in info:
+            continue
+        for line in info.splitlines():
+            if line.startswith("memlock:"):
+                out["bpf_maps"] += int(line.split()[1])
+    return out

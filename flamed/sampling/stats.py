@@ -63,6 +63,9 @@ class SamplerStats:
     """Cumulative counters and last-drain figures, for metrics and status."""
 
     event: str = ""  # "cycles" or "cpu-clock" once started
+    #: Seconds of each start-up phase: compile_s (BTF offsets, compile, maps,
+    #: the verifier), attach_s (perf events, tracepoints), sampler_s (the whole start).
+    startup: dict[str, float] = field(default_factory=dict)
     frequency: int = 0
     cpus: tuple[int, ...] = ()
     samples_total: int = 0  # sum of Window.samples over all drains
@@ -117,5 +120,6 @@ class SamplerStats:
         c.python_total = dict(self.python_total)
         c.unwind_total = dict(self.unwind_total)
         c.offcpu_total = dict(self.offcpu_total)
+        c.startup = dict(self.startup)
         c.unwind = self.unwind.copy() if self.unwind is not None else None
         return c

@@ -249,6 +249,20 @@ def test_metrics_over_http_match_the_files(daemon: Running) -> None:
     out = subprocess.run([sys.executable, "-m", "flamed", "status", "--socket", daemon.sock], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)
     assert re.search(r"^unwind +\d+\.\d % complete", out.stdout, re.M), out.stdout
+    # Start-up by phase and memory by part, in status and metrics.
+    su = st["startup"]
+    for part in ("state_dir_s", "sampler_s", "sampler_compile_s", "sampler_attach_s", "processors_s", "servers_s"):
+        assert 0 <= su[part] <= su["ready_s"], su
+        assert values[f'flamed_startup_seconds{{part="{part.removesuffix("_s")}"}}'] == pytest.approx(su[part], abs=1e-3)
+    assert su["sampler_compile_s"] > 0.1, su  # bcc compiles C: never free
+    assert su["sampler_s"] + su["processors_s"] + su["servers_s"] + su["state_dir_s"] <= su["ready_s"] + 0.01, su
+    mem = st["memory"]
+    assert mem["rss"] >= mem["anon"] + mem["compiler"] > 0, mem
+    assert mem["bpf_maps"] > 0, mem  # its count, stack and Python maps
+    for part in ("rss", "anon", "compiler", "files", "bpf_maps"):
+        assert values[f'flamed_memory_bytes{{part="{part}"}}'] > 0 or part == "compiler", values
+    assert re.search(r"^start-up +ready in \d+\.\d\d s \(.*BPF compile \d", out.stdout, re.M), out.stdout
+    assert re.search(r"^memory +\d+ MB resident: \d+ MB anonymous", out.stdout, re.M), out.stdout
 
 
 def test_sigterm_writes_the_last_partial_window_and_nothing_is_lost(daemon: Running) -> None:

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,20 @@ def _load_in_speedscope(b: Browser, doc: dict[str, Any], name: str, tmp_path: Pa
     # A query string per load makes each a new document (a hash change alone would not reload).
     b.navigate(SPEEDSCOPE.as_uri() + "?load=" + name + "#localProfilePath=" + str(loader))
     want = f"{doc['name']} - speedscope"
-    title = b.wait_for(f"document.title === {json.dumps(want)} && document.title", timeout=20)
+    # The view's title, or the importer's refusal (an error page, or an
+    # exception or error in the console): no need to wait out the timeout.
+    deadline = time.monotonic() + 20
+    while True:
+        if b.eval(f"document.title === {json.dumps(want)}"):
+            break
+        if b.eval("/Something went wrong|Unrecognized format/.test(document.body.innerText)"):
+            break
+        if any(e.get("method") == "Runtime.exceptionThrown" or (e.get("method") == "Runtime.consoleAPICalled"
+               and e["params"].get("type") == "error") for e in b.events):
+            raise AssertionError(f"speedscope's importer failed on {name}")
+        if time.monotonic() > deadline:
+            raise CDPError(f"timed out waiting for the title {want!r}")
+        time.sleep(0.1)
     body = b.eval("document.body.innerText")
     assert "Something went wrong" not in body and "Unrecognized format" not in body, body[:500]
     logs = [a.get("value") for e in b.events if e.get("method") == "Runtime.consoleAPICalled"
