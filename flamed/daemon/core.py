@@ -41,7 +41,7 @@ from flamed.daemon.statelock import StateDirLock
 from flamed.daemon.store import ProfileStore
 from flamed.errors import FlamedError
 from flamed.sampling.contract import Sampler
-from flamed.sampling.memory import memory_by_part, release_compiler_memory
+from flamed.sampling.memory import memory_by_part_cached, release_compiler_memory
 
 __all__ = ["LOOP_WAIT_TIMEOUT", "MIN_DRAIN_SPACING", "Daemon", "SamplerFactory", "replace_config"]
 
@@ -333,7 +333,7 @@ class Daemon:
 
     def memory(self) -> dict[str, int]:
         """Bytes by part now (flamed/sampling/memory.py; flamed_memory_bytes at each scrape)."""
-        return memory_by_part()
+        return memory_by_part_cached()
 
 
 def _safe_status(p: WindowProcessor) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 
 from flamed import __version__
-from flamed.sampling.memory import memory_by_part
+from flamed.sampling.memory import memory_by_part_cached
 from flamed.daemon.config import MetricsConfig, parse_address
 from flamed.errors import FlamedError
 
@@ -397,7 +397,7 @@ class MetricsServer:
 
 
 class _MemoryCollector:
-    """``flamed_memory_bytes{part}``, read at scrape time only (parsing smaps
+    """``flamed_memory_bytes{part}``, read at scrape time only, at most once a second (parsing smaps
     takes milliseconds: not a cost to pay at every drain)."""
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
@@ -405,6 +405,6 @@ class _MemoryCollector:
                               "(heap, caches), compiler (libLLVM/libclang pages resident), files (other "
                               "file-backed pages), bpf_maps (kernel memory of its BPF maps, not in rss).",
                               labels=["part"])
-        for part, v in memory_by_part().items():
+        for part, v in memory_by_part_cached().items():
             g.add_metric([part], float(v))
         yield g

@@ -22,6 +22,8 @@ import ctypes
 import logging
 import os
 import re
+import threading
+import time
 
 log = logging.getLogger("flamed.sampling.memory")
 
@@ -120,3 +122,20 @@ def memory_by_part(pid: str = "self") -> dict[str, int]:
             if line.startswith("memlock:"):
                 out["bpf_maps"] += int(line.split()[1])
     return out
+
+
+_cache: tuple[float, dict[str, int]] = (0.0, {})
+_cache_lock = threading.Lock()
+
+
+def memory_by_part_cached(max_age_s: float = 1.0) -> dict[str, int]:
+    """:func:`memory_by_part` of this process, read at most once per
+    ``max_age_s`` (a few ms each: status and scrapes may come often)."""
+    global _cache
+    with _cache_lock:
+        at, parts = _cache
+        now = time.monotonic()
+        if not parts or now - at > max_age_s:
+            parts = memory_by_part()
+            _cache = (now, parts)
+        return dict(parts)
