@@ -56,8 +56,9 @@ class RecordCommand(Command):
     --mode says what the weights are: cpu (default) counts CPU samples; offcpu
     is the time threads spent off the CPU (blocked or preempted), under the
     stack they left it in, with a [off-cpu: blocked], [off-cpu: preempted] or
-    [gil wait] (a Python thread waiting for the GIL) leaf; wall is where each thread's wall-clock time went: CPU samples as
-    time (1/rate s each) plus its off-CPU time.  offcpu and wall weights are
+    [gil wait] (a Python thread waiting for the GIL) leaf; wall is where each
+    thread's wall-clock time went: CPU samples as time (1/rate s each) plus
+    its off-CPU time.  offcpu and wall weights are
     microseconds (folded output as bcc's offcputime -f writes it); they need
     BPF, and waits shorter than --min-block-us are not counted.  See
     docs/offcpu.md.

@@ -27,9 +27,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 
 from flamed import __version__
-from flamed.sampling.memory import memory_by_part_cached
 from flamed.daemon.config import MetricsConfig, parse_address
 from flamed.errors import FlamedError
+from flamed.sampling.memory import memory_by_part_cached
 
 log = logging.getLogger("flamed.daemon")
 

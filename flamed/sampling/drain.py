@@ -337,7 +337,7 @@ class Drainer:
                 del table[table.Key(tid)]
             tgid, comm, stack, flags = kept
             ns = now_ktime - kt
-            # A thread gone is not waiting (its switch-in was missed: OFF_STALE's case).
+            # A thread gone is not waiting (it ended without a switch this program saw).
             if ns >= self.options.offcpu_min_us * 1000 and thread_alive(tgid, tid):
                 k = (tgid, tid, comm, offcpu_stack(stack, flags))
                 out[k] = out.get(k, 0) + ns * every

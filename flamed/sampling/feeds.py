@@ -94,8 +94,7 @@ class PythonFeed(ProcessHandler):
             # within milliseconds, an embedded one maybe much later.
             with self._retry_lock:
                 self._retry.append((time.monotonic() + delay, tgid, min(delay * 1.25, self.PY_RETRY_MAX_S)))
-            if threading.current_thread() is not self._m.primer:
-                self._m.wake()
+            self._m.wake()
             return
         m = self._m
         with m.lock:

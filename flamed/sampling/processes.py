@@ -310,16 +310,14 @@ class ProcessManager:
         self._primer = threading.Thread(target=self._prime_loop, name="flamed-prime", daemon=True)
         self._primer.start()
 
-    @property
-    def primer(self) -> threading.Thread | None:
-        """The priming thread (None before start_priming)."""
-        return self._primer
-
     def wake(self) -> None:
         """Have the priming thread look at its handlers' due work now: a
         retry queued from another thread (a claim asked from mixed mode) is
         otherwise seen only at the thread's next wake-up, which on a quiet
-        host is the next exec anywhere, seconds later."""
+        host is the next exec anywhere, seconds later.  A no-op in the
+        priming thread itself (it recomputes what is due before it waits)."""
+        if threading.current_thread() is self._primer:
+            return
         with self._wake_lock:
             if self._prime_wake >= 0 and not self.stopping.is_set():
                 with contextlib.suppress(OSError):
