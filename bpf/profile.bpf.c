@@ -44,7 +44,16 @@
  *   FLAMED_FILTER_COMMS   1: sample only tasks found in that filter map
  */
 #include <uapi/linux/ptrace.h>
-#include <uapi/linux/bpf_perf_event.h>
+
+/* The perf-event context, as UAPI fixes it (linux/bpf_perf_event.h; on x86-64
+ * bpf_user_pt_regs_t is struct pt_regs).  Declared here rather than included:
+ * that header pulls in the kernel's asm/ptrace.h tree, and parsing it was
+ * 0.9 s of every compile (docs/bpf.md, "Start-up"). */
+struct bpf_perf_event_data {
+    struct pt_regs regs;
+    __u64 sample_period;
+    __u64 addr;
+};
 
 #include "flamed.h"
 

@@ -164,7 +164,7 @@ class RecordCommand(Command):
         with _signals_interrupt():
             try:
                 if not args.no_bpf:
-                    self.warn("loading the BPF programs (compiling takes a few seconds)")
+                    self.warn("loading the BPF programs (compiling takes a second or two)")
                 sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(
                     args.rate, pysource.walker_wanted(policy), not args.no_unwind,
                     offcpu_min_us=args.min_block_us if timed else None, offcpu_every=args.offcpu_every)
@@ -232,12 +232,13 @@ class RecordCommand(Command):
                     clock=not args.no_clock_uprobe,
                     vm_readv=args.read_times,
                 )
-                # Everything that compiles (BPF) is ready before the command starts,
-                # so a short command is recorded from its first samples.
+                # The sampler is compiled and attached before the command starts, so a
+                # short command is recorded from its first samples; so is the py-spy
+                # clock when py-spy is sure to run (else compiled when first needed).
                 policy = _policy(args)
                 mixed = MixedMode(sampler, opts, on_process=found, claim=pysource.claim_for(policy, sampler),
                                   pyspy_fallback=pysource.pyspy_fallback(policy))
-                mixed.start()
+                mixed.start(clock_now=policy == "pyspy" or sampler is None)
                 target = args.pid
                 if target is not None and not _alive(target):
                     # Compiling the BPF program takes seconds; the process did not wait.
@@ -253,8 +254,6 @@ class RecordCommand(Command):
                 sampler.add_pid(target)
                 t_sampling = time.monotonic()
                 mixed.follow(target)
-                if mixed.clock_error:
-                    self.warn(f"py-spy clock uprobe unavailable ({mixed.clock_error}); alignment is approximate")
                 deadline = time.monotonic() + args.duration if args.duration else None
                 try:
                     while True:
@@ -286,6 +285,8 @@ class RecordCommand(Command):
             named = sum(n for (tgid, _t, _c, s), n in counts.items()
                         if tgid in by_bpf and any(_PY_FRAME.search(f) for f in s))
             self.warn(f"{total} samples of {len(by_bpf)} Python process(es) read in BPF, {named} with Python frames")
+        if mixed is not None and mixed.clock_error:
+            self.warn(f"py-spy clock uprobe unavailable ({mixed.clock_error}); alignment is approximate")
         if mixed is not None and by_pyspy:
             st = mixed.stats
             total = st.matched + st.unmatched

@@ -108,6 +108,7 @@ class MixedMode:
         self._gone: set[int] = set()  # exited pids whose thread-id maps the last runs may still need
         self.clock: PySpyClock | None = None
         self.clock_error: str | None = None
+        self._clock_tried = False
         self._lock = threading.RLock()
         self._traces: list[AlignedTrace] = []
         self._pending: list[SampleEvent] = []
@@ -122,16 +123,15 @@ class MixedMode:
         self.loop_lag_max_ns = 0
 
     # -- lifecycle --------------------------------------------------------
-    def start(self) -> None:
-        if self.options.clock and self.supervisor.binary is not None:
-            clk = PySpyClock(self.supervisor.binary, vm_readv=self.options.vm_readv)
-            try:
-                clk.start()
-                self.clock = clk
-            except CapabilityError as e:
-                self.clock_error = str(e)
-                log.warning("py-spy clock uprobe unavailable (%s); aligning by py-spy's start time, "
-                            "which is off by milliseconds", e)
+    def start(self, *, clock_now: bool = False) -> None:
+        """Start the mixed thread.  The py-spy clock (a uprobe program bcc
+        compiles: 0.3 s) is set up here with ``clock_now`` (py-spy is sure to
+        run), else by the mixed thread before it starts the first py-spy:
+        when the BPF walker reads every process, no py-spy runs and no clock
+        is compiled."""
+        self._clock_tried = self.clock is not None
+        if clock_now and self.clock is None:
+            self._start_clock()
         if self.supervisor.binary is None:
             log.warning("py-spy not found: Python processes keep their native and kernel stacks only")
         self._stop.clear()
@@ -155,6 +155,22 @@ class MixedMode:
         ready.wait(30)
         if errors:
             raise errors[0]
+
+    def _start_clock(self) -> None:
+        """Attach the py-spy clock (or say once why not: ``clock_error``)."""
+        self._clock_tried = True
+        if not self.options.clock or self.supervisor.binary is None:
+            return
+        clk = PySpyClock(self.supervisor.binary, vm_readv=self.options.vm_readv)
+        try:
+            clk.start()
+        except CapabilityError as e:
+            self.clock_error = str(e)
+            log.warning("py-spy clock uprobe unavailable (%s); aligning by py-spy's start time, "
+                        "which is off by milliseconds", e)
+            return
+        with self._lock:
+            self.clock = clk
 
     def follow(self, pid: int) -> None:
         """Record ``pid`` (and, per the watch options, its descendants) from now on.
@@ -208,6 +224,10 @@ class MixedMode:
                 self.watcher.poll(0)
                 if self._deferred:
                     self._check_deferred()
+                need_clock = not self._clock_tried and not self.supervisor.idle()
+            if need_clock:
+                self._start_clock()  # before the first py-spy starts; outside the lock (it compiles)
+            with self._lock:
                 runs = self.supervisor.tick()
                 if runs:
                     self._add_runs(runs)

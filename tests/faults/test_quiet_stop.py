@@ -24,11 +24,19 @@ BCC_NOISE = re.compile(r"uprobe_events|kprobe_events|Failed to detach|Exception 
 
 
 def test_daemon_stop_prints_only_flamed_lines(require_bpf: None, require_pyspy: str, daemon_factory: Any) -> None:
-    # Mixed mode on: it loads the py-spy clock, whose uprobe is what bcc failed to detach.
-    d = daemon_factory(processors__python={"enabled": True, "source": "pyspy"})
-    d.wait_for(lambda: d.status()["windows"] >= 1, 60, "a first window")
-    d.signal(signal.SIGTERM)
-    assert d.wait_exit(60) == 0
+    # Mixed mode on, with a busy Python process for py-spy to record: the daemon
+    # loads the py-spy clock before its first py-spy, and that clock's uprobe is
+    # what bcc failed to detach.
+    busy = subprocess.Popen([sys.executable, "-c", "while True: sum(i * i for i in range(1000))"])
+    try:
+        d = daemon_factory(processors__python={"enabled": True, "source": "pyspy"})
+        d.wait_for(lambda: "py-spy clock: uprobe on" in d.log(), 60, "the py-spy clock")
+        d.wait_for(lambda: d.status()["windows"] >= 1, 60, "a first window")
+        d.signal(signal.SIGTERM)
+        assert d.wait_exit(60) == 0
+    finally:
+        busy.kill()
+        busy.wait()
     log = d.log()
     assert "py-spy clock: uprobe on" in log, log[-3000:]  # the probe was there to detach
     assert "INFO stopped" in log.splitlines()[-1], log[-3000:]

@@ -48,7 +48,12 @@ class BtfType:
 
 
 class Btf:
-    """The types of one BTF blob, indexed by id and by struct/union name."""
+    """The types of one BTF blob, indexed by id and by struct/union name.
+
+    The index keeps only each record's offset; a type's name is decoded when
+    a lookup reaches it (vmlinux has ~130 k types, and decoding every name
+    was most of the 0.4 s a load took).
+    """
 
     def __init__(self, blob: bytes, source: str = "BTF") -> None:
         self.source = source
@@ -60,20 +65,50 @@ class Btf:
         type_off, type_len, str_off, str_len = struct.unpack_from("<IIII", blob, 8)
         self._types = blob[hdr_len + type_off : hdr_len + type_off + type_len]
         self._strings = blob[hdr_len + str_off : hdr_len + str_off + str_len]
-        self.types: list[BtfType | None] = [None]  # id 0 is void
-        self._by_name: dict[str, list[int]] = {}
+        #: Offset of each type's record in the type section, by id (id 0 is void).
+        self._offsets: list[int] = [-1]
+        #: Struct and union ids by the offset of their name in the string section.
+        self._by_name_off: dict[int, list[int]] = {}
         pos = 0
         data = self._types
-        while pos + 12 <= len(data):
-            name_off, info, size = struct.unpack_from("<III", data, pos)
+        end = len(data) - 12
+        unpack = struct.Struct("<III").unpack_from
+        offsets = self._offsets
+        by_name = self._by_name_off
+        while pos <= end:
+            name_off, info, _size = unpack(data, pos)
             kind = (info >> 24) & 0x1F
-            vlen = info & 0xFFFF
-            fixed, per = _EXTRA.get(kind, (0, 0))
-            t = BtfType(self._string(name_off), kind, bool(info >> 31), vlen, size, pos + 12)
-            self.types.append(t)
-            if kind in (KIND_STRUCT, KIND_UNION) and t.name:
-                self._by_name.setdefault(t.name, []).append(len(self.types) - 1)
-            pos += 12 + fixed + per * vlen
+            offsets.append(pos)
+            if kind == KIND_STRUCT or kind == KIND_UNION:
+                if name_off:
+                    by_name.setdefault(name_off, []).append(len(offsets) - 1)
+                pos += 12 + 12 * (info & 0xFFFF)
+            else:
+                fixed, per = _EXTRA.get(kind, (0, 0))
+                pos += 12 + fixed + per * (info & 0xFFFF)
+
+    def type(self, type_id: int) -> BtfType | None:
+        """Type ``type_id`` (None: void, or out of range)."""
+        if not 0 < type_id < len(self._offsets):
+            return None
+        pos = self._offsets[type_id]
+        name_off, info, size = struct.unpack_from("<III", self._types, pos)
+        return BtfType(self._string(name_off), (info >> 24) & 0x1F, bool(info >> 31), info & 0xFFFF, size,
+                       pos + 12)
+
+    def _named(self, name: str) -> list[int]:
+        """Ids of the structs and unions called ``name``."""
+        needle = name.encode() + b"\0"
+        ids: list[int] = []
+        strings = self._strings
+        at = 0 if strings.startswith(needle) else -1
+        while True:
+            if at >= 0:
+                ids.extend(self._by_name_off.get(at, ()))
+            found = strings.find(b"\0" + needle, at + 1 if at >= 0 else 0)
+            if found < 0:
+                return ids
+            at = found + 1
 
     @classmethod
     def load(cls, path: Path = VMLINUX) -> Btf:
@@ -94,7 +129,7 @@ class Btf:
 
     def _resolve(self, type_id: int) -> tuple[int, BtfType | None]:
         for _ in range(32):
-            t = self.types[type_id] if 0 < type_id < len(self.types) else None
+            t = self.type(type_id)
             if t is None or t.kind not in _MODIFIERS:
                 return type_id, t
             type_id = t.size_or_type
@@ -124,10 +159,10 @@ class Btf:
 
     def member_offset(self, struct_name: str, path: str) -> int:
         """Byte offset of ``path`` (``a.b.c``) inside ``struct struct_name``."""
-        ids = self._by_name.get(struct_name)
+        ids = self._named(struct_name)
         if not ids:
             raise BtfError(f"{self.source}: no struct {struct_name}")
-        t = next((self.types[i] for i in ids if self.types[i] is not None and self.types[i].vlen), None)  # type: ignore[union-attr]
+        t = next((u for u in map(self.type, ids) if u is not None and u.vlen), None)
         if t is None:
             raise BtfError(f"{self.source}: struct {struct_name} has no members (only a declaration)")
         bits = 0
