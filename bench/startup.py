@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Start-up and footprint: ``flamed record`` against py-spy and perf, and the daemon.
+
+Part 1, ``record``: each tool runs the same 1 s CPU-bound Python command
+(``python3 target.py STAMP``: it writes CLOCK_MONOTONIC at its first line,
+then loops for 1 s), ``--runs`` times, the tools alternated.  Printed per
+tool, medians (min-max): the time from the tool's exec to the target's first
+line ("to target"), the whole run's wall time, and the tool's peak RSS
+(wait4's ru_maxrss: the largest of the tool and the children it waited for;
+the target itself is ~10 MB).  Tools: ``flamed record`` (mixed mode, the
+defaults), ``flamed record --no-unwind``, ``py-spy record``, ``perf record
+-g``.  ``flamed record`` through a running daemon is not built (issue 21).
+
+Part 2, the daemon: for each count of busy Python services (``--services``,
+default 0 8 32; each loops 2 ms and sleeps 8 ms, as bench/python_bpf.py's),
+the daemon on the shipped defaults (19 Hz, drain every 10 s, the BPF walker
+and the unwinder on) is started, and printed: the time until its control
+socket answers (ready), the start-up by phase from ``status``, RSS at ready
+and after ``--settle`` seconds, and its CPU (tree: daemon and py-spy
+children) per 10 s span over ``--settle`` seconds.
+
+Run as root from a checkout whose ``.venv`` ``make test`` made.  The machine
+may be shared: the load average is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import python_bpf  # noqa: E402 -- bench/python_bpf.py: services, /proc helpers
+
+VENV = ROOT / ".venv" / "bin"
+TARGET = """
+import sys, time
+with open(sys.argv[1], "w") as f:
+    f.write(str(time.monotonic_ns()))
+end = time.monotonic() + 1.0
+def work():
+    return sum(i * i for i in range(1000))
+while time.monotonic() < end:
+    work()
+"""
+
+
+def run_tool(argv: list[str], stamp: Path) -> dict[str, float]:
+    stamp.unlink(missing_ok=True)
+    t0 = time.monotonic_ns()
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(p.pid, 0)
+    t1 = time.monotonic_ns()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    err = p.stderr.read().decode("utf-8", "replace") if p.stderr else ""
+    if p.returncode != 0 or not stamp.exists():
+        raise SystemExit(f"{argv[0]} failed ({p.returncode}): {err[-2000:]}")
+    started = int(stamp.read_text())
+    return {"to_target_s": (started - t0) / 1e9, "wall_s": (t1 - t0) / 1e9, "rss_mb": ru.ru_maxrss / 1024}
+
+
+def record_part(runs: int, tmp: Path) -> None:
+    target = tmp / "target.py"
+    target.write_text(TARGET)
+    stamp = tmp / "stamp"
+    py = "python3"
+    tools: dict[str, list[str]] = {
+        "flamed record": [str(VENV / "flamed"), "record", "-o", str(tmp / "f.folded"), "--", py, str(target), str(stamp)],
+        "flamed record --no-unwind": [str(VENV / "flamed"), "record", "--no-unwind", "-o", str(tmp / "f2.folded"),
+                                      "--", py, str(target), str(stamp)],
+        "py-spy record": [str(VENV / "py-spy"), "record", "-f", "raw", "-o", str(tmp / "p.txt"), "--", py,
+                          str(target), str(stamp)],
+        "perf record -g": ["perf", "record", "-q", "-g", "-o", str(tmp / "perf.data"), "--", py, str(target),
+                           str(stamp)],
+    }
+    got: dict[str, list[dict[str, float]]] = {k: [] for k in tools}
+    for i in range(runs):
+        for name, argv in tools.items():
+            got[name].append(run_tool(argv, stamp))
+        print(f"  record: run {i + 1}/{runs} done", file=sys.stderr)
+
+    def cell(xs: list[float], fmt: str) -> str:
+        return f"{statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
+
+    print(f"\n## record: a 1 s Python command, {runs} runs each, medians (min-max); "
+          f"load {os.getloadavg()[0]:.2f}")
+    print(f"| {'tool':28} | {'to target (s)':20} | {'wall (s)':20} | {'peak RSS (MB)':20} |")
+    print(f"|{'-' * 30}|{'-' * 22}|{'-' * 22}|{'-' * 22}|")
+    for name, rs in got.items():
+        print(f"| {name:28} | {cell([r['to_target_s'] for r in rs], '.2f'):20} | "
+              f"{cell([r['wall_s'] for r in rs], '.2f'):20} | {cell([r['rss_mb'] for r in rs], '.0f'):20} |")
+    print(f"| {'flamed record via a daemon':28} | {'not built':20} | {'':20} | {'':20} |")
+
+
+def daemon_case(tmp: Path, n: int, settle: float) -> dict[str, Any]:
+    from flamed.daemon.client import request  # noqa: PLC0415 - needs the checkout on sys.path
+
+    tag = f"d{n}-{time.monotonic_ns()}"
+    cfg, sock, state = tmp / f"{tag}.toml", tmp / f"{tag}.sock", tmp / f"state-{tag}"
+    cfg.write_text(f"""
+[output]
+state_dir = "{state}"
+[metrics]
+address = "127.0.0.1:{python_bpf.free_port()}"
+[control]
+socket = "{sock}"
+[log]
+target = "stderr"
+""")
+    with python_bpf.services(tmp, n):
+        time.sleep(1.0 if n else 0)  # the services are up and busy
+        log = open(tmp / f"{tag}.log", "wb")
+        t0 = time.monotonic()
+        d = subprocess.Popen([str(VENV / "python"), "-m", "flamed", "daemon", "--config", str(cfg)],
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT)
+        try:
+            status: dict[str, Any] | None = None
+            while status is None and time.monotonic() - t0 < 300:
+                if d.poll() is not None:
+                    raise SystemExit(f"daemon exited {d.returncode}; see {tmp / (tag + '.log')}")
+                if sock.exists():
+                    try:
+                        status = request(str(sock), {"request": "status"}, timeout=2.0)["status"]
+                    except Exception:  # noqa: BLE001 -- bound, not listening yet
+                        pass
+                if status is None:
+                    time.sleep(0.02)
+            ready = time.monotonic() - t0
+            if status is None:
+                raise SystemExit(f"daemon not ready in 300 s; see {tmp / (tag + '.log')}")
+            rss_ready = python_bpf.rss(d.pid) / 2**20
+            spans: list[float] = []
+            c0, s0 = python_bpf.tree_cpu(d.pid), time.monotonic()
+            while time.monotonic() - t0 < ready + settle:
+                time.sleep(max(0.0, min(10.0, s0 + 10.0 - time.monotonic())))
+                c1, s1 = python_bpf.tree_cpu(d.pid), time.monotonic()
+                spans.append(100 * (c1 - c0) / (s1 - s0))
+                c0, s0 = c1, s1
+            rss_end = python_bpf.rss(d.pid) / 2**20
+            status = request(str(sock), {"request": "status"}, timeout=5.0)["status"]
+        finally:
+            python_bpf.stop(d, timeout=60)
+            log.close()
+    st = status.get("startup", {})
+    return {"n": n, "ready_s": ready, "compile_s": st.get("sampler_compile_s", float("nan")),
+            "rss_ready": rss_ready, "rss_end": rss_end, "spans": spans,
+            "memory": status.get("memory", {})}
+
+
+def daemon_part(counts: list[int], settle: float, tmp: Path) -> None:
+    rows = []
+    for n in counts:
+        print(f"  daemon: {n} services ...", file=sys.stderr)
+        rows.append(daemon_case(tmp, n, settle))
+    print(f"\n## daemon on the shipped defaults (19 Hz); load {os.getloadavg()[0]:.2f}")
+    print("| services | ready (s) | compile+verify (s) | RSS at ready (MB) | RSS after "
+          f"{settle:.0f} s (MB) | CPU per 10 s span, % of a core (max) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        spans = " ".join(f"{x:.1f}" for x in r["spans"])
+        print(f"| {r['n']} | {r['ready_s']:.2f} | {r['compile_s']:.2f} | {r['rss_ready']:.0f} | "
+              f"{r['rss_end']:.0f} | {spans} ({max(r['spans'] or [0]):.1f}) |")
+    for r in rows:
+        mem = ", ".join(f"{k} {v / 2**20:.0f}" for k, v in sorted(r["memory"].items()))
+        print(f"memory by part at the end, {r['n']} services (MB): {mem}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5, help="runs of each record tool (default 5)")
+    ap.add_argument("--services", type=int, nargs="*", default=[0, 8, 32],
+                    help="busy Python services per daemon run (default 0 8 32)")
+    ap.add_argument("--settle", type=float, default=120.0,
+                    help="seconds each daemon runs after ready (default 120)")
+    ap.add_argument("--skip-record", action="store_true")
+    ap.add_argument("--skip-daemon", action="store_true")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench/startup.py: run as root (BPF, py-spy, perf)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="flamed-bench-startup-") as t:
+        tmp = Path(t)
+        if not args.skip_record:
+            record_part(args.runs, tmp)
+        if not args.skip_daemon and args.services:
+            daemon_part(args.services, args.settle, tmp)
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.exit(main())
