@@ -72,6 +72,11 @@ class WindowRing:
             self._stacks -= len(old.counts)
             self.evicted += 1
 
+    def oldest_start_ns(self) -> int | None:
+        """Start of the oldest window held (None: empty)."""
+        with self._cond:
+            return self._windows[0].start_ns if self._windows else None
+
     def since(self, start_ns: int, end_ns: int | None = None) -> list[RingWindow]:
         """Windows that end after ``start_ns`` (and start before ``end_ns``), oldest first."""
         with self._cond:
