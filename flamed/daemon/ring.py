@@ -8,6 +8,10 @@ Windows are kept with their task keys (tgid, tid, comm) and the identities of
 their tasks' cgroups (tgid -> unit, container, pod) so that a snapshot can
 filter by pid/tid/comm/unit/container/cgroup and choose its root frames per
 request.
+
+Each window has a kind: ``cpu`` (sample counts) or ``offcpu`` (nanoseconds
+off the CPU, with ``[sampling] off_cpu``); a drain adds its windows of both
+kinds at once, and readers ask for one kind.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ from flamed.sampling.cgroups import CgroupIdentity
 from flamed.sampling.contract import CountKey
 
 
+#: The kinds of windows: CPU samples (counts), off-CPU time (nanoseconds).
+KINDS = ("cpu", "offcpu")
+
+
 @dataclass(frozen=True)
 class RingWindow:
     start_ns: int
@@ -32,6 +40,8 @@ class RingWindow:
     seq: int = 0
     #: tgid -> who owns its cgroup (Window.identities)
     identities: dict[int, CgroupIdentity] = field(default_factory=dict)
+    #: ``cpu``: counts are samples; ``offcpu``: counts are nanoseconds off the CPU.
+    kind: str = "cpu"
 
 
 class WindowRing:
@@ -53,29 +63,38 @@ class WindowRing:
             self.max_stacks = max_stacks
             self._trim()
 
-    def add(self, w: RingWindow) -> None:
+    def add(self, w: RingWindow, *more: RingWindow) -> None:
+        """Add one drain's windows (of different kinds) at once: a reader woken by them sees them all."""
         with self._cond:
-            self.seq += 1
-            w = replace(w, seq=self.seq)
-            self._windows.append(w)
-            self._stacks += len(w.counts)
+            for x in (w, *more):
+                self.seq += 1
+                x = replace(x, seq=self.seq)
+                self._windows.append(x)
+                self._stacks += len(x.counts)
             self._trim()
             self._cond.notify_all()
 
     def _trim(self) -> None:
         horizon = self._clock_ns() - int(self.max_seconds * 1e9)
-        # Always keep the newest window, even when it alone is over the budget.
-        while len(self._windows) > 1 and (
-            self._windows[0].end_ns < horizon or self._stacks > self.max_stacks
-        ):
-            old = self._windows.popleft()
-            self._stacks -= len(old.counts)
+        # Always keep the newest window of each kind, even when it alone is over the budget.
+        newest = {w.kind: w.seq for w in self._windows}
+        i = 0
+        while i < len(self._windows):
+            w = self._windows[i]
+            if not (w.end_ns < horizon or self._stacks > self.max_stacks):
+                break
+            if newest[w.kind] == w.seq:
+                i += 1
+                continue
+            del self._windows[i]
+            self._stacks -= len(w.counts)
             self.evicted += 1
 
-    def since(self, start_ns: int, end_ns: int | None = None) -> list[RingWindow]:
-        """Windows that end after ``start_ns`` (and start before ``end_ns``), oldest first."""
+    def since(self, start_ns: int, end_ns: int | None = None, *, kind: str = "cpu") -> list[RingWindow]:
+        """Windows of ``kind`` that end after ``start_ns`` (and start before ``end_ns``), oldest first."""
         with self._cond:
-            return [w for w in self._windows if w.end_ns > start_ns and (end_ns is None or w.start_ns < end_ns)]
+            return [w for w in self._windows if w.kind == kind and w.end_ns > start_ns
+                    and (end_ns is None or w.start_ns < end_ns)]
 
     def wait_for_end(self, end_ns: int, timeout: float) -> bool:
         """Block until a window ending at or after ``end_ns`` is in the ring (or timeout)."""
