@@ -2,7 +2,7 @@
 
 The fake sampler invents off-CPU time in fixed shares of each window's wall
 time (flamed.daemon.fake.OFFCPU_STACKS), so every figure below has a known
-value; the real program is tests/integration/test_daemon_offcpu_bpf.py's.
+value; the real program is test_daemon_offcpu_bpf.py's.
 """
 
 from __future__ import annotations
@@ -169,3 +169,29 @@ def test_offcpu_config_errors_name_the_key(tmp_path: Path, key: str, value: Any,
     r = subprocess.run([sys.executable, "-m", "flamed", "daemon", "--config", str(cfg), "--check-config"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_reload_turns_offcpu_on_and_off(tmp_path: Path, daemon_factory: Any) -> None:
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0},
+                       output={"rotate_interval": 1.0})
+    d.wait_for(lambda: len(files_of(d.state_dir, "cpu")) >= 1, 30, "a CPU file")
+    assert not files_of(d.state_dir, "offcpu") and not d.status()["offcpu"]["enabled"]
+    d.config["sampling"]["off_cpu"] = True
+    write_config(d.cfg_path, d.config)
+    d.signal(signal.SIGHUP)
+    d.wait_for(lambda: len(files_of(d.state_dir, "offcpu")) >= 2, 30, "off-CPU files after the reload")
+    assert d.status()["offcpu"]["enabled"]
+    d.config["sampling"]["off_cpu"] = False
+    write_config(d.cfg_path, d.config)
+    d.signal(signal.SIGHUP)
+    d.wait_for(lambda: not d.status()["offcpu"]["enabled"], 30, "off-CPU off after the second reload")
+    with pytest.raises(DaemonError):
+        d.request({"request": "snapshot", "kind": "offcpu", "seconds": 2})
+    n = len(files_of(d.state_dir, "offcpu"))
+    cpu = len(files_of(d.state_dir, "cpu"))
+    d.wait_for(lambda: len(files_of(d.state_dir, "cpu")) >= cpu + 2, 30, "two more CPU files")
+    assert len(files_of(d.state_dir, "offcpu")) <= n + 1  # at most the period the reload was in
+    assert d.metric("flamed_config_reloads_total", {"result": "ok"}) == 2
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit(60) == 0
+    check_state_dir(d.state_dir)
