@@ -101,6 +101,10 @@ def test_offcpu_windows_go_to_their_own_files_snapshot_pull_and_push(tmp_path: P
         assert pulled.labels["kind"] == "off_cpu" and pulled.labels["unit"] == "nanoseconds"
         assert pulled.total() == pytest.approx(sum(s for _k, s in OFFCPU_STACKS) * 2e9, rel=0.35), pulled.total()
         d.wait_for(lambda: sum(1 for r in srv.requests if "types" in r) >= 3, 30, "three off-CPU pushes")
+        shown = subprocess.run([sys.executable, "-m", "flamed", "status", "--socket", d.socket_path],
+                               capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert re.search(r"^off-cpu +[\d.]+ s recorded .*latest .*offcpu-.*/debug/pprof/offcpu", shown.stdout, re.M), \
+            shown.stdout
         d.signal(signal.SIGTERM)
         assert d.wait_exit(60) == 0
     finally:
@@ -137,6 +141,19 @@ def test_offcpu_windows_go_to_their_own_files_snapshot_pull_and_push(tmp_path: P
     assert any("types" not in r for r in srv.requests)  # the CPU windows still go as before
     # the state directory checks out whole (both kinds parse and match their sidecars)
     check_state_dir(state)
+    # flamed push (backfill) sends the off-CPU files as the daemon pushes their windows
+    again = OffcpuIngest()
+    try:
+        r = subprocess.run([sys.executable, "-m", "flamed", "push", "--server", f"http://127.0.0.1:{again.port}",
+                            "--application-name", "web", *map(str, off)], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+    finally:
+        again.close()
+    assert r.returncode == 0, r.stderr
+    assert not again.problems, again.problems
+    assert len(again.requests) == len(off)
+    assert all(q["types"] == [("offcpu", "nanoseconds")] for q in again.requests)
+    assert sum(q["weight"] for q in again.requests) == total_us * 1000
 
 
 def test_offcpu_off_gives_clear_errors(tmp_path: Path, daemon_factory: Any) -> None:
