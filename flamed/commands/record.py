@@ -16,7 +16,10 @@ from types import FrameType
 from typing import Any
 
 from flamed import outputs
+from flamed.commands import record_daemon
 from flamed.commands.base import Command
+from flamed.commands.record_daemon import parse_since
+from flamed.daemon.client import DEFAULT_SOCKET
 from flamed.errors import CapabilityError, FlamedError, UsageError
 from flamed.fileio import open_output
 from flamed.folded import read_folded
@@ -63,6 +66,13 @@ class RecordCommand(Command):
     BPF, and waits shorter than --min-block-us are not counted.  See
     docs/offcpu.md.
 
+    When a daemon answers on its socket (the default path, or --socket), record
+    goes through it: the command starts at once and the daemon's samples of it
+    (at the daemon's rate, with its Python frames) come back over the socket;
+    --since 60s with -p also takes the minute before.  -r, --mode offcpu|wall,
+    --pyspy, --no-bpf, --timeline, --subprocesses or --no-daemon sample here
+    instead.  See docs/daemon.md.
+
     With a COMMAND it runs it, stops when it exits and returns its exit code;
     --subprocesses also records its Python descendants.  Ctrl-C (or SIGTERM)
     writes what was recorded.
@@ -72,16 +82,19 @@ class RecordCommand(Command):
       sudo flamed record -r 199 -o app.folded -- python app.py --port 8080
       flamed record --subprocesses --format folded -o - -- gunicorn app:wsgi
       sudo flamed record --mode wall -o wall.svg -- python service.py
+      flamed record -p 1234 --since 60s -d 5 -o last.svg     # through the daemon
     """
 
     name = "record"
     order = 20
+    _daemon_status: dict[str, Any] = {}
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("-p", "--pid", type=int, help="process to record")
         parser.add_argument("-d", "--duration", type=float, default=None,
                             help="seconds to record (default: until the process exits or Ctrl-C)")
-        parser.add_argument("-r", "--rate", type=int, default=99, help="BPF samples per second (default 99)")
+        parser.add_argument("-r", "--rate", type=int, default=None,
+                            help="BPF samples per second (default 99; giving it samples here, not through the daemon)")
         parser.add_argument("-o", "--output", default=None,
                             help="output file, '-' for stdout (default: flamed-PID.<ext of the format>)")
         parser.add_argument("-f", "--format", default=None,
@@ -125,6 +138,13 @@ class RecordCommand(Command):
         parser.add_argument("--timeline", metavar="FILE",
                             help="also write every mixed sample as 'MONOTONIC_NS PID TID STACK' lines")
         parser.add_argument("--title", default=None, help="graph title for image formats")
+        parser.add_argument("--socket", metavar="PATH", default=None,
+                            help=f"record through the daemon on this control socket (default: {DEFAULT_SOCKET} "
+                                 "when a daemon answers there)")
+        parser.add_argument("--no-daemon", action="store_true",
+                            help="sample here even when a daemon is running (compiles the BPF program: seconds)")
+        parser.add_argument("--since", metavar="DURATION", type=parse_since, default=None,
+                            help="through the daemon: begin DURATION before now (e.g. 60s, 5m), from its ring")
         parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS... to run and record")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -135,8 +155,12 @@ class RecordCommand(Command):
             raise UsageError("give either -p PID or -- COMMAND ARGS... (not both)")
         if args.pid is not None and not os.path.exists(f"/proc/{args.pid}"):
             raise UsageError(f"no process {args.pid}")
-        if not 1 <= args.rate <= 999:
+        if args.rate is not None and not 1 <= args.rate <= 999:
             raise UsageError("-r/--rate must be 1..999")
+        if self._through_daemon(args, cmd):
+            return self._via_daemon(args, cmd)
+        if args.rate is None:
+            args.rate = 99
         if args.duration is not None and args.duration <= 0:
             raise UsageError("-d/--duration must be positive")
         if args.min_block_us < 0:
@@ -178,6 +202,60 @@ class RecordCommand(Command):
                 self.warn(f"BPF unavailable ({why}); recording Python stacks with py-spy alone")
                 return self._pyspy_only(args, cmd, pyspy_opts, fmt)
             return self._mixed(args, cmd, sampler, pyspy_opts, fmt)
+
+    # -- through the daemon -------------------------------------------------
+    def _through_daemon(self, args: argparse.Namespace, cmd: list[str]) -> bool:
+        """Record through a running daemon?  Yes when one answers (at --socket, or
+        the default path) and nothing asked for sampling here."""
+        local_only = [opt for opt, on in (("--no-daemon", args.no_daemon), ("-r", args.rate is not None),
+                                          (f"--mode {args.mode}", args.mode != "cpu"),
+                                          ("--pyspy", args.pyspy is not None), ("--no-bpf", args.no_bpf),
+                                          ("--timeline", args.timeline is not None),
+                                          ("--subprocesses", args.subprocesses)) if on]
+        wanted = args.socket is not None or args.since is not None
+        if local_only:
+            if args.since is not None:
+                raise UsageError(f"--since reads the daemon's ring: it cannot go with {local_only[0]}")
+            if args.socket is not None:
+                raise UsageError(f"--socket records through the daemon: it cannot go with {local_only[0]}")
+            return False
+        if args.since is not None and cmd:
+            raise UsageError("--since goes with -p PID (a command started now has no past)")
+        try:
+            status = record_daemon.probe(args.socket or DEFAULT_SOCKET)
+        except record_daemon.DaemonAbsent as e:
+            if wanted:
+                raise FlamedError(f"no daemon to record through ({e}); start it, or record without "
+                                  "--socket/--since (as root)") from None
+            return False
+        self._daemon_status = status
+        return True
+
+    def _via_daemon(self, args: argparse.Namespace, cmd: list[str]) -> int:
+        sock = args.socket or DEFAULT_SOCKET
+        fmt = outputs.choose(args.format, args.output)
+        st = self._daemon_status
+        self.warn(f"recording through the daemon at {sock} ({st.get('frequency', '?')} Hz, its rate; -r or "
+                  "--no-daemon samples here)")
+        with _signals_interrupt():
+            rec, rc, interrupted = record_daemon.record(
+                sock, pid=args.pid, cmd=cmd, duration=args.duration, since_s=args.since or 0.0,
+                root=args.root or "none", warn=self.warn)
+        profile = rec.profile()
+        if rec.start_ns is not None and args.since:
+            asked = time.time_ns() - int(args.since * 1e9)
+            if rec.start_ns > asked + 2_000_000_000:
+                self.warn(f"the daemon's ring began {(rec.start_ns - asked) / 1e9:.0f} s after the --since asked: "
+                          "older samples were no longer held")
+        if not rec.stacks:
+            what = f"process {args.pid}" if args.pid is not None else cmd[0]
+            self.warn(f"nothing was recorded: the daemon saw {what} on no CPU in {rec.windows} window(s)")
+        self._write(args, fmt, profile)
+        if rec.broken:
+            return rc if cmd and rc else 1
+        if interrupted and not cmd:
+            return 130
+        return rc
 
     # -- mixed mode ---------------------------------------------------------
     def _bpf_sampler(self, rate: int, python: bool, unwind: bool = True, *,

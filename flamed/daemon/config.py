@@ -64,6 +64,11 @@ class SamplingConfig:
     stack_depth: int = 127
     #: Capacity of each generation of the counts map (unique keys between two drains).
     counts_map_size: int = 65536
+    #: Nice value (-20..19) every thread of the daemon takes once it is ready.  Start-up
+    #: (compiling and verifying the BPF program, ~2 s of CPU) runs at the nice the daemon
+    #: was started with, so that a host full of busy processes does not starve it; a
+    #: value below that start nice needs CAP_SYS_NICE (without it, a warning).
+    nice: int = 5
     #: Read a process's memory map as soon as it is first sampled, so processes
     #: that exit before the next drain still get their user frames named.
     prime_new_processes: bool = True
@@ -302,6 +307,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "sampling.counts_map_size": (64, 1 << 24),
     "sampling.prime_rate": (1, 1_000_000),
     "sampling.python_depth": (8, 512),
+    "sampling.nice": (-20, 19),
     "sampling.python_stack_map_size": (16, 1 << 20),
     "sampling.unwind_depth": (8, 127),
     "sampling.unwind_rows": (1024, 1 << 26),

@@ -52,6 +52,28 @@ def _default_factory(cfg: DaemonConfig) -> Sampler:
     return make_sampler(cfg.sampling, cfg.output.state_dir)
 
 
+
+def set_nice(nice: int, task_dir: str = "/proc/self/task") -> None:
+    """Every thread of this process to ``nice`` (Linux keeps it per thread;
+    threads started later inherit their creator's).  Called once the daemon is
+    ready: start-up keeps the nice it was started with."""
+    failed: list[str] = []
+    try:
+        tids = [int(t) for t in os.listdir(task_dir)]
+    except OSError as e:
+        log.warning("cannot list the daemon's threads (%s): sampling.nice %d not applied", e.strerror, nice)
+        return
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except ProcessLookupError:
+            continue  # the thread ended meanwhile
+        except OSError as e:
+            failed.append(f"{tid}: {e.strerror}")
+    if failed:
+        log.warning("sampling.nice %d not applied to %d thread(s) (%s); lowering the nice value below the "
+                    "one the daemon started with needs CAP_SYS_NICE", nice, len(failed), "; ".join(failed[:3]))
+
 class Daemon:
     def __init__(
         self,
@@ -203,6 +225,7 @@ class Daemon:
             startup[k] = round(v, 3)
             self.metrics.startup_seconds.labels(part=k.removesuffix("_s")).set(v)
         self.loop.last_drain_ns = self.started_ns
+        set_nice(cfg.sampling.nice)
         self.ready.set()
         self.notifier.ready(self.loop.status_line())
         log.info("flamed %s sampling at %d Hz, drain every %g s, files every %g s in %s",

@@ -134,11 +134,14 @@ class RequestHandlers:
             windows, _t0, _t1 = self._next_windows(req.next, req.kind)
         else:
             now = self.clock_ns()
-            if now - self.loop.last_drain_ns > self.spacing_ns:
+            if req.drain and now - self.loop.last_drain_ns > self.spacing_ns:
                 self.loop.request_drain()
                 self._wait_ring(now - self.spacing_ns)
-            assert req.seconds is not None
-            windows = self.ring.since(self.clock_ns() - int(req.seconds * 1e9), kind=req.kind)
+            if req.since_ns is not None:
+                windows = self.ring.since(req.since_ns, kind=req.kind)
+            else:
+                assert req.seconds is not None
+                windows = self.ring.since(self.clock_ns() - int(req.seconds * 1e9), kind=req.kind)
         flt = SnapshotFilter(req)
         counts: dict[CountKey, int] = {}
         samples = 0
@@ -183,6 +186,8 @@ class RequestHandlers:
             "samples_all_tasks": samples,
             "lost": dict(sorted(lost.items())),
             "sample_rate": profile.sample_rate,
+            # Where the ring begins now: a since_ns before it lost what was evicted.
+            "ring_start_ns": self.ring.oldest_start_ns(req.kind),
             "length": len(payload),
         }
         return header, payload

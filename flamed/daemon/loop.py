@@ -195,6 +195,7 @@ class DrainLoop:
                 self.sampler_stats.take(stats_fn())
             except (AttributeError, TypeError, ValueError):
                 pass
+            self._warn_full_maps(window)
         for p in self.processors:
             try:
                 if final:
@@ -250,6 +251,17 @@ class DrainLoop:
         nw, ns = self.ring.stats()
         m.ring_windows.set(nw)
         m.ring_stacks.set(ns)
+
+    def _warn_full_maps(self, window: Window) -> None:
+        """Name the setting of a program map found full (Python or unwound stacks lost)."""
+        full = self.sampler_stats.new_full
+        if not full:
+            return
+        sc = self.config.sampling
+        settings = {"sampling.python_stack_map_size": sc.python_stack_map_size,
+                    "sampling.unwind_stack_map_size": sc.unwind_stack_map_size}
+        for advice in self._losses.advise_maps(full, window.samples, settings):
+            log.log(advice.level, "%s", advice.message)
 
     def _warn_losses(self, window: Window, counts: Mapping[CountKey, int]) -> None:
         """Say what the window lost and only what would cure it (flamed/daemon/losses.py)."""

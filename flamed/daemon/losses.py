@@ -14,6 +14,11 @@ Each loss reason has its own cure, and only the cure is advised:
   than ``collision_share`` of a window's samples is it a warning (as often as
   a full map), and then a larger map is what lowers the share.
 
+* ``python_stack_map_size`` / ``unwind_stack_map_size`` -- the program's map
+  of Python stacks (or of unwound native stacks) was full: those samples kept
+  their other frames but lost their Python frames (or fell back to the
+  frame-pointer stack).  Raise the setting named.
+
 Every message says what was lost: samples, their share of the window, and how
 many stacks of the window show the placeholder instead of frames.
 """
@@ -126,4 +131,27 @@ class LossAdvisor:
                 out.append(Advice(logging.INFO, (
                     f"{what}; expected below {o.collision_share:.0%} for a stack map of {size} entries "
                     f"(reported at most once every {o.collision_interval / 60:g} min)")))
+        return out
+
+    #: What each map's samples lose when it is full.
+    _MAP_LOSS = {
+        "sampling.python_stack_map_size": ("the BPF map of Python stacks", "kept their native and kernel frames "
+                                           "but lost their Python frames"),
+        "sampling.unwind_stack_map_size": ("the BPF map of unwound native stacks", "fell back to their "
+                                           "frame-pointer stack (callers missing where there are no frame "
+                                           "pointers)"),
+    }
+
+    def advise_maps(self, full: Mapping[str, int], samples: int, settings: Mapping[str, object]) -> list[Advice]:
+        """Log lines for maps of the program found full in the last window: ``full`` is
+        samples by the setting that sizes the map, ``settings`` the current values."""
+        out: list[Advice] = []
+        now = self.clock()
+        for setting, n in sorted(full.items()):
+            if n <= 0 or not self._due(setting, self.options.warn_interval, now):
+                continue
+            what, loss = self._MAP_LOSS.get(setting, ("a BPF map", "lost frames"))
+            out.append(Advice(logging.WARNING, (
+                f"{what} is full: {n} samples ({_share(n, samples)} of the last window's {samples}) {loss}; "
+                f"raise {setting} (now {settings.get(setting, '?')})")))
         return out

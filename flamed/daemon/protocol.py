@@ -48,6 +48,8 @@ class ProtocolError(Exception):
 class SnapshotRequest:
     seconds: float | None = None  # the last N seconds (from the ring)
     next: float | None = None  # the next N seconds (waits)
+    since_ns: int | None = None  # the windows that end after this time (ns since the epoch)
+    drain: bool = True  # with since_ns: drain first (else only what is in the ring)
     pids: frozenset[int] | None = None
     tids: frozenset[int] | None = None
     comm: str | None = None
@@ -72,7 +74,7 @@ class Request:
 
 
 _FIELDS = {
-    "snapshot": {"request", "seconds", "next", "pid", "tgid", "tid", "comm", "frame", "exclude_frame",
+    "snapshot": {"request", "seconds", "next", "since_ns", "drain", "pid", "tgid", "tid", "comm", "frame", "exclude_frame",
                  "frames", "root", "format", "title", "kind", *IDENTITY_FIELDS},
     "status": {"request"},
     "flush": {"request"},
@@ -110,9 +112,19 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
 
     seconds = _number(obj, "seconds")
     nxt = _number(obj, "next")
-    if seconds is not None and nxt is not None:
-        raise ProtocolError("give either 'seconds' (the last N seconds) or 'next' (the next N seconds), not both")
-    if seconds is None and nxt is None:
+    since_ns = obj.get("since_ns")
+    if since_ns is not None and (isinstance(since_ns, bool) or not isinstance(since_ns, int)
+                                 or not 0 <= since_ns < 1 << 63):
+        raise ProtocolError("field 'since_ns' must be an integer: nanoseconds since the epoch")
+    drain = obj.get("drain", True)
+    if not isinstance(drain, bool):
+        raise ProtocolError("field 'drain' must be true or false")
+    if sum(x is not None for x in (seconds, nxt, since_ns)) > 1:
+        raise ProtocolError("give one of 'seconds' (the last N seconds), 'next' (the next N seconds) or "
+                            "'since_ns' (the windows that end after that time)")
+    if "drain" in obj and since_ns is None:
+        raise ProtocolError("field 'drain' goes with 'since_ns' only")
+    if seconds is None and nxt is None and since_ns is None:
         seconds = default_seconds
     if nxt is not None and nxt > max_next:
         raise ProtocolError(f"'next' is {nxt:g} s; the daemon allows at most {max_next:g} s (snapshot.max_next_seconds)")
@@ -151,6 +163,8 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
         SnapshotRequest(
             seconds=seconds,
             next=nxt,
+            since_ns=since_ns,
+            drain=drain,
             pids=pids,
             tids=_ids(obj, "tid"),
             comm=_regex(obj, "comm"),

@@ -90,6 +90,11 @@ class WindowRing:
             self._stacks -= len(w.counts)
             self.evicted += 1
 
+    def oldest_start_ns(self, kind: str = "cpu") -> int | None:
+        """Start of the oldest window of ``kind`` held (None: none)."""
+        with self._cond:
+            return next((w.start_ns for w in self._windows if w.kind == kind), None)
+
     def since(self, start_ns: int, end_ns: int | None = None, *, kind: str = "cpu") -> list[RingWindow]:
         """Windows of ``kind`` that end after ``start_ns`` (and start before ``end_ns``), oldest first."""
         with self._cond:

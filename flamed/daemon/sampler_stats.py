@@ -36,10 +36,14 @@ class SamplerAccounting:
         self.last: Any = None  # the sampler's stats() as of the last drain
         self._retired = 0  # BPF samples counted by samplers replaced on reload
         self._seen: dict[str, int] = {}  # the sampler's cumulative totals already counted
+        #: Samples that found a map of the program full since the last drain, by the setting
+        #: that sizes that map (Python frames or unwound stacks dropped: flamed/daemon/losses.py).
+        self.new_full: dict[str, int] = {}
 
     def take(self, st: Any) -> None:
         """One drain's stats into the metrics; raises AttributeError, TypeError or ValueError on odd ones."""
         self.last = st  # for the status: the sampler's lock is held during drains
+        self.new_full = {}
         m = self.metrics
         m.symbolize_duration.observe(float(st.last_symbolize_seconds))
         m.map_fill.labels(map="counts").set(float(st.count_map_fill))
@@ -63,8 +67,10 @@ class SamplerAccounting:
         if not isinstance(totals, dict):
             return
         for result, name in _PYTHON_RESULTS:
-            self._advance(self.metrics.python_bpf_samples.labels(result=result), "py:" + result,
-                          int(totals.get(name, 0)))
+            n = self._advance(self.metrics.python_bpf_samples.labels(result=result), "py:" + result,
+                              int(totals.get(name, 0)))
+            if result == "stacks_full" and n:
+                self.new_full["sampling.python_stack_map_size"] = n
 
     def _count_offcpu(self, st: Any) -> None:
         totals = getattr(st, "offcpu_total", None)
@@ -85,7 +91,9 @@ class SamplerAccounting:
             return
         m = self.metrics
         for result, name in _UNWIND_RESULTS:
-            self._advance(m.unwind_stacks.labels(result=result), "uw:" + result, int(totals.get(name, 0)))
+            n = self._advance(m.unwind_stacks.labels(result=result), "uw:" + result, int(totals.get(name, 0)))
+            if result == "stacks_full" and n:
+                self.new_full["sampling.unwind_stack_map_size"] = n
         self._advance(m.unwind_fp_frames, "uw:fp", int(totals.get("UW_FP_FRAMES", 0)))
         u = getattr(st, "unwind", None)
         if u is None:
@@ -99,11 +107,14 @@ class SamplerAccounting:
         self._advance(m.unwind_built.labels(source="built"), "uwb:built", int(u.tables_built))
         self._advance(m.unwind_built.labels(source="cache"), "uwb:cache", int(u.tables_cached))
 
-    def _advance(self, counter: Any, key: str, v: int) -> None:
-        """Advance ``counter`` to a cumulative total (a new sampler after a reload starts again from 0)."""
+    def _advance(self, counter: Any, key: str, v: int) -> int:
+        """Advance ``counter`` to a cumulative total (a new sampler after a reload starts again
+        from 0); what it advanced by."""
         last = self._seen.get(key, 0)
-        counter.inc(v - last if v >= last else v)
+        n = v - last if v >= last else v
+        counter.inc(n)
         self._seen[key] = v
+        return n
 
     def bpf_samples_total(self, st: Any) -> int | None:
         """Samples the BPF program(s) counted since start (its never-reset counter), if ``st`` tells."""

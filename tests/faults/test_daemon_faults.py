@@ -339,6 +339,42 @@ def test_bpf_map_pressure_counts_losses_and_names_the_setting(require_bpf: None,
                                    "mean_drain_s": dur_sum / drains, "samples_written": tot["weight"]})
 
 
+#: Python with many distinct stacks: 30 functions (distinct code objects) calling
+#: each other at random, 5 deep.
+MANY_PY_STACKS = """
+import random
+def make(i):
+    def f(d):
+        if d == 0:
+            return sum(range(3000))
+        return FUNCS[random.randrange(len(FUNCS))](d - 1)
+    f.__code__ = f.__code__.replace(co_name=f"f{i}")
+    return f
+FUNCS = [make(i) for i in range(30)]
+while True:
+    FUNCS[0](5)
+"""
+
+
+def test_a_full_python_stack_map_names_its_setting(require_bpf: None, daemon_factory: Any) -> None:
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", MANY_PY_STACKS], start_new_session=True)
+    try:
+        d = daemon_factory(sampling={"frequency": 199, "drain_interval": 1.0, "python_stack_map_size": 16},
+                           processors__python={"enabled": True, "source": "bpf"})
+        d.wait_for(lambda: "raise sampling.python_stack_map_size" in d.log(), 60,
+                   "the warning naming sampling.python_stack_map_size")
+        text = d.metrics_text()
+        assert p.poll() is None, "the workload died"
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+    line = next(ln for ln in d.log().splitlines() if "raise sampling.python_stack_map_size" in ln)
+    assert "the BPF map of Python stacks is full" in line and "(now 16)" in line, line
+    assert metric_value(text, "flamed_python_bpf_samples_total", {"result": "stacks_full"}) > 0
+
+
 # ---------------------------------------------------------------------------
 # Config errors on SIGHUP
 

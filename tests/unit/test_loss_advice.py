@@ -111,3 +111,20 @@ def test_one_collision_in_a_short_window_is_no_warning() -> None:
     out = a.advise(18, {"user_stack_eexist": 1}, {"EEXIST": 1, "ENOMEM": 0}, SETTINGS)
     assert [x.level for x in out] == [logging.INFO]
     assert "raise" not in out[0].message and "larger" not in out[0].message
+
+
+def test_a_full_python_or_unwind_map_names_its_setting_once_a_minute() -> None:
+    a, c = advisor()
+    settings = {"sampling.python_stack_map_size": 16, "sampling.unwind_stack_map_size": 8192}
+    out = a.advise_maps({"sampling.python_stack_map_size": 120}, 400, settings)
+    assert len(out) == 1 and out[0].level == logging.WARNING
+    assert "120 samples (30.0% of the last window's 400)" in out[0].message
+    assert "lost their Python frames" in out[0].message
+    assert "raise sampling.python_stack_map_size (now 16)" in out[0].message
+    # the same map again within the minute: quiet; the other map: its own line
+    out = a.advise_maps({"sampling.python_stack_map_size": 5, "sampling.unwind_stack_map_size": 3}, 400, settings)
+    assert [m.message.split(" is full")[0] for m in out] == ["the BPF map of unwound native stacks"]
+    assert "raise sampling.unwind_stack_map_size (now 8192)" in out[0].message
+    c.t += 61
+    assert len(a.advise_maps({"sampling.python_stack_map_size": 1}, 10, settings)) == 1
+    assert a.advise_maps({}, 10, settings) == []

@@ -1,0 +1,199 @@
+"""``flamed record`` through a running daemon (docs/daemon.md, "record through the daemon").
+
+The daemon already samples every process, reads Python frames in BPF, unwinds
+and symbolizes, with all of it compiled and warm: ``record`` then only starts
+the command (or names the pid), asks the daemon over the control socket for
+the target's windows as they are drained (``since_ns`` snapshots), and writes
+them out when the target exits or the duration ends.  The target starts at
+once (no BPF compile), and ``--since`` reaches back into the daemon's ring, to
+before the command was typed.
+
+The daemon decides who may ask (root, ``control.allowed_users`` and
+``control.allowed_groups``: docs/protocol.md), and it samples at its own rate.
+What was received is kept: if the daemon goes away mid-record, the profile
+written holds the windows received until then and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flamed.daemon.client import DaemonError, request
+from flamed.errors import FlamedError, UsageError
+from flamed.folded import read_folded
+from flamed.model import Profile, Stack
+
+log = logging.getLogger("flamed.record")
+
+#: Seconds between two requests for what the daemon drained meanwhile (no drain is forced).
+POLL_S = 1.0
+#: How long each request may take (a forced drain waits for the daemon's loop).
+REQUEST_TIMEOUT_S = 30.0
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+
+
+def parse_since(text: str) -> float:
+    """``--since``: a duration such as ``60s``, ``5m``, ``1.5h`` or ``90`` (seconds)."""
+    m = _DURATION.match(text)
+    if not m:
+        raise UsageError(f"--since {text!r}: expected a duration such as 60s, 5m or 1h")
+    scale = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}[m[2] or "s"]
+    return float(m[1]) * scale
+
+
+class DaemonAbsent(Exception):
+    """No daemon answers on the socket: record samples by itself."""
+
+
+@dataclass
+class DaemonRecording:
+    """What came back from the daemon so far."""
+
+    socket: str
+    stacks: dict[Stack, float] = field(default_factory=dict)
+    start_ns: int | None = None
+    end_ns: int | None = None
+    windows: int = 0
+    sample_rate: float | None = None
+    lost: dict[str, int] = field(default_factory=dict)
+    #: Why the recording stopped early ("" when it did not).
+    broken: str = ""
+
+    def add(self, head: dict[str, Any], payload: bytes) -> None:
+        if not head.get("windows"):
+            return
+        prof = read_folded(io.BytesIO(payload), source="daemon")
+        for stack, w in prof.stacks.items():
+            self.stacks[stack] = self.stacks.get(stack, 0) + w
+        if self.start_ns is None:
+            self.start_ns = head.get("start_ns")
+        self.end_ns = head.get("end_ns")
+        self.windows += int(head["windows"])
+        if head.get("sample_rate"):
+            self.sample_rate = float(head["sample_rate"])
+        for r, n in (head.get("lost") or {}).items():
+            self.lost[r] = self.lost.get(r, 0) + int(n)
+
+    def profile(self) -> Profile:
+        p = Profile(dict(self.stacks), start_ns=self.start_ns, end_ns=self.end_ns, sample_rate=self.sample_rate,
+                    labels={"unit": "samples", "source": f"flamed record through the daemon at {self.socket}"})
+        return p
+
+
+def probe(socket_path: str) -> dict[str, Any]:
+    """The daemon's status; DaemonAbsent when nothing answers there, FlamedError
+    when one answers but will not serve this user."""
+    try:
+        os.stat(socket_path)
+    except PermissionError:
+        raise FlamedError(f"the daemon's socket {socket_path} is not reachable by this user (permission denied "
+                          "on its directory): run as root or as a member of the 'flamed' group") from None
+    except OSError:
+        raise DaemonAbsent(f"no socket at {socket_path}") from None
+    try:
+        head = request(socket_path, {"request": "status"}, timeout=5.0)
+    except DaemonError as e:
+        if e.code == "denied":
+            raise FlamedError(
+                f"the daemon at {socket_path} does not serve this user ({e}): run as root, or be added to its "
+                "control.allowed_users or control.allowed_groups (docs/protocol.md); --no-daemon records "
+                "without it (as root)") from None
+        raise
+    except FlamedError as e:
+        msg = str(e)
+        if "permission denied" in msg:
+            raise FlamedError(
+                f"the daemon's socket {socket_path} is not open to this user (permission denied): run as root "
+                "or as a member of the 'flamed' group; --no-daemon records without it (as root)") from None
+        raise DaemonAbsent(msg) from None
+    status = head.get("status")
+    if not isinstance(status, dict):
+        raise DaemonAbsent("the daemon's status answer has no status")
+    return status
+
+
+def _poll(rec: DaemonRecording, since_ns: int, pids: list[int], root: str, *, drain: bool) -> int:
+    """One request: the windows that end after ``since_ns``; the new cursor."""
+    buf = io.BytesIO()
+    head = request(rec.socket, {"request": "snapshot", "since_ns": since_ns, "drain": drain, "pid": pids,
+                                "format": "folded", "root": root}, buf, timeout=REQUEST_TIMEOUT_S)
+    rec.add(head, buf.getvalue())
+    end = head.get("end_ns")
+    return int(end) if head.get("windows") and isinstance(end, int) else since_ns
+
+
+def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float | None, since_s: float,
+           root: str, warn: Callable[[str], None]) -> tuple[DaemonRecording, int, bool]:
+    """Record through the daemon: the recording, the exit code (the command's, for
+    ``cmd``) and whether Ctrl-C (or SIGTERM, which the caller turns into
+    KeyboardInterrupt) ended it."""
+    rec = DaemonRecording(socket_path)
+    cursor = time.time_ns() - int(since_s * 1e9)
+    child: subprocess.Popen[bytes] | None = None
+    if cmd:
+        try:
+            child = subprocess.Popen(cmd)
+        except OSError as e:
+            raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
+        target = child.pid
+    else:
+        assert pid is not None
+        target = pid
+    deadline = time.monotonic() + duration if duration else None
+    interrupted = False
+    try:
+        next_poll = time.monotonic() + POLL_S
+        while True:
+            if child is not None and child.poll() is not None:
+                break
+            if child is None and not os.path.exists(f"/proc/{target}"):
+                break
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                break
+            if now >= next_poll:
+                try:
+                    cursor = _poll(rec, cursor, [target], root, drain=False)
+                except FlamedError as e:
+                    rec.broken = str(e)
+                    break
+                next_poll = now + POLL_S
+            time.sleep(max(0.01, min(0.1, next_poll - time.monotonic())))
+    except KeyboardInterrupt:
+        interrupted = True
+    if not rec.broken:
+        # The end: a drain puts the last samples into the ring, then they are read.
+        try:
+            cursor = _poll(rec, cursor, [target], root, drain=True)
+        except FlamedError as e:
+            rec.broken = str(e)
+        except KeyboardInterrupt:
+            interrupted = True
+    rc = 0
+    if child is not None:
+        if interrupted and child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C would
+        try:
+            code = child.wait(timeout=10 if interrupted else None)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            code = child.wait()
+        rc = 128 - code if code < 0 else code
+    if rec.broken:
+        got = (f"{int(sum(rec.stacks.values()))} samples in {rec.windows} window(s)" if rec.windows
+               else "nothing")
+        warn(f"the daemon at {socket_path} went away mid-record ({rec.broken}); the profile holds what was "
+             f"received before: {got}")
+    return rec, rc, interrupted

@@ -1,0 +1,126 @@
+"""``flamed record`` through a running daemon (flamed/commands/record_daemon.py):
+the target starts at once, its Python frames come from the daemon's BPF walker,
+the exit code is the target's; --since reaches into the daemon's ring; a user
+the daemon does not serve is refused clearly; a daemon that goes away leaves
+a valid partial profile."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from flamed.folded import read_folded
+
+WORKLOAD = """
+import sys, time
+def spin_in_here(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(i * i for i in range(500))
+spin_in_here(float(sys.argv[1]))
+sys.exit(int(sys.argv[2]))
+"""
+PY_FRAME = re.compile(r"spin_in_here \(.*:\d+\)")
+
+
+def _daemon(daemon_factory: Any, tmp_path: Path, **over: Any) -> Any:
+    return daemon_factory(sampling={"frequency": 99, "drain_interval": 1.0},
+                          processors__python={"enabled": True, "source": "bpf"}, **over)
+
+
+def _record(argv: list[str], timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "flamed", "record", *argv], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def test_record_through_the_daemon_gets_python_frames_and_the_exit_code(
+        require_bpf: None, daemon_factory: Any, tmp_path: Path) -> None:
+    d = _daemon(daemon_factory, tmp_path)
+    script = tmp_path / "w.py"
+    script.write_text(WORKLOAD)
+    out = tmp_path / "out.folded"
+    t0 = time.monotonic()
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", sys.executable, str(script), "2", "7"])
+    took = time.monotonic() - t0
+    assert r.returncode == 7, r.stderr
+    assert "recording through the daemon" in r.stderr, r.stderr
+    prof = read_folded(out.open("rb"))
+    total = sum(prof.stacks.values())
+    named = sum(w for s, w in prof.stacks.items() if any(PY_FRAME.fullmatch(f) for f in s))
+    # 2 s at 99 Hz: well over 100 samples, nearly all under the Python function
+    assert total >= 100, (total, r.stderr)
+    assert named >= 0.8 * total, (named, total)
+    assert took < 30, took  # no compile: the daemon's program is already loaded
+
+
+def test_since_reaches_back_into_the_ring(require_bpf: None, daemon_factory: Any, tmp_path: Path) -> None:
+    d = _daemon(daemon_factory, tmp_path)
+    script = tmp_path / "w.py"
+    script.write_text(WORKLOAD)
+    p = subprocess.Popen([sys.executable, str(script), "60", "0"])
+    try:
+        time.sleep(4.0)  # busy before the record begins
+        out = tmp_path / "since.folded"
+        r = _record(["--socket", d.socket_path, "-p", str(p.pid), "--since", "4s", "-d", "0.5", "-o", str(out)])
+        assert r.returncode == 0, r.stderr
+    finally:
+        p.kill()
+        p.wait()
+    total = sum(read_folded(out.open("rb")).stacks.values())
+    # 0.5 s recorded, 4 s before it from the ring: far more than 0.5 s could hold (~50)
+    assert total >= 150, (total, r.stderr)
+
+
+def test_a_user_the_daemon_does_not_serve_is_refused_clearly(
+        require_bpf: None, daemon_factory: Any, tmp_path: Path) -> None:
+    run = Path(tempfile.mkdtemp(prefix="flamed-test-run-", dir="/tmp"))
+    try:
+        run.chmod(0o755)
+        sock = run / "flamed.sock"
+        d = daemon_factory(sampling={"sampler": "fake"}, control={"socket": str(sock)})
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        args = ["-m", "flamed", "record", "--socket", str(sock), "-p", str(d.pid), "-d", "1", "-o", "/dev/null"]
+        # The file mode is the first fence ...
+        r = subprocess.run(nobody + [sys.executable, *args], capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 1, r.stderr
+        assert "not open to this user (permission denied)" in r.stderr, r.stderr
+        # ... the daemon's own check of the peer (SO_PEERCRED) the second.
+        sock.chmod(0o666)
+        r = subprocess.run(nobody + [sys.executable, *args], capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 1, r.stderr
+        assert "does not serve this user" in r.stderr and "allowed_users" in r.stderr, r.stderr
+    finally:
+        for f in run.iterdir():
+            f.unlink()
+        run.rmdir()
+
+
+def test_a_daemon_that_goes_away_leaves_a_partial_profile(
+        require_bpf: None, daemon_factory: Any, tmp_path: Path) -> None:
+    d = _daemon(daemon_factory, tmp_path)
+    script = tmp_path / "w.py"
+    script.write_text(WORKLOAD)
+    p = subprocess.Popen([sys.executable, str(script), "60", "0"])
+    out = tmp_path / "partial.folded"
+    try:
+        rec = subprocess.Popen([sys.executable, "-m", "flamed", "record", "--socket", d.socket_path, "-p",
+                                str(p.pid), "-d", "60", "-o", str(out)], stderr=subprocess.PIPE, text=True)
+        # Windows of 1 s reach the record (it asks every second) before the daemon dies.
+        time.sleep(4.0)
+        d.kill9()
+        _, err = rec.communicate(timeout=60)
+    finally:
+        p.kill()
+        p.wait()
+    assert rec.returncode == 1, err
+    assert "went away mid-record" in err and "the profile holds what was received before" in err, err
+    prof = read_folded(out.open("rb"), strict=True)  # a valid folded file ...
+    assert sum(prof.stacks.values()) >= 50, err  # ... with the windows received (~3 s at 99 Hz)
