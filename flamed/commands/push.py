@@ -13,11 +13,11 @@ from typing import Any
 
 from flamed.commands.base import Command
 from flamed.daemon.config import DEFAULT_CONFIG_PATH, PyroscopeConfig, build_options, load_config
-from flamed.daemon.pyroscope import PushError, Target, ingest_request, send
+from flamed.daemon.pyroscope import PUSH_OFFCPU_SAMPLE_TYPE, PushError, Target, ingest_request, send
 from flamed.errors import ConfigError, FlamedError, InputError, UsageError
 from flamed.folded import read_folded
 from flamed.model import Profile, parse_task_frame
-from flamed.outputs.pprof import LabelledSample, write_pprof
+from flamed.outputs.pprof import LabelledSample, to_proto, write_pprof
 
 #: Attempts per file when the server fails in a way a retry may cure.
 ATTEMPTS = 4
@@ -59,9 +59,11 @@ class PushCommand(Command):
         failed = 0
         for e in files:
             target = Target.from_config(cfg, e["host"])
+            if e["kind"] == "offcpu":
+                target = dataclasses.replace(target, format="pprof")  # off-CPU time goes as pprof only
             body = _body(target.format, e)
             req = ingest_request(target, start_ns=e["start_ns"], end_ns=e["end_ns"],
-                                 sample_rate=e["sample_rate"], body=body)
+                                 sample_rate=e["sample_rate"], body=body, kind=e["kind"])
             for attempt in range(ATTEMPTS):
                 try:
                     send(target, req)
@@ -125,7 +127,8 @@ def _read_file(path: str) -> dict[str, Any]:
     rate = meta.get("sample_rate")
     return {"path": path, "data": data, "start_ns": start, "end_ns": end,
             "sample_rate": float(rate) if isinstance(rate, (int, float)) else None,
-            "host": str(meta.get("host") or "localhost")}
+            "host": str(meta.get("host") or "localhost"),
+            "kind": "offcpu" if meta.get("kind") == "offcpu" else "cpu"}
 
 
 def _body(fmt: str, e: dict[str, Any]) -> bytes:
@@ -135,8 +138,10 @@ def _body(fmt: str, e: dict[str, Any]) -> bytes:
         prof = read_folded(io.BytesIO(e["data"]), source=e["path"])
     except FlamedError:
         raise
-    p = Profile(start_ns=e["start_ns"], end_ns=e["end_ns"], sample_rate=e["sample_rate"],
-                labels={"host": e["host"], "unit": "samples"})
+    offcpu = e["kind"] == "offcpu"
+    p = Profile(start_ns=e["start_ns"], end_ns=e["end_ns"], sample_rate=None if offcpu else e["sample_rate"],
+                labels={"host": e["host"], **({"unit": "microseconds", "kind": "off_cpu"} if offcpu
+                                              else {"unit": "samples"})})
     samples: list[LabelledSample] = []
     for stack, w in prof.sorted_items():
         task = parse_task_frame(stack[0]) if stack else None
@@ -147,6 +152,12 @@ def _body(fmt: str, e: dict[str, Any]) -> bytes:
             if task.tid is not None:
                 labels["thread"] = str(task.tid)
         samples.append((stack, w, labels))
+    if offcpu:
+        # Microseconds of the file as nanoseconds, sample type named as the daemon pushes it.
+        msg = to_proto(p, samples)
+        for vt in msg.sample_type:
+            msg.string_table[vt.type] = PUSH_OFFCPU_SAMPLE_TYPE
+        return gzip.compress(msg.SerializeToString(deterministic=True), compresslevel=6, mtime=0)
     buf = io.BytesIO()
     write_pprof(p, buf, samples)
     return buf.getvalue()

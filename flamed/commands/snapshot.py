@@ -24,6 +24,7 @@ class SnapshotCommand(Command):
       flamed snapshot --frame 'ext4_' --frames kernel --format folded
       flamed snapshot --unit nginx.service --root unit,pid
       flamed snapshot --container 3f2a9c1b --format pprof -o web.pb.gz
+      flamed snapshot --kind offcpu --seconds 30 -o waits.svg   # [sampling] off_cpu = true
       flamed snapshot --flush             # close the current file now
     """
 
@@ -35,6 +36,9 @@ class SnapshotCommand(Command):
         when = parser.add_mutually_exclusive_group()
         when.add_argument("--seconds", metavar="N", type=float, help="the last N seconds, from memory (default 60)")
         when.add_argument("--next", metavar="N", type=float, help="the next N seconds (waits)")
+        parser.add_argument("--kind", choices=("cpu", "offcpu"), default="cpu",
+                            help="cpu: CPU samples (default); offcpu: time off the CPU, in microseconds "
+                                 "(nanoseconds in pprof), from a daemon with [sampling] off_cpu = true")
         parser.add_argument("--pid", metavar="PID", type=int, action="append", help="only this process (repeatable)")
         parser.add_argument("--tid", metavar="TID", type=int, action="append", help="only this thread (repeatable)")
         parser.add_argument("--comm", metavar="REGEX", help="only tasks whose comm matches")
@@ -71,6 +75,8 @@ class SnapshotCommand(Command):
         if fmt is None and args.output and args.output != "-":
             fmt = outputs.choose(None, args.output).name
         req: dict[str, Any] = {"request": "snapshot", "format": fmt or "folded", "frames": args.frames}
+        if args.kind != "cpu":
+            req["kind"] = args.kind  # a daemon without the field refuses it, rather than answer CPU samples
         for key in ("seconds", "next", "comm", "frame", "title", "root"):
             v = getattr(args, key)
             if v is not None:
@@ -89,7 +95,8 @@ class SnapshotCommand(Command):
         with open_output(args.output) as out:
             head = request(args.socket, req, out, timeout=args.timeout)
         if head.get("stacks") == 0:
-            self.warn("no samples matched (check the filters, or wait for the first drain)")
+            what = "no off-CPU time" if args.kind == "offcpu" else "no samples"
+            self.warn(f"{what} matched (check the filters, or wait for the first drain)")
         return 0
 
 

@@ -51,6 +51,7 @@ class StatusCommand(Command):
                           f"socket {st.get('socket')}"),
             ("metrics", f"http://{st['metrics']}/metrics" if st.get("metrics") else "off"),
             ("pprof", f"http://{st['metrics']}/debug/pprof/profile?seconds=N" if st.get("pprof") else "off"),
+            ("off-cpu", _offcpu_row(st.get("offcpu"), st.get("metrics") if st.get("pprof") else None)),
             ("push", _push_row(st.get("push"))),
             ("unwind", _unwind_row(st.get("unwind"))),
             ("start-up", _startup_row(st.get("startup"))),
@@ -100,6 +101,16 @@ def _memory_row(mem: dict[str, int] | None) -> str:
 
     return (f"{mb('rss')} resident: {mb('anon')} anonymous (heap, caches), {mb('compiler')} LLVM/clang, "
             f"{mb('files')} other files; BPF maps {mb('bpf_maps')} (kernel)")
+
+
+def _offcpu_row(off: dict[str, Any] | None, pprof: str | None) -> str:
+    if not off or not off.get("enabled"):
+        return "off ([sampling] off_cpu = false)"
+    row = (f"{off['seconds']:.1f} s recorded (waits of {off['min_us']} us or more, one switch in {off['every']}); "
+           f"latest {off.get('latest') or '-'}")
+    if pprof:
+        row += f"; http://{pprof}/debug/pprof/offcpu?seconds=N"
+    return row
 
 
 def _push_row(push: dict[str, Any] | None) -> str:

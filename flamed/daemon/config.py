@@ -98,6 +98,16 @@ class SamplingConfig:
     #: Where built tables are kept by build id, shared by every flamed on the host
     #: (a table is rebuilt when missing).
     unwind_cache_dir: str = "/var/cache/flamed/unwind"
+    #: Also record off-CPU time: how long each task waited off the CPU, and in
+    #: which stack (docs/offcpu.md; its cost grows with context switches).  Each
+    #: window then gives a second profile, in separate files (offcpu-HOST-...).
+    off_cpu: bool = False
+    #: Shortest wait counted, in microseconds (shorter ones are only counted in
+    #: flamed_offcpu_waits_total{result="below_threshold"}).
+    off_cpu_min_us: int = 1000
+    #: Follow one switch off the CPU in N, at random, and count its wait N times
+    #: (1: every one); cuts the cost on hosts with many context switches.
+    off_cpu_every: int = 1
 
 
 @dataclass(frozen=True)
@@ -302,6 +312,8 @@ _RANGES: dict[str, tuple[float, float]] = {
     "sampling.unwind_depth": (8, 127),
     "sampling.unwind_rows": (1024, 1 << 26),
     "sampling.unwind_stack_map_size": (16, 1 << 20),
+    "sampling.off_cpu_min_us": (0, 3_600_000_000),
+    "sampling.off_cpu_every": (1, 1 << 22),
     "output.rotate_interval": (0.05, 86400),
     "output.backlog_max_bytes": (0, 1 << 40),
     "retention.max_files": (0, 1 << 31),

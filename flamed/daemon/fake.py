@@ -5,12 +5,15 @@ contract exactly: every drain returns what "was sampled" since the previous
 drain, exactly once -- ``frequency`` samples per second per fake CPU spread
 round-robin over a fixed set of tasks and stacks -- and ``produced`` is the
 total it ever handed out, the analogue of the BPF program's own counter.
+With ``offcpu`` it also invents off-CPU time (``Window.offcpu``, ns): fixed
+shares of each window's wall time in :data:`OFFCPU_STACKS`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from flamed.errors import CapabilityError
 from flamed.model import Stack
@@ -26,6 +29,22 @@ DEFAULT_STACKS: tuple[CountKey, ...] = (
 )
 
 
+#: (task and stack, share of the window's wall time spent off the CPU there).
+OFFCPU_STACKS: tuple[tuple[CountKey, float], ...] = (
+    ((777, 777, "fake-idle", ("_start", "poll", "entry_SYSCALL_64_[k]", "do_sys_poll_[k]", "schedule_[k]",
+                              "[off-cpu: blocked]")), 0.75),
+    ((4242, 4243, "fake-busy", ("_start", "main", "write_out", "write", "entry_SYSCALL_64_[k]",
+                                "[off-cpu: preempted]")), 0.125),
+)
+
+
+@dataclass(frozen=True)
+class FakeOptions:
+    """What the loop reads of a sampler's options (BpfSamplerOptions has the same field)."""
+
+    offcpu: bool = False
+
+
 class FakeSampler:
     def __init__(
         self,
@@ -36,7 +55,9 @@ class FakeSampler:
         clock_ns: Callable[[], int] = time.time_ns,
         fail_start: str | None = None,
         fail_drain: Exception | None = None,
+        offcpu: bool = False,
     ) -> None:
+        self.options = FakeOptions(offcpu=offcpu)
         self.frequency = frequency
         self.cpus = cpus
         self.stacks = stacks
@@ -81,6 +102,9 @@ class FakeSampler:
                 key = (tgid, tid, comm, stack)
                 w.counts[key] = w.counts.get(key, 0) + 1
         w.samples = n
+        if self.options.offcpu:
+            for key, share in OFFCPU_STACKS:
+                w.offcpu[key] = int((now - start) * share)
         self.produced += n
         self.drains += 1
         return w

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 from flamed import outputs
 from flamed.daemon.config import DaemonConfig
 from flamed.daemon.control import Peer
-from flamed.daemon.fleet import labelled_pprof, merged_identities, windows_pprof
-from flamed.daemon.metrics import DaemonMetrics
+from flamed.daemon.fleet import OFFCPU_LABELS, labelled_pprof, merged_identities, windows_pprof
+from flamed.daemon.metrics import DaemonMetrics, NotRecordedError
 from flamed.daemon.protocol import (
     ProtocolError,
     SnapshotFilter,
@@ -29,12 +29,15 @@ from flamed.daemon.protocol import (
     parse_request,
 )
 from flamed.daemon.ring import RingWindow, WindowRing
-from flamed.daemon.store import ProfileStore
+from flamed.daemon.store import ProfileStore, ns_to_us
 from flamed.errors import FlamedError
 from flamed.outputs import OutputOptions
 from flamed.sampling.contract import CountKey, counts_to_profile
 
 log = logging.getLogger("flamed.daemon")
+
+_NOT_RECORDED = ("this daemon does not record off-CPU time: set off_cpu = true in [sampling] and reload it "
+                 "(docs/offcpu.md)")
 
 
 class LoopRequests(Protocol):
@@ -49,6 +52,8 @@ class LoopRequests(Protocol):
     def request_drain(self) -> None: ...
 
     def request_flush(self) -> str | None: ...
+
+    def offcpu_enabled(self) -> bool: ...
 
 
 class RequestHandlers:
@@ -109,26 +114,34 @@ class RequestHandlers:
         for i in range(0, len(view), 1 << 18):
             yield bytes(view[i: i + (1 << 18)])
 
-    def pprof_profile(self, seconds: float) -> bytes:
-        """``/debug/pprof/profile?seconds=N``: the samples of the next N seconds (an HTTP thread waits)."""
-        windows, _t0, _t1 = self._next_windows(seconds)
+    def pprof_profile(self, seconds: float, kind: str = "cpu") -> bytes:
+        """``/debug/pprof/profile?seconds=N``: the samples of the next N seconds (an HTTP thread waits);
+        ``kind="offcpu"`` (``/debug/pprof/offcpu``): the time off the CPU, in nanoseconds."""
+        if kind == "offcpu" and not self.loop.offcpu_enabled():
+            raise NotRecordedError(_NOT_RECORDED)
+        windows, t0, t1 = self._next_windows(seconds, kind)
         if not windows and self.stopping.is_set():
             raise FlamedError("the daemon is stopping; retry when it is back")
-        return windows_pprof(windows, root=self.loop.config.output.root_frame, host=self.store.host)
+        empty = kind == "offcpu" and not windows  # nothing waited: the span asked for, no samples
+        return windows_pprof(windows, root=self.loop.config.output.root_frame, host=self.store.host, kind=kind,
+                             start_ns=t0 if empty else None, end_ns=t1 if empty else None)
 
     def snapshot(self, req: SnapshotRequest) -> tuple[dict[str, Any], bytes]:
+        offcpu = req.kind == "offcpu"
+        if offcpu and not self.loop.offcpu_enabled():
+            raise ProtocolError(_NOT_RECORDED, "not_recorded")
         if req.next is not None:
-            windows, _t0, _t1 = self._next_windows(req.next)
+            windows, _t0, _t1 = self._next_windows(req.next, req.kind)
         else:
             now = self.clock_ns()
             if req.drain and now - self.loop.last_drain_ns > self.spacing_ns:
                 self.loop.request_drain()
                 self._wait_ring(now - self.spacing_ns)
             if req.since_ns is not None:
-                windows = self.ring.since(req.since_ns)
+                windows = self.ring.since(req.since_ns, kind=req.kind)
             else:
                 assert req.seconds is not None
-                windows = self.ring.since(self.clock_ns() - int(req.seconds * 1e9))
+                windows = self.ring.since(self.clock_ns() - int(req.seconds * 1e9), kind=req.kind)
         flt = SnapshotFilter(req)
         counts: dict[CountKey, int] = {}
         samples = 0
@@ -145,14 +158,18 @@ class RequestHandlers:
             req.root,
             start_ns=windows[0].start_ns if windows else None,
             end_ns=windows[-1].end_ns if windows else None,
-            sample_rate=rates.pop() if len(rates) == 1 else None,
-            labels={"host": self.store.host, "unit": "samples"},
+            sample_rate=None if offcpu else rates.pop() if len(rates) == 1 else None,
+            labels={"host": self.store.host, **(OFFCPU_LABELS if offcpu else {"unit": "samples"})},
             identities=identities,
         )
         if req.format == "pprof":
             # Labelled per sample (task, service, container...), as the pull endpoint.
             payload = labelled_pprof(profile, counts, identities, root=req.root, host=self.store.host)
         else:
+            if offcpu:
+                # Microseconds, as the files and `flamed record --mode offcpu` write them.
+                profile.stacks = ns_to_us(profile.stacks)
+                profile.labels["unit"] = "microseconds"
             buf = io.BytesIO()
             outputs.get(req.format).write(profile, buf, OutputOptions(title=req.title))
             payload = buf.getvalue()
@@ -163,12 +180,14 @@ class RequestHandlers:
             "end_ns": profile.end_ns,
             "windows": len(windows),
             "stacks": len(profile),
+            "kind": req.kind,
+            "unit": profile.labels["unit"] if req.format != "pprof" else "nanoseconds" if offcpu else "samples",
             "weight": profile.total(),
             "samples_all_tasks": samples,
             "lost": dict(sorted(lost.items())),
             "sample_rate": profile.sample_rate,
             # Where the ring begins now: a since_ns before it lost what was evicted.
-            "ring_start_ns": self.ring.oldest_start_ns(),
+            "ring_start_ns": self.ring.oldest_start_ns(req.kind),
             "length": len(payload),
         }
         return header, payload
@@ -187,7 +206,7 @@ class RequestHandlers:
                 return
             self.stopping.wait(min(left, 0.5))
 
-    def _next_windows(self, seconds: float) -> tuple[list[RingWindow], int, int]:
+    def _next_windows(self, seconds: float, kind: str = "cpu") -> tuple[list[RingWindow], int, int]:
         """Wait ``seconds`` and return the windows of those seconds, with the span's (start, end)."""
         # A drain now puts a window boundary at the start of the requested span.
         t_req = self.clock_ns()
@@ -198,7 +217,7 @@ class RequestHandlers:
         self._sleep_until(t1)
         self.loop.request_drain()
         self._wait_ring(t1)
-        windows = [w for w in self.ring.since(t0) if w.start_ns >= t0 - 1_000_000 and w.start_ns < t1]
+        windows = [w for w in self.ring.since(t0, kind=kind) if w.start_ns >= t0 - 1_000_000 and w.start_ns < t1]
         return windows, t0, t1
 
     def _newest_end(self, default: int) -> int:

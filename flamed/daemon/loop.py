@@ -167,11 +167,11 @@ class DrainLoop:
         return (now_ns // step + 1) * step
 
     # -- windows ---------------------------------------------------------
-    def drain_once(self, *, rotate_now: bool = False, final: bool = False) -> None:
+    def drain_once(self, *, rotate_now: bool = False, final: bool = False, close_waits: bool = False) -> None:
         assert self.sampler is not None
         t0 = time.perf_counter()
         try:
-            window = self.sampler.drain()
+            window = self._drain(close_waits=final or close_waits)
         except Exception as e:
             # A failed drain loses nothing yet (the sampler keeps counting); report and retry next time.
             self.metrics.drain_errors.inc()
@@ -227,11 +227,27 @@ class DrainLoop:
             self.lost_totals[r] = self.lost_totals.get(r, 0) + n
         rw = RingWindow(window.start_ns, window.end_ns, counts, window.samples, dict(window.lost),
                         window.sample_rate, identities=window.identities)
-        self.ring.add(rw)
+        off: RingWindow | None = None
+        if self.offcpu_enabled():
+            # Off-CPU time (ns) of the same window: a ring window, a push and a file of its own kind.
+            offcpu = dict(getattr(window, "offcpu", {}) or {})
+            off = RingWindow(window.start_ns, window.end_ns, offcpu, 0, {}, None,
+                             identities=window.identities, kind="offcpu")
+            ns = sum(offcpu.values())
+            self.totals["offcpu_ns"] = self.totals.get("offcpu_ns", 0) + ns
+            m.offcpu_seconds.inc(ns / 1e9)
+        if off is not None:
+            self.ring.add(rw, off)
+        else:
+            self.ring.add(rw)
         if self.pusher is not None:
             self.pusher.submit(rw)  # a deque append: the network is the pusher thread's
+            if off is not None:
+                self.pusher.submit(off)
         self.store.add(window.start_ns, window.end_ns, counts, window.samples, window.lost, window.sample_rate,
                        window.identities)
+        if off is not None:
+            self.store.add_offcpu(window.start_ns, window.end_ns, off.counts, window.identities)
         nw, ns = self.ring.stats()
         m.ring_windows.set(nw)
         m.ring_stacks.set(ns)
@@ -259,6 +275,19 @@ class DrainLoop:
         for advice in self._losses.advise(window.samples, lost, stacks, settings):
             log.log(advice.level, "%s", advice.message)
 
+    def offcpu_enabled(self) -> bool:
+        """Does the running sampler measure off-CPU time ([sampling] off_cpu with the BPF sampler)?"""
+        opts = getattr(self.sampler, "options", None)
+        return bool(getattr(opts, "offcpu", False))
+
+    def _drain(self, *, close_waits: bool = False) -> Window:
+        """One drain; ``close_waits`` (the sampler's last): off-CPU waits still open are counted up to now."""
+        assert self.sampler is not None
+        if close_waits and self.offcpu_enabled():
+            drain: Any = self.sampler.drain
+            return drain(close_waits=True)  # type: ignore[no-any-return]
+        return self.sampler.drain()
+
     # -- the sampler -----------------------------------------------------
     def replace_sampler(self, fresh: Sampler) -> None:
         """Hand over to ``fresh`` (started): the old sampler's last window goes into the current period."""
@@ -266,7 +295,7 @@ class DrainLoop:
         # Detach the old program at once (its maps stay readable), so the two
         # sample together only for the moment between attach and detach.
         detach(self.sampler, "reload: stopping the old sampler")
-        self.drain_once()
+        self.drain_once(close_waits=True)
         retired = self.bpf_samples_total(live=True)
         self.sampler.close()
         self.sampler = fresh

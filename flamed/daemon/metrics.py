@@ -211,6 +211,34 @@ class DaemonMetrics:
         self.push_cpu = Counter("flamed_push_cpu_seconds",
                                 "CPU time of the push thread: encoding the windows and sending them.", registry=r)
         self.push_queue = Gauge("flamed_push_queue_windows", "Windows waiting to be pushed.", registry=r)
+        # Off-CPU ([sampling] off_cpu): the off-CPU program's counters (bpf/offcpu.bpf.c) and the drain's.
+        self.offcpu_switches = Counter(
+            "flamed_offcpu_switches", "Switches off a CPU of sampled tasks seen by the off-CPU program "
+            "(sampling.off_cpu); one in sampling.off_cpu_every of them is followed.", registry=r,
+        )
+        self.offcpu_waits = Counter(
+            "flamed_offcpu_waits",
+            "Off-CPU waits that ended, by result: recorded (in the off-CPU profile); below_threshold "
+            "(shorter than sampling.off_cpu_min_us, not recorded).", ["result"], registry=r,
+        )
+        self.offcpu_dropped = Counter(
+            "flamed_offcpu_waits_dropped",
+            "Off-CPU waits lost, by reason: start_full (more waits open at once than the program can "
+            "follow); map_full (more distinct off-CPU stacks in a drain interval than its map holds); "
+            "carry_full and carry_overflow (more waits spanning a drain than can be carried over); "
+            "carry_missing (a wait whose start was not kept); carry_expired (a wait whose end never came).",
+            ["reason"], registry=r,
+        )
+        self.offcpu_estimated = Counter(
+            "flamed_offcpu_waits_estimated", "Off-CPU waits whose return to a CPU was not traced: they end "
+            "at the CPU's last traced switch (an estimate).", registry=r,
+        )
+        self.offcpu_seconds = Counter(
+            "flamed_offcpu_seconds", "Seconds off the CPU recorded in off-CPU windows (all tasks).", registry=r,
+        )
+        self.offcpu_open = Gauge(
+            "flamed_offcpu_open_waits", "Off-CPU waits spanning the last drain, carried to the next.", registry=r,
+        )
 
     def observe_lost(self, lost: dict[str, int]) -> None:
         for reason, n in lost.items():
@@ -230,8 +258,14 @@ class _QuietHandler(WSGIRequestHandler):
 #: ``seconds`` when a profile request gives none (as Go's net/http/pprof).
 DEFAULT_PROFILE_SECONDS = 30.0
 PROFILE_PATH = "/debug/pprof/profile"
-#: Takes the seconds asked for, blocks that long, returns the gzipped pprof.
-ProfileSource = Callable[[float], bytes]
+#: Off-CPU time of the next N seconds (``[sampling] off_cpu``), pprof sample type off_cpu/nanoseconds.
+OFFCPU_PATH = "/debug/pprof/offcpu"
+#: Takes the seconds asked for and the kind (cpu, offcpu), blocks that long, returns the gzipped pprof.
+ProfileSource = Callable[[float, str], bytes]
+
+
+class NotRecordedError(FlamedError):
+    """A profile of a kind the daemon does not record (off-CPU with ``off_cpu = false``)."""
 
 
 class MetricsServer:
@@ -299,11 +333,12 @@ class MetricsServer:
     def _app(self, metrics_app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
             path = environ.get("PATH_INFO") or ""
-            if path == PROFILE_PATH:
-                return self._profile(environ, start_response)
+            if path in (PROFILE_PATH, OFFCPU_PATH):
+                return self._profile(environ, start_response, "offcpu" if path == OFFCPU_PATH else "cpu")
             if path.startswith("/debug/pprof"):
                 # Scrapers also ask for heap, goroutine...: a clear 404, not the metrics text.
-                data = f"{path}: not served; flamed serves {PROFILE_PATH} (CPU) only\n".encode()
+                data = (f"{path}: not served; flamed serves {PROFILE_PATH} (CPU) and {OFFCPU_PATH} "
+                        "(off-CPU time, with [sampling] off_cpu = true) only\n").encode()
                 start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8"),
                                                  ("Content-Length", str(len(data)))])
                 return [data]
@@ -315,7 +350,8 @@ class MetricsServer:
         if self.metrics is not None:
             self.metrics.profile_requests.labels(result=result).inc()
 
-    def _profile(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def _profile(self, environ: dict[str, Any], start_response: Callable[..., Any],
+                 kind: str = "cpu") -> Iterable[bytes]:
         def text(status: str, body: str, result: str) -> list[bytes]:
             self._count(result)
             data = (body + "\n").encode()
@@ -349,7 +385,9 @@ class MetricsServer:
             return text("429 Too Many Requests", f"{opts.pprof_max_requests} profile requests are already "
                         "waiting (metrics.pprof_max_requests); retry later", "busy")
         try:
-            data = source(seconds)
+            data = source(seconds, kind)
+        except NotRecordedError as e:
+            return text("404 Not Found", str(e), "off")
         except FlamedError as e:
             return text("503 Service Unavailable", str(e), "error")
         except Exception:

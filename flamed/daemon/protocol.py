@@ -32,6 +32,8 @@ MAX_NAME_LENGTH = 4096
 #: Longest regex a client may send; frames are matched one unique frame at a time.
 MAX_REGEX_LENGTH = 256
 MAX_IDS = 1024
+#: What a snapshot may be of: CPU samples, or off-CPU time (a daemon with [sampling] off_cpu).
+KINDS = ("cpu", "offcpu")
 
 
 class ProtocolError(Exception):
@@ -61,6 +63,7 @@ class SnapshotRequest:
     containers: tuple[str, ...] | None = None  # names, or ids or id prefixes (4+ hex digits)
     pods: tuple[str, ...] | None = None  # pod UIDs
     cgroups: tuple[CgroupSpec, ...] | None = None  # a cgroup and its subtree, a unit anywhere, an id
+    kind: str = "cpu"  # cpu: samples; offcpu: time off the CPU (microseconds in folded/svg, ns in pprof)
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class Request:
 
 _FIELDS = {
     "snapshot": {"request", "seconds", "next", "since_ns", "drain", "pid", "tgid", "tid", "comm", "frame", "exclude_frame",
-                 "frames", "root", "format", "title", *IDENTITY_FIELDS},
+                 "frames", "root", "format", "title", "kind", *IDENTITY_FIELDS},
     "status": {"request"},
     "flush": {"request"},
 }
@@ -149,6 +152,9 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
         cgroup_specs = None if cgroups is None else tuple(parse_cgroup_spec(c, key="cgroup") for c in cgroups)
     except CgroupError as e:
         raise ProtocolError(str(e)) from None
+    kind = obj.get("kind", "cpu")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ProtocolError(f"field 'kind' must be one of {', '.join(KINDS)}")
     title = obj.get("title")
     if title is not None and (not isinstance(title, str) or len(title) > 200):
         raise ProtocolError("field 'title' must be a string of at most 200 characters")
@@ -172,6 +178,7 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
             containers=_names(obj, "container"),
             pods=_names(obj, "pod"),
             cgroups=cgroup_specs,
+            kind=kind,
         ),
     )
 

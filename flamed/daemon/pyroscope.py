@@ -21,6 +21,12 @@ keeps one series per service; tasks without one go in a request without the
 tag (unless ``[pyroscope.tags]`` sets ``service_name`` itself, which then
 tags every request).  A window counts once (sent, failed, dropped) whatever
 its number of requests; a retried window resumes at its first unsent request.
+
+Off-CPU windows (``[sampling] off_cpu``) are pushed as requests of their own,
+same name and tags, always as pprof (folded text cannot say its unit): one
+sample type ``offcpu`` in ``nanoseconds``, the name and unit Grafana Alloy's
+eBPF profiler gives off-CPU profiles, without ``sampleRate`` or ``units``
+(they describe samples).  See docs/fleet.md.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ log = logging.getLogger("flamed.daemon")
 
 #: First wait after a failed request; it doubles up to retry_max_backoff.
 FIRST_BACKOFF = 1.0
+#: The pprof sample type of pushed off-CPU windows (unit: nanoseconds), as Alloy's eBPF profiler names it.
+PUSH_OFFCPU_SAMPLE_TYPE = "offcpu"
 
 
 class PushError(FlamedError):
@@ -107,9 +115,9 @@ def app_name(name: str, tags: Mapping[str, str]) -> str:
 
 
 def ingest_request(target: Target, *, start_ns: int, end_ns: int, sample_rate: float | None,
-                   body: bytes) -> urllib.request.Request:
+                   body: bytes, kind: str = "cpu") -> urllib.request.Request:
     """The POST of one profile: URL with the ingest parameters, headers, body."""
-    params = {
+    params: dict[str, str] = {
         "name": app_name(target.application_name, target.tags),
         "from": str(start_ns // 1_000_000_000),
         # until > from: a window shorter than a second still covers one second
@@ -120,6 +128,9 @@ def ingest_request(target: Target, *, start_ns: int, end_ns: int, sample_rate: f
         "units": "samples",
         "aggregationType": "sum",
     }
+    if kind == "offcpu":
+        # The pprof body says its sample type and unit; these two describe samples.
+        del params["sampleRate"], params["units"]
     headers = {"User-Agent": f"flamed/{__version__}"}
     if target.format == "pprof":
         boundary = uuid.uuid4().hex
@@ -183,6 +194,8 @@ def part_target(target: Target, service: str | None) -> Target:
 
 
 def encode(target: Target, windows: list[RingWindow], *, root: str, host: str) -> bytes:
+    if windows and windows[0].kind == "offcpu":
+        return windows_pprof(windows, root=root, host=host, sample_type=PUSH_OFFCPU_SAMPLE_TYPE)
     if target.format == "folded":
         return windows_folded(windows, root=root)
     return windows_pprof(windows, root=root, host=host)
@@ -272,9 +285,11 @@ class Pusher:
                 for i in range(first, len(parts)):
                     service, part = parts[i]
                     part_to = part_target(target, service)
+                    if w.kind == "offcpu":
+                        part_to = replace(part_to, format="pprof")
                     body = encode(part_to, [part], root=root, host=self.host)
                     self._send(part_to, ingest_request(part_to, start_ns=w.start_ns, end_ns=w.end_ns,
-                                                       sample_rate=w.sample_rate, body=body))
+                                                       sample_rate=w.sample_rate, body=body, kind=w.kind))
                     self.metrics.push_bytes.inc(len(body))
                     self._resume = (w, i + 1)
             except PushError as e:

@@ -9,11 +9,16 @@ their tasks' cgroups (tgid -> unit, container, pod) so that a snapshot can
 filter by pid/tid/comm/unit/container/cgroup and choose its root frames per
 request.
 
+Each window has a kind: ``cpu`` (sample counts) or ``offcpu`` (nanoseconds
+off the CPU, with ``[sampling] off_cpu``); a drain adds its windows of both
+kinds at once, and readers ask for one kind.
+
 Keys are interned: each drain builds new (tgid, tid, comm, stack) tuples, but
 a steady workload has the same ones window after window, so the ring keeps one
 tuple per distinct key (and forgets it once no window holds it: a sweep when
-the table reaches twice the entries held).  An entry repeated from an earlier window costs its dict slot only:
-~80 bytes instead of ~470 with 30-frame stacks (bench/ring_memory.py).
+the table reaches twice the entries held).  An entry repeated from an earlier
+window costs its dict slot only: ~80 bytes instead of ~470 with 30-frame
+stacks (bench/ring_memory.py).
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from flamed.sampling.cgroups import CgroupIdentity
 from flamed.sampling.contract import CountKey
 
 
+#: The kinds of windows: CPU samples (counts), off-CPU time (nanoseconds).
+KINDS = ("cpu", "offcpu")
+
+
 @dataclass(frozen=True)
 class RingWindow:
     start_ns: int
@@ -38,6 +47,8 @@ class RingWindow:
     seq: int = 0
     #: tgid -> who owns its cgroup (Window.identities)
     identities: dict[int, CgroupIdentity] = field(default_factory=dict)
+    #: ``cpu``: counts are samples; ``offcpu``: counts are nanoseconds off the CPU.
+    kind: str = "cpu"
 
 
 class WindowRing:
@@ -63,31 +74,39 @@ class WindowRing:
             self.max_stacks = max_stacks
             self._trim()
 
-    def add(self, w: RingWindow) -> None:
-        counts = self._intern(w.counts)
+    def add(self, w: RingWindow, *more: RingWindow) -> None:
+        """Add one drain's windows (of different kinds) at once: a reader woken by them sees them all."""
+        interned = [replace(x, counts=self._intern(x.counts)) for x in (w, *more)]
         with self._cond:
-            self.seq += 1
-            w = replace(w, seq=self.seq, counts=counts)
-            self._windows.append(w)
-            self._stacks += len(w.counts)
+            for x in interned:
+                self.seq += 1
+                x = replace(x, seq=self.seq)
+                self._windows.append(x)
+                self._stacks += len(x.counts)
             self._trim()
             self._cond.notify_all()
         self._sweep()
 
     def _trim(self) -> None:
         horizon = self._clock_ns() - int(self.max_seconds * 1e9)
-        # Always keep the newest window, even when it alone is over the budget.
-        while len(self._windows) > 1 and (
-            self._windows[0].end_ns < horizon or self._stacks > self.max_stacks
-        ):
-            old = self._windows.popleft()
-            self._stacks -= len(old.counts)
+        # Always keep the newest window of each kind, even when it alone is over the budget.
+        newest = {w.kind: w.seq for w in self._windows}
+        i = 0
+        while i < len(self._windows):
+            w = self._windows[i]
+            if not (w.end_ns < horizon or self._stacks > self.max_stacks):
+                break
+            if newest[w.kind] == w.seq:
+                i += 1
+                continue
+            del self._windows[i]
+            self._stacks -= len(w.counts)
             self.evicted += 1
 
-    def oldest_start_ns(self) -> int | None:
-        """Start of the oldest window held (None: empty)."""
+    def oldest_start_ns(self, kind: str = "cpu") -> int | None:
+        """Start of the oldest window of ``kind`` held (None: none)."""
         with self._cond:
-            return self._windows[0].start_ns if self._windows else None
+            return next((w.start_ns for w in self._windows if w.kind == kind), None)
 
     def _intern(self, counts: dict[CountKey, int]) -> dict[CountKey, int]:
         """``counts`` with its keys replaced by the ring's copies of equal keys."""
@@ -117,10 +136,11 @@ class WindowRing:
         with self._intern_lock:
             return len(self._canon)
 
-    def since(self, start_ns: int, end_ns: int | None = None) -> list[RingWindow]:
-        """Windows that end after ``start_ns`` (and start before ``end_ns``), oldest first."""
+    def since(self, start_ns: int, end_ns: int | None = None, *, kind: str = "cpu") -> list[RingWindow]:
+        """Windows of ``kind`` that end after ``start_ns`` (and start before ``end_ns``), oldest first."""
         with self._cond:
-            return [w for w in self._windows if w.end_ns > start_ns and (end_ns is None or w.start_ns < end_ns)]
+            return [w for w in self._windows if w.kind == kind and w.end_ns > start_ns
+                    and (end_ns is None or w.start_ns < end_ns)]
 
     def wait_for_end(self, end_ns: int, timeout: float) -> bool:
         """Block until a window ending at or after ``end_ns`` is in the ring (or timeout)."""

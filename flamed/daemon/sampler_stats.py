@@ -21,6 +21,11 @@ _PYTHON_RESULTS = (("stack", "PY_STACKS"), ("no_thread", "PY_NO_THREAD"), ("no_f
 _UNWIND_RESULTS = (("complete", "UW_COMPLETE"), ("no_table", "UW_NO_TABLE"),
                    ("unsupported_rule", "UW_UNSUPPORTED"), ("depth_limit", "UW_DEPTH"),
                    ("read_fault", "UW_READ_FAULT"), ("stacks_full", "UW_STACKS_FULL"))
+#: FLAMED_STAT_OFF_* (and the drain's CARRY_*) totals by the labels of the off-CPU counters.
+_OFFCPU_WAITS = (("recorded", "OFF_COUNTED"), ("below_threshold", "OFF_BELOW"))
+_OFFCPU_DROPPED = (("start_full", "OFF_START_FULL"), ("map_full", "OFF_MAP_FULL"), ("carry_full", "OFF_CARRY_FULL"),
+                   ("carry_overflow", "CARRY_OVERFLOW"), ("carry_missing", "CARRY_MISSING"),
+                   ("carry_expired", "CARRY_EXPIRED"))
 _PRIMING_RESULTS = (("primed", "primed_total"), ("gone", "prime_missed_total"),
                     ("lost", "prime_lost_total"), ("throttled", "prime_throttled_total"))
 
@@ -49,6 +54,7 @@ class SamplerAccounting:
         self._advance(m.cgroup_filter_changes, "cgroup_filter", int(getattr(st, "cgroup_filter_changes_total", 0)))
         self._count_python(st)
         self._count_unwind(st)
+        self._count_offcpu(st)
 
     def sampler_replaced(self, retired_total: int | None) -> None:
         """A reload retired the sampler whose samples (with those before it) were ``retired_total``."""
@@ -65,6 +71,19 @@ class SamplerAccounting:
                               int(totals.get(name, 0)))
             if result == "stacks_full" and n:
                 self.new_full["sampling.python_stack_map_size"] = n
+
+    def _count_offcpu(self, st: Any) -> None:
+        totals = getattr(st, "offcpu_total", None)
+        if not isinstance(totals, dict) or not any(totals.values()):
+            return  # off-CPU is off (every counter stays 0)
+        m = self.metrics
+        self._advance(m.offcpu_switches, "off:switches", int(totals.get("OFF_SWITCHES", 0)))
+        for result, name in _OFFCPU_WAITS:
+            self._advance(m.offcpu_waits.labels(result=result), "off:" + result, int(totals.get(name, 0)))
+        for reason, name in _OFFCPU_DROPPED:
+            self._advance(m.offcpu_dropped.labels(reason=reason), "offdrop:" + reason, int(totals.get(name, 0)))
+        self._advance(m.offcpu_estimated, "off:stale", int(totals.get("OFF_STALE", 0)))
+        m.offcpu_open.set(int(getattr(st, "offcpu_carried_open", 0)))
 
     def _count_unwind(self, st: Any) -> None:
         totals = getattr(st, "unwind_total", None)

@@ -44,6 +44,9 @@ def bpf_options(cfg: SamplingConfig, state_dir: str | None = None) -> Any:
         unwind_rows=cfg.unwind_rows,
         unwind_stack_entries=cfg.unwind_stack_map_size,
         unwind_cache_dir=unwind_cache_dir(cfg, state_dir),
+        offcpu=cfg.off_cpu,
+        offcpu_min_us=cfg.off_cpu_min_us,
+        offcpu_every=cfg.off_cpu_every,
     )
     try:
         opts.validate()
@@ -56,7 +59,7 @@ def make_sampler(cfg: SamplingConfig, state_dir: str | None = None) -> Sampler:
     if cfg.sampler == "fake":
         from flamed.daemon.fake import FakeSampler
 
-        return FakeSampler(cfg.frequency)
+        return FakeSampler(cfg.frequency, offcpu=cfg.off_cpu)
     try:
         from flamed.sampling.bpf import BpfSampler
     except ImportError as e:

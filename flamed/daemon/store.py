@@ -2,6 +2,10 @@
 
 One file per rotation period, ``HOST-YYYYMMDDTHHMMSSZ.folded[.gz]`` (UTC start
 of its first window), pure folded text that flamegraph.pl reads as it is.
+With ``[sampling] off_cpu`` each period also gives an off-CPU file,
+``offcpu-HOST-YYYYMMDDTHHMMSSZ.folded[.gz]``, whose weights are microseconds
+off the CPU (its sidecar says ``"kind": "offcpu"``, ``"unit": "microseconds"``);
+both kinds are under the same retention limits.
 Its metadata is in the sidecar ``HOST-YYYYMMDDTHHMMSSZ.json``, with the
 cgroup identities of its processes (``identities``: pid -> labels) so files
 can be filtered by service or container later.
@@ -41,22 +45,44 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from flamed import __version__
 from flamed.daemon.config import OutputConfig, RetentionConfig
 from flamed.daemon.metrics import DaemonMetrics
 from flamed.fileio import atomic_write
 from flamed.folded import write_folded
+from flamed.model import Weight
 from flamed.sampling.cgroups import CgroupIdentity
 from flamed.sampling.contract import CountKey, counts_to_profile
 
 log = logging.getLogger("flamed.daemon")
+_K = TypeVar("_K")
 
 #: Profile file names the store owns (and retention may delete).
-FILE_RE = re.compile(r"^(?P<stem>(?P<host>.+)-(?P<ts>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?)\.folded(?P<gz>\.gz)?$")
+FILE_RE = re.compile(
+    r"^(?P<stem>(?:(?P<kind>offcpu)-)?(?P<host>.+)-(?P<ts>\d{8}T\d{6}Z)(?:-(?P<seq>\d+))?)\.folded(?P<gz>\.gz)?$")
 SIDECAR_RE = re.compile(r"^(?P<stem>.+-\d{8}T\d{6}Z(?:-\d+)?)\.json$")
 LATEST = "latest"
+#: File kinds: CPU samples (no prefix), off-CPU time (``offcpu-`` prefix, microseconds).
+KIND_PREFIX = {"cpu": "", "offcpu": "offcpu-"}
+#: What the folded weights of each kind are.
+KIND_UNIT = {"cpu": "samples", "offcpu": "microseconds"}
+
+
+def file_kind(m: re.Match[str]) -> str:
+    """The kind of a FILE_RE match: ``cpu`` or ``offcpu``."""
+    return "offcpu" if m.group("kind") else "cpu"
+
+
+def ns_to_us(counts: Mapping[_K, Weight]) -> dict[_K, Weight]:
+    """Nanoseconds per key to microseconds, rounded once per key; keys under 0.5 us are left out."""
+    out: dict[_K, Weight] = {}
+    for k, ns in counts.items():
+        us = int(ns + 500) // 1000
+        if us > 0:
+            out[k] = us
+    return out
 
 
 def host_name(configured: str) -> str:
@@ -79,6 +105,8 @@ class Period:
     #: (start_ns, end_ns, samples) of every window, so a viewer can draw the
     #: period at the drain resolution without reading the stacks.
     window_samples: list[tuple[int, int, int]] = field(default_factory=list)
+    #: (start_ns, end_ns, weight) of every window (off-CPU: nanoseconds).
+    window_weights: list[tuple[int, int, int]] = field(default_factory=list)
     #: tgid -> who owns its cgroup, the newest window's where they differ
     identities: dict[int, CgroupIdentity] = field(default_factory=dict)
 
@@ -102,6 +130,7 @@ class Period:
             self.sample_rate = None  # the rate changed (reload) inside this period
         self.windows += 1
         self.window_samples.append((start_ns, end_ns, samples))
+        self.window_weights.append((start_ns, end_ns, sum(counts.values())))
 
 
 @dataclass
@@ -114,6 +143,7 @@ class PendingFile:
     sidecar: bytes
     start_ns: int
     samples: int = 0
+    kind: str = "cpu"
 
     @property
     def size(self) -> int:
@@ -138,6 +168,9 @@ class ProfileStore:
         self.metrics = metrics
         self._clock_ns = clock_ns
         self.period = Period()
+        #: Off-CPU windows of the current period (nanoseconds), with [sampling] off_cpu.
+        self.offcpu_period = Period()
+        self.last_written_offcpu: str | None = None
         self.backlog: deque[PendingFile] = deque()
         self.backlog_bytes = 0
         self.last_written: str | None = None
@@ -170,6 +203,11 @@ class ProfileStore:
         self.period.add(start_ns, end_ns, counts, samples, lost, sample_rate, identities)
         self.samples_added += samples
 
+    def add_offcpu(self, start_ns: int, end_ns: int, counts_ns: dict[CountKey, int],
+                   identities: Mapping[int, CgroupIdentity] | None = None) -> None:
+        """One window's off-CPU time (nanoseconds per task and stack) into the current period."""
+        self.offcpu_period.add(start_ns, end_ns, counts_ns, 0, {}, None, identities)
+
     def due(self, now_ns: int, slack_ns: int = 0) -> bool:
         """Has the current period reached its boundary (a multiple of rotate_interval)?"""
         if self.period.start_ns is None:
@@ -184,22 +222,30 @@ class ProfileStore:
 
         Returns the path of the newest file written, or ``None``.
         """
+        o = self.offcpu_period
+        if o.windows:
+            # Queued before the CPU file of the period: last_written stays the CPU file's.
+            self.offcpu_period = Period()
+            self._queue(self._serialize(o, "offcpu"))
         p = self.period
         if p.windows:
             self.period = Period()
             self._queue(self._serialize(p))
         return self.write_pending()
 
-    def _serialize(self, p: Period) -> PendingFile:
+    def _serialize(self, p: Period, kind: str = "cpu") -> PendingFile:
         assert p.start_ns is not None and p.end_ns is not None
         profile = counts_to_profile(p.counts, self.output.root_frame, identities=p.identities)
+        if kind == "offcpu":
+            # Nanoseconds to microseconds once per stack of the file (several tasks may fold into one).
+            profile.stacks = ns_to_us(profile.stacks)
         buf = io.BytesIO()
         lines = write_folded(profile, buf)
         payload = buf.getvalue()
         if self.output.compress:
             payload = gzip.compress(payload, mtime=0)
         suffix = ".folded.gz" if self.output.compress else ".folded"
-        stem = self._unique_stem(p.start_ns, suffix)
+        stem = self._unique_stem(p.start_ns, suffix, KIND_PREFIX[kind])
         meta: dict[str, Any] = {
             "file": stem + suffix,
             "format": "folded",
@@ -218,15 +264,20 @@ class ProfileStore:
             "window_samples": [list(w) for w in p.window_samples],
             "root_frame": self.output.root_frame,
             "identities": _identities(p),
+            **({"kind": kind, "unit": KIND_UNIT[kind], "weight_ns": sum(p.counts.values()),
+                "weight": profile.total(),
+                # per window: (start_ns, end_ns, microseconds off the CPU), for viewers' timelines
+                "window_samples": [[ws, we, (n + 500) // 1000] for ws, we, n in p.window_weights]}
+               if kind != "cpu" else {}),
             "bytes": len(payload),
             "sha256": hashlib.sha256(payload).hexdigest(),
             "flamed_version": __version__,
         }
         sidecar = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
-        return PendingFile(stem, suffix, payload, sidecar, p.start_ns, p.samples)
+        return PendingFile(stem, suffix, payload, sidecar, p.start_ns, p.samples, kind)
 
-    def _unique_stem(self, start_ns: int, suffix: str) -> str:
-        base = f"{self.host}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(start_ns // 1_000_000_000))}"
+    def _unique_stem(self, start_ns: int, suffix: str, prefix: str = "") -> str:
+        base = f"{prefix}{self.host}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(start_ns // 1_000_000_000))}"
         stem, n = base, 1
         # Two periods can start in the same second (flush): add -2, -3...
         while stem in self._names_used or os.path.exists(os.path.join(self.dir, stem + ".json")):
@@ -287,7 +338,8 @@ class ProfileStore:
                 log.warning("state directory writable again: wrote %s", path)
                 self.last_error = None
                 self._drop_logged = False
-            newest = path
+            if f.kind == "cpu":
+                newest = path
         self._update_backlog_metrics()
         if newest is not None:
             self.apply_retention()
@@ -366,17 +418,22 @@ class ProfileStore:
         self.files_written += 1
         self.metrics.bytes_written.inc(len(f.payload) + len(f.sidecar))
         self.metrics.last_rotation.set(self._clock_ns() / 1e9)
-        self.last_written = path
+        latest = LATEST
+        if f.kind == "cpu":
+            self.last_written = path
+        else:
+            self.last_written_offcpu = path
+            latest = f"{LATEST}-{f.kind}"
         try:
-            self._link_latest(f.stem + f.suffix, f.suffix)
-            self._link_latest(f.stem + ".json", ".json")
+            self._link_latest(f.stem + f.suffix, f.suffix, latest)
+            self._link_latest(f.stem + ".json", ".json", latest)
         except OSError as e:
             log.warning("cannot update %s links: %s", LATEST, e.strerror or e)
         return path
 
-    def _link_latest(self, target: str, suffix: str) -> None:
-        link = os.path.join(self.dir, LATEST + suffix)
-        tmp = os.path.join(self.dir, f".{LATEST}{suffix}.{os.getpid()}.tmp")
+    def _link_latest(self, target: str, suffix: str, latest: str = LATEST) -> None:
+        link = os.path.join(self.dir, latest + suffix)
+        tmp = os.path.join(self.dir, f".{latest}{suffix}.{os.getpid()}.tmp")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         os.symlink(target, tmp)
@@ -385,7 +442,7 @@ class ProfileStore:
         other = ".folded" if suffix == ".folded.gz" else ".folded.gz" if suffix == ".folded" else None
         if other is not None:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.dir, LATEST + other))
+                os.unlink(os.path.join(self.dir, latest + other))
 
     # -- the directory ---------------------------------------------------
     def list_files(self) -> list[tuple[str, str, int, float]]:
@@ -482,6 +539,7 @@ class ProfileStore:
             "compressed": name.endswith(".gz"),
             "host": self.host,
             "recovered": True,
+            **({"kind": "offcpu", "unit": KIND_UNIT["offcpu"]} if name.startswith(KIND_PREFIX["offcpu"]) else {}),
             "end": _iso(int(st.st_mtime * 1e9)),
             "bytes": len(payload),
             "sha256": hashlib.sha256(payload).hexdigest(),

@@ -25,7 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from flamed.daemon.protocol import IdentityQuery
-from flamed.daemon.store import FILE_RE, SIDECAR_RE
+from flamed.daemon.fleet import OFFCPU_LABELS as _OFFCPU_NS
+from flamed.daemon.store import FILE_RE, KIND_UNIT, SIDECAR_RE, file_kind
 from flamed.errors import UsageError
 from flamed.model import Profile, Stack, Weight, frame_kind, normalize_weight, parse_task_frame
 from flamed.sampling.cgroups import CgroupError, CgroupIdentity, identity_from_path, parse_cgroup_spec
@@ -33,6 +34,10 @@ from flamed.sampling.contract import CGROUP_ROOTS, parse_root, root_frames
 
 NS = 1_000_000_000
 KINDS = ("kernel", "native", "python")
+#: Kinds of daemon files: CPU samples, off-CPU time (see flamed.daemon.store).
+PROFILE_KINDS = ("cpu", "offcpu")
+#: The labels of an off-CPU profile read from the files (microseconds).
+OFFCPU_LABELS = {**_OFFCPU_NS, "unit": KIND_UNIT["offcpu"]}
 #: Bytes of parsed files kept in memory (compact forms and their frame table), by default.
 CACHE_BYTES = 64 * 1024 * 1024
 #: A state directory is looked at again at most this often (seconds), on a request.
@@ -56,6 +61,8 @@ class Filters:
     frames name the pid only.
     group: ``unit``, ``container`` or ``cgroup``: a frame of that name above
     each task (``[unknown cgroup]`` where the sidecar does not say).
+    profile: which daemon files: ``cpu`` (samples) or ``offcpu`` (microseconds
+    off the CPU, ``[sampling] off_cpu``); the two are never mixed.
     """
 
     pid: str = ""
@@ -69,6 +76,7 @@ class Filters:
     pod: str = ""
     cgroup: str = ""
     group: str = ""
+    profile: str = "cpu"
 
     @classmethod
     def parse(cls, q: dict[str, str]) -> Filters:
@@ -79,9 +87,12 @@ class Filters:
         group = q.get("group", "").strip()
         if group and group not in CGROUP_ROOTS:
             raise UsageError(f"group {group!r}: use {', '.join(CGROUP_ROOTS)}")
+        profile = q.get("profile", "cpu") or "cpu"
+        if profile not in PROFILE_KINDS:
+            raise UsageError(f"profile {profile!r}: use {', '.join(PROFILE_KINDS)}")
         f = cls(q.get("pid", "").strip(), q.get("tid", "").strip(), q.get("comm", ""), q.get("include", ""),
                 q.get("exclude", ""), kinds, unit=q.get("unit", "").strip(), container=q.get("container", "").strip(),
-                pod=q.get("pod", "").strip(), cgroup=q.get("cgroup", "").strip(), group=group)
+                pod=q.get("pod", "").strip(), cgroup=q.get("cgroup", "").strip(), group=group, profile=profile)
         f.compiled()  # say now when a regex or pid is invalid
         f.identity()
         return f
@@ -178,6 +189,8 @@ class Entry:
     identities: dict[int, CgroupIdentity] = field(default_factory=dict)
     #: Which root frame names the task with its pid (from the sidecar's root_frame); None: none does.
     task_at: int | None = 0
+    #: ``cpu`` (samples) or ``offcpu`` (a daemon's off-CPU file: microseconds).
+    kind: str = "cpu"
 
 
 @dataclass
@@ -381,10 +394,15 @@ class Index:
             "live": self.state_dir is not None,
             "kind": self.kind,
             "source": self.source,
-            "files": len([e for e in self.entries if e.path]),
+            "files": len([e for e in self.entries if e.path and e.kind == "cpu"]),
             "start_ms": self.start_ns // 1_000_000,
             "end_ms": -(-self.end_ns // 1_000_000),
-            "weight": normalize_weight(sum(e.weight for e in self.entries)),
+            "weight": normalize_weight(sum(e.weight for e in self.entries if e.kind == "cpu")),
+            # What each kind of daemon file weighs, in its own unit (never summed across kinds).
+            "profiles": {k: {"files": len([e for e in self.entries if e.path and e.kind == k]),
+                             "weight": normalize_weight(sum(e.weight for e in self.entries if e.kind == k)),
+                             "unit": KIND_UNIT[k]}
+                         for k in PROFILE_KINDS if k == "cpu" or any(e.kind == k for e in self.entries)},
             "timestamped": bool(self.trace.times),
             "timed": all(e.timed for e in self.entries),
         }
@@ -441,8 +459,8 @@ class Index:
                     self._cache_bytes -= self._cache.popitem(last=False)[1].nbytes
         return c
 
-    def overlapping(self, start_ns: int, end_ns: int) -> list[Entry]:
-        return [e for e in self.entries if e.path and e.start_ns < end_ns and e.end_ns > start_ns]
+    def overlapping(self, start_ns: int, end_ns: int, kind: str = "cpu") -> list[Entry]:
+        return [e for e in self.entries if e.path and e.kind == kind and e.start_ns < end_ns and e.end_ns > start_ns]
 
     def _entry_profile(self, e: Entry, filters: Filters) -> Profile:
         """One file's stacks through every filter, the cgroup ones by its own sidecar."""
@@ -453,13 +471,15 @@ class Index:
         out = Profile()
         if filters.by_cgroup():
             # Per file: pids name processes only within the file their sidecar describes.
-            for e in self.overlapping(start_ns, end_ns):
+            for e in self.overlapping(start_ns, end_ns, filters.profile):
                 out.update(self._entry_profile(e, filters).stacks)
             out.start_ns, out.end_ns = start_ns, end_ns
+            if filters.profile == "offcpu":
+                out.labels.update(OFFCPU_LABELS)
             return out  # timestamped inputs have no identities: none passes, none is grouped
         # Summed packed (the same stack is one short bytes key in every file), unpacked once.
         merged: dict[int, tuple[FrameTable, dict[bytes, Weight]]] = {}
-        for e in self.overlapping(start_ns, end_ns):
+        for e in self.overlapping(start_ns, end_ns, filters.profile):
             c = self._compact(e)
             packed = merged.setdefault(id(c.table), (c.table, {}))[1]
             for key, w in zip(c.keys, c.weights):
@@ -467,7 +487,7 @@ class Index:
         for table, packed in merged.values():
             out.update({table.unpack(key): w for key, w in packed.items()})
         t = self.trace
-        if t.times:
+        if t.times and filters.profile == "cpu":
             lo = bisect.bisect_left(t.times, start_ns)
             hi = bisect.bisect_left(t.times, end_ns)
             acc: dict[int, Weight] = {}
@@ -478,6 +498,8 @@ class Index:
                 st = t.stacks[k]
                 out.stacks[st] = out.stacks.get(st, 0) + w
         out.start_ns, out.end_ns = start_ns, end_ns
+        if filters.profile == "offcpu":
+            out.labels.update(OFFCPU_LABELS)  # the graphs say "us" of off-CPU time, not samples
         return filters.apply(out)
 
     def _ratio(self, e: Entry, filters: Filters) -> float:
@@ -496,7 +518,7 @@ class Index:
     def points(self, start_ns: int, end_ns: int, filters: Filters) -> Iterable[tuple[int, float]]:
         """(time_ns, weight) of the finest things known: samples, windows, or whole files."""
         t = self.trace
-        if t.times and not filters.by_cgroup():
+        if t.times and not filters.by_cgroup() and filters.profile == "cpu":
             lo = bisect.bisect_left(t.times, start_ns)
             hi = bisect.bisect_left(t.times, end_ns)
             if filters.active():
@@ -512,7 +534,7 @@ class Index:
             else:
                 for i in range(lo, hi):
                     yield t.times[i], float(t.weights[i])
-        for e in self.overlapping(start_ns, end_ns):
+        for e in self.overlapping(start_ns, end_ns, filters.profile):
             ratio = self._ratio(e, filters) if filters.active() else 1.0
             if e.windows:
                 for ws, we, n in e.windows:
@@ -600,6 +622,7 @@ def _scan(state_dir: str, names: list[str], known: dict[str, Entry]) -> list[Ent
                 meta = {}
         e = _entry_from_sidecar(name, os.path.join(state_dir, name), m.group("ts"), meta)
         e.sidecar = bool(meta)
+        e.kind = str(meta.get("kind") or file_kind(m))
         entries.append(e)
     return entries
 

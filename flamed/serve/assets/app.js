@@ -16,6 +16,7 @@ function filterParams() {
   const p = new URLSearchParams();
   for (const k of FILTERS) if (S[k]) p.set(k, S[k]);
   if (S.kinds !== KINDS.join(",")) p.set("kinds", S.kinds);
+  if (S.profile !== "cpu") p.set("profile", S.profile);
   return p;
 }
 function rangeParams(extra) {
@@ -43,17 +44,29 @@ function readForm() {
   for (const k of FILTERS) S[k] = $(k).value.trim();
   S.kinds = KINDS.filter((k) => $("k-" + k).checked).join(",");
   S.view = $("view").value;
+  S.profile = $("profile").value;
+}
+// What the timeline's weights are: samples, or microseconds off the CPU (a daemon's off-CPU files).
+function unitText() {
+  const u = IDX && IDX.profiles && IDX.profiles[S.profile] ? IDX.profiles[S.profile].unit : "samples";
+  return u === "microseconds" ? "us off-CPU" : u;
 }
 function writeForm() {
   for (const k of FILTERS) $(k).value = S[k] || "";
   for (const k of KINDS) $("k-" + k).checked = S.kinds.split(",").includes(k);
   $("view").value = S.view;
+  $("profile").value = S.profile;
   $("from").value = iso(S.start); $("to").value = iso(S.end);
   $("bfrom").value = S.bstart != null ? iso(S.bstart) : "";
   $("bto").value = S.bend != null ? iso(S.bend) : "";
 }
 
-function showSource() { $("source").textContent = `${IDX.kind}: ${IDX.source} (${IDX.files} files)`; }
+function showSource() {
+  const kinds = IDX.profiles || {};
+  $("profile-box").hidden = Object.keys(kinds).length < 2;  // only a daemon recording off-CPU time has two
+  const files = kinds[S.profile] ? kinds[S.profile].files : IDX.files;
+  $("source").textContent = `${IDX.kind}: ${IDX.source} (${files} ${S.profile === "offcpu" ? "off-CPU " : ""}files)`;
+}
 async function loadTimeline() {
   // The served range grows as the daemon writes files: ask again each time.
   IDX = await getJSON("/api/index");
@@ -213,12 +226,12 @@ function drawAxes() {
     }
     g.textBaseline = "top";
     const cell = durText(TL.col_ms / TL.rows);
-    g.fillText(`samples / ${cell}`, 2, 1);
-    axes.legend = { max, unit: "samples", cell_ms: TL.col_ms / TL.rows, stops: stops.map((f) => f * max) };
+    g.fillText(`${unitText()} / ${cell}`, 2, 1);
+    axes.legend = { max, unit: unitText(), cell_ms: TL.col_ms / TL.rows, stops: stops.map((f) => f * max) };
   } else {
     g.fillStyle = "#d9531e"; g.fillRect(4, 20, 12, 12); g.fillStyle = "#333";
-    g.fillText(`samples / ${durText(TL.bucket_ms)}`, 20, 26);
-    axes.legend = { max: Math.max(0, ...TL.counts), unit: "samples", bucket_ms: TL.bucket_ms };
+    g.fillText(`${unitText()} / ${durText(TL.bucket_ms)}`, 20, 26);
+    axes.legend = { max: Math.max(0, ...TL.counts), unit: unitText(), bucket_ms: TL.bucket_ms };
   }
 }
 
@@ -352,12 +365,14 @@ function setupCanvas() {
 
 async function init() {
   try { IDX = await getJSON("/api/index"); } catch (e) { setStatus(String(e)); return; }
-  showSource();
   const u = new URLSearchParams(location.search);
+  S.profile = u.get("profile") === "offcpu" ? "offcpu" : "cpu";
+  showSource();
   const num = (k) => (u.get(k) !== null && u.get(k) !== "" ? Number(u.get(k)) : null);
   for (const k of FILTERS) S[k] = u.get(k) || "";
   S.kinds = u.get("kinds") !== null ? u.get("kinds") : KINDS.join(",");
   S.view = u.get("view") || "auto";
+  S.profile = u.get("profile") === "offcpu" ? "offcpu" : "cpu";
   S.end = num("end"); S.start = num("start");
   if (S.end === null) S.end = IDX.end_ms;
   if (S.start === null) S.start = Math.max(IDX.start_ms, S.end - 3600 * 1000);  // the most recent hour
