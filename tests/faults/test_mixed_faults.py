@@ -169,6 +169,16 @@ def test_churn_leaks_nothing(require_bpf: None, require_pyspy: str, daemon_facto
     n_short = scaled(1000, 100)
     span = 60.0 * n_short / 1000
     d = _mixed_daemon(daemon_factory, cgroup)
+    # A first Python process, watched by py-spy until it exits: the daemon sets up
+    # the py-spy clock (a BPF program) before its first py-spy and keeps it, so the
+    # baseline is taken after that.
+    warm = subprocess.Popen([sys.executable, "-c", LONG, "4"], preexec_fn=in_cgroup(cgroup))
+    try:
+        d.wait_for(lambda: steady(d, samples=2)["pyspy_children"] == 1, 40, "py-spy on a first process")
+    finally:
+        warm.wait(30)
+    d.wait_for(lambda: steady(d, samples=4)["pyspy_children"] == 0 and resources(d)["watched"] == 0, 30,
+               "the first process gone")
     time.sleep(2)
     idle = steady(d)  # the daemon with no Python process to watch
     longs = [subprocess.Popen([sys.executable, "-c", LONG, str(span + 90)], preexec_fn=in_cgroup(cgroup))

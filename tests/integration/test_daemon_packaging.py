@@ -189,7 +189,7 @@ PKG_ENV = {"PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"}
 
 def test_installed_daemon_runs_like_the_checkout(deb: Path, tmp_path: Path) -> None:
     """The unpacked package's daemon, with its own config: ready, a window written, SIGTERM;
-    mixed mode finds its py-spy clock program, and stderr holds flamed's log lines only."""
+    mixed mode raises no clock error, and stderr holds flamed's log lines only."""
     need(have_root(), "root (BPF)")
     need(have_bcc(), "bcc (python3-bpfcc)")
     from flamed.daemon.client import request  # the checkout's client talks to the package's daemon
@@ -230,8 +230,10 @@ def test_installed_daemon_runs_like_the_checkout(deb: Path, tmp_path: Path) -> N
     err = err_path.read_text(errors="replace")
     assert p.returncode == 0, err
     assert any("_[k]" in f.read_text() for f in state.glob("*.folded") if not f.is_symlink()), err
-    # the clock program was found and loaded (before the fix: "uprobe unavailable ... cannot read")
-    assert "py-spy clock: uprobe on" in err, err
+    # The py-spy clock is compiled only before a first py-spy, which this run did not need
+    # (the BPF walker reads Python): the packaged clock program is checked by the record
+    # test below (--pyspy, "calibrated by uprobe").  No clock error either way.
+    assert "uprobe unavailable" not in err, err
     assert [ln for ln in err.splitlines() if MISSING_WARNING.search(ln)] == [], err
     assert foreign_lines(err) == [], err
 
