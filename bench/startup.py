@@ -145,12 +145,13 @@ target = "stderr"
         log.close()
 
 
-def daemon_case(tmp: Path, n: int, settle: float) -> dict[str, Any]:
+def daemon_case(tmp: Path, n: int, settle: float, frequency: int | None = None) -> dict[str, Any]:
     from flamed.daemon.client import request  # noqa: PLC0415 - needs the checkout on sys.path
 
     tag = f"d{n}-{time.monotonic_ns()}"
     cfg, sock, state = tmp / f"{tag}.toml", tmp / f"{tag}.sock", tmp / f"state-{tag}"
-    cfg.write_text(f"""
+    sampling = f"[sampling]\nfrequency = {frequency}\n" if frequency else ""
+    cfg.write_text(f"""{sampling}
 [output]
 state_dir = "{state}"
 [metrics]
@@ -190,29 +191,41 @@ target = "stderr"
                 spans.append(100 * (c1 - c0) / (s1 - s0))
                 c0, s0 = c1, s1
             rss_end = python_bpf.rss(d.pid) / 2**20
+            rss_peak = _vm_hwm(d.pid) / 2**20
             status = request(str(sock), {"request": "status"}, timeout=5.0)["status"]
         finally:
             python_bpf.stop(d, timeout=60)
             log.close()
     st = status.get("startup", {})
     return {"n": n, "ready_s": ready, "compile_s": st.get("sampler_compile_s", float("nan")),
-            "rss_ready": rss_ready, "rss_end": rss_end, "spans": spans,
+            "rss_ready": rss_ready, "rss_end": rss_end, "rss_peak": rss_peak, "spans": spans,
             "memory": status.get("memory", {})}
 
 
-def daemon_part(counts: list[int], settle: float, tmp: Path) -> None:
+def _vm_hwm(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def daemon_part(counts: list[int], settle: float, tmp: Path, frequency: int | None = None) -> None:
     rows = []
     for n in counts:
         print(f"  daemon: {n} services ...", file=sys.stderr)
-        rows.append(daemon_case(tmp, n, settle))
-    print(f"\n## daemon on the shipped defaults (19 Hz); load {os.getloadavg()[0]:.2f}")
+        rows.append(daemon_case(tmp, n, settle, frequency))
+    print(f"\n## daemon on the shipped defaults ({frequency or 19} Hz); load {os.getloadavg()[0]:.2f}")
     print("| services | ready (s) | compile+verify (s) | RSS at ready (MB) | RSS after "
           f"{settle:.0f} s (MB) | CPU per 10 s span, % of a core (max) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        spans = " ".join(f"{x:.1f}" for x in r["spans"])
+        sp = r["spans"]
+        spans = " ".join(f"{x:.1f}" for x in sp[:12])
+        if len(sp) > 12:
+            rest = sorted(sp[12:])
+            spans += f" ... then median {rest[len(rest) // 2]:.1f}"
         print(f"| {r['n']} | {r['ready_s']:.2f} | {r['compile_s']:.2f} | {r['rss_ready']:.0f} | "
-              f"{r['rss_end']:.0f} | {spans} ({max(r['spans'] or [0]):.1f}) |")
+              f"{r['rss_end']:.0f} (peak {r['rss_peak']:.0f}) | {spans} (max {max(sp or [0]):.1f}) |")
     for r in rows:
         mem = ", ".join(f"{k} {v / 2**20:.0f}" for k, v in sorted(r["memory"].items()))
         print(f"memory by part at the end, {r['n']} services (MB): {mem}")
@@ -225,6 +238,7 @@ def main() -> int:
                     help="busy Python services per daemon run (default 0 8 32)")
     ap.add_argument("--settle", type=float, default=120.0,
                     help="seconds each daemon runs after ready (default 120)")
+    ap.add_argument("--frequency", type=int, default=None, help="daemon sampling rate (default: the shipped 19 Hz)")
     ap.add_argument("--skip-record", action="store_true")
     ap.add_argument("--skip-daemon", action="store_true")
     args = ap.parse_args()
@@ -236,7 +250,7 @@ def main() -> int:
         if not args.skip_record:
             record_part(args.runs, tmp)
         if not args.skip_daemon and args.services:
-            daemon_part(args.services, args.settle, tmp)
+            daemon_part(args.services, args.settle, tmp, args.frequency)
     return 0
 
 
