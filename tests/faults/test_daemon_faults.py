@@ -291,7 +291,14 @@ def test_a_few_stack_collisions_are_reported_without_advice(require_bpf: None, d
     assert "raise sampling.stack_map_size" not in log, log[-3000:]
     assert "maps are too small" not in log and "stack map is full" not in log, log[-3000:]
     reports = [ln for ln in log.splitlines() if "hash collisions (EEXIST" in ln]
-    assert len(reports) == 1 and " INFO " in reports[0], log[-3000:]  # once an hour, as information
+    info = [ln for ln in reports if " INFO " in ln]
+    assert len(info) == 1, log[-3000:]  # once an hour, as information
+    # A window made long by a late drain (a loaded host) holds more distinct stacks, and
+    # above 5 % of its samples the report becomes a warning: only then.
+    for ln in reports:
+        if ln not in info:
+            m = re.search(r"\((\d+\.\d)% of the last window's (\d+)\)", ln)
+            assert " WARNING " in ln and m is not None and float(m[1]) > 5.0, ln
 
 
 def test_bpf_map_pressure_counts_losses_and_names_the_setting(require_bpf: None, daemon_factory: Any,
