@@ -292,7 +292,7 @@ def test_a_few_stack_collisions_are_reported_without_advice(require_bpf: None, d
     assert "maps are too small" not in log and "stack map is full" not in log, log[-3000:]
     reports = [ln for ln in log.splitlines() if "hash collisions (EEXIST" in ln]
     info = [ln for ln in reports if " INFO " in ln]
-    assert len(info) == 1, log[-3000:]  # once an hour, as information
+    assert reports and len(info) <= 1, log[-3000:]  # as information: once an hour
     # A window made long by a late drain (a loaded host) holds more distinct stacks, and
     # above 5 % of its samples the report becomes a warning: only then.
     for ln in reports:
