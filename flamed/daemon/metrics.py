@@ -218,8 +218,10 @@ class DaemonMetrics:
         )
         self.offcpu_waits = Counter(
             "flamed_offcpu_waits",
-            "Off-CPU waits that ended, by result: recorded (in the off-CPU profile); below_threshold "
-            "(shorter than sampling.off_cpu_min_us, not recorded).", ["result"], registry=r,
+            "Off-CPU waits that ended, by result: recorded (in the off-CPU profile of the window they "
+            "ended in); carried (begun before a drain: added to the profile under the stack of their "
+            "start once that is read, or counted in flamed_offcpu_waits_dropped_total{reason=~\"carry_.*\"}); "
+            "below_threshold (shorter than sampling.off_cpu_min_us, not recorded).", ["result"], registry=r,
         )
         self.offcpu_dropped = Counter(
             "flamed_offcpu_waits_dropped",

@@ -22,7 +22,7 @@ _UNWIND_RESULTS = (("complete", "UW_COMPLETE"), ("no_table", "UW_NO_TABLE"),
                    ("unsupported_rule", "UW_UNSUPPORTED"), ("depth_limit", "UW_DEPTH"),
                    ("read_fault", "UW_READ_FAULT"), ("stacks_full", "UW_STACKS_FULL"))
 #: FLAMED_STAT_OFF_* (and the drain's CARRY_*) totals by the labels of the off-CPU counters.
-_OFFCPU_WAITS = (("recorded", "OFF_COUNTED"), ("below_threshold", "OFF_BELOW"))
+_OFFCPU_WAITS = (("recorded", "OFF_COUNTED"), ("carried", "OFF_CARRIED"), ("below_threshold", "OFF_BELOW"))
 _OFFCPU_DROPPED = (("start_full", "OFF_START_FULL"), ("map_full", "OFF_MAP_FULL"), ("carry_full", "OFF_CARRY_FULL"),
                    ("carry_overflow", "CARRY_OVERFLOW"), ("carry_missing", "CARRY_MISSING"),
                    ("carry_expired", "CARRY_EXPIRED"))

@@ -114,7 +114,8 @@ def test_daemon_records_where_python_sleeps(tmp_path: Path, require_bpf: None, d
     text = d.metrics_text()
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert metric_value(text, "flamed_offcpu_waits_total", {"result": "recorded"}) >= NAPS
+    # each nap ended in the window it began in (recorded) or in a later one (carried across a drain)
+    assert sum(metric_value(text, "flamed_offcpu_waits_total", {"result": r}) for r in ("recorded", "carried")) >= NAPS
     assert metric_value(text, "flamed_offcpu_switches_total") >= NAPS
     assert metric_value(text, "flamed_offcpu_seconds_total") * 1e6 >= 0.8 * slept_us
     for reason in ("start_full", "map_full", "carry_full"):
