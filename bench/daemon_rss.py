@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -101,4 +102,5 @@ target = "stderr"
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # cleans up the services and daemons
     sys.exit(main())
