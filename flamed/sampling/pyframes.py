@@ -277,7 +277,8 @@ class PythonFrames:
         if p is None:
             return
         try:
-            p.symbolizer.symbolize(self._absolute(tgid, frames))
+            fresh = getattr(p.symbolizer, "symbolize_fresh", None) or p.symbolizer.symbolize
+            fresh(self._absolute(tgid, frames))
         except Exception as e:  # noqa: BLE001
             log.debug("warming Python frames of %d: %s", tgid, e)
 

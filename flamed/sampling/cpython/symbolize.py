@@ -189,10 +189,18 @@ class CodeSymbolizer:
             parts.append(head[lay.code_qualname : lay.code_qualname + 8])
         return b"".join(parts)
 
-    def symbolize(self, frames: Sequence[tuple[int, int]]) -> list[str]:
+    def symbolize_fresh(self, frames: Sequence[tuple[int, int]]) -> list[str]:
+        """:meth:`symbolize` for a stack seen for the first time, while the process
+        runs: every cached code object of it is read again, even one checked in
+        this drain.  A code object freed since (a module's top level, run once)
+        can have left its address to a new one (the function the new stack
+        shows), and a new stack is when that shows."""
+        return self.symbolize(frames, recheck=True)
+
+    def symbolize(self, frames: Sequence[tuple[int, int]], *, recheck: bool = False) -> list[str]:
         """Frames (innermost first, as given) in ``NAME (FILENAME:LINE)`` form."""
         codes = list(dict.fromkeys(addr & ~ENTRY_BIT for addr, _ in frames))
-        self._revalidate([c for c in codes if c in self._cache])
+        self._revalidate([c for c in codes if c in self._cache], recheck=recheck)
         missing = [c for c in codes if c not in self._cache]
         if missing:
             self._load(missing)
@@ -230,8 +238,8 @@ class CodeSymbolizer:
             line = line_locations(entry.linetable, entry.firstlineno, (instr - base) // 2)
         return entry.firstlineno if line is None else line
 
-    def _revalidate(self, cached: list[int]) -> None:
-        todo = [c for c in cached if self._cache[c].checked != self._batch]
+    def _revalidate(self, cached: list[int], *, recheck: bool = False) -> None:
+        todo = cached if recheck else [c for c in cached if self._cache[c].checked != self._batch]
         if not todo or self._gone:
             return
         heads = self.memory.read_many([(c, self._head_size) for c in todo])
