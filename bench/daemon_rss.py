@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import python_bpf  # noqa: E402 -- services, /proc helpers
+import startup  # noqa: E402 -- bench/startup.py: the daemon's config
 
 VENV = ROOT / ".venv" / "bin"
 
@@ -56,18 +57,7 @@ def main() -> int:
         daemons: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
         for rate in rates:
             cfg, sock = tmp / f"d{rate}.toml", tmp / f"d{rate}.sock"
-            cfg.write_text(f"""
-[sampling]
-frequency = {rate}
-[output]
-state_dir = "{tmp / f'state-{rate}'}"
-[metrics]
-address = "127.0.0.1:{python_bpf.free_port()}"
-[control]
-socket = "{sock}"
-[log]
-target = "stderr"
-""")
+            startup.write_config(cfg, sock, tmp / f"state-{rate}", rate)
             log = stack.enter_context(open(tmp / f"d{rate}.log", "wb"))
             d = subprocess.Popen(["nice", "-n", "-10", str(VENV / "python"), "-m", "flamed", "daemon", "--config",
                                   str(cfg)], stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT)

@@ -110,13 +110,10 @@ def record_part(runs: int, tmp: Path) -> None:
               f"{cell([r['wall_s'] for r in rs], '.2f'):20} | {cell([r['rss_mb'] for r in rs], '.0f'):20} |")
 
 
-@contextlib.contextmanager
-def running_daemon(tmp: Path) -> Iterator[Path]:
-    """A daemon on the shipped defaults; its control socket while it runs."""
-    from flamed.daemon.client import request  # noqa: PLC0415 - needs the checkout on sys.path
-
-    cfg, sock, state = tmp / "rd.toml", tmp / "rd.sock", tmp / "state-rd"
-    cfg.write_text(f"""
+def write_config(cfg: Path, sock: Path, state: Path, frequency: int | None = None) -> None:
+    """A daemon config on the shipped defaults (but for ``frequency``), its files under ``state``."""
+    sampling = f"[sampling]\nfrequency = {frequency}\n" if frequency else ""
+    cfg.write_text(f"""{sampling}
 [output]
 state_dir = "{state}"
 [metrics]
@@ -126,6 +123,15 @@ socket = "{sock}"
 [log]
 target = "stderr"
 """)
+
+
+@contextlib.contextmanager
+def running_daemon(tmp: Path) -> Iterator[Path]:
+    """A daemon on the shipped defaults; its control socket while it runs."""
+    from flamed.daemon.client import request  # noqa: PLC0415 - needs the checkout on sys.path
+
+    cfg, sock = tmp / "rd.toml", tmp / "rd.sock"
+    write_config(cfg, sock, tmp / "state-rd")
     log = open(tmp / "rd.log", "wb")
     d = subprocess.Popen([str(VENV / "python"), "-m", "flamed", "daemon", "--config", str(cfg)],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT)
@@ -149,18 +155,8 @@ def daemon_case(tmp: Path, n: int, settle: float, frequency: int | None = None) 
     from flamed.daemon.client import request  # noqa: PLC0415 - needs the checkout on sys.path
 
     tag = f"d{n}-{time.monotonic_ns()}"
-    cfg, sock, state = tmp / f"{tag}.toml", tmp / f"{tag}.sock", tmp / f"state-{tag}"
-    sampling = f"[sampling]\nfrequency = {frequency}\n" if frequency else ""
-    cfg.write_text(f"""{sampling}
-[output]
-state_dir = "{state}"
-[metrics]
-address = "127.0.0.1:{python_bpf.free_port()}"
-[control]
-socket = "{sock}"
-[log]
-target = "stderr"
-""")
+    cfg, sock = tmp / f"{tag}.toml", tmp / f"{tag}.sock"
+    write_config(cfg, sock, tmp / f"state-{tag}", frequency)
     with python_bpf.services(tmp, n):
         time.sleep(1.0 if n else 0)  # the services are up and busy
         log = open(tmp / f"{tag}.log", "wb")

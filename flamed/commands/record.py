@@ -533,16 +533,7 @@ class RecordCommand(Command):
 
     # -- shared -----------------------------------------------------------
     def _finish_child(self, child: subprocess.Popen[bytes], interrupted: bool) -> int:
-        if child.poll() is None and interrupted:
-            # Ctrl-C reached the child through the terminal, or we were signalled alone.
-            with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signal.SIGINT)
-        try:
-            rc = child.wait(timeout=10 if interrupted else None)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            rc = child.wait()
-        return 128 - rc if rc < 0 else rc
+        return record_daemon.finish_child(child, interrupted)
 
     def _write(self, args: argparse.Namespace, fmt: outputs.OutputFormat, profile: Profile) -> None:
         path = args.output

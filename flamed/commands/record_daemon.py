@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import re
 import signal
@@ -33,7 +32,6 @@ from flamed.errors import FlamedError, UsageError
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack
 
-log = logging.getLogger("flamed.record")
 
 #: Seconds between two requests for what the daemon drained meanwhile (no drain is forced).
 POLL_S = 1.0
@@ -41,6 +39,20 @@ POLL_S = 1.0
 REQUEST_TIMEOUT_S = 30.0
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+
+
+def finish_child(child: subprocess.Popen[bytes], interrupted: bool) -> int:
+    """Wait for the recorded command; its exit code (128 + N for signal N).  After
+    Ctrl-C it gets SIGINT (if the terminal did not send it one) and 10 s."""
+    if child.poll() is None and interrupted:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signal.SIGINT)
+    try:
+        rc = child.wait(timeout=10 if interrupted else None)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        rc = child.wait()
+    return 128 - rc if rc < 0 else rc
 
 
 def parse_since(text: str) -> float:
@@ -86,9 +98,8 @@ class DaemonRecording:
             self.lost[r] = self.lost.get(r, 0) + int(n)
 
     def profile(self) -> Profile:
-        p = Profile(dict(self.stacks), start_ns=self.start_ns, end_ns=self.end_ns, sample_rate=self.sample_rate,
-                    labels={"unit": "samples", "source": f"flamed record through the daemon at {self.socket}"})
-        return p
+        return Profile(dict(self.stacks), start_ns=self.start_ns, end_ns=self.end_ns, sample_rate=self.sample_rate,
+                       labels={"unit": "samples", "source": f"flamed record through the daemon at {self.socket}"})
 
 
 def probe(socket_path: str) -> dict[str, Any]:
@@ -180,17 +191,7 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
             rec.broken = str(e)
         except KeyboardInterrupt:
             interrupted = True
-    rc = 0
-    if child is not None:
-        if interrupted and child.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signal.SIGINT)  # as a terminal's Ctrl-C would
-        try:
-            code = child.wait(timeout=10 if interrupted else None)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            code = child.wait()
-        rc = 128 - code if code < 0 else code
+    rc = finish_child(child, interrupted) if child is not None else 0
     if rec.broken:
         got = (f"{int(sum(rec.stacks.values()))} samples in {rec.windows} window(s)" if rec.windows
                else "nothing")
