@@ -267,6 +267,7 @@ class RecordCommand(Command):
         try:
             s = BpfSampler(BpfSamplerOptions(frequency=rate, pids=frozenset(), python=python, unwind=unwind,
                                              unwind_cache_dir=_cache_dir() if unwind else None,
+                                             bpf_cache_dir=_cache_dir("bpf"),
                                              offcpu=offcpu_min_us is not None, offcpu_min_us=offcpu_min_us or 0,
                                              offcpu_every=offcpu_every))
         except FlamedError as e:
@@ -601,7 +602,8 @@ def _signals_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def _cache_dir() -> Path:
-    """Where `record` keeps unwind tables: $XDG_CACHE_HOME/flamed/unwind (~/.cache/...)."""
+def _cache_dir(what: str = "unwind") -> Path:
+    """Where `record` keeps unwind tables (``unwind``) and compiled programs
+    (``bpf``): $XDG_CACHE_HOME/flamed/WHAT (~/.cache/...)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "flamed" / "unwind"
+    return Path(base) / "flamed" / what

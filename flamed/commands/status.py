@@ -54,7 +54,7 @@ class StatusCommand(Command):
             ("off-cpu", _offcpu_row(st.get("offcpu"), st.get("metrics") if st.get("pprof") else None)),
             ("push", _push_row(st.get("push"))),
             ("unwind", _unwind_row(st.get("unwind"))),
-            ("start-up", _startup_row(st.get("startup"))),
+            ("start-up", _startup_row(st.get("startup"), st.get("program_from"))),
             ("memory", _memory_row(st.get("memory"))),
         ]
         for name, p in sorted((st.get("processors") or {}).items()):
@@ -83,10 +83,15 @@ def _unwind_row(u: dict[str, Any] | None) -> str:
     return row
 
 
-def _startup_row(su: dict[str, float] | None) -> str:
+_PROGRAM_FROM = {"cache": "BPF program from the cache", "child": "BPF program compiled in a child",
+                 "compiled": "BPF program compiled"}
+
+
+def _startup_row(su: dict[str, float] | None, program_from: str | None = None) -> str:
     if not su:
         return "-"
-    parts = [("state dir", "state_dir_s"), ("BPF compile", "sampler_compile_s"), ("attach", "sampler_attach_s"),
+    parts = [("state dir", "state_dir_s"), (_PROGRAM_FROM.get(program_from or "", "BPF program"), "sampler_program_s"),
+             ("compile and verify", "sampler_compile_s"), ("attach", "sampler_attach_s"),
              ("sampler in all", "sampler_s"), ("processors", "processors_s"), ("servers", "servers_s")]
     shown = ", ".join(f"{name} {su[k]:.2f} s" for name, k in parts if k in su)
     return f"ready in {su.get('ready_s', 0.0):.2f} s ({shown})"

@@ -98,6 +98,10 @@ class SamplingConfig:
     #: Where built tables are kept by build id, shared by every flamed on the host
     #: (a table is rebuilt when missing).
     unwind_cache_dir: str = "/var/cache/flamed/unwind"
+    #: Where compiled BPF programs are kept, shared by every flamed on the host
+    #: (a start whose program is there needs no compiler).  Empty: compiled at
+    #: each start.  The compile runs in a short-lived child process either way.
+    bpf_cache_dir: str = "/var/cache/flamed/bpf"
     #: Also record off-CPU time: how long each task waited off the CPU, and in
     #: which stack (docs/offcpu.md; its cost grows with context switches).  Each
     #: window then gives a second profile, in separate files (offcpu-HOST-...).

@@ -108,6 +108,9 @@ class Daemon:
         self.stopping = threading.Event()
         self.ready = threading.Event()
         self.started_ns = 0
+        #: Where the sampler's BPF program came from (status "program_from"):
+        #: cache, child (compiled in a short-lived process), compiled; "" if none.
+        self.program_from = ""
         #: Seconds of each start-up phase (status "startup", flamed_startup_seconds).
         self.startup: dict[str, float] = {}
         self.handlers = RequestHandlers(self.loop, ring=self.ring, store=self.store, metrics=self.metrics,
@@ -221,6 +224,7 @@ class Daemon:
             for k, v in getattr(parts(), "startup", {}).items():
                 if k != "sampler_s":
                     startup[f"sampler_{k}"] = v
+            self.program_from = str(getattr(parts(), "program", ""))
         for k, v in startup.items():
             startup[k] = round(v, 3)
             self.metrics.startup_seconds.labels(part=k.removesuffix("_s")).set(v)
@@ -354,6 +358,7 @@ class Daemon:
             "processors": {p.name: _safe_status(p) for p in loop.processors},
             "formats": outputs.names(),
             "startup": dict(self.startup),
+            "program_from": self.program_from,
             "memory": self.memory(),
         }
 

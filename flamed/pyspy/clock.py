@@ -17,8 +17,10 @@ import re
 import select
 import threading
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
+from flamed.sampling.bpfimage import load_bpf
 from flamed.sampling.bpfload import BPF_DIR_ENV, adopt, bpf_dirs, close_bpf, find_bpf_source
 from flamed.errors import CapabilityError
 
@@ -72,9 +74,13 @@ class PySpyClock:
     ``forget(tgid)`` frees them.  A background thread polls the ring buffer.
     """
 
-    def __init__(self, pyspy: str, *, vm_readv: bool = True) -> None:
+    def __init__(self, pyspy: str, *, vm_readv: bool = True, cache_dir: Path | None = None,
+                 isolated: bool = False) -> None:
         self.pyspy = os.path.realpath(pyspy)
         self.vm_readv = vm_readv
+        #: Compiled-program cache and compile isolation (flamed.sampling.bpfimage.load_bpf).
+        self.cache_dir = cache_dir
+        self.isolated = isolated
         self._reads: dict[int, list[int]] = defaultdict(list)
         self._bpf: Any = None
         self._hits: dict[int, list[int]] = defaultdict(list)
@@ -88,14 +94,14 @@ class PySpyClock:
 
     def start(self) -> None:
         try:
-            from bcc import BPF  # noqa: PLC0415
+            import bcc  # noqa: F401, PLC0415
         except ImportError:
             raise CapabilityError("bcc is not importable (Debian python3-bpfcc)") from None
         name, addr = find_increment_symbol(self.pyspy)
         self.symbol = name
         try:
             cflags = ["-DTRACE_VM_READV"] if self.vm_readv else []
-            self._bpf = adopt(BPF(text=bpf_source().encode(), cflags=cflags))
+            self._bpf = adopt(load_bpf(bpf_source(), cflags, cache_dir=self.cache_dir, isolated=self.isolated)[0])
             self._bpf.attach_uprobe(name=self.pyspy.encode(), addr=addr, fn_name=b"on_increment")
         except Exception as e:
             self.close()

@@ -161,7 +161,11 @@ class MixedMode:
         self._clock_tried = True
         if not self.options.clock or self.supervisor.binary is None:
             return
-        clk = PySpyClock(self.supervisor.binary, vm_readv=self.options.vm_readv)
+        # the sampler's compiled-program cache and compile isolation serve the clock too
+        sopts = getattr(self.sampler, "options", None)
+        clk = PySpyClock(self.supervisor.binary, vm_readv=self.options.vm_readv,
+                         cache_dir=getattr(sopts, "bpf_cache_dir", None),
+                         isolated=bool(getattr(sopts, "bpf_compile_isolated", False)))
         try:
             clk.start()
         except CapabilityError as e:

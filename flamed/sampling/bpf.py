@@ -243,7 +243,10 @@ class BpfSampler:
         followed = self._follow_cgroups()
         program.load(self._fsbase)
         t1 = time.perf_counter()
-        startup["compile_s"] = round(t1 - t0, 3)  # BTF offsets, bcc's clang compile, maps, the verifier
+        startup["compile_s"] = round(t1 - t0, 3)  # BTF offsets, bcc's clang compile or the cache, maps, the verifier
+        if program.load_info is not None:
+            startup["program_s"] = round(program.load_info.seconds, 3)  # the compile or the cached image, maps
+            self._stats.program = program.load_info.how
         sym = self._processes.symbolizer = (self._processes.symbolizer
                                             or Symbolizer(resolver_factory=_default_resolver))
         program.fill_filters()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from flamed.errors import CapabilityError, ConfigError, FlamedError
+from flamed.sampling.bpfimage import ImageError, LoadInfo, load_bpf
 from flamed.sampling.bpfload import adopt, close_bpf, find_bpf_dir
 from flamed.sampling.cgroups import CgroupError, CgroupSpec, Hierarchy, parse_cgroup_spec
 
@@ -157,6 +158,12 @@ class BpfSamplerOptions:
     #: Where built tables are kept by build id (``None``: not kept, rebuilt
     #: at each start).
     unwind_cache_dir: Path | None = None
+    #: Where compiled programs are kept (flamed.sampling.bpfimage): a start
+    #: whose program is there needs no compiler.  ``None``: compiled each time.
+    bpf_cache_dir: Path | None = None
+    #: Compile in a short-lived child process, so that LLVM's memory never
+    #: stays in this one (the daemon's choice; ~0.3 s more per compile).
+    bpf_compile_isolated: bool = False
     #: Time every walk in the program and report the sum in
     #: ``SamplerStats.unwind_total["UW_NS"]``: for benchmarks.
     unwind_timing: bool = False
@@ -558,6 +565,8 @@ class KernelProgram:
         self.stopped = False
         self._perf_fds: dict[int, int] = {}
         self._offcpu_attached = False
+        #: How :meth:`load` got the program: from the cache, or compiled.
+        self.load_info: LoadInfo | None = None
 
     @property
     def cpus(self) -> tuple[int, ...]:
@@ -572,13 +581,17 @@ class KernelProgram:
         pid_off = task_pid_offset() if self.options.offcpu else -1
         prog = bpf_program(self.options, fsbase_offset=fsbase_offset(), pid_offset=pid_off)
         self.stat_idx = stat_indices(prog.path.parent / "flamed.h")
-        b, text, err = _with_captured_stderr(
-            lambda: bcc.BPF(text=prog.source.encode(), cflags=list(prog.cflags))
+        made, text, err = _with_captured_stderr(
+            lambda: load_bpf(prog.source, prog.cflags, cache_dir=self.options.bpf_cache_dir,
+                             isolated=self.options.bpf_compile_isolated)
         )
-        if err is not None or b is None:
+        if err is not None or made is None:
+            if isinstance(err, ImageError):  # the program compiled, its image did not load
+                raise CapabilityError(f"cannot load the compiled {prog.path}: {err}")
             raise CapabilityError(
                 f"bcc could not compile {prog.path} ({_headers_hint()}):\n  {_tail(text) or err}"
             )
+        b, self.load_info = made
         self.bpf = adopt(b)  # its exit cleanup is flamed's (quiet without tracefs)
         from bcc.libbcc import lib
 

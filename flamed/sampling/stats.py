@@ -66,6 +66,9 @@ class SamplerStats:
     #: Seconds of each start-up phase: compile_s (BTF offsets, compile, maps,
     #: the verifier), attach_s (perf events, tracepoints), sampler_s (the whole start).
     startup: dict[str, float] = field(default_factory=dict)
+    #: Where the BPF program came from: ``cache`` (compiled before, read back),
+    #: ``child`` (compiled in a short-lived process), ``compiled`` (here).
+    program: str = ""
     frequency: int = 0
     cpus: tuple[int, ...] = ()
     samples_total: int = 0  # sum of Window.samples over all drains
