@@ -8,7 +8,9 @@ tool, medians (min-max): the time from the tool's exec to the target's first
 line ("to target"), the whole run's wall time, and the tool's peak RSS
 (wait4's ru_maxrss: the largest of the tool and the children it waited for;
 the target itself is ~10 MB).  Tools: ``flamed record`` (mixed mode, the
-defaults), ``flamed record --no-unwind``, ``py-spy record``, ``perf record
+defaults; its compiled programs in the cache, as from the second run on),
+the same with an empty cache each run ("no cache": a first start, clang
+compiles), ``flamed record --no-unwind``, ``py-spy record``, ``perf record
 -g``, and ``flamed record`` through a daemon (started first, on the shipped
 defaults, and running during all the runs: its own sampling slows the others
 a little, as it would on a host that runs it).
@@ -19,7 +21,9 @@ the daemon on the shipped defaults (19 Hz, drain every 10 s, the BPF walker
 and the unwinder on) is started at nice -10 as the unit starts it, and printed: the time until its control
 socket answers (ready), the start-up by phase from ``status``, RSS at ready
 and after ``--settle`` seconds, and its CPU (tree: daemon and py-spy
-children) per 10 s span over ``--settle`` seconds.
+children) per 10 s span over ``--settle`` seconds.  Each count runs twice
+(``--caches``): with no compiled-program cache (the compile runs in a child
+process at every start) and with the cache filled (no compile).
 
 Run as root from a checkout whose ``.venv`` ``make test`` made.  The machine
 may be shared: the load average is printed.
@@ -60,10 +64,11 @@ while time.monotonic() < end:
 """
 
 
-def run_tool(argv: list[str], stamp: Path) -> dict[str, float]:
+def run_tool(argv: list[str], stamp: Path, env: dict[str, str] | None = None) -> dict[str, float]:
     stamp.unlink(missing_ok=True)
     t0 = time.monotonic_ns()
-    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         env=env)
     _, status, ru = os.wait4(p.pid, 0)
     t1 = time.monotonic_ns()
     p.returncode = os.waitstatus_to_exitcode(status)
@@ -81,6 +86,8 @@ def record_part(runs: int, tmp: Path) -> None:
     py = "python3"
     tools: dict[str, list[str]] = {
         "flamed record": [str(VENV / "flamed"), "record", "-o", str(tmp / "f.folded"), "--", py, str(target), str(stamp)],
+        "flamed record, no cache": [str(VENV / "flamed"), "record", "-o", str(tmp / "f.folded"), "--", py,
+                                    str(target), str(stamp)],
         "flamed record --no-unwind": [str(VENV / "flamed"), "record", "--no-unwind", "-o", str(tmp / "f2.folded"),
                                       "--", py, str(target), str(stamp)],
         "py-spy record": [str(VENV / "py-spy"), "record", "-f", "raw", "-o", str(tmp / "p.txt"), "--", py,
@@ -90,12 +97,20 @@ def record_part(runs: int, tmp: Path) -> None:
     }
     got: dict[str, list[dict[str, float]]] = {k: [] for k in tools}
     got["flamed record via a daemon"] = []
+    # The compiled programs' cache ($XDG_CACHE_HOME/flamed/bpf): the bench's own, filled by one
+    # untimed run of each flamed variant; "no cache" gets an empty one every run (a first start).
+    warm = dict(os.environ, XDG_CACHE_HOME=str(tmp / "xdg-warm"))
+    for name in ("flamed record", "flamed record --no-unwind"):
+        run_tool(tools[name], stamp, warm)
     with running_daemon(tmp) as sock:
         tools["flamed record via a daemon"] = [str(VENV / "flamed"), "record", "--socket", str(sock), "-o",
                                                str(tmp / "d.folded"), "--", py, str(target), str(stamp)]
         for i in range(runs):
             for name, argv in tools.items():
-                got[name].append(run_tool(argv, stamp))
+                env = warm
+                if name == "flamed record, no cache":
+                    env = dict(os.environ, XDG_CACHE_HOME=tempfile.mkdtemp(dir=tmp, prefix="xdg-cold-"))
+                got[name].append(run_tool(argv, stamp, env))
             print(f"  record: run {i + 1}/{runs} done", file=sys.stderr)
 
     def cell(xs: list[float], fmt: str) -> str:
@@ -110,9 +125,15 @@ def record_part(runs: int, tmp: Path) -> None:
               f"{cell([r['wall_s'] for r in rs], '.2f'):20} | {cell([r['rss_mb'] for r in rs], '.0f'):20} |")
 
 
-def write_config(cfg: Path, sock: Path, state: Path, frequency: int | None = None) -> None:
-    """A daemon config on the shipped defaults (but for ``frequency``), its files under ``state``."""
-    sampling = f"[sampling]\nfrequency = {frequency}\n" if frequency else ""
+def write_config(cfg: Path, sock: Path, state: Path, frequency: int | None = None,
+                 bpf_cache_dir: str | None = None) -> None:
+    """A daemon config on the shipped defaults (but for ``frequency`` and the compiled
+    programs' cache: ``""`` none), its files under ``state``."""
+    sampling = "[sampling]\n"
+    if frequency:
+        sampling += f"frequency = {frequency}\n"
+    if bpf_cache_dir is not None:
+        sampling += f'bpf_cache_dir = "{bpf_cache_dir}"\n'
     cfg.write_text(f"""{sampling}
 [output]
 state_dir = "{state}"
@@ -151,12 +172,13 @@ def running_daemon(tmp: Path) -> Iterator[Path]:
         log.close()
 
 
-def daemon_case(tmp: Path, n: int, settle: float, frequency: int | None = None) -> dict[str, Any]:
+def daemon_case(tmp: Path, n: int, settle: float, frequency: int | None = None, cache: str = "") -> dict[str, Any]:
+    """``cache``: the compiled programs' directory ("": none, every start compiles)."""
     from flamed.daemon.client import request  # noqa: PLC0415 - needs the checkout on sys.path
 
     tag = f"d{n}-{time.monotonic_ns()}"
     cfg, sock = tmp / f"{tag}.toml", tmp / f"{tag}.sock"
-    write_config(cfg, sock, tmp / f"state-{tag}", frequency)
+    write_config(cfg, sock, tmp / f"state-{tag}", frequency, bpf_cache_dir=cache)
     with python_bpf.services(tmp, n):
         time.sleep(1.0 if n else 0)  # the services are up and busy
         log = open(tmp / f"{tag}.log", "wb")
@@ -194,7 +216,8 @@ def daemon_case(tmp: Path, n: int, settle: float, frequency: int | None = None) 
             python_bpf.stop(d, timeout=60)
             log.close()
     st = status.get("startup", {})
-    return {"n": n, "ready_s": ready, "compile_s": st.get("sampler_compile_s", float("nan")),
+    return {"n": n, "program": status.get("program_from", "?"),
+            "ready_s": ready, "compile_s": st.get("sampler_compile_s", float("nan")),
             "rss_ready": rss_ready, "rss_end": rss_end, "rss_peak": rss_peak, "spans": spans,
             "memory": status.get("memory", {})}
 
@@ -206,26 +229,31 @@ def _vm_hwm(pid: int) -> int:
     return 0
 
 
-def daemon_part(counts: list[int], settle: float, tmp: Path, frequency: int | None = None) -> None:
+def daemon_part(counts: list[int], settle: float, tmp: Path, frequency: int | None = None,
+                caches: tuple[str, ...] = ("none", "warm")) -> None:
     rows = []
+    warm = str(tmp / "bpf-cache")
     for n in counts:
-        print(f"  daemon: {n} services ...", file=sys.stderr)
-        rows.append(daemon_case(tmp, n, settle, frequency))
+        for c in caches:
+            print(f"  daemon: {n} services, {c} cache ...", file=sys.stderr)
+            if c == "warm" and not Path(warm).is_dir():
+                daemon_case(tmp, 0, 0.0, frequency, cache=warm)  # fills it
+            rows.append(daemon_case(tmp, n, settle, frequency, cache=warm if c == "warm" else ""))
     print(f"\n## daemon on the shipped defaults ({frequency or 19} Hz); load {os.getloadavg()[0]:.2f}")
-    print("| services | ready (s) | compile+verify (s) | RSS at ready (MB) | RSS after "
+    print("| services | program | ready (s) | compile+verify (s) | RSS at ready (MB) | RSS after "
           f"{settle:.0f} s (MB) | CPU per 10 s span, % of a core (max) |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         sp = r["spans"]
         spans = " ".join(f"{x:.1f}" for x in sp[:12])
         if len(sp) > 12:
             rest = sorted(sp[12:])
             spans += f" ... then median {rest[len(rest) // 2]:.1f}"
-        print(f"| {r['n']} | {r['ready_s']:.2f} | {r['compile_s']:.2f} | {r['rss_ready']:.0f} | "
+        print(f"| {r['n']} | {r['program']} | {r['ready_s']:.2f} | {r['compile_s']:.2f} | {r['rss_ready']:.0f} | "
               f"{r['rss_end']:.0f} (peak {r['rss_peak']:.0f}) | {spans} (max {max(sp or [0]):.1f}) |")
     for r in rows:
         mem = ", ".join(f"{k} {v / 2**20:.0f}" for k, v in sorted(r["memory"].items()))
-        print(f"memory by part at the end, {r['n']} services (MB): {mem}")
+        print(f"memory by part at the end, {r['n']} services, program {r['program']} (MB): {mem}")
 
 
 def main() -> int:
@@ -236,6 +264,9 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=120.0,
                     help="seconds each daemon runs after ready (default 120)")
     ap.add_argument("--frequency", type=int, default=None, help="daemon sampling rate (default: the shipped 19 Hz)")
+    ap.add_argument("--caches", nargs="*", choices=["none", "warm"], default=["none", "warm"],
+                    help="daemon runs without the compiled programs' cache (every start compiles, in a "
+                         "child) and/or with it filled (default both)")
     ap.add_argument("--skip-record", action="store_true")
     ap.add_argument("--skip-daemon", action="store_true")
     args = ap.parse_args()
@@ -247,7 +278,7 @@ def main() -> int:
         if not args.skip_record:
             record_part(args.runs, tmp)
         if not args.skip_daemon and args.services:
-            daemon_part(args.services, args.settle, tmp, args.frequency)
+            daemon_part(args.services, args.settle, tmp, args.frequency, tuple(args.caches))
     return 0
 
 
