@@ -77,6 +77,10 @@ class DaemonCommand(Command):
             self.stdout.write(bpf_program_text(cfg.sampling))
             return 0
         setup_logging(cfg.log.level, cfg.log.target)
+        # bcc without clang and LLVM (~65 MB of RSS): every compile runs in a child process
+        from flamed.sampling.bpfimage import runtime_only
+
+        runtime_only()
         from flamed.daemon.core import Daemon
         from flamed.daemon.notify import Notifier
 

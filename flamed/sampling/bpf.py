@@ -30,7 +30,6 @@ from flamed.sampling.cgroups import CgroupError, CgroupFilter, CgroupResolver, f
 from flamed.sampling.contract import Window
 from flamed.sampling.drain import DROPPING_REASONS, LOST_REASONS, Drainer, SamplerStats
 from flamed.sampling.feeds import PythonFeed, UnwindFeed
-from flamed.sampling.kallsyms import Kallsyms
 from flamed.sampling.processes import ProcessManager
 from flamed.sampling.program import (
     EVENTS,
@@ -45,7 +44,7 @@ from flamed.sampling.program import (
     task_fsbase_offset,
 )
 from flamed.sampling.pyframes import PythonFrames
-from flamed.sampling.symbols import BccResolver, Resolver, Symbolizer
+from flamed.sampling.symbols import Resolver, Symbolizer, default_resolver
 from flamed.sampling.unwind.tables import Unwinder
 
 #: Importable from here: the sampler's public API.
@@ -73,8 +72,10 @@ log = logging.getLogger("flamed.bpf")
 
 
 def _default_resolver(pid: int) -> Resolver:
-    """kallsyms read by flamed for the kernel (bcc's needs euid 0), bcc per process."""
-    return Kallsyms() if pid < 0 else BccResolver(pid)
+    """kallsyms read by flamed for the kernel (bcc's needs euid 0); flamed's
+    perf-map and vDSO reader per process (bcc's per-process cache closes
+    stray fds before bcc 0.33: :class:`flamed.sampling.symbols.ProcResolver`)."""
+    return default_resolver(pid)
 
 
 class BpfSampler:

@@ -63,6 +63,86 @@ class ImageError(Exception):
     """An image cannot be made, read or loaded; says why."""
 
 
+class CompileError(ImageError):
+    """The compiler process failed; the text is its last lines of stderr."""
+
+
+# ---------------------------------------------------------------------------
+# bcc without its compiler
+
+#: Set by :func:`runtime_only`: bcc's Python side runs over libbcc_bpf.so.
+_RUNTIME_ONLY = False
+#: What bcc's library calls its runtime half (no clang, no LLVM).
+RUNTIME_LIBRARY = "libbcc_bpf.so.0"
+_TABLE_INFO = frozenset({"bpf_table_type_id", "bpf_table_flags_id", "bpf_table_max_entries_id"})
+
+
+class _CompilerOnly:
+    """A libbcc function that only the compiler half has: declarable, not callable."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.restype: Any = None
+        self.argtypes: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.name in _TABLE_INFO:
+            return -1  # what libbcc answers without a module; ImageBPF sets the real values
+        raise RuntimeError(f"{self.name} is part of bcc's compiler, not loaded in this process")
+
+
+class _RuntimeLibrary:
+    """Stands for libbcc.so in bcc's Python side: libbcc_bpf.so's functions,
+    and :class:`_CompilerOnly` for the rest."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            f = getattr(self._real, name)
+        except AttributeError:
+            f = _CompilerOnly(name)
+        self.__dict__[name] = f
+        return f
+
+
+def runtime_only() -> bool:
+    """Make this process load bcc over its runtime library only: maps,
+    programs, perf and ring buffers, symbols, but no clang and no LLVM
+    (importing bcc maps LLVM in and costs ~65 MB of RSS; its runtime half,
+    ~2 MB).  Every compile then runs in a child process (:func:`load_bpf`).
+    Call before bcc is first imported; False (and nothing changes) when it
+    already was, or when this bcc has no runtime library."""
+    global _RUNTIME_ONLY
+    if _RUNTIME_ONLY:
+        return True
+    if "bcc" in sys.modules or "bcc.libbcc" in sys.modules:
+        return False
+    try:
+        real = ct.CDLL(RUNTIME_LIBRARY, use_errno=True)
+    except OSError:
+        return False
+    plain = ct.CDLL
+
+    def cdll(name: Any, *args: Any, **kw: Any) -> Any:
+        if name == "libbcc.so.0":
+            return _RuntimeLibrary(real)
+        return plain(name, *args, **kw)
+
+    ct.CDLL = cdll  # type: ignore[misc,assignment]
+    try:
+        import bcc  # noqa: F401, PLC0415 - bcc.libbcc takes its library now
+    except ImportError:
+        return False
+    finally:
+        ct.CDLL = plain  # type: ignore[misc]
+    _RUNTIME_ONLY = True
+    return True
+
+
 @dataclass(frozen=True)
 class MapSpec:
     name: str
@@ -517,7 +597,7 @@ def compile_in_child(source: str, cflags: Sequence[str], timeout: float = 600.0)
         raise ImageError(f"the compiler process failed: {e}") from None
     if proc.returncode != 0:
         tail = "\n  ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-15:])
-        raise ImageError(f"the compiler process exited with {proc.returncode}:\n  {tail}")
+        raise CompileError(f"the compiler process exited with {proc.returncode}:\n  {tail}")
     return Image.from_bytes(proc.stdout)
 
 
@@ -532,10 +612,12 @@ def load_bpf(source: str, cflags: Sequence[str], *, cache_dir: Path | None, isol
     if image is not None:
         b = image_bpf_class()(image)
         return b, LoadInfo("cache", time.perf_counter() - t0, key)
-    if isolated:
+    if isolated or _RUNTIME_ONLY:
         try:
             image = compile_in_child(source, cflags)
         except ImageError as e:
+            if _RUNTIME_ONLY:
+                raise  # this process cannot compile
             # the same compile here gives bcc's own error (and its text on stderr)
             log.debug("isolated compile failed (%s); compiling in this process", e)
         else:

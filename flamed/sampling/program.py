@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from flamed.errors import CapabilityError, ConfigError, FlamedError
-from flamed.sampling.bpfimage import ImageError, LoadInfo, load_bpf
+from flamed.sampling.bpfimage import CompileError, ImageError, LoadInfo, load_bpf
 from flamed.sampling.bpfload import adopt, close_bpf, find_bpf_dir
 from flamed.sampling.cgroups import CgroupError, CgroupSpec, Hierarchy, parse_cgroup_spec
 
@@ -586,6 +586,8 @@ class KernelProgram:
                              isolated=self.options.bpf_compile_isolated)
         )
         if err is not None or made is None:
+            if isinstance(err, CompileError):  # compiled in a child process, which failed
+                raise CapabilityError(f"bcc could not compile {prog.path} ({_headers_hint()}):\n  {err}")
             if isinstance(err, ImageError):  # the program compiled, its image did not load
                 raise CapabilityError(f"cannot load the compiled {prog.path}: {err}")
             raise CapabilityError(

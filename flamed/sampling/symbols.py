@@ -212,6 +212,158 @@ class BccResolver:
             self._cache = None
 
 
+class ProcResolver:
+    """What no mapped file names in one process: the symbols of its perf map
+    (``/tmp/perf-PID.map``, written by JIT compilers: V8, the JVM's agents,
+    CPython 3.12's ``-X perf``) and of the kernel's vDSO; for anything else,
+    the module that maps the address.  Everything file-backed is named before
+    this is asked (:class:`ElfSymbols`).
+
+    flamed's own, not bcc's per-process symbol cache: bcc before 0.33 closes
+    a stray file descriptor each time it builds or refreshes one (its
+    ``ModulePath`` for the global perf map path never sets the fd it closes:
+    iovisor/bcc#5193), and in a process that holds BPF maps, perf events and
+    sockets that closed one of them at random (the unwinder's process map, in
+    CI).  The perf map is found where bcc looks: inside the process's root
+    under its namespace pid first, then on the host under its host pid.
+    """
+
+    def __init__(self, pid: int, proc: Path = Path("/proc")) -> None:
+        _require_root_link(pid)
+        self._pid = pid
+        self._proc = proc
+        self._maps: list[tuple[int, int, str]] = []  # (start, end, path), sorted
+        self._starts: list[int] = []
+        self._perf_path: str | None = None
+        self._perf_sig: tuple[int, int] | None = None
+        self._perf_starts: list[int] = []
+        self._perf: list[tuple[int, int, bytes]] = []  # (start, end, name), sorted by start
+        self.refresh()
+
+    def refresh(self) -> None:
+        base = self._proc / str(self._pid)
+        try:
+            text = (base / "maps").read_text(errors="surrogateescape")
+        except OSError:
+            text = ""  # exited: what is known is all there will be
+        maps: list[tuple[int, int, str]] = []
+        for line in text.splitlines():
+            parts = line.split(None, 5)
+            if len(parts) < 5 or "x" not in parts[1]:
+                continue
+            lo, _, hi = parts[0].partition("-")
+            maps.append((int(lo, 16), int(hi, 16), parts[5] if len(parts) > 5 else ""))
+        if maps or not self._maps:
+            self._maps = sorted(maps)
+            self._starts = [m[0] for m in self._maps]
+        self._read_perf_map()
+
+    def _perf_map_paths(self) -> list[str]:
+        base = self._proc / str(self._pid)
+        out = []
+        try:
+            for line in (base / "status").read_text().splitlines():
+                if line.startswith("NSpid:"):
+                    nspid = line.split()[-1]
+                    out.append(f"{base}/root/tmp/perf-{nspid}.map")
+                    break
+        except OSError:
+            pass
+        out.append(f"/tmp/perf-{self._pid}.map")
+        return out
+
+    def _read_perf_map(self) -> None:
+        for path in ([self._perf_path] if self._perf_path else self._perf_map_paths()):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            sig = (st.st_size, st.st_mtime_ns)
+            if path == self._perf_path and sig == self._perf_sig:
+                return
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(64 << 20)
+            except OSError:
+                continue
+            by_start: dict[int, tuple[int, bytes]] = {}
+            for line in data.splitlines():
+                fields = line.split(None, 2)
+                if len(fields) < 3:
+                    continue
+                try:
+                    start, size = int(fields[0], 16), int(fields[1], 16)
+                except ValueError:
+                    continue
+                by_start[start] = (start + size, fields[2].strip())  # a later line wins (code reused)
+            self._perf = [(a, b, n) for a, (b, n) in sorted(by_start.items())]
+            self._perf_starts = [e[0] for e in self._perf]
+            self._perf_path, self._perf_sig = path, sig
+            return
+
+    def resolve(self, addr: int) -> tuple[bytes | None, bytes | None]:
+        i = bisect.bisect_right(self._perf_starts, addr) - 1
+        if i >= 0 and addr < self._perf[i][1]:
+            assert self._perf_path is not None
+            return self._perf[i][2], self._perf_path.encode("utf-8", "surrogateescape")
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i < 0 or addr >= self._maps[i][1]:
+            return None, None
+        start, _end, path = self._maps[i]
+        module = path.encode("utf-8", "surrogateescape") if path else None
+        if path == "[vdso]":
+            vdso = host_vdso()
+            if vdso is not None:
+                name = vdso.lookup(addr - start)
+                if name:
+                    return name, module
+        return None, module
+
+    def close(self) -> None:
+        self._perf = []
+        self._perf_starts = []
+
+
+def default_resolver(pid: int) -> Resolver:
+    """The kernel's symbols read by flamed from /proc/kallsyms (bcc's need euid 0)
+    for ``-1``; :class:`ProcResolver` for a process."""
+    if pid < 0:
+        from flamed.sampling.kallsyms import Kallsyms  # noqa: PLC0415
+
+        return Kallsyms()
+    return ProcResolver(pid)
+
+
+_VDSO: list[ElfSymbols | None] = []
+
+
+def host_vdso() -> ElfSymbols | None:
+    """The symbols of the kernel's vDSO (one image for every process of this
+    kernel), read once from this process's own copy; ``None`` if unreadable."""
+    if _VDSO:
+        return _VDSO[0]
+    elf: ElfSymbols | None = None
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            if line.endswith("[vdso]"):
+                lo, _, hi = line.split()[0].partition("-")
+                with open("/proc/self/mem", "rb") as mem:
+                    mem.seek(int(lo, 16))
+                    image = mem.read(int(hi, 16) - int(lo, 16))
+                fd = os.memfd_create("flamed-vdso", os.MFD_CLOEXEC)
+                try:
+                    os.write(fd, image)
+                    elf = ElfSymbols(f"/proc/self/fd/{fd}")
+                finally:
+                    os.close(fd)
+                break
+    except Exception as e:  # noqa: BLE001 -- bcc and ctypes raise plain errors; [unknown] (vdso) then
+        log.debug("no vDSO symbols: %s", e)
+        elf = None
+    _VDSO.append(elf)
+    return elf
+
+
 def _require_root_link(pid: int) -> None:
     """Raise OSError unless ``/proc/PID/root`` resolves (the process has not exited)."""
     if pid >= 0:
@@ -397,7 +549,7 @@ class Symbolizer:
         unknown_max: int = 1_000_000,
         elf_loader: Any = None,
     ) -> None:
-        self._factory = resolver_factory or BccResolver
+        self._factory = resolver_factory or default_resolver
         self._elf_loader = elf_loader or ElfSymbols
         #: (device, inode) -> the file's symbols (None: unreadable, use bcc).
         self._elves: dict[tuple[str, int], ElfSymbols | None] = {}

@@ -66,6 +66,10 @@ def _sample_spinner(opts: BpfSamplerOptions) -> tuple[str, int, int, float]:
         time.sleep(1.5)
         w = s.drain()
         cpu = _cpu_seconds(p.pid) - cpu0
+        # every map still open: nothing closed one of its fds meanwhile (bcc's symbol
+        # cache did, before flamed named processes itself)
+        for name in ("counts0", "uw_procs", "uw_rows", "pyprocs", "offcpu_start"):
+            assert "bpf-map" in os.readlink(f"/proc/self/fd/{s._program.bpf[name].map_fd}"), name
         mine = {k: n for k, n in w.counts.items() if k[0] == p.pid}
         named = sum(n for (_p, _t, _c, st), n in mine.items() if any(f.startswith("spin_in_image_test (") for f in st))
         return how, sum(mine.values()), named, cpu

@@ -260,6 +260,7 @@ class Unwinder:
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._pending: set[int] = set()
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
         self._full_warned = False
         self._reset_due = False
         self._builder: threading.Thread | None = None
@@ -277,9 +278,15 @@ class Unwinder:
         self._thread.start()
 
     def stop(self) -> None:
+        # The queue may hold many processes (a host full of new ones, a slow
+        # machine): the worker ends after the one it is describing, not after
+        # the queue, so that no write reaches the maps once they are closed.
+        self._stopping.set()
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout=30)
+            if self._thread.is_alive():
+                log.warning("the unwinder's worker did not stop within 30 s")
             self._thread = None
         if self._builder is not None:
             self._builds.put(None)
@@ -305,7 +312,7 @@ class Unwinder:
     def _run(self) -> None:
         while True:
             tgid = self._queue.get()
-            if tgid is None:
+            if tgid is None or self._stopping.is_set():
                 return
             with self._lock:
                 want = self._wanted.pop(tgid, set())
@@ -475,7 +482,7 @@ class Unwinder:
     def _build_loop(self) -> None:
         while True:
             item = self._builds.get()
-            if item is None:
+            if item is None or self._stopping.is_set():
                 return
             path, info, key = item
             try:
