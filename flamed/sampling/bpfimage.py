@@ -213,12 +213,19 @@ def image_key(source: str, cflags: Sequence[str]) -> str:
 
 
 def _bcc_version() -> str:
-    try:
-        from bcc.version import __version__  # noqa: PLC0415
+    """bcc's version, read without importing bcc (which maps its library)."""
+    import importlib.util  # noqa: PLC0415
+    import re  # noqa: PLC0415
 
-        return str(__version__)
-    except ImportError:
-        return "?"
+    try:
+        spec = importlib.util.find_spec("bcc")
+        for d in (spec.submodule_search_locations or []) if spec else []:
+            m = re.search(r"""__version__\s*=\s*['"]([^'"]+)""", (Path(d) / "version.py").read_text())
+            if m:
+                return m.group(1)
+    except (ImportError, OSError, ValueError):
+        pass
+    return "?"
 
 
 def _possible_cpus() -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from flamed.errors import CapabilityError, ConfigError, FlamedError
-from flamed.sampling.bpfimage import CompileError, ImageError, LoadInfo, load_bpf
+from flamed.sampling.bpfimage import CompileError, ImageCache, ImageError, LoadInfo, image_key, load_bpf
 from flamed.sampling.bpfload import adopt, close_bpf, find_bpf_dir
 from flamed.sampling.cgroups import CgroupError, CgroupSpec, Hierarchy, parse_cgroup_spec
 
@@ -413,6 +413,20 @@ def task_pid_offset() -> int:
     except Exception as e:  # noqa: BLE001 -- any failure means the same: off-CPU cannot run
         raise CapabilityError(f"off-CPU needs task_struct.pid's offset from the kernel's BTF "
                               f"(/sys/kernel/btf/vmlinux): {e}") from None
+
+
+def program_is_cached(options: BpfSamplerOptions) -> bool:
+    """Does ``options.bpf_cache_dir`` hold this program compiled?  Found
+    without importing bcc, so that a caller can load it over bcc's runtime
+    library only (flamed.sampling.bpfimage.runtime_only)."""
+    if options.bpf_cache_dir is None:
+        return False
+    try:
+        prog = bpf_program(options, fsbase_offset=task_fsbase_offset() if options.python else -1,
+                           pid_offset=task_pid_offset() if options.offcpu else -1)
+    except FlamedError:
+        return False
+    return ImageCache(options.bpf_cache_dir).path(image_key(prog.source, prog.cflags)).is_file()
 
 
 def print_bpf(options: BpfSamplerOptions = BpfSamplerOptions(), file: TextIO | None = None) -> None:
