@@ -237,6 +237,7 @@ class Drainer:
         ids = {i for i in ids if i >= 0}
         stacks = reader.read_stacks(old, ids)
         reader.clear_stacks(old)
+        reader.release()  # everything read is in Python objects now
         t1 = time.perf_counter()
 
         sym = self._symbolizer
