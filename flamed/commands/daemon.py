@@ -79,8 +79,10 @@ class DaemonCommand(Command):
         setup_logging(cfg.log.level, cfg.log.target)
         # bcc without clang and LLVM (~65 MB of RSS): every compile runs in a child process
         from flamed.sampling.bpfimage import runtime_only
+        from flamed.sampling.memory import limit_arenas
 
         runtime_only()
+        limit_arenas()  # before the threads: their peaks would stay resident, each in its own arena
         from flamed.daemon.core import Daemon
         from flamed.daemon.notify import Notifier
 

@@ -35,6 +35,7 @@ from flamed.daemon.sampler_stats import SamplerAccounting
 from flamed.daemon.store import ProfileStore
 from flamed.errors import FlamedError
 from flamed.sampling.contract import CountKey, Sampler, Window
+from flamed.sampling.memory import trim_heap
 
 log = logging.getLogger("flamed.daemon")
 
@@ -180,6 +181,7 @@ class DrainLoop:
                 self.store.rotate()
             return
         self._take_window(window, time.perf_counter() - t0, final=final)
+        trim_heap()  # the drain's transient objects are gone: their pages back to the kernel
         if rotate_now or self.store.due(window.end_ns, int(self.config.sampling.drain_interval * 0.5e9)):
             self.store.rotate()
         elif self.store.backlog:

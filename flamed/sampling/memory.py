@@ -54,6 +54,38 @@ def compiler_mappings(maps: str = "/proc/self/maps") -> list[tuple[int, int, str
     return out
 
 
+#: mallopt's M_ARENA_MAX.
+_M_ARENA_MAX = -8
+_last_trim = [0.0]
+
+
+def limit_arenas(n: int = 2) -> bool:
+    """At most ``n`` glibc malloc arenas.  glibc gives each new thread an
+    arena of its own (up to 8 per core); memory freed in one is reused by that
+    arena only, so a daemon whose threads each hold a few MB at their peak
+    keeps all those peaks resident.  Call before the threads start."""
+    libc = _libc()
+    try:
+        return bool(libc is not None and libc.mallopt(_M_ARENA_MAX, n) == 1)
+    except AttributeError:
+        return False  # not glibc
+
+
+def trim_heap(every_s: float = 60.0) -> bool:
+    """``malloc_trim(0)`` (free pages in every arena back to the kernel), at
+    most once per ``every_s`` seconds: after a drain, whose transient objects
+    are freed by then."""
+    now = time.monotonic()
+    if now - _last_trim[0] < every_s:
+        return False
+    _last_trim[0] = now
+    libc = _libc()
+    try:
+        return bool(libc is not None and libc.malloc_trim(0))
+    except AttributeError:
+        return False
+
+
 def release_compiler_memory() -> int:
     """Trim the heap and page out compiler code; returns the bytes asked to be paged out."""
     libc = _libc()
