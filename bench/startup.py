@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import statistics
@@ -110,19 +111,26 @@ def record_part(runs: int, tmp: Path) -> None:
               f"{cell([r['wall_s'] for r in rs], '.2f'):20} | {cell([r['rss_mb'] for r in rs], '.0f'):20} |")
 
 
-def write_config(cfg: Path, sock: Path, state: Path, frequency: int | None = None) -> None:
-    """A daemon config on the shipped defaults (but for ``frequency``), its files under ``state``."""
-    sampling = f"[sampling]\nfrequency = {frequency}\n" if frequency else ""
-    cfg.write_text(f"""{sampling}
+def write_config(cfg: Path, sock: Path, state: Path, frequency: int | None = None, *,
+                 sampling: dict[str, Any] | None = None, output: dict[str, Any] | None = None) -> int:
+    """A daemon config on the shipped defaults (but for ``frequency`` and the
+    ``sampling`` and ``output`` keys given), its files under ``state``; returns
+    its metrics port."""
+    port = python_bpf.free_port()
+    samp = {**({"frequency": frequency} if frequency else {}), **(sampling or {})}
+    head = "[sampling]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in samp.items()) if samp else ""
+    cfg.write_text(f"""{head}
 [output]
 state_dir = "{state}"
+{"".join(f"{k} = {json.dumps(v)}{chr(10)}" for k, v in (output or {}).items())}
 [metrics]
-address = "127.0.0.1:{python_bpf.free_port()}"
+address = "127.0.0.1:{port}"
 [control]
 socket = "{sock}"
 [log]
 target = "stderr"
 """)
+    return port
 
 
 @contextlib.contextmanager
