@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import statistics
@@ -125,25 +126,26 @@ def record_part(runs: int, tmp: Path) -> None:
               f"{cell([r['wall_s'] for r in rs], '.2f'):20} | {cell([r['rss_mb'] for r in rs], '.0f'):20} |")
 
 
-def write_config(cfg: Path, sock: Path, state: Path, frequency: int | None = None,
-                 bpf_cache_dir: str | None = None) -> None:
-    """A daemon config on the shipped defaults (but for ``frequency`` and the compiled
-    programs' cache: ``""`` none), its files under ``state``."""
-    sampling = "[sampling]\n"
-    if frequency:
-        sampling += f"frequency = {frequency}\n"
-    if bpf_cache_dir is not None:
-        sampling += f'bpf_cache_dir = "{bpf_cache_dir}"\n'
-    cfg.write_text(f"""{sampling}
+def write_config(cfg: Path, sock: Path, state: Path, frequency: int | None = None, *,
+                 sampling: dict[str, Any] | None = None, output: dict[str, Any] | None = None) -> int:
+    """A daemon config on the shipped defaults (but for ``frequency`` and the
+    ``sampling`` and ``output`` keys given), its files under ``state``; returns
+    its metrics port."""
+    port = python_bpf.free_port()
+    samp = {**({"frequency": frequency} if frequency else {}), **(sampling or {})}
+    head = "[sampling]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in samp.items()) if samp else ""
+    cfg.write_text(f"""{head}
 [output]
 state_dir = "{state}"
+{"".join(f"{k} = {json.dumps(v)}{chr(10)}" for k, v in (output or {}).items())}
 [metrics]
-address = "127.0.0.1:{python_bpf.free_port()}"
+address = "127.0.0.1:{port}"
 [control]
 socket = "{sock}"
 [log]
 target = "stderr"
 """)
+    return port
 
 
 @contextlib.contextmanager
@@ -178,7 +180,7 @@ def daemon_case(tmp: Path, n: int, settle: float, frequency: int | None = None, 
 
     tag = f"d{n}-{time.monotonic_ns()}"
     cfg, sock = tmp / f"{tag}.toml", tmp / f"{tag}.sock"
-    write_config(cfg, sock, tmp / f"state-{tag}", frequency, bpf_cache_dir=cache)
+    write_config(cfg, sock, tmp / f"state-{tag}", frequency, sampling={"bpf_cache_dir": cache})
     with python_bpf.services(tmp, n):
         time.sleep(1.0 if n else 0)  # the services are up and busy
         log = open(tmp / f"{tag}.log", "wb")

@@ -18,6 +18,7 @@ The sampler (``BpfSampler`` with ``options.python``) drives this:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import struct
 import threading
@@ -309,20 +310,7 @@ class PythonFrames:
                 log.debug("naming Python frames of %d: %s", tgid, e)
                 names = [f"[python code 0x{c & ~ENTRY_BIT:x}]" for c, _ in frames]
         self.stats.stacks_named += 1
-        # frames: innermost first.  Runs end (outward) at an entry frame.
-        runs: list[list[str]] = [[]]
-        for (code, _), name in zip(frames, names):
-            runs[-1].append(name)
-            if code & ENTRY_BIT:
-                runs.append([])
-        if not runs[-1]:
-            runs.pop()
-        if flags & PYSTACK_TRUNCATED:
-            runs.append([TRUNCATED_FRAME])
-        elif flags & PYSTACK_READ_FAULT:
-            runs.append([READ_FAULT_FRAME])
-        out = [tuple(reversed(r)) for r in reversed(runs)]
-        return out
+        return runs_root_first(frames, names, flags)
 
     def symbolizer_stats(self) -> Counter[str]:
         total: Counter[str] = Counter()
@@ -335,6 +323,49 @@ class PythonFrames:
         return total
 
 
+def runs_root_first(frames: RawFrames, names: Sequence[str], flags: int) -> list[Stack]:
+    """The named frames of one Python stack grouped by run of the evaluation
+    loop, root first (the outermost run first, each run root first); a run
+    ends (outward) at a frame with the entry bit.  A truncated stack or one
+    whose walk faulted gets its marker frame as the outermost run."""
+    n = len(names)
+    rev = names[::-1]
+    # Root-first positions where a run begins: the root, and each entry frame.
+    starts = sorted({0, *(n - 1 - i for i, (code, _) in enumerate(frames) if code & ENTRY_BIT)}) if n else []
+    out: list[Stack] = [tuple(rev[a:b]) for a, b in zip(starts, [*starts[1:], n])]
+    if flags & PYSTACK_TRUNCATED:
+        out.insert(0, (TRUNCATED_FRAME,))
+    elif flags & PYSTACK_READ_FAULT:
+        out.insert(0, (READ_FAULT_FRAME,))
+    return out
+
+
+#: Frame -> 0 (not the interpreter's), 1 (an evaluation entry point: what
+#: native_below_interpreter cuts below), 2 (an evaluation-loop frame, which a
+#: run of Python frames replaces).  Native stacks of Python processes are
+#: nearly all distinct (the leaf is wherever the interpreter was), their
+#: frames are not: one regex match per frame name, not per frame seen.
+_FRAME_KIND: dict[str, int] = {}
+_FRAME_KIND_MAX = 1 << 16
+
+
+def _frame_kinds(user_stack: Stack) -> list[int]:
+    try:
+        return list(map(_FRAME_KIND.__getitem__, user_stack))
+    except KeyError:
+        pass
+    if len(_FRAME_KIND) > _FRAME_KIND_MAX:
+        _FRAME_KIND.clear()
+    out = []
+    for f in user_stack:
+        k = _FRAME_KIND.get(f)
+        if k is None:
+            k = (2 if f.startswith("_PyEval_EvalFrame") else 1) if EVAL_FRAME.match(f) else 0
+            _FRAME_KIND[f] = k
+        out.append(k)
+    return out
+
+
 def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:
     """One native stack (root first) with Python frames put where the
     interpreter ran them.
@@ -344,11 +375,14 @@ def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:
     and Python called back from C, read in order).  Otherwise (the native
     walk did not reach the interpreter's frames: no frame pointers) the
     Python frames go on top and the native frames below the innermost
-    evaluation frame, or the whole native stack, below them.
+    evaluation frame, or the whole native stack, below them
+    (:func:`~flamed.sampling.pystack.native_below_interpreter`).
     """
     if not runs:
         return user_stack
-    evals = [i for i, f in enumerate(user_stack) if EVAL_FRAME.match(f) and f.startswith("_PyEval_EvalFrame")]
+    kinds = _frame_kinds(user_stack)
+    positions = range(len(kinds))
+    evals = list(itertools.compress(positions, [k == 2 for k in kinds])) if 2 in kinds else []
     if len(evals) == len(runs):
         out: list[str] = []
         prev = 0
@@ -358,7 +392,9 @@ def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:
             prev = i + 1
         out.extend(user_stack[prev:])
         return tuple(out)
-    python = tuple(f for run in runs for f in run)
+    python = runs[0] if len(runs) == 1 else tuple(f for run in runs for f in run)
+    if any(kinds):
+        return python + user_stack[max(itertools.compress(positions, kinds)) + 1:]
     return python + native_below_interpreter(user_stack)
 
 

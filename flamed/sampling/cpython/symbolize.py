@@ -39,8 +39,8 @@ class _Code:
     firstlineno: int
     linetable: bytes
     checked: int  # the batch it was last checked in
-    #: instruction -> line, bounded (a hot loop samples few instructions)
-    lines: dict[int, int] = field(default_factory=dict)
+    #: instruction -> finished frame, bounded (a hot loop samples few instructions)
+    frames: dict[int, str] = field(default_factory=dict)
 
 
 def _u64(data: bytes, off: int) -> int:
@@ -145,12 +145,18 @@ class CodeSymbolizer:
         self.layout = layout
         self.memory = memory or ProcessMemory(pid)
         self.max_entries = max_entries
+        #: Bound of the batch's (code, instruction) -> frame index.
+        self.max_named = 1 << 18
         #: File names as py-spy shows them (``json/decoder.py``, not the
         #: installation's full path), so both Python paths give equal frames.
         self.short_filenames = short_filenames
         self.stats: dict[str, int] = dict.fromkeys(STAT_REASONS, 0)
         self.reads = 0  # code objects read from the process
         self._cache: OrderedDict[int, _Code] = OrderedDict()
+        #: (code address as given, instruction) -> frame, for code objects
+        #: checked in this batch only: emptied by begin_batch and whenever an
+        #: entry leaves the cache.
+        self._named: dict[tuple[int, int], str] = {}
         self._batch = 0
         self._code_type = 0
         self._gone = False
@@ -168,6 +174,7 @@ class CodeSymbolizer:
     def begin_batch(self) -> None:
         """Start a drain: cached entries are re-checked (once) when next used."""
         self._batch += 1
+        self._named = {}
 
     def process_exited(self) -> None:
         """The process is gone: serve cached names, read nothing more."""
@@ -199,26 +206,42 @@ class CodeSymbolizer:
 
     def symbolize(self, frames: Sequence[tuple[int, int]], *, recheck: bool = False) -> list[str]:
         """Frames (innermost first, as given) in ``NAME (FILENAME:LINE)`` form."""
+        if not recheck:
+            try:
+                # Every code object checked in this batch already: C speed.
+                return list(map(self._named.__getitem__, frames))
+            except (KeyError, TypeError):
+                pass
         codes = list(dict.fromkeys(addr & ~ENTRY_BIT for addr, _ in frames))
         self._revalidate([c for c in codes if c in self._cache], recheck=recheck)
         missing = [c for c in codes if c not in self._cache]
         if missing:
             self._load(missing)
+        cache = self._cache
+        for code in codes:
+            if code in cache:
+                cache.move_to_end(code)
+        named = self._named
+        if len(named) > self.max_named:
+            named.clear()
+        batch = self._batch
         out = []
         for addr, instr in frames:
             code = addr & ~ENTRY_BIT
-            entry = self._cache.get(code)
+            entry = cache.get(code)
             if entry is None:
                 out.append(f"[unknown python code 0x{code:x}]")
                 continue
-            self._cache.move_to_end(code)
-            line = entry.lines.get(instr)
-            if line is None:
+            frame = entry.frames.get(instr)
+            if frame is None:
                 line = self._line(code, entry, instr)
-                if len(entry.lines) < 256:
-                    entry.lines[instr] = line
-            filename = short_filename(entry.filename) if self.short_filenames else entry.filename
-            out.append(sanitize_frame(f"{entry.name} ({filename}:{line})"))
+                filename = short_filename(entry.filename) if self.short_filenames else entry.filename
+                frame = sanitize_frame(f"{entry.name} ({filename}:{line})")
+                if len(entry.frames) < 256:
+                    entry.frames[instr] = frame
+            if entry.checked == batch or self._gone:
+                named[(addr, instr)] = frame
+            out.append(frame)
         return out
 
     def _line(self, code: int, entry: _Code, instr: int) -> int:
@@ -249,10 +272,10 @@ class CodeSymbolizer:
                 if self.memory.last_errno == 3:  # ESRCH: exited, keep what we know
                     self._gone = True
                     return
-                del self._cache[code]
+                self._evict(code)
                 self._count("stale")
             elif self._guard(head) != entry.guard:
-                del self._cache[code]
+                self._evict(code)
                 self._count("stale")
             else:
                 entry.checked = self._batch
@@ -299,7 +322,13 @@ class CodeSymbolizer:
             first = struct.unpack_from("<i", head, lay.code_firstlineno)[0]
             self._cache[code] = _Code(self._guard(head), name, filename, first, table, self._batch)
             while len(self._cache) > self.max_entries:
-                self._cache.popitem(last=False)
+                self._evict(next(iter(self._cache)))
+
+    def _evict(self, code: int) -> None:
+        """Drop a cached code object, and every finished frame that names it."""
+        del self._cache[code]
+        if self._named:
+            self._named = {}
 
     def _is_code_type(self, ob_type: int) -> bool:
         if self._code_type:
