@@ -4,7 +4,7 @@
 #   packaging/build-deb.sh [OUTDIR]       (default: ./build)
 # Layout of the package:
 #   /usr/bin/flamed                      launcher (Debian's /usr/bin/python3, for bcc)
-#   /usr/lib/flamed/site/                flamed + prometheus_client, pyroute2, protobuf, google-re2 (pinned)
+#   /usr/lib/flamed/site/                flamed + prometheus_client, protobuf, google-re2 (pinned)
 #   /usr/lib/flamed/bin/py-spy           py-spy (pinned), found through PATH by the launcher
 #   /usr/share/flamed/bpf/               every bpf/*.c and bpf/*.h (the programs bcc compiles at start)
 #   /etc/flamed/flamed.toml              documented default config (conffile)
@@ -41,10 +41,10 @@ copy_tree() {  # copy a Python package without caches
     (cd "$1" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - "$2") | (cd "$3" && tar -xf -)
 }
 copy_tree "$HERE" flamed "$R/usr/lib/flamed/site"
-for pkg in prometheus_client pyroute2 google re2; do
+for pkg in prometheus_client google re2; do
     copy_tree "$SITE" "$pkg" "$R/usr/lib/flamed/site"
 done
-for d in "$SITE"/prometheus_client-*.dist-info "$SITE"/pyroute2-*.dist-info "$SITE"/protobuf-*.dist-info "$SITE"/google_re2-*.dist-info; do
+for d in "$SITE"/prometheus_client-*.dist-info "$SITE"/protobuf-*.dist-info "$SITE"/google_re2-*.dist-info; do
     copy_tree "$SITE" "$(basename "$d")" "$R/usr/lib/flamed/site"
 done
 # Wheels carry stray modes (protobuf's modules are 0755): modules are data, directories 0755.
@@ -81,7 +81,7 @@ done
 gzip -9n < "$HERE/packaging/changelog" > "$R/usr/share/doc/flamed/changelog.Debian.gz"
 chmod 0644 "$R/usr/share/doc/flamed/changelog.Debian.gz"
 "$PY" "$HERE/packaging/debian-copyright.py" "$R/usr/share/doc/flamed/copyright" usr/lib/flamed/site \
-    prometheus-client pyroute2 protobuf google-re2 "py-spy=usr/lib/flamed/bin/py-spy"
+    prometheus-client protobuf google-re2 "py-spy=usr/lib/flamed/bin/py-spy"
 chmod 0644 "$R/usr/share/doc/flamed/copyright"
 
 cat > "$R/usr/bin/flamed" <<'PYEOF'

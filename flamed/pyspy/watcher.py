@@ -1,6 +1,6 @@
 """Which processes are Python, as they come and go.
 
-Events come from the kernel's proc connector (pyroute2's ``ProcEventSocket``,
+Events come from the kernel's proc connector (a netlink socket, :func:`open_proc_connector`,
 needs CAP_NET_ADMIN): fork, exec and exit, each with a CLOCK_MONOTONIC
 timestamp.  A process is Python when its executable is an interpreter
 (``python3.12``, ``python3``, ``python``) or when it maps a ``libpython3.X``
@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import select
+import socket
 import struct
 import time
 from collections import Counter
@@ -120,7 +121,7 @@ def _read(path: str) -> bytes | None:
 
 # The proc connector's datagram: nlmsghdr (16 bytes), cn_msg (20), then
 # proc_event {what u32, cpu u32, timestamp_ns u64, union}.  Decoded here with
-# struct: pyroute2's generic marshal costs tens of microseconds per event,
+# struct: a generic netlink marshal costs tens of microseconds per event,
 # which a fork storm on a busy host turns into seconds of a stalled loop.
 _NLMSG = struct.Struct("=IHHII")
 _EVENT_HEAD = struct.Struct("=IIQ")
@@ -131,6 +132,28 @@ _BODY = {
     "PROC_EVENT_EXEC": (struct.Struct("=II"), ("process_pid", "process_tgid")),
     "PROC_EVENT_EXIT": (struct.Struct("=IIII"), ("process_pid", "process_tgid", "exit_code", "exit_signal")),
 }
+
+
+_NETLINK_CONNECTOR = 11
+_CN_IDX_PROC = _CN_VAL_PROC = 1
+_PROC_CN_MCAST_LISTEN = 1
+_NLMSG_DONE = 3
+_CN_MSG = struct.Struct("=IIIIHH")  # idx, val, seq, ack, len, flags
+
+
+def open_proc_connector() -> socket.socket:
+    """A netlink socket subscribed to the proc connector's fork/exec/exit
+    events (CAP_NET_ADMIN).  Three system calls: the standard socket module
+    does it (importing pyroute2 for it cost ~0.1 s of CPU at every start)."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_CONNECTOR)
+    try:
+        sock.bind((0, _CN_IDX_PROC))
+        body = _CN_MSG.pack(_CN_IDX_PROC, _CN_VAL_PROC, 0, 0, 4, 0) + struct.pack("=I", _PROC_CN_MCAST_LISTEN)
+        sock.send(_NLMSG.pack(_NLMSG.size + len(body), _NLMSG_DONE, 0, 0, 0) + body)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def parse_proc_events(data: bytes) -> Iterator[dict[str, Any]]:
@@ -271,7 +294,7 @@ class ProcessWatcher:
         self._now = clock
         self.watched: dict[int, PyProcess] = {}
         self.stats = WatcherStats()
-        self._sock: Any = None
+        self._sock: socket.socket | None = None
         self._fd = -1
         self._recheck: dict[int, list[int]] = {}  # pid -> remaining recheck times (ns)
         self._fork_hint: dict[int, tuple[str, str | None]] = {}  # forked from a Python process, not exec'd
@@ -290,14 +313,7 @@ class ProcessWatcher:
         """Open the proc connector (when allowed) and scan /proc once."""
         if self.options.use_connector:
             try:
-                from pyroute2.netlink.connector.cn_proc import ProcEventSocket  # noqa: PLC0415
-
-                sock = ProcEventSocket()
-                sock.bind()
-                sock.control(listen=True)
-                # From here on the datagrams are read straight from the fd and
-                # parsed by pyroute2's marshal: its own reader queues them
-                # behind the fd's back, so select() would miss queued events.
+                sock = open_proc_connector()
                 self._fd = sock.fileno()
                 os.set_blocking(self._fd, False)
                 self._sock = sock

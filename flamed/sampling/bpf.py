@@ -30,7 +30,7 @@ from flamed.sampling.cgroups import CgroupError, CgroupFilter, CgroupResolver, f
 from flamed.sampling.contract import Window
 from flamed.sampling.drain import DROPPING_REASONS, LOST_REASONS, Drainer, SamplerStats
 from flamed.sampling.feeds import PythonFeed, UnwindFeed
-from flamed.sampling.kallsyms import Kallsyms
+from flamed.sampling.kallsyms import Kallsyms, KallsymsPreload
 from flamed.sampling.processes import ProcessManager
 from flamed.sampling.program import (
     EVENTS,
@@ -72,9 +72,12 @@ __all__ = [
 log = logging.getLogger("flamed.bpf")
 
 
-def _default_resolver(pid: int) -> Resolver:
-    """kallsyms read by flamed for the kernel (bcc's needs euid 0), bcc per process."""
-    return Kallsyms() if pid < 0 else BccResolver(pid)
+def _default_resolver(pid: int, kernel: KallsymsPreload | None = None) -> Resolver:
+    """kallsyms read by flamed for the kernel (bcc's needs euid 0; ``kernel``:
+    read ahead in a thread), bcc per process."""
+    if pid < 0:
+        return kernel.take() if kernel is not None else Kallsyms()
+    return BccResolver(pid)
 
 
 class BpfSampler:
@@ -241,11 +244,15 @@ class BpfSampler:
         t0 = time.perf_counter()
         # Before the compile: a typo in a cgroup filter fails in milliseconds.
         followed = self._follow_cgroups()
+        # The kernel's symbols are read while the program compiles: the first
+        # drain needs them, and the compile leaves a CPU free.
+        kernel = KallsymsPreload() if self._processes.symbolizer is None else None
         program.load(self._fsbase)
         t1 = time.perf_counter()
         startup["compile_s"] = round(t1 - t0, 3)  # BTF offsets, bcc's clang compile, maps, the verifier
-        sym = self._processes.symbolizer = (self._processes.symbolizer
-                                            or Symbolizer(resolver_factory=_default_resolver))
+        sym = self._processes.symbolizer = (
+            self._processes.symbolizer
+            or Symbolizer(resolver_factory=lambda pid: _default_resolver(pid, kernel)))
         program.fill_filters()
         if followed is not None:
             followed.fill(self._stats)

@@ -59,7 +59,6 @@ EXPECTED = [
     "usr/lib/flamed/site/flamed/cli.py",
     "usr/lib/flamed/site/flamed/daemon/core.py",
     "usr/lib/flamed/site/prometheus_client/__init__.py",
-    "usr/lib/flamed/site/pyroute2/__init__.py",
     "usr/lib/flamed/site/google/protobuf/__init__.py",
     "usr/lib/flamed/bin/py-spy",
     "usr/share/flamed/bpf/profile.bpf.c",
