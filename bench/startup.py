@@ -19,7 +19,11 @@ the daemon on the shipped defaults (19 Hz, drain every 10 s, the BPF walker
 and the unwinder on) is started at nice -10 as the unit starts it, and printed: the time until its control
 socket answers (ready), the start-up by phase from ``status``, RSS at ready
 and after ``--settle`` seconds, and its CPU (tree: daemon and py-spy
-children) per 10 s span over ``--settle`` seconds.
+children) per 10 s span over ``--settle`` seconds.  On a shared host the
+daemon also describes and names whatever else runs there (other people's
+tests start processes and compile programs at any time), which shows in
+any span; ``--only-services`` sets ``[sampling] comms`` to the services'
+names, so that the figures are the daemon's work for the services alone.
 
 Run as root from a checkout whose ``.venv`` ``make test`` made.  The machine
 may be shared: the load average is printed.
@@ -110,9 +114,14 @@ def record_part(runs: int, tmp: Path) -> None:
               f"{cell([r['wall_s'] for r in rs], '.2f'):20} | {cell([r['rss_mb'] for r in rs], '.0f'):20} |")
 
 
-def write_config(cfg: Path, sock: Path, state: Path, frequency: int | None = None) -> None:
-    """A daemon config on the shipped defaults (but for ``frequency``), its files under ``state``."""
-    sampling = f"[sampling]\nfrequency = {frequency}\n" if frequency else ""
+def write_config(cfg: Path, sock: Path, state: Path, frequency: int | None = None,
+                 comms: tuple[str, ...] = ()) -> None:
+    """A daemon config on the shipped defaults (but for ``frequency`` and a
+    ``comms`` filter), its files under ``state``."""
+    sampling = f"frequency = {frequency}\n" if frequency else ""
+    if comms:
+        sampling += f"comms = [{', '.join(repr(c) for c in comms)}]\n"
+    sampling = f"[sampling]\n{sampling}" if sampling else ""
     cfg.write_text(f"""{sampling}
 [output]
 state_dir = "{state}"
@@ -151,12 +160,17 @@ def running_daemon(tmp: Path) -> Iterator[Path]:
         log.close()
 
 
-def daemon_case(tmp: Path, n: int, settle: float, frequency: int | None = None) -> dict[str, Any]:
+#: The services' comm (python_bpf.services starts them through links of these names).
+SERVICE_COMMS = ("flbench-a", "flbench-b")
+
+
+def daemon_case(tmp: Path, n: int, settle: float, frequency: int | None = None,
+                only_services: bool = False) -> dict[str, Any]:
     from flamed.daemon.client import request  # noqa: PLC0415 - needs the checkout on sys.path
 
     tag = f"d{n}-{time.monotonic_ns()}"
     cfg, sock = tmp / f"{tag}.toml", tmp / f"{tag}.sock"
-    write_config(cfg, sock, tmp / f"state-{tag}", frequency)
+    write_config(cfg, sock, tmp / f"state-{tag}", frequency, SERVICE_COMMS if only_services else ())
     with python_bpf.services(tmp, n):
         time.sleep(1.0 if n else 0)  # the services are up and busy
         log = open(tmp / f"{tag}.log", "wb")
@@ -206,12 +220,14 @@ def _vm_hwm(pid: int) -> int:
     return 0
 
 
-def daemon_part(counts: list[int], settle: float, tmp: Path, frequency: int | None = None) -> None:
+def daemon_part(counts: list[int], settle: float, tmp: Path, frequency: int | None = None,
+                only_services: bool = False) -> None:
     rows = []
     for n in counts:
         print(f"  daemon: {n} services ...", file=sys.stderr)
-        rows.append(daemon_case(tmp, n, settle, frequency))
-    print(f"\n## daemon on the shipped defaults ({frequency or 19} Hz); load {os.getloadavg()[0]:.2f}")
+        rows.append(daemon_case(tmp, n, settle, frequency, only_services))
+    what = ", sampling the services only" if only_services else ""
+    print(f"\n## daemon on the shipped defaults ({frequency or 19} Hz{what}); load {os.getloadavg()[0]:.2f}")
     print("| services | ready (s) | compile+verify (s) | RSS at ready (MB) | RSS after "
           f"{settle:.0f} s (MB) | CPU per 10 s span, % of a core (max) |")
     print("|---|---|---|---|---|---|")
@@ -236,6 +252,8 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=120.0,
                     help="seconds each daemon runs after ready (default 120)")
     ap.add_argument("--frequency", type=int, default=None, help="daemon sampling rate (default: the shipped 19 Hz)")
+    ap.add_argument("--only-services", action="store_true",
+                    help="daemon: [sampling] comms = the services' names (leaves other processes of a shared host out)")
     ap.add_argument("--skip-record", action="store_true")
     ap.add_argument("--skip-daemon", action="store_true")
     args = ap.parse_args()
@@ -247,7 +265,7 @@ def main() -> int:
         if not args.skip_record:
             record_part(args.runs, tmp)
         if not args.skip_daemon and args.services:
-            daemon_part(args.services, args.settle, tmp, args.frequency)
+            daemon_part(args.services, args.settle, tmp, args.frequency, args.only_services)
     return 0
 
 
