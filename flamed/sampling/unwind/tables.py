@@ -236,7 +236,7 @@ class Unwinder:
         self._bpf = bpf
         self._lib = lib
         self._rows = bpf["uw_rows"]
-        self._rows_mmap = True  # see _write_rows
+        self._rows_mmap = _mappable(getattr(self._rows, "map_fd", -1))  # see _write_rows
         self._procs = bpf["uw_procs"]
         self._maps = bpf["uw_maps"]
         self._max_maps = max_maps
@@ -688,6 +688,24 @@ class Unwinder:
                     leaf = leaf_t.from_buffer_copy(packed[(lo + i) * size:(lo + i + 1) * size])
                     table[ct.c_int(first + lo + i)] = leaf
                 log.debug("batch update of an unwind map failed (%s): wrote one by one", os.strerror(err))
+
+
+#: bpf(2)'s BPF_F_MMAPABLE map flag.
+_BPF_F_MMAPABLE = 1 << 10
+
+
+def _mappable(fd: int) -> bool:
+    """Is ``fd`` an array map created with BPF_F_MMAPABLE (its fdinfo says so)?
+    Anything else (a kernel that dropped the flag, a stand-in in tests) gets batch updates."""
+    try:
+        info = Path(f"/proc/self/fdinfo/{fd}").read_text()
+    except (OSError, ValueError):
+        return False
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    try:
+        return int(fields["map_type"]) == 2 and bool(int(fields["map_flags"], 16) & _BPF_F_MMAPABLE)
+    except (KeyError, ValueError):
+        return False
 
 
 def mapping_bias(loads: tuple[tuple[int, int, int, int], ...], m: ExecMap) -> int | None:
