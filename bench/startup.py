@@ -23,7 +23,12 @@ socket answers (ready), the start-up by phase from ``status``, RSS at ready
 and after ``--settle`` seconds, and its CPU (tree: daemon and py-spy
 children) per 10 s span over ``--settle`` seconds.  Each count runs twice
 (``--caches``): with no compiled-program cache (the compile runs in a child
-process at every start) and with the cache filled (no compile).
+process at every start) and with the cache filled (no compile).  On a
+shared host the daemon also describes and names whatever else runs there
+(other people's tests start processes and compile programs at any time),
+which shows in any span; ``--only-services`` sets ``[sampling] comms`` to
+the services' names, so that the figures are the daemon's work for the
+services alone.
 
 Run as root from a checkout whose ``.venv`` ``make test`` made.  The machine
 may be shared: the load average is printed.
@@ -174,13 +179,22 @@ def running_daemon(tmp: Path) -> Iterator[Path]:
         log.close()
 
 
-def daemon_case(tmp: Path, n: int, settle: float, frequency: int | None = None, cache: str = "") -> dict[str, Any]:
-    """``cache``: the compiled programs' directory ("": none, every start compiles)."""
+#: The services' comm (python_bpf.services starts them through links of these names).
+SERVICE_COMMS = ("flbench-a", "flbench-b")
+
+
+def daemon_case(tmp: Path, n: int, settle: float, frequency: int | None = None, cache: str = "",
+                only_services: bool = False) -> dict[str, Any]:
+    """``cache``: the compiled programs' directory ("": none, every start compiles);
+    ``only_services``: sample the services' comms only."""
     from flamed.daemon.client import request  # noqa: PLC0415 - needs the checkout on sys.path
 
     tag = f"d{n}-{time.monotonic_ns()}"
     cfg, sock = tmp / f"{tag}.toml", tmp / f"{tag}.sock"
-    write_config(cfg, sock, tmp / f"state-{tag}", frequency, sampling={"bpf_cache_dir": cache})
+    sampling: dict[str, Any] = {"bpf_cache_dir": cache}
+    if only_services:
+        sampling["comms"] = list(SERVICE_COMMS)
+    write_config(cfg, sock, tmp / f"state-{tag}", frequency, sampling=sampling)
     with python_bpf.services(tmp, n):
         time.sleep(1.0 if n else 0)  # the services are up and busy
         log = open(tmp / f"{tag}.log", "wb")
@@ -232,7 +246,7 @@ def _vm_hwm(pid: int) -> int:
 
 
 def daemon_part(counts: list[int], settle: float, tmp: Path, frequency: int | None = None,
-                caches: tuple[str, ...] = ("none", "warm")) -> None:
+                caches: tuple[str, ...] = ("none", "warm"), only_services: bool = False) -> None:
     rows = []
     warm = str(tmp / "bpf-cache")
     for n in counts:
@@ -240,8 +254,10 @@ def daemon_part(counts: list[int], settle: float, tmp: Path, frequency: int | No
             print(f"  daemon: {n} services, {c} cache ...", file=sys.stderr)
             if c == "warm" and not Path(warm).is_dir():
                 daemon_case(tmp, 0, 0.0, frequency, cache=warm)  # fills it
-            rows.append(daemon_case(tmp, n, settle, frequency, cache=warm if c == "warm" else ""))
-    print(f"\n## daemon on the shipped defaults ({frequency or 19} Hz); load {os.getloadavg()[0]:.2f}")
+            rows.append(daemon_case(tmp, n, settle, frequency, cache=warm if c == "warm" else "",
+                                    only_services=only_services))
+    what = ", sampling the services only" if only_services else ""
+    print(f"\n## daemon on the shipped defaults ({frequency or 19} Hz{what}); load {os.getloadavg()[0]:.2f}")
     print("| services | program | ready (s) | compile+verify (s) | RSS at ready (MB) | RSS after "
           f"{settle:.0f} s (MB) | CPU per 10 s span, % of a core (max) |")
     print("|---|---|---|---|---|---|---|")
@@ -269,6 +285,8 @@ def main() -> int:
     ap.add_argument("--caches", nargs="*", choices=["none", "warm"], default=["none", "warm"],
                     help="daemon runs without the compiled programs' cache (every start compiles, in a "
                          "child) and/or with it filled (default both)")
+    ap.add_argument("--only-services", action="store_true",
+                    help="daemon: [sampling] comms = the services' names (leaves other processes of a shared host out)")
     ap.add_argument("--skip-record", action="store_true")
     ap.add_argument("--skip-daemon", action="store_true")
     args = ap.parse_args()
@@ -280,7 +298,7 @@ def main() -> int:
         if not args.skip_record:
             record_part(args.runs, tmp)
         if not args.skip_daemon and args.services:
-            daemon_part(args.services, args.settle, tmp, args.frequency, tuple(args.caches))
+            daemon_part(args.services, args.settle, tmp, args.frequency, tuple(args.caches), args.only_services)
     return 0
 
 

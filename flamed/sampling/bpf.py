@@ -30,6 +30,7 @@ from flamed.sampling.cgroups import CgroupError, CgroupFilter, CgroupResolver, f
 from flamed.sampling.contract import Window
 from flamed.sampling.drain import DROPPING_REASONS, LOST_REASONS, Drainer, SamplerStats
 from flamed.sampling.feeds import PythonFeed, UnwindFeed
+from flamed.sampling.kallsyms import KallsymsPreload
 from flamed.sampling.processes import ProcessManager
 from flamed.sampling.program import (
     EVENTS,
@@ -71,10 +72,13 @@ __all__ = [
 log = logging.getLogger("flamed.bpf")
 
 
-def _default_resolver(pid: int) -> Resolver:
-    """kallsyms read by flamed for the kernel (bcc's needs euid 0); flamed's
-    perf-map and vDSO reader per process (bcc's per-process cache closes
-    stray fds before bcc 0.33: :class:`flamed.sampling.symbols.ProcResolver`)."""
+def _default_resolver(pid: int, kernel: KallsymsPreload | None = None) -> Resolver:
+    """kallsyms read by flamed for the kernel (bcc's needs euid 0; ``kernel``:
+    read ahead in a thread); flamed's perf-map and vDSO reader per process
+    (bcc's per-process cache closes stray fds before bcc 0.33:
+    :class:`flamed.sampling.symbols.ProcResolver`)."""
+    if pid < 0 and kernel is not None:
+        return kernel.take()
     return default_resolver(pid)
 
 
@@ -242,14 +246,18 @@ class BpfSampler:
         t0 = time.perf_counter()
         # Before the compile: a typo in a cgroup filter fails in milliseconds.
         followed = self._follow_cgroups()
+        # The kernel's symbols are read while the program compiles: the first
+        # drain needs them, and the compile leaves a CPU free.
+        kernel = KallsymsPreload() if self._processes.symbolizer is None else None
         program.load(self._fsbase)
         t1 = time.perf_counter()
         startup["compile_s"] = round(t1 - t0, 3)  # BTF offsets, bcc's clang compile or the cache, maps, the verifier
         if program.load_info is not None:
             startup["program_s"] = round(program.load_info.seconds, 3)  # the compile or the cached image, maps
             self._stats.program = program.load_info.how
-        sym = self._processes.symbolizer = (self._processes.symbolizer
-                                            or Symbolizer(resolver_factory=_default_resolver))
+        sym = self._processes.symbolizer = (
+            self._processes.symbolizer
+            or Symbolizer(resolver_factory=lambda pid: _default_resolver(pid, kernel)))
         program.fill_filters()
         if followed is not None:
             followed.fill(self._stats)

@@ -464,15 +464,14 @@ class ElfSymbols:
 
         from bcc.libbcc import bcc_symbol_option, lib
 
-        raw: dict[int, tuple[int, bytes]] = {}
+        # Collected as they come and sorted once: the callback runs for every
+        # symbol (70,000 in libLLVM), so it does no more than an append.
+        raw: list[tuple[int, int, bytes]] = []
+        add = raw.append
 
         def on_sym(name: bytes | None, start: int, size: int, _payload: Any) -> int:
             if name and start:
-                old = raw.get(start)
-                if old is None or _alias_rank(name) < _alias_rank(old[1]):
-                    raw[start] = (max(size, old[0] if old else 0), name)
-                elif size > old[0]:
-                    raw[start] = (size, old[1])
+                add((start, size, name))
             return 0
 
         segs: list[tuple[int, int, int]] = []
@@ -494,14 +493,29 @@ class ElfSymbols:
             raise OSError(f"{path}: not an ELF file with executable segments")
         lib.bcc_elf_foreach_sym(bpath, ct.cast(sym_cb, ct.c_void_p), ct.byref(opt), None)
         self.segments = sorted(segs)
-        items = sorted(raw.items())
-        self.starts = [a for a, _ in items]
-        self.ends = []
-        for i, (a, (size, _n)) in enumerate(items):
-            # A symbol without a size runs to the next one.
-            nxt = items[i + 1][0] if i + 1 < len(items) else a + 1
-            self.ends.append(a + size if size else nxt)
-        self.names = [n for _, (_s, n) in items]
+        # One entry per address: the largest size of its symbols (sorted by
+        # size, the last one), the plainest of their names (_alias_rank).
+        raw.sort()
+        starts: list[int] = []
+        sizes: list[int] = []
+        names: list[bytes] = []
+        last = -1
+        for start, size, name in raw:
+            if start != last:
+                starts.append(start)
+                sizes.append(size)
+                names.append(name)
+                last = start
+            else:
+                sizes[-1] = size
+                if _alias_rank(name) < _alias_rank(names[-1]):
+                    names[-1] = name
+        del raw
+        # A symbol without a size runs to the next one.
+        nexts = starts[1:] + [starts[-1] + 1] if starts else []
+        self.starts = starts
+        self.ends = [a + size if size else nxt for a, size, nxt in zip(starts, sizes, nexts)]
+        self.names = names
 
     def __len__(self) -> int:
         return len(self.starts)

@@ -355,6 +355,31 @@ def test_large_binaries_load_when_a_sample_needs_them(bins: dict[str, Path]) -> 
     assert total >= 100 and share >= 0.95, stacks.most_common(3)
 
 
+def test_rows_are_copied_through_the_mapped_map(bins: dict[str, Path], tmp_path: Path) -> None:
+    """uw_rows is mappable: every table's rows are copied into its pages (no
+    batch update), and the map then holds exactly the rows of each table's
+    cache file, read back through the map's lookup (the program's view)."""
+    need(have_root(), "root (BPF and perf events)")
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    opts = BpfSamplerOptions(frequency=199, pids=frozenset(), unwind=True, unwind_cache_dir=tmp_path)
+    with BpfSampler(opts) as s:
+        u = s.unwinder
+        assert u is not None
+        _pid, stacks, _ = _record(s, [str(bins["chain"]), "6"])
+        st = u.stats.copy()
+        assert st.binaries >= 2 and st.rows_used > 0, st
+        assert st.rows_mapped == st.rows_used, st  # nothing went by batch updates
+        table = s._program.bpf["uw_rows"]
+        for entry in list(u._by_key.values()):
+            raw = (tmp_path / f"{entry.key}.uwt").read_bytes()[16:]  # the cache file's rows, after its header
+            assert len(raw) == entry.rows * ehframe.ROW.size, entry
+            for i in {0, entry.rows // 2, entry.rows - 1}:
+                got = bytes(table[table.Key(entry.first + i)])
+                assert got == raw[i * ehframe.ROW.size:(i + 1) * ehframe.ROW.size], (entry, i)
+    share, total = _share(stacks, "leaf", CHAIN)
+    assert total >= 100 and share >= 0.95, stacks.most_common(3)
+
+
 def test_a_large_binary_mapped_but_not_run_costs_no_rows() -> None:
     """Every bcc user maps libLLVM (~980,000 rows); a process that maps it and
     never runs it is described without them."""

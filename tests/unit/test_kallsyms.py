@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flamed.sampling.kallsyms import Kallsyms
+from flamed.sampling.kallsyms import Kallsyms, KallsymsPreload, shows_addresses
 
 
 def test_lookup_and_hidden(tmp_path: Path) -> None:
@@ -36,3 +36,25 @@ def test_the_running_kernel() -> None:
         if name == "do_syscall_64" and kind in "tT":
             assert k.resolve(int(addr, 16) + 4)[0] == b"do_syscall_64"
             break
+
+
+def test_read_ahead_gives_the_same_table(tmp_path: Path) -> None:
+    f = tmp_path / "kallsyms"
+    f.write_text("ffffffff81000000 T _stext\nffffffff81000100 t helper\nffffffffc0001000 t mod_fn\t[mymod]\n")
+    assert shows_addresses(f)
+    pre = KallsymsPreload(path=f)
+    k = pre.take()
+    assert len(k) == 3 and not k.hidden
+    assert k.resolve(0xFFFFFFFF81000150) == (b"helper", b"kernel")
+    again = pre.take()  # taken once: a second take reads the file itself
+    assert again is not k and again.resolve(0xFFFFFFFFC0001004) == (b"mod_fn", b"kernel")
+
+
+def test_read_ahead_of_hidden_addresses_reads_nothing(tmp_path: Path) -> None:
+    f = tmp_path / "kallsyms"
+    f.write_text("0000000000000000 T _stext\n0000000000000000 t helper\n")
+    assert not shows_addresses(f)
+    pre = KallsymsPreload(path=f)
+    pre._thread.join()
+    assert pre._table is None  # nothing read ahead
+    assert pre.take().hidden  # asked anyway: read then, and said hidden

@@ -21,6 +21,7 @@ from __future__ import annotations
 import array
 import ctypes as ct
 import logging
+import mmap
 import os
 import queue
 import struct
@@ -86,6 +87,8 @@ class UnwindStats:
     #: tables evicted (and their rows) to make room: not sampled for EVICT_IDLE_S
     evicted: int = 0
     evicted_rows: int = 0
+    #: rows copied into the mapped uw_rows (the rest went by batch updates)
+    rows_mapped: int = 0
     #: the largest tables loaded: (binary, rows, seconds since a process using it was sampled)
     largest: list[tuple[str, int, float]] = field(default_factory=list)
 
@@ -233,6 +236,7 @@ class Unwinder:
         self._bpf = bpf
         self._lib = lib
         self._rows = bpf["uw_rows"]
+        self._rows_mmap = _mappable(getattr(self._rows, "map_fd", -1))  # see _write_rows
         self._procs = bpf["uw_procs"]
         self._maps = bpf["uw_maps"]
         self._max_maps = max_maps
@@ -583,7 +587,7 @@ class Unwinder:
                             "binaries after it keep frame-pointer stacks; raise [sampling] unwind_rows",
                             self._next, self.stats.rows_capacity, EVICT_IDLE_S, name, n)
             return None
-        self._write_array(self._rows, first, packed, ehframe.ROW.size, n)
+        self._write_rows(first, packed, n)
         self._next += n
         entry = TableEntry(key, first, n, os.path.basename(name))
         self._by_key[key] = entry
@@ -653,6 +657,27 @@ class Unwinder:
             self.stats.rows_used = self._next
         return any(cnt >= n for _lo, cnt in self._free)
 
+    def _write_rows(self, first: int, packed: bytes, n: int) -> None:
+        """Write ``n`` rows at ``first`` of uw_rows: copied into the map's pages
+        (it is mappable), else by batch updates.  The pages are mapped only
+        for the copy, so they never count in the daemon's RSS."""
+        size = ehframe.ROW.size
+        # The kernel lays array elements out 8-byte aligned: rows of 8 bytes are contiguous.
+        if self._rows_mmap and size % 8 == 0:
+            lo = first * size
+            base = lo - lo % mmap.PAGESIZE
+            try:
+                with mmap.mmap(self._rows.map_fd, lo + n * size - base, flags=mmap.MAP_SHARED,
+                               prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=base) as mm:
+                    mm[lo - base:lo - base + n * size] = packed[:n * size]
+                self.stats.rows_mapped += n
+                return
+            except (OSError, ValueError) as e:
+                # A kernel or map without BPF_F_MMAPABLE: batch updates from now on.
+                self._rows_mmap = False
+                log.info("unwind rows cannot be mapped (%s): written by batch updates", e)
+        self._write_array(self._rows, first, packed, size, n)
+
     def _write_array(self, table: Any, first: int, packed: bytes, size: int, n: int) -> None:
         """Write ``n`` values of ``size`` bytes at indices ``first``.. of an array map."""
         chunk = 65536
@@ -670,6 +695,24 @@ class Unwinder:
                     leaf = leaf_t.from_buffer_copy(packed[(lo + i) * size:(lo + i + 1) * size])
                     table[ct.c_int(first + lo + i)] = leaf
                 log.debug("batch update of an unwind map failed (%s): wrote one by one", os.strerror(err))
+
+
+#: bpf(2)'s BPF_F_MMAPABLE map flag.
+_BPF_F_MMAPABLE = 1 << 10
+
+
+def _mappable(fd: int) -> bool:
+    """Is ``fd`` an array map created with BPF_F_MMAPABLE (its fdinfo says so)?
+    Anything else (a kernel that dropped the flag, a stand-in in tests) gets batch updates."""
+    try:
+        info = Path(f"/proc/self/fdinfo/{fd}").read_text()
+    except (OSError, ValueError):
+        return False
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    try:
+        return int(fields["map_type"]) == 2 and bool(int(fields["map_flags"], 16) & _BPF_F_MMAPABLE)
+    except (KeyError, ValueError):
+        return False
 
 
 def mapping_bias(loads: tuple[tuple[int, int, int, int], ...], m: ExecMap) -> int | None:
