@@ -47,6 +47,9 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--rates", default="19,99")
     ap.add_argument("--every", type=float, default=60.0, help="seconds between two RSS lines (default 60)")
+    ap.add_argument("--only-services", action="store_true",
+                    help="[sampling] comms = the services' names: the daemons leave the host's other processes "
+                         "(and each other) out, as on a host that runs only the services")
     a = ap.parse_args()
     from flamed.daemon.client import request  # noqa: PLC0415
 
@@ -57,7 +60,8 @@ def main() -> int:
         daemons: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
         for rate in rates:
             cfg, sock = tmp / f"d{rate}.toml", tmp / f"d{rate}.sock"
-            startup.write_config(cfg, sock, tmp / f"state-{rate}", rate)
+            startup.write_config(cfg, sock, tmp / f"state-{rate}", rate,
+                                 sampling={"comms": list(startup.SERVICE_COMMS)} if a.only_services else None)
             log = stack.enter_context(open(tmp / f"d{rate}.log", "wb"))
             d = subprocess.Popen(["nice", "-n", "-10", str(VENV / "python"), "-m", "flamed", "daemon", "--config",
                                   str(cfg)], stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT)
@@ -80,7 +84,8 @@ def main() -> int:
         for rate, (d, sock) in daemons.items():
             with contextlib.suppress(Exception):
                 status[rate] = request(str(sock), {"request": "status"}, timeout=10)["status"]
-        print(f"\n{a.services} busy Python services, {a.minutes:g} min")
+        what = ", daemons sampling the services only" if a.only_services else ""
+        print(f"\n{a.services} busy Python services, {a.minutes:g} min{what}")
         print("| rate | RSS at 1st line (MB) | RSS at end (MB) | peak (MB) | memory by part at end (MB) |")
         print("|---|---|---|---|---|")
         for rate, (d, _) in daemons.items():
