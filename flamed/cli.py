@@ -81,7 +81,15 @@ def build_parser(
     return parser
 
 
+#: True while ``main`` runs as the process's own command (``flamed ...``,
+#: ``python -m flamed``: no argv given), not called from other Python code: only
+#: then may a command change process-wide state such as how bcc is loaded.
+STANDALONE = False
+
+
 def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    global STANDALONE
+    STANDALONE = argv is None
     err = stderr if stderr is not None else sys.stderr
     words = list(argv) if argv is not None else sys.argv[1:]
     if words == ["--version"]:

@@ -81,8 +81,11 @@ class DaemonCommand(Command):
         from flamed.sampling.bpfimage import runtime_only
         from flamed.sampling.memory import limit_arenas
 
-        runtime_only()
-        limit_arenas()  # before the threads: their peaks would stay resident, each in its own arena
+        from flamed import cli
+
+        if cli.STANDALONE:  # process-wide: not when another program calls the command
+            runtime_only()
+            limit_arenas()  # before the threads: their peaks would stay resident, each in its own arena
         from flamed.daemon.core import Daemon
         from flamed.daemon.notify import Notifier
 

@@ -262,6 +262,7 @@ class RecordCommand(Command):
                      offcpu_min_us: int | None = None, offcpu_every: int = 1) -> tuple[Any, str]:
         try:
             from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: PLC0415
+            from flamed import cli  # noqa: PLC0415
             from flamed.sampling.bpfimage import runtime_only  # noqa: PLC0415
             from flamed.sampling.program import program_is_cached  # noqa: PLC0415
         except ImportError as e:
@@ -272,7 +273,7 @@ class RecordCommand(Command):
                                      bpf_cache_dir=_cache_dir("bpf"),
                                      offcpu=offcpu_min_us is not None, offcpu_min_us=offcpu_min_us or 0,
                                      offcpu_every=offcpu_every)
-            if program_is_cached(opts):
+            if cli.STANDALONE and program_is_cached(opts):
                 # Compiled before: bcc without clang and LLVM (0.2 s and ~65 MB less)
                 runtime_only()
             s = BpfSampler(opts)
