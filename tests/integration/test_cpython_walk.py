@@ -229,3 +229,30 @@ def test_probe_right_after_exec_says_not_yet_then_ready(
     _wait_for(lambda: truth_path.exists(), "the target's ground truth")
     t = probe(proc.pid)
     assert isinstance(t, Target) and t.validate().kind == "ready"
+
+
+def test_a_second_process_of_an_interpreter_reads_its_version_after_the_first_exited() -> None:
+    """The ELF facts are shared by every process of one interpreter file; the
+    version read through them must not depend on the first process still
+    being there (its /proc/PID/root path is gone with it)."""
+    need(have_root(), "root (another process's /proc/PID/root)")
+    exe = need_debian_311()
+    cache = elf.ElfCache()
+    code = "import sys, time; print('ready', flush=True); time.sleep(30)"
+    first = subprocess.Popen([str(exe), "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == b"ready"
+        t1 = probe(first.pid, cache=cache)
+        assert isinstance(t1, Target) and t1.hexversion is not None, t1
+    finally:
+        first.kill()
+        first.wait(timeout=10)
+    second = subprocess.Popen([str(exe), "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert second.stdout is not None and second.stdout.readline().strip() == b"ready"
+        t2 = probe(second.pid, cache=cache)
+        assert isinstance(t2, Target) and t2.hexversion == t1.hexversion, t2
+        assert cache.parses == 1  # the same facts, not a new parse
+    finally:
+        second.kill()
+        second.wait(timeout=10)

@@ -64,13 +64,17 @@ class ElfFacts:
                 return seg.offset + (vaddr - seg.vaddr)
         return None
 
-    def read(self, vaddr: int, size: int) -> bytes | None:
-        """Initialized data at ``vaddr`` as stored in the file (None when out of the file)."""
+    def read(self, vaddr: int, size: int, path: str | None = None) -> bytes | None:
+        """Initialized data at ``vaddr`` as stored in the file (None when out of the file).
+
+        ``path``: where to open the file now.  The facts are shared by every
+        process mapping the file, and ``self.path`` is where the first of them
+        saw it (``/proc/PID/root/...``), gone once that process exits."""
         off = self.file_offset(vaddr, size)
         if off is None:
             return None
         try:
-            with open(self.path, "rb") as f:
+            with open(path or self.path, "rb") as f:
                 f.seek(off)
                 data = f.read(size)
         except OSError:

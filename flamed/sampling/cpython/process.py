@@ -422,7 +422,7 @@ def _target(pid: int, proc_root: Path, path: str, facts: elf.ElfFacts, maps: lis
     runtime = facts.symbols[b"_PyRuntime"][0] + bias
     hexversion = None
     if b"Py_Version" in facts.symbols:
-        raw = facts.read(facts.symbols[b"Py_Version"][0], 4)
+        raw = facts.read(facts.symbols[b"Py_Version"][0], 4, _open_path(proc_root, pid, path))
         if raw is not None:
             hexversion = struct.unpack("<I", raw)[0]
     version = ((hexversion >> 24) & 0xFF, (hexversion >> 16) & 0xFF) if hexversion else _version_from_name(path)
