@@ -253,7 +253,7 @@ def daemon_part(counts: list[int], settle: float, tmp: Path, frequency: int | No
         for c in caches:
             print(f"  daemon: {n} services, {c} cache ...", file=sys.stderr)
             if c == "warm" and not Path(warm).is_dir():
-                daemon_case(tmp, 0, 0.0, frequency, cache=warm)  # fills it
+                daemon_case(tmp, 0, 0.0, frequency, cache=warm, only_services=only_services)  # fills it
             rows.append(daemon_case(tmp, n, settle, frequency, cache=warm if c == "warm" else "",
                                     only_services=only_services))
     what = ", sampling the services only" if only_services else ""
