@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import ctypes as ct
 import errno
 import hashlib
@@ -236,21 +237,18 @@ def _possible_cpus() -> str:
         return str(os.cpu_count())
 
 
-def _map_refs(insns: bytes, n_maps: int, fname: str) -> list[int]:
-    """Instruction offsets of the map references; ImageError for anything
-    an image cannot carry (references other than a map by fd)."""
+def _map_ref_offsets(insns: bytes, fname: str) -> list[tuple[int, int]]:
+    """(offset, immediate) of each ``ld_imm64`` map-by-fd reference; ImageError
+    for anything an image cannot carry (other ``ld_imm64`` kinds, partial instructions)."""
     if len(insns) % _INSN:
         raise ImageError(f"{fname}: {len(insns)} bytes is not whole instructions")
-    refs: list[int] = []
+    refs: list[tuple[int, int]] = []
     i, n = 0, len(insns)
     while i < n:
         if insns[i] == _LD_IMM64:
             src = insns[i + 1] >> 4
             if src == _PSEUDO_MAP_FD:
-                idx = int.from_bytes(insns[i + 4:i + 8], "little", signed=True)
-                if not 0 <= idx < n_maps:
-                    raise ImageError(f"{fname}: map reference {idx} out of range")
-                refs.append(i)
+                refs.append((i, int.from_bytes(insns[i + 4:i + 8], "little", signed=True)))
             elif src != 0:
                 raise ImageError(f"{fname}: ld_imm64 of kind {src} (only map fds are carried)")
             i += 2 * _INSN
@@ -259,23 +257,22 @@ def _map_refs(insns: bytes, n_maps: int, fname: str) -> list[int]:
     return refs
 
 
+def _map_refs(insns: bytes, n_maps: int, fname: str) -> list[int]:
+    """Instruction offsets of the map references, each naming a map of ``n_maps``."""
+    refs = _map_ref_offsets(insns, fname)
+    for _off, idx in refs:
+        if not 0 <= idx < n_maps:
+            raise ImageError(f"{fname}: map reference {idx} out of range")
+    return [off for off, _idx in refs]
+
+
 def _rewrite(insns: bytes, table: dict[int, int], fname: str) -> bytes:
     """``insns`` with each map reference's immediate replaced through ``table``."""
     out = bytearray(insns)
-    i, n = 0, len(out)
-    while i < n:
-        if out[i] == _LD_IMM64:
-            src = out[i + 1] >> 4
-            if src == _PSEUDO_MAP_FD:
-                old = int.from_bytes(out[i + 4:i + 8], "little", signed=True)
-                if old not in table:
-                    raise ImageError(f"{fname}: reference to map fd/index {old}, which the module does not own")
-                out[i + 4:i + 8] = table[old].to_bytes(4, "little", signed=True)
-            elif src != 0:
-                raise ImageError(f"{fname}: ld_imm64 of kind {src} (only map fds are carried)")
-            i += 2 * _INSN
-        else:
-            i += _INSN
+    for off, old in _map_ref_offsets(insns, fname):
+        if old not in table:
+            raise ImageError(f"{fname}: reference to map fd/index {old}, which the module does not own")
+        out[off + 4:off + 8] = table[old].to_bytes(4, "little", signed=True)
     return bytes(out)
 
 
@@ -417,7 +414,7 @@ class ImageCache:
                     f.write(image.to_bytes())
                 os.replace(tmp, self.path(key))
             except BaseException:
-                with _suppress_oserror():
+                with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
         except OSError as e:
@@ -433,14 +430,6 @@ class ImageCache:
                 old.unlink()
         except OSError:
             pass
-
-
-class _suppress_oserror:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, et: Any, e: Any, tb: Any) -> bool:
-        return et is not None and issubclass(et, OSError)
 
 
 # ---------------------------------------------------------------------------
@@ -563,7 +552,7 @@ def _define_image_bpf() -> Any:
         def close(self) -> None:
             super().close()
             for fd in self.map_fds:
-                with _suppress_oserror():
+                with contextlib.suppress(OSError):
                     os.close(fd)
             self.map_fds = []
 
