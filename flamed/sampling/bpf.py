@@ -264,7 +264,8 @@ class BpfSampler:
             self._cgroup_filter = followed
         self._processes.open()
         self._drainer = Drainer(program, self._stats, sym, python=self._python, unwinder=self.unwinder,
-                                clock=self._clock, settle=self._settle, cgroups=self.cgroup_resolver)
+                                clock=self._clock, settle=self._settle, cgroups=self.cgroup_resolver,
+                                sampled=self._processes.sampled)
         t2 = time.perf_counter()
         program.attach()
         startup["attach_s"] = round(time.perf_counter() - t2, 3)  # perf events per CPU, tracepoints, uprobes

@@ -155,6 +155,7 @@ class Drainer:
         clock: Callable[[], int],
         settle: Callable[[], None],
         cgroups: CgroupResolver | None = None,
+        sampled: Callable[[set[int]], None] | None = None,
     ) -> None:
         self.options = program.options
         self._program = program
@@ -167,6 +168,7 @@ class Drainer:
         self._python = python
         self._unwinder = unwinder
         self._settle = settle
+        self._sampled = sampled
         self._cgroups = cgroups
         self._comm_cache: dict[bytes, str] = {}
         self._raw_events: list[EventRow] = []
@@ -224,6 +226,8 @@ class Drainer:
         self._program.bpf.ring_buffer_consume()
         raw_events = [e for e in self._raw_events if e[4] == old]
         self._raw_events = [e for e in self._raw_events if e[4] != old]
+        if self._sampled is not None:  # processes never handed on: read now
+            self._sampled({k[0] for k in keys} | {e[1] for e in raw_events})
 
         ids: set[int] = set()
         for _tgid, _tid, kid, uid, _comm, _py, _nid, _cg, _n in keys:

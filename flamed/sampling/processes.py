@@ -226,6 +226,15 @@ class ProcessManager:
         self._reprime: deque[tuple[float, int, int]] = deque()
         self._prime_tokens = float(options.prime_rate)  # token bucket of prime_rate reads per second
         self._prime_refill = time.monotonic()
+        self._throttled = False  # the last read was refused for prime_rate
+        #: Processes handed to the priming thread's first read (or found gone
+        #: by it), by tgid: the number of the last drain that sampled them.
+        #: A sampled process missing here had its report lost, throttled, or
+        #: never sent (its pid and comm already in the program's ``seen``):
+        #: the drain queues it in ``_late``.
+        self._handed: dict[int, int] = {}
+        self._late: deque[int] = deque()
+        self._drains = 0
         for t in options.pids or ():
             self.table.ensure(t).filtered = True
 
@@ -302,7 +311,41 @@ class ProcessManager:
         for p in self.table:
             if p.exited:
                 p.exited = False
+                self._handed.pop(p.tgid, None)  # its pid may come back as another process
                 self.table.release(p)
+
+    #: A process not sampled for this many drains is forgotten by the late
+    #: check: if its pid comes back as another process, that one is read.
+    HANDED_KEEP_DRAINS = 8
+
+    def sampled(self, tgids: set[int]) -> None:
+        """A drain read samples of ``tgids`` (the drain's thread, under the
+        lock).  Those the priming thread never read are queued for it now:
+        without this, a process whose first-sample report was lost (a full
+        perf buffer), refused for ``prime_rate``, or never sent (its pid and
+        comm were still in the program's ``seen`` from an earlier process)
+        would never reach the handlers: no Python frames read by the program
+        and no unwinding for its whole life."""
+        if not self._handlers or not self.options.prime:
+            return
+        self._drains += 1
+        d = self._drains
+        handed = self._handed
+        late = False
+        for t in tgids:
+            if t <= 0:
+                continue
+            if t in handed:
+                handed[t] = d
+            else:
+                self._late.append(t)
+                late = True
+        if d % self.HANDED_KEEP_DRAINS == 0:
+            for t, last in list(handed.items()):
+                if last < d - self.HANDED_KEEP_DRAINS:
+                    handed.pop(t, None)
+        if late:
+            self.wake()
 
     # -- the priming thread --------------------------------------------------
     def start_priming(self) -> None:
@@ -377,6 +420,7 @@ class ProcessManager:
                 # Reads every buffer's pending records and calls their callbacks.
                 self.program.lib.perf_reader_consume(len(readers), arr)
                 self._prime_reported()
+                self._prime_late()
                 self._prime_again()
                 for h in self._handlers:
                     h.work()
@@ -414,7 +458,11 @@ class ProcessManager:
         or missed.  ``tries``: how many times this first read failed already;
         a failed one of a process still there is tried again soon."""
         sym = self.symbolizer
-        if sym is None or not self._prime_token():
+        self._throttled = False
+        if sym is None:
+            return None
+        if not self._prime_token():
+            self._throttled = True
             return None
         prepared = sym.prepare(tgid)  # /proc reads: outside the lock, a drain may hold it
         if prepared is None and tries is not None and tries + 1 < self.PRIME_FIRST_TRIES and _alive(tgid):
@@ -440,9 +488,23 @@ class ProcessManager:
                 break
             self._prime_first(tgid, 0)
 
+    def _prime_late(self) -> None:
+        """First reads of the processes a drain sampled that were never read
+        (see :meth:`sampled`), unless their report came meanwhile."""
+        while self._late and not self.stopping.is_set():
+            tgid = self._late.popleft()
+            if tgid in self._handed:
+                continue
+            self._stats.prime_late_total += 1
+            self._prime_first(tgid, 0)
+
     def _prime_first(self, tgid: int, tries: int) -> None:
         """The first read of a process image, then the handlers."""
         ident = self._read_and_prime(tgid, first=True, tries=tries)
+        if not self._throttled:
+            # Read, gone, or to be read again soon: not a late one.  (A
+            # throttled one is left for the next drain that samples it.)
+            self._handed[tgid] = self._drains
         if ident is None:
             return
         if _age_s(ident) < self.PRIME_YOUNG_S:

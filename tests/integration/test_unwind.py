@@ -108,9 +108,17 @@ def _record(s: BpfSampler, argv: list[str], seconds: float = 1.5, *,
     try:
         s.add_pid(p.pid)
         deadline = time.monotonic() + 20
+        next_drain = time.monotonic() + 1.0
         while s.options.unwind and not s.unwind_ready(p.pid):
-            assert p.poll() is None, f"{argv[0]} exited early"
-            assert time.monotonic() < deadline, "the process was never described to the unwinder"
+            st = s.stats()
+            why = (f"primed {st.primed_total}, late {st.prime_late_total}, throttled {st.prime_throttled_total}, "
+                   f"lost {st.prime_lost_total}, gone {st.prime_missed_total}; unwinder idle: "
+                   f"{s.unwinder is not None and s.unwinder.idle()}")
+            assert p.poll() is None, f"{argv[0]} exited before it was described to the unwinder ({why})"
+            assert time.monotonic() < deadline, f"the process was never described to the unwinder ({why})"
+            if time.monotonic() >= next_drain:
+                s.drain()  # as the daemon does: a process the priming thread never read is read then
+                next_drain = time.monotonic() + 1.0
             time.sleep(0.01)
         time.sleep(0.3)  # the libraries the dynamic loader maps after the first description
         if warm_libs and s.unwinder is not None:
@@ -337,6 +345,41 @@ def test_same_callers_as_perf_dwarf(sampler: tuple[BpfSampler, RecordingSymboliz
     # Every distinct stack of ours into the leaf has perf's callers, frame by frame.
     for callers in ours:
         assert list(callers) == list(want), (callers, want)
+
+
+def test_processes_whose_first_read_was_throttled_are_described_after_a_drain(bins: dict[str, Path]) -> None:
+    """prime_rate 1: of four processes started at once, the priming thread
+    reads one and refuses the others' reports; the drains that sample them
+    hand them on, and every one is unwound from tables."""
+    need(have_root(), "root (BPF and perf events)")
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    with BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), unwind=True, prime_rate=1)) as s:
+        procs = [subprocess.Popen([str(bins["chain"]), "8"], stdout=subprocess.DEVNULL) for _ in range(4)]
+        try:
+            for p in procs:
+                s.add_pid(p.pid)
+            deadline = time.monotonic() + 7
+            while not all(s.unwind_ready(p.pid) for p in procs) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                s.drain()
+            ready = [s.unwind_ready(p.pid) for p in procs]
+            st = s.stats()
+            assert all(ready), (ready, st.primed_total, st.prime_throttled_total, st.prime_late_total)
+            assert st.prime_throttled_total >= 1 and st.prime_late_total >= 1, st
+            s.drain()
+            time.sleep(1.0)
+            w = s.drain()
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait(timeout=10)
+    for p in procs:
+        stacks: Stacks = collections.Counter()
+        for (tgid, _tid, _comm, stack), n in w.counts.items():
+            if tgid == p.pid:
+                stacks[tuple(f for f in stack if not f.endswith("_[k]"))] += n
+        share, total = _share(stacks, "leaf", CHAIN)
+        assert total >= 20 and share >= 0.95, (p.pid, stacks.most_common(3))
 
 
 def test_large_binaries_load_when_a_sample_needs_them(bins: dict[str, Path]) -> None:

@@ -39,6 +39,9 @@ class FlakySymbolizer:
     def prime(self, pid: int, prepared: Any) -> None:
         self.primed.append(pid)
 
+    def forget(self, pid: int) -> None:
+        pass
+
 
 @pytest.fixture
 def child() -> Iterator[subprocess.Popen[bytes]]:
@@ -107,3 +110,72 @@ def test_a_kernel_thread_is_not_tried_again() -> None:
     s._processes._new_images.append(2)  # kthreadd
     s._processes._prime_reported()
     assert not s._processes._reprime
+
+
+# -- processes the priming thread never read: found by the drain -------------
+
+def test_a_throttled_first_read_is_read_when_a_drain_samples_the_process(child: subprocess.Popen[bytes]) -> None:
+    """A report refused for prime_rate is not lost for good: the next drain
+    that samples the process queues it, and the handlers get it then."""
+    sym, probed = FlakySymbolizer(fail=0), []
+    s = _sampler(sym, probed)
+    m = s._processes
+    m._prime_tokens = 0.0  # the bucket is empty: this report is refused
+    m._prime_refill = time.monotonic()
+    m._new_images.append(child.pid)
+    m._prime_reported()
+    assert probed == [] and s._stats.prime_throttled_total == 1
+    m._prime_tokens = 1.0
+    m.sampled({child.pid})
+    m._prime_late()
+    assert probed == [child.pid]
+    assert (s._stats.prime_late_total, s._stats.primed_total) == (1, 1)
+    # Read now: the drains after do not queue it again.
+    m.sampled({child.pid})
+    assert not m._late
+
+
+def test_a_process_whose_report_was_never_sent_is_read_after_one_drain(child: subprocess.Popen[bytes]) -> None:
+    """The program reports a (pid, comm) once while it is in its `seen` map: a
+    process that reuses an earlier one's pid and comm sends no report."""
+    sym, probed = FlakySymbolizer(fail=0), []
+    s = _sampler(sym, probed)
+    m = s._processes
+    m.sampled({child.pid, 0})  # 0: the idle task, never a process
+    assert list(m._late) == [child.pid]
+    m._prime_late()
+    assert probed == [child.pid] and s._stats.prime_late_total == 1
+
+
+def test_a_report_that_came_after_the_drain_is_not_read_twice(child: subprocess.Popen[bytes]) -> None:
+    sym, probed = FlakySymbolizer(fail=0), []
+    s = _sampler(sym, probed)
+    m = s._processes
+    m.sampled({child.pid})  # sampled before its report was read
+    m._new_images.append(child.pid)
+    m._prime_reported()
+    m._prime_late()
+    assert probed == [child.pid] and sym.calls[child.pid] == 1
+    assert s._stats.prime_late_total == 0
+
+
+def test_a_pid_is_read_again_once_its_process_exited_or_went_unsampled(child: subprocess.Popen[bytes]) -> None:
+    sym, probed = FlakySymbolizer(fail=0), []
+    s = _sampler(sym, probed)
+    m = s._processes
+    m._new_images.append(child.pid)
+    m._prime_reported()
+    # The exit (proc connector) is settled after a drain: the pid is free for another process.
+    m.forget(child.pid)
+    m.settle()
+    m.sampled({child.pid})
+    assert list(m._late) == [child.pid]
+    m._late.clear()
+    m._prime_late()
+    # Without an exit notice: forgotten once unsampled for HANDED_KEEP_DRAINS drains.
+    m._new_images.append(child.pid)
+    m._prime_reported()
+    for _ in range(2 * m.HANDED_KEEP_DRAINS):
+        m.sampled(set())
+    m.sampled({child.pid})
+    assert list(m._late) == [child.pid]
