@@ -267,10 +267,6 @@ static __always_inline void take_gen0(struct bpf_perf_event_data *ctx, struct fl
         key->user_stack_id = stacks0.get_stackid(ctx, BPF_F_USER_STACK);
     s32 unwound = 0; /* stands in for the user stack id when the tables gave the stack */
     stack_errors(0, in_user_mode(ctx), &key->kernel_stack_id, key->native_stack_id ? &unwound : &key->user_stack_id);
-#if FLAMED_PYTHON
-    if (!is_watched)
-        key->py_stack_id = py_take_timed(ctx, 0, key->tgid, key->tid);
-#endif
     if (is_watched) {
         if (emit_event(0, key) == 0) {
             stat_inc(0, FLAMED_STAT_EVENTS);
@@ -305,10 +301,6 @@ static __always_inline void take_gen1(struct bpf_perf_event_data *ctx, struct fl
         key->user_stack_id = stacks1.get_stackid(ctx, BPF_F_USER_STACK);
     s32 unwound = 0; /* stands in for the user stack id when the tables gave the stack */
     stack_errors(1, in_user_mode(ctx), &key->kernel_stack_id, key->native_stack_id ? &unwound : &key->user_stack_id);
-#if FLAMED_PYTHON
-    if (!is_watched)
-        key->py_stack_id = py_take_timed(ctx, 1, key->tgid, key->tid);
-#endif
     if (is_watched) {
         if (emit_event(1, key) == 0) {
             stat_inc(1, FLAMED_STAT_EVENTS);
@@ -338,6 +330,12 @@ static __always_inline void take_gen1(struct bpf_perf_event_data *ctx, struct fl
 static __always_inline void finish_sample(struct bpf_perf_event_data *ctx, struct flamed_key *key, u32 gen,
                                           int is_watched)
 {
+#if FLAMED_PYTHON
+    /* Once here, not in each generation's body: the walker is the largest
+     * part of the program, and every copy is compiled and verified. */
+    if (!is_watched)
+        key->py_stack_id = py_take_timed(ctx, gen, key->tgid, key->tid);
+#endif
     if (gen)
         take_gen1(ctx, key, is_watched);
     else
