@@ -58,6 +58,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 import python_bpf  # noqa: E402 -- bench/python_bpf.py: services, /proc helpers
 
 VENV = ROOT / ".venv" / "bin"
+#: The tools' environment: byte code written and read as an installed flamed
+#: has it (a wheel or the .deb compiles it at install); a shell that sets
+#: PYTHONDONTWRITEBYTECODE would have every run compile flamed's ~70 modules.
+BASE_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 TARGET = """
 import sys, time
 with open(sys.argv[1], "w") as f:
@@ -105,7 +109,7 @@ def record_part(runs: int, tmp: Path) -> None:
     got["flamed record via a daemon"] = []
     # The compiled programs' cache ($XDG_CACHE_HOME/flamed/bpf): the bench's own, filled by one
     # untimed run of each flamed variant; "no cache" gets an empty one every run (a first start).
-    warm = dict(os.environ, XDG_CACHE_HOME=str(tmp / "xdg-warm"))
+    warm = dict(BASE_ENV, XDG_CACHE_HOME=str(tmp / "xdg-warm"))
     for name in ("flamed record", "flamed record --no-unwind"):
         run_tool(tools[name], stamp, warm)
     with running_daemon(tmp) as sock:
@@ -115,7 +119,7 @@ def record_part(runs: int, tmp: Path) -> None:
             for name, argv in tools.items():
                 env = warm
                 if name == "flamed record, no cache":
-                    env = dict(os.environ, XDG_CACHE_HOME=tempfile.mkdtemp(dir=tmp, prefix="xdg-cold-"))
+                    env = dict(BASE_ENV, XDG_CACHE_HOME=tempfile.mkdtemp(dir=tmp, prefix="xdg-cold-"))
                 got[name].append(run_tool(argv, stamp, env))
             print(f"  record: run {i + 1}/{runs} done", file=sys.stderr)
 
@@ -293,6 +297,9 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench/startup.py: run as root (BPF, py-spy, perf)", file=sys.stderr)
         return 2
+    # Every tool and daemon started here gets BASE_ENV's byte-code setting.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run([str(VENV / "python"), "-m", "compileall", "-q", str(ROOT / "flamed")], check=True)
     with tempfile.TemporaryDirectory(prefix="flamed-bench-startup-") as t:
         tmp = Path(t)
         if not args.skip_record:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import errno
+import functools
 import logging
 import os
 import platform
@@ -390,9 +391,11 @@ def gil_wait_supported() -> bool:
     return (major, minor) >= (5, 15)
 
 
+@functools.cache
 def task_fsbase_offset() -> int:
     """Offset of ``thread.fsbase`` in the running kernel's ``task_struct``
-    (from /sys/kernel/btf/vmlinux), or -1 with a logged reason."""
+    (from /sys/kernel/btf/vmlinux), or -1 with a logged reason.  Read once
+    per process (~0.15 s: `record` asks before and while it loads)."""
     try:
         from flamed.sampling.cpython import btf
 
@@ -403,6 +406,7 @@ def task_fsbase_offset() -> int:
         return -1
 
 
+@functools.cache
 def task_pid_offset() -> int:
     """Offset of ``pid`` in the running kernel's ``task_struct`` (from
     /sys/kernel/btf/vmlinux); CapabilityError when the BTF does not say."""
