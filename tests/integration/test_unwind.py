@@ -97,7 +97,8 @@ Stacks = collections.Counter[tuple[str, ...]]
 
 def _record(s: BpfSampler, argv: list[str], seconds: float = 1.5, *,
             kernel: bool = False, warm_libs: tuple[str, ...] = ()) -> tuple[int, Stacks, list[str]]:
-    """Run ``argv`` (which must run seconds + 3 s or more), sample it once it is
+    """Run ``argv`` (which must run seconds + 3 s or more; the tests give 15 s, so that a
+    slow description on a loaded host still leaves a whole window), sample it once it is
     described (at once without unwinding); its pid, the user+Python stacks
     (with the kernel frames when ``kernel``) of one window, its exec maps.
     ``warm_libs``: libraries it maps while it starts (names in its maps) whose
@@ -163,7 +164,7 @@ def _share(stacks: Stacks, leaf: str, chain: list[str]) -> tuple[float, int]:
 def test_c_chain_without_frame_pointers(sampler: tuple[BpfSampler, RecordingSymbolizer],
                                         bins: dict[str, Path]) -> None:
     s, _ = sampler
-    _pid, stacks, _ = _record(s, [str(bins["chain"]), "6"])
+    _pid, stacks, _ = _record(s, [str(bins["chain"]), "15"])
     share, total = _share(stacks, "leaf", CHAIN)
     assert total >= 100, stacks.most_common(5)
     assert share >= 0.95, stacks.most_common(5)
@@ -172,7 +173,7 @@ def test_c_chain_without_frame_pointers(sampler: tuple[BpfSampler, RecordingSymb
 def test_samples_taken_in_the_kernel_have_the_whole_user_chain(sampler: tuple[BpfSampler, RecordingSymbolizer],
                                                                bins: dict[str, Path]) -> None:
     s, _ = sampler
-    _pid, stacks, _ = _record(s, [str(bins["chain"]), "6", "sys"], kernel=True)
+    _pid, stacks, _ = _record(s, [str(bins["chain"]), "15", "sys"], kernel=True)
     in_kernel = {st: n for st, n in stacks.items() if st[-1].endswith("_[k]")}
     total = sum(in_kernel.values())
     assert total >= 50, list(in_kernel)[:3]
@@ -186,7 +187,7 @@ def test_frame_pointer_walk_loses_the_chain(bins: dict[str, Path]) -> None:
     need(have_root(), "root (BPF and perf events)")
     need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
     with BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), unwind=False)) as s:
-        _pid, stacks, _ = _record(s, [str(bins["chain"]), "6"])
+        _pid, stacks, _ = _record(s, [str(bins["chain"]), "15"])
     share, total = _share(stacks, "leaf", CHAIN)
     assert total >= 50
     assert share < 0.05, stacks.most_common(5)
@@ -195,7 +196,7 @@ def test_frame_pointer_walk_loses_the_chain(bins: dict[str, Path]) -> None:
 def test_cpp_with_exceptions_and_inlining(sampler: tuple[BpfSampler, RecordingSymbolizer],
                                           bins: dict[str, Path]) -> None:
     s, _ = sampler
-    _pid, stacks, _ = _record(s, [str(bins["throw"]), "6"])
+    _pid, stacks, _ = _record(s, [str(bins["throw"]), "15"])
     names = ["main", "outer(unsigned long)", "middle(unsigned long)", "work(unsigned long)"]
     share, total = _share(stacks, "work(unsigned long)", names)
     assert total >= 100, stacks.most_common(5)
@@ -204,7 +205,7 @@ def test_cpp_with_exceptions_and_inlining(sampler: tuple[BpfSampler, RecordingSy
 
 def test_rust_release_build(sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path]) -> None:
     s, _ = sampler
-    _pid, stacks, _ = _record(s, [str(bins["chainrs"]), "6"])
+    _pid, stacks, _ = _record(s, [str(bins["chainrs"]), "15"])
     leaf = {s_: n for s_, n in stacks.items() if s_ and s_[-1].startswith("chain::leaf::")}
     total = sum(leaf.values())
     assert total >= 100, stacks.most_common(5)
@@ -223,7 +224,7 @@ def test_jit_code_by_its_frame_pointer_and_perf_map(sampler: tuple[BpfSampler, R
     pointer back into the tables, and /tmp/perf-PID.map names it."""
     s, _ = sampler
     fp_before = s.stats().unwind_total["UW_FP_FRAMES"]
-    _pid, stacks, _ = _record(s, [str(bins["jit"]), "6"])
+    _pid, stacks, _ = _record(s, [str(bins["jit"]), "15"])
     share, total = _share(stacks, "jitted_spin", ["main", "level_a", "level_b", "call_jit", "jitted_spin"])
     assert total >= 100 and share >= 0.95, stacks.most_common(3)
     assert s.stats().unwind_total["UW_FP_FRAMES"] - fp_before >= total
@@ -232,13 +233,13 @@ def test_jit_code_by_its_frame_pointer_and_perf_map(sampler: tuple[BpfSampler, R
 def test_depth_limit_is_said(sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path]) -> None:
     s, _ = sampler
     before = s.stats().unwind_total["UW_DEPTH"]
-    _pid, deep, _ = _record(s, [str(bins["recurse"]), "200", "6"])
+    _pid, deep, _ = _record(s, [str(bins["recurse"]), "200", "15"])
     total = sum(deep.values())
     cut = sum(n for st, n in deep.items() if st and st[0] == "[truncated: depth limit]")
     assert total >= 100 and cut / total >= 0.9, deep.most_common(3)
     assert s.stats().unwind_total["UW_DEPTH"] - before >= cut
     # Within the limit: whole, down to _start.
-    _pid, shallow, _ = _record(s, [str(bins["recurse"]), "20", "6"])
+    _pid, shallow, _ = _record(s, [str(bins["recurse"]), "20", "15"])
     whole = sum(n for st, n in shallow.items() if st and st[0] == "_start" and st.count("descend") == 21)
     assert whole / sum(shallow.values()) >= 0.9, shallow.most_common(3)
 
@@ -335,7 +336,7 @@ def test_same_callers_as_perf_dwarf(sampler: tuple[BpfSampler, RecordingSymboliz
     assert n_ref / sum(reference.values()) >= 0.9, reference.most_common(3)
 
     s, sym = sampler
-    pid, stacks, maps = _record(s, [str(bins[name]), "6"])
+    pid, stacks, maps = _record(s, [str(bins[name]), "15"])
     ours: collections.Counter[tuple[tuple[str, int] | None, ...]] = collections.Counter()
     for addrs, frames in sym.raw[pid]:
         if frames and frames[-1] == leaf:
@@ -391,7 +392,7 @@ def test_large_binaries_load_when_a_sample_needs_them(bins: dict[str, Path]) -> 
     with BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), unwind=True, unwind_rows=65536)) as s:
         u = s.unwinder
         assert u is not None
-        _pid, stacks, _ = _record(s, [str(bins["chain"]), "6"])
+        _pid, stacks, _ = _record(s, [str(bins["chain"]), "15"])
         # libc's ~28,000 rows came with the first stack through __libc_start_call_main
         assert u.stats.rows_used > 4096, u.stats
     share, total = _share(stacks, "leaf", CHAIN)
@@ -408,7 +409,7 @@ def test_rows_are_copied_through_the_mapped_map(bins: dict[str, Path], tmp_path:
     with BpfSampler(opts) as s:
         u = s.unwinder
         assert u is not None
-        _pid, stacks, _ = _record(s, [str(bins["chain"]), "6"])
+        _pid, stacks, _ = _record(s, [str(bins["chain"]), "15"])
         st = u.stats.copy()
         assert st.binaries >= 2 and st.rows_used > 0, st
         assert st.rows_mapped == st.rows_used, st  # nothing went by batch updates
