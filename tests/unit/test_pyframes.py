@@ -102,13 +102,45 @@ class _Flaky(_Target):
 
 
 def test_failures_in_quick_succession_do_not_refuse_a_starting_interpreter() -> None:
-    fails = [5]
+    walks = PythonFrames.VALIDATE_WALKS
+    fails = [5 * walks]
     refused: list[str] = []
     pf = PythonFrames(probe=lambda pid: _Flaky(fails), symbolizer_factory=lambda pid, t: _Names({}),
                       on_refused=lambda pid, code, why: refused.append(code))
     got = [pf.describe(7) for _ in range(6)]  # within microseconds: no VALIDATE_SPAN_S elapsed
     assert got[:5] == [True] * 5 and isinstance(got[5], bytes), got
     assert pf.verdict(7) == "bpf" and refused == []
+
+
+class _Racing(_Target):
+    """A good layout whose walks from user space mostly race a stack that changes under them:
+    ``pattern`` says which walks fail, cyclically."""
+
+    def __init__(self, pattern: list[bool]) -> None:
+        self.pattern = pattern
+        self.walks = 0
+
+    def validate(self) -> Any:
+        fail = self.pattern[self.walks % len(self.pattern)]
+        self.walks += 1
+        if fail:
+            return type("State", (), {"kind": "invalid", "reason": "frame object 0x1 has type 0x2"})()
+        return "ready"
+
+
+def test_a_process_whose_stack_changes_under_most_walks_is_described(monkeypatch: Any) -> None:
+    """Three walks of four fail (a program calling tiny functions at random): a
+    walk that did not race is enough, however long the failures go on."""
+    import flamed.sampling.pyframes as mod
+
+    now = [1000.0]
+    monkeypatch.setattr(mod.time, "monotonic", lambda: now[0])
+    refused: list[str] = []
+    target = _Racing([True] * (PythonFrames.VALIDATE_WALKS - 1) + [False])
+    pf = PythonFrames(probe=lambda pid: target, symbolizer_factory=lambda pid, t: _Names({}),
+                      on_refused=lambda pid, code, why: refused.append(code))
+    assert isinstance(pf.describe(7), bytes)
+    assert pf.verdict(7) == "bpf" and refused == [] and target.walks == PythonFrames.VALIDATE_WALKS
 
 
 def test_a_layout_that_keeps_failing_is_refused_once_the_span_has_passed(monkeypatch: Any) -> None:
