@@ -495,8 +495,9 @@ class ProcessManager:
             tgid = self._late.popleft()
             if tgid in self._handed:
                 continue
-            self._stats.prime_late_total += 1
             self._prime_first(tgid, 0)
+            if not self._throttled:  # refused again: left for the next drain, not counted twice
+                self._stats.prime_late_total += 1
 
     def _prime_first(self, tgid: int, tries: int) -> None:
         """The first read of a process image, then the handlers."""

@@ -120,11 +120,15 @@ def test_a_throttled_first_read_is_read_when_a_drain_samples_the_process(child: 
     sym, probed = FlakySymbolizer(fail=0), []
     s = _sampler(sym, probed)
     m = s._processes
-    m._prime_tokens = 0.0  # the bucket is empty: this report is refused
+    m._prime_tokens = -1000.0  # the bucket is empty for seconds: these reads are refused
     m._prime_refill = time.monotonic()
     m._new_images.append(child.pid)
     m._prime_reported()
     assert probed == [] and s._stats.prime_throttled_total == 1
+    # Still over the rate at the first drain: left for the next one, not counted as late yet.
+    m.sampled({child.pid})
+    m._prime_late()
+    assert probed == [] and s._stats.prime_late_total == 0
     m._prime_tokens = 1.0
     m.sampled({child.pid})
     m._prime_late()
