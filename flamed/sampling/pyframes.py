@@ -339,9 +339,19 @@ def runs_root_first(frames: RawFrames, names: Sequence[str], flags: int) -> list
     whose walk faulted gets its marker frame as the outermost run."""
     n = len(names)
     rev = names[::-1]
-    # Root-first positions where a run begins: the root, and each entry frame.
-    starts = sorted({0, *(n - 1 - i for i, (code, _) in enumerate(frames) if code & ENTRY_BIT)}) if n else []
-    out: list[Stack] = [tuple(rev[a:b]) for a, b in zip(starts, [*starts[1:], n])]
+    # Root-first positions where a run begins: the root, and each entry frame
+    # (innermost-first index i is root-first position n - 1 - i: ascending
+    # when i descends).  Called once per Python stack of every drain.
+    out: list[Stack] = []
+    if n:
+        start = 0
+        for i in range(min(n, len(frames)) - 1, -1, -1):
+            if frames[i][0] & ENTRY_BIT:
+                at = n - 1 - i
+                if at > start:
+                    out.append(tuple(rev[start:at]))
+                    start = at
+        out.append(tuple(rev[start:]))
     if flags & PYSTACK_TRUNCATED:
         out.insert(0, (TRUNCATED_FRAME,))
     elif flags & PYSTACK_READ_FAULT:
@@ -422,6 +432,14 @@ def parse_pystack(raw: bytes, depth: int) -> tuple[list[tuple[int, int]], int]:
     """A ``struct flamed_pystack`` value: (frames innermost first, flags)."""
     n, flags = PYSTACK_HEAD.unpack_from(raw, 0)
     n = min(n, depth)
-    codes = struct.unpack_from(f"<{n}Q", raw, 8)
-    instrs = struct.unpack_from(f"<{n}I", raw, 8 + 8 * depth)
+    layout = _PYSTACK_LAYOUTS.get(n)
+    if layout is None:
+        layout = _PYSTACK_LAYOUTS[n] = (struct.Struct(f"<{n}Q"), struct.Struct(f"<{n}I"))
+    codes = layout[0].unpack_from(raw, 8)
+    instrs = layout[1].unpack_from(raw, 8 + 8 * depth)
     return list(zip(codes, instrs)), flags
+
+
+#: The Structs of parse_pystack by frame count (one per depth seen, at most
+#: python_depth + 1 of them).
+_PYSTACK_LAYOUTS: dict[int, tuple[struct.Struct, struct.Struct]] = {}
