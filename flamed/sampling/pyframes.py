@@ -400,20 +400,20 @@ def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:
     if not runs:
         return user_stack
     kinds = _frame_kinds(user_stack)
-    positions = range(len(kinds))
-    evals = list(itertools.compress(positions, [k == 2 for k in kinds])) if 2 in kinds else []
-    if len(evals) == len(runs):
+    if kinds.count(2) == len(runs):
         out: list[str] = []
         prev = 0
-        for i, run in zip(evals, runs):
-            out.extend(user_stack[prev:i])
-            out.extend(run)
+        i = -1
+        for run in runs:
+            i = kinds.index(2, i + 1)
+            out += user_stack[prev:i]
+            out += run
             prev = i + 1
-        out.extend(user_stack[prev:])
+        out += user_stack[prev:]
         return tuple(out)
     python = runs[0] if len(runs) == 1 else tuple(f for run in runs for f in run)
     if any(kinds):
-        return python + user_stack[max(itertools.compress(positions, kinds)) + 1:]
+        return python + user_stack[max(itertools.compress(range(len(kinds)), kinds)) + 1:]
     return python + native_below_interpreter(user_stack)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import struct
 from typing import Any
 
@@ -77,6 +78,35 @@ def test_splice_without_eval_frames_puts_python_on_top_of_the_leaf() -> None:
     native = ("_PyEval_EvalFrameDefault", "PyObject_Call", "deflate")
     assert splice(native, runs) == ("main (a.py:1)", "f (a.py:5)", "PyObject_Call", "deflate")
     assert splice(native, []) == native
+
+
+def _splice_reference(native: tuple[str, ...], runs: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """splice as its docstring says it, frame by frame."""
+    from flamed.sampling.pystack import EVAL_FRAME, native_below_interpreter
+
+    if not runs:
+        return native
+    loops = [i for i, f in enumerate(native) if EVAL_FRAME.match(f) and f.startswith("_PyEval_EvalFrame")]
+    if len(loops) == len(runs):
+        out: list[str] = []
+        for i, f in enumerate(native):
+            out.extend(runs[loops.index(i)] if i in loops else (f,))
+        return tuple(out)
+    python = tuple(f for run in runs for f in run)
+    entries = [i for i, f in enumerate(native) if EVAL_FRAME.match(f)]
+    if entries:
+        return python + native[max(entries) + 1:]
+    return python + native_below_interpreter(native)
+
+
+def test_splice_matches_its_reference_on_random_stacks() -> None:
+    rng = random.Random(27)
+    names = ["_start", "main", "_PyEval_EvalFrameDefault", "PyEval_EvalCode", "PyObject_Call", "cext_fn",
+             "[unknown]", "deflate", "_PyEval_EvalFrame"]
+    for _ in range(20000):
+        native = tuple(rng.choice(names) for _ in range(rng.randrange(0, 10)))
+        runs = [tuple(f"p{j}_{k} (a.py:{k})" for k in range(rng.randrange(1, 4))) for j in range(rng.randrange(0, 4))]
+        assert splice(native, runs) == _splice_reference(native, runs), (native, runs)
 
 
 def test_parse_pystack_reads_the_struct_of_the_program() -> None:
