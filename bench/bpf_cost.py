@@ -34,7 +34,6 @@ times then include them).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import shutil
@@ -70,38 +69,11 @@ for t in ts: t.join()
 """
 
 
-def prog_fds() -> dict[int, str]:
-    """This process's BPF program fds, by fd: their names."""
-    out = {}
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:bpf-prog":
-                out[int(fd)] = ""
-    return out
-
-
-def run_stats(names: tuple[str, ...] = ("flamed_sample",)) -> tuple[int, int]:
-    """run_time_ns and run_cnt summed over this process's programs named ``names``."""
-    ns = cnt = 0
-    for fd in prog_fds():
-        with contextlib.suppress(OSError):
-            info = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
-                        if ":\t" in line)
-            if info.get("prog_tag") is None:
-                continue
-            if not any(_prog_name(fd) == n for n in names):
-                continue
-            ns += int(info.get("run_time_ns", "0"))
-            cnt += int(info.get("run_cnt", "0"))
-    return ns, cnt
-
-
-_NAMES: dict[int, str] = {}
-
-
-def _prog_name(fd: int) -> str:
-    # bpftool names programs; fdinfo does not: the sampler's own table maps fds to names.
-    return _NAMES.get(fd, "")
+def run_stats(fd: int) -> tuple[int, int]:
+    """run_time_ns and run_cnt of the BPF program behind ``fd`` (this process's)."""
+    info = dict(line.split(":\t", 1) for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
+                if ":\t" in line)
+    return int(info.get("run_time_ns", "0")), int(info.get("run_cnt", "0"))
 
 
 def build(tmp: Path) -> dict[str, Path]:
@@ -137,9 +109,7 @@ def case(kind: str, bins: dict[str, Path], seconds: float, rate: int, timing: bo
     procs: list[subprocess.Popen[bytes]] = []
     try:
         s.start()
-        _NAMES.clear()
-        for name, fn in s._program.bpf.funcs.items():  # noqa: SLF001 - the bench reads the loaded program's fds
-            _NAMES[fn.fd] = name.decode() if isinstance(name, bytes) else name
+        fd = s._program.prog_fd  # noqa: SLF001 - flamed_sample's fd: the bench reads its run time
         procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL) for argv in workload(kind, bins, seconds)]
         for p in procs:
             if kind != "filtered":
@@ -155,10 +125,10 @@ def case(kind: str, bins: dict[str, Path], seconds: float, rate: int, timing: bo
         time.sleep(1.0)
         s.drain()
         st0 = s.stats()
-        ns0, cnt0 = run_stats()
+        ns0, cnt0 = run_stats(fd)
         t0 = time.monotonic()
         time.sleep(seconds)
-        ns1, cnt1 = run_stats()
+        ns1, cnt1 = run_stats(fd)
         t1 = time.monotonic()
         w = s.drain()
         st1 = s.stats()
