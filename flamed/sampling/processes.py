@@ -226,7 +226,6 @@ class ProcessManager:
         self._reprime: deque[tuple[float, int, int]] = deque()
         self._prime_tokens = float(options.prime_rate)  # token bucket of prime_rate reads per second
         self._prime_refill = time.monotonic()
-        self._throttled = False  # the last read was refused for prime_rate
         #: Processes handed to the priming thread's first read (or found gone
         #: by it), by tgid: the number of the last drain that sampled them.
         #: A sampled process missing here had its report lost, throttled, or
@@ -451,18 +450,21 @@ class ProcessManager:
         self._stats.prime_throttled_total += 1
         return False
 
+    def _may_read(self) -> bool:
+        """May the priming thread read /proc for one process now?  False
+        when over ``prime_rate``; without a symbolizer nothing will be read,
+        and no token is taken."""
+        return self.symbolizer is None or self._prime_token()
+
     def _read_and_prime(self, tgid: int, *, first: bool, tries: int | None = None) -> ProcessIdentity | None:
         """Read ``tgid``'s identity and maps and hand them to the symbolizer
-        (in the priming thread); the identity primed, or ``None`` when
-        throttled, gone or closed.  Only first reads are counted as primed
-        or missed.  ``tries``: how many times this first read failed already;
-        a failed one of a process still there is tried again soon."""
+        (in the priming thread; the caller took a token, :meth:`_may_read`);
+        the identity primed, or ``None`` when gone or closed.  Only first
+        reads are counted as primed or missed.  ``tries``: how many times this
+        first read failed already; a failed one of a process still there is
+        tried again soon."""
         sym = self.symbolizer
-        self._throttled = False
         if sym is None:
-            return None
-        if not self._prime_token():
-            self._throttled = True
             return None
         prepared = sym.prepare(tgid)  # /proc reads: outside the lock, a drain may hold it
         if prepared is None and tries is not None and tries + 1 < self.PRIME_FIRST_TRIES and _alive(tgid):
@@ -495,23 +497,23 @@ class ProcessManager:
             tgid = self._late.popleft()
             if tgid in self._handed:
                 continue
-            self._prime_first(tgid, 0)
-            if not self._throttled:  # refused again: left for the next drain, not counted twice
+            if self._prime_first(tgid, 0):  # refused again: left for the next drain, not counted twice
                 self._stats.prime_late_total += 1
 
-    def _prime_first(self, tgid: int, tries: int) -> None:
-        """The first read of a process image, then the handlers."""
+    def _prime_first(self, tgid: int, tries: int) -> bool:
+        """The first read of a process image, then the handlers; False when
+        refused for ``prime_rate`` (left for the next drain that samples it)."""
+        if not self._may_read():
+            return False
         ident = self._read_and_prime(tgid, first=True, tries=tries)
-        if not self._throttled:
-            # Read, gone, or to be read again soon: not a late one.  (A
-            # throttled one is left for the next drain that samples it.)
-            self._handed[tgid] = self._drains
+        self._handed[tgid] = self._drains  # read, gone, or to be read again soon: not a late one
         if ident is None:
-            return
+            return True
         if _age_s(ident) < self.PRIME_YOUNG_S:
             self._reprime.append((time.monotonic() + self.PRIME_REREAD_S, tgid, 0))
         for h in self._handlers:
             h.attach(tgid)
+        return True
 
     def _prime_again(self) -> None:
         """The due second reads of recently primed young processes, and the
@@ -521,6 +523,6 @@ class ProcessManager:
             _due, tgid, tries = self._reprime.popleft()
             if tries:
                 self._prime_first(tgid, tries)
-            elif self._read_and_prime(tgid, first=False) is not None:
+            elif self._may_read() and self._read_and_prime(tgid, first=False) is not None:
                 for h in self._handlers:
                     h.refresh(tgid)
