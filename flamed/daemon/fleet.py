@@ -21,7 +21,7 @@ import gzip
 import io
 from collections.abc import Mapping, Sequence
 
-from flamed.daemon.ring import RingWindow
+from flamed.daemon.ring import DecodeCache, RingWindow, window_items
 from flamed.daemon.store import ns_to_us
 from flamed.folded import write_folded
 from flamed.model import Profile
@@ -40,8 +40,9 @@ def merged_identities(windows: Sequence[RingWindow]) -> dict[int, CgroupIdentity
 
 def _merged(windows: Sequence[RingWindow]) -> tuple[dict[CountKey, int], int | None, int | None, float | None]:
     counts: dict[CountKey, int] = {}
+    cache: DecodeCache = {}
     for w in windows:
-        for k, n in w.counts.items():
+        for k, n in window_items(w.counts, cache):
             counts[k] = counts.get(k, 0) + n
     rates = {w.sample_rate for w in windows}
     rate = rates.pop() if len(rates) == 1 else None

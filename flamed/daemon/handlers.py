@@ -28,7 +28,7 @@ from flamed.daemon.protocol import (
     error_header,
     parse_request,
 )
-from flamed.daemon.ring import RingWindow, WindowRing
+from flamed.daemon.ring import DecodeCache, RingWindow, WindowRing
 from flamed.daemon.store import ProfileStore, ns_to_us
 from flamed.errors import FlamedError
 from flamed.outputs import OutputOptions
@@ -146,8 +146,9 @@ class RequestHandlers:
         counts: dict[CountKey, int] = {}
         samples = 0
         lost: dict[str, int] = {}
+        cache: DecodeCache = {}
         for w in windows:
-            flt.apply(w.counts, counts, w.identities)
+            flt.apply(w.counts, counts, w.identities, cache)
             samples += w.samples
             for r, n in w.lost.items():
                 lost[r] = lost.get(r, 0) + n

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from flamed.daemon.ring import DecodeCache, window_items
 from flamed.model import KERNEL_SUFFIX, Stack
 from flamed.sampling.cgroups import CgroupError, CgroupIdentity, CgroupSpec, parse_cgroup_spec
 from flamed.sampling.contract import CountKey, canonical_root
@@ -398,11 +399,12 @@ class SnapshotFilter:
             return None
         return stack
 
-    def apply(self, counts: dict[CountKey, int], into: dict[CountKey, int],
-              identities: Mapping[int, CgroupIdentity] | None = None) -> None:
-        """Add the counts that pass to ``into``; ``identities`` (tgid -> identity) for the cgroup filters."""
+    def apply(self, counts: Mapping[CountKey, int], into: dict[CountKey, int],
+              identities: Mapping[int, CgroupIdentity] | None = None, cache: DecodeCache | None = None) -> None:
+        """Add the counts that pass to ``into``; ``identities`` (tgid -> identity) for the cgroup filters;
+        ``cache``: one per request that reads several packed windows (their keys decoded once)."""
         idents = identities or {}
-        for (tgid, tid, comm, stack), n in counts.items():
+        for (tgid, tid, comm, stack), n in window_items(counts, {} if cache is None else cache):
             if not self.keep_task(tgid, tid, comm) or not self.keep_identity(idents.get(tgid)):
                 continue
             s = self.stack(stack)

@@ -13,23 +13,205 @@ Each window has a kind: ``cpu`` (sample counts) or ``offcpu`` (nanoseconds
 off the CPU, with ``[sampling] off_cpu``); a drain adds its windows of both
 kinds at once, and readers ask for one kind.
 
-Keys are interned: each drain builds new (tgid, tid, comm, stack) tuples, but
-a steady workload has the same ones window after window, so the ring keeps one
-tuple per distinct key (and forgets it once no window holds it: a sweep when
-the table reaches twice the entries held).  An entry repeated from an earlier
-window costs its dict slot only: ~80 bytes instead of ~470 with 30-frame
-stacks (bench/ring_memory.py).
+Windows are stored packed (:class:`PackedCounts`): a drain's keys are
+numbered in a :class:`StackTable` (each distinct task once, each distinct stack
+once as an array of 4-byte frame numbers, each frame string once), and a
+window is two arrays, the (task, stack) numbers of its entries and their
+counts.  An entry repeated from an earlier window costs 16 bytes; a new one
+adds its stack once (~4 bytes a frame plus ~100 bytes of bookkeeping) instead
+of a tuple of references per key (bench/ring_memory.py).  Readers see the same
+mapping of (tgid, tid, comm, stack) to counts, decoded as they iterate.
+
+Stacks no window holds any more are forgotten by a sweep, which numbers the
+live ones in a new table and moves every packed window still alive (in the
+ring, in the file being filled, queued for a push) to it; a reader that took a
+window's state before keeps decoding it with the old table.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
+from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field, replace
 
 from flamed.sampling.cgroups import CgroupIdentity
+from flamed.model import Stack
 from flamed.sampling.contract import CountKey
+
+
+_STACK_MASK = 0xFFFF_FFFF
+_Task = tuple[int, int, str]
+
+
+class StackTable:
+    """Tasks, stacks and frames of packed windows, numbered.
+
+    Append-only: a number once given keeps its meaning in this table, so
+    readers decode without a lock while the drain thread adds.  A sweep makes
+    a new table (:meth:`WindowRing._sweep`)."""
+
+    __slots__ = ("frame_ids", "frames", "stack_ids", "stacks", "task_ids", "tasks", "__weakref__")
+
+    def __init__(self, frames: tuple[dict[str, int], list[str]] | None = None) -> None:
+        #: Frames may be shared with the table this one replaces (they are few and append-only).
+        self.frame_ids, self.frames = frames if frames is not None else ({}, [])
+        self.stack_ids: dict[bytes, int] = {}
+        self.stacks: list[bytes] = []
+        self.task_ids: dict[_Task, int] = {}
+        self.tasks: list[_Task] = []
+
+    # -- numbering (the drain thread, under the ring's intern lock) ----------
+    def _frame_id(self, f: str) -> int:
+        i = self.frame_ids.get(f)
+        if i is None:
+            i = self.frame_ids[f] = len(self.frames)
+            self.frames.append(f)
+        return i
+
+    def _stack_id(self, b: bytes) -> int:
+        i = self.stack_ids.get(b)
+        if i is None:
+            i = self.stack_ids[b] = len(self.stacks)
+            self.stacks.append(b)
+        return i
+
+    def _task_id(self, t: _Task) -> int:
+        i = self.task_ids.get(t)
+        if i is None:
+            i = self.task_ids[t] = len(self.tasks)
+            self.tasks.append(t)
+        return i
+
+    def encode_stack(self, stack: Stack) -> bytes:
+        try:
+            return array("I", map(self.frame_ids.__getitem__, stack)).tobytes()
+        except KeyError:  # a frame seen for the first time
+            return array("I", map(self._frame_id, stack)).tobytes()
+
+    def pack(self, counts: Mapping[CountKey, int]) -> PackedCounts:
+        keys, vals = array("Q"), array("q")
+        task_ids, stack_ids = self.task_ids, self.stack_ids
+        encode = self.encode_stack
+        for (tgid, tid, comm, stack), n in counts.items():
+            t = (tgid, tid, comm)
+            ti = task_ids.get(t)
+            if ti is None:
+                ti = self._task_id(t)
+            b = encode(stack)
+            si = stack_ids.get(b)
+            if si is None:
+                si = self._stack_id(b)
+            keys.append(ti << 32 | si)
+            vals.append(n)
+        return PackedCounts(self, keys, vals)
+
+    # -- decoding (any thread) -----------------------------------------------
+    def stack(self, si: int) -> Stack:
+        return tuple(map(self.frames.__getitem__, memoryview(self.stacks[si]).cast("I")))
+
+    def key(self, packed: int) -> CountKey:
+        tgid, tid, comm = self.tasks[packed >> 32]
+        return (tgid, tid, comm, self.stack(packed & _STACK_MASK))
+
+
+class PackedCounts(Mapping[CountKey, int]):
+    """One window's counts, packed: a mapping of (tgid, tid, comm, stack) to
+    counts whose keys are decoded as they are read (each read builds new
+    tuples: readers that go over many windows use :meth:`decoded_items`)."""
+
+    __slots__ = ("_state", "__weakref__")
+
+    def __init__(self, table: StackTable, keys: array[int], vals: array[int]) -> None:
+        #: Replaced whole (never changed in place) when a sweep renumbers: a reader takes it once.
+        self._state = (table, keys, vals)
+
+    @property
+    def table(self) -> StackTable:
+        return self._state[0]
+
+    def __len__(self) -> int:
+        return len(self._state[1])
+
+    def __iter__(self) -> Iterator[CountKey]:
+        table, keys, _ = self._state
+        return map(table.key, keys)
+
+    def __getitem__(self, key: CountKey) -> int:
+        table, keys, vals = self._state
+        tgid, tid, comm, stack = key
+        ti = table.task_ids.get((tgid, tid, comm))
+        try:
+            si = table.stack_ids.get(array("I", map(table.frame_ids.__getitem__, stack)).tobytes())
+        except KeyError:
+            si = None
+        if ti is None or si is None:
+            raise KeyError(key)
+        try:
+            return vals[keys.index(ti << 32 | si)]
+        except ValueError:
+            raise KeyError(key) from None
+
+    def items(self) -> ItemsView[CountKey, int]:
+        return _PackedItems(self)
+
+    def values(self) -> ValuesView[int]:
+        return _PackedValues(self)
+
+    def total(self) -> int:
+        return sum(self._state[2])
+
+    def decoded_items(self, cache: DecodeCache) -> Iterator[tuple[CountKey, int]]:
+        """(key, count) pairs, each key decoded once per ``cache`` (one per request
+        that reads several windows: a steady workload repeats its keys window
+        after window)."""
+        table, keys, vals = self._state
+        memo = cache.get(table)
+        if memo is None:
+            memo = cache[table] = {}
+        key = table.key
+        for k, n in zip(keys, vals):
+            ck = memo.get(k)
+            if ck is None:
+                ck = memo[k] = key(k)
+            yield ck, n
+
+    def tgids(self) -> set[int]:
+        """The processes with counts here."""
+        table, keys, _ = self._state
+        tasks = table.tasks
+        return {tasks[t][0] for t in {k >> 32 for k in keys}}
+
+    def nbytes(self) -> int:
+        """Bytes of this window's own arrays (its stacks are the table's)."""
+        _, keys, vals = self._state
+        return keys.itemsize * len(keys) + vals.itemsize * len(vals)
+
+
+#: A reader's decoded keys, per table (see PackedCounts.decoded_items).
+DecodeCache = dict[StackTable, dict[int, CountKey]]
+
+
+def window_items(counts: Mapping[CountKey, int], cache: DecodeCache) -> Iterable[tuple[CountKey, int]]:
+    """(key, count) of a window's counts, packed or not; packed keys decoded once per ``cache``."""
+    return counts.decoded_items(cache) if isinstance(counts, PackedCounts) else counts.items()
+
+
+class _PackedItems(ItemsView[CountKey, int]):
+    _mapping: PackedCounts
+
+    def __iter__(self) -> Iterator[tuple[CountKey, int]]:
+        table, keys, vals = self._mapping._state
+        return zip(map(table.key, keys), vals)
+
+
+class _PackedValues(ValuesView[int]):
+    _mapping: PackedCounts
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._mapping._state[2])
 
 
 #: The kinds of windows: CPU samples (counts), off-CPU time (nanoseconds).
@@ -40,7 +222,8 @@ KINDS = ("cpu", "offcpu")
 class RingWindow:
     start_ns: int
     end_ns: int
-    counts: dict[CountKey, int]
+    #: A dict as the drain builds it; a :class:`PackedCounts` once in the ring.
+    counts: Mapping[CountKey, int]
     samples: int
     lost: dict[str, int] = field(default_factory=dict)
     sample_rate: float | None = None
@@ -60,11 +243,16 @@ class WindowRing:
         self._clock_ns = clock_ns
         self._windows: deque[RingWindow] = deque()
         self._stacks = 0
-        #: One copy of each distinct key interned (flamed keeps it until a sweep finds no window holding it).
-        self._canon: dict[CountKey, CountKey] = {}
+        #: Where the windows' keys are numbered (a new one after each sweep).
+        self._table = StackTable()
+        #: Every packed window still alive, in the ring or not (the file being filled holds some).
+        self._packed: list[weakref.ref[PackedCounts]] = []
         self._cond = threading.Condition()
-        # Interning runs outside _cond (readers wait on it), under its own lock.
+        # Packing runs outside _cond (readers wait on it), under its own lock.
         self._intern_lock = threading.Lock()
+        self.sweeps = 0
+        #: (stacks, tasks) in the table past which _sweep looks for dead ones.
+        self._check_at = (4096, 4096)
         self.evicted = 0
         self.seq = 0
 
@@ -74,9 +262,20 @@ class WindowRing:
             self.max_stacks = max_stacks
             self._trim()
 
+    def pack(self, w: RingWindow) -> RingWindow:
+        """``w`` with its counts packed in the ring's table (as :meth:`add` keeps it)."""
+        if isinstance(w.counts, PackedCounts):
+            return w
+        with self._intern_lock:
+            packed = self._table.pack(w.counts)
+            self._packed.append(weakref.ref(packed))
+            if len(self._packed) >= 64 and len(self._packed) & (len(self._packed) - 1) == 0:
+                self._alive()  # dropped ones pruned at each power of two
+        return replace(w, counts=packed)
+
     def add(self, w: RingWindow, *more: RingWindow) -> None:
         """Add one drain's windows (of different kinds) at once: a reader woken by them sees them all."""
-        interned = [replace(x, counts=self._intern(x.counts)) for x in (w, *more)]
+        interned = [self.pack(x) for x in (w, *more)]
         with self._cond:
             for x in interned:
                 self.seq += 1
@@ -108,33 +307,63 @@ class WindowRing:
         with self._cond:
             return next((w.start_ns for w in self._windows if w.kind == kind), None)
 
-    def _intern(self, counts: dict[CountKey, int]) -> dict[CountKey, int]:
-        """``counts`` with its keys replaced by the ring's copies of equal keys."""
-        with self._intern_lock:
-            canon = self._canon
-            return {canon.setdefault(k, k): v for k, v in counts.items()}
-
     def _sweep(self) -> None:
-        """Forget the interned keys no window holds any more, once they are as many as
-        the entries held (each sweep walks every entry: it runs rarely, and always
-        leaves the table at most twice the size of what is live)."""
-        with self._cond:
-            windows = list(self._windows)
-            live_entries = self._stacks
+        """Forget the stacks and tasks no packed window holds any more.
+
+        Once the table has grown by a quarter (at least 4,096) since it was last
+        looked at, the live numbers are counted; when a fifth or more of the
+        table is dead, the live keys are numbered in a new table and every packed
+        window still alive (in the ring or not) moves to it."""
         with self._intern_lock:
-            if len(self._canon) <= max(2 * live_entries, 4096):
+            table = self._table
+            if len(table.stacks) <= self._check_at[0] and len(table.tasks) <= self._check_at[1]:
                 return
-            live: dict[CountKey, CountKey] = {}
-            for w in windows:
-                for k in w.counts:
-                    live[k] = k
-            self._canon = live
+            alive = [p for p in self._alive() if p.table is table]
+            live: set[int] = set()
+            for p in alive:
+                live.update(p._state[1])
+            stacks = len({k & _STACK_MASK for k in live})
+            tasks = len({k >> 32 for k in live})
+            if len(table.stacks) - stacks <= max(stacks // 4, 1024) and len(table.tasks) - tasks <= max(tasks // 4, 1024):
+                self._check_at = (len(table.stacks) + max(len(table.stacks) // 4, 4096),
+                                  len(table.tasks) + max(len(table.tasks) // 4, 4096))
+                return
+            # Frames are kept (shared) unless they too outnumber what can be live by far.
+            renumber = len(table.frames) > 64 * stacks + 65536
+            new = StackTable(None if renumber else (table.frame_ids, table.frames))
+            old_stacks, old_tasks, old_frames = table.stacks, table.tasks, table.frames
+            remap: dict[int, int] = {}
+            for k in live:
+                b = old_stacks[k & _STACK_MASK]
+                if renumber:
+                    b = new.encode_stack(tuple(map(old_frames.__getitem__, memoryview(b).cast("I"))))
+                remap[k] = new._task_id(old_tasks[k >> 32]) << 32 | new._stack_id(b)
+            for p in alive:
+                _, keys, vals = p._state
+                p._state = (new, array("Q", map(remap.__getitem__, keys)), vals)
+            self._table = new
+            self._check_at = (len(new.stacks) + max(len(new.stacks) // 4, 4096),
+                              len(new.tasks) + max(len(new.tasks) // 4, 4096))
+            self.sweeps += 1
 
     def distinct_keys(self) -> int:
-        """Distinct (task, stack) keys interned (those of the windows held, and up to
-        as many again of evicted windows, until the next sweep)."""
+        """Distinct stacks numbered: those of the windows alive, and those of windows
+        gone until the next sweep (at most a quarter more, or 4,096)."""
         with self._intern_lock:
-            return len(self._canon)
+            return len(self._table.stacks)
+
+    def table_bytes(self) -> int:
+        """An estimate of the packed windows' memory: their arrays and the table's stacks."""
+        with self._intern_lock:
+            t = self._table
+            stacks = sum(len(b) for b in t.stacks) + len(t.stacks) * (33 + 8 + 100)
+            return stacks + sum(p.nbytes() for p in self._alive())
+
+    def _alive(self) -> list[PackedCounts]:
+        """The packed windows still alive (under _intern_lock); the list of them pruned."""
+        alive = [p for p in (r() for r in self._packed) if p is not None]
+        self._packed = [weakref.ref(p) for p in alive]
+        return alive
 
     def since(self, start_ns: int, end_ns: int | None = None, *, kind: str = "cpu") -> list[RingWindow]:
         """Windows of ``kind`` that end after ``start_ns`` (and start before ``end_ns``), oldest first."""

@@ -53,6 +53,7 @@ from flamed.daemon.metrics import DaemonMetrics
 from flamed.fileio import atomic_write
 from flamed.folded import write_folded
 from flamed.model import Weight
+from flamed.daemon.ring import DecodeCache, PackedCounts, window_items
 from flamed.sampling.cgroups import CgroupIdentity
 from flamed.sampling.contract import CountKey, counts_to_profile
 
@@ -97,7 +98,9 @@ class Period:
 
     start_ns: int | None = None
     end_ns: int | None = None
-    counts: dict[CountKey, int] = field(default_factory=dict)
+    #: The windows' counts as they were added (the ring's packed windows are
+    #: shared, not copied: merged only when the file is written).
+    parts: list[Mapping[CountKey, int]] = field(default_factory=list)
     samples: int = 0
     lost: dict[str, int] = field(default_factory=dict)
     sample_rate: float | None = None
@@ -110,7 +113,7 @@ class Period:
     #: tgid -> who owns its cgroup, the newest window's where they differ
     identities: dict[int, CgroupIdentity] = field(default_factory=dict)
 
-    def add(self, start_ns: int, end_ns: int, counts: dict[CountKey, int], samples: int,
+    def add(self, start_ns: int, end_ns: int, counts: Mapping[CountKey, int], samples: int,
             lost: dict[str, int], sample_rate: float | None,
             identities: Mapping[int, CgroupIdentity] | None = None) -> None:
         if identities:
@@ -118,9 +121,7 @@ class Period:
         if self.start_ns is None:
             self.start_ns = start_ns
         self.end_ns = end_ns
-        c = self.counts
-        for k, n in counts.items():
-            c[k] = c.get(k, 0) + n
+        self.parts.append(counts)
         self.samples += samples
         for r, n in lost.items():
             self.lost[r] = self.lost.get(r, 0) + n
@@ -131,6 +132,23 @@ class Period:
         self.windows += 1
         self.window_samples.append((start_ns, end_ns, samples))
         self.window_weights.append((start_ns, end_ns, sum(counts.values())))
+
+    def tgids(self) -> set[int]:
+        """The processes with counts in the period."""
+        out: set[int] = set()
+        for part in self.parts:
+            out |= part.tgids() if isinstance(part, PackedCounts) else {k[0] for k in part}
+        return out
+
+    @property
+    def counts(self) -> dict[CountKey, int]:
+        """The period's counts, merged (each packed key decoded once)."""
+        out: dict[CountKey, int] = {}
+        cache: DecodeCache = {}
+        for part in self.parts:
+            for k, n in window_items(part, cache):
+                out[k] = out.get(k, 0) + n
+        return out
 
 
 @dataclass
@@ -197,13 +215,13 @@ class ProfileStore:
         os.makedirs(self.dir, mode=0o755, exist_ok=True)
 
     # -- filling ---------------------------------------------------------
-    def add(self, start_ns: int, end_ns: int, counts: dict[CountKey, int], samples: int,
+    def add(self, start_ns: int, end_ns: int, counts: Mapping[CountKey, int], samples: int,
             lost: dict[str, int], sample_rate: float | None,
             identities: Mapping[int, CgroupIdentity] | None = None) -> None:
         self.period.add(start_ns, end_ns, counts, samples, lost, sample_rate, identities)
         self.samples_added += samples
 
-    def add_offcpu(self, start_ns: int, end_ns: int, counts_ns: dict[CountKey, int],
+    def add_offcpu(self, start_ns: int, end_ns: int, counts_ns: Mapping[CountKey, int],
                    identities: Mapping[int, CgroupIdentity] | None = None) -> None:
         """One window's off-CPU time (nanoseconds per task and stack) into the current period."""
         self.offcpu_period.add(start_ns, end_ns, counts_ns, 0, {}, None, identities)
@@ -235,7 +253,8 @@ class ProfileStore:
 
     def _serialize(self, p: Period, kind: str = "cpu") -> PendingFile:
         assert p.start_ns is not None and p.end_ns is not None
-        profile = counts_to_profile(p.counts, self.output.root_frame, identities=p.identities)
+        counts = p.counts
+        profile = counts_to_profile(counts, self.output.root_frame, identities=p.identities)
         if kind == "offcpu":
             # Nanoseconds to microseconds once per stack of the file (several tasks may fold into one).
             profile.stacks = ns_to_us(profile.stacks)
@@ -257,14 +276,14 @@ class ProfileStore:
             "end": _iso(p.end_ns),
             "sample_rate": p.sample_rate,
             "samples": p.samples,
-            "weight": sum(p.counts.values()),
+            "weight": sum(counts.values()),
             "lost": dict(sorted(p.lost.items())),
             "stacks": lines,
             "windows": p.windows,
             "window_samples": [list(w) for w in p.window_samples],
             "root_frame": self.output.root_frame,
             "identities": _identities(p),
-            **({"kind": kind, "unit": KIND_UNIT[kind], "weight_ns": sum(p.counts.values()),
+            **({"kind": kind, "unit": KIND_UNIT[kind], "weight_ns": sum(counts.values()),
                 "weight": profile.total(),
                 # per window: (start_ns, end_ns, microseconds off the CPU), for viewers' timelines
                 "window_samples": [[ws, we, (n + 500) // 1000] for ws, we, n in p.window_weights]}
@@ -552,7 +571,7 @@ class ProfileStore:
 def _identities(p: Period) -> dict[str, dict[str, str]]:
     """pid -> cgroup labels (cgroup, service_name, container_id, pod) of the
     processes in the file, for the sidecar: JSON keys are strings."""
-    pids = sorted({k[0] for k in p.counts} & p.identities.keys())
+    pids = sorted(p.tgids() & p.identities.keys())
     return {str(pid): p.identities[pid].labels() for pid in pids}
 
 

@@ -28,14 +28,14 @@ import ctypes as ct
 import errno
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
 from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Stack
 from flamed.sampling.cgroups import CgroupIdentity, CgroupResolver
 from flamed.sampling.contract import CountKey, SampleEvent, Window
-from flamed.sampling.mapread import CountRow, EventRow, MapReader
+from flamed.sampling.mapread import CountRow, CountRows, EventRow, MapReader, RawStacks
 from flamed.sampling.offcpu import (
     OFFCPU_BLOCKED_FRAME,
     OFFCPU_GIL_FRAME,
@@ -83,7 +83,7 @@ def placeholder(sid: int, kernel: bool) -> Stack:
     return (f"[lost stack: {name}]{suffix}",)
 
 
-def task_cgroups(keys: list[CountRow]) -> dict[int, int]:
+def task_cgroups(keys: Iterable[CountRow]) -> dict[int, int]:
     """tgid -> the cgroup id with most of its samples in these rows (a process
     that moved mid-window is named by where it mostly ran)."""
     per: dict[tuple[int, int], int] = {}
@@ -218,21 +218,18 @@ class Drainer:
         reader = self._reader
         counters = reader.take_stats(old)
         keys = reader.take_counts(old)
-        pystacks = reader.take_pystacks(old) if self._python is not None else {}
-        ustacks = reader.take_ustacks(old) if self._unwinder is not None else {}
+        pystacks: RawStacks = reader.take_pystacks(old) if self._python is not None else {}
+        ustacks: RawStacks = reader.take_ustacks(old) if self._unwinder is not None else {}
         if self._unwinder is not None:  # their tables are in use: the last ones evicted
-            self._unwinder.note_sampled({k[0] for k in keys if k[6]})
+            self._unwinder.note_sampled(keys.native_tgids())
         off = _OffRead.take(reader, old, old_epoch) if self.options.offcpu else None
         self._program.bpf.ring_buffer_consume()
         raw_events = [e for e in self._raw_events if e[4] == old]
         self._raw_events = [e for e in self._raw_events if e[4] != old]
         if self._sampled is not None:  # processes never handed on: read now
-            self._sampled({k[0] for k in keys} | {e[1] for e in raw_events})
+            self._sampled(keys.tgids() | {e[1] for e in raw_events})
 
-        ids: set[int] = set()
-        for _tgid, _tid, kid, uid, _comm, _py, _nid, _cg, _n in keys:
-            ids.add(kid)
-            ids.add(uid)
+        ids = keys.stack_ids()
         for e in raw_events:
             ids.add(e[5])
             ids.add(e[6])
@@ -241,8 +238,19 @@ class Drainer:
         ids = {i for i in ids if i >= 0}
         stacks = reader.read_stacks(old, ids)
         reader.clear_stacks(old)
-        reader.release()  # everything read is in Python objects now
         t1 = time.perf_counter()
+        try:
+            return self._finish(t0, c0, t1, start_ns, end_ns, flip_ktime, close_waits, counters, keys, pystacks,
+                                ustacks, raw_events, off, ids, stacks)
+        finally:
+            # The Python and unwound stacks were read in place: only now are the buffers' pages given back.
+            reader.release()
+
+    def _finish(self, t0: float, c0: float, t1: float, start_ns: int, end_ns: int, flip_ktime: int,
+                close_waits: bool, counters: dict[str, int], keys: CountRows, pystacks: RawStacks,
+                ustacks: RawStacks, raw_events: list[EventRow], off: _OffRead | None, ids: set[int],
+                stacks: dict[int, list[int]]) -> Window:
+        """Symbolize what :meth:`drain` read into its window."""
 
         sym = self._symbolizer
         sym.begin_drain()
@@ -284,7 +292,7 @@ class Drainer:
             offcpu=offcpu,
         )
 
-    def _offcpu(self, off: _OffRead, stacks: dict[int, list[int]], pystacks: dict[int, bytes],
+    def _offcpu(self, off: _OffRead, stacks: dict[int, list[int]], pystacks: RawStacks,
                 counters: dict[str, int]) -> dict[CountKey, int]:
         """The window's off-CPU time by stack (ns), the marker frame at the leaf.
 
@@ -378,9 +386,9 @@ class Drainer:
         self,
         counters: dict[str, int],
         lost: dict[str, int],
-        keys: list[CountRow],
+        keys: Sized,
         ids: set[int],
-        ustacks: dict[int, bytes],
+        ustacks: RawStacks,
         counts: dict[CountKey, int],
         events: list[SampleEvent],
     ) -> None:
@@ -443,11 +451,11 @@ class Drainer:
 
     def _symbolize(
         self,
-        keys: list[CountRow],
+        keys: Iterable[CountRow],
         raw_events: list[EventRow],
         stacks: dict[int, list[int]],
-        pystacks: dict[int, bytes] | None = None,
-        ustacks: dict[int, bytes] | None = None,
+        pystacks: RawStacks | None = None,
+        ustacks: RawStacks | None = None,
     ) -> tuple[dict[CountKey, int], list[SampleEvent]]:
         sym = self._symbolizer
         kmemo: dict[int, Stack] = {}

@@ -9,6 +9,7 @@ import errno
 import logging
 import mmap
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from flamed.sampling.offcpu import OFF_CARRY_KEY, OFF_KEY, OFF_START, OffStart, off_start
@@ -31,6 +32,65 @@ CountRow = tuple[int, int, int, int, bytes, int, int, int, int]
 #: One ring-buffer event (struct flamed_event): ktime, tgid, tid, cpu,
 #: generation, kernel stack id, user stack id, raw comm, unwound stack id.
 EventRow = tuple[int, int, int, int, int, int, int, bytes, int]
+
+
+class CountRows:
+    """The rows of a count map as read: their raw keys and counts, unpacked
+    only as they are iterated (a window of 100 k keys held as tuples would
+    take ~35 MB while it is symbolized), with a few columns read in place."""
+
+    __slots__ = ("_raw", "_values", "_extra")
+
+    def __init__(self, raw: bytes, values: list[int], extra: list[CountRow]) -> None:
+        assert KEY.size == 56 and len(raw) == KEY.size * len(values)
+        self._raw, self._values, self._extra = raw, values, extra
+
+    def __len__(self) -> int:
+        return len(self._values) + len(self._extra)
+
+    def __iter__(self) -> Iterator[CountRow]:
+        for k, n in zip(KEY.iter_unpack(self._raw), self._values):
+            yield (*k, n)
+        yield from self._extra
+
+    # Columns of KEY ("<IIii16sQQQ", 56 bytes): 14 u32 or 7 u64 a row.
+    def tgids(self) -> set[int]:
+        return set(memoryview(self._raw).cast("I")[0::14]) | {r[0] for r in self._extra}
+
+    def stack_ids(self) -> set[int]:
+        """Kernel and frame-pointer user stack ids (negative ones included)."""
+        col = memoryview(self._raw).cast("i")
+        return set(col[2::14]) | set(col[3::14]) | {r[2] for r in self._extra} | {r[3] for r in self._extra}
+
+    def native_tgids(self) -> set[int]:
+        """The processes with a stack unwound from tables in these rows."""
+        return ({t for t, nid in zip(memoryview(self._raw).cast("I")[0::14], memoryview(self._raw).cast("Q")[5::7])
+                 if nid} | {r[0] for r in self._extra if r[6]})
+
+
+class StackValues:
+    """Raw values of a stack map by id, read in place from the reader's buffer."""
+
+    __slots__ = ("_index", "_raw", "_size", "_extra")
+
+    def __init__(self, index: dict[int, int], raw: memoryview, size: int, extra: dict[int, bytes]) -> None:
+        self._index, self._raw, self._size, self._extra = index, raw, size, extra
+
+    def get(self, key: int) -> memoryview | bytes | None:
+        i = self._index.get(key)
+        if i is None:
+            return self._extra.get(key)
+        return self._raw[i * self._size: (i + 1) * self._size]
+
+    def __len__(self) -> int:
+        return len(self._index) + len(self._extra)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._index or key in self._extra
+
+
+#: Raw stacks by id: read in place by a drain, or bytes (tests, maps read key by key).
+RawStacks = StackValues | dict[int, bytes]
 
 
 class _Scratch:
@@ -106,19 +166,34 @@ class MapReader:
                 self._stats.bpf_samples_total += delta
         return out
 
-    def take_pystacks(self, gen: int) -> dict[int, bytes]:
+    def take_pystacks(self, gen: int) -> StackValues:
         """Read and delete the old generation's Python stacks: id -> raw
-        ``struct flamed_pystack``."""
+        ``struct flamed_pystack`` (valid until :meth:`release`)."""
         return self._take_stack_map(f"pystacks{gen}", self._options.python_stack_entries)
 
-    def take_ustacks(self, gen: int) -> dict[int, bytes]:
+    def take_ustacks(self, gen: int) -> StackValues:
         """Read and delete the old generation's unwound stacks: id -> raw
-        ``struct flamed_ustack``."""
+        ``struct flamed_ustack`` (valid until :meth:`release`)."""
         return self._take_stack_map(f"ustacks{gen}", self._options.unwind_stack_entries)
 
-    def _take_stack_map(self, name: str, cap: int) -> dict[int, bytes]:
-        """Read and delete a (quiescent) hash of stacks the program built, keyed by a u64 hash."""
-        return {int.from_bytes(k, "little"): v for k, v in self._take_raw(name, cap)}
+    def _take_stack_map(self, name: str, cap: int) -> StackValues:
+        """Read and delete a (quiescent) hash of stacks the program built, keyed by a u64 hash.
+
+        The values stay in the reader's buffer (no copy per stack: a window of
+        100 k Python stacks would copy ~50 MB); the drain reads them before
+        :meth:`release`."""
+        table = self._program.bpf[name]
+        ksz, vsz = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
+        assert ksz == 8, name
+        kind = name.rstrip("01")
+        if kind not in self._stack_bufs:
+            self._stack_bufs[kind] = (self._scratch.array(ct.c_uint8, ksz * cap),
+                                      self._scratch.array(ct.c_uint8, vsz * cap))
+        keys, vals = self._stack_bufs[kind]
+        total = self._take_batch(name, table, keys, ksz, vals, vsz, cap)
+        ids = memoryview(keys).cast("B")[: total * ksz].cast("Q").tolist()
+        extra = {int.from_bytes(k, "little"): v for k, v in self._take_rest(table)}
+        return StackValues(dict(zip(ids, range(total))), memoryview(vals).cast("B")[: total * vsz], vsz, extra)
 
     def _take_raw(self, name: str, cap: int) -> list[tuple[bytes, bytes]]:
         """Read and delete every entry of a (quiescent) hash map, as raw (key, value) bytes."""
@@ -162,7 +237,7 @@ class MapReader:
         return {int.from_bytes(kb, "little"): off_start(vb)
                 for kb, vb in self._read_all(self._program.bpf["offcpu_start"], delete=False)}
 
-    def take_counts(self, gen: int) -> list[CountRow]:
+    def take_counts(self, gen: int) -> CountRows:
         """Read and delete every entry of the old count map (it is quiescent)."""
         table = self._program.bpf[f"counts{gen}"]
         keys, vals = self._keys_buf, self._vals_buf
@@ -170,9 +245,8 @@ class MapReader:
         total = self._take_batch(f"counts{gen}", table, keys, ksz, vals, 8, self._options.max_entries)
         raw = bytes(memoryview(keys).cast("B")[: total * ksz])
         values = memoryview(vals).cast("B")[: total * 8].cast("Q").tolist()
-        out = [(*k, n) for k, n in zip(KEY.iter_unpack(raw), values)]
-        out.extend((*KEY.unpack(kb), int.from_bytes(vb, "little")) for kb, vb in self._take_rest(table))
-        return out
+        extra = [(*KEY.unpack(kb), int.from_bytes(vb, "little")) for kb, vb in self._take_rest(table)]
+        return CountRows(raw, values, extra)
 
     def _take_batch(self, name: str, table: Any, keys: Any, ksz: int, vals: Any, vsz: int, cap: int) -> int:
         """Read and delete entries of a (quiescent) hash map into ``keys``/``vals``,

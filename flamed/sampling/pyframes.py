@@ -428,7 +428,7 @@ NO_THREAD_FRAME = "[python: thread not found]"
 PYSTACK_HEAD = struct.Struct("<II")
 
 
-def parse_pystack(raw: bytes, depth: int) -> tuple[list[tuple[int, int]], int]:
+def parse_pystack(raw: bytes | memoryview, depth: int) -> tuple[list[tuple[int, int]], int]:
     """A ``struct flamed_pystack`` value: (frames innermost first, flags)."""
     n, flags = PYSTACK_HEAD.unpack_from(raw, 0)
     n = min(n, depth)

@@ -1,23 +1,43 @@
-"""flamed/daemon/ring.py: the snapshot ring's bounds and its interning of keys."""
+"""flamed/daemon/ring.py: the snapshot ring's bounds and its packed windows."""
 
 from __future__ import annotations
 
-from flamed.daemon.ring import RingWindow, WindowRing
+import gc
+
+from flamed.daemon.ring import PackedCounts, RingWindow, StackTable, WindowRing
+
+Counts = dict[tuple[int, int, str, tuple[str, ...]], int]
 
 
-def _counts(tag: str, n: int) -> dict[tuple[int, int, str, tuple[str, ...]], int]:
+def _counts(tag: str, n: int, frames: int = 5) -> Counts:
     # new tuples every call, as each drain builds them
-    return {(1, i, "w", tuple(f"{tag}{i}:{j}" for j in range(5))): i + 1 for i in range(n)}
+    return {(1, i, "w", tuple(f"{tag}{i}:{j}" for j in range(frames))): i + 1 for i in range(n)}
 
 
-def test_equal_keys_of_later_windows_share_the_first_ones() -> None:
+def test_a_packed_window_reads_as_the_counts_it_was_given() -> None:
+    c = _counts("a", 300)
+    c[(2, 2, "x", ())] = 7  # an empty stack, and a task of its own
+    p = StackTable().pack(c)
+    assert isinstance(p, PackedCounts) and len(p) == len(c)
+    assert dict(p) == c and p == c and dict(p.items()) == c
+    assert sorted(p.values()) == sorted(c.values()) and p.total() == sum(c.values())
+    k = next(iter(c))
+    assert p[k] == c[k] and k in p
+    assert (1, 0, "w", ("nope",)) not in p and (9, 9, "w", k[3]) not in p
+    cache: dict[StackTable, dict[int, tuple[int, int, str, tuple[str, ...]]]] = {}
+    assert dict(p.decoded_items(cache)) == c
+    again = dict(p.decoded_items(cache))
+    assert again == c and all(a is b for a, b in zip(again, dict(p.decoded_items(cache))))
+
+
+def test_equal_keys_of_later_windows_share_their_numbers() -> None:
     ring = WindowRing(1e9, 1 << 30, clock_ns=lambda: 0)
     ring.add(RingWindow(0, 1, _counts("a", 50), 50))
     ring.add(RingWindow(1, 2, _counts("a", 50), 50))
     w0, w1 = ring.since(-1)
-    k0 = {k: k for k in w0.counts}
-    assert all(k0[k] is k for k in w1.counts)  # the very same tuples
-    assert w0.counts == w1.counts  # and the same counts: nothing but identity changed
+    assert isinstance(w0.counts, PackedCounts) and isinstance(w1.counts, PackedCounts)
+    assert w0.counts._state[1] == w1.counts._state[1]  # the same numbers: one stack each
+    assert w0.counts == w1.counts == _counts("a", 50)
     assert ring.distinct_keys() == 50 and ring.stats() == (2, 100)
 
 
@@ -26,7 +46,37 @@ def test_keys_of_evicted_windows_are_forgotten() -> None:
     for i in range(40):  # every window new keys; the ring holds 5 windows of 2,000
         ring.add(RingWindow(i, i + 1, _counts(f"w{i}-", 2000), 2000))
     assert ring.stats() == (5, 10_000)
-    # at most twice what is held (a sweep runs when the table reaches that)
-    assert 10_000 <= ring.distinct_keys() <= 20_000
-    held = {k for w in ring.since(-1) for k in w.counts}
-    assert len(held) == 10_000
+    assert ring.sweeps >= 1
+    # what is held, and at most a quarter (or 4,096) more before the next sweep
+    assert 10_000 <= ring.distinct_keys() <= 10_000 + 4096 + 2000
+    held = [w.counts for w in ring.since(-1)]
+    assert held == [_counts(f"w{i}-", 2000) for i in range(35, 40)]  # renumbered, same counts
+
+
+def test_a_window_held_outside_the_ring_moves_with_a_sweep_and_a_reader_keeps_its_table() -> None:
+    ring = WindowRing(1e9, 2000, clock_ns=lambda: 0)
+    first = ring.pack(RingWindow(0, 1, _counts("keep-", 2000), 2000))
+    ring.add(first)
+    kept = first.counts  # as the file being filled holds it
+    assert isinstance(kept, PackedCounts)
+    reader = iter(kept.items())  # a reader that began before the sweep
+    old_table = kept.table
+    for i in range(1, 12):
+        ring.add(RingWindow(i, i + 1, _counts(f"w{i}-", 2000), 2000))
+    assert ring.sweeps >= 1 and kept.table is not old_table  # moved to the new table
+    assert kept == _counts("keep-", 2000)
+    assert dict(reader) == _counts("keep-", 2000)  # decoded with the table it began with
+    del kept, first, reader
+    gc.collect()
+    for i in range(12, 20):
+        ring.add(RingWindow(i, i + 1, _counts(f"w{i}-", 2000), 2000))
+    assert ring.distinct_keys() <= 2000 + 4096 + 2000  # once nothing holds it, it is forgotten
+
+
+def test_frames_are_renumbered_when_they_outnumber_the_live_stacks_by_far() -> None:
+    ring = WindowRing(1e9, 100, clock_ns=lambda: 0)
+    for i in range(60):  # 100 stacks of 40 new frames each per window: frames pile up
+        ring.add(RingWindow(i, i + 1, _counts(f"f{i}-", 100, frames=40), 100))
+    table = ring.since(-1)[-1].counts.table  # type: ignore[attr-defined]
+    assert ring.sweeps >= 1 and len(table.frames) < 120_000  # 240,000 without renumbering
+    assert ring.since(-1)[-1].counts == _counts("f59-", 100, frames=40)

@@ -15,7 +15,7 @@ END_REASONS = ("complete", "no_table", "unsupported_rule", "depth_limit", "read_
 _HEAD = struct.Struct("<II")
 
 
-def parse_ustack(raw: bytes) -> tuple[list[int], str]:
+def parse_ustack(raw: bytes | memoryview) -> tuple[list[int], str]:
     """(addresses leaf first, how the walk ended) of a raw ``struct flamed_ustack``."""
     n, end = _HEAD.unpack_from(raw)
     depth = (len(raw) - _HEAD.size) // 8
