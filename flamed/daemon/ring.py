@@ -49,19 +49,42 @@ _Task = tuple[int, int, str]
 class StackTable:
     """Tasks, stacks and frames of packed windows, numbered.
 
+    A stack is its frames' numbers (4 bytes each), kept end to end in one
+    buffer with its start in an array: a distinct stack costs its frames and
+    two small integers (the hash that finds it again, its number), not a
+    Python object of its own; long-lived objects by the hundred thousand,
+    allocated among a drain's transient ones, keep the allocator's arenas
+    from being given back.
+
     Append-only: a number once given keeps its meaning in this table, so
     readers decode without a lock while the drain thread adds.  A sweep makes
     a new table (:meth:`WindowRing._sweep`)."""
 
-    __slots__ = ("frame_ids", "frames", "stack_ids", "stacks", "task_ids", "tasks", "__weakref__")
+    __slots__ = ("frame_ids", "frames", "_blob", "_offs", "_by_hash", "_collided", "task_ids", "tasks",
+                 "__weakref__")
 
     def __init__(self, frames: tuple[dict[str, int], list[str]] | None = None) -> None:
         #: Frames may be shared with the table this one replaces (they are few and append-only).
         self.frame_ids, self.frames = frames if frames is not None else ({}, [])
-        self.stack_ids: dict[bytes, int] = {}
-        self.stacks: list[bytes] = []
+        self._blob = bytearray()
+        #: Stack i is _blob[_offs[i]:_offs[i + 1]].
+        self._offs = array("Q", [0])
+        #: hash of a stack's bytes -> its number; _collided: the rare second stack of a hash.
+        self._by_hash: dict[int, int] = {}
+        self._collided: dict[bytes, int] = {}
         self.task_ids: dict[_Task, int] = {}
         self.tasks: list[_Task] = []
+
+    def __len__(self) -> int:
+        """Stacks numbered."""
+        return len(self._offs) - 1
+
+    def stack_bytes(self, si: int) -> bytes:
+        return bytes(self._blob[self._offs[si]: self._offs[si + 1]])
+
+    def nbytes(self) -> int:
+        """The stacks' own bytes (buffer, starts, and the hash table's ~100 bytes a stack)."""
+        return len(self._blob) + 8 * len(self._offs) + 100 * len(self)
 
     # -- numbering (the drain thread, under the ring's intern lock) ----------
     def _frame_id(self, f: str) -> int:
@@ -71,12 +94,30 @@ class StackTable:
             self.frames.append(f)
         return i
 
+    def find_stack(self, b: bytes) -> int | None:
+        """The number of the stack whose frame numbers are ``b`` (None: not numbered)."""
+        i = self._by_hash.get(hash(b))
+        if i is not None and self._blob[self._offs[i]: self._offs[i + 1]] == b:
+            return i
+        return self._collided.get(b) if self._collided else None
+
     def _stack_id(self, b: bytes) -> int:
-        i = self.stack_ids.get(b)
+        h = hash(b)
+        i = self._by_hash.get(h)
+        if i is not None:
+            if self._blob[self._offs[i]: self._offs[i + 1]] == b:
+                return i
+            j = self._collided.get(b)
+            if j is not None:
+                return j
+        n = len(self._offs) - 1
+        self._blob += b
+        self._offs.append(len(self._blob))
         if i is None:
-            i = self.stack_ids[b] = len(self.stacks)
-            self.stacks.append(b)
-        return i
+            self._by_hash[h] = n
+        else:
+            self._collided[b] = n
+        return n
 
     def _task_id(self, t: _Task) -> int:
         i = self.task_ids.get(t)
@@ -93,24 +134,23 @@ class StackTable:
 
     def pack(self, counts: Mapping[CountKey, int]) -> PackedCounts:
         keys, vals = array("Q"), array("q")
-        task_ids, stack_ids = self.task_ids, self.stack_ids
-        encode = self.encode_stack
+        task_ids = self.task_ids
+        encode, stack_id = self.encode_stack, self._stack_id
         for (tgid, tid, comm, stack), n in counts.items():
             t = (tgid, tid, comm)
             ti = task_ids.get(t)
             if ti is None:
                 ti = self._task_id(t)
-            b = encode(stack)
-            si = stack_ids.get(b)
-            if si is None:
-                si = self._stack_id(b)
-            keys.append(ti << 32 | si)
+            keys.append(ti << 32 | stack_id(encode(stack)))
             vals.append(n)
         return PackedCounts(self, keys, vals)
 
     # -- decoding (any thread) -----------------------------------------------
     def stack(self, si: int) -> Stack:
-        return tuple(map(self.frames.__getitem__, memoryview(self.stacks[si]).cast("I")))
+        a = array("I")
+        # A slice is a copy: no view of the buffer is held while the drain thread appends to it.
+        a.frombytes(self._blob[self._offs[si]: self._offs[si + 1]])
+        return tuple(map(self.frames.__getitem__, a))
 
     def key(self, packed: int) -> CountKey:
         tgid, tid, comm = self.tasks[packed >> 32]
@@ -144,7 +184,7 @@ class PackedCounts(Mapping[CountKey, int]):
         tgid, tid, comm, stack = key
         ti = table.task_ids.get((tgid, tid, comm))
         try:
-            si = table.stack_ids.get(array("I", map(table.frame_ids.__getitem__, stack)).tobytes())
+            si = table.find_stack(array("I", map(table.frame_ids.__getitem__, stack)).tobytes())
         except KeyError:
             si = None
         if ti is None or si is None:
@@ -316,7 +356,7 @@ class WindowRing:
         window still alive (in the ring or not) moves to it."""
         with self._intern_lock:
             table = self._table
-            if len(table.stacks) <= self._check_at[0] and len(table.tasks) <= self._check_at[1]:
+            if len(table) <= self._check_at[0] and len(table.tasks) <= self._check_at[1]:
                 return
             alive = [p for p in self._alive() if p.table is table]
             live: set[int] = set()
@@ -324,25 +364,23 @@ class WindowRing:
                 live.update(p._state[1])
             stacks = len({k & _STACK_MASK for k in live})
             tasks = len({k >> 32 for k in live})
-            if len(table.stacks) - stacks <= max(stacks // 4, 1024) and len(table.tasks) - tasks <= max(tasks // 4, 1024):
-                self._check_at = (len(table.stacks) + max(len(table.stacks) // 4, 4096),
+            if len(table) - stacks <= max(stacks // 4, 1024) and len(table.tasks) - tasks <= max(tasks // 4, 1024):
+                self._check_at = (len(table) + max(len(table) // 4, 4096),
                                   len(table.tasks) + max(len(table.tasks) // 4, 4096))
                 return
             # Frames are kept (shared) unless they too outnumber what can be live by far.
             renumber = len(table.frames) > 64 * stacks + 65536
             new = StackTable(None if renumber else (table.frame_ids, table.frames))
-            old_stacks, old_tasks, old_frames = table.stacks, table.tasks, table.frames
+            old_tasks = table.tasks
             remap: dict[int, int] = {}
-            for k in live:
-                b = old_stacks[k & _STACK_MASK]
-                if renumber:
-                    b = new.encode_stack(tuple(map(old_frames.__getitem__, memoryview(b).cast("I"))))
+            for k in sorted(live):  # stacks in their old order: the new buffer is filled front to back
+                b = new.encode_stack(table.stack(k & _STACK_MASK)) if renumber else table.stack_bytes(k & _STACK_MASK)
                 remap[k] = new._task_id(old_tasks[k >> 32]) << 32 | new._stack_id(b)
             for p in alive:
                 _, keys, vals = p._state
                 p._state = (new, array("Q", map(remap.__getitem__, keys)), vals)
             self._table = new
-            self._check_at = (len(new.stacks) + max(len(new.stacks) // 4, 4096),
+            self._check_at = (len(new) + max(len(new) // 4, 4096),
                               len(new.tasks) + max(len(new.tasks) // 4, 4096))
             self.sweeps += 1
 
@@ -350,14 +388,12 @@ class WindowRing:
         """Distinct stacks numbered: those of the windows alive, and those of windows
         gone until the next sweep (at most a quarter more, or 4,096)."""
         with self._intern_lock:
-            return len(self._table.stacks)
+            return len(self._table)
 
     def table_bytes(self) -> int:
         """An estimate of the packed windows' memory: their arrays and the table's stacks."""
         with self._intern_lock:
-            t = self._table
-            stacks = sum(len(b) for b in t.stacks) + len(t.stacks) * (33 + 8 + 100)
-            return stacks + sum(p.nbytes() for p in self._alive())
+            return self._table.nbytes() + sum(p.nbytes() for p in self._alive())
 
     def _alive(self) -> list[PackedCounts]:
         """The packed windows still alive (under _intern_lock); the list of them pruned."""
