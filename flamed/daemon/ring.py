@@ -18,9 +18,10 @@ numbered in a :class:`StackTable` (each distinct task once, each distinct stack
 once as an array of 4-byte frame numbers, each frame string once), and a
 window is two arrays, the (task, stack) numbers of its entries and their
 counts.  An entry repeated from an earlier window costs 16 bytes; a new one
-adds its stack once (~4 bytes a frame plus ~100 bytes of bookkeeping) instead
-of a tuple of references per key (bench/ring_memory.py).  Readers see the same
-mapping of (tgid, tid, comm, stack) to counts, decoded as they iterate.
+adds its stack once (4 bytes a frame plus ~40), where a tuple of references
+per key, its window's dict slot and an interning table took ~500 bytes with
+30-frame stacks (bench/ring_memory.py).  Readers see the same mapping of
+(tgid, tid, comm, stack) to counts, decoded as they iterate.
 
 Stacks no window holds any more are forgotten by a sweep, which numbers the
 live ones in a new table and moves every packed window still alive (in the
@@ -50,41 +51,42 @@ class StackTable:
     """Tasks, stacks and frames of packed windows, numbered.
 
     A stack is its frames' numbers (4 bytes each), kept end to end in one
-    buffer with its start in an array: a distinct stack costs its frames and
-    two small integers (the hash that finds it again, its number), not a
-    Python object of its own; long-lived objects by the hundred thousand,
-    allocated among a drain's transient ones, keep the allocator's arenas
-    from being given back.
+    buffer with its start in an array, and found again through an
+    open-addressing hash table of arrays: a distinct stack costs its frames
+    and ~40 bytes, and no Python object of its own (long-lived objects by the
+    hundred thousand, allocated among a drain's transient ones, would keep
+    the allocator's arenas from being given back).
 
     Append-only: a number once given keeps its meaning in this table, so
     readers decode without a lock while the drain thread adds.  A sweep makes
     a new table (:meth:`WindowRing._sweep`)."""
 
-    __slots__ = ("frame_ids", "frames", "_blob", "_offs", "_by_hash", "_collided", "task_ids", "tasks",
+    __slots__ = ("frame_ids", "frames", "_blob", "_offs", "_hashes", "_slots", "_mask", "task_ids", "tasks",
                  "__weakref__")
 
     def __init__(self, frames: tuple[dict[str, int], list[str]] | None = None) -> None:
         #: Frames may be shared with the table this one replaces (they are few and append-only).
         self.frame_ids, self.frames = frames if frames is not None else ({}, [])
         self._blob = bytearray()
-        #: Stack i is _blob[_offs[i]:_offs[i + 1]].
+        #: Stack i is _blob[_offs[i]:_offs[i + 1]]; _hashes[i] is hash() of those bytes.
         self._offs = array("Q", [0])
-        #: hash of a stack's bytes -> its number; _collided: the rare second stack of a hash.
-        self._by_hash: dict[int, int] = {}
-        self._collided: dict[bytes, int] = {}
+        self._hashes = array("q")
+        #: Stack numbers by hash, linear probing, -1 where free; at most half full.
+        self._slots = array("q", [-1]) * 1024
+        self._mask = 1023
         self.task_ids: dict[_Task, int] = {}
         self.tasks: list[_Task] = []
 
     def __len__(self) -> int:
         """Stacks numbered."""
-        return len(self._offs) - 1
+        return len(self._hashes)
 
     def stack_bytes(self, si: int) -> bytes:
         return bytes(self._blob[self._offs[si]: self._offs[si + 1]])
 
     def nbytes(self) -> int:
-        """The stacks' own bytes (buffer, starts, and the hash table's ~100 bytes a stack)."""
-        return len(self._blob) + 8 * len(self._offs) + 100 * len(self)
+        """The stacks' own bytes: the buffer, the starts, the hashes and the hash table."""
+        return len(self._blob) + 8 * (len(self._offs) + len(self._hashes) + len(self._slots))
 
     # -- numbering (the drain thread, under the ring's intern lock) ----------
     def _frame_id(self, f: str) -> int:
@@ -94,30 +96,45 @@ class StackTable:
             self.frames.append(f)
         return i
 
+    def _probe(self, b: bytes, h: int) -> int:
+        """The slot of the stack ``b`` (hash ``h``), or of the free slot where it would go."""
+        slots, hashes, offs, blob, mask = self._slots, self._hashes, self._offs, self._blob, self._mask
+        i = h & mask
+        while True:
+            si = slots[i]
+            if si < 0 or (hashes[si] == h and blob[offs[si]: offs[si + 1]] == b):
+                return i
+            i = (i + 1) & mask
+
     def find_stack(self, b: bytes) -> int | None:
         """The number of the stack whose frame numbers are ``b`` (None: not numbered)."""
-        i = self._by_hash.get(hash(b))
-        if i is not None and self._blob[self._offs[i]: self._offs[i + 1]] == b:
-            return i
-        return self._collided.get(b) if self._collided else None
+        si = self._slots[self._probe(b, hash(b))]
+        return None if si < 0 else si
 
     def _stack_id(self, b: bytes) -> int:
         h = hash(b)
-        i = self._by_hash.get(h)
-        if i is not None:
-            if self._blob[self._offs[i]: self._offs[i + 1]] == b:
-                return i
-            j = self._collided.get(b)
-            if j is not None:
-                return j
-        n = len(self._offs) - 1
+        i = self._probe(b, h)
+        si = self._slots[i]
+        if si >= 0:
+            return si
+        si = len(self._hashes)
         self._blob += b
         self._offs.append(len(self._blob))
-        if i is None:
-            self._by_hash[h] = n
-        else:
-            self._collided[b] = n
-        return n
+        self._hashes.append(h)
+        self._slots[i] = si
+        if 2 * len(self._hashes) > len(self._slots):
+            self._grow()
+        return si
+
+    def _grow(self) -> None:
+        n = 2 * len(self._slots)
+        slots, mask = array("q", [-1]) * n, n - 1
+        for si, h in enumerate(self._hashes):
+            i = h & mask
+            while slots[i] >= 0:
+                i = (i + 1) & mask
+            slots[i] = si
+        self._slots, self._mask = slots, mask
 
     def _task_id(self, t: _Task) -> int:
         i = self.task_ids.get(t)
