@@ -61,8 +61,7 @@ class StackTable:
     readers decode without a lock while the drain thread adds.  A sweep makes
     a new table (:meth:`WindowRing._sweep`)."""
 
-    __slots__ = ("frame_ids", "frames", "_blob", "_offs", "_hashes", "_slots", "_mask", "task_ids", "tasks",
-                 "__weakref__")
+    __slots__ = ("frame_ids", "frames", "_blob", "_offs", "_hashes", "_index", "task_ids", "tasks", "__weakref__")
 
     def __init__(self, frames: tuple[dict[str, int], list[str]] | None = None) -> None:
         #: Frames may be shared with the table this one replaces (they are few and append-only).
@@ -71,9 +70,9 @@ class StackTable:
         #: Stack i is _blob[_offs[i]:_offs[i + 1]]; _hashes[i] is hash() of those bytes.
         self._offs = array("Q", [0])
         self._hashes = array("q")
-        #: Stack numbers by hash, linear probing, -1 where free; at most half full.
-        self._slots = array("q", [-1]) * 1024
-        self._mask = 1023
+        #: (slots, mask): stack numbers by hash, linear probing, -1 where free; at most half
+        #: full.  One attribute, so that a reader never sees a new array with the old mask.
+        self._index = (array("q", [-1]) * 1024, 1023)
         self.task_ids: dict[_Task, int] = {}
         self.tasks: list[_Task] = []
 
@@ -86,7 +85,7 @@ class StackTable:
 
     def nbytes(self) -> int:
         """The stacks' own bytes: the buffer, the starts, the hashes and the hash table."""
-        return len(self._blob) + 8 * (len(self._offs) + len(self._hashes) + len(self._slots))
+        return len(self._blob) + 8 * (len(self._offs) + len(self._hashes) + len(self._index[0]))
 
     # -- numbering (the drain thread, under the ring's intern lock) ----------
     def _frame_id(self, f: str) -> int:
@@ -96,9 +95,9 @@ class StackTable:
             self.frames.append(f)
         return i
 
-    def _probe(self, b: bytes, h: int) -> int:
+    def _probe(self, slots: array[int], mask: int, b: bytes, h: int) -> int:
         """The slot of the stack ``b`` (hash ``h``), or of the free slot where it would go."""
-        slots, hashes, offs, blob, mask = self._slots, self._hashes, self._offs, self._blob, self._mask
+        hashes, offs, blob = self._hashes, self._offs, self._blob
         i = h & mask
         while True:
             si = slots[i]
@@ -108,33 +107,35 @@ class StackTable:
 
     def find_stack(self, b: bytes) -> int | None:
         """The number of the stack whose frame numbers are ``b`` (None: not numbered)."""
-        si = self._slots[self._probe(b, hash(b))]
+        slots, mask = self._index
+        si = slots[self._probe(slots, mask, b, hash(b))]
         return None if si < 0 else si
 
     def _stack_id(self, b: bytes) -> int:
         h = hash(b)
-        i = self._probe(b, h)
-        si = self._slots[i]
+        slots, mask = self._index
+        i = self._probe(slots, mask, b, h)
+        si = slots[i]
         if si >= 0:
             return si
         si = len(self._hashes)
         self._blob += b
         self._offs.append(len(self._blob))
-        self._hashes.append(h)
-        self._slots[i] = si
-        if 2 * len(self._hashes) > len(self._slots):
+        self._hashes.append(h)  # before the slot: a reader that finds the slot finds its hash
+        slots[i] = si
+        if 2 * len(self._hashes) > len(slots):
             self._grow()
         return si
 
     def _grow(self) -> None:
-        n = 2 * len(self._slots)
+        n = 2 * len(self._index[0])
         slots, mask = array("q", [-1]) * n, n - 1
         for si, h in enumerate(self._hashes):
             i = h & mask
             while slots[i] >= 0:
                 i = (i + 1) & mask
             slots[i] = si
-        self._slots, self._mask = slots, mask
+        self._index = (slots, mask)
 
     def _task_id(self, t: _Task) -> int:
         i = self.task_ids.get(t)

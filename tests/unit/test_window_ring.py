@@ -80,3 +80,34 @@ def test_frames_are_renumbered_when_they_outnumber_the_live_stacks_by_far() -> N
     table = ring.since(-1)[-1].counts.table  # type: ignore[attr-defined]
     assert ring.sweeps >= 1 and len(table.frames) < 120_000  # 240,000 without renumbering
     assert ring.since(-1)[-1].counts == _counts("f59-", 100, frames=40)
+
+
+def test_readers_decode_correctly_while_windows_are_added_and_swept() -> None:
+    import threading
+
+    ring = WindowRing(1e9, 3000, clock_ns=lambda: 0)
+    expected: dict[int, Counts] = {}
+    errors: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        reads = 0
+        while not done.is_set() or reads == 0:
+            for w in ring.since(-1):
+                if dict(w.counts) != expected[w.start_ns]:
+                    errors.append(f"window {w.start_ns} decoded wrong")
+            reads += 1
+
+    t = threading.Thread(target=read)
+    for i in range(3):
+        expected[i] = _counts(f"w{i}-", 1000)
+        ring.add(RingWindow(i, i + 1, expected[i], 1000))
+    t.start()
+    try:
+        for i in range(3, 40):
+            expected[i] = _counts(f"w{i}-", 1000)
+            ring.add(RingWindow(i, i + 1, expected[i], 1000))
+    finally:
+        done.set()
+        t.join(timeout=60)
+    assert not t.is_alive() and ring.sweeps >= 2 and not errors, errors[:3]
