@@ -18,7 +18,8 @@ numbered in a :class:`StackTable` (each distinct task once, each distinct stack
 once as an array of 4-byte frame numbers, each frame string once), and a
 window is two arrays, the (task, stack) numbers of its entries and their
 counts.  An entry repeated from an earlier window costs 16 bytes; a new one
-adds its stack once (4 bytes a frame plus ~40), where a tuple of references
+adds its stack once (2 bytes a frame while the table has at most 65,536
+frames, 4 after, plus ~40), where a tuple of references
 per key, its window's dict slot and an interning table took ~500 bytes with
 30-frame stacks (bench/ring_memory.py).  Readers see the same mapping of
 (tgid, tid, comm, stack) to counts, decoded as they iterate.
@@ -50,7 +51,8 @@ _Task = tuple[int, int, str]
 class StackTable:
     """Tasks, stacks and frames of packed windows, numbered.
 
-    A stack is its frames' numbers (4 bytes each), kept end to end in one
+    A stack is its frames' numbers (2 bytes each, 4 once there are more than
+    65,536 frames), kept end to end in one
     buffer with its start in an array, and found again through an
     open-addressing hash table of arrays: a distinct stack costs its frames
     and ~40 bytes, and no Python object of its own (long-lived objects by the
@@ -61,11 +63,14 @@ class StackTable:
     readers decode without a lock while the drain thread adds.  A sweep makes
     a new table (:meth:`WindowRing._sweep`)."""
 
-    __slots__ = ("frame_ids", "frames", "_blob", "_offs", "_hashes", "_index", "task_ids", "tasks", "__weakref__")
+    __slots__ = ("frame_ids", "frames", "code", "_blob", "_offs", "_hashes", "_index", "task_ids", "tasks",
+                 "__weakref__")
 
-    def __init__(self, frames: tuple[dict[str, int], list[str]] | None = None) -> None:
+    def __init__(self, frames: tuple[dict[str, int], list[str]] | None = None, code: str = "H") -> None:
         #: Frames may be shared with the table this one replaces (they are few and append-only).
         self.frame_ids, self.frames = frames if frames is not None else ({}, [])
+        #: A frame number's array type: 2 bytes ("H") while there are at most 65,536 frames, then 4 ("I").
+        self.code = code
         self._blob = bytearray()
         #: Stack i is _blob[_offs[i]:_offs[i + 1]]; _hashes[i] is hash() of those bytes.
         self._offs = array("Q", [0])
@@ -145,10 +150,11 @@ class StackTable:
         return i
 
     def encode_stack(self, stack: Stack) -> bytes:
+        """The stack's frame numbers as bytes (OverflowError: a number too large for ``code``)."""
         try:
-            return array("I", map(self.frame_ids.__getitem__, stack)).tobytes()
+            return array(self.code, map(self.frame_ids.__getitem__, stack)).tobytes()
         except KeyError:  # a frame seen for the first time
-            return array("I", map(self._frame_id, stack)).tobytes()
+            return array(self.code, map(self._frame_id, stack)).tobytes()
 
     def pack(self, counts: Mapping[CountKey, int]) -> PackedCounts:
         keys, vals = array("Q"), array("q")
@@ -165,7 +171,7 @@ class StackTable:
 
     # -- decoding (any thread) -----------------------------------------------
     def stack(self, si: int) -> Stack:
-        a = array("I")
+        a = array(self.code)
         # A slice is a copy: no view of the buffer is held while the drain thread appends to it.
         a.frombytes(self._blob[self._offs[si]: self._offs[si + 1]])
         return tuple(map(self.frames.__getitem__, a))
@@ -202,8 +208,8 @@ class PackedCounts(Mapping[CountKey, int]):
         tgid, tid, comm, stack = key
         ti = table.task_ids.get((tgid, tid, comm))
         try:
-            si = table.find_stack(array("I", map(table.frame_ids.__getitem__, stack)).tobytes())
-        except KeyError:
+            si = table.find_stack(array(table.code, map(table.frame_ids.__getitem__, stack)).tobytes())
+        except (KeyError, OverflowError):
             si = None
         if ti is None or si is None:
             raise KeyError(key)
@@ -325,7 +331,11 @@ class WindowRing:
         if isinstance(w.counts, PackedCounts):
             return w
         with self._intern_lock:
-            packed = self._table.pack(w.counts)
+            try:
+                packed = self._table.pack(w.counts)
+            except OverflowError:  # the 65,537th frame: numbers of 4 bytes from now on
+                self._renumber(self._table, [p for p in self._alive() if p.table is self._table], code="I")
+                packed = self._table.pack(w.counts)
             self._packed.append(weakref.ref(packed))
             if len(self._packed) >= 64 and len(self._packed) & (len(self._packed) - 1) == 0:
                 self._alive()  # dropped ones pruned at each power of two
@@ -387,20 +397,33 @@ class WindowRing:
                                   len(table.tasks) + max(len(table.tasks) // 4, 4096))
                 return
             # Frames are kept (shared) unless they too outnumber what can be live by far.
-            renumber = len(table.frames) > 64 * stacks + 65536
-            new = StackTable(None if renumber else (table.frame_ids, table.frames))
-            old_tasks = table.tasks
-            remap: dict[int, int] = {}
-            for k in sorted(live):  # stacks in their old order: the new buffer is filled front to back
-                b = new.encode_stack(table.stack(k & _STACK_MASK)) if renumber else table.stack_bytes(k & _STACK_MASK)
-                remap[k] = new._task_id(old_tasks[k >> 32]) << 32 | new._stack_id(b)
-            for p in alive:
-                _, keys, vals = p._state
-                p._state = (new, array("Q", map(remap.__getitem__, keys)), vals)
-            self._table = new
-            self._check_at = (len(new) + max(len(new) // 4, 4096),
-                              len(new.tasks) + max(len(new.tasks) // 4, 4096))
+            renumber_frames = len(table.frames) > 64 * stacks + 65536
+            try:
+                self._renumber(table, alive, code=table.code, frames=not renumber_frames, live=live)
+            except OverflowError:  # the live frames alone need 4-byte numbers
+                self._renumber(table, alive, code="I", frames=False, live=live)
             self.sweeps += 1
+
+    def _renumber(self, table: StackTable, alive: list[PackedCounts], *, code: str, frames: bool = True,
+                  live: set[int] | None = None) -> None:
+        """Number the keys of ``alive`` in a new table (``frames``: sharing the old
+        one's frames) and move them to it (under _intern_lock)."""
+        if live is None:
+            live = set()
+            for p in alive:
+                live.update(p._state[1])
+        new = StackTable((table.frame_ids, table.frames) if frames else None, code)
+        same = frames and code == table.code  # the stacks' bytes carry over as they are
+        remap: dict[int, int] = {}
+        for k in sorted(live):  # stacks in their old order: the new buffer is filled front to back
+            si = k & _STACK_MASK
+            b = table.stack_bytes(si) if same else new.encode_stack(table.stack(si))
+            remap[k] = new._task_id(table.tasks[k >> 32]) << 32 | new._stack_id(b)
+        for p in alive:
+            _, keys, vals = p._state
+            p._state = (new, array("Q", map(remap.__getitem__, keys)), vals)
+        self._table = new
+        self._check_at = (len(new) + max(len(new) // 4, 4096), len(new.tasks) + max(len(new.tasks) // 4, 4096))
 
     def distinct_keys(self) -> int:
         """Distinct stacks numbered: those of the windows alive, and those of windows

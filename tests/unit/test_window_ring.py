@@ -94,7 +94,7 @@ def test_readers_decode_correctly_while_windows_are_added_and_swept() -> None:
         reads = 0
         while not done.is_set() or reads == 0:
             for w in ring.since(-1):
-                if dict(w.counts) != expected[w.start_ns]:
+                if dict(w.counts.items()) != expected[w.start_ns]:
                     errors.append(f"window {w.start_ns} decoded wrong")
             reads += 1
 
@@ -111,3 +111,17 @@ def test_readers_decode_correctly_while_windows_are_added_and_swept() -> None:
         done.set()
         t.join(timeout=60)
     assert not t.is_alive() and ring.sweeps >= 2 and not errors, errors[:3]
+
+
+def test_frame_numbers_widen_past_65536_frames_and_windows_read_the_same() -> None:
+    ring = WindowRing(1e9, 1 << 30, clock_ns=lambda: 0)
+    early = _counts("early-", 100)
+    ring.add(RingWindow(0, 1, early, 100))
+    assert ring.since(-1)[0].counts.table.code == "H"  # type: ignore[attr-defined]
+    many = _counts("many-", 14_000)  # 70,000 new frames
+    ring.add(RingWindow(1, 2, many, 14_000))
+    w0, w1 = ring.since(-1)
+    assert w0.counts.table is w1.counts.table and w1.counts.table.code == "I"  # type: ignore[attr-defined]
+    assert w0.counts == early and w1.counts == many
+    k = next(iter(many))
+    assert w1.counts[k] == many[k] and w0.counts[next(iter(early))] == early[next(iter(early))]
