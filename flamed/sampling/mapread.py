@@ -182,30 +182,30 @@ class MapReader:
         The values stay in the reader's buffer (no copy per stack: a window of
         100 k Python stacks would copy ~50 MB); the drain reads them before
         :meth:`release`."""
+        table, kraw, vraw, ksz, vsz = self._take_into_buffers(name, cap)
+        assert ksz == 8, name
+        ids = kraw.cast("Q").tolist()
+        extra = {int.from_bytes(k, "little"): v for k, v in self._take_rest(table)}
+        return StackValues(dict(zip(ids, range(len(ids)))), vraw, vsz, extra)
+
+    def _take_into_buffers(self, name: str, cap: int) -> tuple[Any, memoryview, memoryview, int, int]:
+        """Batch-read and delete a (quiescent) hash map into this kind's buffers:
+        (table, raw keys, raw values, key size, value size); :meth:`_take_rest`
+        gives what the batch left."""
         table = self._program.bpf[name]
         ksz, vsz = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
-        assert ksz == 8, name
         kind = name.rstrip("01")
         if kind not in self._stack_bufs:
             self._stack_bufs[kind] = (self._scratch.array(ct.c_uint8, ksz * cap),
                                       self._scratch.array(ct.c_uint8, vsz * cap))
         keys, vals = self._stack_bufs[kind]
         total = self._take_batch(name, table, keys, ksz, vals, vsz, cap)
-        ids = memoryview(keys).cast("B")[: total * ksz].cast("Q").tolist()
-        extra = {int.from_bytes(k, "little"): v for k, v in self._take_rest(table)}
-        return StackValues(dict(zip(ids, range(total))), memoryview(vals).cast("B")[: total * vsz], vsz, extra)
+        return table, memoryview(keys).cast("B")[: total * ksz], memoryview(vals).cast("B")[: total * vsz], ksz, vsz
 
     def _take_raw(self, name: str, cap: int) -> list[tuple[bytes, bytes]]:
         """Read and delete every entry of a (quiescent) hash map, as raw (key, value) bytes."""
-        table = self._program.bpf[name]
-        ksz, vsz = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
-        kind = name.rstrip("01")
-        if kind not in self._stack_bufs:
-            self._stack_bufs[kind] = (self._scratch.array(ct.c_uint8, ksz * cap),
-                                      self._scratch.array(ct.c_uint8, vsz * cap))
-        keys, vals = self._stack_bufs[kind]
-        total = self._take_batch(name, table, keys, ksz, vals, vsz, cap)
-        kraw, vraw = memoryview(keys)[: total * ksz], memoryview(vals)[: total * vsz]
+        table, kraw, vraw, ksz, vsz = self._take_into_buffers(name, cap)
+        total = len(kraw) // ksz
         out = [(bytes(kraw[i * ksz:(i + 1) * ksz]), bytes(vraw[i * vsz:(i + 1) * vsz])) for i in range(total)]
         out.extend(self._take_rest(table))
         return out
