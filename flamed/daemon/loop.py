@@ -258,9 +258,7 @@ class DrainLoop:
             self.store.add_offcpu(window.start_ns, window.end_ns, off.counts, window.identities)
         # The drain's own keys (tuples of each stack) are garbage now: only the packed copies stay.
         window.counts = {}
-        if hasattr(window, "offcpu"):
-            window.offcpu = {}
-        del counts
+        window.offcpu = {}
         self.last_drain_seconds = drain_seconds + (time.perf_counter() - t_in)
         m.drain_duration.observe(self.last_drain_seconds)
         nw, ns = self.ring.stats()

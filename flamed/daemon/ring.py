@@ -15,7 +15,7 @@ kinds at once, and readers ask for one kind.
 
 Windows are stored packed (:class:`PackedCounts`): a drain's keys are
 numbered in a :class:`StackTable` (each distinct task once, each distinct stack
-once as an array of 4-byte frame numbers, each frame string once), and a
+once as an array of frame numbers, each frame string once), and a
 window is two arrays, the (task, stack) numbers of its entries and their
 counts.  An entry repeated from an earlier window costs 16 bytes; a new one
 adds its stack once (2 bytes a frame while the table has at most 65,536
@@ -36,8 +36,9 @@ import threading
 import weakref
 from array import array
 from collections import deque
-from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping, ValuesView
+from collections.abc import Callable, Hashable, ItemsView, Iterable, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from flamed.sampling.cgroups import CgroupIdentity
 from flamed.model import Stack
@@ -46,6 +47,16 @@ from flamed.sampling.contract import CountKey
 
 _STACK_MASK = 0xFFFF_FFFF
 _Task = tuple[int, int, str]
+_T = TypeVar("_T", bound=Hashable)
+
+
+def _number(ids: dict[_T, int], items: list[_T], x: _T) -> int:
+    """``x``'s number in ``ids``/``items``, a new one (appended) if it has none."""
+    i = ids.get(x)
+    if i is None:
+        i = ids[x] = len(items)
+        items.append(x)
+    return i
 
 
 class StackTable:
@@ -88,17 +99,9 @@ class StackTable:
     def stack_bytes(self, si: int) -> bytes:
         return bytes(self._blob[self._offs[si]: self._offs[si + 1]])
 
-    def nbytes(self) -> int:
-        """The stacks' own bytes: the buffer, the starts, the hashes and the hash table."""
-        return len(self._blob) + 8 * (len(self._offs) + len(self._hashes) + len(self._index[0]))
-
     # -- numbering (the drain thread, under the ring's intern lock) ----------
     def _frame_id(self, f: str) -> int:
-        i = self.frame_ids.get(f)
-        if i is None:
-            i = self.frame_ids[f] = len(self.frames)
-            self.frames.append(f)
-        return i
+        return _number(self.frame_ids, self.frames, f)
 
     def _probe(self, slots: array[int], mask: int, b: bytes, h: int) -> int:
         """The slot of the stack ``b`` (hash ``h``), or of the free slot where it would go."""
@@ -110,8 +113,12 @@ class StackTable:
                 return i
             i = (i + 1) & mask
 
-    def find_stack(self, b: bytes) -> int | None:
-        """The number of the stack whose frame numbers are ``b`` (None: not numbered)."""
+    def find_stack(self, stack: Stack) -> int | None:
+        """The number of ``stack`` (None: not numbered; nothing is added)."""
+        try:
+            b = array(self.code, map(self.frame_ids.__getitem__, stack)).tobytes()
+        except (KeyError, OverflowError):  # a frame never numbered (or beyond this table's code)
+            return None
         slots, mask = self._index
         si = slots[self._probe(slots, mask, b, hash(b))]
         return None if si < 0 else si
@@ -143,11 +150,7 @@ class StackTable:
         self._index = (slots, mask)
 
     def _task_id(self, t: _Task) -> int:
-        i = self.task_ids.get(t)
-        if i is None:
-            i = self.task_ids[t] = len(self.tasks)
-            self.tasks.append(t)
-        return i
+        return _number(self.task_ids, self.tasks, t)
 
     def encode_stack(self, stack: Stack) -> bytes:
         """The stack's frame numbers as bytes (OverflowError: a number too large for ``code``)."""
@@ -207,10 +210,7 @@ class PackedCounts(Mapping[CountKey, int]):
         table, keys, vals = self._state
         tgid, tid, comm, stack = key
         ti = table.task_ids.get((tgid, tid, comm))
-        try:
-            si = table.find_stack(array(table.code, map(table.frame_ids.__getitem__, stack)).tobytes())
-        except (KeyError, OverflowError):
-            si = None
+        si = table.find_stack(stack)
         if ti is None or si is None:
             raise KeyError(key)
         try:
@@ -223,9 +223,6 @@ class PackedCounts(Mapping[CountKey, int]):
 
     def values(self) -> ValuesView[int]:
         return _PackedValues(self)
-
-    def total(self) -> int:
-        return sum(self._state[2])
 
     def decoded_items(self, cache: DecodeCache) -> Iterator[tuple[CountKey, int]]:
         """(key, count) pairs, each key decoded once per ``cache`` (one per request
@@ -247,11 +244,6 @@ class PackedCounts(Mapping[CountKey, int]):
         table, keys, _ = self._state
         tasks = table.tasks
         return {tasks[t][0] for t in {k >> 32 for k in keys}}
-
-    def nbytes(self) -> int:
-        """Bytes of this window's own arrays (its stacks are the table's)."""
-        _, keys, vals = self._state
-        return keys.itemsize * len(keys) + vals.itemsize * len(vals)
 
 
 #: A reader's decoded keys, per table (see PackedCounts.decoded_items).
@@ -430,11 +422,6 @@ class WindowRing:
         gone until the next sweep (at most a quarter more, or 4,096)."""
         with self._intern_lock:
             return len(self._table)
-
-    def table_bytes(self) -> int:
-        """An estimate of the packed windows' memory: their arrays and the table's stacks."""
-        with self._intern_lock:
-            return self._table.nbytes() + sum(p.nbytes() for p in self._alive())
 
     def _alive(self) -> list[PackedCounts]:
         """The packed windows still alive (under _intern_lock); the list of them pruned."""

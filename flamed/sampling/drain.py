@@ -35,7 +35,7 @@ from typing import Any
 from flamed.model import EMPTY_STACK_FRAME, KERNEL_SUFFIX, Stack
 from flamed.sampling.cgroups import CgroupIdentity, CgroupResolver
 from flamed.sampling.contract import CountKey, SampleEvent, Window
-from flamed.sampling.mapread import CountRow, CountRows, EventRow, MapReader, RawStacks
+from flamed.sampling.mapread import CountRow, EventRow, MapReader, RawStacks
 from flamed.sampling.offcpu import (
     OFFCPU_BLOCKED_FRAME,
     OFFCPU_GIL_FRAME,
@@ -239,18 +239,6 @@ class Drainer:
         stacks = reader.read_stacks(old, ids)
         reader.clear_stacks(old)
         t1 = time.perf_counter()
-        try:
-            return self._finish(t0, c0, t1, start_ns, end_ns, flip_ktime, close_waits, counters, keys, pystacks,
-                                ustacks, raw_events, off, ids, stacks)
-        finally:
-            # The Python and unwound stacks were read in place: only now are the buffers' pages given back.
-            reader.release()
-
-    def _finish(self, t0: float, c0: float, t1: float, start_ns: int, end_ns: int, flip_ktime: int,
-                close_waits: bool, counters: dict[str, int], keys: CountRows, pystacks: RawStacks,
-                ustacks: RawStacks, raw_events: list[EventRow], off: _OffRead | None, ids: set[int],
-                stacks: dict[int, list[int]]) -> Window:
-        """Symbolize what :meth:`drain` read into its window."""
 
         sym = self._symbolizer
         sym.begin_drain()
@@ -261,12 +249,16 @@ class Drainer:
             if reason in lost:
                 lost[reason] += n
         lost["stack_read_failed"] = sum(1 for i in ids if i not in stacks)
-        counts, events = self._symbolize(keys, raw_events, stacks, pystacks, ustacks)
-        offcpu: dict[CountKey, int] = {}
-        if off is not None:
-            offcpu = self._offcpu(off, stacks, pystacks, counters)
-            if close_waits:
-                self._close_waits(off, flip_ktime, offcpu)
+        try:
+            counts, events = self._symbolize(keys, raw_events, stacks, pystacks, ustacks)
+            offcpu: dict[CountKey, int] = {}
+            if off is not None:
+                offcpu = self._offcpu(off, stacks, pystacks, counters)
+                if close_waits:
+                    self._close_waits(off, flip_ktime, offcpu)
+        finally:
+            # The Python and unwound stacks were read in place: only now are the buffers' pages given back.
+            reader.release()
         sym.end_drain()
         cgroups = task_cgroups(keys)
         identities = self._identify(cgroups, {e[1] for e in raw_events})
