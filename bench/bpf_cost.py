@@ -15,6 +15,12 @@ kernel.bpf_stats_enabled=1 (restored afterwards):
                    no unwinding (user stack by frame pointers)
   python+unwound   the same, walker and unwinding: the shipped default
   python-deep      a pure-Python recursion 60 frames deep, walker and unwinding
+  python-pure      the same recursion 6 frames deep: a Python sample without
+                   system calls, walker and unwinding
+  truth-bare       py_truth.py with neither walker nor unwinding: what its
+                   samples cost before any Python work (its kernel stacks:
+                   py_truth writes to a file)
+  pure-bare        python-pure's workload with neither walker nor unwinding
   filtered         the plain workload outside the pid filter: what a sample the
                    filter turns away costs (always run)
 
@@ -62,9 +68,10 @@ def descend(n, end):
             x += i * i
     return x
 end = time.perf_counter() + float(sys.argv[1])
-ts = [threading.Thread(target=descend, args=(60, end)) for _ in range(int(sys.argv[2]) - 1)]
+DEPTH = int(sys.argv[3])
+ts = [threading.Thread(target=descend, args=(DEPTH, end)) for _ in range(int(sys.argv[2]) - 1)]
 for t in ts: t.start()
-descend(60, end)
+descend(DEPTH, end)
 for t in ts: t.join()
 """
 
@@ -94,8 +101,10 @@ def workload(kind: str, bins: dict[str, Path], seconds: float) -> list[list[str]
         return [[str(bins["busy"]), "busy", s]] * 2
     if kind == "unwound":
         return [[str(bins["chain"]), s]] * 2
-    if kind.startswith("python-deep"):
-        return [[str(PY311), "-c", DEEP, s, "2"]]
+    if kind == "python-deep":
+        return [[str(PY311), "-c", DEEP, s, "2", "60"]]
+    if kind in ("python-pure", "pure-bare"):
+        return [[str(PY311), "-c", DEEP, s, "2", "5"]]
     return [[str(PY311), str(ROOT / "tests" / "workloads" / "py_truth.py"), s, "2"]]
 
 
@@ -103,7 +112,7 @@ def case(kind: str, bins: dict[str, Path], seconds: float, rate: int, timing: bo
     from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: PLC0415 - needs root and bcc
 
     python = kind.startswith("python")
-    unwind = kind in ("unwound", "python+unwound", "python-deep")
+    unwind = kind in ("unwound", "python+unwound", "python-deep", "python-pure")
     s = BpfSampler(BpfSamplerOptions(frequency=rate, pids=frozenset(), python=python, unwind=unwind,
                                      python_timing=timing and python, unwind_timing=timing and unwind))
     procs: list[subprocess.Popen[bytes]] = []

@@ -27,13 +27,20 @@ struct flamed_key {
      * walk found nothing (counted as FLAMED_STAT_PY_*). */
     __u64 py_stack_id;
     /* Id of the user stack in the generation's ustacks map (a hash of its
-     * addresses), 0 for none: the process has no unwind tables and
+     * callers' addresses), 0 for none: the process has no unwind tables and
      * user_stack_id holds its frame-pointer stack (bpf/unwind.bpf.c). */
     __u64 native_stack_id;
     /* bpf_get_current_cgroup_id(): the task's cgroup v2 id (the inode number
      * of its directory), which user space maps to a service or container;
      * in the key because a process can move between cgroups mid-window. */
     __u64 cgroup_id;
+    /* The leaf address of the unwound stack (with native_stack_id): kept out
+     * of the stored stack, whose entry holds 0 in its place, so that samples
+     * differing only where the CPU was inside a function share one stored
+     * stack.  Storing a new 0.5 KiB stack for nearly every sample of an
+     * interpreter (its leaf is anywhere in the evaluation loop) was the
+     * largest single cost of such a sample. */
+    __u64 native_leaf;
 };
 
 /* One sample of a watched process, sent through the ring buffer. */
@@ -47,6 +54,7 @@ struct flamed_event {
     __s32 user_stack_id;
     char comm[FLAMED_COMM_LEN];
     __u64 native_stack_id; /* as in struct flamed_key */
+    __u64 native_leaf;     /* as in struct flamed_key */
 };
 
 /* A process image as the program can tell it without reading kernel
@@ -255,13 +263,26 @@ struct flamed_uw_row {
     __u8 rbp;  /* rbp saved at CFA - 8 * rbp; 0: not saved (unchanged) */
 };
 
+/* A table's page index: for vaddr v of a table whose index begins at `base`,
+ * bucket b = (v - base) >> FLAMED_UW_PAGE_SHIFT holds the row in effect at v
+ * between the table's rows P[b] - 1 and P[b + 1] - 1, where P[b] is the
+ * number of its rows whose pc is below base + (b << FLAMED_UW_PAGE_SHIFT).
+ * P[0..pages] (pages + 1 entries) is stored in uw_rows itself, two per row
+ * slot (P[2i] where a row has its pc, P[2i + 1] in its other four bytes),
+ * in the slots just before the table's rows, so a table is one contiguous
+ * range.  The search then touches a few cache lines of one bucket instead of
+ * log2(rows) lines spread over the whole table. */
+#define FLAMED_UW_PAGE_SHIFT 10
+
 /* One executable mapping with a table: addr - bias is the file vaddr. */
 struct flamed_uw_map {
     __u64 start;
     __u64 end;
     __u64 bias;
     __u32 first;  /* first row in uw_rows */
-    __u32 count;  /* rows */
+    __u32 index;  /* uw_rows slot of the table's page index (P[0], P[1]) */
+    __u32 base;   /* vaddr of bucket 0, a multiple of 1 << FLAMED_UW_PAGE_SHIFT */
+    __u32 pages;  /* buckets; 0: no rows loaded (frame pointers) */
 };
 
 #endif /* FLAMED_H */

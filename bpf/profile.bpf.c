@@ -252,6 +252,7 @@ static __always_inline int emit_event(u32 gen, struct flamed_key *key)
     e->user_stack_id = key->user_stack_id;
     __builtin_memcpy(e->comm, key->comm, FLAMED_COMM_LEN);
     e->native_stack_id = key->native_stack_id;
+    e->native_leaf = key->native_leaf;
     events.ringbuf_submit(e, 0);
     return 0;
 }

@@ -6,12 +6,13 @@
  * (its executable mappings that have a table), walk the user stack from the
  * registers of the interrupted user context: for each frame find the mapping
  * of the address, the table row in effect there (binary search over the
- * binary's rows in `uw_rows`), compute the canonical frame address (CFA) from
+ * binary's rows in `uw_rows`, narrowed by its page index), compute the canonical frame address (CFA) from
  * rsp or rbp, read the return address at CFA - 8 and, where the row says so,
  * the caller's rbp.  An address no table covers (JIT code, a library loaded
  * after the process was described, a binary without CFI) is followed by its
  * frame pointer.  The stack is stored once per generation in `ustacks*` under
- * a 64-bit hash of its addresses, and the hash goes into the count key.
+ * a 64-bit hash of its callers' addresses, and the hash goes into the count
+ * key with the leaf address beside it (struct flamed_key: native_leaf).
  *
  * How: flamed_sample saves the sample's key and the user registers in a
  * per-CPU scratch and tail-calls flamed_unwind, which walks
@@ -34,7 +35,6 @@
  *   FLAMED_UW_DEPTH          frames kept per stack (default 64, at most 127)
  *   FLAMED_UW_FRAMES_PER_CALL frames per tail call of flamed_unwind (default 8)
  *   FLAMED_UW_ROWS           rows of all tables together (default 2097152)
- *   FLAMED_UW_ROW_STEPS      binary search steps: > log2(FLAMED_UW_ROWS)
  *   FLAMED_UW_MAPS           mappings with a table per process (power of 2, default 64)
  *   FLAMED_UW_MAX_PROCS      processes described at once (default 4096)
  *   FLAMED_UW_STACK_ENTRIES  distinct unwound stacks per generation (default 8192)
@@ -48,9 +48,6 @@
 #endif
 #ifndef FLAMED_UW_ROWS
 #define FLAMED_UW_ROWS 2097152
-#endif
-#ifndef FLAMED_UW_ROW_STEPS
-#define FLAMED_UW_ROW_STEPS 22
 #endif
 #ifndef FLAMED_UW_MAPS
 #define FLAMED_UW_MAPS 64
@@ -166,18 +163,43 @@ static __always_inline struct flamed_uw_map *uw_find_map(struct flamed_uw_proc *
     return m;
 }
 
+/* P[b] of m's page index (flamed.h), or 0xffffffff when it cannot be read. */
+static __always_inline u32 uw_page(struct flamed_uw_map *m, u32 b)
+{
+    u32 at = m->index + (b >> 1);
+    u32 *w = (u32 *)uw_rows.lookup(&at);
+    if (!w)
+        return 0xffffffff;
+    return w[b & 1];
+}
+
 /* The row in effect at vaddr among m's rows: its kind, cfa8 and rbp; kind
- * FLAMED_UW_NONE when none is. */
+ * FLAMED_UW_NONE when none is.  The page index narrows the binary search to
+ * one bucket's rows (at most 1 << FLAMED_UW_PAGE_SHIFT of them: rows have
+ * distinct addresses). */
 static __always_inline void uw_find_row(struct flamed_uw_map *m, u64 vaddr, struct flamed_uw_row *out)
 {
     out->kind = FLAMED_UW_NONE;
-    if (vaddr > 0xffffffffULL)
+    if (vaddr > 0xffffffffULL || (u32)vaddr < m->base)
         return;
-    u32 lo = m->first;
-    u32 hi = m->first + m->count;
-    u32 first = lo;
+    u32 b = ((u32)vaddr - m->base) >> FLAMED_UW_PAGE_SHIFT;
+    u32 pages = m->pages;
+    u32 lo, hi;
+    if (b >= pages) {
+        /* Past the last bucket: the table's last row is in effect. */
+        lo = uw_page(m, pages);
+        hi = lo;
+    } else {
+        lo = uw_page(m, b);
+        hi = uw_page(m, b + 1);
+    }
+    if (lo == 0xffffffff || hi == 0xffffffff || hi < lo)
+        return;
+    lo += m->first;
+    hi += m->first;
+    u32 first = m->first;
 #pragma clang loop unroll(disable)
-    for (u32 i = 0; i < FLAMED_UW_ROW_STEPS; i++) {
+    for (u32 i = 0; i < FLAMED_UW_PAGE_SHIFT + 1; i++) {
         if (lo >= hi)
             break;
         u32 mid = (lo + hi) >> 1;
@@ -207,7 +229,10 @@ static __always_inline int uw_step(struct flamed_uw_proc *p, struct flamed_uw_st
         return 0;
     }
     st->ip[n & 127] = s->ip;
-    s->hash = flamed_mix(s->hash, s->ip);
+    /* The leaf is not part of the stack's identity (struct flamed_key's
+     * native_leaf carries it). */
+    if (n)
+        s->hash = flamed_mix(s->hash, s->ip);
     s->n = n + 1;
 
     /* A caller's address is a return address: the call is the byte before. */
@@ -215,7 +240,7 @@ static __always_inline int uw_step(struct flamed_uw_proc *p, struct flamed_uw_st
     struct flamed_uw_row row = {};
     struct flamed_uw_map *m = uw_find_map(p, pc);
     u64 vaddr = 0;
-    if (m && m->count) {
+    if (m && m->pages) {
         vaddr = pc - m->bias;
         uw_find_row(m, vaddr, &row);
     } else if (pc < 0x800000000000ULL && !s->miss) {
@@ -372,6 +397,9 @@ static __always_inline u64 uw_store(struct flamed_uw_scratch *sc, u32 gen)
     struct flamed_ustack *st = &sc->stack;
     st->len = s->n;
     st->end = s->end;
+    /* The leaf goes into the count key; the stored stack is the callers'. */
+    sc->key.native_leaf = s->n ? st->ip[0] : 0;
+    st->ip[0] = 0;
     u64 id = flamed_mix(s->hash, s->n ^ ((u64)s->end << 32));
     if (id == 0)
         id = 1;
@@ -380,6 +408,7 @@ static __always_inline u64 uw_store(struct flamed_uw_scratch *sc, u32 gen)
         int err = gen ? ustacks1.insert(&id, st) : ustacks0.insert(&id, st);
         if (err != 0 && err != -FLAMED_EEXIST) {
             stat_inc(gen, FLAMED_STAT_UW_STACKS_FULL);
+            sc->key.native_leaf = 0;
             return 0;
         }
     }

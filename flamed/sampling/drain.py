@@ -87,7 +87,7 @@ def task_cgroups(keys: Iterable[CountRow]) -> dict[int, int]:
     """tgid -> the cgroup id with most of its samples in these rows (a process
     that moved mid-window is named by where it mostly ran)."""
     per: dict[tuple[int, int], int] = {}
-    for tgid, _tid, _kid, _uid, _comm, _py, _nid, cg, n in keys:
+    for tgid, _tid, _kid, _uid, _comm, _py, _nid, cg, _leaf, n in keys:
         per[(tgid, cg)] = per.get((tgid, cg), 0) + n
     best: dict[int, tuple[int, int]] = {}
     for (tgid, cg), n in per.items():
@@ -303,7 +303,7 @@ class Drainer:
         carry = self._carry
         n = dict.fromkeys(("CARRY_MISSING", "CARRY_EXPIRED", "CARRY_OVERFLOW"), 0)
         if off.to_carry:
-            rows = [(st[4], tid, st[5], st[6], st[8], st[1], 0, st[2], 1) for (tid, _kt), st in off.to_carry.items()]
+            rows = [(st[4], tid, st[5], st[6], st[8], st[1], 0, st[2], 0, 1) for (tid, _kt), st in off.to_carry.items()]
             named, _ = self._symbolize(rows, [], stacks, pystacks, {})
             by_tid = {tid: (tgid, comm, stack) for (tgid, tid, comm, stack) in named}
             room = self.options.offcpu_starts - len(carry)
@@ -483,20 +483,29 @@ class Drainer:
                 umemo[(tgid, uid)] = s
             return s
 
-        nmemo: dict[tuple[int, int], Stack] = {}
+        # An unwound stack is stored without its leaf (the count key has it,
+        # bpf/flamed.h): its addresses are read once per stack id, and named
+        # with each leaf they were sampled under.
+        cmemo: dict[int, tuple[list[int], str] | None] = {}
+        nmemo: dict[tuple[int, int, int], Stack] = {}
 
-        def nstack(tgid: int, nid: int) -> Stack:
-            s = nmemo.get((tgid, nid))
+        def nstack(tgid: int, nid: int, leaf: int) -> Stack:
+            key = (tgid, nid, leaf)
+            s = nmemo.get(key)
             if s is None:
-                raw = (ustacks or {}).get(nid)
-                if raw is None:
+                if nid in cmemo:
+                    got = cmemo[nid]
+                else:
+                    raw = (ustacks or {}).get(nid)
+                    got = cmemo[nid] = parse_ustack(raw) if raw is not None else None
+                if got is None:
                     s = (_UW_LOST_FRAME,)
                 else:
-                    ips, end = parse_ustack(raw)
-                    s = sym.user_stack(tgid, ips)
+                    ips, end = got
+                    s = sym.user_stack(tgid, [leaf, *ips[1:]] if ips else [])
                     if end != "complete":
                         s = (truncated_frame(end),) + s
-                nmemo[(tgid, nid)] = s
+                nmemo[key] = s
             return s
 
         py = self._python
@@ -519,8 +528,8 @@ class Drainer:
 
         counts: dict[CountKey, int] = {}
         comm = self._comm
-        for tgid, tid, kid, uid, rc, pyid, nid, _cg, n in keys:
-            user = nstack(tgid, nid) if nid else ustack(tgid, uid)
+        for tgid, tid, kid, uid, rc, pyid, nid, _cg, leaf, n in keys:
+            user = nstack(tgid, nid, leaf) if nid else ustack(tgid, uid)
             if pyid:
                 stack = splice(user, pyruns(tgid, pyid)) + kstack(kid)
             else:
@@ -530,9 +539,10 @@ class Drainer:
         events = [
             SampleEvent(
                 ktime_ns=kt, tgid=tgid, tid=tid, comm=comm(rc),
-                user_stack=nstack(tgid, nid) if nid else ustack(tgid, uid), kernel_stack=kstack(kid), cpu=cpu,
+                user_stack=nstack(tgid, nid, leaf) if nid else ustack(tgid, uid), kernel_stack=kstack(kid),
+                cpu=cpu,
             )
-            for kt, tgid, tid, cpu, _gen, kid, uid, rc, nid in raw_events
+            for kt, tgid, tid, cpu, _gen, kid, uid, rc, nid, leaf in raw_events
         ]
         events.sort(key=lambda e: (e.ktime_ns, e.cpu, e.tid))
         return counts, events

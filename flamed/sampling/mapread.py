@@ -27,11 +27,13 @@ _NO_LOOKUP_AND_DELETE = (errno.EINVAL, 524, errno.EOPNOTSUPP)
 
 
 #: One row of a count map: tgid, tid, kernel stack id, user stack id, raw
-#: comm, Python stack id, unwound stack id, cgroup v2 id, samples.
-CountRow = tuple[int, int, int, int, bytes, int, int, int, int]
+#: comm, Python stack id, unwound stack id, cgroup v2 id, unwound stack's
+#: leaf address, samples.
+CountRow = tuple[int, int, int, int, bytes, int, int, int, int, int]
 #: One ring-buffer event (struct flamed_event): ktime, tgid, tid, cpu,
-#: generation, kernel stack id, user stack id, raw comm, unwound stack id.
-EventRow = tuple[int, int, int, int, int, int, int, bytes, int]
+#: generation, kernel stack id, user stack id, raw comm, unwound stack id,
+#: unwound stack's leaf address.
+EventRow = tuple[int, int, int, int, int, int, int, bytes, int, int]
 
 
 class CountRows:
@@ -42,7 +44,7 @@ class CountRows:
     __slots__ = ("_raw", "_values", "_extra")
 
     def __init__(self, raw: bytes, values: list[int], extra: list[CountRow]) -> None:
-        assert KEY.size == 56 and len(raw) == KEY.size * len(values)
+        assert KEY.size == 64 and len(raw) == KEY.size * len(values)
         self._raw, self._values, self._extra = raw, values, extra
 
     def __len__(self) -> int:
@@ -53,18 +55,18 @@ class CountRows:
             yield (*k, n)
         yield from self._extra
 
-    # Columns of KEY ("<IIii16sQQQ", 56 bytes): 14 u32 or 7 u64 a row.
+    # Columns of KEY ("<IIii16sQQQQ", 64 bytes): 16 u32 or 8 u64 a row.
     def tgids(self) -> set[int]:
-        return set(memoryview(self._raw).cast("I")[0::14]) | {r[0] for r in self._extra}
+        return set(memoryview(self._raw).cast("I")[0::16]) | {r[0] for r in self._extra}
 
     def stack_ids(self) -> set[int]:
         """Kernel and frame-pointer user stack ids (negative ones included)."""
         col = memoryview(self._raw).cast("i")
-        return set(col[2::14]) | set(col[3::14]) | {r[2] for r in self._extra} | {r[3] for r in self._extra}
+        return set(col[2::16]) | set(col[3::16]) | {r[2] for r in self._extra} | {r[3] for r in self._extra}
 
     def native_tgids(self) -> set[int]:
         """The processes with a stack unwound from tables in these rows."""
-        return ({t for t, nid in zip(memoryview(self._raw).cast("I")[0::14], memoryview(self._raw).cast("Q")[5::7])
+        return ({t for t, nid in zip(memoryview(self._raw).cast("I")[0::16], memoryview(self._raw).cast("Q")[5::8])
                  if nid} | {r[0] for r in self._extra if r[6]})
 
 
@@ -214,8 +216,8 @@ class MapReader:
         """Read and delete the old generation's off-CPU counts: (the count row, ns in it), flags."""
         out: list[tuple[CountRow, int]] = []
         for kb, vb in self._take_raw(f"offcpu_counts{gen}", self._options.offcpu_entries):
-            tgid, tid, kid, uid, comm, py, nid, cg, flags, _pad = OFF_KEY.unpack(kb)
-            out.append(((tgid, tid, kid, uid, comm, py, nid, cg, int.from_bytes(vb, "little")), flags))
+            tgid, tid, kid, uid, comm, py, nid, cg, leaf, flags, _pad = OFF_KEY.unpack(kb)
+            out.append(((tgid, tid, kid, uid, comm, py, nid, cg, leaf, int.from_bytes(vb, "little")), flags))
         return out
 
     def take_carried(self, gen: int, delete: bool = True) -> dict[tuple[int, int], tuple[OffStart, int]]:

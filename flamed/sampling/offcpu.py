@@ -17,7 +17,7 @@ _OFF_PREEMPTED = 1  # FLAMED_OFF_PREEMPTED
 _OFF_GIL = 2  # FLAMED_OFF_GIL
 # struct flamed_offcpu_start, flamed_offcpu_key, flamed_offcpu_carry_key of bpf/flamed.h.
 OFF_START = struct.Struct("<QQQIIiiII16s")
-OFF_KEY = struct.Struct("<IIii16sQQQII")
+OFF_KEY = struct.Struct("<IIii16sQQQQII")
 OFF_CARRY_KEY = struct.Struct("<IIQ")
 #: One open wait as the program remembered it: start ktime, Python stack id,
 #: cgroup id, epoch, tgid, kernel stack id, user stack id, flags, raw comm.

@@ -41,8 +41,8 @@ PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK = 1, 0
 EVENTS = {"cycles": (PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES), "cpu-clock": (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK)}
 
 # struct flamed_key and struct flamed_event of bpf/flamed.h.
-KEY = struct.Struct("<IIii16sQQQ")
-EVENT = struct.Struct("<QIIIIii16sQ")
+KEY = struct.Struct("<IIii16sQQQQ")
+EVENT = struct.Struct("<QIIIIii16sQQ")
 _COMM_LEN = 16
 
 _CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
@@ -356,7 +356,6 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
         defines.update({
             "FLAMED_UW_DEPTH": options.unwind_depth,
             "FLAMED_UW_ROWS": options.unwind_rows,
-            "FLAMED_UW_ROW_STEPS": options.unwind_rows.bit_length() + 1,
             "FLAMED_UW_MAPS": options.unwind_maps,
             "FLAMED_UW_MAX_PROCS": options.unwind_max_procs,
             "FLAMED_UW_STACK_ENTRIES": options.unwind_stack_entries,

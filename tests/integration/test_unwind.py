@@ -244,6 +244,30 @@ def test_depth_limit_is_said(sampler: tuple[BpfSampler, RecordingSymbolizer], bi
     assert whole / sum(shallow.values()) >= 0.9, shallow.most_common(3)
 
 
+def test_samples_differing_only_in_their_leaf_share_one_stored_stack(
+        sampler: tuple[BpfSampler, RecordingSymbolizer]) -> None:
+    """An interpreter's leaf is anywhere in its evaluation loop: the program
+    stores each caller chain once (the leaf address travels in the count
+    key), and the drain still names every sample with its own leaf."""
+    py = Path("/usr/bin/python3.11")
+    need(py.exists(), "Debian's /usr/bin/python3.11")
+    code = "import time\nend = time.time() + 15\nwhile time.time() < end:\n    sum(i * i for i in range(5000))\n"
+    s, sym = sampler
+    pid, stacks, _maps = _record(s, [str(py), "-c", code], seconds=2.0)
+    assert stacks, "no samples of the workload"
+    named = [addrs for addrs, _frames in sym.raw[pid] if len(addrs) > 1]
+    leaves = {a[0] for a in named}
+    chains = {a[1:] for a in named}
+    # Many leaves (the workload's stacks differ below their callers), few chains above them.
+    assert len(leaves) >= 20, (len(leaves), len(chains))
+    assert len(chains) * 3 <= len(named), (len(named), len(chains))
+    # What the program stored: one entry per chain (any process's in the window), not per sample.
+    assert s.stats().last_unwound_stacks < len(named), (s.stats().last_unwound_stacks, len(named))
+    # Every leaf is named as the leaf of its own stack.
+    whole = [st for st in stacks if st and st[0] == "_start"]
+    assert sum(stacks[st] for st in whole) >= 0.9 * sum(stacks.values()), stacks.most_common(3)
+
+
 def test_debian_python311_native_frames(sampler: tuple[BpfSampler, RecordingSymbolizer]) -> None:
     py = Path("/usr/bin/python3.11")
     need(py.exists(), "Debian's /usr/bin/python3.11")

@@ -8,18 +8,18 @@ from flamed.sampling.mapread import CountRows, StackValues
 from flamed.sampling.program import KEY
 
 
-def _row(r: random.Random) -> tuple[int, int, int, int, bytes, int, int, int, int]:
+def _row(r: random.Random) -> tuple[int, int, int, int, bytes, int, int, int, int, int]:
     comm = bytes(r.randrange(97, 123) for _ in range(r.randrange(1, 16))).ljust(16, b"\0")
     return (r.randrange(1, 1 << 22), r.randrange(1, 1 << 22), r.randrange(-20, 1 << 20), r.randrange(-20, 1 << 20),
             comm, r.choice([0, r.getrandbits(64)]), r.choice([0, r.getrandbits(64)]), r.getrandbits(64),
-            r.randrange(1, 1000))
+            r.choice([0, r.getrandbits(47)]), r.randrange(1, 1000))
 
 
 def test_count_rows_and_their_columns_match_the_rows_they_were_read_from() -> None:
     r = random.Random(7)
     rows = [_row(r) for _ in range(2000)]
     extra = [_row(r) for _ in range(3)]  # read key by key after the batch
-    c = CountRows(b"".join(KEY.pack(*x[:8]) for x in rows), [x[8] for x in rows], extra)
+    c = CountRows(b"".join(KEY.pack(*x[:9]) for x in rows), [x[9] for x in rows], extra)
     assert len(c) == 2003 and list(c) == rows + extra and list(c) == rows + extra  # iterable again
     assert c.tgids() == {x[0] for x in rows + extra}
     assert c.stack_ids() == {x[2] for x in rows + extra} | {x[3] for x in rows + extra}

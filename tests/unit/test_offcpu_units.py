@@ -143,7 +143,7 @@ def _drainer() -> Drainer:
 
     def symbolize(keys: Any, _ev: Any, _stacks: Any, _py: Any, _us: Any) -> tuple[dict[Any, int], list[Any]]:
         out: dict[Any, int] = {}
-        for tgid, tid, kid, uid, _comm, _pyid, _nid, _cg, n in keys:
+        for tgid, tid, kid, uid, _comm, _pyid, _nid, _cg, _leaf, n in keys:
             k = (tgid, tid, "py", (f"u{uid}", f"k{kid}_[k]"))
             out[k] = out.get(k, 0) + n
         return out, []
@@ -186,7 +186,7 @@ def test_carried_waits_that_vanish_expire_and_the_store_is_bounded() -> None:
 
 def test_same_generation_rows_get_their_reason_as_leaf() -> None:
     d = _drainer()
-    rows = [((7, 5, 1, 2, b"py", 0, 0, 0, 4000), 0), ((7, 5, 1, 2, b"py", 0, 0, 0, 600), 1)]
+    rows = [((7, 5, 1, 2, b"py", 0, 0, 0, 0, 4000), 0), ((7, 5, 1, 2, b"py", 0, 0, 0, 0, 600), 1)]
     got = d._offcpu(_OffRead(rows=rows, to_carry={}, ended={}, live=set()), {}, {}, {})
     assert got == {(7, 5, "py", ("u2", "k1_[k]", OFFCPU_BLOCKED_FRAME)): 4000,
                    (7, 5, "py", ("u2", "k1_[k]", OFFCPU_PREEMPTED_FRAME)): 600}

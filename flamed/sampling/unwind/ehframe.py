@@ -18,9 +18,12 @@ Only 64-bit little-endian ELF (x86-64).  Everything is read with ``struct``.
 
 from __future__ import annotations
 
+import array
+import bisect
 import hashlib
 import os
 import struct
+import sys
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -43,6 +46,33 @@ _RBP, _RSP, _RA = 6, 7, 16
 ROW = struct.Struct("<IHBB")
 
 SHT_NOBITS = 8
+
+#: Bytes of code per bucket of a table's page index, as a shift: the same
+#: number as FLAMED_UW_PAGE_SHIFT in bpf/flamed.h (a unit test compares them).
+PAGE_SHIFT = 10
+
+
+def page_index(packed: bytes) -> tuple[int, int, bytes]:
+    """(base, pages, index) of packed rows (sorted by pc): P[b], the number of
+    rows whose pc is below ``base + (b << PAGE_SHIFT)``, for b in 0..pages,
+    as little-endian u32s padded to whole rows (bpf/flamed.h says how the
+    program reads it).  Empty rows give (0, 0, b"")."""
+    n = len(packed) // ROW.size
+    if n == 0:
+        return 0, 0, b""
+    words = array.array("I")
+    words.frombytes(packed[:n * ROW.size])
+    if sys.byteorder != "little":
+        words.byteswap()
+    pcs = words[0::2]
+    base = (pcs[0] >> PAGE_SHIFT) << PAGE_SHIFT
+    pages = ((pcs[-1] - base) >> PAGE_SHIFT) + 1
+    index = array.array("I", (bisect.bisect_left(pcs, base + (b << PAGE_SHIFT)) for b in range(pages + 1)))
+    if len(index) % 2:
+        index.append(n)
+    if sys.byteorder != "little":
+        index.byteswap()
+    return base, pages, index.tobytes()
 
 
 class UnwindTableError(FlamedError):

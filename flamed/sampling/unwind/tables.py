@@ -38,7 +38,7 @@ log = logging.getLogger("flamed.unwind")
 
 _MAGIC = b"FLUWT001"
 _HEADER = struct.Struct("<8sII")  # magic, rows, fdes
-_MAP = struct.Struct("<QQQII")  # struct flamed_uw_map
+_MAP = struct.Struct("<QQQIIII")  # struct flamed_uw_map
 
 #: Binaries whose mapping is never worth a table: the kernel's vDSO and
 #: friends are not files; everything else file-backed and executable is.
@@ -61,6 +61,16 @@ class TableEntry(NamedTuple):
     first: int
     rows: int
     name: str = ""
+    #: the page index (bpf/flamed.h): its slots sit just before the rows, so
+    #: the table's range of uw_rows is [first - index_rows, first + rows)
+    index_rows: int = 0
+    base: int = 0
+    pages: int = 0
+
+    @property
+    def slots(self) -> int:
+        """Slots of uw_rows the table takes: its rows and its page index."""
+        return self.rows + self.index_rows
 
 
 #: What _load returns for a large table handed to the builder thread.
@@ -349,8 +359,8 @@ class Unwinder:
             self._refresh_largest(now)
 
     def _refresh_largest(self, now: float) -> None:
-        top = sorted(list(self._by_key.values()), key=lambda e: -e.rows)[:5]
-        self.stats.largest = [(e.name, e.rows, round(now - self._last_used.get(e.key, now), 1)) for e in top]
+        top = sorted(list(self._by_key.values()), key=lambda e: -e.slots)[:5]
+        self.stats.largest = [(e.name, e.slots, round(now - self._last_used.get(e.key, now), 1)) for e in top]
 
     def describe(self, tgid: int, want: set[int] | None = None, want_keys: set[str] | None = None) -> bool:
         """Load the tables of ``tgid``'s binaries and write its uw_procs entry;
@@ -369,7 +379,7 @@ class Unwinder:
             return False
         want = want or set()
         want_keys = want_keys or set()
-        entries: list[tuple[int, int, int, int, int, int]] = []  # start, end, bias, first, count, size
+        entries: list[tuple[int, int, int, TableEntry, int]] = []  # start, end, bias, table, size
         keys: set[str] = set()
         self._picking = keys
         try:
@@ -381,19 +391,19 @@ class Unwinder:
                 entry, bias = got
                 if entry.rows:
                     keys.add(entry.key)
-                entries.append((m.start, m.end, bias, entry.first, entry.rows, m.end - m.start))
+                entries.append((m.start, m.end, bias, entry, m.end - m.start))
         finally:
             self._picking = set()
         if len(entries) > self._max_maps:
             # Keep the largest code: the main program, the interpreter, libc
             # before a small extension module.
             self.stats.mappings_dropped += len(entries) - self._max_maps
-            entries = sorted(entries, key=lambda e: -e[5])[: self._max_maps]
-        entries.sort()
-        sig = tuple((e[0], e[1], e[3], e[4]) for e in entries)
+            entries = sorted(entries, key=lambda e: -e[4])[: self._max_maps]
+        entries.sort(key=lambda e: e[0])
+        sig = tuple((e[0], e[1], e[3].first, e[3].rows) for e in entries)
         if self._described.get(tgid) == sig:
             return bool(entries)
-        if not any(e[4] for e in entries):
+        if not any(e[3].rows for e in entries):
             self.forget(tgid)
             return False
         if tgid not in self._slots and not self._free_slots:
@@ -402,8 +412,9 @@ class Unwinder:
         # A fresh block, then the switch: a sample never sees a half-written list.
         slot = self._free_slots.pop()
         base = slot * self._max_maps
-        packed = b"".join(_MAP.pack(start, end, bias & 0xFFFFFFFFFFFFFFFF, first, count)
-                          for start, end, bias, first, count, _size in entries)
+        packed = b"".join(_MAP.pack(start, end, bias & 0xFFFFFFFFFFFFFFFF, t.first, t.first - t.index_rows,
+                                    t.base, t.pages if t.rows else 0)
+                          for start, end, bias, t, _size in entries)
         self._write_array(self._maps, base, packed, _MAP.size, len(entries))
         leaf = self._procs.Leaf()
         ct.memmove(ct.addressof(leaf), struct.pack("<II", slot, len(entries)), 8)
@@ -530,7 +541,7 @@ class Unwinder:
 
     def _live_rows(self) -> int:
         live = set().union(*self._uses.values()) if self._uses else set()
-        return sum(e.rows for k, e in self._by_key.items() if k in live)
+        return sum(e.slots for k, e in self._by_key.items() if k in live)
 
     def _readable(self, tgid: int, m: ExecMap) -> str | None:
         # The process's own view of the path (containers), else the mapping itself
@@ -573,12 +584,14 @@ class Unwinder:
         if n == 0:
             self.stats.skipped["no_cfi"] += 1
             return None
-        first = self._alloc(n)
-        if first is None and self._evict_for(n):
-            first = self._alloc(n)
-        if first is None:
+        base, pages, index = ehframe.page_index(packed)
+        k = len(index) // ehframe.ROW.size
+        slot = self._alloc(n + k)
+        if slot is None and self._evict_for(n + k):
+            slot = self._alloc(n + k)
+        if slot is None:
             garbage = self._next - self._live_rows()
-            if garbage >= max(n, self.stats.rows_capacity // 4) and not self._reset_due:
+            if garbage >= max(n + k, self.stats.rows_capacity // 4) and not self._reset_due:
                 self._reset_due = True  # after this description: see _reset
             self.stats.skipped["rows_full"] += 1
             if not self._full_warned:
@@ -587,9 +600,12 @@ class Unwinder:
                             "binaries after it keep frame-pointer stacks; raise [sampling] unwind_rows",
                             self._next, self.stats.rows_capacity, EVICT_IDLE_S, name, n)
             return None
+        first = slot + k
+        # The rows first, then the index that leads a search to them.
         self._write_rows(first, packed, n)
-        self._next += n
-        entry = TableEntry(key, first, n, os.path.basename(name))
+        self._write_rows(slot, index, k)
+        self._next += n + k
+        entry = TableEntry(key, first, n, os.path.basename(name), k, base, pages)
         self._by_key[key] = entry
         self._last_used[key] = self._clock()
         self.stats.binaries = len(self._by_key)
@@ -641,10 +657,10 @@ class Unwinder:
                 self.forget(tgid)
             for fkey in [f for f, known in self._by_file.items() if known.entry is not None and known.entry.key == key]:
                 del self._by_file[fkey]  # read again (its ELF facts) when next needed
-            self._release(entry.first, entry.rows)
-            self._next -= entry.rows
+            self._release(entry.first - entry.index_rows, entry.slots)
+            self._next -= entry.slots
             self.stats.evicted += 1
-            self.stats.evicted_rows += entry.rows
+            self.stats.evicted_rows += entry.slots
             evicted = True
             log.info("unwind tables: evicted %s (%d rows, %s) to make room", entry.name or key, entry.rows,
                      f"not sampled for {now - _t:.0f} s" if _used else "no process uses it")
