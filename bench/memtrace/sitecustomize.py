@@ -1,0 +1,58 @@
+"""A tracemalloc diff across the daemon's drains (diagnosis only; docs/bpf.md,
+"What survives a drain").
+
+With this directory on ``PYTHONPATH`` and ``FLAMED_MEMTRACE=PREFIX`` set, a
+Python process starts tracemalloc (8 frames a trace) and, once
+``flamed.daemon.loop`` is imported, wraps ``DrainLoop.drain_once``: after each
+drain (and a ``gc.collect()``) it writes ``PREFIX.N`` with the traced heap,
+the traced peak since the last drain, the largest lines, and the diff
+against the previous drain's snapshot by traceback.  It slows every
+allocation: figures of time and RSS from such a run are not the daemon's.
+
+    FLAMED_MEMTRACE=/tmp/memtrace/t PYTHONPATH=bench/memtrace sudo -E .venv/bin/python \\
+        bench/drain_scale.py --kinds python --daemon --daemon-only --daemon-windows 2 --sizes 100000 --no-peer
+"""
+
+import os
+import sys
+import threading
+
+if os.environ.get("FLAMED_MEMTRACE"):
+    import gc
+    import time
+    import tracemalloc
+
+    tracemalloc.start(8)
+    _state: dict = {"prev": None, "n": 0}
+
+    def _patch() -> None:
+        cls = sys.modules["flamed.daemon.loop"].DrainLoop
+        orig = cls.drain_once
+
+        def drain_once(self, *a, **k):  # type: ignore[no-untyped-def]
+            orig(self, *a, **k)
+            gc.collect()
+            snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+            _state["n"] += 1
+            cur, peak = tracemalloc.get_traced_memory()
+            with open(f"{os.environ['FLAMED_MEMTRACE']}.{_state['n']}", "w") as f:
+                f.write(f"traced {cur / 1e6:.1f} MB peak {peak / 1e6:.1f}\n")
+                for s in snap.statistics("lineno")[:40]:
+                    f.write(f"{s}\n")
+                if _state["prev"] is not None:
+                    f.write("\n--- diff vs previous drain (traceback)\n")
+                    for s in snap.compare_to(_state["prev"], "traceback")[:25]:
+                        f.write(f"{s}\n")
+                        for line in s.traceback.format()[-8:]:
+                            f.write(f"    {line}\n")
+            _state["prev"] = snap
+            tracemalloc.reset_peak()
+
+        cls.drain_once = drain_once
+
+    def _wait() -> None:
+        while not hasattr(sys.modules.get("flamed.daemon.loop"), "DrainLoop"):
+            time.sleep(0.05)
+        _patch()
+
+    threading.Thread(target=_wait, daemon=True).start()
