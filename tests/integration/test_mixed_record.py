@@ -219,15 +219,19 @@ def test_record_reads_python_frames_in_bpf(tmp_path: Path, require_bpf: None) ->
     could not map its threads)."""
     sys.path.insert(0, str(ROOT / "tests" / "workloads"))
     from cpython_support import pyenv_python
-    from py_truth_score import score
+    from py_truth_score import misattributed, score
 
     for exe in (sys.executable, str(pyenv_python("3.8"))):
         out = tmp_path / "bpf.folded"
         r = run_record(["-r", "199", "-o", str(out), "--", exe, str(ROOT / "tests" / "workloads" / "py_truth.py"), "3"])
         assert r.returncode == 0, r.stderr
         assert "read in BPF" in r.stderr and "py-spy" not in r.stderr, r.stderr
-        sc = score(read_folded(out.open("rb")).stacks.items())
-        assert sc.signature >= 20 and sc.accuracy >= 0.995, (exe, sc)
+        stacks = list(read_folded(out.open("rb")).stacks.items())
+        sc = score(stacks)
+        # Samples whose Python frames name the wrong step are bounded apart
+        # from samples that lost their Python frames (counted by the sampler).
+        assert sc.signature >= 20 and sc.attributed_accuracy >= 0.995, (exe, sc, misattributed(stacks))
+        assert sc.lost_share <= 0.02, (exe, sc, misattributed(stacks), r.stderr)
         assert sc.python_share >= 0.95, (exe, sc)
 
 

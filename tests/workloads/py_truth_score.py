@@ -9,7 +9,12 @@ Signature code runs outside the steps too, and is not the steps' work:
 libcrypto loaded by ``import hashlib`` (import machinery frames, no worker)
 and OpenSSL's exit handlers (no Python frame, below ``__run_exit_handlers``).
 A stack whose Python frames were lost or wrong still counts: it has no
-Python frame, or a worker without the step.
+Python frame, or a worker without the step.  The two failures are told
+apart: *lost* signature samples have no Python frame at all (the walk
+found no thread or frame: counted by the sampler's metrics, the samples
+keep their native frames), *wrong* ones have Python frames that name
+another step or none.  Tests bound them separately and print
+``misattributed`` on failure, so a failing run says which stacks.
 """
 
 from __future__ import annotations
@@ -34,10 +39,22 @@ class Score:
     with_python: int = 0
     signature: int = 0
     right: int = 0
+    #: signature samples without any Python frame
+    lost: int = 0
 
     @property
     def accuracy(self) -> float:
         return self.right / self.signature if self.signature else 0.0
+
+    @property
+    def attributed_accuracy(self) -> float:
+        """Right among the signature samples that have Python frames."""
+        n = self.signature - self.lost
+        return self.right / n if n else 0.0
+
+    @property
+    def lost_share(self) -> float:
+        return self.lost / self.signature if self.signature else 0.0
 
     @property
     def python_share(self) -> float:
@@ -80,4 +97,19 @@ def score(stacks: Iterable[tuple[Sequence[str], int]]) -> Score:
         s.signature += n
         if innermost_step(stack) == sig:
             s.right += n
+        elif not any(_ANY_PY.match(f) for f in stack):
+            s.lost += n
     return s
+
+
+def misattributed(stacks: Iterable[tuple[Sequence[str], int]], limit: int = 8) -> list[str]:
+    """The signature samples not under their step, as text for a failure message."""
+    out = []
+    for stack, n in stacks:
+        sig = signature_of(stack)
+        if sig is None or not in_workload(stack) or innermost_step(stack) == sig:
+            continue
+        out.append("%d x %s: %s" % (n, sig, ";".join(stack)[-500:]))
+        if len(out) >= limit:
+            break
+    return out
