@@ -205,7 +205,10 @@ struct flamed_pyproc {
     __u16 frame_is_entry;        /* frame: is_entry (1 byte, 3.11), FLAMED_PY_NONE elsewhere */
     __u8 owner_cstack;           /* owner value of a frame owned by the C stack (a shim: skipped) */
     __u8 instr_size;             /* 4: f_lasti is an int, 8: a pointer */
-    __u16 pad;
+    __u8 frame_windows;          /* windows of the frame stack one walk may read
+                                  * (bpf/python.bpf.c, FLAMED_PY_WINDOW): 0 before
+                                  * 3.11, whose frames are heap objects */
+    __u8 pad;
     /* The process's PID namespace (device and inode of /proc/PID/ns/pid) when
      * it is not the one whose ids the program sees (a container): 3.11+ keep
      * the namespace's tid in native_thread_id, so the match compares it with

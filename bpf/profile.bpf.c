@@ -144,12 +144,31 @@ BPF_RINGBUF_OUTPUT(events, FLAMED_RINGBUF_PAGES);
 #if FLAMED_PRIME
 BPF_TABLE("lru_hash", struct flamed_task, u8, seen, FLAMED_SEEN_MAX);
 BPF_PERF_OUTPUT(new_images);
+/* The image this CPU's last sample was of: consecutive samples of a CPU are
+ * nearly always of the same process, and comparing 20 bytes here costs less
+ * than the LRU lookup it saves.  (A hit does not refresh the image's LRU
+ * entry: if `seen` evicts it meanwhile, the image is reported once more,
+ * which user space takes as a repeat.) */
+BPF_PERCPU_ARRAY(last_image, struct flamed_task, 1);
 
 static __always_inline void report_new_image(struct bpf_perf_event_data *ctx, struct flamed_key *key)
 {
     struct flamed_task t = {};
     t.tgid = key->tgid;
     __builtin_memcpy(t.comm, key->comm, FLAMED_COMM_LEN);
+    u32 zero = 0;
+    struct flamed_task *last = last_image.lookup(&zero);
+    if (last && last->tgid == t.tgid) {
+        u64 a0, a1, b0, b1;
+        __builtin_memcpy(&a0, last->comm, 8);
+        __builtin_memcpy(&a1, last->comm + 8, 8);
+        __builtin_memcpy(&b0, t.comm, 8);
+        __builtin_memcpy(&b1, t.comm + 8, 8);
+        if (a0 == b0 && a1 == b1)
+            return;
+    }
+    if (last)
+        __builtin_memcpy(last, &t, sizeof(t));
     if (seen.lookup(&t))
         return;
     u8 one = 1;
@@ -261,7 +280,9 @@ static __always_inline int emit_event(u32 gen, struct flamed_key *key)
  * names at compile time, so the body is spelled out once per generation. */
 static __always_inline void take_gen0(struct bpf_perf_event_data *ctx, struct flamed_key *key, int is_watched)
 {
-    key->kernel_stack_id = stacks0.get_stackid(ctx, 0);
+    /* Interrupted in user mode, the kernel side has no frames: the helper
+     * would walk nothing and return -EFAULT, after taking a callchain buffer. */
+    key->kernel_stack_id = in_user_mode(ctx) ? -FLAMED_EFAULT : stacks0.get_stackid(ctx, 0);
     /* A process with unwind tables has its user stack already
      * (bpf/unwind.bpf.c): the frame-pointer walk is not taken. */
     if (!key->native_stack_id)
@@ -295,7 +316,9 @@ static __always_inline void take_gen0(struct bpf_perf_event_data *ctx, struct fl
 
 static __always_inline void take_gen1(struct bpf_perf_event_data *ctx, struct flamed_key *key, int is_watched)
 {
-    key->kernel_stack_id = stacks1.get_stackid(ctx, 0);
+    /* Interrupted in user mode, the kernel side has no frames: the helper
+     * would walk nothing and return -EFAULT, after taking a callchain buffer. */
+    key->kernel_stack_id = in_user_mode(ctx) ? -FLAMED_EFAULT : stacks1.get_stackid(ctx, 0);
     /* A process with unwind tables has its user stack already
      * (bpf/unwind.bpf.c): the frame-pointer walk is not taken. */
     if (!key->native_stack_id)

@@ -50,6 +50,21 @@
 #ifndef FLAMED_TASK_FSBASE_OFF
 #define FLAMED_TASK_FSBASE_OFF -1
 #endif
+/* Bytes of a thread's frame stack read at once (3.11+: a power of 2, at most
+ * a page; 0: one read per frame).  From 3.11 the interpreter keeps a
+ * thread's frames one after the other in its data stack, each caller below
+ * its callee, so one read below the innermost frame usually holds several
+ * of its callers: a read costs the same ~70 ns whether it copies 128 bytes
+ * or 2 KiB, and a frame was one read.  A window never reaches below the
+ * page of the frame it was read for, so it faults only where reading that
+ * frame alone would. */
+#ifndef FLAMED_PY_WINDOW
+#define FLAMED_PY_WINDOW 2048
+#endif
+/* Windows one walk reads at most (struct flamed_pyproc's frame_windows,
+ * which user space sets to FRAME_WINDOWS in flamed/sampling/cpython/layout.py
+ * for 3.11+); then one read per frame: frames outside the data stack, such
+ * as generators', each miss the window. */
 
 /* A Python stack: innermost frame first. */
 struct flamed_pystack {
@@ -59,20 +74,21 @@ struct flamed_pystack {
     __u32 instr[FLAMED_PY_DEPTH];
 };
 
-/* Per-CPU scratch: the stack being built and the last bytes read. */
-struct flamed_py_scratch {
-    struct flamed_pystack stack;
-    /* 8 bytes of slack: a masked offset + 8 stays inside, which the
-     * verifier can see (user space keeps offsets <= size - 8 anyway). */
-    __u8 tstate[FLAMED_PY_TSTATE_BYTES + 8];
-    __u8 frame[FLAMED_PY_FRAME_BYTES + 8];
+/* What a frame step needs of one frame (scalars: the verifier can merge the
+ * states of the paths that read it from the window and from its own read). */
+struct flamed_py_fields {
+    u64 code;
+    u64 prev;
+    u64 instr;
+    u8 owner; /* 0xff: the layout has no owner field */
+    u8 entry;
 };
 
-#define PY_TS_OFF(o) ((o) & (FLAMED_PY_TSTATE_BYTES - 1))
-#define PY_FR_OFF(o) ((o) & (FLAMED_PY_FRAME_BYTES - 1))
-
-/* What the frame walk's callback needs: scalars only (bpf_loop passes a
- * pointer to the caller's stack). */
+/* The frame walk's state.  In the per-CPU scratch, not on the program's
+ * stack, which the rest of the sample fills to its 512-byte limit; values
+ * in map memory are also unknown to the verifier, so the paths of one frame
+ * step (read from the window or alone, a shim skipped or not) lead to one
+ * state at the next step. */
 struct flamed_py_walk {
     __u64 frame;
     __u64 hash;
@@ -86,8 +102,29 @@ struct flamed_py_walk {
     __u8 owner_cstack;
     __u8 instr_size;
     __u8 every_entry;
-    __u8 pad[3];
+    __u8 windows; /* windows left to read in this walk (0: one read per frame) */
+    __u8 pad[2];
 };
+
+/* Per-CPU scratch: the stack being built and the last bytes read. */
+struct flamed_py_scratch {
+    struct flamed_pystack stack;
+    /* 8 bytes of slack: a masked offset + 8 stays inside, which the
+     * verifier can see (user space keeps offsets <= size - 8 anyway). */
+    __u8 tstate[FLAMED_PY_TSTATE_BYTES + 8];
+    __u8 frame[FLAMED_PY_FRAME_BYTES + 8];
+    /* The fields of the frame being emitted (here: the program's stack is full). */
+    struct flamed_py_fields ff;
+    struct flamed_py_walk walk;
+    __u64 wbase; /* address of window's first byte; 0: no window */
+#if FLAMED_PY_WINDOW
+    __u8 window[FLAMED_PY_WINDOW + FLAMED_PY_FRAME_BYTES + 8];
+#endif
+};
+
+#define PY_TS_OFF(o) ((o) & (FLAMED_PY_TSTATE_BYTES - 1))
+#define PY_FR_OFF(o) ((o) & (FLAMED_PY_FRAME_BYTES - 1))
+
 
 struct flamed_py_find {
     __u64 tstate;
@@ -140,17 +177,45 @@ static __always_inline int py_find_step(struct flamed_py_scratch *s, struct flam
     return 0;
 }
 
-/* Read the frame at w->frame into s->frame and take its fields; 0 on failure. */
+/* The fields of a frame's bytes at fb. */
+#define PY_FRAME_FIELDS(fb)                                                    \
+    do {                                                                       \
+        __builtin_memcpy(&ff->code, (fb) + PY_FR_OFF(w->off_code), 8);         \
+        __builtin_memcpy(&ff->prev, (fb) + PY_FR_OFF(w->off_previous), 8);     \
+        __builtin_memcpy(&ff->instr, (fb) + PY_FR_OFF(w->off_instr), 8);       \
+        ff->owner = w->off_owner != FLAMED_PY_NONE ? (fb)[PY_FR_OFF(w->off_owner)] : 0xff; \
+        ff->entry = w->off_entry != FLAMED_PY_NONE ? (fb)[PY_FR_OFF(w->off_entry)] : 0; \
+    } while (0)
+
+
+/* Read the frame at w->frame, from the window when it holds it; 0 on failure. */
 static __always_inline int py_read_frame(struct flamed_py_scratch *s, struct flamed_py_walk *w,
-                                         u64 *code, u64 *prev, u64 *instr)
+                                         struct flamed_py_fields *ff)
 {
-    if (bpf_probe_read_user(s->frame, FLAMED_PY_FRAME_BYTES, (void *)w->frame) != 0) {
+    u64 f = w->frame;
+#if FLAMED_PY_WINDOW
+    if (!(s->wbase && f >= s->wbase && f - s->wbase <= FLAMED_PY_WINDOW - FLAMED_PY_FRAME_BYTES) && w->windows) {
+        u64 base = f + FLAMED_PY_FRAME_BYTES - FLAMED_PY_WINDOW;
+        u64 page = f & ~4095ULL;
+        if (base < page || base > f)
+            base = page;
+        if (bpf_probe_read_user(s->window, FLAMED_PY_WINDOW, (void *)base) == 0) {
+            s->wbase = base;
+        } else {
+            s->wbase = 0;
+        }
+    }
+    if (s->wbase && f >= s->wbase && f - s->wbase <= FLAMED_PY_WINDOW - FLAMED_PY_FRAME_BYTES) {
+        u8 *fb = s->window + ((f - s->wbase) & (FLAMED_PY_WINDOW - 1));
+        PY_FRAME_FIELDS(fb);
+        return 1;
+    }
+#endif
+    if (bpf_probe_read_user(s->frame, FLAMED_PY_FRAME_BYTES, (void *)f) != 0) {
         w->flags |= FLAMED_PYSTACK_READ_FAULT;
         return 0;
     }
-    __builtin_memcpy(code, s->frame + PY_FR_OFF(w->off_code), 8);
-    __builtin_memcpy(prev, s->frame + PY_FR_OFF(w->off_previous), 8);
-    __builtin_memcpy(instr, s->frame + PY_FR_OFF(w->off_instr), 8);
+    PY_FRAME_FIELDS(s->frame);
     return 1;
 }
 
@@ -160,28 +225,29 @@ static __always_inline int py_read_frame(struct flamed_py_scratch *s, struct fla
  * skipped inside the same step by reading the frame before it. */
 static __always_inline int py_frame_step(struct flamed_py_scratch *s, struct flamed_py_walk *w, u32 n)
 {
-    u64 code = 0, prev = 0, instr = 0;
+    struct flamed_py_fields *ff = &s->ff;
     if (!w->frame)
         return 0;
-    if (!py_read_frame(s, w, &code, &prev, &instr))
+    if (!py_read_frame(s, w, ff))
         return 0;
-    if (w->off_owner != FLAMED_PY_NONE && s->frame[PY_FR_OFF(w->off_owner)] == w->owner_cstack) {
+    if (w->off_owner != FLAMED_PY_NONE && ff->owner == w->owner_cstack) {
         /* The frame emitted before this shim began a run of the
          * evaluation loop. */
         if (n > 0 && n <= FLAMED_PY_DEPTH)
             s->stack.code[(n - 1) & (FLAMED_PY_DEPTH - 1)] |= FLAMED_PY_ENTRY_BIT;
-        w->frame = prev;
+        w->frame = ff->prev;
         if (!w->frame)
             return 0;
-        if (!py_read_frame(s, w, &code, &prev, &instr))
+        if (!py_read_frame(s, w, ff))
             return 0;
     }
+    u64 code = ff->code;
     u32 pos;
     if (w->instr_size == 4)
-        pos = (u32)instr;
+        pos = (u32)ff->instr;
     else
-        pos = (u32)(instr - code); /* bytes from the code object to the instruction */
-    if (w->every_entry || (w->off_entry != FLAMED_PY_NONE && s->frame[PY_FR_OFF(w->off_entry)]))
+        pos = (u32)(ff->instr - code); /* bytes from the code object to the instruction */
+    if (w->every_entry || ff->entry)
         code |= FLAMED_PY_ENTRY_BIT;
     if (n >= FLAMED_PY_DEPTH)
         return 0;
@@ -189,7 +255,7 @@ static __always_inline int py_frame_step(struct flamed_py_scratch *s, struct fla
     s->stack.instr[n] = pos;
     w->hash = flamed_mix(flamed_mix(w->hash, code), pos);
     w->n = n + 1;
-    w->frame = prev;
+    w->frame = ff->prev;
     return 1;
 }
 
@@ -297,35 +363,40 @@ static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32
         return 0;
     }
 
-    struct flamed_py_walk w = {};
-    w.frame = frame;
-    w.hash = 0xcbf29ce484222325ULL ^ tgid;
-    w.off_code = pp->frame_code;
-    w.off_previous = pp->frame_previous;
-    w.off_instr = pp->frame_instr;
-    w.off_owner = pp->frame_owner;
-    w.off_entry = pp->frame_is_entry;
-    w.owner_cstack = pp->owner_cstack;
-    w.instr_size = pp->instr_size;
-    w.every_entry = pp->version < 0x030b;
+    struct flamed_py_walk *w = &s->walk;
+    __builtin_memset(w, 0, sizeof(*w));
+    w->frame = frame;
+    w->hash = 0xcbf29ce484222325ULL ^ tgid;
+    w->off_code = pp->frame_code;
+    w->off_previous = pp->frame_previous;
+    w->off_instr = pp->frame_instr;
+    w->off_owner = pp->frame_owner;
+    w->off_entry = pp->frame_is_entry;
+    w->owner_cstack = pp->owner_cstack;
+    w->instr_size = pp->instr_size;
+    w->every_entry = pp->version < 0x030b;
+    /* From user space, not a constant here: a count the verifier knows
+     * exactly would make it explore each frame once per value. */
+    w->windows = FLAMED_PY_WINDOW ? pp->frame_windows : 0;
+    s->wbase = 0;
 #pragma clang loop unroll(disable)
     for (u32 n = 0; n < FLAMED_PY_DEPTH; n++) {
-        if (!py_frame_step(s, &w, n))
+        if (!py_frame_step(s, w, n))
             break;
     }
-    if (w.frame && !(w.flags & FLAMED_PYSTACK_READ_FAULT) && w.n >= FLAMED_PY_DEPTH)
-        w.flags |= FLAMED_PYSTACK_TRUNCATED;
-    if (w.flags & FLAMED_PYSTACK_READ_FAULT)
+    if (w->frame && !(w->flags & FLAMED_PYSTACK_READ_FAULT) && w->n >= FLAMED_PY_DEPTH)
+        w->flags |= FLAMED_PYSTACK_TRUNCATED;
+    if (w->flags & FLAMED_PYSTACK_READ_FAULT)
         stat_inc(gen, FLAMED_STAT_PY_READ_FAULT);
-    if (w.flags & FLAMED_PYSTACK_TRUNCATED)
+    if (w->flags & FLAMED_PYSTACK_TRUNCATED)
         stat_inc(gen, FLAMED_STAT_PY_TRUNCATED);
-    if (w.n == 0) {
+    if (w->n == 0) {
         stat_inc(gen, FLAMED_STAT_PY_NO_FRAME);
         return 0;
     }
-    s->stack.len = w.n;
-    s->stack.flags = w.flags;
-    u64 id = flamed_mix(w.hash, w.n ^ ((u64)w.flags << 32));
+    s->stack.len = w->n;
+    s->stack.flags = w->flags;
+    u64 id = flamed_mix(w->hash, w->n ^ ((u64)w->flags << 32));
     if (id == 0 || id == FLAMED_PY_ID_NO_THREAD)
         id ^= 2;
 

@@ -28,8 +28,13 @@ FLAG_CFRAME = 1
 ENTRY_BIT = 1
 
 #: struct flamed_pyproc, little-endian C layout: u64, u16, u8, u8, 10 x u16,
-#: u8, u8, u16, then tail padding to the u64 alignment (40 bytes).
-PYPROC_FORMAT = "<QHBBHHHHHHHHHHBBH4xQQQQ"
+#: u8, u8, u8, u8, then tail padding to the u64 alignment (40 bytes).
+PYPROC_FORMAT = "<QHBBHHHHHHHHHHBBBB4xQQQQ"
+#: Windows of a thread's frame stack one walk of a 3.11+ process reads at
+#: most (bpf/python.bpf.c, FLAMED_PY_WINDOW): its frames sit one after the
+#: other in the interpreter's data stack.  Earlier versions' frames are heap
+#: objects: 0, one read per frame.
+FRAME_WINDOWS = 8
 PYPROC_SIZE = struct.calcsize(PYPROC_FORMAT)
 
 #: Frame owner of a shim frame the evaluation loop pushes on the C stack
@@ -172,6 +177,7 @@ class Layout:
             self.frame_is_entry if self.frame_is_entry is not None else PY_NONE,
             OWNER_CSTACK if self.frame_owner is not None else 0xFF,
             self.instr_size,
+            FRAME_WINDOWS if self.version_code >= 0x030B else 0,
             0,
             pid_ns[0],
             pid_ns[1],
