@@ -151,7 +151,9 @@ def workloads(argv: list[str], n: int) -> Iterator[list[subprocess.Popen[bytes]]
     try:
         for p in ps:
             assert p.stdout is not None
-            p.stdout.readline()  # "ready"
+            line = p.stdout.readline()
+            if line.strip() != b"ready":  # it died starting: a zombie probes as "gone"
+                raise SystemExit(f"workload {p.pid} did not start ({line!r}, exit status {p.wait(timeout=30)})")
         yield ps
     finally:
         for p in ps:
@@ -262,7 +264,13 @@ def claim(s: BpfSampler, pids: list[int]) -> None:
             if ok:
                 break
             if ok is False and not said:
-                print(f"# pid {pid} refused at first ({why}); the probe says: {probe(pid)}", flush=True)
+                try:
+                    state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0].decode()
+                except OSError:
+                    state = "reaped"
+                # stderr: a --one child's stdout is its result
+                print(f"# pid {pid} (state {state}) refused at first ({why}); the probe says: {probe(pid)}",
+                      file=sys.stderr, flush=True)
                 said = True
             if (ok is False and why != "not_python") or time.monotonic() > deadline:
                 raise SystemExit(f"the BPF walker does not read pid {pid}: {why or 'not ready'}")

@@ -359,6 +359,11 @@ def probe(
     maps = read_maps(pid, proc_root)
     if maps is None:
         return Refusal(pid, "the process is gone")
+    if not maps and read_identity(pid, proc_root) is None:
+        # A zombie (exited, not reaped yet): its maps still open but are
+        # empty and its exe link is unreadable, which otherwise reads as
+        # "not a CPython process" for as long as its parent does not wait.
+        return Refusal(pid, "the process is gone (exited, not reaped yet)")
     exe = _exe(proc_root, pid)
     by_path: dict[str, list[Mapping]] = {}
     for m in maps:
