@@ -11,6 +11,12 @@ allocation: figures of time and RSS from such a run are not the daemon's.
 
     FLAMED_MEMTRACE=/tmp/memtrace/t PYTHONPATH=bench/memtrace sudo -E .venv/bin/python \\
         bench/drain_scale.py --kinds python --daemon --daemon-only --daemon-windows 2 --sizes 100000 --no-peer
+
+``FLAMED_MALLOCSTATS=PREFIX`` instead (no tracemalloc, so the figures are
+the daemon's): after each drain ``PREFIX.N`` gets VmRSS and CPython's
+allocator statistics (``sys._debugmallocstats()``: arenas allocated and
+reclaimed, bytes in use in them), which tell memory the allocator keeps
+from memory glibc keeps.
 """
 
 import os
@@ -56,3 +62,53 @@ if os.environ.get("FLAMED_MEMTRACE"):
         _patch()
 
     threading.Thread(target=_wait, daemon=True).start()
+
+
+if os.environ.get("FLAMED_MALLOCSTATS"):
+    import time as _time
+
+    _mstate = {"n": 0}
+
+    def _mpatch() -> None:
+        cls = sys.modules["flamed.daemon.loop"].DrainLoop
+        orig = cls.drain_once
+
+        def drain_once(self, *a, **k):  # type: ignore[no-untyped-def]
+            orig(self, *a, **k)
+            _mstate["n"] += 1
+            path = f"{os.environ['FLAMED_MALLOCSTATS']}.{_mstate['n']}"
+            with open("/proc/self/status") as st:
+                rss = [ln for ln in st if ln.startswith(("VmRSS", "VmHWM"))]
+            maps = []
+            with open("/proc/self/smaps") as sm:
+                head = ""
+                for ln in sm:
+                    first = ln.split(None, 1)[0]
+                    if "-" in first and not first.endswith(":"):
+                        head = ln.strip()
+                    elif first == "Rss:":
+                        maps.append((int(ln.split()[1]), head))
+            maps.sort(reverse=True)
+            with open(path, "w") as f:
+                f.writelines(rss)
+                f.write(f"mappings {len(maps)}, 1 MiB anonymous ones (allocator arenas) "
+                        f"{sum(kb for kb, h in maps if len(h.split()) == 5)} kB resident in unnamed mappings\n")
+                for kb, h in maps[:25]:
+                    f.write(f"{kb:>8} kB  {h}\n")
+                f.flush()
+                saved = os.dup(2)
+                try:
+                    os.dup2(f.fileno(), 2)
+                    sys._debugmallocstats()
+                finally:
+                    os.dup2(saved, 2)
+                    os.close(saved)
+
+        cls.drain_once = drain_once
+
+    def _mwait() -> None:
+        while not hasattr(sys.modules.get("flamed.daemon.loop"), "DrainLoop"):
+            _time.sleep(0.05)
+        _mpatch()
+
+    threading.Thread(target=_mwait, daemon=True).start()
