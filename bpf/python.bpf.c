@@ -204,6 +204,7 @@ static __always_inline int py_read_frame(struct flamed_py_scratch *s, struct fla
         } else {
             s->wbase = 0;
         }
+        w->windows--;
     }
     if (s->wbase && f >= s->wbase && f - s->wbase <= FLAMED_PY_WINDOW - FLAMED_PY_FRAME_BYTES) {
         u8 *fb = s->window + ((f - s->wbase) & (FLAMED_PY_WINDOW - 1));
