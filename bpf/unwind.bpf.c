@@ -61,6 +61,17 @@
 #ifndef FLAMED_UW_TIMING
 #define FLAMED_UW_TIMING 0
 #endif
+/* Bytes of the user stack copied at once (a power of 2, at most a page; 0:
+ * one read per saved value).  A walk reads each frame's return address and
+ * often its saved rbp, 8 bytes each, and callers' frames lie just above
+ * their callees': one copy from a little below the first value it needs
+ * serves the next frames' reads while they fall inside it, and a read
+ * costs about the same for 8 bytes as for 2 KiB.  A copy that fails (the
+ * end of the stack's mapping is within it) stops copies for the rest of
+ * the walk: its values are then read one by one. */
+#ifndef FLAMED_UW_WINDOW
+#define FLAMED_UW_WINDOW 2048
+#endif
 #ifndef FLAMED_UW_MISS_NS
 #define FLAMED_UW_MISS_NS 1000000000ULL
 #endif
@@ -108,6 +119,12 @@ struct flamed_uw_scratch {
     __u32 gen;
     __u32 is_watched;
     __u64 t0;
+    __u64 wbase; /* address of the window's first byte; 0: none */
+    __u32 wfailed; /* a copy failed in this walk: no more copies */
+    __u32 wpad;
+#if FLAMED_UW_WINDOW
+    __u8 win[FLAMED_UW_WINDOW + 8];
+#endif
 };
 
 /* Mappable: user space copies a binary's rows straight into the map's pages
@@ -219,9 +236,33 @@ static __always_inline void uw_find_row(struct flamed_uw_map *m, u64 vaddr, stru
         *out = *r;
 }
 
+/* The 8 bytes of user stack at addr, from the window when it holds them
+ * (see FLAMED_UW_WINDOW); 0 on success, as bpf_probe_read_user. */
+static __always_inline int uw_read8(struct flamed_uw_scratch *sc, u64 addr, u64 *out)
+{
+#if FLAMED_UW_WINDOW
+    if (!(sc->wbase && addr >= sc->wbase && addr - sc->wbase <= FLAMED_UW_WINDOW - 8) && !sc->wfailed) {
+        /* From a little below: a frame's saved rbp lies under its return address. */
+        u64 base = addr >= 64 ? addr - 64 : addr;
+        if (bpf_probe_read_user(sc->win, FLAMED_UW_WINDOW, (void *)base) == 0) {
+            sc->wbase = base;
+        } else {
+            sc->wbase = 0;
+            sc->wfailed = 1;
+        }
+    }
+    if (sc->wbase && addr >= sc->wbase && addr - sc->wbase <= FLAMED_UW_WINDOW - 8) {
+        __builtin_memcpy(out, sc->win + ((addr - sc->wbase) & (FLAMED_UW_WINDOW - 1)), 8);
+        return 0;
+    }
+#endif
+    return bpf_probe_read_user(out, 8, (void *)addr);
+}
+
 /* Record the frame at s->ip, then move s to its caller: 1 to go on, 0 when
  * the walk ended (s->end says why). */
-static __always_inline int uw_step(struct flamed_uw_proc *p, struct flamed_uw_state *s, struct flamed_ustack *st)
+static __always_inline int uw_step(struct flamed_uw_scratch *sc, struct flamed_uw_proc *p,
+                                   struct flamed_uw_state *s, struct flamed_ustack *st)
 {
     u32 n = s->n;
     if (n >= FLAMED_UW_DEPTH) {
@@ -274,7 +315,7 @@ static __always_inline int uw_step(struct flamed_uw_proc *p, struct flamed_uw_st
             return 0;
         }
         cfa = s->bp + 16;
-        if (bpf_probe_read_user(&bp, sizeof(bp), (void *)s->bp) != 0) {
+        if (uw_read8(sc, s->bp, &bp) != 0) {
             s->end = FLAMED_UW_END_NO_TABLE;
             return 0;
         }
@@ -284,12 +325,12 @@ static __always_inline int uw_step(struct flamed_uw_proc *p, struct flamed_uw_st
         s->end = FLAMED_UW_END_UNSUPPORTED;
         return 0;
     }
-    if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)) != 0) {
+    if (uw_read8(sc, cfa - 8, &ra) != 0) {
         s->end = row.kind == FLAMED_UW_NONE ? FLAMED_UW_END_NO_TABLE : FLAMED_UW_END_READ_FAULT;
         return 0;
     }
     if (row.kind != FLAMED_UW_NONE && row.rbp != 0) {
-        if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa - (u64)row.rbp * 8)) != 0) {
+        if (uw_read8(sc, cfa - (u64)row.rbp * 8, &bp) != 0) {
             s->end = FLAMED_UW_END_READ_FAULT;
             return 0;
         }
@@ -356,6 +397,8 @@ static __always_inline void uw_begin(struct bpf_perf_event_data *ctx, u32 gen, s
     s->miss = 0;
     s->miss_addr = 0;
     s->hash = 0xcbf29ce484222325ULL ^ tgid;
+    sc->wbase = 0;
+    sc->wfailed = 0;
     if (!uw_user_regs(ctx, s))
         return;
     __builtin_memcpy(&sc->key, key, sizeof(*key));
@@ -438,7 +481,7 @@ int flamed_unwind(struct bpf_perf_event_data *ctx)
         more = 1;
 #pragma clang loop unroll(disable)
         for (u32 i = 0; i < FLAMED_UW_FRAMES_PER_CALL; i++) {
-            if (!uw_step(p, &sc->s, &sc->stack)) {
+            if (!uw_step(sc, p, &sc->s, &sc->stack)) {
                 more = 0;
                 break;
             }
