@@ -282,13 +282,14 @@ static __always_inline void take_gen0(struct bpf_perf_event_data *ctx, struct fl
 {
     /* Interrupted in user mode, the kernel side has no frames: the helper
      * would walk nothing and return -EFAULT, after taking a callchain buffer. */
-    key->kernel_stack_id = in_user_mode(ctx) ? -FLAMED_EFAULT : stacks0.get_stackid(ctx, 0);
+    int user_mode = in_user_mode(ctx);
+    key->kernel_stack_id = user_mode ? -FLAMED_EFAULT : stacks0.get_stackid(ctx, 0);
     /* A process with unwind tables has its user stack already
      * (bpf/unwind.bpf.c): the frame-pointer walk is not taken. */
     if (!key->native_stack_id)
         key->user_stack_id = stacks0.get_stackid(ctx, BPF_F_USER_STACK);
     s32 unwound = 0; /* stands in for the user stack id when the tables gave the stack */
-    stack_errors(0, in_user_mode(ctx), &key->kernel_stack_id, key->native_stack_id ? &unwound : &key->user_stack_id);
+    stack_errors(0, user_mode, &key->kernel_stack_id, key->native_stack_id ? &unwound : &key->user_stack_id);
     if (is_watched) {
         if (emit_event(0, key) == 0) {
             stat_inc(0, FLAMED_STAT_EVENTS);
@@ -318,13 +319,14 @@ static __always_inline void take_gen1(struct bpf_perf_event_data *ctx, struct fl
 {
     /* Interrupted in user mode, the kernel side has no frames: the helper
      * would walk nothing and return -EFAULT, after taking a callchain buffer. */
-    key->kernel_stack_id = in_user_mode(ctx) ? -FLAMED_EFAULT : stacks1.get_stackid(ctx, 0);
+    int user_mode = in_user_mode(ctx);
+    key->kernel_stack_id = user_mode ? -FLAMED_EFAULT : stacks1.get_stackid(ctx, 0);
     /* A process with unwind tables has its user stack already
      * (bpf/unwind.bpf.c): the frame-pointer walk is not taken. */
     if (!key->native_stack_id)
         key->user_stack_id = stacks1.get_stackid(ctx, BPF_F_USER_STACK);
     s32 unwound = 0; /* stands in for the user stack id when the tables gave the stack */
-    stack_errors(1, in_user_mode(ctx), &key->kernel_stack_id, key->native_stack_id ? &unwound : &key->user_stack_id);
+    stack_errors(1, user_mode, &key->kernel_stack_id, key->native_stack_id ? &unwound : &key->user_stack_id);
     if (is_watched) {
         if (emit_event(1, key) == 0) {
             stat_inc(1, FLAMED_STAT_EVENTS);

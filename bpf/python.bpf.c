@@ -61,10 +61,6 @@
 #ifndef FLAMED_PY_WINDOW
 #define FLAMED_PY_WINDOW 2048
 #endif
-/* Windows one walk reads at most (struct flamed_pyproc's frame_windows,
- * which user space sets to FRAME_WINDOWS in flamed/sampling/cpython/layout.py
- * for 3.11+); then one read per frame: frames outside the data stack, such
- * as generators', each miss the window. */
 
 /* A Python stack: innermost frame first. */
 struct flamed_pystack {
@@ -102,7 +98,11 @@ struct flamed_py_walk {
     __u8 owner_cstack;
     __u8 instr_size;
     __u8 every_entry;
-    __u8 windows; /* windows left to read in this walk (0: one read per frame) */
+    /* Windows left to read in this walk: struct flamed_pyproc's
+     * frame_windows (FRAME_WINDOWS in flamed/sampling/cpython/layout.py for
+     * 3.11+, 0 before), then one read per frame: frames outside the data
+     * stack, such as generators', each miss the window. */
+    __u8 windows;
     __u8 pad[2];
 };
 
@@ -124,7 +124,6 @@ struct flamed_py_scratch {
 
 #define PY_TS_OFF(o) ((o) & (FLAMED_PY_TSTATE_BYTES - 1))
 #define PY_FR_OFF(o) ((o) & (FLAMED_PY_FRAME_BYTES - 1))
-
 
 struct flamed_py_find {
     __u64 tstate;
@@ -187,6 +186,13 @@ static __always_inline int py_find_step(struct flamed_py_scratch *s, struct flam
         ff->entry = w->off_entry != FLAMED_PY_NONE ? (fb)[PY_FR_OFF(w->off_entry)] : 0; \
     } while (0)
 
+#if FLAMED_PY_WINDOW
+/* Does the window hold the whole frame at f? */
+static __always_inline int py_in_window(struct flamed_py_scratch *s, u64 f)
+{
+    return s->wbase && f >= s->wbase && f - s->wbase <= FLAMED_PY_WINDOW - FLAMED_PY_FRAME_BYTES;
+}
+#endif
 
 /* Read the frame at w->frame, from the window when it holds it; 0 on failure. */
 static __always_inline int py_read_frame(struct flamed_py_scratch *s, struct flamed_py_walk *w,
@@ -194,7 +200,7 @@ static __always_inline int py_read_frame(struct flamed_py_scratch *s, struct fla
 {
     u64 f = w->frame;
 #if FLAMED_PY_WINDOW
-    if (!(s->wbase && f >= s->wbase && f - s->wbase <= FLAMED_PY_WINDOW - FLAMED_PY_FRAME_BYTES) && w->windows) {
+    if (!py_in_window(s, f) && w->windows) {
         u64 base = f + FLAMED_PY_FRAME_BYTES - FLAMED_PY_WINDOW;
         u64 page = f & ~4095ULL;
         if (base < page || base > f)
@@ -206,7 +212,7 @@ static __always_inline int py_read_frame(struct flamed_py_scratch *s, struct fla
         }
         w->windows--;
     }
-    if (s->wbase && f >= s->wbase && f - s->wbase <= FLAMED_PY_WINDOW - FLAMED_PY_FRAME_BYTES) {
+    if (py_in_window(s, f)) {
         u8 *fb = s->window + ((f - s->wbase) & (FLAMED_PY_WINDOW - 1));
         PY_FRAME_FIELDS(fb);
         return 1;

@@ -236,12 +236,20 @@ static __always_inline void uw_find_row(struct flamed_uw_map *m, u64 vaddr, stru
         *out = *r;
 }
 
+#if FLAMED_UW_WINDOW
+/* Does the window hold the 8 bytes at addr? */
+static __always_inline int uw_in_window(struct flamed_uw_scratch *sc, u64 addr)
+{
+    return sc->wbase && addr >= sc->wbase && addr - sc->wbase <= FLAMED_UW_WINDOW - 8;
+}
+#endif
+
 /* The 8 bytes of user stack at addr, from the window when it holds them
  * (see FLAMED_UW_WINDOW); 0 on success, as bpf_probe_read_user. */
 static __always_inline int uw_read8(struct flamed_uw_scratch *sc, u64 addr, u64 *out)
 {
 #if FLAMED_UW_WINDOW
-    if (!(sc->wbase && addr >= sc->wbase && addr - sc->wbase <= FLAMED_UW_WINDOW - 8) && !sc->wfailed) {
+    if (!uw_in_window(sc, addr) && !sc->wfailed) {
         /* From a little below: a frame's saved rbp lies under its return address. */
         u64 base = addr >= 64 ? addr - 64 : addr;
         if (bpf_probe_read_user(sc->win, FLAMED_UW_WINDOW, (void *)base) == 0) {
@@ -251,7 +259,7 @@ static __always_inline int uw_read8(struct flamed_uw_scratch *sc, u64 addr, u64 
             sc->wfailed = 1;
         }
     }
-    if (sc->wbase && addr >= sc->wbase && addr - sc->wbase <= FLAMED_UW_WINDOW - 8) {
+    if (uw_in_window(sc, addr)) {
         __builtin_memcpy(out, sc->win + ((addr - sc->wbase) & (FLAMED_UW_WINDOW - 1)), 8);
         return 0;
     }

@@ -22,93 +22,89 @@ from memory glibc keeps.
 import os
 import sys
 import threading
+import time
+
+
+def _after_each_drain(hook) -> None:  # type: ignore[no-untyped-def]
+    """Call ``hook(n)`` after the daemon's n-th drain (n from 1): wraps
+    ``DrainLoop.drain_once`` once ``flamed.daemon.loop`` is imported."""
+    count = [0]
+
+    def patch() -> None:
+        cls = sys.modules["flamed.daemon.loop"].DrainLoop
+        orig = cls.drain_once
+
+        def drain_once(self, *a, **k):  # type: ignore[no-untyped-def]
+            orig(self, *a, **k)
+            count[0] += 1
+            hook(count[0])
+
+        cls.drain_once = drain_once
+
+    def wait() -> None:
+        while not hasattr(sys.modules.get("flamed.daemon.loop"), "DrainLoop"):
+            time.sleep(0.05)
+        patch()
+
+    threading.Thread(target=wait, daemon=True).start()
+
 
 if os.environ.get("FLAMED_MEMTRACE"):
     import gc
-    import time
     import tracemalloc
 
     tracemalloc.start(8)
-    _state: dict = {"prev": None, "n": 0}
+    _prev: list = [None]
 
-    def _patch() -> None:
-        cls = sys.modules["flamed.daemon.loop"].DrainLoop
-        orig = cls.drain_once
-
-        def drain_once(self, *a, **k):  # type: ignore[no-untyped-def]
-            orig(self, *a, **k)
-            gc.collect()
-            snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
-            _state["n"] += 1
-            cur, peak = tracemalloc.get_traced_memory()
-            with open(f"{os.environ['FLAMED_MEMTRACE']}.{_state['n']}", "w") as f:
-                f.write(f"traced {cur / 1e6:.1f} MB peak {peak / 1e6:.1f}\n")
-                for s in snap.statistics("lineno")[:40]:
+    def _trace(n: int) -> None:
+        gc.collect()
+        snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        cur, peak = tracemalloc.get_traced_memory()
+        with open(f"{os.environ['FLAMED_MEMTRACE']}.{n}", "w") as f:
+            f.write(f"traced {cur / 1e6:.1f} MB peak {peak / 1e6:.1f}\n")
+            for s in snap.statistics("lineno")[:40]:
+                f.write(f"{s}\n")
+            if _prev[0] is not None:
+                f.write("\n--- diff vs previous drain (traceback)\n")
+                for s in snap.compare_to(_prev[0], "traceback")[:25]:
                     f.write(f"{s}\n")
-                if _state["prev"] is not None:
-                    f.write("\n--- diff vs previous drain (traceback)\n")
-                    for s in snap.compare_to(_state["prev"], "traceback")[:25]:
-                        f.write(f"{s}\n")
-                        for line in s.traceback.format()[-8:]:
-                            f.write(f"    {line}\n")
-            _state["prev"] = snap
-            tracemalloc.reset_peak()
+                    for line in s.traceback.format()[-8:]:
+                        f.write(f"    {line}\n")
+        _prev[0] = snap
+        tracemalloc.reset_peak()
 
-        cls.drain_once = drain_once
-
-    def _wait() -> None:
-        while not hasattr(sys.modules.get("flamed.daemon.loop"), "DrainLoop"):
-            time.sleep(0.05)
-        _patch()
-
-    threading.Thread(target=_wait, daemon=True).start()
+    _after_each_drain(_trace)
 
 
 if os.environ.get("FLAMED_MALLOCSTATS"):
-    import time as _time
 
-    _mstate = {"n": 0}
+    def _mallocstats(n: int) -> None:
+        path = f"{os.environ['FLAMED_MALLOCSTATS']}.{n}"
+        with open("/proc/self/status") as st:
+            rss = [ln for ln in st if ln.startswith(("VmRSS", "VmHWM"))]
+        maps = []
+        with open("/proc/self/smaps") as sm:
+            head = ""
+            for ln in sm:
+                first = ln.split(None, 1)[0]
+                if "-" in first and not first.endswith(":"):
+                    head = ln.strip()
+                elif first == "Rss:":
+                    maps.append((int(ln.split()[1]), head))
+        maps.sort(reverse=True)
+        with open(path, "w") as f:
+            f.writelines(rss)
+            f.write(f"mappings {len(maps)}, 1 MiB anonymous ones (allocator arenas) "
+                    f"{sum(kb for kb, h in maps if len(h.split()) == 5)} kB resident in unnamed mappings\n")
+            for kb, h in maps[:25]:
+                f.write(f"{kb:>8} kB  {h}\n")
+            f.flush()
+            saved = os.dup(2)
+            try:
+                os.dup2(f.fileno(), 2)
+                sys._debugmallocstats()
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
 
-    def _mpatch() -> None:
-        cls = sys.modules["flamed.daemon.loop"].DrainLoop
-        orig = cls.drain_once
-
-        def drain_once(self, *a, **k):  # type: ignore[no-untyped-def]
-            orig(self, *a, **k)
-            _mstate["n"] += 1
-            path = f"{os.environ['FLAMED_MALLOCSTATS']}.{_mstate['n']}"
-            with open("/proc/self/status") as st:
-                rss = [ln for ln in st if ln.startswith(("VmRSS", "VmHWM"))]
-            maps = []
-            with open("/proc/self/smaps") as sm:
-                head = ""
-                for ln in sm:
-                    first = ln.split(None, 1)[0]
-                    if "-" in first and not first.endswith(":"):
-                        head = ln.strip()
-                    elif first == "Rss:":
-                        maps.append((int(ln.split()[1]), head))
-            maps.sort(reverse=True)
-            with open(path, "w") as f:
-                f.writelines(rss)
-                f.write(f"mappings {len(maps)}, 1 MiB anonymous ones (allocator arenas) "
-                        f"{sum(kb for kb, h in maps if len(h.split()) == 5)} kB resident in unnamed mappings\n")
-                for kb, h in maps[:25]:
-                    f.write(f"{kb:>8} kB  {h}\n")
-                f.flush()
-                saved = os.dup(2)
-                try:
-                    os.dup2(f.fileno(), 2)
-                    sys._debugmallocstats()
-                finally:
-                    os.dup2(saved, 2)
-                    os.close(saved)
-
-        cls.drain_once = drain_once
-
-    def _mwait() -> None:
-        while not hasattr(sys.modules.get("flamed.daemon.loop"), "DrainLoop"):
-            _time.sleep(0.05)
-        _mpatch()
-
-    threading.Thread(target=_mwait, daemon=True).start()
+    _after_each_drain(_mallocstats)

@@ -78,6 +78,14 @@ def _stacks_of(window: Any, pids: set[int]) -> list[tuple[tuple[str, ...], int]]
     return [(stack, n) for (tgid, _tid, _comm, stack), n in window.counts.items() if tgid in pids]
 
 
+def _stacks_of_run(sampler: Any, exe: Path, code: str) -> list[tuple[tuple[str, ...], int]]:
+    """The stacks of ``exe -c code``, run to its end inside one window."""
+    sampler.drain()
+    p = subprocess.Popen([str(exe), "-c", code])
+    assert p.wait(timeout=30) == 0
+    return _stacks_of(sampler.drain(), {p.pid})
+
+
 @pytest.mark.parametrize("version", INTERPRETERS)
 def test_ground_truth_attribution(sampler: Any, version: str) -> None:
     exe = _interpreter(version)
@@ -119,11 +127,7 @@ def test_generator_chains_are_walked_whole(sampler: Any, version: str) -> None:
             "def run():\n"
             "    return list(gen(40))\n"
             "run()\n")
-    sampler.drain()
-    p = subprocess.Popen([str(exe), "-c", code])
-    assert p.wait(timeout=30) == 0
-    w = sampler.drain()
-    stacks = _stacks_of(w, {p.pid})
+    stacks = _stacks_of_run(sampler, exe, code)
     busy = [(st, n) for st, n in stacks if any(f.startswith("gen (") for f in st)]
     assert sum(n for _s, n in busy) >= 20, stacks[:5]
     whole = 0
@@ -179,11 +183,7 @@ def test_deep_recursion_is_cut_visibly(sampler: Any) -> None:
             "        return\n"
             "    down(n - 1)\n"
             "down(300)\n")
-    sampler.drain()
-    p = subprocess.Popen([str(exe), "-c", code])
-    assert p.wait(timeout=30) == 0
-    w = sampler.drain()
-    stacks = _stacks_of(w, {p.pid})
+    stacks = _stacks_of_run(sampler, exe, code)
     deep = [(s, n) for s, n in stacks if sum(1 for f in s if f.startswith("down (")) > 100]
     assert deep, "no deep stack sampled"
     for s, _n in deep:
