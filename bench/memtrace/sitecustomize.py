@@ -17,6 +17,12 @@ the daemon's): after each drain ``PREFIX.N`` gets VmRSS and CPython's
 allocator statistics (``sys._debugmallocstats()``: arenas allocated and
 reclaimed, bytes in use in them), which tell memory the allocator keeps
 from memory glibc keeps.
+
+``FLAMED_MEMPEAK=PREFIX``: tracemalloc again, and a thread that takes a
+snapshot each time the traced heap passes its highest so far by 4 MB;
+after each drain ``PREFIX.N`` gets the largest lines and tracebacks of the
+last such snapshot: what is alive at the peak (inside a drain, or between
+drains), which is what sets how many arenas the allocator keeps.
 """
 
 import os
@@ -108,3 +114,40 @@ if os.environ.get("FLAMED_MALLOCSTATS"):
                 os.close(saved)
 
     _after_each_drain(_mallocstats)
+
+
+if os.environ.get("FLAMED_MEMPEAK"):
+    import tracemalloc
+
+    tracemalloc.start(8)
+    _best: list = [0, None]  # traced bytes, snapshot at that moment
+
+    def _watch() -> None:
+        # A snapshot whenever the traced heap passes its highest so far by 4 MB:
+        # what a drain holds at its peak, not what it leaves.
+        while True:
+            time.sleep(0.1)
+            cur, _peak = tracemalloc.get_traced_memory()
+            if cur > _best[0] + 4_000_000:
+                _best[:] = [cur, tracemalloc.take_snapshot()]
+
+    threading.Thread(target=_watch, daemon=True).start()
+
+    def _peak(n: int) -> None:
+        cur, peak = tracemalloc.get_traced_memory()
+        with open(f"{os.environ['FLAMED_MEMPEAK']}.{n}", "w") as f:
+            f.write(f"traced now {cur / 1e6:.1f} MB, peak {peak / 1e6:.1f} MB, "
+                    f"snapshot at {_best[0] / 1e6:.1f} MB\n")
+            if _best[1] is not None:
+                snap = _best[1].filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+                for s in snap.statistics("lineno")[:30]:
+                    f.write(f"{s}\n")
+                f.write("\n--- by traceback\n")
+                for s in snap.statistics("traceback")[:12]:
+                    f.write(f"{s}\n")
+                    for line in s.traceback.format()[-8:]:
+                        f.write(f"    {line}\n")
+        _best[:] = [cur, None]
+        tracemalloc.reset_peak()
+
+    _after_each_drain(_peak)

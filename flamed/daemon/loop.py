@@ -256,7 +256,7 @@ class DrainLoop:
                        window.identities)
         if off is not None:
             self.store.add_offcpu(window.start_ns, window.end_ns, off.counts, window.identities)
-        # The drain's own keys (tuples of each stack) are garbage now: only the packed copies stay.
+        # The drain's own keys are garbage now: only the packed copies stay.
         window.counts = {}
         window.offcpu = {}
         self.last_drain_seconds = drain_seconds + (time.perf_counter() - t_in)
@@ -296,6 +296,11 @@ class DrainLoop:
     def _drain(self, *, close_waits: bool = False) -> Window:
         """One drain; ``close_waits`` (the sampler's last): off-CPU waits still open are counted up to now."""
         assert self.sampler is not None
+        # The BPF sampler numbers its windows' stacks straight into the ring's
+        # table (flamed/sampling/packed.py); any sampler may be new since the last drain.
+        number_into = getattr(self.sampler, "number_into", None)
+        if callable(number_into):
+            number_into(self.ring)
         if close_waits and self.offcpu_enabled():
             drain: Any = self.sampler.drain
             return drain(close_waits=True)  # type: ignore[no-any-return]

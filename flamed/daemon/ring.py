@@ -22,7 +22,10 @@ adds its stack once (2 bytes a frame while the table has at most 65,536
 frames, 4 after, plus ~40), where a tuple of references
 per key, its window's dict slot and an interning table took ~500 bytes with
 30-frame stacks (bench/ring_memory.py).  Readers see the same mapping of
-(tgid, tid, comm, stack) to counts, decoded as they iterate.
+(tgid, tid, comm, stack) to counts, decoded as they iterate.  The table and
+its windows are in flamed/sampling/packed.py: the BPF drain numbers its
+stacks into the ring's table as it names them (:meth:`WindowRing.numbering`),
+and :meth:`WindowRing.pack` takes such a window as it is.
 
 Stacks no window holds any more are forgotten by a sweep, which numbers the
 live ones in a new table and moves every packed window still alive (in the
@@ -32,242 +35,27 @@ window's state before keeps decoding it with the old table.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from array import array
 from collections import deque
-from collections.abc import Callable, Hashable, ItemsView, Iterable, Iterator, Mapping, ValuesView
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
 
 from flamed.sampling.cgroups import CgroupIdentity
-from flamed.model import Stack
 from flamed.sampling.contract import CountKey
+from flamed.sampling.packed import (
+    _STACK_MASK,
+    DecodeCache,
+    PackedBuilder,
+    PackedCounts,
+    StackTable,
+    window_items,
+)
 
-
-_STACK_MASK = 0xFFFF_FFFF
-_Task = tuple[int, int, str]
-_T = TypeVar("_T", bound=Hashable)
-
-
-def _number(ids: dict[_T, int], items: list[_T], x: _T) -> int:
-    """``x``'s number in ``ids``/``items``, a new one (appended) if it has none."""
-    i = ids.get(x)
-    if i is None:
-        i = ids[x] = len(items)
-        items.append(x)
-    return i
-
-
-class StackTable:
-    """Tasks, stacks and frames of packed windows, numbered.
-
-    A stack is its frames' numbers (2 bytes each, 4 once there are more than
-    65,536 frames), kept end to end in one
-    buffer with its start in an array, and found again through an
-    open-addressing hash table of arrays: a distinct stack costs its frames
-    and ~40 bytes, and no Python object of its own (long-lived objects by the
-    hundred thousand, allocated among a drain's transient ones, would keep
-    the allocator's arenas from being given back).
-
-    Append-only: a number once given keeps its meaning in this table, so
-    readers decode without a lock while the drain thread adds.  A sweep makes
-    a new table (:meth:`WindowRing._sweep`)."""
-
-    __slots__ = ("frame_ids", "frames", "code", "_blob", "_offs", "_hashes", "_index", "task_ids", "tasks",
-                 "__weakref__")
-
-    def __init__(self, frames: tuple[dict[str, int], list[str]] | None = None, code: str = "H") -> None:
-        #: Frames may be shared with the table this one replaces (they are few and append-only).
-        self.frame_ids, self.frames = frames if frames is not None else ({}, [])
-        #: A frame number's array type: 2 bytes ("H") while there are at most 65,536 frames, then 4 ("I").
-        self.code = code
-        self._blob = bytearray()
-        #: Stack i is _blob[_offs[i]:_offs[i + 1]]; _hashes[i] is hash() of those bytes.
-        self._offs = array("Q", [0])
-        self._hashes = array("q")
-        #: (slots, mask): stack numbers by hash, linear probing, -1 where free; at most half
-        #: full.  One attribute, so that a reader never sees a new array with the old mask.
-        self._index = (array("q", [-1]) * 1024, 1023)
-        self.task_ids: dict[_Task, int] = {}
-        self.tasks: list[_Task] = []
-
-    def __len__(self) -> int:
-        """Stacks numbered."""
-        return len(self._hashes)
-
-    def stack_bytes(self, si: int) -> bytes:
-        return bytes(self._blob[self._offs[si]: self._offs[si + 1]])
-
-    # -- numbering (the drain thread, under the ring's intern lock) ----------
-    def _frame_id(self, f: str) -> int:
-        return _number(self.frame_ids, self.frames, f)
-
-    def _probe(self, slots: array[int], mask: int, b: bytes, h: int) -> int:
-        """The slot of the stack ``b`` (hash ``h``), or of the free slot where it would go."""
-        hashes, offs, blob = self._hashes, self._offs, self._blob
-        i = h & mask
-        while True:
-            si = slots[i]
-            if si < 0 or (hashes[si] == h and blob[offs[si]: offs[si + 1]] == b):
-                return i
-            i = (i + 1) & mask
-
-    def find_stack(self, stack: Stack) -> int | None:
-        """The number of ``stack`` (None: not numbered; nothing is added)."""
-        try:
-            b = array(self.code, map(self.frame_ids.__getitem__, stack)).tobytes()
-        except (KeyError, OverflowError):  # a frame never numbered (or beyond this table's code)
-            return None
-        slots, mask = self._index
-        si = slots[self._probe(slots, mask, b, hash(b))]
-        return None if si < 0 else si
-
-    def _stack_id(self, b: bytes) -> int:
-        h = hash(b)
-        slots, mask = self._index
-        i = self._probe(slots, mask, b, h)
-        si = slots[i]
-        if si >= 0:
-            return si
-        si = len(self._hashes)
-        self._blob += b
-        self._offs.append(len(self._blob))
-        self._hashes.append(h)  # before the slot: a reader that finds the slot finds its hash
-        slots[i] = si
-        if 2 * len(self._hashes) > len(slots):
-            self._grow()
-        return si
-
-    def _grow(self) -> None:
-        n = 2 * len(self._index[0])
-        slots, mask = array("q", [-1]) * n, n - 1
-        for si, h in enumerate(self._hashes):
-            i = h & mask
-            while slots[i] >= 0:
-                i = (i + 1) & mask
-            slots[i] = si
-        self._index = (slots, mask)
-
-    def _task_id(self, t: _Task) -> int:
-        return _number(self.task_ids, self.tasks, t)
-
-    def encode_stack(self, stack: Stack) -> bytes:
-        """The stack's frame numbers as bytes (OverflowError: a number too large for ``code``)."""
-        try:
-            return array(self.code, map(self.frame_ids.__getitem__, stack)).tobytes()
-        except KeyError:  # a frame seen for the first time
-            return array(self.code, map(self._frame_id, stack)).tobytes()
-
-    def pack(self, counts: Mapping[CountKey, int]) -> PackedCounts:
-        keys, vals = array("Q"), array("q")
-        task_ids = self.task_ids
-        encode, stack_id = self.encode_stack, self._stack_id
-        for (tgid, tid, comm, stack), n in counts.items():
-            t = (tgid, tid, comm)
-            ti = task_ids.get(t)
-            if ti is None:
-                ti = self._task_id(t)
-            keys.append(ti << 32 | stack_id(encode(stack)))
-            vals.append(n)
-        return PackedCounts(self, keys, vals)
-
-    # -- decoding (any thread) -----------------------------------------------
-    def stack(self, si: int) -> Stack:
-        a = array(self.code)
-        # A slice is a copy: no view of the buffer is held while the drain thread appends to it.
-        a.frombytes(self._blob[self._offs[si]: self._offs[si + 1]])
-        return tuple(map(self.frames.__getitem__, a))
-
-    def key(self, packed: int) -> CountKey:
-        tgid, tid, comm = self.tasks[packed >> 32]
-        return (tgid, tid, comm, self.stack(packed & _STACK_MASK))
-
-
-class PackedCounts(Mapping[CountKey, int]):
-    """One window's counts, packed: a mapping of (tgid, tid, comm, stack) to
-    counts whose keys are decoded as they are read (each read builds new
-    tuples: readers that go over many windows use :meth:`decoded_items`)."""
-
-    __slots__ = ("_state", "__weakref__")
-
-    def __init__(self, table: StackTable, keys: array[int], vals: array[int]) -> None:
-        #: Replaced whole (never changed in place) when a sweep renumbers: a reader takes it once.
-        self._state = (table, keys, vals)
-
-    @property
-    def table(self) -> StackTable:
-        return self._state[0]
-
-    def __len__(self) -> int:
-        return len(self._state[1])
-
-    def __iter__(self) -> Iterator[CountKey]:
-        table, keys, _ = self._state
-        return map(table.key, keys)
-
-    def __getitem__(self, key: CountKey) -> int:
-        table, keys, vals = self._state
-        tgid, tid, comm, stack = key
-        ti = table.task_ids.get((tgid, tid, comm))
-        si = table.find_stack(stack)
-        if ti is None or si is None:
-            raise KeyError(key)
-        try:
-            return vals[keys.index(ti << 32 | si)]
-        except ValueError:
-            raise KeyError(key) from None
-
-    def items(self) -> ItemsView[CountKey, int]:
-        return _PackedItems(self)
-
-    def values(self) -> ValuesView[int]:
-        return _PackedValues(self)
-
-    def decoded_items(self, cache: DecodeCache) -> Iterator[tuple[CountKey, int]]:
-        """(key, count) pairs, each key decoded once per ``cache`` (one per request
-        that reads several windows: a steady workload repeats its keys window
-        after window)."""
-        table, keys, vals = self._state
-        memo = cache.get(table)
-        if memo is None:
-            memo = cache[table] = {}
-        key = table.key
-        for k, n in zip(keys, vals):
-            ck = memo.get(k)
-            if ck is None:
-                ck = memo[k] = key(k)
-            yield ck, n
-
-    def tgids(self) -> set[int]:
-        """The processes with counts here."""
-        table, keys, _ = self._state
-        tasks = table.tasks
-        return {tasks[t][0] for t in {k >> 32 for k in keys}}
-
-
-#: A reader's decoded keys, per table (see PackedCounts.decoded_items).
-DecodeCache = dict[StackTable, dict[int, CountKey]]
-
-
-def window_items(counts: Mapping[CountKey, int], cache: DecodeCache) -> Iterable[tuple[CountKey, int]]:
-    """(key, count) of a window's counts, packed or not; packed keys decoded once per ``cache``."""
-    return counts.decoded_items(cache) if isinstance(counts, PackedCounts) else counts.items()
-
-
-class _PackedItems(ItemsView[CountKey, int]):
-    _mapping: PackedCounts
-
-    def __iter__(self) -> Iterator[tuple[CountKey, int]]:
-        table, keys, vals = self._mapping._state
-        return zip(map(table.key, keys), vals)
-
-
-class _PackedValues(ValuesView[int]):
-    _mapping: PackedCounts
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._mapping._state[2])
+#: Names other modules import from here (the table and its windows moved to flamed/sampling/packed.py).
+__all__ = ["KINDS", "DecodeCache", "PackedCounts", "RingWindow", "StackTable", "WindowRing", "window_items"]
 
 
 #: The kinds of windows: CPU samples (counts), off-CPU time (nanoseconds).
@@ -319,19 +107,43 @@ class WindowRing:
             self._trim()
 
     def pack(self, w: RingWindow) -> RingWindow:
-        """``w`` with its counts packed in the ring's table (as :meth:`add` keeps it)."""
+        """``w`` with its counts packed in the ring's table (as :meth:`add` keeps it).
+
+        Counts the drain numbered in this table already (a
+        :class:`~flamed.sampling.packed.PackedBuilder`) are taken as they are,
+        and only their extra keys numbered; a builder of a table replaced since
+        (a sweep, a widening) is decoded and numbered again."""
         if isinstance(w.counts, PackedCounts):
             return w
         with self._intern_lock:
             try:
-                packed = self._table.pack(w.counts)
+                packed = self._pack_counts(w.counts)
             except OverflowError:  # the 65,537th frame: numbers of 4 bytes from now on
                 self._renumber(self._table, [p for p in self._alive() if p.table is self._table], code="I")
-                packed = self._table.pack(w.counts)
+                packed = self._pack_counts(w.counts, decode=True)
             self._packed.append(weakref.ref(packed))
             if len(self._packed) >= 64 and len(self._packed) & (len(self._packed) - 1) == 0:
                 self._alive()  # dropped ones pruned at each power of two
         return replace(w, counts=packed)
+
+    def _pack_counts(self, counts: Mapping[CountKey, int], *, decode: bool = False) -> PackedCounts:
+        """``counts`` numbered in the current table (under _intern_lock; OverflowError: it needs 4-byte numbers)."""
+        table = self._table
+        if isinstance(counts, PackedBuilder) and counts.table is table and not decode:
+            return table.window(table.number(counts.extra, dict(counts.packed)) if counts.extra else counts.packed)
+        return table.pack(counts)
+
+    @contextlib.contextmanager
+    def numbering(self) -> Iterator[StackTable]:
+        """The table a drain numbers its keys in (flamed.sampling.packed.Numbering), held for the block."""
+        with self._intern_lock:
+            yield self._table
+
+    def widen(self, table: StackTable) -> None:
+        """``table`` needs 4-byte frame numbers: the windows in it move to a new table that has them."""
+        with self._intern_lock:
+            if table is self._table and table.code != "I":
+                self._renumber(table, [p for p in self._alive() if p.table is table], code="I")
 
     def add(self, w: RingWindow, *more: RingWindow) -> None:
         """Add one drain's windows (of different kinds) at once: a reader woken by them sees them all."""
@@ -410,7 +222,7 @@ class WindowRing:
         for k in sorted(live):  # stacks in their old order: the new buffer is filled front to back
             si = k & _STACK_MASK
             b = table.stack_bytes(si) if same else new.encode_stack(table.stack(si))
-            remap[k] = new._task_id(table.tasks[k >> 32]) << 32 | new._stack_id(b)
+            remap[k] = new.task_number(table.tasks[k >> 32]) << 32 | new.stack_number(b)
         for p in alive:
             _, keys, vals = p._state
             p._state = (new, array("Q", map(remap.__getitem__, keys)), vals)
@@ -420,8 +232,7 @@ class WindowRing:
     def distinct_keys(self) -> int:
         """Distinct stacks numbered: those of the windows alive, and those of windows
         gone until the next sweep (at most a quarter more, or 4,096)."""
-        with self._intern_lock:
-            return len(self._table)
+        return len(self._table)  # no lock: a length read while a drain numbers is a moment old
 
     def _alive(self) -> list[PackedCounts]:
         """The packed windows still alive (under _intern_lock); the list of them pruned."""

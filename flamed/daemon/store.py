@@ -45,7 +45,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar, cast
 
 from flamed import __version__
 from flamed.daemon.config import OutputConfig, RetentionConfig
@@ -55,7 +55,8 @@ from flamed.folded import write_folded
 from flamed.model import Weight
 from flamed.daemon.ring import DecodeCache, PackedCounts, window_items
 from flamed.sampling.cgroups import CgroupIdentity
-from flamed.sampling.contract import CountKey, counts_to_profile
+from flamed.sampling.contract import CountKey, counts_to_profile, parse_root, root_frames
+from flamed.sampling.packed import MergedByRoot
 
 log = logging.getLogger("flamed.daemon")
 _K = TypeVar("_K")
@@ -76,11 +77,16 @@ def file_kind(m: re.Match[str]) -> str:
     return "offcpu" if m.group("kind") else "cpu"
 
 
+def _ns_to_us(ns: Weight) -> int:
+    """Nanoseconds to whole microseconds, rounded."""
+    return int(ns + 500) // 1000
+
+
 def ns_to_us(counts: Mapping[_K, Weight]) -> dict[_K, Weight]:
     """Nanoseconds per key to microseconds, rounded once per key; keys under 0.5 us are left out."""
     out: dict[_K, Weight] = {}
     for k, ns in counts.items():
-        us = int(ns + 500) // 1000
+        us = _ns_to_us(ns)
         if us > 0:
             out[k] = us
     return out
@@ -149,6 +155,22 @@ class Period:
             for k, n in window_items(part, cache):
                 out[k] = out.get(k, 0) + n
         return out
+
+
+def _merged(p: Period, root: str) -> MergedByRoot | None:
+    """The period's windows merged by folded line, when they are all packed in one table."""
+    parts = p.parts
+    if not parts or not all(isinstance(x, PackedCounts) for x in parts):
+        return None
+    packed = cast(list[PackedCounts], parts)
+    states = [x._state for x in packed]  # each taken once: a sweep may move a window meanwhile
+    table = states[0][0]
+    if any(st[0] is not table for st in states):
+        return None
+    kinds = parse_root(root)
+    idents = p.identities
+    return MergedByRoot(table, [PackedCounts(*st) for st in states],
+                        lambda t: root_frames(kinds, t[0], t[1], t[2], idents.get(t[0])))
 
 
 @dataclass
@@ -251,18 +273,45 @@ class ProfileStore:
             self._queue(self._serialize(p))
         return self.write_pending()
 
+    def _folded(self, p: Period, kind: str) -> tuple[bytes, int, int, Weight]:
+        """The period as folded text (gzipped if configured): (payload, lines,
+        the windows' weight, the file's weight)."""
+        buf = io.BytesIO()
+        out: BinaryIO = buf
+        gz = gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) if self.output.compress else None
+        if gz is not None:
+            out = cast(BinaryIO, gz)
+        with gz if gz is not None else contextlib.nullcontext():
+            merged = _merged(p, self.output.root_frame)
+            if merged is not None:
+                # Packed windows of one table: lines written from frame numbers,
+                # no tuple of frames per line (docs/bpf.md, "Where a large drain's memory stays").
+                weight = sum(merged.counts.values())
+                weigh = _ns_to_us if kind == "offcpu" else None
+                total: Weight = weight if weigh is None else sum(map(weigh, merged.counts.values()))
+                lines = 0
+                chunk: list[bytes] = []
+                for line in merged.lines(merged.sorted_keys(), weigh):
+                    chunk.append(line)
+                    if len(chunk) >= 4096:
+                        out.write(b"".join(chunk))
+                        chunk.clear()
+                    lines += 1
+                out.write(b"".join(chunk))
+            else:
+                counts = p.counts
+                weight = sum(counts.values())
+                profile = counts_to_profile(counts, self.output.root_frame, identities=p.identities)
+                if kind == "offcpu":
+                    # Nanoseconds to microseconds once per stack of the file (several tasks may fold into one).
+                    profile.stacks = ns_to_us(profile.stacks)
+                lines = write_folded(profile, out)
+                total = profile.total()
+        return buf.getvalue(), lines, weight, total
+
     def _serialize(self, p: Period, kind: str = "cpu") -> PendingFile:
         assert p.start_ns is not None and p.end_ns is not None
-        counts = p.counts
-        profile = counts_to_profile(counts, self.output.root_frame, identities=p.identities)
-        if kind == "offcpu":
-            # Nanoseconds to microseconds once per stack of the file (several tasks may fold into one).
-            profile.stacks = ns_to_us(profile.stacks)
-        buf = io.BytesIO()
-        lines = write_folded(profile, buf)
-        payload = buf.getvalue()
-        if self.output.compress:
-            payload = gzip.compress(payload, mtime=0)
+        payload, lines, weight, total = self._folded(p, kind)
         suffix = ".folded.gz" if self.output.compress else ".folded"
         stem = self._unique_stem(p.start_ns, suffix, KIND_PREFIX[kind])
         meta: dict[str, Any] = {
@@ -276,15 +325,15 @@ class ProfileStore:
             "end": _iso(p.end_ns),
             "sample_rate": p.sample_rate,
             "samples": p.samples,
-            "weight": sum(counts.values()),
+            "weight": weight,
             "lost": dict(sorted(p.lost.items())),
             "stacks": lines,
             "windows": p.windows,
             "window_samples": [list(w) for w in p.window_samples],
             "root_frame": self.output.root_frame,
             "identities": _identities(p),
-            **({"kind": kind, "unit": KIND_UNIT[kind], "weight_ns": sum(counts.values()),
-                "weight": profile.total(),
+            **({"kind": kind, "unit": KIND_UNIT[kind], "weight_ns": weight,
+                "weight": total,
                 # per window: (start_ns, end_ns, microseconds off the CPU), for viewers' timelines
                 "window_samples": [[ws, we, (n + 500) // 1000] for ws, we, n in p.window_weights]}
                if kind != "cpu" else {}),

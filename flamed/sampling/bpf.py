@@ -32,6 +32,7 @@ from flamed.sampling.drain import DROPPING_REASONS, LOST_REASONS, Drainer, Sampl
 from flamed.sampling.feeds import PythonFeed, UnwindFeed
 from flamed.sampling.kallsyms import KallsymsPreload
 from flamed.sampling.processes import ProcessManager
+from flamed.sampling.packed import Numbering
 from flamed.sampling.program import (
     EVENTS,
     MAX_FREQUENCY,
@@ -118,6 +119,7 @@ class BpfSampler:
             if feed is not None:
                 self._processes.add(feed)
         self._drainer: Drainer | None = None
+        self._numbering: Numbering | None = None
         self._cgroup_filter: _FollowedCgroups | None = None
         self._started = False
         self._no_cgroups = False  # looked for a cgroup v2 hierarchy and found none
@@ -145,6 +147,13 @@ class BpfSampler:
             if not self._started or self._processes.closed or self._drainer is None:
                 raise FlamedError("sampler not started")
             return self._drainer.drain(close_waits=close_waits)
+
+    def number_into(self, numbering: Numbering | None) -> None:
+        """Drain windows whose counts are numbered in ``numbering``'s table (the
+        daemon's snapshot ring: flamed/sampling/packed.py), not as tuples of frames."""
+        self._numbering = numbering
+        if self._drainer is not None:
+            self._drainer.numbering = numbering
 
     def watch(self, tgid: int) -> None:
         self._processes.watch(tgid)
@@ -266,6 +275,7 @@ class BpfSampler:
         self._drainer = Drainer(program, self._stats, sym, python=self._python, unwinder=self.unwinder,
                                 clock=self._clock, settle=self._settle, cgroups=self.cgroup_resolver,
                                 sampled=self._processes.sampled)
+        self._drainer.numbering = self._numbering
         t2 = time.perf_counter()
         program.attach()
         startup["attach_s"] = round(time.perf_counter() - t2, 3)  # perf events per CPU, tracepoints, uprobes

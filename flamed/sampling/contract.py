@@ -16,7 +16,7 @@ placeholder (``[missing user stack]``, ``[missing kernel stack]``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, cast
 
@@ -111,7 +111,9 @@ class Window:
 
     start_ns: int
     end_ns: int
-    counts: dict[CountKey, int] = field(default_factory=dict)
+    #: A dict, or (a daemon's BPF drain) a PackedBuilder numbered in the
+    #: snapshot ring's table (flamed/sampling/packed.py): a mapping either way.
+    counts: MutableMapping[CountKey, int] = field(default_factory=dict)
     events: list[SampleEvent] = field(default_factory=list)
     samples: int = 0
     lost: dict[str, int] = field(default_factory=dict)
@@ -135,7 +137,7 @@ class Window:
 
 
 def counts_to_profile(
-    counts: dict[CountKey, int],
+    counts: Mapping[CountKey, int],
     root: str,
     *,
     start_ns: int | None = None,

@@ -28,7 +28,7 @@ import ctypes as ct
 import errno
 import logging
 import time
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Iterable, MutableMapping, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +45,17 @@ from flamed.sampling.offcpu import (
     thread_alive,
 )
 from flamed.sampling.program import EVENT, KernelProgram
-from flamed.sampling.pyframes import NO_THREAD_FRAME, PY_ID_NO_THREAD, PythonFrames, parse_pystack, splice
+from flamed.sampling.packed import Numbering, PackedBuilder, StackTable
+from flamed.sampling.pyframes import (
+    NO_THREAD_FRAME,
+    PY_ID_NO_THREAD,
+    PythonFrames,
+    unencoded,
+    join_frames,
+    parse_pystack,
+    splice_into,
+    splice_parts,
+)
 from flamed.sampling.stats import (
     DROPPING_REASONS,
     LOST_REASONS,
@@ -171,6 +181,9 @@ class Drainer:
         self._sampled = sampled
         self._cgroups = cgroups
         self._comm_cache: dict[bytes, str] = {}
+        #: Where the counts of a window are numbered (the daemon's snapshot ring):
+        #: None, a dict of tuples of frames.
+        self.numbering: Numbering | None = None
         self._raw_events: list[EventRow] = []
         program.bpf["events"].open_ring_buffer(self._on_event)
         self._gen = 0
@@ -250,7 +263,7 @@ class Drainer:
                 lost[reason] += n
         lost["stack_read_failed"] = sum(1 for i in ids if i not in stacks)
         try:
-            counts, events = self._symbolize(keys, raw_events, stacks, pystacks, ustacks)
+            counts, events = self._symbolize_all(keys, raw_events, stacks, pystacks, ustacks)
             offcpu: dict[CountKey, int] = {}
             if off is not None:
                 offcpu = self._offcpu(off, stacks, pystacks, counters)
@@ -283,6 +296,23 @@ class Drainer:
             identities=identities,
             offcpu=offcpu,
         )
+
+    def _symbolize_all(self, keys: Iterable[CountRow], raw_events: list[EventRow], stacks: dict[int, list[int]],
+                       pystacks: RawStacks, ustacks: RawStacks) -> tuple[MutableMapping[CountKey, int], list[SampleEvent]]:
+        """The window's counts and events, numbered in :attr:`numbering`'s table when there is one.
+
+        A table out of 2-byte frame numbers is widened and the window named again (once in a daemon's life)."""
+        numbering = self.numbering
+        if numbering is None:
+            return self._symbolize(keys, raw_events, stacks, pystacks, ustacks)
+        for _attempt in range(2):
+            with numbering.numbering() as table:
+                try:
+                    return self._symbolize(keys, raw_events, stacks, pystacks, ustacks, table)
+                except OverflowError:
+                    pass
+            numbering.widen(table)
+        raise RuntimeError(f"the window's stacks did not fit a table of 4-byte frame numbers ({table.code})")
 
     def _offcpu(self, off: _OffRead, stacks: dict[int, list[int]], pystacks: RawStacks,
                 counters: dict[str, int]) -> dict[CountKey, int]:
@@ -381,7 +411,7 @@ class Drainer:
         keys: Sized,
         ids: set[int],
         ustacks: RawStacks,
-        counts: dict[CountKey, int],
+        counts: Sized,
         events: list[SampleEvent],
     ) -> None:
         """The cumulative and last-drain figures of one drain."""
@@ -448,7 +478,13 @@ class Drainer:
         stacks: dict[int, list[int]],
         pystacks: RawStacks | None = None,
         ustacks: RawStacks | None = None,
-    ) -> tuple[dict[CountKey, int], list[SampleEvent]]:
+        table: StackTable | None = None,
+    ) -> tuple[MutableMapping[CountKey, int], list[SampleEvent]]:
+        """The rows' counts by (tgid, tid, comm, stack), and the events named.
+
+        With ``table`` (under the numbering's hold), the counts are a
+        :class:`~flamed.sampling.packed.PackedBuilder` numbered in it
+        (OverflowError: the table needs 4-byte frame numbers)."""
         sym = self._symbolizer
         kmemo: dict[int, Stack] = {}
         umemo: dict[tuple[int, int], Stack] = {}
@@ -509,32 +545,61 @@ class Drainer:
             return s
 
         py = self._python
-        pymemo: dict[tuple[int, int], list[Stack]] = {}
         depth = self.options.python_depth
 
         def pyruns(tgid: int, pid_: int) -> list[Stack]:
-            r = pymemo.get((tgid, pid_))
-            if r is None:
-                raw = (pystacks or {}).get(pid_)
-                if pid_ == PY_ID_NO_THREAD:
-                    r = [(NO_THREAD_FRAME,)]
-                elif raw is None or py is None:
-                    r = [(_PY_LOST_FRAME,)]
-                else:
-                    frames, flags = parse_pystack(raw, depth)
-                    r = py.stack(tgid, frames, flags)
-                pymemo[(tgid, pid_)] = r
-            return r
+            raw = (pystacks or {}).get(pid_)
+            if pid_ == PY_ID_NO_THREAD:
+                return [(NO_THREAD_FRAME,)]
+            if raw is None or py is None:
+                return [(_PY_LOST_FRAME,)]
+            frames, flags = parse_pystack(raw, depth)
+            return py.stack(tgid, frames, flags)
 
-        counts: dict[CountKey, int] = {}
+        # Each key's stack is joined from parts named and encoded once each:
+        # the user stack (cut where Python frames go when it has any), the
+        # Python runs, the kernel stack.  Encoded as tuples of frames, or,
+        # with a table, as the bytes of their frame numbers there, so that a
+        # window bound for the ring never holds a tuple of frames per key.
+        if table is None:
+            encode: Callable[[Stack], Any] = unencoded
+            join: Callable[[list[Any]], Any] = join_frames
+        else:
+            encode, join = table.encode_stack, b"".join
+        empty = encode((EMPTY_STACK_FRAME,))
+        upart: dict[tuple[int, int, int, int], list[Any]] = {}  # [whole, SpliceParts or None]
+        kpart: dict[int, Any] = {}
+        pypart: dict[tuple[int, int], list[Any]] = {}
+
+        counts: dict[Any, int] = {}
+        tasks: dict[tuple[int, int, bytes], int] = {}
         comm = self._comm
         for tgid, tid, kid, uid, rc, pyid, nid, _cg, leaf, n in keys:
-            user = nstack(tgid, nid, leaf) if nid else ustack(tgid, uid)
+            uk = (tgid, uid, nid, leaf) if nid else (tgid, uid, 0, 0)
+            u = upart.get(uk)
+            if u is None:
+                u = upart[uk] = [encode(nstack(tgid, nid, leaf) if nid else ustack(tgid, uid)), None]
             if pyid:
-                stack = splice(user, pyruns(tgid, pyid)) + kstack(kid)
+                runs = pypart.get((tgid, pyid))
+                if runs is None:
+                    runs = pypart[(tgid, pyid)] = [encode(r) for r in pyruns(tgid, pyid)]
+                if u[1] is None:
+                    u[1] = splice_parts(nstack(tgid, nid, leaf) if nid else ustack(tgid, uid), encode)
+                stack = splice_into(u[1], runs, join) if runs else u[0]
             else:
-                stack = user + kstack(kid)
-            ck = (tgid, tid, comm(rc), stack or (EMPTY_STACK_FRAME,))
+                stack = u[0]
+            k = kpart.get(kid)
+            if k is None:
+                k = kpart[kid] = encode(kstack(kid))
+            stack = (stack + k) or empty
+            ck: Any
+            if table is None:
+                ck = (tgid, tid, comm(rc), stack)
+            else:
+                ti = tasks.get((tgid, tid, rc))
+                if ti is None:
+                    ti = tasks[(tgid, tid, rc)] = table.task_number((tgid, tid, comm(rc)))
+                ck = ti << 32 | table.stack_number(stack)
             counts[ck] = counts.get(ck, 0) + n
         events = [
             SampleEvent(
@@ -545,5 +610,5 @@ class Drainer:
             for kt, tgid, tid, cpu, _gen, kid, uid, rc, nid, leaf in raw_events
         ]
         events.sort(key=lambda e: (e.ktime_ns, e.cpu, e.tid))
-        return counts, events
+        return (counts if table is None else PackedBuilder(table, counts)), events
 

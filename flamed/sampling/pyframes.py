@@ -27,7 +27,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from flamed.model import Stack
 from flamed.sampling.pysource import refusal_code
@@ -385,6 +385,63 @@ def _frame_kinds(user_stack: Stack) -> list[int]:
     return out
 
 
+#: A stack in some encoding: a tuple of frames, or the bytes of its frame
+#: numbers in a table (flamed/sampling/packed.py); both concatenate with ``+``.
+P = TypeVar("P", Stack, bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class SpliceParts(Generic[P]):
+    """A native stack cut where Python frames go (:func:`splice`), each part
+    encoded once, so that each Python stack is put in by joining parts."""
+
+    #: The native frames between evaluation-loop frames, root first: one more
+    #: than there are such frames.
+    between: list[P]
+    #: What stays below Python frames put on top (when the runs do not match
+    #: the evaluation-loop frames one to one).
+    below: P
+
+
+def splice_parts(user_stack: Stack, encode: Callable[[Stack], P]) -> SpliceParts[P]:
+    """``user_stack``'s parts for :func:`splice_into`, each ``encode``d."""
+    kinds = _frame_kinds(user_stack)
+    between: list[P] = []
+    prev = 0
+    for i, k in enumerate(kinds):
+        if k == 2:
+            between.append(encode(user_stack[prev:i]))
+            prev = i + 1
+    between.append(encode(user_stack[prev:]))
+    if any(kinds):
+        below = user_stack[max(itertools.compress(range(len(kinds)), kinds)) + 1:]
+    else:
+        below = native_below_interpreter(user_stack)
+    return SpliceParts(between, encode(below))
+
+
+def splice_into(parts: SpliceParts[P], runs: Sequence[P], join: Callable[[list[P]], P]) -> P:
+    """The native stack of ``parts`` with the Python ``runs`` put in (see :func:`splice`); ``runs`` not empty."""
+    between = parts.between
+    if len(between) == len(runs) + 1:
+        pieces = [between[0]]
+        for run, after in zip(runs, between[1:]):
+            pieces.append(run)
+            pieces.append(after)
+        return join(pieces)
+    return join(list(runs) + [parts.below])
+
+
+def join_frames(parts: list[Stack]) -> Stack:
+    """Stacks (tuples of frames) end to end."""
+    return tuple(itertools.chain.from_iterable(parts))
+
+
+def unencoded(stack: Stack) -> Stack:
+    """A stack as its own encoding (the tuple of its frames)."""
+    return stack
+
+
 def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:
     """One native stack (root first) with Python frames put where the
     interpreter ran them.
@@ -399,22 +456,7 @@ def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:
     """
     if not runs:
         return user_stack
-    kinds = _frame_kinds(user_stack)
-    if kinds.count(2) == len(runs):
-        out: list[str] = []
-        prev = 0
-        i = -1
-        for run in runs:
-            i = kinds.index(2, i + 1)
-            out += user_stack[prev:i]
-            out += run
-            prev = i + 1
-        out += user_stack[prev:]
-        return tuple(out)
-    python = runs[0] if len(runs) == 1 else tuple(f for run in runs for f in run)
-    if any(kinds):
-        return python + user_stack[max(itertools.compress(range(len(kinds)), kinds)) + 1:]
-    return python + native_below_interpreter(user_stack)
+    return splice_into(splice_parts(user_stack, unencoded), runs, join_frames)
 
 
 #: FLAMED_PY_ID_NO_THREAD of bpf/flamed.h: the Python stack id of a sample of a
