@@ -437,6 +437,9 @@ def daemon_row(kind: str, argv: list[str], size: int, interval: float, nwin: int
                 time.sleep(0.5)
             if d.poll() is not None:
                 raise SystemExit(f"the daemon exited {d.returncode}; see {log.name}")
+            # The counter moves before the window's file is written and the heap
+            # trimmed: RSS is read between drains, a tenth of an interval later.
+            time.sleep(min(max(interval / 10, 3.0), 15.0))
             rss, hwm = rss_kb(d.pid)
             m = _metrics(port)
         finally:

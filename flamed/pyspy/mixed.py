@@ -33,6 +33,7 @@ from flamed.pyspy.threadids import ThreadIds
 from flamed.pyspy.watcher import ProcessWatcher, PyProcess, WatchOptions
 from flamed.sampling.contract import Sampler, SampleEvent, Window
 from flamed.sampling.pysource import Claim, ClaimFn, Decision, decide, decide_late
+from flamed.sampling.packed import weight_by_tgid
 
 log = logging.getLogger(__name__)
 
@@ -389,10 +390,7 @@ class MixedMode:
         if not self.options.active_only:
             return
         with self._lock:
-            seen: dict[int, int] = {}
-            for (tgid, _tid, _comm, _stack), n in window.counts.items():
-                if tgid in self.candidates:
-                    seen[tgid] = seen.get(tgid, 0) + n
+            seen = {tgid: n for tgid, n in weight_by_tgid(window.counts).items() if tgid in self.candidates}
             # A candidate the sampler still watches (for a MixedMode this one
             # replaced, or one that raced it) has its samples as events.
             for ev in window.events:

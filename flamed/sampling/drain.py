@@ -569,7 +569,8 @@ class Drainer:
         empty = encode((EMPTY_STACK_FRAME,))
         upart: dict[tuple[int, int, int, int], list[Any]] = {}  # [whole, SpliceParts or None]
         kpart: dict[int, Any] = {}
-        pypart: dict[tuple[int, int], list[Any]] = {}
+        # By pyid << 32 | tgid (one int, not a tuple of two: there is one entry per Python stack).
+        pypart: dict[int, list[Any]] = {}
 
         counts: dict[Any, int] = {}
         tasks: dict[tuple[int, int, bytes], int] = {}
@@ -580,9 +581,10 @@ class Drainer:
             if u is None:
                 u = upart[uk] = [encode(nstack(tgid, nid, leaf) if nid else ustack(tgid, uid)), None]
             if pyid:
-                runs = pypart.get((tgid, pyid))
+                pk = pyid << 32 | tgid
+                runs = pypart.get(pk)
                 if runs is None:
-                    runs = pypart[(tgid, pyid)] = [encode(r) for r in pyruns(tgid, pyid)]
+                    runs = pypart[pk] = [encode(r) for r in pyruns(tgid, pyid)]
                 if u[1] is None:
                     u[1] = splice_parts(nstack(tgid, nid, leaf) if nid else ustack(tgid, uid), encode)
                 stack = splice_into(u[1], runs, join) if runs else u[0]

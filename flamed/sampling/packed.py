@@ -412,3 +412,23 @@ def _big_endian(a: array[int]) -> bytes:
     if sys.byteorder == "little":
         a.byteswap()
     return a.tobytes()
+
+
+def weight_by_tgid(counts: Mapping[CountKey, int]) -> dict[int, int]:
+    """tgid -> the sum of its counts; packed counts are not decoded for it."""
+    out: dict[int, int] = {}
+    numbered: Iterable[tuple[int, int]] = ()
+    rest: Iterable[tuple[CountKey, int]] = counts.items()
+    if isinstance(counts, PackedBuilder):
+        table, numbered, rest = counts.table, counts.packed.items(), counts.extra.items()
+    elif isinstance(counts, PackedCounts):
+        table, keys, vals = counts._state
+        numbered, rest = zip(keys, vals), ()
+    if numbered:
+        tasks = table.tasks
+        for k, n in numbered:
+            tgid = tasks[k >> 32][0]
+            out[tgid] = out.get(tgid, 0) + n
+    for (tgid, _tid, _comm, _stack), n in rest:
+        out[tgid] = out.get(tgid, 0) + n
+    return out

@@ -263,3 +263,17 @@ def test_a_period_of_packed_windows_is_written_as_the_windows_of_tuples_were(
     assert written["packed"] == written["tuples"]
     text = written["packed"][0]
     assert text.count(b"\n") == written["packed"][1]["stacks"] > 10
+
+
+def test_weight_by_process_is_the_same_packed_or_not() -> None:
+    from flamed.sampling.packed import weight_by_tgid
+
+    (c, *_rest) = _period_counts(9)
+    want: dict[int, int] = {}
+    for (tgid, _tid, _comm, _stack), n in c.items():
+        want[tgid] = want.get(tgid, 0) + n
+    table = StackTable()
+    built = PackedBuilder(table, table.number(dict(list(c.items())[: len(c) // 2])))
+    for k, n in list(c.items())[len(c) // 2:]:
+        built[k] = n
+    assert weight_by_tgid(c) == weight_by_tgid(table.pack(c)) == weight_by_tgid(built) == want
