@@ -503,7 +503,7 @@ class Drainer:
 
         unwinding = self._unwinder is not None
 
-        def ustack(tgid: int, uid: int) -> Stack:
+        def ustack(tgid: int, uid: int, keep: bool = True) -> Stack:
             s = umemo.get((tgid, uid))
             if s is None:
                 if uid < 0:
@@ -516,7 +516,8 @@ class Drainer:
                         # process sampled before it was described, or whose
                         # binaries have none.  Its end is not known to be the end.
                         s = (truncated_frame("no_table"),) + s
-                umemo[(tgid, uid)] = s
+                if keep:
+                    umemo[(tgid, uid)] = s
             return s
 
         # An unwound stack is stored without its leaf (the count key has it,
@@ -525,7 +526,7 @@ class Drainer:
         cmemo: dict[int, tuple[list[int], str] | None] = {}
         nmemo: dict[tuple[int, int, int], Stack] = {}
 
-        def nstack(tgid: int, nid: int, leaf: int) -> Stack:
+        def nstack(tgid: int, nid: int, leaf: int, keep: bool = True) -> Stack:
             key = (tgid, nid, leaf)
             s = nmemo.get(key)
             if s is None:
@@ -541,7 +542,8 @@ class Drainer:
                     s = sym.user_stack(tgid, [leaf, *ips[1:]] if ips else [])
                     if end != "complete":
                         s = (truncated_frame(end),) + s
-                nmemo[key] = s
+                if keep:
+                    nmemo[key] = s
             return s
 
         py = self._python
@@ -567,6 +569,7 @@ class Drainer:
         else:
             encode, join = table.encode_stack, b"".join
         empty = encode((EMPTY_STACK_FRAME,))
+        keep = table is None  # tuples of frames kept by ustack/nstack's memos: for the events too
         upart: dict[tuple[int, int, int, int], list[Any]] = {}  # [whole, SpliceParts or None]
         kpart: dict[int, Any] = {}
         # By pyid << 32 | tgid (one int, not a tuple of two: there is one entry per Python stack).
@@ -578,15 +581,15 @@ class Drainer:
         for tgid, tid, kid, uid, rc, pyid, nid, _cg, leaf, n in keys:
             uk = (tgid, uid, nid, leaf) if nid else (tgid, uid, 0, 0)
             u = upart.get(uk)
-            if u is None:
-                u = upart[uk] = [encode(nstack(tgid, nid, leaf) if nid else ustack(tgid, uid)), None]
+            if u is None or (pyid and u[1] is None):
+                # Named once (its tuple kept only while encoded: upart memoizes it).
+                user = nstack(tgid, nid, leaf, keep) if nid else ustack(tgid, uid, keep)
+                u = upart[uk] = [encode(user), splice_parts(user, encode) if pyid else None]
             if pyid:
                 pk = pyid << 32 | tgid
                 runs = pypart.get(pk)
                 if runs is None:
                     runs = pypart[pk] = [encode(r) for r in pyruns(tgid, pyid)]
-                if u[1] is None:
-                    u[1] = splice_parts(nstack(tgid, nid, leaf) if nid else ustack(tgid, uid), encode)
                 stack = splice_into(u[1], runs, join) if runs else u[0]
             else:
                 stack = u[0]

@@ -79,6 +79,24 @@ def _drainer() -> Drainer:
     return d
 
 
+def _ustacks(seed: int) -> dict[int, bytes]:
+    """Unwound stacks (``struct flamed_ustack``: count, end reason, addresses leaf first)."""
+    rnd = random.Random(seed)
+    out = {}
+    for nid in range(1, 30):
+        ips = [0] + [rnd.choice([7, 14, rnd.randrange(1, 400)]) for _ in range(rnd.randrange(0, 9))]
+        out[nid] = struct.pack("<II", len(ips), rnd.choice([0, 0, 3])) + struct.pack(f"<{len(ips)}Q", *ips)
+    return out
+
+
+def _unwound_rows(seed: int, n: int = 300) -> list[Any]:
+    """Rows of unwound stacks: a stack id and the leaf the sample had, some of them with Python frames."""
+    rnd = random.Random(seed)
+    return [(tgid, tgid, rnd.choice([-errno.EFAULT, *range(1, 60)]), -errno.EFAULT, b"w%d" % tgid,
+             rnd.choice([0, *range(1, 80)]), rnd.choice([*range(1, 30), 99]), 1, rnd.choice([5, 7, 9, 21]), 1)
+            for tgid in (10, 11) for _ in range(n // 2)]
+
+
 def _window(seed: int, n: int = 400) -> tuple[list[Any], dict[int, list[int]], dict[int, bytes]]:
     """Count rows, stacks and Python stacks of every shape a drain meets."""
     rnd = random.Random(seed)
@@ -116,6 +134,14 @@ def test_numbered_in_a_table_the_window_is_the_one_of_tuples(seed: int) -> None:
     assert len(numbered) == len(plain) and sum(numbered.values()) == sum(plain.values()) == sum(r[9] for r in rows)
     assert any(k[3] == (EMPTY_STACK_FRAME,) for k in plain)  # the shapes the rows were made to have
     assert any(EVAL in k[3] for k in plain) and any("(m1" in "".join(k[3]) for k in plain)
+    # Unwound user stacks (their own memo and leaf), with and without Python frames.
+    d._unwinder = object()  # type: ignore[assignment]
+    urows, ust = _unwound_rows(seed), _ustacks(seed)
+    uplain, _ = d._symbolize(urows, [], stacks, pystacks, ust)
+    unumbered, _ = d._symbolize(urows, [], stacks, pystacks, ust, StackTable())
+    assert dict(unumbered.items()) == dict(uplain) and len(uplain) > 100
+    assert any(k[3][0] == "[truncated: depth limit]" for k in uplain)
+    assert any("[lost stack: unwound]" in k[3] for k in uplain)
     spliced = ("u3", "f3 (m10.py:3)", "f4 (m10.py:2)", "u2", "f5 (m10.py:1)", "u1")
     assert any(k[3][:len(spliced)] == spliced for k in plain)
 
