@@ -176,14 +176,19 @@ def test_a_builder_reads_and_takes_keys_like_a_dict() -> None:
         del built[a]
 
 
-def test_the_ring_takes_a_builder_of_its_table_as_numbered_and_its_extra_keys_too() -> None:
+def _drained_into_a_ring(seed: int) -> tuple[WindowRing, PackedBuilder, dict[Any, int]]:
+    """A ring, a window drained into its table, and that window's counts as tuples."""
     ring = WindowRing(1e9, 1 << 30, clock_ns=lambda: 0)
-    rows, stacks, pystacks = _window(1)
+    rows, stacks, pystacks = _window(seed)
     d = _drainer()
     d.numbering = ring
     counts, _ = d._symbolize_all(rows, [], stacks, pystacks, {})
-    plain = dict(counts.items())
-    assert isinstance(counts, PackedBuilder)
+    assert isinstance(counts, PackedBuilder) and counts.table is ring._table
+    return ring, counts, dict(counts.items())
+
+
+def test_the_ring_takes_a_builder_of_its_table_as_numbered_and_its_extra_keys_too() -> None:
+    ring, counts, plain = _drained_into_a_ring(1)
     before = len(ring._table)
     extra = (10, 10, "w10", ("an event's frame", "k1_[k]"))
     counts[extra] = counts.get(extra, 0) + 1  # as the loop adds an unclaimed event
@@ -197,14 +202,9 @@ def test_the_ring_takes_a_builder_of_its_table_as_numbered_and_its_extra_keys_to
 
 
 def test_a_builder_whose_table_was_replaced_is_decoded_into_the_new_one() -> None:
-    ring = WindowRing(1e9, 1 << 30, clock_ns=lambda: 0)
-    rows, stacks, pystacks = _window(2)
-    d = _drainer()
-    d.numbering = ring
-    counts, _ = d._symbolize_all(rows, [], stacks, pystacks, {})
-    plain = dict(counts.items())
+    ring, counts, plain = _drained_into_a_ring(2)
     ring.widen(ring._table)  # a window packed in between needed 4-byte numbers
-    assert isinstance(counts, PackedBuilder) and counts.table is not ring._table
+    assert counts.table is not ring._table
     ring.add(RingWindow(0, 1, counts, 0))
     (w,) = ring.since(-1)
     assert w.counts.table is ring._table and ring._table.code == "I"  # type: ignore[attr-defined]
