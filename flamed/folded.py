@@ -192,10 +192,15 @@ def folded_line(stack: Stack, weight: Weight) -> bytes:
 def write_folded(profile: Profile | Iterable[tuple[Stack, Weight]], out: BinaryIO) -> int:
     """Write stacks sorted by frames; returns the number of lines written."""
     items = profile.sorted_items() if isinstance(profile, Profile) else sorted(profile, key=lambda kv: kv[0])
+    return write_lines((folded_line(stack, w) for stack, w in items), out)
+
+
+def write_lines(lines: Iterable[bytes], out: BinaryIO) -> int:
+    """Write folded lines a few thousand at a time; returns how many."""
     n = 0
     buf: list[bytes] = []
-    for stack, w in items:
-        buf.append(folded_line(stack, w))
+    for line in lines:
+        buf.append(line)
         n += 1
         if len(buf) >= 4096:
             out.write(b"".join(buf))

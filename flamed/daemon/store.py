@@ -51,7 +51,7 @@ from flamed import __version__
 from flamed.daemon.config import OutputConfig, RetentionConfig
 from flamed.daemon.metrics import DaemonMetrics
 from flamed.fileio import atomic_write
-from flamed.folded import write_folded
+from flamed.folded import write_folded, write_lines
 from flamed.model import Weight
 from flamed.daemon.ring import DecodeCache, PackedCounts, window_items
 from flamed.sampling.cgroups import CgroupIdentity
@@ -289,15 +289,7 @@ class ProfileStore:
                 weight = sum(merged.counts.values())
                 weigh = _ns_to_us if kind == "offcpu" else None
                 total: Weight = weight if weigh is None else sum(map(weigh, merged.counts.values()))
-                lines = 0
-                chunk: list[bytes] = []
-                for line in merged.lines(merged.sorted_keys(), weigh):
-                    chunk.append(line)
-                    if len(chunk) >= 4096:
-                        out.write(b"".join(chunk))
-                        chunk.clear()
-                    lines += 1
-                out.write(b"".join(chunk))
+                lines = write_lines(merged.lines(merged.sorted_keys(), weigh), out)
             else:
                 counts = p.counts
                 weight = sum(counts.values())
@@ -335,7 +327,7 @@ class ProfileStore:
             **({"kind": kind, "unit": KIND_UNIT[kind], "weight_ns": weight,
                 "weight": total,
                 # per window: (start_ns, end_ns, microseconds off the CPU), for viewers' timelines
-                "window_samples": [[ws, we, (n + 500) // 1000] for ws, we, n in p.window_weights]}
+                "window_samples": [[ws, we, _ns_to_us(n)] for ws, we, n in p.window_weights]}
                if kind != "cpu" else {}),
             "bytes": len(payload),
             "sha256": hashlib.sha256(payload).hexdigest(),

@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, ItemsView, Iterable, Iterator, M
 from contextlib import AbstractContextManager
 from typing import Protocol, TypeVar
 
-from flamed.model import Stack
+from flamed.model import Stack, encode_frame
 from flamed.sampling.contract import CountKey
 
 _STACK_MASK = 0xFFFF_FFFF
@@ -167,11 +167,15 @@ class StackTable:
         return None if si is None else ti << 32 | si
 
     # -- decoding (any thread) -----------------------------------------------
-    def stack(self, si: int) -> Stack:
+    def frame_numbers(self, si: int) -> array[int]:
+        """Stack ``si``'s frame numbers, root first."""
         a = array(self.code)
         # A slice is a copy: no view of the buffer is held while the drain thread appends to it.
         a.frombytes(self._blob[self._offs[si]: self._offs[si + 1]])
-        return tuple(map(self.frames.__getitem__, a))
+        return a
+
+    def stack(self, si: int) -> Stack:
+        return tuple(map(self.frames.__getitem__, self.frame_numbers(si)))
 
     def key(self, packed: int) -> CountKey:
         tgid, tid, comm = self.tasks[packed >> 32]
@@ -374,36 +378,30 @@ class MergedByRoot:
         rank = {f: i + 1 for i, f in enumerate(names)}
         by_number = [rank[f] for f in table.frames]
         roots = [_big_endian(array("I", map(rank.__getitem__, r))) for r in self.roots]
-        code, blob, offs = table.code, table._blob, table._offs
+        frame_numbers = table.frame_numbers
         memo: dict[int, bytes] = {}
 
         def key(mk: int) -> bytes:
             si = mk & _STACK_MASK
             b = memo.get(si)
             if b is None:
-                a = array(code)
-                a.frombytes(blob[offs[si]: offs[si + 1]])
-                b = memo[si] = _big_endian(array("I", map(by_number.__getitem__, a)))
+                b = memo[si] = _big_endian(array("I", map(by_number.__getitem__, frame_numbers(si))))
             return roots[mk >> 32] + b
 
         return sorted(self.counts, key=key)
 
-    def lines(self, keys: Iterable[int], weigh: Callable[[int], int] | None = None,
-              encode: Callable[[str], bytes] = lambda f: f.encode("utf-8", "surrogateescape")) -> Iterator[bytes]:
+    def lines(self, keys: Iterable[int], weigh: Callable[[int], int] | None = None) -> Iterator[bytes]:
         """Folded lines (``root;...;leaf COUNT\\n``) of ``keys``, counts through
         ``weigh`` if given (a line whose weight is 0 is left out)."""
         table = self.table
-        frames = [encode(f) for f in table.frames]
-        roots = [b";".join(map(encode, r)) for r in self.roots]
-        code, blob, offs, counts = table.code, table._blob, table._offs, self.counts
+        frames = [encode_frame(f) for f in table.frames]
+        roots = [b";".join(map(encode_frame, r)) for r in self.roots]
+        frame_numbers, counts = table.frame_numbers, self.counts
         for mk in keys:
             n = counts[mk] if weigh is None else weigh(counts[mk])
             if not n:
                 continue
-            si = mk & _STACK_MASK
-            a = array(code)
-            a.frombytes(blob[offs[si]: offs[si + 1]])
-            stack = b";".join(map(frames.__getitem__, a))
+            stack = b";".join(map(frames.__getitem__, frame_numbers(mk & _STACK_MASK)))
             root = roots[mk >> 32]
             yield b"%s%s%s %d\n" % (root, b";" if root and stack else b"", stack, n)
 
@@ -417,15 +415,14 @@ def _big_endian(a: array[int]) -> bytes:
 def weight_by_tgid(counts: Mapping[CountKey, int]) -> dict[int, int]:
     """tgid -> the sum of its counts; packed counts are not decoded for it."""
     out: dict[int, int] = {}
-    numbered: Iterable[tuple[int, int]] = ()
     rest: Iterable[tuple[CountKey, int]] = counts.items()
-    if isinstance(counts, PackedBuilder):
-        table, numbered, rest = counts.table, counts.packed.items(), counts.extra.items()
-    elif isinstance(counts, PackedCounts):
-        table, keys, vals = counts._state
-        numbered, rest = zip(keys, vals), ()
-    if numbered:
-        tasks = table.tasks
+    if isinstance(counts, (PackedBuilder, PackedCounts)):
+        numbered: Iterable[tuple[int, int]]
+        if isinstance(counts, PackedBuilder):
+            tasks, numbered, rest = counts.table.tasks, counts.packed.items(), counts.extra.items()
+        else:
+            table, keys, vals = counts._state
+            tasks, numbered, rest = table.tasks, zip(keys, vals), ()
         for k, n in numbered:
             tgid = tasks[k >> 32][0]
             out[tgid] = out.get(tgid, 0) + n
