@@ -55,6 +55,14 @@ def _after_each_drain(hook) -> None:  # type: ignore[no-untyped-def]
     threading.Thread(target=wait, daemon=True).start()
 
 
+def _write_tracebacks(f, stats) -> None:  # type: ignore[no-untyped-def]
+    """tracemalloc statistics (or differences) with the last 8 frames of each one's traceback."""
+    for s in stats:
+        f.write(f"{s}\n")
+        for line in s.traceback.format()[-8:]:
+            f.write(f"    {line}\n")
+
+
 if os.environ.get("FLAMED_MEMTRACE"):
     import gc
     import tracemalloc
@@ -72,10 +80,7 @@ if os.environ.get("FLAMED_MEMTRACE"):
                 f.write(f"{s}\n")
             if _prev[0] is not None:
                 f.write("\n--- diff vs previous drain (traceback)\n")
-                for s in snap.compare_to(_prev[0], "traceback")[:25]:
-                    f.write(f"{s}\n")
-                    for line in s.traceback.format()[-8:]:
-                        f.write(f"    {line}\n")
+                _write_tracebacks(f, snap.compare_to(_prev[0], "traceback")[:25])
         _prev[0] = snap
         tracemalloc.reset_peak()
 
@@ -143,10 +148,7 @@ if os.environ.get("FLAMED_MEMPEAK"):
                 for s in snap.statistics("lineno")[:30]:
                     f.write(f"{s}\n")
                 f.write("\n--- by traceback\n")
-                for s in snap.statistics("traceback")[:12]:
-                    f.write(f"{s}\n")
-                    for line in s.traceback.format()[-8:]:
-                        f.write(f"    {line}\n")
+                _write_tracebacks(f, snap.statistics("traceback")[:12])
         _best[:] = [cur, None]
         tracemalloc.reset_peak()
 
