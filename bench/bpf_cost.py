@@ -108,13 +108,15 @@ def workload(kind: str, bins: dict[str, Path], seconds: float) -> list[list[str]
     return [[str(PY311), str(ROOT / "tests" / "workloads" / "py_truth.py"), s, "2"]]
 
 
-def case(kind: str, bins: dict[str, Path], seconds: float, rate: int, timing: bool) -> dict[str, Any]:
+def case(kind: str, bins: dict[str, Path], seconds: float, rate: int, timing: bool,
+         bpf_dir: Path | None = None, label: str | None = None) -> dict[str, Any]:
     from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: PLC0415 - needs root and bcc
 
     python = kind.startswith("python")
     unwind = kind in ("unwound", "python+unwound", "python-deep", "python-pure")
     s = BpfSampler(BpfSamplerOptions(frequency=rate, pids=frozenset(), python=python, unwind=unwind,
-                                     python_timing=timing and python, unwind_timing=timing and unwind))
+                                     python_timing=timing and python, unwind_timing=timing and unwind,
+                                     bpf_dir=bpf_dir))
     procs: list[subprocess.Popen[bytes]] = []
     try:
         s.start()
@@ -157,7 +159,7 @@ def case(kind: str, bins: dict[str, Path], seconds: float, rate: int, timing: bo
     taken = st1.bpf_samples_total - st0.bpf_samples_total
     py = {k: st1.python_total.get(k, 0) - st0.python_total.get(k, 0) for k in st1.python_total}
     uw = {k: st1.unwind_total.get(k, 0) - st0.unwind_total.get(k, 0) for k in st1.unwind_total}
-    return {"kind": kind, "seconds": t1 - t0, "native_frames": native / max(1, mine),
+    return {"kind": label or kind, "seconds": t1 - t0, "native_frames": native / max(1, mine),
             "python_frames": python_frames / max(1, mine), "runs": cnt1 - cnt0, "run_ns": ns1 - ns0, "taken": taken,
             "workload": mine, "py_stacks": py.get("PY_STACKS", 0), "py_ns": py.get("PY_NS", 0),
             "py_walks": py.get("PY_SAMPLES", 0),
@@ -172,6 +174,9 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=999, help="sampling rate, Hz (999)")
     ap.add_argument("--kinds", default="plain,unwound,python,python+unwound,python-deep")
     ap.add_argument("--timing", action="store_true", help="also time the Python walk inside the program")
+    ap.add_argument("--compare", type=Path, metavar="DIR",
+                    help="a changed copy of bpf/: each kind also runs with the program from DIR, "
+                         "interleaved with the shipped one (rows 'KIND (B)'), so a change is judged in one run")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (BPF, perf events, kernel.bpf_stats_enabled)")
@@ -187,6 +192,9 @@ def main() -> int:
             for _ in range(args.repeat):
                 for kind in kinds:
                     results.append(case(kind, bins, args.seconds, args.rate, args.timing))
+                    if args.compare is not None and kind != "filtered":
+                        results.append(case(kind, bins, args.seconds, args.rate, args.timing,
+                                            bpf_dir=args.compare, label=f"{kind} (B)"))
         finally:
             STATS.write_text(old)
     med = statistics.median
@@ -200,7 +208,8 @@ def main() -> int:
     def net(r: dict[str, Any]) -> float:
         return (r["run_ns"] - (r["runs"] - r["taken"]) * turned_away) / max(1, r["taken"])
 
-    for kind in kinds:
+    labels = [k for kind in kinds for k in (kind, f"{kind} (B)") if any(r["kind"] == k for r in results)]
+    for kind in labels:
         rs = [r for r in results if r["kind"] == kind]
         per_run = med([r["run_ns"] / max(1, r["runs"]) for r in rs])
         if kind == "filtered":

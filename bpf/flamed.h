@@ -286,6 +286,8 @@ struct flamed_uw_map {
     __u32 index;  /* uw_rows slot of the table's page index (P[0], P[1]) */
     __u32 base;   /* vaddr of bucket 0, a multiple of 1 << FLAMED_UW_PAGE_SHIFT */
     __u32 pages;  /* buckets; 0: no rows loaded (frame pointers) */
+    __u32 serial; /* names this load of the table: never reused (see uw_row_cache) */
+    __u32 pad;
 };
 
 #endif /* FLAMED_H */

@@ -249,7 +249,7 @@ int flamed_offcpu(struct bpf_raw_tracepoint_args *ctx)
     struct flamed_key key = {};
     key.tgid = id >> 32;
     key.tid = tid;
-    int is_watched = watched.lookup(&key.tgid) != NULL;
+    int is_watched = is_watched_tgid(key.tgid);
 #if FLAMED_FILTER_PIDS
     /* Most switches on a host are of other processes: out before reading
      * the comm and the cgroup (this runs on every switch of every CPU). */

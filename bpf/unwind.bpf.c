@@ -39,6 +39,7 @@
  *   FLAMED_UW_MAX_PROCS      processes described at once (default 4096)
  *   FLAMED_UW_STACK_ENTRIES  distinct unwound stacks per generation (default 8192)
  *   FLAMED_UW_TIMING         1: add the ns each walk takes to FLAMED_STAT_UW_NS
+ *   FLAMED_UW_ROW_CACHE      rows remembered per CPU (power of 2, default 4096; 0: none)
  */
 #ifndef FLAMED_UW_DEPTH
 #define FLAMED_UW_DEPTH 64
@@ -71,6 +72,18 @@
  * the walk: its values are then read one by one. */
 #ifndef FLAMED_UW_WINDOW
 #define FLAMED_UW_WINDOW 2048
+#endif
+/* The row search of a frame (its mapping's page index, then a binary search
+ * of one bucket) touches several cache lines of a 16 MB array, cold at
+ * every sample: at 99 Hz the rest of the machine has run in between.  The
+ * return addresses of a process recur from sample to sample (a Python
+ * process's ~10 frames of its interpreter loop above all), so each CPU keeps
+ * the rows it found last in a direct-mapped cache, keyed by the table's
+ * serial and the file address: one cache line instead of the search.  A
+ * serial names one load of one table and is never given again, so rows
+ * reloaded elsewhere (eviction, reset) are never found under an old key. */
+#ifndef FLAMED_UW_ROW_CACHE
+#define FLAMED_UW_ROW_CACHE 4096
 #endif
 #ifndef FLAMED_UW_MISS_NS
 #define FLAMED_UW_MISS_NS 1000000000ULL
@@ -126,6 +139,14 @@ struct flamed_uw_scratch {
     __u8 win[FLAMED_UW_WINDOW + 8];
 #endif
 };
+
+#if FLAMED_UW_ROW_CACHE
+struct flamed_uw_cached_row {
+    __u64 key; /* serial << 32 | file address; 0: empty (serials start at 1) */
+    struct flamed_uw_row row;
+};
+BPF_PERCPU_ARRAY(uw_row_cache, struct flamed_uw_cached_row, FLAMED_UW_ROW_CACHE);
+#endif
 
 /* Mappable: user space copies a binary's rows straight into the map's pages
  * (a memcpy), where a batch update costs the kernel ~0.2 us a row (a start
@@ -236,6 +257,29 @@ static __always_inline void uw_find_row(struct flamed_uw_map *m, u64 vaddr, stru
         *out = *r;
 }
 
+/* uw_find_row through this CPU's row cache. */
+static __always_inline void uw_find_row_cached(struct flamed_uw_map *m, u64 vaddr, struct flamed_uw_row *out)
+{
+#if FLAMED_UW_ROW_CACHE
+    if (vaddr <= 0xffffffffULL && m->serial) {
+        u64 key = ((u64)m->serial << 32) | vaddr;
+        u32 slot = (u32)((key * 0x9e3779b97f4a7c15ULL) >> 40) & (FLAMED_UW_ROW_CACHE - 1);
+        struct flamed_uw_cached_row *c = uw_row_cache.lookup(&slot);
+        if (c && c->key == key) {
+            *out = c->row;
+            return;
+        }
+        uw_find_row(m, vaddr, out);
+        if (c) {
+            c->row = *out;
+            c->key = key;
+        }
+        return;
+    }
+#endif
+    uw_find_row(m, vaddr, out);
+}
+
 #if FLAMED_UW_WINDOW
 /* Does the window hold the 8 bytes at addr? */
 static __always_inline int uw_in_window(struct flamed_uw_scratch *sc, u64 addr)
@@ -291,7 +335,7 @@ static __always_inline int uw_step(struct flamed_uw_scratch *sc, struct flamed_u
     u64 vaddr = 0;
     if (m && m->pages) {
         vaddr = pc - m->bias;
-        uw_find_row(m, vaddr, &row);
+        uw_find_row_cached(m, vaddr, &row);
     } else if (pc < 0x800000000000ULL && !s->miss) {
         /* A library loaded since the process was described, or a large
          * binary whose rows user space loads only once a sample needs them. */

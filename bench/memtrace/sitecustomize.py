@@ -16,7 +16,8 @@ allocation: figures of time and RSS from such a run are not the daemon's.
 the daemon's): after each drain ``PREFIX.N`` gets VmRSS and CPython's
 allocator statistics (``sys._debugmallocstats()``: arenas allocated and
 reclaimed, bytes in use in them), which tell memory the allocator keeps
-from memory glibc keeps.
+from memory glibc keeps, and the bytes of the snapshot ring's arrays (its
+table's and its windows').
 
 ``FLAMED_MEMPEAK=PREFIX``: tracemalloc again, and a thread that takes a
 snapshot each time the traced heap passes its highest so far by 4 MB;
@@ -31,6 +32,45 @@ import threading
 import time
 
 
+#: The daemon's DrainLoop, once it has drained (for _ring_sizes).
+_loop: list = [None]
+
+
+def _ring_sizes() -> str:
+    """What the snapshot ring's table and windows take, in bytes of their arrays."""
+    loop = _loop[0]
+    ring = getattr(loop, "ring", None)
+    if ring is None:
+        return "ring: not seen\n"
+    t = ring._table
+    slots, _mask = t._index
+    size = lambda a: a.buffer_info()[1] * a.itemsize  # noqa: E731
+    windows = [w.counts for w in list(ring._windows)]
+    entries = sum(len(c) for c in windows)
+    win_bytes = sum(size(c._state[1]) + size(c._state[2]) for c in windows if hasattr(c, "_state"))
+    return (f"ring: {len(t)} stacks, {len(t.tasks)} tasks, {len(t.frames)} frames; blob {len(t._blob)} B, "
+            f"offs {size(t._offs)} B, hashes {size(t._hashes)} B, index {size(slots)} B; "
+            f"{len(windows)} windows, {entries} entries, {win_bytes} B; sweeps {ring.sweeps}\n")
+
+
+def _mallinfo() -> str:
+    """glibc's malloc totals (mallinfo2): bytes in use against bytes held, main heap and mmapped."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+        mi = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return "malloc: no mallinfo2\n"
+    return (f"malloc (all arenas): held {mi.arena} B, in use {mi.uordblks} B, free {mi.fordblks} B "
+            f"in {mi.ordblks} chunks; mmapped {mi.hblkhd} B in {mi.hblks}\n")
+
+
 def _after_each_drain(hook) -> None:  # type: ignore[no-untyped-def]
     """Call ``hook(n)`` after the daemon's n-th drain (n from 1): wraps
     ``DrainLoop.drain_once`` once ``flamed.daemon.loop`` is imported."""
@@ -42,6 +82,7 @@ def _after_each_drain(hook) -> None:  # type: ignore[no-untyped-def]
 
         def drain_once(self, *a, **k):  # type: ignore[no-untyped-def]
             orig(self, *a, **k)
+            _loop[0] = self
             count[0] += 1
             hook(count[0])
 
@@ -105,6 +146,8 @@ if os.environ.get("FLAMED_MALLOCSTATS"):
         maps.sort(reverse=True)
         with open(path, "w") as f:
             f.writelines(rss)
+            f.write(_ring_sizes())
+            f.write(_mallinfo())
             f.write(f"mappings {len(maps)}, 1 MiB anonymous ones (allocator arenas) "
                     f"{sum(kb for kb, h in maps if len(h.split()) == 5)} kB resident in unnamed mappings\n")
             for kb, h in maps[:25]:

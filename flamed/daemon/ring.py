@@ -19,7 +19,7 @@ once as an array of frame numbers, each frame string once), and a
 window is two arrays, the (task, stack) numbers of its entries and their
 counts.  An entry repeated from an earlier window costs 16 bytes; a new one
 adds its stack once (2 bytes a frame while the table has at most 65,536
-frames, 4 after, plus ~40), where a tuple of references
+frames, 4 after, plus 16-24), where a tuple of references
 per key, its window's dict slot and an interning table took ~500 bytes with
 30-frame stacks (bench/ring_memory.py).  Readers see the same mapping of
 (tgid, tid, comm, stack) to counts, decoded as they iterate.  The table and

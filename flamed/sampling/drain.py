@@ -28,7 +28,7 @@ import ctypes as ct
 import errno
 import logging
 import time
-from collections.abc import Callable, Iterable, MutableMapping, Sized
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -297,8 +297,8 @@ class Drainer:
             offcpu=offcpu,
         )
 
-    def _symbolize_all(self, keys: Iterable[CountRow], raw_events: list[EventRow], stacks: dict[int, list[int]],
-                       pystacks: RawStacks, ustacks: RawStacks) -> tuple[MutableMapping[CountKey, int], list[SampleEvent]]:
+    def _symbolize_all(self, keys: Iterable[CountRow], raw_events: list[EventRow],
+                       stacks: Mapping[int, Sequence[int]], pystacks: RawStacks, ustacks: RawStacks) -> tuple[MutableMapping[CountKey, int], list[SampleEvent]]:
         """The window's counts and events, numbered in :attr:`numbering`'s table when there is one.
 
         A table out of 2-byte frame numbers is widened and the window named again (once in a daemon's life)."""
@@ -314,7 +314,7 @@ class Drainer:
             numbering.widen(table)
         raise RuntimeError(f"the window's stacks did not fit a table of 4-byte frame numbers ({table.code})")
 
-    def _offcpu(self, off: _OffRead, stacks: dict[int, list[int]], pystacks: RawStacks,
+    def _offcpu(self, off: _OffRead, stacks: Mapping[int, Sequence[int]], pystacks: RawStacks,
                 counters: dict[str, int]) -> dict[CountKey, int]:
         """The window's off-CPU time by stack (ns), the marker frame at the leaf.
 
@@ -475,7 +475,7 @@ class Drainer:
         self,
         keys: Iterable[CountRow],
         raw_events: list[EventRow],
-        stacks: dict[int, list[int]],
+        stacks: Mapping[int, Sequence[int]],
         pystacks: RawStacks | None = None,
         ustacks: RawStacks | None = None,
         table: StackTable | None = None,

@@ -42,7 +42,7 @@ class StackTable:
     65,536 frames), kept end to end in one
     buffer with its start in an array, and found again through an
     open-addressing hash table of arrays: a distinct stack costs its frames
-    and ~40 bytes, and no Python object of its own (long-lived objects by the
+    and 16-24 bytes, and no Python object of its own (long-lived objects by the
     hundred thousand, allocated among a drain's transient ones, would keep
     the allocator's arenas from being given back).
 
@@ -59,12 +59,15 @@ class StackTable:
         #: A frame number's array type: 2 bytes ("H") while there are at most 65,536 frames, then 4 ("I").
         self.code = code
         self._blob = bytearray()
-        #: Stack i is _blob[_offs[i]:_offs[i + 1]]; _hashes[i] is hash() of those bytes.
-        self._offs = array("Q", [0])
-        self._hashes = array("q")
+        #: Stack i is _blob[_offs[i]:_offs[i + 1]]; _hashes[i] is the low 32 bits of hash() of
+        #: those bytes (all a slot needs; a match is confirmed on the bytes).  4 bytes each, and
+        #: 4 per slot below: 16-24 bytes a stack less than 8-byte arrays (12 MB at 500 k stacks).
+        #: Offsets go to 8 bytes if the buffer ever passes 4 GiB.
+        self._offs = array("I", [0])
+        self._hashes = array("I")
         #: (slots, mask): stack numbers by hash, linear probing, -1 where free; at most half
         #: full.  One attribute, so that a reader never sees a new array with the old mask.
-        self._index = (array("q", [-1]) * 1024, 1023)
+        self._index = (array("i", [-1]) * 1024, 1023)
         self.task_ids: dict[_Task, int] = {}
         self.tasks: list[_Task] = []
 
@@ -82,6 +85,7 @@ class StackTable:
     def _probe(self, slots: array[int], mask: int, b: bytes, h: int) -> int:
         """The slot of the stack ``b`` (hash ``h``), or of the free slot where it would go."""
         hashes, offs, blob = self._hashes, self._offs, self._blob
+        h &= 0xFFFFFFFF
         i = h & mask
         while True:
             si = slots[i]
@@ -108,8 +112,13 @@ class StackTable:
             return si
         si = len(self._hashes)
         self._blob += b
-        self._offs.append(len(self._blob))
-        self._hashes.append(h)  # before the slot: a reader that finds the slot finds its hash
+        try:
+            self._offs.append(len(self._blob))
+        except OverflowError:  # past 4 GiB of frames: a copy with 8-byte offsets replaces the array
+            offs = array("Q", self._offs)
+            offs.append(len(self._blob))
+            self._offs = offs
+        self._hashes.append(h & 0xFFFFFFFF)  # before the slot: a reader that finds the slot finds its hash
         slots[i] = si
         if 2 * len(self._hashes) > len(slots):
             self._grow()
@@ -117,7 +126,7 @@ class StackTable:
 
     def _grow(self) -> None:
         n = 2 * len(self._index[0])
-        slots, mask = array("q", [-1]) * n, n - 1
+        slots, mask = array("i", [-1]) * n, n - 1
         for si, h in enumerate(self._hashes):
             i = h & mask
             while slots[i] >= 0:

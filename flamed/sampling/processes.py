@@ -249,6 +249,7 @@ class ProcessManager:
             for flag, name in _FLAG_MAPS.items():
                 if getattr(p, flag):
                     self.program.map_set(name, p.tgid, ct.c_uint32)
+        self._count_watched()
         if self.options.prime:
             self.program.bpf["new_images"].open_perf_buffer(
                 self._on_new_image, page_cnt=self.options.prime_pages, lost_cb=self._on_new_image_lost
@@ -289,6 +290,13 @@ class ProcessManager:
                 self.table.release(p)
             if self.program.bpf is not None:
                 (self.program.map_set if on else self.program.map_del)(_FLAG_MAPS[flag], tgid, ct.c_uint32)
+                if flag == "watched":
+                    self._count_watched()
+
+    def _count_watched(self) -> None:
+        """Tell the program how many processes are watched (after the map changed:
+        while it reads 0 it does not look there; bpf/profile.bpf.c)."""
+        self.program.array_set("watched_count", 0, sum(1 for p in self.table if p.watched))
 
     def _need_pid_filter(self) -> None:
         if self.options.pids is None:

@@ -783,6 +783,10 @@ class KernelProgram:
         except KeyError:
             pass
 
+    def array_set(self, name: str, index: int, value: int) -> None:
+        """Element ``index`` of the u32 array map ``name``."""
+        self.bpf[name][ct.c_int(index)] = ct.c_uint32(value)
+
     def write_gen(self, gen: int) -> None:
         t = self.bpf["generation"]
         t[ct.c_int(0)] = ct.c_uint32(gen)

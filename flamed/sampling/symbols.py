@@ -45,6 +45,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -661,7 +662,7 @@ class Symbolizer:
         self._kernel_known[addr] = f
         return f
 
-    def kernel_stack(self, addrs_leaf_first: list[int]) -> tuple[str, ...]:
+    def kernel_stack(self, addrs_leaf_first: Sequence[int]) -> tuple[str, ...]:
         """Root-first frames for kernel addresses given leaf first."""
         try:
             # The common case, every address seen before, at C speed.
@@ -703,7 +704,7 @@ class Symbolizer:
                     log.debug("no symbol cache for pid %d: %s", pid, e)
         return p.resolver
 
-    def user_stack(self, pid: int, addrs_leaf_first: list[int]) -> tuple[str, ...]:
+    def user_stack(self, pid: int, addrs_leaf_first: Sequence[int]) -> tuple[str, ...]:
         """Root-first frames for user addresses of ``pid`` given leaf first."""
         p = self._process(pid)
         known = p.known

@@ -1,10 +1,11 @@
-"""flamed/sampling/mapread.py: count rows unpacked as they are iterated, stack values read in place."""
+"""flamed/sampling/mapread.py: count rows unpacked as they are iterated, stack values read in place, stack addresses kept in one buffer."""
 
 from __future__ import annotations
 
 import random
+import sys
 
-from flamed.sampling.mapread import CountRows, StackValues
+from flamed.sampling.mapread import CountRows, StackAddrs, StackValues
 from flamed.sampling.program import KEY
 
 
@@ -34,3 +35,18 @@ def test_stack_values_are_slices_of_the_buffer_by_id() -> None:
     assert len(v) == 51 and ids[3] in v and 5 in v and 6 not in v
     assert bytes(v.get(ids[3]) or b"") == bytes([3]) * size and len(v.get(ids[49]) or b"") == size
     assert v.get(5) == b"x" * size and v.get(6) is None
+
+
+def test_stack_addresses_come_back_as_they_were_added_whatever_their_length() -> None:
+    r = random.Random(11)
+    want: dict[int, list[int]] = {}
+    s = StackAddrs()
+    for sid in r.sample(range(1 << 20), 500):
+        ips = [r.getrandbits(64) or 1 for _ in range(r.randrange(0, 128))]  # 0..127 frames, as a stack map holds
+        want[sid] = ips
+        s.add(sid, b"".join(ip.to_bytes(8, sys.byteorder) for ip in ips))
+    assert len(s) == 500 and set(s) == set(want)
+    for sid, ips in want.items():
+        assert sid in s and list(s[sid]) == ips and list(reversed(s[sid])) == ips[::-1]
+    missing = next(i for i in range(1 << 21) if i not in want)
+    assert missing not in s and s.get(missing) is None

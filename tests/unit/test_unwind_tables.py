@@ -57,7 +57,7 @@ class FakeLib:
 
 
 def make(tmp_path: Path, proc: Path, rows: int) -> tuple[Unwinder, dict[str, FakeArray]]:
-    maps = {"uw_rows": FakeArray(ehframe.ROW.size), "uw_procs": FakeArray(8), "uw_maps": FakeArray(40)}
+    maps = {"uw_rows": FakeArray(ehframe.ROW.size), "uw_procs": FakeArray(8), "uw_maps": FakeArray(48)}
     for i, t in enumerate(maps.values()):
         t.map_fd = 100 + i
     lib = FakeLib({t.map_fd: t for t in maps.values()})
@@ -145,6 +145,40 @@ def test_full_rows_held_by_exited_processes_are_reloaded(tmp_path: Path) -> None
     assert u.describe(11, sampled)
     assert u.stats.skipped["rows_full"] == 0 and u.stats.evicted == 1 and u.stats.evicted_rows == n_py
     assert u.stats.rows_used == n_libc and u.stats.tables_cached >= 1
+
+
+
+def _map_entries(maps: dict[str, FakeArray], pid: int) -> list[tuple[int, ...]]:
+    """struct flamed_uw_map of each of the process's mappings (start, end, bias, first, index, base, pages,
+    serial, pad)."""
+    slot, n = proc_entry(maps, pid)
+    return [struct.unpack("<QQQIIIIII", maps["uw_maps"].values[slot * 8 + i]) for i in range(n)]
+
+
+def test_rows_loaded_again_at_the_same_place_get_a_new_serial(tmp_path: Path) -> None:
+    """The program caches rows per CPU under (serial, address) (bpf/unwind.bpf.c,
+    uw_row_cache): a table evicted and loaded again, even at the same rows,
+    must carry a serial never given before, or a sample would take the
+    evicted table's cached rows for the new one's."""
+    libc = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
+    py = Path("/usr/bin/python3.11")
+    need(libc.exists() and py.exists(), "Debian's libc.so.6 and python3.11")
+    proc = tmp_path / "proc"
+    u, maps = make(tmp_path, proc, rows=max(slots(libc), slots(py)) + 1000)
+    for b in (py, libc):
+        TableCache(tmp_path / "cache").rows(str(b), ehframe.read_elf_info(str(b)))
+    sampled = {0x7F0000000000 + 0x100}
+    given: list[int] = []
+    for pid, binary in ((10, py), (11, libc), (12, py)):  # each evicts the one before (room for one)
+        fake_process(proc, pid, [binary])
+        assert u.describe(pid, sampled)
+        (entry,) = _map_entries(maps, pid)
+        first, pages, serial = entry[3], entry[6], entry[7]
+        assert pages > 0 and serial > 0
+        given.append(serial)
+        u.forget(pid)
+    assert len(set(given)) == 3, given
+    assert u.stats.evicted == 2
 
 
 def _two_tables(tmp_path: Path) -> tuple[Unwinder, dict[str, FakeArray], Path, set[int], int, int]:

@@ -38,7 +38,7 @@ log = logging.getLogger("flamed.unwind")
 
 _MAGIC = b"FLUWT001"
 _HEADER = struct.Struct("<8sII")  # magic, rows, fdes
-_MAP = struct.Struct("<QQQIIII")  # struct flamed_uw_map
+_MAP = struct.Struct("<QQQIIIIII")  # struct flamed_uw_map
 
 #: Binaries whose mapping is never worth a table: the kernel's vDSO and
 #: friends are not files; everything else file-backed and executable is.
@@ -66,6 +66,9 @@ class TableEntry(NamedTuple):
     index_rows: int = 0
     base: int = 0
     pages: int = 0
+    #: names this load of the table in the program's row cache (bpf/unwind.bpf.c): from 1, never
+    #: given twice, so that rows reloaded at the same place are not taken for the old ones
+    serial: int = 0
 
     @property
     def slots(self) -> int:
@@ -261,6 +264,7 @@ class Unwinder:
         self._by_file: dict[tuple[int, int, int, int], _File] = {}
         self._by_key: dict[str, TableEntry] = {}
         self._next = 0  # rows in use
+        self._serial = 0  # of the last table loaded
         #: free ranges of uw_rows, (first, count), sorted, coalesced
         self._free: list[tuple[int, int]] = [(0, rows_capacity)] if rows_capacity > 0 else []
         #: table key -> monotonic time a process using it last had an unwound sample (or was loaded)
@@ -268,7 +272,7 @@ class Unwinder:
         self._clock = time.monotonic
         #: tables the description in progress has taken (never evicted under it)
         self._picking: set[str] = set()
-        self._described: dict[int, tuple[tuple[int, int, int, int], ...]] = {}
+        self._described: dict[int, tuple[tuple[int, int, int, int, int], ...]] = {}
         self._slots: dict[int, int] = {}  # tgid -> its block of unwind_maps entries in uw_maps
         self._free_slots = list(range(max_procs - 1, -1, -1))
         self._queue: queue.Queue[int | None] = queue.Queue()
@@ -400,7 +404,7 @@ class Unwinder:
             self.stats.mappings_dropped += len(entries) - self._max_maps
             entries = sorted(entries, key=lambda e: -e[4])[: self._max_maps]
         entries.sort(key=lambda e: e[0])
-        sig = tuple((e[0], e[1], e[3].first, e[3].rows) for e in entries)
+        sig = tuple((e[0], e[1], e[3].first, e[3].rows, e[3].serial) for e in entries)
         if self._described.get(tgid) == sig:
             return bool(entries)
         if not any(e[3].rows for e in entries):
@@ -413,7 +417,7 @@ class Unwinder:
         slot = self._free_slots.pop()
         base = slot * self._max_maps
         packed = b"".join(_MAP.pack(start, end, bias & 0xFFFFFFFFFFFFFFFF, t.first, t.first - t.index_rows,
-                                    t.base, t.pages if t.rows else 0)
+                                    t.base, t.pages if t.rows else 0, t.serial if t.rows else 0, 0)
                           for start, end, bias, t, _size in entries)
         self._write_array(self._maps, base, packed, _MAP.size, len(entries))
         leaf = self._procs.Leaf()
@@ -605,7 +609,8 @@ class Unwinder:
         self._write_rows(first, packed, n)
         self._write_rows(slot, index, k)
         self._next += n + k
-        entry = TableEntry(key, first, n, os.path.basename(name), k, base, pages)
+        self._serial = self._serial % 0xFFFFFFFF + 1
+        entry = TableEntry(key, first, n, os.path.basename(name), k, base, pages, self._serial)
         self._by_key[key] = entry
         self._last_used[key] = self._clock()
         self.stats.binaries = len(self._by_key)
