@@ -163,6 +163,55 @@ def test_flush_rotates_now(tmp_path: Path) -> None:
         assert d.store.files_written == 1
 
 
+
+def test_the_heap_is_trimmed_after_the_file_a_drain_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drain that ends a period writes the file, then trims the heap: the
+    file's text, freed once written, goes back to the kernel at once, not at
+    the next drain (docs/bpf.md, "the trim after the file")."""
+    import flamed.daemon.loop as loop_mod  # noqa: PLC0415 - the names patched are the loop's
+
+    events: list[str] = []
+    orig_drain = loop_mod.DrainLoop.drain_once
+
+    def drain_once(self, *a, **k):  # type: ignore[no-untyped-def]
+        events.append("begin")
+        try:
+            return orig_drain(self, *a, **k)
+        finally:
+            events.append("end")
+
+    monkeypatch.setattr(loop_mod.DrainLoop, "drain_once", drain_once)
+    monkeypatch.setattr(loop_mod, "trim_heap", lambda: events.append("trim") or True)
+    with running_daemon(fast_config(tmp_path, output={"rotate_interval": 60.0}),
+                        sampler_factory=fake_factory([])) as d:
+        orig_rotate = d.store.rotate
+
+        def rotate(*a, **k):  # type: ignore[no-untyped-def]
+            events.append("rotate")
+            return orig_rotate(*a, **k)
+
+        monkeypatch.setattr(d.store, "rotate", rotate)
+        time.sleep(0.25)
+        head = request(str(tmp_path / "flamed.sock"), {"request": "flush"})
+        assert head["file"] and d.store.files_written == 1
+    # The drains, each from its "begin" to its "end"; the flush's is the one that rotated.
+    drains: list[list[str]] = []
+    cur: list[str] | None = None
+    for e in events:
+        if e == "begin":
+            cur = []
+        elif e == "end":
+            assert cur is not None
+            drains.append(cur)
+            cur = None
+        elif cur is not None:  # a rotation outside a drain (the daemon's stop) is not the point here
+            cur.append(e)
+    rotated = [x for x in drains if "rotate" in x]
+    assert rotated, events
+    for x in rotated:
+        assert "trim" in x[x.index("rotate"):], x
+
+
 def test_bad_clients_get_errors_and_do_not_stall_others(tmp_path: Path) -> None:
     # the silent clients must hold their slots through the checks below, even on a loaded machine
     cfg = fast_config(tmp_path, control={"client_timeout": 8.0, "request_timeout": 8.0, "max_connections": 3})
