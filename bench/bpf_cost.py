@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
 """BPF run time per sample, by kind, as the kernel counts it.
 
-    sudo .venv/bin/python bench/bpf_cost.py [--seconds 8] [--repeat 3] [--rate 999]
+    sudo .venv/bin/python bench/bpf_cost.py [--seconds 8] [--repeat 3] [--rate 999] [--compare DIR]
+
+``--compare DIR`` judges a change to the program in one run: DIR is a copy
+of bpf/ with the change undone (or made), and every kind runs with both
+programs, interleaved, its rows marked ``(B)`` for DIR's.  The defines,
+maps and user space stay the shipped ones, so the copy must keep the
+layouts user space writes (struct flamed_uw_map and the like).
 
 For each kind a BpfSampler in this process samples one workload (two
 CPU-bound processes or threads, one per CPU of this 2-CPU VM, so that nearly
