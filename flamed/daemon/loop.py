@@ -188,7 +188,7 @@ class DrainLoop:
         # The drain's transient objects are gone, and the text of a file just
         # written: their pages back to the kernel.  (Trimmed before the
         # rotation, the file's ~60 MB at 100 k distinct stacks stayed
-        # resident until the next drain: docs/bpf.md, "Trimmed after the file".)
+        # resident until the next drain: docs/bpf.md, "... the trim after the file".)
         trim_heap()
         self.notifier.status(self.status_line())
 
