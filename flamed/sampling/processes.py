@@ -296,7 +296,7 @@ class ProcessManager:
     def _count_watched(self) -> None:
         """Tell the program how many processes are watched (after the map changed:
         while it reads 0 it does not look there; bpf/profile.bpf.c)."""
-        self.program.array_set("watched_count", 0, sum(1 for p in self.table if p.watched))
+        self.program.array_set("watched_count", 0, len(self.watched()))
 
     def _need_pid_filter(self) -> None:
         if self.options.pids is None:

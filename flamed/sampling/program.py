@@ -788,8 +788,7 @@ class KernelProgram:
         self.bpf[name][ct.c_int(index)] = ct.c_uint32(value)
 
     def write_gen(self, gen: int) -> None:
-        t = self.bpf["generation"]
-        t[ct.c_int(0)] = ct.c_uint32(gen)
+        self.array_set("generation", 0, gen)
 
     def read_percpu(self, name: str, index: int) -> list[int]:
         return [int(v) for v in self.bpf[name][ct.c_int(index)]]
