@@ -196,15 +196,18 @@ def write_folded(profile: Profile | Iterable[tuple[Stack, Weight]], out: BinaryI
 
 
 def write_lines(lines: Iterable[bytes], out: BinaryIO) -> int:
-    """Write folded lines a few thousand at a time; returns how many."""
+    """Write folded lines a few thousand (at most ~256 KiB) at a time; returns how many."""
     n = 0
+    size = 0
     buf: list[bytes] = []
     for line in lines:
         buf.append(line)
         n += 1
-        if len(buf) >= 4096:
+        size += len(line)
+        if len(buf) >= 4096 or size >= 1 << 18:
             out.write(b"".join(buf))
             buf.clear()
+            size = 0
     if buf:
         out.write(b"".join(buf))
     return n

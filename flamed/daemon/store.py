@@ -10,8 +10,15 @@ Its metadata is in the sidecar ``HOST-YYYYMMDDTHHMMSSZ.json``, with the
 cgroup identities of its processes (``identities``: pid -> labels) so files
 can be filtered by service or container later.
 
-Crash safety: the sidecar is written (temp, fsync, rename) *before* the
-folded file, so every folded file has its sidecar; a crash between the two
+A closed period is written straight from its windows into the file's
+temporary file (:class:`StreamedFile`): its text, hundreds of MB for a
+period of 100 k distinct stacks per window, is never held whole in memory;
+the sidecar (its digest and size) follows from what was written.  Only
+while the disk refuses files is a period's text kept in memory
+(:class:`PendingFile`, the backlog below).
+
+Crash safety: the sidecar is in place (temp, fsync, rename) *before* the
+folded file is renamed into place, so every folded file has its sidecar; a crash between the two
 leaves at most an orphan sidecar, which :meth:`ProfileStore.recover` removes,
 as it removes temp files.  ``latest.folded`` is a symlink replaced atomically
 (rename of a new link over the old one).
@@ -173,9 +180,9 @@ def _merged(p: Period, root: str) -> MergedByRoot | None:
                         lambda t: root_frames(kinds, t[0], t[1], t[2], idents.get(t[0])))
 
 
-@dataclass
+@dataclass(eq=False)
 class PendingFile:
-    """A closed period, serialized, waiting to be written."""
+    """A closed period, serialized in memory, waiting to be written (the backlog)."""
 
     stem: str
     suffix: str
@@ -188,6 +195,55 @@ class PendingFile:
     @property
     def size(self) -> int:
         return len(self.payload) + len(self.sidecar)
+
+    def emit(self, out: BinaryIO) -> bytes:
+        """Write the profile to ``out``; return its sidecar."""
+        out.write(self.payload)
+        return self.sidecar
+
+
+class _Hashing:
+    """A write-only stream that hashes and counts what it passes on."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.sha = hashlib.sha256()
+        self.n = 0
+
+    def write(self, b: bytes) -> int:
+        self.sha.update(b)
+        self.n += len(b)
+        return self.out.write(b)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+@dataclass(eq=False)
+class StreamedFile:
+    """A closed period written straight from its windows into the file: the
+    text of a large period (hundreds of MB with 100 k distinct stacks per
+    window) is never held whole in memory.  Emitted again from the period
+    if a write has to be retried."""
+
+    store: ProfileStore
+    period: Period
+    kind: str
+    stem: str
+    suffix: str
+    size: int = 0
+
+    @property
+    def samples(self) -> int:
+        return self.period.samples
+
+    def emit(self, out: BinaryIO) -> bytes:
+        h = _Hashing(out)
+        lines, weight, total = self.store._fold_to(self.period, self.kind, cast(BinaryIO, h))
+        sidecar = self.store._sidecar(self.period, self.kind, self.stem + self.suffix, h.n, h.sha.hexdigest(),
+                                      lines, weight, total)
+        self.size = h.n + len(sidecar)
+        return sidecar
 
 
 @dataclass
@@ -260,25 +316,44 @@ class ProfileStore:
     def rotate(self) -> str | None:
         """Close the current period (if it has any window) and write what is pending.
 
-        Returns the path of the newest file written, or ``None``.
+        A closed period is written straight from its windows when no file
+        waits before it; otherwise, or when that write fails, its text joins
+        the backlog.  Returns the path of the newest file written, or ``None``.
         """
+        closed: list[tuple[Period, str]] = []
         o = self.offcpu_period
         if o.windows:
-            # Queued before the CPU file of the period: last_written stays the CPU file's.
+            # Before the CPU file of the period: last_written stays the CPU file's.
             self.offcpu_period = Period()
-            self._queue(self._serialize(o, "offcpu"))
+            closed.append((o, "offcpu"))
         p = self.period
         if p.windows:
             self.period = Period()
-            self._queue(self._serialize(p))
-        return self.write_pending()
+            closed.append((p, "cpu"))
+        newest: str | None = None
+        failed = False
+        for period, kind in closed:
+            suffix = ".folded.gz" if self.output.compress else ".folded"
+            stem = self._unique_stem(period.start_ns or 0, suffix, KIND_PREFIX[kind])
+            if not self.backlog:
+                path = self._try_write(StreamedFile(self, period, kind, stem, suffix))
+                if path is not None:
+                    if kind == "cpu":
+                        newest = path
+                    continue
+                failed = True
+            self._queue(self._serialize(period, kind, stem, suffix))
+        if self.backlog and not failed:
+            newest = self.write_pending() or newest
+        elif newest is not None:
+            self.apply_retention()
+        return newest
 
-    def _folded(self, p: Period, kind: str) -> tuple[bytes, int, int, Weight]:
-        """The period as folded text (gzipped if configured): (payload, lines,
-        the windows' weight, the file's weight)."""
-        buf = io.BytesIO()
-        out: BinaryIO = buf
-        gz = gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) if self.output.compress else None
+    def _fold_to(self, p: Period, kind: str, dest: BinaryIO) -> tuple[int, int, Weight]:
+        """Write the period as folded text (gzipped if configured) to ``dest``:
+        (lines, the windows' weight, the file's weight)."""
+        out: BinaryIO = dest
+        gz = gzip.GzipFile(fileobj=dest, mode="wb", mtime=0) if self.output.compress else None
         if gz is not None:
             out = cast(BinaryIO, gz)
         with gz if gz is not None else contextlib.nullcontext():
@@ -299,15 +374,14 @@ class ProfileStore:
                     profile.stacks = ns_to_us(profile.stacks)
                 lines = write_folded(profile, out)
                 total = profile.total()
-        return buf.getvalue(), lines, weight, total
+        return lines, weight, total
 
-    def _serialize(self, p: Period, kind: str = "cpu") -> PendingFile:
+    def _sidecar(self, p: Period, kind: str, name: str, size: int, sha256: str, lines: int, weight: int,
+                 total: Weight) -> bytes:
+        """The sidecar of the period's file ``name`` (``size`` bytes, that digest)."""
         assert p.start_ns is not None and p.end_ns is not None
-        payload, lines, weight, total = self._folded(p, kind)
-        suffix = ".folded.gz" if self.output.compress else ".folded"
-        stem = self._unique_stem(p.start_ns, suffix, KIND_PREFIX[kind])
         meta: dict[str, Any] = {
-            "file": stem + suffix,
+            "file": name,
             "format": "folded",
             "compressed": self.output.compress,
             "host": self.host,
@@ -329,12 +403,19 @@ class ProfileStore:
                 # per window: (start_ns, end_ns, microseconds off the CPU), for viewers' timelines
                 "window_samples": [[ws, we, _ns_to_us(n)] for ws, we, n in p.window_weights]}
                if kind != "cpu" else {}),
-            "bytes": len(payload),
-            "sha256": hashlib.sha256(payload).hexdigest(),
+            "bytes": size,
+            "sha256": sha256,
             "flamed_version": __version__,
         }
-        sidecar = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
-        return PendingFile(stem, suffix, payload, sidecar, p.start_ns, p.samples, kind)
+        return (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+
+    def _serialize(self, p: Period, kind: str, stem: str, suffix: str) -> PendingFile:
+        """The period's file in memory, for the backlog."""
+        assert p.start_ns is not None
+        buf = io.BytesIO()
+        f = StreamedFile(self, p, kind, stem, suffix)
+        sidecar = f.emit(buf)
+        return PendingFile(stem, suffix, buf.getvalue(), sidecar, p.start_ns, p.samples, kind)
 
     def _unique_stem(self, start_ns: int, suffix: str, prefix: str = "") -> str:
         base = f"{prefix}{self.host}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(start_ns // 1_000_000_000))}"
@@ -377,27 +458,11 @@ class ProfileStore:
         newest: str | None = None
         while self.backlog:
             f = self.backlog[0]
-            try:
-                path = self._write_making_room(f)
-            except OSError as e:
-                name = errno.errorcode.get(e.errno or 0, "EUNKNOWN")
-                self.metrics.write_errors.labels(errno=name).inc()
-                msg = f"cannot write {os.path.join(self.dir, f.stem + f.suffix)}: {e.strerror or e}"
-                # Once per kind of error, not once per file: each drain retries a new one.
-                if self.last_error is None or self.last_error.split(": ")[-1] != msg.split(": ")[-1]:
-                    log.error("%s; keeping %d file(s), %d bytes in memory (output.backlog_max_bytes=%d) "
-                              "and retrying at every drain", msg, len(self.backlog), self.backlog_bytes,
-                              self.output.backlog_max_bytes)
-                self.last_error = msg
+            path = self._try_write(f)
+            if path is None:
                 break
             self.backlog.popleft()
             self.backlog_bytes -= f.size
-            self.samples_written += f.samples
-            self.metrics.samples_written.inc(f.samples)
-            if self.last_error is not None:
-                log.warning("state directory writable again: wrote %s", path)
-                self.last_error = None
-                self._drop_logged = False
             if f.kind == "cpu":
                 newest = path
         self._update_backlog_metrics()
@@ -405,7 +470,32 @@ class ProfileStore:
             self.apply_retention()
         return newest
 
-    def _write_making_room(self, f: PendingFile) -> str:
+    def _try_write(self, f: PendingFile | StreamedFile) -> str | None:
+        """Write one file, making room on a full disk; its path, or ``None``
+        when it could not be written (the error is counted and logged)."""
+        try:
+            path = self._write_making_room(f)
+        except OSError as e:
+            name = errno.errorcode.get(e.errno or 0, "EUNKNOWN")
+            self.metrics.write_errors.labels(errno=name).inc()
+            msg = f"cannot write {os.path.join(self.dir, f.stem + f.suffix)}: {e.strerror or e}"
+            # Once per kind of error, not once per file: each drain retries a new one.
+            if self.last_error is None or self.last_error.split(": ")[-1] != msg.split(": ")[-1]:
+                log.error("%s; keeping the unwritten file(s) in memory (output.backlog_max_bytes=%d; "
+                          "now %d file(s), %d bytes, before this one) and retrying at every drain", msg,
+                          self.output.backlog_max_bytes, len(self.backlog) - (f in self.backlog),
+                          self.backlog_bytes - (f.size if f in self.backlog else 0))
+            self.last_error = msg
+            return None
+        self.samples_written += f.samples
+        self.metrics.samples_written.inc(f.samples)
+        if self.last_error is not None:
+            log.warning("state directory writable again: wrote %s", path)
+            self.last_error = None
+            self._drop_logged = False
+        return path
+
+    def _write_making_room(self, f: PendingFile | StreamedFile) -> str:
         """Write ``f``; while the disk is full, delete the oldest profile file and try again."""
         deleted = False
         while True:
@@ -461,22 +551,26 @@ class ProfileStore:
                 self.output.backlog_max_bytes, unwritten, len(self.backlog), self.backlog_bytes,
                 f": {self.last_error}" if self.backlog else "")
 
-    def _write(self, f: PendingFile) -> str:
+    def _write(self, f: PendingFile | StreamedFile) -> str:
         fsync = self.output.fsync
         sidecar_path = os.path.join(self.dir, f.stem + ".json")
         path = os.path.join(self.dir, f.stem + f.suffix)
-        with atomic_write(sidecar_path, fsync=fsync) as out:
-            out.write(f.sidecar)
+        placed = False
         try:
             with atomic_write(path, fsync=fsync) as out:
-                out.write(f.payload)
+                sidecar = f.emit(out)
+                # The sidecar is in place before the file it describes (see the module's docstring).
+                with atomic_write(sidecar_path, fsync=fsync) as side:
+                    side.write(sidecar)
+                placed = True
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(sidecar_path)
+            if placed:
+                with contextlib.suppress(OSError):
+                    os.unlink(sidecar_path)
             raise
         self.metrics.files_written.inc()
         self.files_written += 1
-        self.metrics.bytes_written.inc(len(f.payload) + len(f.sidecar))
+        self.metrics.bytes_written.inc(f.size)
         self.metrics.last_rotation.set(self._clock_ns() / 1e9)
         latest = LATEST
         if f.kind == "cpu":

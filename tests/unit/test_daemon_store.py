@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
 from pathlib import Path
@@ -168,3 +169,87 @@ def test_root_frame(tmp_path: Path, root: str, first: str) -> None:
     path = st.rotate()
     assert path is not None
     assert Path(path).read_text().splitlines()[0].split(";")[0] == first
+
+
+def _long_stack_windows(windows: int, per_window: int) -> list[dict]:
+    """Windows of distinct deep stacks with long frame names: a file whose
+    text is much larger than the numbered windows it comes from."""
+    out = []
+    for w in range(windows):
+        c = {}
+        for i in range(per_window):
+            frames = tuple(f"module_{j % 7}.function_with_a_long_name_{(i * 31 + j) % 97}" for j in range(40))
+            c[(100 + i % 5, 100 + i % 5, "svc", frames + (f"leaf_{w}_{i}",))] = 1 + i % 3
+        out.append(c)
+    return out
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_period_is_written_to_its_file_without_its_whole_text_in_memory(tmp_path: Path, compress: bool) -> None:
+    import tracemalloc
+
+    from flamed.daemon.ring import RingWindow, WindowRing
+
+    st, m = make(tmp_path, compress=compress)
+    ring = WindowRing(1e9, 1 << 30, clock_ns=lambda: 0)
+    windows = _long_stack_windows(3, 3000)
+    for i, c in enumerate(windows):
+        st.add(T0 + i * S, T0 + (i + 1) * S, ring.pack(RingWindow(0, 1, c, 0)).counts, sum(c.values()), {}, 99.0)
+    tracemalloc.start()
+    try:
+        path = st.rotate()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert path is not None and not st.backlog
+    data = Path(path).read_bytes()
+    text = gzip.decompress(data) if compress else data
+    assert text.count(b"\n") == 9000 and len(text) > 12 << 20
+    meta = json.loads((tmp_path / "p" / (Path(path).name.split(".")[0] + ".json")).read_text())
+    assert meta["bytes"] == len(data) and meta["sha256"] == hashlib.sha256(data).hexdigest()
+    assert meta["stacks"] == 9000 and meta["samples"] == sum(sum(c.values()) for c in windows)
+    assert metric(m, "flamed_written_bytes_total") == len(data) + len(
+        (tmp_path / "p" / (Path(path).name.split(".")[0] + ".json")).read_bytes())
+    # Held at once while writing: the period's merged counts and sort keys
+    # (frame numbers, 4 bytes a frame; ~5.7 MB here) and a chunk of lines,
+    # not the text: a copy of it in memory would alone be len(text) (13.8 MB;
+    # the text built whole in memory, as before 2026-12-06, peaked at 14.6
+    # MB compressed and 26.5 MB plain).
+    assert peak < len(text) // 2, (peak, len(text))
+
+
+def test_a_file_that_fails_midway_leaves_nothing_and_its_period_waits_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno as errno_mod
+
+    from flamed.daemon import store as store_mod
+    from flamed.daemon.ring import RingWindow, WindowRing
+
+    st, m = make(tmp_path)
+    ring = WindowRing(1e9, 1 << 30, clock_ns=lambda: 0)
+    windows = _long_stack_windows(2, 1500)
+    for i, c in enumerate(windows):
+        st.add(T0 + i * S, T0 + (i + 1) * S, ring.pack(RingWindow(0, 1, c, 0)).counts, sum(c.values()), {}, 99.0)
+    real_write = store_mod._Hashing.write
+
+    def failing(self: store_mod._Hashing, b: bytes) -> int:
+        if not isinstance(self.out, io.BytesIO) and self.n > 1 << 20:  # a disk failing after 1 MiB of the file
+            raise OSError(errno_mod.EIO, "Input/output error")
+        return real_write(self, b)
+
+    monkeypatch.setattr(store_mod._Hashing, "write", failing)
+    assert st.rotate() is None
+    assert os.listdir(tmp_path / "p") == []  # no part of the file, no sidecar, no temp file
+    assert len(st.backlog) == 1 and "Input/output error" in (st.last_error or "")
+    assert metric(m, "flamed_write_errors_total", errno="EIO") == 1
+    monkeypatch.setattr(store_mod._Hashing, "write", real_write)
+    path = st.write_pending()
+    assert path is not None and not st.backlog and st.last_error is None
+    prof = read_folded(open_input(path))
+    want: dict[str, int] = {}
+    for c in windows:
+        for (tgid, _tid, comm, frames), n in c.items():
+            line = ";".join((f"{comm}-{tgid}",) + frames)
+            want[line] = want.get(line, 0) + n
+    assert {";".join(k): v for k, v in prof.stacks.items()} == want
+    assert st.samples_written == st.samples_added == sum(sum(c.values()) for c in windows)
