@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from flamed.errors import CapabilityError, FlamedError
+from flamed.procstat import read_stat
 from flamed.sampling.pystack import short_filename
 
 #: Version of the ``--json`` document (see docs/dump.md); a change of a
@@ -130,12 +131,8 @@ def _read(path: Path) -> bytes | None:
 
 
 def _task_state(task: Path) -> str | None:
-    raw = _read(task / "stat")
-    if raw is None:
-        return None
-    # comm (field 2) may hold spaces and parentheses: the state follows the last ')'.
-    rest = raw[raw.rfind(b")") + 2 :].split(None, 1)
-    return rest[0].decode("ascii", "replace") if rest else None
+    fields = read_stat(task / "stat")
+    return fields[0].decode("ascii", "replace") if fields else None
 
 
 def _wchan(task: Path) -> str | None:

@@ -25,6 +25,7 @@ from flamed.fileio import open_output
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack
 from flamed.outputs.base import OutputOptions
+from flamed.procstat import running
 from flamed.pyspy.align import JoinOptions
 from flamed.pyspy.mixed import MixedMode, MixedOptions
 from flamed.pyspy.supervisor import MAX_RATE, PySpyOptions, find_pyspy
@@ -584,11 +585,7 @@ def _failures(mixed: MixedMode) -> str:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
+    return running(f"/proc/{pid}/stat")
 
 
 @contextlib.contextmanager

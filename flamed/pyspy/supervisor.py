@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flamed.errors import ConfigError, InputError
+from flamed.procstat import running
 from flamed.pyspy.chrometrace import PyTrace, parse_chrometrace
 
 log = logging.getLogger(__name__)
@@ -566,12 +567,7 @@ class PySpySupervisor:
         log.log(level, "%s; retry in %.1fs", message, (t.next_try_ns - self._now()) / 1e9)
 
     def _alive(self, pid: int) -> bool:
-        try:
-            with open(os.path.join(self.proc_root, str(pid), "stat"), "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return False
-        return state not in (b"Z", b"X")
+        return running(os.path.join(self.proc_root, str(pid), "stat"))
 
     @staticmethod
     def _signal(c: _Child, sig: int) -> None:

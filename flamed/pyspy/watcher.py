@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flamed.errors import ConfigError
+from flamed.procstat import stat_fields
 from flamed.pyspy.supervisor import have_cap_sys_ptrace
 
 log = logging.getLogger(__name__)
@@ -219,7 +220,7 @@ class ProcReader:
         if b is None:
             return None
         try:
-            return int(b.rsplit(b")", 1)[1].split()[1])
+            return int(stat_fields(b)[1])  # field 4
         except (IndexError, ValueError):
             return None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 
 from flamed.model import KERNEL_SUFFIX, Stack
+from flamed.procstat import running
 
 #: The leaf frame of an off-CPU stack: why the task left the CPU.
 OFFCPU_BLOCKED_FRAME = "[off-cpu: blocked]"
@@ -30,12 +31,7 @@ def off_start(raw: bytes) -> OffStart:
 
 
 def thread_alive(tgid: int, tid: int) -> bool:
-    try:
-        with open(f"/proc/{tgid}/task/{tid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
+    return running(f"/proc/{tgid}/task/{tid}/stat")
 
 
 def offcpu_frame(flags: int) -> str:

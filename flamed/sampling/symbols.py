@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from flamed.model import KERNEL_SUFFIX, sanitize_frame
+from flamed.procstat import EXITED, read_stat
 
 log = logging.getLogger("flamed.sampling.symbols")
 
@@ -73,16 +74,8 @@ class ProcessIdentity:
 
 def read_identity(pid: int, proc: Path = Path("/proc")) -> ProcessIdentity | None:
     """The identity of ``pid`` now, or ``None`` when it has exited."""
-    try:
-        raw = (proc / str(pid) / "stat").read_bytes()
-    except OSError:
-        return None
-    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
-    end = raw.rfind(b")")
-    if end < 0:
-        return None
-    rest = raw[end + 2 :].split()
-    if rest[:1] in ([b"Z"], [b"X"]):
+    rest = read_stat(proc / str(pid) / "stat")
+    if not rest or rest[0] in EXITED:
         # A zombie has exited: its memory (and with it start_code and
         # start_stack, now 0) is gone.  Read as an identity, it looked like a
         # new image, and the samples still to be named lost their symbols.

@@ -1,0 +1,36 @@
+"""The fields of ``/proc/PID/stat`` and ``/proc/PID/task/TID/stat``.
+
+The second field (comm, in parentheses) may itself hold spaces and
+parentheses, so the fields after it are found after the *last* ``)``.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: States of a task that has exited (zombie, dead).
+EXITED = (b"Z", b"X")
+
+
+def stat_fields(raw: bytes) -> list[bytes]:
+    """Fields 3 onward of a stat line, so that field N is at index N - 3
+    (the state is at 0, the start time at 19); [] for a malformed line."""
+    end = raw.rfind(b")")
+    return raw[end + 2 :].split() if end >= 0 else []
+
+
+def read_stat(path: str | os.PathLike[str]) -> list[bytes] | None:
+    """The fields (see :func:`stat_fields`) of the stat file at ``path``;
+    ``None`` when it cannot be read (the task is gone)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return stat_fields(raw)
+
+
+def running(path: str | os.PathLike[str]) -> bool:
+    """Is the task whose stat file is ``path`` there and not exited?"""
+    fields = read_stat(path)
+    return fields is not None and bool(fields) and fields[0] not in EXITED

@@ -1,0 +1,43 @@
+"""The stat fields of real tasks, and of comm names that hide the separators."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from flamed.procstat import read_stat, running, stat_fields
+
+
+def test_fields_follow_the_last_parenthesis_of_a_hostile_comm() -> None:
+    raw = b"4242 (a) b (c) S 1 4242 4242 0 -1 4194560 1 0 0 0 2 3 0 0 20 0 1 0 777 0\n"
+    fields = stat_fields(raw)
+    assert fields[0] == b"S" and fields[1] == b"1" and fields[19] == b"777"
+    assert stat_fields(b"garbage without the name") == []
+    assert stat_fields(b"12 (x)") == []
+
+
+def test_a_real_process_is_running_until_it_is_a_zombie_then_gone(tmp_path: Path) -> None:
+    me = read_stat(f"/proc/{os.getpid()}/stat")
+    assert me is not None and me[0] == b"R" and int(me[1]) == os.getppid()
+    # A child whose name holds ") X (": its state is still read right.
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import ctypes,time; ctypes.CDLL(None).prctl(15, b'p) X (q', 0, 0, 0); time.sleep(30)"])
+    try:
+        stat = f"/proc/{child.pid}/stat"
+        deadline = time.monotonic() + 10
+        while b") X (" not in Path(stat).read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert b"p) X (q" in Path(stat).read_bytes()
+        assert running(stat) and read_stat(stat)[0] in (b"S", b"R")  # type: ignore[index]
+        child.kill()
+        deadline = time.monotonic() + 10
+        while running(stat) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not running(stat) and read_stat(stat)[0] == b"Z"  # type: ignore[index]  # not yet reaped
+    finally:
+        child.kill()
+        child.wait(10)
+    assert read_stat(stat) is None and not running(stat)
