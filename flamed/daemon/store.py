@@ -11,8 +11,8 @@ cgroup identities of its processes (``identities``: pid -> labels) so files
 can be filtered by service or container later.
 
 A closed period is written straight from its windows into the file's
-temporary file (:class:`StreamedFile`): its text, hundreds of MB for a
-period of 100 k distinct stacks per window, is never held whole in memory;
+temporary file (:class:`StreamedFile`): its text, tens of MB for a period
+of 100 k distinct stacks per window, is never held whole in memory;
 the sidecar (its digest and size) follows from what was written.  Only
 while the disk refuses files is a period's text kept in memory
 (:class:`PendingFile`, the backlog below).
@@ -222,7 +222,7 @@ class _Hashing:
 @dataclass(eq=False)
 class StreamedFile:
     """A closed period written straight from its windows into the file: the
-    text of a large period (hundreds of MB with 100 k distinct stacks per
+    text of a large period (tens of MB with 100 k distinct stacks per
     window) is never held whole in memory.  Emitted again from the period
     if a write has to be retried."""
 
