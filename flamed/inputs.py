@@ -8,19 +8,23 @@ Formats told apart by content, not name:
 * everything else goes to :mod:`flamed.collapse` (perf script, bcc, py-spy,
   folded, ...) when it can tell the format, and is read as folded otherwise.
 
-``sniff`` names the format of one input from its first bytes.
+``sniff`` names the format of one input from its first bytes;
+``stdin_head`` gives those bytes of standard input (gunzipped) and leaves
+them to be read again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import io
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from flamed.errors import InputError
 from flamed.fastfolded import count_folded, profile_from_counts
-from flamed.fileio import input_name, open_input, peek_stdin
+from flamed.fileio import GZIP_MAGIC, input_name, open_input, peek_stdin
 from flamed.folded import ReadStats, is_differential
 from flamed.model import Profile, Sample, Weight, merge_streams
 
@@ -35,6 +39,36 @@ def _head(f: BinaryIO) -> bytes:
     if peek is not None:
         return bytes(peek(HEAD)[:HEAD])
     return b""
+
+
+#: How far :func:`stdin_head` peeks for a head (compressed bytes): the end of a
+#: first line longer than this is not waited for.
+MAX_STDIN_PEEK = 64 << 20
+
+
+def stdin_head(n: int = 64 << 10) -> bytes:
+    """The head of standard input that ``read_head`` of the opened input gives (the
+    first ``n`` bytes, on to the end of the first line), gunzipped when stdin is gzip;
+    stdin is left whole for its reader (:func:`flamed.fileio.peek_stdin`)."""
+    from flamed.collapse.driver import read_head
+
+    want = max(n, 64 << 10)
+    while True:
+        raw = peek_stdin(want)
+        ended = len(raw) < want
+        data = raw
+        if raw[:2] == GZIP_MAGIC:
+            # Only the first member matters for a head; corrupt data is for the reader to report.
+            z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            try:
+                data = z.decompress(raw)
+            except zlib.error:
+                return b""
+            ended = ended or z.eof
+        head = read_head(io.BytesIO(data), n)
+        if len(head) < len(data) or ended or want >= MAX_STDIN_PEEK:
+            return head
+        want *= 2
 
 
 def _looks_pprof(head: bytes) -> bool:

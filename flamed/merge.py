@@ -8,8 +8,13 @@ On the way:
 * task ids are remapped so two sources never share one (:class:`IdRemapper`):
   a pid/tid keeps its number unless another source used it first (in merge
   order, which is deterministic), else it gets a fresh one above Linux's
-  ``PID_MAX_LIMIT``; root frames ``comm-PID[/TID]`` are rewritten to match;
-* a source label (host, file) can become the root frame;
+  ``PID_MAX_LIMIT``; root frames ``comm-PID[/TID]`` and ``comm-?/TID`` are
+  rewritten to match;
+* a sample whose ids are not in its root frame (perf script, whose root
+  frame is the command) gets the root frame ``comm-PID/TID`` (``comm-?/TID``
+  without a pid), so the output says which task each sample came from;
+* a source label (host, file) can become the root frame (one frame: made
+  safe with :func:`flamed.model.sanitize_frame`);
 * ``start_ns <= t < end_ns`` filters by time; timestamps are never changed;
 * a source whose timestamps go backwards is an error naming the file and line,
   unless ``sort`` is asked: then each source is sorted first by an external
@@ -35,7 +40,16 @@ from typing import BinaryIO
 from flamed.collapse.base import CollapseOptions, Collapser
 from flamed.errors import InputError
 from flamed.folded import ReadStats
-from flamed.model import Profile, Sample, Weight, decode_frame, merge_streams, parse_task_frame, task_frame
+from flamed.model import (
+    Profile,
+    Sample,
+    Weight,
+    decode_frame,
+    merge_streams,
+    parse_task_frame,
+    sanitize_frame,
+    task_frame,
+)
 
 #: First id handed out on a collision: above Linux's PID_MAX_LIMIT (2**22), so never a real id.
 FRESH_ID_BASE = 10_000_000
@@ -176,13 +190,23 @@ def _read_run(f: BinaryIO) -> Iterator[Sample]:
             yield Sample(time_ns=t, stack=stack, weight=w, pid=pid, tid=tid)
 
 
+def root_label(src: Source, label_root: str | None) -> str | None:
+    """The root frame ``label_root`` puts on every stack of ``src`` (``pid`` aside), as one frame."""
+    if label_root in ("label", "host"):
+        return sanitize_frame(src.label)
+    if label_root == "file":
+        return sanitize_frame(os.path.basename(src.name))
+    return None
+
+
 def _relabel(
     samples: Iterator[Sample], index: int, src: Source, opts: MergeOptions, remap: IdRemapper | None
 ) -> Iterator[Sample]:
     label_root = opts.label_root
-    label = src.label if label_root in ("label", "host") else os.path.basename(src.name) if label_root == "file" else None
+    label = root_label(src, label_root)
     lo, hi = opts.start_ns, opts.end_ns
-    roots: dict[tuple[str, int | None, int | None], str] = {}
+    # (root frame, pid, tid) read -> (root frame, pid, tid) written.
+    roots: dict[tuple[str, int | None, int | None], tuple[str, int | None, int | None]] = {}
     for s in samples:
         t = s.time_ns
         if lo is not None and t < lo:
@@ -191,22 +215,25 @@ def _relabel(
             continue
         stack = s.stack
         pid, tid = s.pid, s.tid
-        if remap is not None and (pid is not None or tid is not None):
-            npid = remap(index, pid) if pid is not None else None
-            ntid = remap(index, tid) if tid is not None else None
-            if npid != pid or ntid != tid:
-                key = (stack[0], npid, ntid)
-                root = roots.get(key)
-                if root is None:
-                    task = parse_task_frame(stack[0])
-                    if task.pid is not None and task.pid == pid:
-                        root = task_frame(task.comm, npid, ntid if task.tid is not None else None)
-                    else:
-                        root = stack[0]
-                    if len(roots) < 100_000:
-                        roots[key] = root
+        if (pid is not None or tid is not None) and stack:
+            key = (stack[0], pid, tid)
+            hit = roots.get(key)
+            if hit is None:
+                npid = remap(index, pid) if remap is not None and pid is not None else pid
+                ntid = remap(index, tid) if remap is not None and tid is not None else tid
+                task = parse_task_frame(stack[0])
+                if task.pid == pid and task.tid == tid:
+                    # The root frame names this task (a trace, perf collapsed with --tid).
+                    root = stack[0] if (npid, ntid) == (pid, tid) else task_frame(task.comm, npid, ntid)
+                else:
+                    # The root frame is the command only (perf script): name the task.
+                    root = task_frame(stack[0], npid, ntid)
+                hit = (root, npid, ntid)
+                if len(roots) < 100_000:
+                    roots[key] = hit
+            root, pid, tid = hit
+            if root != stack[0]:
                 stack = (root,) + stack[1:]
-                pid, tid = npid, ntid
         if label is not None:
             stack = (label,) + stack
         elif label_root == "pid":
@@ -311,7 +338,7 @@ def _trace_lines(
     from flamed.model import encode_frame, format_weight
 
     label_root = opts.label_root
-    label = src.label if label_root in ("label", "host") else os.path.basename(src.name) if label_root == "file" else None
+    label = root_label(src, label_root)
     label_b = encode_frame(label) + b";" if label is not None else b""
     lo, hi = opts.start_ns, opts.end_ns
     roots: dict[bytes, tuple[bytes, int | None]] = {}
@@ -372,8 +399,8 @@ def _trace_lines(
                 task = parse_task_frame(root_b.decode("utf-8", "surrogateescape"))
                 pid = task.pid
                 new_root = root_b
-                if remap is not None and pid is not None:
-                    npid = remap(index, pid)
+                if remap is not None and (pid is not None or task.tid is not None):
+                    npid = remap(index, pid) if pid is not None else None
                     ntid = remap(index, task.tid) if task.tid is not None else None
                     if npid != pid or ntid != task.tid:
                         new_root = encode_frame(task_frame(task.comm, npid, ntid))

@@ -17,7 +17,9 @@ the original bytes.  Conventions carried in frame text:
 * kernel frames end in ``_[k]`` (perf/bcc),
 * Python frames look like ``func (path/file.py:line)`` (py-spy),
 * a root frame ``comm-PID`` or ``comm-PID/TID`` names the task (stackcollapse-perf's
-  ``--pid``/``--tid`` convention); :func:`parse_task_frame` reads it back.
+  ``--pid``/``--tid`` convention), ``comm-?/TID`` a thread whose pid the capture
+  did not record (perf script's default output); :func:`parse_task_frame` reads
+  it back, :func:`task_frame` writes it.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ TIME_KINDS = {"off_cpu": "off-CPU time", "wall": "wall-clock time"}
 UNIT_ABBREV = {"nanoseconds": "ns", "microseconds": "\u00b5s", "milliseconds": "ms", "seconds": "s"}
 
 _PY_FRAME = re.compile(r".* \([^()]*\.pyx?:\d+\)$|.* \([^()]*\.pyx?\)$")
-_TASK_FRAME = re.compile(r"^(?P<comm>.*)-(?P<pid>\d+)(?:/(?P<tid>\d+))?$")
+_TASK_FRAME = re.compile(r"^(?P<comm>.*)-(?:(?P<pid>\d+)(?:/(?P<tid>\d+))?|\?/(?P<qtid>\d+))$")
 
 
 def decode_frame(raw: bytes) -> str:
@@ -99,19 +101,29 @@ class Task:
 
 
 def parse_task_frame(frame: str) -> Task:
-    """Read the task out of a root frame ``comm``, ``comm-PID`` or ``comm-PID/TID``."""
+    """Read the task out of a root frame ``comm``, ``comm-PID``, ``comm-PID/TID`` or
+    ``comm-?/TID`` (a thread of an unknown process: ``pid`` is None, ``tid`` is not)."""
     m = _TASK_FRAME.match(frame)
     if m is None:
         return Task(comm=frame)
+    pid = m.group("pid")
+    if pid is None:
+        return Task(comm=m.group("comm"), tid=int(m.group("qtid")))
     tid = m.group("tid")
-    return Task(comm=m.group("comm"), pid=int(m.group("pid")), tid=int(tid) if tid else None)
+    return Task(comm=m.group("comm"), pid=int(pid), tid=int(tid) if tid else None)
+
+
+def is_task(task: Task) -> bool:
+    """True when a root frame named a task (a pid, a tid or both), not only a command."""
+    return task.pid is not None or task.tid is not None
 
 
 def task_frame(comm: str, pid: int | None = None, tid: int | None = None) -> str:
-    """The root frame for a task, the inverse of :func:`parse_task_frame`."""
+    """The root frame for a task, the inverse of :func:`parse_task_frame`
+    (``comm-?/TID`` for a tid without a pid)."""
     comm = sanitize_frame(comm)
     if pid is None:
-        return comm
+        return comm if tid is None else f"{comm}-?/{tid}"
     if tid is None:
         return f"{comm}-{pid}"
     return f"{comm}-{pid}/{tid}"

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from flamed.errors import FlamedError, InputError, UsageError
 from flamed.fileio import atomic_write
-from flamed.model import encode_frame, frame_kind, parse_task_frame
+from flamed.model import encode_frame, frame_kind, is_task, parse_task_frame
 
 RGB = tuple[int, int, int]
 
@@ -244,7 +244,7 @@ def mixed_kind(name: str, depth: int | None = None) -> str:
     """
     if depth == 0 or _SPECIAL.match(name):
         return "other"
-    if depth == 1 and parse_task_frame(name).pid is not None:
+    if depth == 1 and is_task(parse_task_frame(name)):
         return "other"
     return frame_kind(name)
 

@@ -14,7 +14,8 @@ from flamed.collapse.driver import HEAD_BYTES, collapse, default_jobs, read_head
 from flamed.collapse.trace import parse_timestamp
 from flamed.commands.base import Command
 from flamed.errors import UsageError
-from flamed.fileio import input_name, open_input, open_output, stdin_binary
+from flamed.fileio import input_name, open_input, open_output
+from flamed.inputs import stdin_head
 from flamed.merge import (
     LABEL_ROOTS,
     IdRemapper,
@@ -24,6 +25,7 @@ from flamed.merge import (
     aggregate_trace_files,
     merge_sources,
     merge_trace_files,
+    root_label,
 )
 from flamed.model import Profile, Stack, parse_task_frame, profile_from_samples, task_frame
 from flamed.outputs import choose
@@ -67,7 +69,8 @@ class MergeCommand(Command):
     Timestamped traces ('TIMESTAMP STACK [COUNT]', and perf script) are merged
     by a streaming k-way merge on timestamps: memory does not grow with the
     inputs. Each input's pids/tids are remapped so no two inputs share one
-    (root frames 'comm-PID/TID' follow), timestamps are kept as they are.
+    (root frames 'comm-PID/TID' follow; a perf script sample's root frame
+    names its task so), timestamps are kept as they are.
     An input whose timestamps go backwards is an error naming its file and
     line; --sort sorts it on the fly instead (external sort, bounded memory).
     Folded inputs are summed.
@@ -181,10 +184,7 @@ class MergeCommand(Command):
             return get_input_format(fmt)
         if path is None or path == "-":
             # Peek, do not read: the merge reads stdin again from its start.
-            stdin = stdin_binary()
-            peek = getattr(stdin, "peek", None)
-            head = peek(HEAD_BYTES) if peek is not None else b""
-            return guess(head, source="<stdin>")
+            return guess(stdin_head(HEAD_BYTES), source="<stdin>")
         with open_input(path) as f:
             return guess(read_head(f), source=input_name(path))
 
@@ -202,18 +202,18 @@ class MergeCommand(Command):
                 self.warn(summary)
             p = res.profile
 
-            def relabel(stack: Stack, i: int = i, src: Source = src) -> Stack:
+            label = root_label(src, opts.label_root)
+
+            def relabel(stack: Stack, i: int = i, label: str | None = label) -> Stack:
                 if remap is not None:
                     task = parse_task_frame(stack[0])
-                    if task.pid is not None:
-                        npid = remap(i, task.pid)
+                    if task.pid is not None or task.tid is not None:
+                        npid = remap(i, task.pid) if task.pid is not None else None
                         ntid = remap(i, task.tid) if task.tid is not None else None
                         if npid != task.pid or ntid != task.tid:
                             stack = (task_frame(task.comm, npid, ntid),) + stack[1:]
-                if opts.label_root in ("label", "host"):
-                    stack = (src.label,) + stack
-                elif opts.label_root == "file":
-                    stack = (os.path.basename(src.name),) + stack
+                if label is not None:
+                    stack = (label,) + stack
                 elif opts.label_root == "pid":
                     pid = parse_task_frame(stack[0]).pid
                     stack = (f"pid-{pid if pid is not None else '?'}",) + stack

@@ -16,7 +16,7 @@ from flamed.daemon.config import DEFAULT_CONFIG_PATH, PyroscopeConfig, build_opt
 from flamed.daemon.pyroscope import PUSH_OFFCPU_SAMPLE_TYPE, PushError, Target, ingest_request, send
 from flamed.errors import ConfigError, FlamedError, InputError, UsageError
 from flamed.folded import read_folded
-from flamed.model import Profile, parse_task_frame
+from flamed.model import Profile, is_task, parse_task_frame
 from flamed.outputs.pprof import LabelledSample, to_proto, write_pprof
 
 #: Attempts per file when the server fails in a way a retry may cure.
@@ -146,9 +146,10 @@ def _body(fmt: str, e: dict[str, Any]) -> bytes:
     for stack, w in prof.sorted_items():
         task = parse_task_frame(stack[0]) if stack else None
         labels = {"host": e["host"]}
-        if task is not None and task.pid is not None:
+        if task is not None and is_task(task):
             labels["comm"] = task.comm
-            labels["pid"] = str(task.pid)
+            if task.pid is not None:
+                labels["pid"] = str(task.pid)
             if task.tid is not None:
                 labels["thread"] = str(task.tid)
         samples.append((stack, w, labels))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from flamed.model import Sample, Stack, Weight, parse_task_frame, sanitize_frame, task_frame
+from flamed.model import Sample, Stack, Weight, parse_task_frame, task_frame
 
 #: Sampling interval assumed when neither the rate nor the data tell one.
 DEFAULT_INTERVAL_NS = 10_000_000
@@ -111,7 +111,7 @@ def lanes(samples: Iterable[Sample]) -> list[tuple[Stack, Weight]]:
     # Lanes in the order the threads first ran.
     for key in sorted(groups, key=lambda k: (groups[k][0].time_ns if groups[k] else 0, k)):
         n = names[key]
-        root = task_frame(n.comm, n.pid, n.tid) if n.pid is not None else f"{sanitize_frame(n.comm)}-?/{n.tid}"
+        root = task_frame(n.comm, n.pid, n.tid)
         for s in groups[key]:
             stack = s.stack
             if stack and parse_task_frame(stack[0]).tid is None:

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 from flamed import __version__
 from flamed.errors import InputError
-from flamed.model import Profile, Sample, Stack, Weight, normalize_weight, parse_task_frame
+from flamed.model import Profile, Sample, Stack, Weight, is_task, normalize_weight, parse_task_frame
 from flamed.outputs._timeline import group_by_thread, intervals, thread_names, typical_interval
 from flamed.outputs.base import OutputFormat, OutputOptions
 
@@ -50,8 +50,7 @@ class _Frames:
 
 
 def _task_name(root: str) -> str | None:
-    t = parse_task_frame(root)
-    return root if t.pid is not None else None
+    return root if is_task(parse_task_frame(root)) else None
 
 
 def _unit(profile: Profile) -> str:

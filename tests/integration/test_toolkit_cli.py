@@ -13,6 +13,7 @@ from pathlib import Path
 from flamed.cli import main
 from flamed.collapse.trace import parse_trace_line
 from flamed.merge import FRESH_ID_BASE
+from flamed.model import parse_task_frame
 from support import DATA, golden
 
 
@@ -49,16 +50,27 @@ def test_merge_real_perf_captures_to_trace(tmp_path: Path) -> None:
     assert len(recs) == n_a + n_b
     roots = {r[1][0] for r in recs if r}
     assert roots == {"c-pid-tid", "c-noperiod"}
-    # Aggregating the merged trace equals collapsing each capture (with the label root).
+    # Aggregating the merged trace equals collapsing each capture (with the label root):
+    # with --tid for the first, whose ids are kept; the second's colliding ids are fresh.
     folded = tmp_path / "all.folded"
     assert cli("collapse", str(trace), "-o", str(folded))[0] == 0
-    per = {}
+    got = folded_dict(folded)
+    first = tmp_path / "first.folded"
+    assert cli("collapse", "--jobs", "1", "--tid", str(a), "-o", str(first))[0] == 0
+    assert {k: v for k, v in got.items() if k.startswith("c-pid-tid;")} == {f"c-pid-tid;{k}": v for k, v in folded_dict(first).items()}
+    assert all(parse_task_frame(k.split(";")[1]).tid is not None for k in got)
+    per: dict[str, int] = {}
     for src, label in ((a, "c-pid-tid"), (b, "c-noperiod")):
         f = tmp_path / f"{label}.folded"
         assert cli("collapse", "--jobs", "1", str(src), "-o", str(f))[0] == 0
         for k, v in folded_dict(f).items():
             per[f"{label};{k}"] = per.get(f"{label};{k}", 0) + v
-    assert folded_dict(folded) == per
+    commands: dict[str, int] = {}
+    for k, v in got.items():
+        label, task, rest = k.split(";", 2)
+        key = f"{label};{parse_task_frame(task).comm};{rest}"
+        commands[key] = commands.get(key, 0) + v
+    assert commands == per
     # --from/--to keeps a window, timestamps untouched.
     lo, hi = times[len(times) // 4], times[len(times) // 2]
     win = tmp_path / "win.trace"

@@ -13,7 +13,7 @@ from flamed.cli import main
 from flamed.collapse import get
 from flamed.errors import InputError
 from flamed.merge import FRESH_ID_BASE, IdRemapper, MergeOptions, Source, _external_sort, merge_sources
-from flamed.model import Sample
+from flamed.model import Sample, parse_task_frame
 
 
 def trace(path: Path, lines: list[str]) -> Path:
@@ -172,11 +172,12 @@ def test_trace_fast_path_writes_the_sample_path_bytes(tmp_path: Path, opts: Merg
             "",
             "1400000000  spaced;stack  3 \r",
             "1500000000 \xff\xfe-3;y 4",
+            "1600000000 w-?/11;z 1",
             "not a line at all",
             "2000000000 db-7;q 1",
         ],
     )
-    b = trace(tmp_path / "b.trace", ["1000000000 db-10/11;q 2", "1.25 app-10/12;x 1", "2.5 db-7;q 9"])
+    b = trace(tmp_path / "b.trace", ["1000000000 db-10/11;q 2", "1.25 app-10/12;x 1", "1.65 w-?/11;z 1", "2.5 db-7;q 9"])
     srcs = [Source(str(p), str(p), p.stem, get("trace")) for p in (a, b)]
     slow = io.BytesIO()
     with contextlib.ExitStack() as stack:
@@ -252,3 +253,178 @@ def test_trace_with_one_bad_line_is_still_a_trace(tmp_path: Path) -> None:
     rc, err = run_main("merge", str(BAD_TRACE), "-o", str(out))
     assert rc == 0, err
     assert len(out.read_text().splitlines()) == 1 + 39
+
+
+# -- task identity: root frames comm-PID/TID and comm-?/TID ----------------------
+
+PERF_PID_TID = DATA / "perf" / "c-pid-tid.txt.gz"  # real perf script -F comm,pid,tid,time,...: "hot 11166/11166"
+PERF_DEFAULT = DATA / "perf" / "c-default.txt.gz"  # real default perf script: "hot 11166 [000]", no pid
+
+
+def trace_roots(path: Path) -> list[str]:
+    return [line.split(" ", 1)[1].rsplit(" ", 1)[0].split(";", 1)[0] for line in path.read_text().splitlines()[1:]]
+
+
+def thread_names(path: Path) -> list[str]:
+    import json
+
+    ev = json.loads(path.read_text())["traceEvents"]
+    return sorted(e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name")
+
+
+def collapse_folded(tmp_path: Path, *args: str) -> dict[str, int]:
+    out = tmp_path / "c.folded"
+    rc, err = run_main("collapse", "--jobs", "1", *args, "-o", str(out))
+    assert rc == 0, err
+    return {k: int(v) for k, _, v in (line.rpartition(" ") for line in out.read_text().splitlines())}
+
+
+@pytest.mark.parametrize("capture", [PERF_PID_TID, PERF_DEFAULT], ids=["pid-tid", "default"])
+def test_merged_perf_script_names_each_task(tmp_path: Path, capture: Path) -> None:
+    one = tmp_path / "one.trace"
+    rc, err = run_main("merge", str(capture), "-o", str(one))
+    assert rc == 0, err
+    # The root frames are what 'collapse --tid' writes: comm-PID/TID, or comm-?/TID without a pid.
+    assert collapse_folded(tmp_path, str(one)) == collapse_folded(tmp_path, "--tid", str(capture))
+    assert len(set(trace_roots(one))) == 4
+    if capture is PERF_DEFAULT:
+        assert all("-?/" in r for r in trace_roots(one))
+    # A timeline of the merged trace has the capture's threads, as one of the capture has.
+    direct, merged = tmp_path / "direct.trace.json", tmp_path / "merged.trace.json"
+    assert run_main("export", "-o", str(direct), str(capture))[0] == 0
+    assert run_main("export", "-o", str(merged), str(one))[0] == 0
+    assert thread_names(merged) == thread_names(direct) and len(thread_names(direct)) == 4
+    # The general path (--sort) and folded output say the same.
+    again = tmp_path / "sorted.trace"
+    assert run_main("merge", "--sort", str(capture), "-o", str(again))[0] == 0
+    assert again.read_text() == one.read_text()
+    folded = tmp_path / "m.folded"
+    assert run_main("merge", str(capture), "-o", str(folded))[0] == 0
+    assert collapse_folded(tmp_path, str(folded)) == collapse_folded(tmp_path, "--tid", str(capture))
+
+
+@pytest.mark.parametrize("capture", [PERF_PID_TID, PERF_DEFAULT], ids=["pid-tid", "default"])
+def test_remapped_ids_of_perf_script_are_in_the_output(tmp_path: Path, capture: Path) -> None:
+    out = tmp_path / "twice.trace"
+    rc, err = run_main("merge", str(capture), str(capture), "-o", str(out))
+    assert rc == 0, err
+    roots = set(trace_roots(out))
+    fresh = {i for r in roots for i in (parse_task_frame(r).pid, parse_task_frame(r).tid) if i is not None and i >= FRESH_ID_BASE}
+    assert fresh and f"remapped {len(fresh)} pid/tid(s)" in err
+    assert len(roots) == 8  # 4 threads per copy, told apart
+    timeline = tmp_path / "twice.trace.json"
+    assert run_main("export", "-o", str(timeline), str(out))[0] == 0
+    assert len(thread_names(timeline)) == 8
+
+
+def test_task_frame_without_pid_round_trips() -> None:
+    from flamed.model import Profile, Task, task_frame
+
+    assert parse_task_frame("w-?/11") == Task("w", None, 11)
+    assert task_frame("w", None, 11) == "w-?/11"
+    assert parse_task_frame("worker 0-?/11168") == Task("worker 0", None, 11168)
+    assert parse_task_frame("w-?") == Task("w-?")  # 'collapse --pid' without pids: no id to read
+    assert parse_task_frame("a-1/2") == Task("a", 1, 2) and parse_task_frame("a-1") == Task("a", 1)
+    p = Profile({("w-?/11", "a"): 2, ("w-?/12", "b"): 1, ("x", "c"): 4})
+    assert p.filtered(tid=11).stacks == {("w-?/11", "a"): 2}
+    assert p.filtered(comm="^w$").total() == 3
+
+
+def test_task_frames_without_pid_elsewhere() -> None:
+    from flamed.model import Profile
+    from flamed.outputs.speedscope import to_document
+    from flamed.palette import mixed_kind
+
+    assert mixed_kind("w-?/11", 1) == "other" and mixed_kind("w-11", 1) == "other"
+    doc = to_document(Profile({("w-?/11", "a"): 2, ("w-?/12", "b"): 1}))
+    assert sorted(x["name"] for x in doc["profiles"]) == ["w-?/11", "w-?/12"]  # one profile per task
+
+
+def test_trace_of_threads_without_pid_has_a_lane_per_thread(tmp_path: Path) -> None:
+    from flamed.collapse.trace import iter_trace
+    from flamed.outputs._timeline import lanes
+
+    t = trace(tmp_path / "t4.trace", ["1000 w-?/11;a 1", "2000 w-?/12;b 1", "3000 w-?/11;c 1"])
+    with t.open("rb") as f:
+        samples = list(iter_trace(f, source=str(t)))
+    assert [(s.pid, s.tid) for s in samples] == [(None, 11), (None, 12), (None, 11)]
+    assert [st for st, _ in lanes(samples)] == [("w-?/11", "a"), ("w-?/11", "c"), ("w-?/12", "b")]
+    out = tmp_path / "t4.trace.json"
+    assert run_main("export", "-o", str(out), str(t))[0] == 0
+    assert thread_names(out) == ["w (tid 11)", "w (tid 12)"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--sort"], ["--output-format", "folded"], ["--output-format", "speedscope"]])
+def test_merge_remaps_tids_of_frames_without_pid(tmp_path: Path, extra: list[str]) -> None:
+    q = trace(tmp_path / "q.trace", ["1000 comm-?/55;a 1", "2000 comm-?/56;b 1"])
+    out = tmp_path / "out.x"
+    rc, err = run_main("merge", *extra, str(q), str(q), "-o", str(out))
+    assert rc == 0, err
+    assert "remapped 2 pid/tid(s)" in err
+    text = out.read_text()
+    for root in ("comm-?/55", "comm-?/56", f"comm-?/{FRESH_ID_BASE}", f"comm-?/{FRESH_ID_BASE + 1}"):
+        assert root in text
+
+
+def test_folded_merge_remaps_tids_of_frames_without_pid(tmp_path: Path) -> None:
+    a = tmp_path / "a.folded"
+    a.write_text("w-?/11;f 1\n")
+    out = tmp_path / "sum.folded"
+    rc, err = run_main("merge", str(a), str(a), "-o", str(out))
+    assert rc == 0, err
+    assert out.read_text() == f"w-?/{FRESH_ID_BASE};f 1\nw-?/11;f 1\n"
+
+
+# -- labels are one frame each ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["-o", "{tmp}/o.trace"], ["--sort", "-o", "{tmp}/o.trace"], ["--output-format", "folded", "-o", "{tmp}/o.folded"]],
+    ids=["trace-lines", "samples", "aggregate"],
+)
+def test_labels_are_sanitized_frames(tmp_path: Path, extra: list[str]) -> None:
+    a = trace(tmp_path / "a.trace", ["1000 app-10;a 1"])
+    b = trace(tmp_path / "b.trace", ["1500 srv-10;x 1"])
+    c = trace(tmp_path / "c.trace", ["1700 db;y 1"])
+    args = [x.replace("{tmp}", str(tmp_path)) for x in extra]
+    out = Path(args[-1])
+    rc, err = run_main("merge", "--label", "x;y", "--label", "p\nq\r", "--label", "", "--label-root", "label", str(a), str(b), str(c), *args)
+    assert rc == 0, err
+    stacks = {line.split(" ", 1)[1].rsplit(" ", 1)[0] if out.suffix == ".trace" else line.rsplit(" ", 1)[0] for line in out.read_text().splitlines() if not line.startswith("#")}
+    assert stacks == {"x:y;app-10;a", "p q ;srv-10000000;x", "[unknown];db;y"}
+
+
+@pytest.mark.parametrize("root", ["label", "file"])
+def test_label_from_a_file_name_with_a_semicolon_is_one_frame(tmp_path: Path, root: str) -> None:
+    a = trace(tmp_path / "web;1.trace", ["1000 app;a 1"])
+    for extra in ([], ["--sort"], ["--output-format", "folded"]):
+        out = tmp_path / "o.txt"
+        rc, err = run_main("merge", "--label-root", root, *extra, str(a), "-o", str(out), *([] if extra else ["--output-format", "trace"]))
+        assert rc == 0, err
+        want = "web:1;app;a" if root == "label" else "web:1.trace;app;a"
+        assert want in out.read_text(), (extra, out.read_text())
+    f = tmp_path / "web;2.folded"
+    f.write_text("app;a 1\n")
+    out = tmp_path / "o.folded"
+    assert run_main("merge", "--label-root", root, str(f), "-o", str(out))[0] == 0
+    assert out.read_text() == ("web:2;app;a 1\n" if root == "label" else "web:2.folded;app;a 1\n")
+
+
+# -- gzip on standard input ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("src", [PERF_PID_TID, DATA / "collapse" / "trace-one-bad-line.trace"], ids=["perf", "trace"])
+def test_merge_guesses_the_format_of_gzip_on_stdin(tmp_path: Path, src: Path) -> None:
+    import gzip
+    import subprocess
+    import sys
+
+    data = src.read_bytes()
+    raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+    want = tmp_path / "want.trace"
+    assert run_main("merge", str(src), "-o", str(want))[0] == 0
+    for stdin in (gzip.compress(raw), raw):
+        r = subprocess.run([sys.executable, "-m", "flamed", "merge", "-"], input=stdin, capture_output=True, timeout=60, check=False)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == want.read_bytes()
