@@ -22,7 +22,9 @@ How flamed's frames map onto pprof:
   Profile's time range; the task of a ``comm-PID/TID`` root frame as numeric
   ``pid``/``tid`` sample labels; Profile labels as ``key=value`` comments.
 
-pprof values are integers: fractional weights are rounded.
+pprof values are integers: fractional weights are rounded. pprof strings are
+UTF-8: an invalid byte of a frame (kept by the folded reader) is written as the
+text ``\\xNN``, as the SVG shows it.
 
 :func:`read_pprof` reads pprof files (ours and others', gzipped or not) back
 into a Profile; for files written here, ``read_pprof(write_pprof(p))``
@@ -122,6 +124,22 @@ def function_name(frame: str) -> str:
     return frame_info(frame).name
 
 
+#: Lone surrogates: invalid UTF-8 bytes kept by surrogateescape decoding (U+DC80-U+DCFF), or
+#: read as such from JSON; a proto3 string must be valid UTF-8 and cannot hold them.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _surrogate_text(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return "\\x%02x" % (c - 0xDC00) if 0xDC80 <= c <= 0xDCFF else "\\u%04x" % c
+
+
+def utf8_text(s: str) -> str:
+    """``s`` as valid UTF-8 text: an invalid byte is written ``\\xNN``, as the SVG shows it,
+    so that frames differing only in their invalid bytes stay apart."""
+    return s if s.isascii() or _SURROGATE.search(s) is None else _SURROGATE.sub(_surrogate_text, s)
+
+
 class _Strings:
     def __init__(self, table: list[str]) -> None:
         self.table = table
@@ -131,8 +149,12 @@ class _Strings:
     def get(self, s: str) -> int:
         i = self.index.get(s)
         if i is None:
-            i = len(self.table)
-            self.table.append(s)
+            text = utf8_text(s)
+            i = self.index.get(text) if text is not s else None
+            if i is None:
+                i = len(self.table)
+                self.table.append(text)
+                self.index[text] = i
             self.index[s] = i
         return i
 

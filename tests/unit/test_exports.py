@@ -5,6 +5,10 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -119,6 +123,41 @@ def test_pprof_round_trip(p: Profile) -> None:
     assert q.sample_rate == p.sample_rate
     assert (q.start_ns, q.end_ns) == (p.start_ns, p.end_ns)
     assert q.labels == p.labels
+
+
+def _go_pprof(tmp: Path, *args: str) -> str | None:
+    """``go tool pprof ARGS`` output, or None without go."""
+    go = shutil.which("go")
+    if go is None:
+        return None
+    env = dict(os.environ, PPROF_TMPDIR=str(tmp / "pprof"), HOME=str(tmp), GOCACHE=str(tmp / "gocache"),
+               GOTOOLCHAIN="local", PPROF_BINARY_PATH="/nonexistent")
+    r = subprocess.run([go, "tool", "pprof", *args], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("command", [["export"], ["collapse"]])
+def test_pprof_of_invalid_utf8_frames(tmp_path: Path, command: list[str]) -> None:
+    """Invalid UTF-8 kept by the folded reader becomes valid UTF-8 strings (\\xNN), frames kept apart."""
+    src = tmp_path / "ff.folded"
+    src.write_bytes(b"a;\xff 1\na;\xfe 2\nb;\xc3\xa9\xff 4\nc;\xc3\xa9 8\n")
+    out = tmp_path / "s.pb.gz"
+    assert main([*command, "-o", str(out), str(src)]) == 0
+    data = gzip.decompress(out.read_bytes())
+    msg = pb.Profile()
+    msg.ParseFromString(data)  # proto3 strings: the parser refuses invalid UTF-8
+    for s in msg.string_table:
+        s.encode("utf-8")
+    names = {msg.string_table[f.name] for f in msg.function}
+    assert names == {"a", "b", "c", "\\xff", "\\xfe", "\u00e9\\xff", "\u00e9"}
+    back = read_pprof(out.read_bytes())
+    assert back.stacks == {("a", "\\xff"): 1, ("a", "\\xfe"): 2, ("b", "\u00e9\\xff"): 4, ("c", "\u00e9"): 8}
+    top = _go_pprof(tmp_path, "-top", "-sample_index=samples", str(out))
+    if top is not None:
+        rows = [ln.split() for ln in top.splitlines() if re.match(r"^\s*[0-9]+\s+[0-9.]+%", ln)]
+        flat = {r[-1]: int(r[0]) for r in rows}
+        assert flat["\\xff"] == 1 and flat["\\xfe"] == 2 and flat["\u00e9\\xff"] == 4 and flat["\u00e9"] == 8, top
 
 
 @settings(max_examples=150, deadline=None)
