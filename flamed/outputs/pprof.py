@@ -22,7 +22,9 @@ How flamed's frames map onto pprof:
   Profile's time range; the task of a ``comm-PID/TID`` root frame as numeric
   ``pid``/``tid`` sample labels; Profile labels as ``key=value`` comments.
 
-pprof values are integers: fractional weights are rounded. pprof strings are
+pprof values are int64: fractional weights are rounded, and a profile whose
+weights (or times) sum past 2^63-1 is an error, as pprof's readers would
+overflow summing them. pprof strings are
 UTF-8: an invalid byte of a frame (kept by the folded reader) is written as the
 text ``\\xNN``, as the SVG shows it.
 
@@ -41,7 +43,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
-from flamed.errors import InputError
+from flamed.errors import FlamedError, InputError
 from flamed.fileio import GZIP_MAGIC
 from flamed.model import (
     EMPTY_STACK_FRAME,
@@ -237,16 +239,26 @@ def to_proto(profile: Profile, labelled: Iterable[LabelledSample] | None = None)
     pid_key = tid_key = 0
     entries: Iterable[tuple[Stack, Weight, Mapping[str, str] | None]] = (
         ((st, w, None) for st, w in profile.sorted_items()) if labelled is None else labelled)
+    # pprof values are int64, and its readers sum them in int64: a total past
+    # INT64_MAX would wrap (go tool pprof shows negative totals and 2000% shares).
+    total = cpu_total = 0
     for stack, w, extra in entries:
-        # pprof values are int64: saturate rather than fail on absurd weights.
-        count = min(int(round(w * time_scale if time_scale else w)), INT64_MAX)
+        count = int(round(w * time_scale if time_scale else w))
         if count <= 0:
             continue
+        total += count
+        if total > INT64_MAX:
+            raise FlamedError(_too_heavy(f"the weights sum to more than {INT64_MAX}", stack, count))
         sample = msg.sample.add()
         sample.location_id.extend([location(f) for f in reversed(stack)])
         sample.value.append(count)
         if period:
-            sample.value.append(min(count * period, INT64_MAX))
+            cpu_total += count * period
+            if cpu_total > INT64_MAX:
+                raise FlamedError(_too_heavy(
+                    f"the samples times the period of {period} ns (the sample rate) sum to more than {INT64_MAX} ns",
+                    stack, count))
+            sample.value.append(count * period)
         if extra is not None:
             for k, v in extra.items():
                 sample.label.add(key=s(k), str=s(v))
@@ -259,6 +271,13 @@ def to_proto(profile: Profile, labelled: Iterable[LabelledSample] | None = None)
                 tid_key = tid_key or s("tid")
                 sample.label.add(key=tid_key, num=task.tid)
     return msg
+
+
+def _too_heavy(why: str, stack: Stack, count: int) -> str:
+    text = ";".join(stack)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return (f"cannot write pprof: its values are int64 and {why} "
+            f"(at {text!r}, weighing {count}); scale the input down")
 
 
 def write_pprof(profile: Profile, out: BinaryIO, labelled: Iterable[LabelledSample] | None = None) -> None:

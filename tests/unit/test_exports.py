@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from support import DATA
@@ -118,6 +118,8 @@ def _mk(stacks: dict[tuple[str, ...], int], rate: float | None, start: int | Non
 @settings(max_examples=150, deadline=None)
 @given(_profiles)
 def test_pprof_round_trip(p: Profile) -> None:
+    # pprof's values are int64 (more is an error: test_pprof_values_past_int64_are_an_error).
+    assume(sum(p.stacks.values()) * (max(1, round(1e9 / p.sample_rate)) if p.sample_rate else 1) <= 2**63 - 1)
     q = read_pprof(pprof_bytes(p))
     assert q.stacks == p.stacks
     assert q.sample_rate == p.sample_rate
@@ -379,3 +381,26 @@ def test_flamechart_lanes_per_thread() -> None:
     # Within a lane, time order is kept.
     lane = [s.stack[1:] for s in samples if s.tid == 11168]
     assert [st[1:] for st, _ in items if st[0] == "worker 0-?/11168"] == lane
+
+
+def test_pprof_values_past_int64_are_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """pprof's readers sum values in int64: a total past it would wrap (go tool pprof: 2014%, negative cum)."""
+    src = tmp_path / "two.folded"
+    src.write_bytes(b"a;b 9000000000000000000\na;c 9000000000000000000\n")
+    out = tmp_path / "two.pb.gz"
+    assert main(["export", "--format", "pprof", str(src), "-o", str(out)]) == 1
+    assert "int64" in capsys.readouterr().err
+    assert not out.exists()
+    # The cpu/nanoseconds value too: samples times the period.
+    src.write_bytes(b"a;b 10000000000\n")
+    assert main(["export", "--format", "pprof", "--sample-rate", "1", str(src), "-o", str(out)]) == 1
+    assert "period" in capsys.readouterr().err
+    assert not out.exists()
+    # At the limit: exact, and read back.
+    src.write_bytes(b"a;b 9223372036854775000\na;c 807\n")
+    assert main(["export", "--format", "pprof", str(src), "-o", str(out)]) == 0
+    assert read_pprof(out.read_bytes()).stacks == {("a", "b"): 9223372036854775000, ("a", "c"): 807}
+    top = _go_pprof(tmp_path, "-top", "-sample_index=samples", str(out))
+    if top is not None:
+        # go prints the values through float64; the point is: no wrapped negative total, no 2014%.
+        assert re.search(r"100% of 922337203685477[0-9]{4} total", top) and "-9" not in top, top

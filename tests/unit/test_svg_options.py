@@ -346,7 +346,8 @@ def test_out_of_range_numbers_are_usage_errors(tmp_path: Path, capsys: pytest.Ca
 )
 def test_numbers_at_the_ends_of_their_ranges_work(tmp_path: Path, args: list[str]) -> None:
     src = tmp_path / "in.folded"
-    src.write_bytes(b"a;b 9000000000000000000\na;b;c 3\n")
+    # svg: the largest counts times the largest factor; export: 5 samples of a period of 1e18 ns.
+    src.write_bytes(b"a;b 9000000000000000000\na;b;c 3\n" if args[0] == "svg" else b"a;b 2\na;b;c 3\n")
     out = tmp_path / "out"
     assert main([*args, "-o", str(out), str(src)]) == 0
     assert out.stat().st_size > 0
