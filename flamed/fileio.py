@@ -7,6 +7,7 @@ import errno
 import gzip
 import io
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -158,6 +159,32 @@ def input_size(path: str | os.PathLike[str] | None) -> int | None:
     return st.st_size if os.path.isfile(path) else None
 
 
+#: A descriptor's directory of /proc: /proc/PID/fd or /proc/PID/task/TID/fd.
+_PROC_FD_DIR = re.compile(r"^/proc/(?P<pid>[0-9]+)(?:/task/[0-9]+)?/fd$")
+
+
+def open_descriptor(path: str) -> int | None:
+    """The descriptor of this process that ``path`` names, or ``None``.
+
+    ``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``, ``/proc/self/fd/N``,
+    ``/proc/thread-self/fd/N`` and ``/proc/PID/fd/N`` of this process name a
+    descriptor already open, whatever it is open on: the links are followed up
+    to the entry of a ``fd`` directory of /proc, never through it.
+    """
+    p = os.path.abspath(path)
+    for _ in range(40):  # as many links as the kernel follows (ELOOP)
+        parent, base = os.path.split(p)
+        m = _PROC_FD_DIR.match(os.path.realpath(parent))
+        if m is not None and base.isdigit() and int(m.group("pid")) == os.getpid():
+            return int(base)
+        try:
+            link = os.readlink(p)
+        except OSError:  # not a link, or nothing there
+            return None
+        p = os.path.normpath(os.path.join(os.path.realpath(parent), link))
+    return None
+
+
 def _replace_target(path: str) -> str | None:
     """The file an atomic write of ``path`` renames into place, or ``None`` when
     ``path`` must be written in place.
@@ -215,6 +242,33 @@ def _write_in_place(path: str) -> Iterator[BinaryIO]:
 
 
 @contextlib.contextmanager
+def _write_descriptor(fd: int) -> Iterator[BinaryIO]:
+    """Write into this process's open descriptor ``fd``, as a shell's ``>&N`` would.
+
+    A copy of the descriptor shares its open file: the data goes where the
+    file's offset is and moves it on (at the end when it was opened to append),
+    so what the shell or the caller wrote before and after stays.
+    """
+    for std in (sys.stdout, sys.stderr):
+        if std is not None and _fileno(std) == fd:
+            std.flush()  # what flamed printed there goes first
+    try:
+        dup = os.dup(fd)
+    except OSError as e:
+        raise FlamedError(f"cannot write descriptor {fd}: {e.strerror or e} (it is not open)") from None
+    os.set_inheritable(dup, False)
+    with os.fdopen(dup, "wb") as f:
+        yield f
+
+
+def _fileno(stream: Any) -> int | None:
+    try:
+        return int(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644, fsync: bool = True) -> Iterator[BinaryIO]:
     """Write ``path`` so that it appears complete or not at all.
 
@@ -222,9 +276,16 @@ def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644, fsync: bool
     renamed over ``path``; on any error the temporary file is removed and the
     old ``path`` (if any) is untouched. A symlink is kept and the file it ends
     at is replaced that way; a FIFO, device or socket is written in place (see
-    :func:`_replace_target`).
+    :func:`_replace_target`), and so is a descriptor this process has open
+    (``/dev/stdout``, ``/dev/fd/N``, see :func:`open_descriptor`), where its
+    offset is.
     """
     name = os.fspath(path)
+    fd = open_descriptor(name)
+    if fd is not None:
+        with _write_descriptor(fd) as out:
+            yield out
+        return
     target = _replace_target(name)
     if target is None:
         with _write_in_place(name) as out:

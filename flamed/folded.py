@@ -10,7 +10,8 @@ recognised by magic.  A line with no count is malformed: it is reported with
 its file and line number, and either skipped and counted (default) or fatal
 (``strict``).
 
-Writing sorts the stacks so output is byte-stable.
+Writing sorts the stacks so output is byte-stable, and refuses a weight the
+reader would refuse (more than :data:`MAX_COUNT`), such as two counts summed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from flamed.errors import InputError
+from flamed.errors import FlamedError, InputError
 from flamed.model import EMPTY_STACK_FRAME, Profile, Stack, Weight, encode_frame, format_weight
 
 _COUNT = re.compile(r"^[0-9]+(?:\.[0-9]*)?$")
@@ -186,6 +187,15 @@ def read_folded(
 
 
 def folded_line(stack: Stack, weight: Weight) -> bytes:
+    """One record; a weight past :data:`MAX_COUNT` (duplicate stacks summed) is an error,
+    since no folded reader, flamed's included, would read it back."""
+    if weight > MAX_COUNT:
+        text = ";".join(stack)
+        text = text if len(text) <= 80 else text[:77] + "..."
+        raise FlamedError(
+            f"stack {text!r} weighs {format_weight(weight)}, more than {MAX_COUNT}, the largest count "
+            "folded text carries (int64, as pprof); scale the input down"
+        )
     return encode_frame(";".join(stack)) + b" " + format_weight(weight).encode() + b"\n"
 
 

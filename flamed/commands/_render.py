@@ -9,6 +9,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from flamed.commands._argtypes import integer, number
 from flamed.fastfolded import count_folded, count_folded_file, profile_from_counts
 from flamed.fileio import input_name, open_input
 from flamed.folded import ReadStats, iter_folded
@@ -16,11 +17,18 @@ from flamed.errors import UsageError
 from flamed.model import Profile, Stack, Weight, decode_frame, encode_frame, format_weight, normalize_weight
 from flamed.outputs.base import OutputOptions
 from flamed.outputs._svgattrs import read_nameattr
-from flamed.outputs.svg import ENCODING, NAMEATTR, TOTAL, check_encoding, graph_total, parse_minwidth, parse_total
+from flamed.outputs.svg import ENCODING, NAMEATTR, TOTAL, XPAD, check_encoding, graph_total, parse_minwidth, parse_total
 from flamed.palette import PALETTES
 
 if TYPE_CHECKING:
     from flamed.diff import DiffProfile
+
+#: Ranges of the numeric drawing options: what a drawing can use; weights times --factor
+#: far from float's limits (int64 counts summed over many lines), and a count of 1 times
+#: it still a weight that folded text (17 decimals) and the SVG's viewBox can write.
+MAX_WIDTH, MIN_PX, MAX_PX = 1_000_000, 0.01, 10_000
+MIN_FONTWIDTH, MAX_FONTWIDTH = 0.01, 10.0
+MIN_FACTOR, MAX_FACTOR = 1e-9, 1e9
 
 #: The file of --cp, flamegraph.pl's name for it.
 CP_FILE = "palette.map"
@@ -30,7 +38,8 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True,
     g = parser.add_argument_group("drawing")
     g.add_argument("--title", help="graph title (default: 'Flame Graph', 'Icicle Graph', ...)")
     g.add_argument("--subtitle", help="second line under the title")
-    g.add_argument("--width", type=int, default=1200, help="image width in px (default 1200)")
+    g.add_argument("--width", type=integer(2 * XPAD + 1, MAX_WIDTH, what="a width in px"),
+        default=1200, help="image width in px (default 1200)")
     g.add_argument(
         "--minwidth",
         default="0.1",
@@ -39,12 +48,14 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True,
     g.add_argument("--countname", default="samples", help="unit of the weights in tooltips (default: samples)")
     g.add_argument("--nametype", default="Function:", help="label before the hovered name (default 'Function:')")
     g.add_argument("--inverted", action="store_true", help="icicle graph: roots at the top")
-    g.add_argument("--height", type=int, default=16, metavar="PX", help="height of a row of boxes (default 16)")
-    g.add_argument("--fontsize", type=float, default=12.0, metavar="PX", help="label font size (default 12)")
+    g.add_argument("--height", type=integer(2, MAX_PX, what="a height in px"),
+        default=16, metavar="PX", help="height of a row of boxes (default 16)")
+    g.add_argument("--fontsize", type=number(MIN_PX, MAX_PX, what="a size in px"),
+        default=12.0, metavar="PX", help="label font size (default 12)")
     g.add_argument("--fonttype", default="Verdana", metavar="FONT", help="label font family (default Verdana)")
     g.add_argument(
         "--fontwidth",
-        type=float,
+        type=number(MIN_FONTWIDTH, MAX_FONTWIDTH, what="a share of the font size"),
         default=0.59,
         metavar="SHARE",
         help="average glyph width as a share of the font size, to fit labels in the file (default 0.59)",
@@ -55,7 +66,8 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, chart: bool = True,
         help="background: yellow, blue, green, grey (gradients) or #rrggbb (flat); default by palette",
     )
     g.add_argument("--reverse", action="store_true", help="reverse every stack (leaf first): merge at the leaves")
-    g.add_argument("--factor", type=float, default=1.0, help="multiply every weight by this (default 1)")
+    g.add_argument("--factor", type=number(MIN_FACTOR, MAX_FACTOR, what="a factor"),
+        default=1.0, help="multiply every weight by this (default 1)")
     g.add_argument("--notes", default="", metavar="TEXT", help="text of a comment embedded in the SVG")
     g.add_argument("--negate", action="store_true", help="differentials: swap the hues (red shrank, blue grew)")
     g.add_argument(

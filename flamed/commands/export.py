@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
+from flamed.commands._argtypes import INT64_MAX, integer, number
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import open_output
@@ -12,6 +13,10 @@ from flamed.folded import ReadStats
 from flamed.inputs import load_profile, open_sample_streams
 from flamed.outputs import choose, names
 from flamed.outputs.base import OutputOptions
+
+
+#: --sample-rate's range: a period (1e9 / rate ns, pprof's int64) from 1 ns to 1e18 ns (31 years).
+MIN_RATE, MAX_RATE = 1e-9, 1e9
 
 
 class ExportCommand(Command):
@@ -41,9 +46,12 @@ class ExportCommand(Command):
         parser.add_argument("-f", "--format", help=f"output format: {', '.join(names())}")
         parser.add_argument("-o", "--output", help="output file (default stdout), written atomically")
         parser.add_argument("--strict", action="store_true", help="fail on the first malformed line")
-        parser.add_argument("--sample-rate", type=float, help="sampling rate in Hz, when the input does not say")
-        parser.add_argument("--start-ns", type=int, help="start time (ns since the epoch), when the input does not say")
-        parser.add_argument("--duration-ns", type=int, help="duration in ns, when the input does not say")
+        parser.add_argument("--sample-rate", type=number(MIN_RATE, MAX_RATE, what="a rate in Hz"),
+                            help="sampling rate in Hz, when the input does not say")
+        parser.add_argument("--start-ns", type=integer(0, INT64_MAX, what="ns since the epoch"),
+                            help="start time (ns since the epoch), when the input does not say")
+        parser.add_argument("--duration-ns", type=integer(0, INT64_MAX, what="a duration in ns"),
+                            help="duration in ns, when the input does not say")
         parser.add_argument("--title", help="profile name (speedscope) or graph title (svg)")
         parser.add_argument(
             "--aggregate",
@@ -55,8 +63,6 @@ class ExportCommand(Command):
         if args.format is None and (args.output is None or args.output == "-"):
             raise UsageError("name the output format with --format (or use an output file with a known extension)")
         fmt = choose(args.format, args.output)
-        if args.sample_rate is not None and not args.sample_rate > 0:
-            raise UsageError("--sample-rate must be positive")
         extra = {"sample_rate": str(args.sample_rate)} if args.sample_rate else {}
         options = OutputOptions(title=args.title, extra=extra)
         if fmt.wants_samples and not args.aggregate and args.inputs:
@@ -74,6 +80,11 @@ class ExportCommand(Command):
         if args.start_ns is not None and profile.start_ns is None:
             profile.start_ns = args.start_ns
         if args.duration_ns is not None and profile.start_ns is not None and profile.end_ns is None:
+            if profile.start_ns + args.duration_ns > INT64_MAX:
+                raise UsageError(
+                    f"--duration-ns {args.duration_ns} from the start {profile.start_ns} ends past "
+                    f"{INT64_MAX} ns, the largest time the formats carry"
+                )
             profile.end_ns = profile.start_ns + args.duration_ns
         with open_output(args.output) as out:
             fmt.write(profile, out, options)

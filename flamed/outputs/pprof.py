@@ -22,7 +22,11 @@ How flamed's frames map onto pprof:
   Profile's time range; the task of a ``comm-PID/TID`` root frame as numeric
   ``pid``/``tid`` sample labels; Profile labels as ``key=value`` comments.
 
-pprof values are integers: fractional weights are rounded.
+pprof values are int64: fractional weights are rounded, and a profile whose
+weights (or times) sum past 2^63-1 is an error, as pprof's readers would
+overflow summing them. pprof strings are
+UTF-8: an invalid byte of a frame (kept by the folded reader) is written as the
+text ``\\xNN``, as the SVG shows it.
 
 :func:`read_pprof` reads pprof files (ours and others', gzipped or not) back
 into a Profile; for files written here, ``read_pprof(write_pprof(p))``
@@ -39,7 +43,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
-from flamed.errors import InputError
+from flamed.errors import FlamedError, InputError
 from flamed.fileio import GZIP_MAGIC
 from flamed.model import (
     EMPTY_STACK_FRAME,
@@ -122,6 +126,22 @@ def function_name(frame: str) -> str:
     return frame_info(frame).name
 
 
+#: Lone surrogates: invalid UTF-8 bytes kept by surrogateescape decoding (U+DC80-U+DCFF), or
+#: read as such from JSON; a proto3 string must be valid UTF-8 and cannot hold them.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _surrogate_text(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return "\\x%02x" % (c - 0xDC00) if 0xDC80 <= c <= 0xDCFF else "\\u%04x" % c
+
+
+def utf8_text(s: str) -> str:
+    """``s`` as valid UTF-8 text: an invalid byte is written ``\\xNN``, as the SVG shows it,
+    so that frames differing only in their invalid bytes stay apart."""
+    return s if s.isascii() or _SURROGATE.search(s) is None else _SURROGATE.sub(_surrogate_text, s)
+
+
 class _Strings:
     def __init__(self, table: list[str]) -> None:
         self.table = table
@@ -131,8 +151,12 @@ class _Strings:
     def get(self, s: str) -> int:
         i = self.index.get(s)
         if i is None:
-            i = len(self.table)
-            self.table.append(s)
+            text = utf8_text(s)
+            i = self.index.get(text) if text is not s else None
+            if i is None:
+                i = len(self.table)
+                self.table.append(text)
+                self.index[text] = i
             self.index[s] = i
         return i
 
@@ -215,16 +239,26 @@ def to_proto(profile: Profile, labelled: Iterable[LabelledSample] | None = None)
     pid_key = tid_key = 0
     entries: Iterable[tuple[Stack, Weight, Mapping[str, str] | None]] = (
         ((st, w, None) for st, w in profile.sorted_items()) if labelled is None else labelled)
+    # pprof values are int64, and its readers sum them in int64: a total past
+    # INT64_MAX would wrap (go tool pprof shows negative totals and 2000% shares).
+    total = cpu_total = 0
     for stack, w, extra in entries:
-        # pprof values are int64: saturate rather than fail on absurd weights.
-        count = min(int(round(w * time_scale if time_scale else w)), INT64_MAX)
+        count = int(round(w * time_scale if time_scale else w))
         if count <= 0:
             continue
+        total += count
+        if total > INT64_MAX:
+            raise FlamedError(_too_heavy(f"the weights sum to more than {INT64_MAX}", stack, count))
         sample = msg.sample.add()
         sample.location_id.extend([location(f) for f in reversed(stack)])
         sample.value.append(count)
         if period:
-            sample.value.append(min(count * period, INT64_MAX))
+            cpu_total += count * period
+            if cpu_total > INT64_MAX:
+                raise FlamedError(_too_heavy(
+                    f"the samples times the period of {period} ns (the sample rate) sum to more than {INT64_MAX} ns",
+                    stack, count))
+            sample.value.append(count * period)
         if extra is not None:
             for k, v in extra.items():
                 sample.label.add(key=s(k), str=s(v))
@@ -237,6 +271,13 @@ def to_proto(profile: Profile, labelled: Iterable[LabelledSample] | None = None)
                 tid_key = tid_key or s("tid")
                 sample.label.add(key=tid_key, num=task.tid)
     return msg
+
+
+def _too_heavy(why: str, stack: Stack, count: int) -> str:
+    text = ";".join(stack)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return (f"cannot write pprof: its values are int64 and {why} "
+            f"(at {text!r}, weighing {count}); scale the input down")
 
 
 def write_pprof(profile: Profile, out: BinaryIO, labelled: Iterable[LabelledSample] | None = None) -> None:

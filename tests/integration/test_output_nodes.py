@@ -7,6 +7,7 @@ Every test runs the real CLI in a subprocess against a real node.
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import stat
 import subprocess
@@ -214,3 +215,47 @@ def test_directory_is_an_error_not_replaced(tmp_path: Path, folded: Path) -> Non
     assert res.returncode == 1
     assert res.stderr.decode().strip() == f"flamed collapse: error: cannot write {d}: is a directory, expected a file"
     assert d.is_dir() and os.listdir(d) == []
+
+
+@pytest.mark.parametrize("name", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
+@pytest.mark.parametrize("cmd,head", COMMANDS[:2])
+def test_stdout_redirected_to_append_file_is_appended_to(
+    tmp_path: Path, folded: Path, cmd: list[str], head: bytes, name: str
+) -> None:
+    """``flamed ... -o /dev/stdout >> app.log`` adds to app.log, as any command writing stdout does."""
+    log = tmp_path / "app.log"
+    log.write_bytes(b"previous log\n")
+    expected = run(cli_args(cmd, folded, "-"))
+    assert expected.returncode == 0 and expected.stdout.startswith(head), expected.stderr
+    with open(log, "ab") as out:
+        res = subprocess.run(cli_args(cmd, folded, name), stdout=out, stderr=subprocess.PIPE, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    assert log.read_bytes() == b"previous log\n" + expected.stdout
+    assert stat.S_ISREG(os.lstat(log).st_mode)
+
+
+@pytest.mark.parametrize("name", ["/dev/stdout", "/proc/$$/fd/1", "/dev/fd/5", "/proc/thread-self/fd/5"])
+def test_descriptor_is_written_at_its_offset(tmp_path: Path, folded: Path, name: str) -> None:
+    """``{ echo HEADER; flamed ... -o /dev/stdout; echo FOOTER; } > log`` keeps HEADER and FOOTER."""
+    log = tmp_path / "log"
+    log.write_bytes(b"old content, longer than what is written over it. " * 10)
+    expected = run(cli_args(["collapse"], folded, "-")).stdout
+    # The shell execs the CLI (same pid, for /proc/$$) with fd 5 a copy of its stdout.
+    cli = shlex.join(cli_args(["collapse"], folded, "NAME")[:-1])
+    script = f'exec {cli} "{name}" 5>&1'
+    fd = os.open(log, os.O_WRONLY)  # no O_APPEND, no O_TRUNC: writes go at the offset
+    try:
+        os.write(fd, b"HEADER\n")
+        res = subprocess.run(["sh", "-c", script], stdout=fd, stderr=subprocess.PIPE, timeout=120, check=False)
+        assert res.returncode == 0, res.stderr
+        os.write(fd, b"FOOTER\n")
+    finally:
+        os.close(fd)
+    data = log.read_bytes()
+    assert data.startswith(b"HEADER\n" + expected + b"FOOTER\n"), data[:200]
+    assert stat.S_ISREG(os.lstat(log).st_mode)
+
+
+def test_descriptor_not_open_is_an_error(tmp_path: Path, folded: Path) -> None:
+    res = run(cli_args(["collapse"], folded, "/dev/fd/9"))
+    assert res.returncode == 1 and b"descriptor 9" in res.stderr and b"Traceback" not in res.stderr, res.stderr

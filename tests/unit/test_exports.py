@@ -5,10 +5,14 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from support import DATA
@@ -114,11 +118,48 @@ def _mk(stacks: dict[tuple[str, ...], int], rate: float | None, start: int | Non
 @settings(max_examples=150, deadline=None)
 @given(_profiles)
 def test_pprof_round_trip(p: Profile) -> None:
+    # pprof's values are int64 (more is an error: test_pprof_values_past_int64_are_an_error).
+    assume(sum(p.stacks.values()) * (max(1, round(1e9 / p.sample_rate)) if p.sample_rate else 1) <= 2**63 - 1)
     q = read_pprof(pprof_bytes(p))
     assert q.stacks == p.stacks
     assert q.sample_rate == p.sample_rate
     assert (q.start_ns, q.end_ns) == (p.start_ns, p.end_ns)
     assert q.labels == p.labels
+
+
+def _go_pprof(tmp: Path, *args: str) -> str | None:
+    """``go tool pprof ARGS`` output, or None without go."""
+    go = shutil.which("go")
+    if go is None:
+        return None
+    env = dict(os.environ, PPROF_TMPDIR=str(tmp / "pprof"), HOME=str(tmp), GOCACHE=str(tmp / "gocache"),
+               GOTOOLCHAIN="local", PPROF_BINARY_PATH="/nonexistent")
+    r = subprocess.run([go, "tool", "pprof", *args], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("command", [["export"], ["collapse"]])
+def test_pprof_of_invalid_utf8_frames(tmp_path: Path, command: list[str]) -> None:
+    """Invalid UTF-8 kept by the folded reader becomes valid UTF-8 strings (\\xNN), frames kept apart."""
+    src = tmp_path / "ff.folded"
+    src.write_bytes(b"a;\xff 1\na;\xfe 2\nb;\xc3\xa9\xff 4\nc;\xc3\xa9 8\n")
+    out = tmp_path / "s.pb.gz"
+    assert main([*command, "-o", str(out), str(src)]) == 0
+    data = gzip.decompress(out.read_bytes())
+    msg = pb.Profile()
+    msg.ParseFromString(data)  # proto3 strings: the parser refuses invalid UTF-8
+    for s in msg.string_table:
+        s.encode("utf-8")
+    names = {msg.string_table[f.name] for f in msg.function}
+    assert names == {"a", "b", "c", "\\xff", "\\xfe", "\u00e9\\xff", "\u00e9"}
+    back = read_pprof(out.read_bytes())
+    assert back.stacks == {("a", "\\xff"): 1, ("a", "\\xfe"): 2, ("b", "\u00e9\\xff"): 4, ("c", "\u00e9"): 8}
+    top = _go_pprof(tmp_path, "-top", "-sample_index=samples", str(out))
+    if top is not None:
+        rows = [ln.split() for ln in top.splitlines() if re.match(r"^\s*[0-9]+\s+[0-9.]+%", ln)]
+        flat = {r[-1]: int(r[0]) for r in rows}
+        assert flat["\\xff"] == 1 and flat["\\xfe"] == 2 and flat["\u00e9\\xff"] == 4 and flat["\u00e9"] == 8, top
 
 
 @settings(max_examples=150, deadline=None)
@@ -340,3 +381,26 @@ def test_flamechart_lanes_per_thread() -> None:
     # Within a lane, time order is kept.
     lane = [s.stack[1:] for s in samples if s.tid == 11168]
     assert [st[1:] for st, _ in items if st[0] == "worker 0-?/11168"] == lane
+
+
+def test_pprof_values_past_int64_are_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """pprof's readers sum values in int64: a total past it would wrap (go tool pprof: 2014%, negative cum)."""
+    src = tmp_path / "two.folded"
+    src.write_bytes(b"a;b 9000000000000000000\na;c 9000000000000000000\n")
+    out = tmp_path / "two.pb.gz"
+    assert main(["export", "--format", "pprof", str(src), "-o", str(out)]) == 1
+    assert "int64" in capsys.readouterr().err
+    assert not out.exists()
+    # The cpu/nanoseconds value too: samples times the period.
+    src.write_bytes(b"a;b 10000000000\n")
+    assert main(["export", "--format", "pprof", "--sample-rate", "1", str(src), "-o", str(out)]) == 1
+    assert "period" in capsys.readouterr().err
+    assert not out.exists()
+    # At the limit: exact, and read back.
+    src.write_bytes(b"a;b 9223372036854775000\na;c 807\n")
+    assert main(["export", "--format", "pprof", str(src), "-o", str(out)]) == 0
+    assert read_pprof(out.read_bytes()).stacks == {("a", "b"): 9223372036854775000, ("a", "c"): 807}
+    top = _go_pprof(tmp_path, "-top", "-sample_index=samples", str(out))
+    if top is not None:
+        # go prints the values through float64; the point is: no wrapped negative total, no 2014%.
+        assert re.search(r"100% of 922337203685477[0-9]{4} total", top) and "-9" not in top, top

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import gzip
 import io
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flamed.errors import InputError
+from flamed.errors import FlamedError, InputError
 from flamed.folded import ReadStats, read_folded, write_folded
 from flamed.model import Profile
 
@@ -83,3 +84,30 @@ def test_merge_associative_commutative(a: dict, b: dict, c: dict) -> None:  # ty
     pa, pb, pc = Profile(stacks=a), Profile(stacks=b), Profile(stacks=c)
     assert wr(pa.merged(pb).merged(pc)) == wr(pa.merged(pb.merged(pc)))
     assert wr(pa.merged(pb)) == wr(pb.merged(pa))
+
+
+def test_summed_counts_past_int64_are_refused_where_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two lines that each fit sum to a count the reader refuses: writing it is an error, not a file
+    flamed cannot read back; what is written is read back whole."""
+    from flamed.cli import main
+    from flamed.folded import MAX_COUNT, folded_line
+
+    src = tmp_path / "big.folded"
+    src.write_bytes(b"a;b 9000000000000000000\na;c 9000000000000000000\na;b 9000000000000000000\n")
+    for cmd in (["collapse"], ["merge"], ["export", "--format", "folded"]):
+        out = tmp_path / "big2.folded"
+        assert main([*cmd, str(src), "-o", str(out)]) == 1, cmd
+        err = capsys.readouterr().err
+        assert "'a;b' weighs 18000000000000000000" in err and str(MAX_COUNT) in err, err
+        assert not out.exists()
+    # At the limit: written, and read back as written.
+    edge = tmp_path / "edge.folded"
+    edge.write_bytes(b"a;b 9223372036854775000\na;b 807\na;c 1\n")
+    back = tmp_path / "back.folded"
+    assert main(["collapse", str(edge), "-o", str(back)]) == 0
+    assert back.read_bytes() == b"a;b 9223372036854775807\na;c 1\n"
+    assert read_folded(io.BytesIO(back.read_bytes())).stacks == {("a", "b"): MAX_COUNT, ("a", "c"): 1}
+    with pytest.raises(FlamedError):
+        folded_line(("a",), MAX_COUNT + 1)
+    with pytest.raises(FlamedError):
+        folded_line(("a",), float(MAX_COUNT) * 2)

@@ -298,3 +298,56 @@ def test_cp_is_flamegraph_pl_s_palette_map(tmp_path: Path, monkeypatch: pytest.M
     # --palette-file names another file.
     _svg(tmp_path, "--cp", "--palette-file", "other.map")
     assert (tmp_path / "other.map").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["svg", "--factor", "1e308"],
+        ["svg", "--factor", "1e-320"],
+        ["svg", "--factor", "inf"],
+        ["svg", "--factor", "nan"],
+        ["svg", "--width", "99999999999999999999999"],
+        ["svg", "--height", "1"],
+        ["svg", "--fontsize", "inf"],
+        ["svg", "--fontwidth", "1e308"],
+        ["diff", "--factor", "-1"],
+        ["export", "--format", "pprof", "--sample-rate", "1e-300"],
+        ["export", "--format", "pprof", "--sample-rate", "inf"],
+        ["export", "--format", "pprof", "--sample-rate", "0"],
+        ["export", "--format", "pprof", "--start-ns", "99999999999999999999999"],
+        ["export", "--format", "pprof", "--start-ns", "-1"],
+        ["export", "--format", "pprof", "--duration-ns", "-5"],
+        ["export", "--format", "pprof", "--start-ns", "9223372036854775000", "--duration-ns", "1000"],
+    ],
+)
+def test_out_of_range_numbers_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               args: list[str]) -> None:
+    """A number the command cannot use is exit 2 with the option's name, never a traceback or a silent yes."""
+    src = tmp_path / "in.folded"
+    src.write_bytes(b"a;b 2\na;b;c 3\n")
+    out = tmp_path / "out"
+    inputs = [str(src), str(src)] if args[0] == "diff" else [str(src)]
+    assert main([*args, "-o", str(out), *inputs]) == 2
+    err = capsys.readouterr().err
+    option = next(a for a in reversed(args) if a.startswith("--") and a != "--format")
+    assert option in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["svg", "--factor", "1e9"],
+        ["svg", "--factor", "1e-9"],
+        ["export", "--format", "pprof", "--sample-rate", "1e-9", "--start-ns", "0", "--duration-ns", "9223372036854775807"],
+        ["export", "--format", "pprof", "--sample-rate", "1e9", "--start-ns", "9223372036854775807", "--duration-ns", "0"],
+    ],
+)
+def test_numbers_at_the_ends_of_their_ranges_work(tmp_path: Path, args: list[str]) -> None:
+    src = tmp_path / "in.folded"
+    # svg: the largest counts times the largest factor; export: 5 samples of a period of 1e18 ns.
+    src.write_bytes(b"a;b 9000000000000000000\na;b;c 3\n" if args[0] == "svg" else b"a;b 2\na;b;c 3\n")
+    out = tmp_path / "out"
+    assert main([*args, "-o", str(out), str(src)]) == 0
+    assert out.stat().st_size > 0
