@@ -589,16 +589,28 @@ def _collapse(
                 source=", ".join(result.formats) or None,
             )
     else:
-        # The first event, under every spelling of its modifiers (cycles:u, cycles), as one.
-        first_base = event_base(order[0]) if order else ""
-        chosen = [e for e in order if event_base(e) == first_base]
-        rest = [e for e in order if e and e not in chosen]
-        if rest and len([e for e in order if e]) > 1:
+        # The first named event, under every spelling of its modifiers (cycles:u, cycles), as one.
+        # Samples without an event field ("" -- perf script -F without event, or lines
+        # read as such headers) are kept only when no sample names an event: one of
+        # them first in the input must not hide the real event.
+        named = [e for e in order if e]
+        if named:
+            keep = named[0]
+            chosen = [e for e in named if event_base(e) == event_base(keep)]
+        else:
+            keep = order[0] if order else ""
+            chosen = list(order)
+        rest = [e for e in order if e not in chosen]
+        if rest:
+            # Whatever is left out is named with its weight: nothing is dropped silently.
             kept = sum(event_weight[e] for e in chosen)
             alias = "".join(f", with {e!r}" for e in chosen[1:])
-            others = ", ".join(f"{e} ({_fmt_w(event_weight[e])})" for e in rest)
+            where = "the first in the input" if order[0] == keep else "the first named in the input"
+            others = ", ".join(
+                f"{e or 'samples without an event field'} ({_fmt_w(event_weight[e])})" for e in rest
+            )
             result.messages.append(
-                f"kept event {order[0]!r}{alias} (the first in the input, weight {_fmt_w(kept)}); "
+                f"kept event {keep!r}{alias} ({where}, weight {_fmt_w(kept)}); "
                 f"also present: {others}; choose one with --event"
             )
     texts: dict[str, Weight] = {}

@@ -28,8 +28,9 @@ DSOs (``[kernel.kallsyms]``, modules, ``vmlinux``), ``_[j]`` for perf JIT maps
 is kept as ``comm;[no frames]``.
 
 Several events in one capture: ``--event`` picks one; by default the first
-event seen is kept, and the driver says on stderr which one and what else
-there was.  The weight of a sample is its period when the header has one
+named event seen is kept (samples without an event field only when no sample
+names one), and the driver says on stderr which one and what else there was,
+with its weight.  The weight of a sample is its period when the header has one
 (as stackcollapse-perf.pl and inferno do), else 1; ``--weight samples``
 counts samples.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 from pathlib import Path
 
@@ -198,3 +199,45 @@ def test_parallel_ranges_equal_serial_with_errors_and_events(tmp_path: Path) -> 
     assert par.stats.skipped == serial.stats.skipped == 2
     assert par.stats.first_errors == serial.stats.first_errors
     assert ":6805:" in serial.stats.first_errors[0]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "dropped"),
+    [
+        # A stray line that reads as a header without an event, before a real capture.
+        (b"lost 12\n\n", 1),
+        # Folded lines in front of a perf script: the first reads as an event-less header.
+        (b"a;b;c 3\na;b 2\n", 2),
+    ],
+)
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_event_less_sample_first_does_not_hide_the_real_event(
+    tmp_path: Path, prefix: bytes, dropped: int, jobs: str
+) -> None:
+    """The event kept by default is the first *named* one; the event-less samples
+    dropped for it are named on stderr with their weight."""
+    real = gzip.decompress((DATA / "perf" / "c-default.txt.gz").read_bytes())
+    plain = tmp_path / "plain.perf"
+    plain.write_bytes(real)
+    expected, err0 = folded_of(tmp_path, str(plain))
+    assert err0 == ""
+    path = tmp_path / "prefixed.perf"
+    path.write_bytes(prefix + real)
+    out = tmp_path / "out.folded"
+    err = io.StringIO()
+    assert main(["collapse", "--jobs", jobs, "--chunk-size", "4096", str(path), "-o", str(out)], stderr=err) == 0
+    assert out.read_text() == expected
+    assert (
+        "kept event 'cpu-clock:ppp' (the first named in the input, weight "
+        f"{sum(int(ln.rsplit(' ', 1)[1]) for ln in expected.splitlines()):,}); "
+        f"also present: samples without an event field ({dropped}); choose one with --event"
+    ) in err.getvalue()
+    # --event '' keeps those samples instead.
+    only, _ = folded_of(tmp_path, str(path), "--event", "")
+    assert sum(int(ln.rsplit(" ", 1)[1]) for ln in only.splitlines()) == dropped
+
+
+def test_capture_without_event_fields_keeps_its_samples_quietly(tmp_path: Path) -> None:
+    # perf script -F comm,tid,period,ip,sym: no sample names an event; all are kept.
+    out, err = folded_of(tmp_path, str(DATA / "perf" / "fields-comm-tid-period.txt"))
+    assert out and "kept event" not in err
