@@ -41,7 +41,8 @@ class CollapseOptions:
     annotate: suffixes to add -- ``kernel`` (``_[k]``), ``jit`` (``_[j]``),
         ``inline`` (``_[i]``) (default: all three).
     event: keep only samples of this event (perf); ``None`` keeps the first
-        event seen and says so on stderr when there were others (default None).
+        named event seen and says so on stderr when there were others, samples
+        without an event field among them (default None).
     weight: ``"period"`` weighs a perf sample by its period when the input has
         one (what stackcollapse-perf.pl and inferno do), ``"samples"`` counts
         each sample once (default "period").

@@ -9,6 +9,9 @@ frames, then the task and the count::
         -                worker 0 (10721)
             12
 
+Frames that no task and count line close (the output cut short at its end,
+or a blank line) are counted as one malformed line, as a missing count is.
+
 ``--`` (with ``-d``) separates kernel from user frames; the kernel frames are
 then annotated ``_[k]`` (without ``-d`` they cannot be told apart and are kept
 as printed).  ``[Missed Kernel Stack]``/``[Missed User Stack]`` are kept, they
@@ -74,6 +77,7 @@ class BccParser(ChunkParser):
         lines = text.split("\n")
         kernel = "kernel" in self.options.annotate
         frames: list[str] = []
+        frames_at = 0  # line number of the first frame of ``frames``
         records = 0
         i = 0
         n = len(lines)
@@ -81,11 +85,15 @@ class BccParser(ChunkParser):
             line = lines[i].rstrip("\r")
             i += 1
             if not line.strip():
+                if frames:
+                    self._unfinished(res, source, first_line + frames_at)
                 frames = []
                 continue
             if line.startswith("    "):
                 m = _TASK_LINE.match(line)
                 if m is None:
+                    if not frames:
+                        frames_at = i - 1
                     frames.append(line.strip())
                     continue
                 # Task line: the count follows.
@@ -115,8 +123,17 @@ class BccParser(ChunkParser):
             key = ";".join(stack)
             group[key] = group.get(key, 0) + w
             records += 1
+        if frames:
+            # Frames up to the end of the input (a chunk ends at a blank line, so only
+            # the last one can end inside a stack): a stack cut short.
+            self._unfinished(res, source, first_line + frames_at)
         res.stats.records += records
         return res
+
+    def _unfinished(self, res: ChunkResult, source: str, line: int) -> None:
+        """Frames that no task and count line closed (cut at the end of the input, or
+        followed by a blank line): counted as one malformed stack, at its first frame."""
+        self.malformed(res, source, line, "bcc stack without a task and count line")
 
     def _multiline_stack(self, frames: list[str], comm: str, pid: int, kernel: bool) -> Stack:
         root = task_frame(comm, pid) if (self.options.include_pid or self.options.include_tid) else sanitize_frame(comm)

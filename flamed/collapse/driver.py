@@ -29,7 +29,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, BinaryIO, TextIO
 
@@ -109,10 +109,76 @@ _PARSERS: dict[str, ChunkParser] = {}
 _OPTIONS: CollapseOptions | None = None
 
 
+def _ignore_sigint() -> None:
+    """In a worker: leave Ctrl-C to the parent, which shuts the pool down.
+
+    A terminal's Ctrl-C reaches every process of the group; a worker that died
+    of it could hold a queue's lock and hang the parent's shutdown.  Workers
+    start with SIGINT blocked (:func:`_start_pool`), so none is lost between
+    the fork and here.
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _init_worker(options: CollapseOptions) -> None:
     global _OPTIONS
+    _ignore_sigint()
     _OPTIONS = options
     _PARSERS.clear()
+
+
+#: How long the parent waits for a pool to shut down before it kills the workers.
+SHUTDOWN_WAIT = 3.0
+
+
+def _start_pool(
+    processes: int, initializer: Callable[..., None], initargs: tuple[object, ...] = ()
+) -> multiprocessing.pool.Pool:
+    """A pool of forked workers that ignore SIGINT.
+
+    SIGINT is blocked in this thread while the workers are forked (and in the
+    pool's threads, which fork any replacement worker), so a worker never runs
+    Python's KeyboardInterrupt handler; a Ctrl-C meanwhile is delivered to this
+    process once the pool has started.
+    """
+    import multiprocessing
+    import signal
+
+    ctx = multiprocessing.get_context("fork")
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return ctx.Pool(processes, initializer=initializer, initargs=initargs)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _stop_pool(pool: multiprocessing.pool.Pool, wait: float = SHUTDOWN_WAIT) -> None:
+    """Terminate ``pool`` and its workers, blocking for about ``wait`` seconds at most.
+
+    ``Pool.terminate`` can block for ever when a worker died holding a queue's
+    lock (killed from outside); it runs in a helper thread, and when it has not
+    finished in time the workers are killed and the helper is abandoned (a
+    daemon thread: it does not keep the process alive).
+    """
+    import threading
+
+    workers = list(getattr(pool, "_pool", ()))
+
+    def stop() -> None:
+        pool.terminate()
+        pool.join()
+
+    t = threading.Thread(target=stop, name="flamed-pool-stop", daemon=True)
+    t.start()
+    t.join(wait)
+    if t.is_alive():
+        for w in workers:
+            if w.exitcode is None:
+                w.kill()
+        t.join(min(1.0, wait))
 
 
 def _parse_task(task: tuple[str, bytes, str, int]) -> ChunkResult:
@@ -438,9 +504,8 @@ def _collapse(
         global _NEXT_RANGE
         import multiprocessing
 
-        ctx = multiprocessing.get_context("fork")
-        _NEXT_RANGE = ctx.Value("l", 0)
-        rpool = ctx.Pool(jobs - 1)
+        _NEXT_RANGE = multiprocessing.get_context("fork").Value("l", 0)
+        rpool = _start_pool(jobs - 1, _ignore_sigint)
         try:
             for path, name, collapser, size in ranged:
                 result.formats[name] = collapser.name
@@ -466,8 +531,7 @@ def _collapse(
                     base += nlines
                 lines_seen[0] += base
         finally:
-            rpool.terminate()
-            rpool.join()
+            _stop_pool(rpool)
             _NEXT_RANGE = None
         inputs = []
     elif jobs > 1 and _plain_files_below(inputs, 2 * jobs * chunk_bytes):
@@ -502,10 +566,7 @@ def _collapse(
                 continue
             if pool is None:
                 # Fork: the workers start in milliseconds and share the imported code.
-                import multiprocessing
-
-                ctx = multiprocessing.get_context("fork")
-                pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(opts,))
+                pool = _start_pool(jobs, _init_worker, (opts,))
             window.append(pool.apply_async(_parse_task, (task,)))
             while len(window) >= 2 * jobs:
                 merge(window.popleft().get())
@@ -513,8 +574,7 @@ def _collapse(
             merge(window.popleft().get())
     finally:
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            _stop_pool(pool)
         if prog is not None:
             prog.finish()
 
@@ -529,16 +589,28 @@ def _collapse(
                 source=", ".join(result.formats) or None,
             )
     else:
-        # The first event, under every spelling of its modifiers (cycles:u, cycles), as one.
-        first_base = event_base(order[0]) if order else ""
-        chosen = [e for e in order if event_base(e) == first_base]
-        rest = [e for e in order if e and e not in chosen]
-        if rest and len([e for e in order if e]) > 1:
+        # The first named event, under every spelling of its modifiers (cycles:u, cycles), as one.
+        # Samples without an event field ("" -- perf script -F without event, or lines
+        # read as such headers) are kept only when no sample names an event: one of
+        # them first in the input must not hide the real event.
+        named = [e for e in order if e]
+        if named:
+            keep = named[0]
+            chosen = [e for e in named if event_base(e) == event_base(keep)]
+        else:
+            keep = order[0] if order else ""
+            chosen = list(order)
+        rest = [e for e in order if e not in chosen]
+        if rest:
+            # Whatever is left out is named with its weight: nothing is dropped silently.
             kept = sum(event_weight[e] for e in chosen)
             alias = "".join(f", with {e!r}" for e in chosen[1:])
-            others = ", ".join(f"{e} ({_fmt_w(event_weight[e])})" for e in rest)
+            where = "the first in the input" if order[0] == keep else "the first named in the input"
+            others = ", ".join(
+                f"{e or 'samples without an event field'} ({_fmt_w(event_weight[e])})" for e in rest
+            )
             result.messages.append(
-                f"kept event {order[0]!r}{alias} (the first in the input, weight {_fmt_w(kept)}); "
+                f"kept event {keep!r}{alias} ({where}, weight {_fmt_w(kept)}); "
                 f"also present: {others}; choose one with --event"
             )
     texts: dict[str, Weight] = {}

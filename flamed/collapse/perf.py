@@ -28,8 +28,9 @@ DSOs (``[kernel.kallsyms]``, modules, ``vmlinux``), ``_[j]`` for perf JIT maps
 is kept as ``comm;[no frames]``.
 
 Several events in one capture: ``--event`` picks one; by default the first
-event seen is kept, and the driver says on stderr which one and what else
-there was.  The weight of a sample is its period when the header has one
+named event seen is kept (samples without an event field only when no sample
+names one), and the driver says on stderr which one and what else there was,
+with its weight.  The weight of a sample is its period when the header has one
 (as stackcollapse-perf.pl and inferno do), else 1; ``--weight samples``
 counts samples.
 
@@ -170,6 +171,8 @@ class PerfParser(ChunkParser):
         self._want_event = options.event
         #: Indices of the unreadable lines of the last _frames_of call.
         self._junk: list[int] = []
+        #: Index of the line that starts another sample, when the last _frames_of call gave None.
+        self._split_at = 0
 
     # -- chunks ------------------------------------------------------------
     def parse(self, data: bytes, *, source: str, first_line: int) -> ChunkResult:
@@ -249,7 +252,7 @@ class PerfParser(ChunkParser):
             # Another sample's header inside the block: perf script without -g
             # prints one line per sample and no blank lines between them.
             lines = body_s.split(b"\n")
-            i = next(i for i, ln in enumerate(lines) if ln and _starts_sample(ln))
+            i = self._split_at
             self._parse_flat(lines[i:], res, data, start, first_line, source, i + 1)
             out = self._frames_of(b"\n".join(lines[:i]), trailing) or ""
             self._report_junk(res, source, lambda: _line_at(data, start, first_line))
@@ -284,13 +287,17 @@ class PerfParser(ChunkParser):
         # or header line is never a cached text: those come from frame lines.)
         got: list[str | None] = list(map(self._rests.get, map(_THIRD, map(bytes.partition, map(bytes.lstrip, lines), _SPACES))))
         if None in got:
+            in_stack = False  # a frame line came before: indented lines are frames (or junk) from here on
             for i, fr in enumerate(got):
                 if fr is None:
-                    fr = got[i] = self._line_frame(lines[i])
+                    fr = got[i] = self._line_frame(lines[i], in_stack)
                     if fr is None:
+                        self._split_at = i
                         return None
                     if fr is _JUNK:
                         junk.append(i)
+                        continue
+                in_stack = in_stack or bool(fr)
         # ("" marks srcline lines: not frames.)
         if junk:
             frames: list[str] = [f for f in got if f and f is not _JUNK]
@@ -306,11 +313,11 @@ class PerfParser(ChunkParser):
         frames.reverse()
         return ";" + ";".join(frames)
 
-    def _line_frame(self, line: bytes) -> str | None:
+    def _line_frame(self, line: bytes, in_stack: bool = False) -> str | None:
         """The frame of one indented line, ``""`` for a line that is not a frame (srcline, blank),
-        ``_JUNK`` for one that is nothing perf prints there, ``None`` for an unindented line
-        (not cached: it is a header)."""
-        if line and _starts_sample(line):
+        ``_JUNK`` for one that is nothing perf prints there, ``None`` for another sample's header
+        (not cached).  ``in_stack``: a frame line came before it in the sample."""
+        if line and _starts_sample(line, in_stack):
             return None
         s = line.strip()
         ip, _, rest = s.partition(b" ")
@@ -343,16 +350,19 @@ class PerfParser(ChunkParser):
         """
         records: list[bytes] = []
         cur: list[bytes] = []
+        in_stack = False
         for ln in lines:
             if not ln or ln.startswith(b"#"):
                 continue
-            if not _starts_sample(ln):
+            if not _starts_sample(ln, in_stack):
                 if cur:
                     cur.append(ln)
+                    in_stack = in_stack or _is_frame_line(ln)
                 continue
             if cur:
                 records.append(b"\n".join(cur))
             cur = [ln]
+            in_stack = False
         if cur:
             records.append(b"\n".join(cur))
         # (Line numbers of errors in here are approximate: the blocks are rebuilt.)
@@ -501,18 +511,35 @@ def _flush_left_sample(line: bytes, nxt: bytes) -> bool:
     return h is not None and bool(h[3] or h[6] is not None)
 
 
-def _starts_sample(line: bytes) -> bool:
+def _starts_sample(line: bytes, in_stack: bool = False) -> bool:
     """Whether a line inside a block is another sample's header rather than a frame.
 
     Frames are indented, except in old perf versions (flush-left ``IP SYM (DSO)``);
     headers are flush left, except in ``perf script`` without ``-g``, which pads
-    the command to a column (``           false 39654 19115.489713: ...``).
+    the command with spaces to a column (``           false 39654 19115.489713: ...``).
+    perf prints a frame line with a leading tab and never a header, so a line
+    that starts with a tab is never a header; neither is an indented line after
+    a frame line of the same sample (``in_stack``): a sample with frames ends at
+    a blank line.  Such a line that is not a frame is a malformed frame line,
+    whatever it ends with.
     """
-    if line[:1] in (b"\t", b" "):
-        if _FRAME_HINT.match(line):
+    c = line[:1]
+    if c == b"\t":
+        return False
+    if c == b" ":
+        if in_stack:
             return False
-        return _HEADER_LINE.match(line) is not None or _is_padded_header(line)
+        # The header with a time field first: a padded comm made of hex digits
+        # ("              dd 10061 32579.823429: ...") also looks like "IP SYMBOL".
+        if _HEADER_LINE.match(line):
+            return True
+        return _FRAME_HINT.match(line) is None and _is_padded_header(line)
     return _FLUSH_FRAME.match(line) is None or _HEADER_LINE.match(line) is not None
+
+
+def _is_frame_line(line: bytes) -> bool:
+    """Whether ``line`` is laid out as a frame line (indented ``IP SYMBOL``)."""
+    return line[:1] == b"\t" or _FRAME_HINT.match(line) is not None
 
 
 def _is_padded_header(line: bytes) -> bool:
@@ -562,12 +589,15 @@ def _records(chunk: bytes) -> Iterator[tuple[bytes, bytes, int]]:
         pos = start
         cur_h, cur_body, cur_start = header, [], start
         pos += len(header) + 1
+        in_stack = False
         for ln in body.split(b"\n"):
-            if not ln or not _starts_sample(ln):
+            if not ln or not _starts_sample(ln, in_stack):
                 cur_body.append(ln)
+                in_stack = in_stack or _is_frame_line(ln)
             else:
                 yield cur_h, b"\n".join(cur_body), cur_start
                 cur_h, cur_body, cur_start = ln, [], pos
+                in_stack = False
             pos += len(ln) + 1
         yield cur_h, b"\n".join(cur_body), cur_start
 

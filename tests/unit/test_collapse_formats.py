@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import io
 from pathlib import Path
 
 import pytest
 
+from flamed.cli import main
 from flamed.collapse import guess
 from flamed.collapse.base import CollapseOptions
 from flamed.collapse.driver import collapse
@@ -138,3 +140,39 @@ def test_folded_input_edge_cases(tmp_path: Path) -> None:
     assert res.stats.skipped == 1
     with pytest.raises(InputError, match=r"f.folded:6:"):
         collapse([str(f)], jobs=1, options=CollapseOptions(strict=True))
+
+
+@pytest.mark.parametrize("where", ["end", "middle"])
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_bcc_multiline_stack_without_task_line_is_counted(tmp_path: Path, where: str, jobs: str) -> None:
+    """Frames that no task and count line close -- the last stack cut at the end of the
+    input, or one followed by a blank line -- are one malformed line, as a stack
+    without a count line is; --strict fails on it."""
+    text = gzip.decompress((DATA / "bcc" / "profile-multiline.txt.gz").read_bytes()).decode()
+    lines = text.split("\n")
+    tasks = [i for i, ln in enumerate(lines) if ln.startswith("    -   ")]
+    k = tasks[-1] if where == "end" else tasks[len(tasks) // 2]
+    first = k - 1
+    while lines[first - 1].startswith("    "):
+        first -= 1  # the first frame of that stack
+    full = tmp_path / "full.txt"
+    full.write_text(text)
+    cut = tmp_path / "cut.txt"
+    if where == "end":
+        cut.write_text("\n".join(lines[:k]) + "\n")  # cut after the last stack's frames
+    else:
+        cut.write_text("\n".join(lines[:k] + lines[k + 2 :]))  # its task and count lines dropped
+    expected = dict(texts(full))
+    gone = ";".join(("python3", *reversed([ln.strip() for ln in lines[first:k]])))
+    expected[gone] -= int(lines[k + 1])  # type: ignore[operator]
+    if not expected[gone]:
+        del expected[gone]
+    out = tmp_path / "out.folded"
+    err = io.StringIO()
+    args = ["collapse", "--format", "bcc", "--jobs", jobs, "--chunk-size", "1024", str(cut), "-o", str(out)]
+    assert main(args, stderr=err) == 0
+    got = {ln.rsplit(" ", 1)[0]: int(ln.rsplit(" ", 1)[1]) for ln in out.read_text().splitlines()}
+    assert got == expected
+    assert f"skipped 1 malformed line (first: {cut}:{first + 1}: bcc stack without a task and count line)" in err.getvalue()
+    with pytest.raises(InputError, match=f":{first + 1}: bcc stack without a task and count line"):
+        collapse([str(cut)], fmt="bcc", options=CollapseOptions(strict=True), jobs=1)

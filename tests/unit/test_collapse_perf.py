@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from flamed.collapse.base import CollapseOptions
 from flamed.collapse.driver import collapse
 from flamed.collapse.perf import _split_dso, parse_header
 from flamed.errors import InputError
+from flamed.folded import ReadStats
 from flamed.model import EMPTY_STACK_FRAME, Profile
 from support import DATA, golden
 
@@ -198,3 +200,118 @@ def test_parallel_ranges_equal_serial_with_errors_and_events(tmp_path: Path) -> 
     assert par.stats.skipped == serial.stats.skipped == 2
     assert par.stats.first_errors == serial.stats.first_errors
     assert ":6805:" in serial.stats.first_errors[0]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "dropped"),
+    [
+        # A stray line that reads as a header without an event, before a real capture.
+        (b"lost 12\n\n", 1),
+        # Folded lines in front of a perf script: the first reads as an event-less header.
+        (b"a;b;c 3\na;b 2\n", 2),
+    ],
+)
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_event_less_sample_first_does_not_hide_the_real_event(
+    tmp_path: Path, prefix: bytes, dropped: int, jobs: str
+) -> None:
+    """The event kept by default is the first *named* one; the event-less samples
+    dropped for it are named on stderr with their weight."""
+    real = gzip.decompress((DATA / "perf" / "c-default.txt.gz").read_bytes())
+    plain = tmp_path / "plain.perf"
+    plain.write_bytes(real)
+    expected, err0 = folded_of(tmp_path, str(plain))
+    assert err0 == ""
+    path = tmp_path / "prefixed.perf"
+    path.write_bytes(prefix + real)
+    out = tmp_path / "out.folded"
+    err = io.StringIO()
+    assert main(["collapse", "--jobs", jobs, "--chunk-size", "4096", str(path), "-o", str(out)], stderr=err) == 0
+    assert out.read_text() == expected
+    assert (
+        "kept event 'cpu-clock:ppp' (the first named in the input, weight "
+        f"{sum(int(ln.rsplit(' ', 1)[1]) for ln in expected.splitlines()):,}); "
+        f"also present: samples without an event field ({dropped}); choose one with --event"
+    ) in err.getvalue()
+    # --event '' keeps those samples instead.
+    only, _ = folded_of(tmp_path, str(path), "--event", "")
+    assert sum(int(ln.rsplit(" ", 1)[1]) for ln in only.splitlines()) == dropped
+
+
+def test_capture_without_event_fields_keeps_its_samples_quietly(tmp_path: Path) -> None:
+    # perf script -F comm,tid,period,ip,sym: no sample names an event; all are kept.
+    out, err = folded_of(tmp_path, str(DATA / "perf" / "fields-comm-tid-period.txt"))
+    assert out and "kept event" not in err
+
+
+# Two samples of a real perf script -g capture (frames: a tab, then the IP in 16 columns).
+_REAL_G = (
+    b"worker 0 11168 [001]   777.809456:    2004008 cpu-clock:ppp: \n"
+    b"\t            1384 recurse+0x34 (/tmp/flamed-capture/hot)\n"
+    b"\t            14bb worker+0x2b (/tmp/flamed-capture/hot)\n"
+    b"\t           891f5 start_thread+0x305 (/usr/lib/x86_64-linux-gnu/libc.so.6)\n"
+    b"\n"
+    b"hot 11166 [000]   777.810739:    2004008 cpu-clock:ppp: \n"
+    b"\tffffffff8226e079 _raw_spin_unlock_irqrestore+0x19 ([kernel.kallsyms])\n"
+    b"\tffffffff813b4324 wake_up_new_task+0x1e4 ([kernel.kallsyms])\n"
+    b"\tffffffff8135f779 kernel_clone+0x109 ([kernel.kallsyms])\n"
+    b"\n"
+)
+_REAL_G_FOLDED = {
+    "worker 0;start_thread;worker;recurse": 2004008,
+    "hot;kernel_clone_[k];wake_up_new_task_[k];_raw_spin_unlock_irqrestore_[k]": 2004008,
+}
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [
+        b"\tsome text 42",  # ends in a number: read as a header without -g before
+        b"\tsome text 42 [001]   777.809457:    2004008 cpu-clock:ppp: ",  # even a whole header, tab-indented
+        b"    some text 42",  # space-indented, after a frame line
+        b"  worker 0 11168   777.809460: ",
+    ],
+)
+def test_junk_line_inside_a_stack_keeps_the_stack_whole(tmp_path: Path, junk: bytes) -> None:
+    """An indented line after a frame line is never another sample's header: the stack
+    is kept whole and the line is counted malformed (an error under --strict)."""
+    lines = _REAL_G.split(b"\n")
+    lines.insert(2, junk)  # between the first sample's leaf and its caller
+    lines.insert(8, junk)  # and in the second sample
+    path = tmp_path / "junk.perf"
+    path.write_bytes(b"\n".join(lines))
+    out, err = folded_of(tmp_path, str(path))
+    assert dict((ln.rsplit(" ", 1)[0], int(ln.rsplit(" ", 1)[1])) for ln in out.splitlines()) == _REAL_G_FOLDED
+    assert f"skipped 2 malformed lines (first: {path}:3: unreadable perf script frame line)" in err
+    with pytest.raises(InputError, match=":3: unreadable perf script frame line"):
+        collapse([str(path)], options=CollapseOptions(strict=True), jobs=1)
+    # The timestamped reader (flamed merge) splits samples the same way.
+    stats = ReadStats()
+    with open(path, "rb") as f:
+        samples = list(get("perf").samples(f, CollapseOptions(), source=str(path), stats=stats))
+    assert sorted(";".join(s.stack) for s in samples) == sorted(_REAL_G_FOLDED)
+    assert stats.skipped == 2
+
+
+def test_no_g_capture_of_a_command_named_in_hex_digits(tmp_path: Path) -> None:
+    # perf script of a real `perf record -- dd ...` (no -g): the comm "dd" padded to
+    # 16 columns reads as "IP SYMBOL" too; every line is a sample.
+    data = (
+        b"              dd 10061 32579.823429:     250000 cpu-clock:pppH:      7fbd4655aa14 "
+        b"__GI___tunables_init+0xa4 (/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2)\n"
+        b"              dd 10061 32579.823934:     250000 cpu-clock:pppH:  ffffffff81416bce "
+        b"rcu_core+0x12e ([kernel.kallsyms])\n"
+        b"              dd 10061 32579.824442:     250000 cpu-clock:pppH:  ffffffff82237486 "
+        b"copy_mc_enhanced_fast_string+0x6 ([kernel.kallsyms])\n"
+        b"              dd 10061 32579.824688:     250000 cpu-clock:pppH:  ffffffff813937a0 "
+        b"rcu_core+0x12e ([kernel.kallsyms])\n"
+    )
+    path = tmp_path / "dd.perf"
+    path.write_bytes(data)
+    out, err = folded_of(tmp_path, str(path))
+    assert out.splitlines() == [
+        "dd;__GI___tunables_init 250000",
+        "dd;copy_mc_enhanced_fast_string_[k] 250000",
+        "dd;rcu_core_[k] 500000",
+    ]
+    assert err == ""

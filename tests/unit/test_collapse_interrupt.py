@@ -1,0 +1,157 @@
+"""Ctrl-C during ``flamed collapse --jobs N``: a real process group gets SIGINT, as from a terminal.
+
+The parent must exit 130 promptly, print no worker traceback and leave no
+output file; the workers ignore SIGINT and are shut down by the parent.  Run
+several times per input kind (gzip file, stdin being fed, stdin stalled): a
+worker dying of the signal while holding a queue lock hung the parent in some
+runs only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flamed.procstat import running
+from support import DATA
+
+ROOT = Path(__file__).resolve().parents[2]
+JOBS = 3
+#: How long a run may take to exit after SIGINT (it takes well under a second).
+EXIT_WITHIN = 10.0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            out.append(int(d))
+    return out
+
+
+def _reset_sigint() -> None:
+    # A shell without job control starts background jobs with SIGINT ignored, and
+    # Python keeps an ignored SIGINT ignored: give the command the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture(scope="module")
+def perf_text() -> bytes:
+    return gzip.decompress((DATA / "perf" / "system-wide.txt.gz").read_bytes())
+
+
+@pytest.fixture(scope="module")
+def big_gzip(tmp_path_factory: pytest.TempPathFactory, perf_text: bytes) -> Path:
+    # Many gzip members of one real capture: hundreds of MB of perf script (more
+    # than a run gets through before it is interrupted) from a small file.
+    member = gzip.compress(perf_text, compresslevel=6)
+    path = tmp_path_factory.mktemp("interrupt") / "big.perf.gz"
+    with open(path, "wb") as f:
+        for _ in range(400):
+            f.write(member)
+    return path
+
+
+def _interrupt(tmp_path: Path, source: str, perf_text: bytes, big_gzip: Path, delay: float) -> None:
+    out = tmp_path / "out.folded"
+    args = [sys.executable, "-m", "flamed", "collapse", "--jobs", str(JOBS), "--chunk-size", "262144"]
+    args += [str(big_gzip)] if source == "gzip" else ["-"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    err_path = tmp_path / "stderr.txt"
+    # stderr to a file: a pipe would not reach end of file while a worker outlived the command.
+    err_file = open(err_path, "wb")  # noqa: SIM115 - closed in the finally below
+    p = subprocess.Popen(
+        [*args, "-o", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE if source != "gzip" else subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=err_file,
+        start_new_session=True,
+        preexec_fn=_reset_sigint,
+    )
+    stop = threading.Event()
+
+    def feed() -> None:
+        # "stdin": fed for as long as the command runs; "stalled": a few chunks, then
+        # nothing more while the pipe stays open (the workers wait for work).
+        assert p.stdin is not None
+        try:
+            n = 0
+            while not stop.is_set() and (source == "stdin" or n < 3):
+                p.stdin.write(perf_text)
+                p.stdin.flush()
+                n += 1
+            stop.wait()
+        except (BrokenPipeError, OSError):
+            pass
+
+    feeder = threading.Thread(target=feed, daemon=True) if source != "gzip" else None
+    if feeder is not None:
+        feeder.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(_children(p.pid)) < JOBS:
+            assert p.poll() is None, f"collapse ended before it was interrupted: {err_path.read_text()!r}"
+            assert time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.01)
+        time.sleep(delay)
+        workers = _children(p.pid)
+        assert p.poll() is None, "collapse ended before it was interrupted"
+        t0 = time.monotonic()
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            rc = p.wait(timeout=EXIT_WITHIN)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{source}: still running {EXIT_WITHIN:.0f} s after SIGINT")
+        took = time.monotonic() - t0
+        err = err_path.read_text(errors="replace")
+        assert rc == 130, f"{source}: exit {rc}, stderr {err!r}"
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        assert "flamed collapse: interrupted" in err, err
+        assert not out.exists()
+        assert took < EXIT_WITHIN
+        # No worker outlives the command.
+        deadline = time.monotonic() + 5
+        while any(running(f"/proc/{w}/stat") for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(running(f"/proc/{w}/stat") for w in workers)
+    finally:
+        stop.set()
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # whatever is left of the group (a failing run)
+        except ProcessLookupError:
+            pass
+        p.wait()
+        err_file.close()
+        if p.stdin is not None:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+        if feeder is not None:
+            feeder.join(5)
+
+
+@pytest.mark.parametrize("run", range(4))
+@pytest.mark.parametrize("source", ["gzip", "stdin", "stalled"])
+def test_sigint_to_the_group_exits_130_promptly(
+    tmp_path: Path, source: str, run: int, perf_text: bytes, big_gzip: Path
+) -> None:
+    _interrupt(tmp_path, source, perf_text, big_gzip, delay=0.05 * run)
