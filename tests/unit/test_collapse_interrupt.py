@@ -155,3 +155,48 @@ def test_sigint_to_the_group_exits_130_promptly(
     tmp_path: Path, source: str, run: int, perf_text: bytes, big_gzip: Path
 ) -> None:
     _interrupt(tmp_path, source, perf_text, big_gzip, delay=0.05 * run)
+
+
+@pytest.mark.parametrize("source", ["gzip", "stalled"])
+def test_workers_go_when_the_parent_is_killed_outright(
+        tmp_path: Path, source: str, perf_text: bytes, big_gzip: Path) -> None:
+    """SIGKILL to the parent alone (the OOM killer, kill -9), busy or waiting for
+    input: the workers, which ignore Ctrl-C, still go (the pool's queues end
+    with their parent)."""
+    args = [sys.executable, "-m", "flamed", "collapse", "--jobs", str(JOBS), "--chunk-size", "262144",
+            str(big_gzip) if source == "gzip" else "-", "-o", str(tmp_path / "out.folded")]
+    p = subprocess.Popen(args, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         stdin=subprocess.DEVNULL if source == "gzip" else subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    workers: list[int] = []
+    try:
+        if p.stdin is not None:
+            p.stdin.write(perf_text)  # some work, then nothing more while stdin stays open
+            p.stdin.flush()
+        deadline = time.monotonic() + 30
+        while len(_children(p.pid)) < JOBS:
+            assert p.poll() is None and time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.01)
+        time.sleep(0.3)
+        workers = _children(p.pid)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+        deadline = time.monotonic() + 10
+        while any(running(f"/proc/{w}/stat") for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(running(f"/proc/{w}/stat") for w in workers), "workers outlived their parent"
+        assert not (tmp_path / "out.folded").exists()
+    finally:
+        for w in workers:
+            try:
+                os.kill(w, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if p.stdin is not None:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
