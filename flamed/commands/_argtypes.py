@@ -5,29 +5,58 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 
 #: Largest value of an int64 nanosecond field (pprof's time_nanos, duration_nanos).
 INT64_MAX = 2**63 - 1
+#: Linux's PID_MAX_LIMIT: no process or thread id is larger.
+PID_MAX = 1 << 22
+#: The longest span the daemon's protocol takes ('seconds', 'next'): a week.
+WEEK_S = 7 * 86400.0
+
+#: A duration: a number, then ms, s (the default), m or h.
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+_SCALE = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() and abs(v) < 1e16 else f"{v:g}"
 
 
-def number(low: float, high: float, *, what: str = "a number") -> Callable[[str], float]:
-    """A finite float in ``[low, high]``."""
+def number(low: float, high: float, *, what: str = "a number", above: bool = False) -> Callable[[str], float]:
+    """A finite float in ``[low, high]`` (``(low, high]`` when ``above``)."""
 
     def parse(text: str) -> float:
         try:
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not math.isfinite(v) or not low <= v <= high:
-            raise argparse.ArgumentTypeError(f"expected {what} from {_fmt(low)} to {_fmt(high)}, got {text!r}")
+        if not math.isfinite(v) or not (low < v if above else low <= v) or not v <= high:
+            raise argparse.ArgumentTypeError(f"expected {what} {_range(low, high, above)}, got {text!r}")
         return v
 
     parse.__name__ = "number"  # what argparse names in its own messages
+    return parse
+
+
+def _range(low: float, high: float, above: bool) -> str:
+    return f"above {_fmt(low)}, up to {_fmt(high)}" if above else f"from {_fmt(low)} to {_fmt(high)}"
+
+
+def duration(high: float, *, what: str = "a duration such as 90, 60s, 5m or 1.5h") -> Callable[[str], float]:
+    """Seconds above 0 and up to ``high``, written ``90`` (seconds), ``500ms``, ``60s``, ``5m`` or ``1.5h``."""
+
+    def parse(text: str) -> float:
+        m = _DURATION.match(text)
+        if not m:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        v = float(m[1]) * _SCALE[m[2] or "s"]
+        if not 0 < v <= high:
+            raise argparse.ArgumentTypeError(f"expected {what}, {_range(0, high, True)} s, got {text!r}")
+        return v
+
+    parse.__name__ = "duration"
     return parse
 
 

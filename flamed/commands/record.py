@@ -18,10 +18,10 @@ from typing import Any
 from flamed import outputs
 from flamed.commands import record_daemon
 from flamed.commands.base import Command
-from flamed.commands.record_daemon import parse_since
+from flamed.commands._argtypes import PID_MAX, WEEK_S, duration, integer, number
 from flamed.daemon.client import DEFAULT_SOCKET
 from flamed.errors import CapabilityError, FlamedError, UsageError
-from flamed.fileio import open_output
+from flamed.fileio import _replace_target, open_descriptor, open_output
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack
 from flamed.outputs.base import OutputOptions
@@ -91,22 +91,26 @@ class RecordCommand(Command):
     _daemon_status: dict[str, Any] = {}
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("-p", "--pid", type=int, help="process to record")
-        parser.add_argument("-d", "--duration", type=float, default=None,
+        parser.add_argument("-p", "--pid", type=integer(1, PID_MAX, what="a process id"),
+                            help="process to record (a process id, not the id of one of its threads)")
+        parser.add_argument("-d", "--duration", type=number(0, WEEK_S, above=True, what="seconds"), default=None,
                             help="seconds to record (default: until the process exits or Ctrl-C)")
-        parser.add_argument("-r", "--rate", type=int, default=None,
-                            help="BPF samples per second (default 99; giving it samples here, not through the daemon)")
+        parser.add_argument("-r", "--rate", type=integer(1, 999, what="samples per second"), default=None,
+                            help="BPF samples per second, 1..999 (default 99; giving it samples here, not "
+                                 "through the daemon)")
         parser.add_argument("-o", "--output", default=None,
-                            help="output file, '-' for stdout (default: flamed-PID.<ext of the format>)")
+                            help="output file, '-' for stdout; checked before recording starts (default: "
+                                 "flamed-PID.<ext of the format> with -p, flamed-record.<ext> with a command)")
         parser.add_argument("-f", "--format", default=None,
                             help=f"output format: {', '.join(outputs.names())} (default: by -o's extension, else folded)")
         parser.add_argument("--subprocesses", action="store_true", help="also record Python descendants")
         parser.add_argument("--mode", choices=MODES, default="cpu",
                             help="cpu: CPU samples (default); offcpu: time off the CPU, in microseconds; "
                                  "wall: CPU samples as time plus off-CPU time, in microseconds")
-        parser.add_argument("--min-block-us", type=int, default=1000, metavar="US",
+        parser.add_argument("--min-block-us", type=integer(0, 3_600_000_000, what="microseconds"), default=1000,
+                            metavar="US",
                             help="offcpu/wall: shortest wait counted, in microseconds (default 1000)")
-        parser.add_argument("--offcpu-every", type=int, default=1, metavar="N",
+        parser.add_argument("--offcpu-every", type=integer(1, 1 << 22), default=1, metavar="N",
                             help="offcpu/wall: remember one switch off the CPU in N at random and count its wait "
                                  "N times, to cut the cost on threads switching >10k times/s (default 1: all)")
         parser.add_argument("--root", metavar="FRAMES", type=root_spec, default=None,
@@ -118,7 +122,7 @@ class RecordCommand(Command):
                                  "reading, optionally with that py-spy binary")
         parser.add_argument("--pyspy-binary", default=None,
                             help="py-spy binary for interpreters BPF cannot read (default: next to python, else PATH)")
-        parser.add_argument("--pyspy-rate", type=int, default=100,
+        parser.add_argument("--pyspy-rate", type=integer(1, MAX_RATE, what="samples per second"), default=100,
                             help=f"py-spy samples per second, 1..{MAX_RATE} (default 100)")
         parser.add_argument("--blocking", action="store_true",
                             help="let py-spy pause the target while it reads it (default: non-blocking)")
@@ -144,8 +148,9 @@ class RecordCommand(Command):
                                  "when a daemon answers there)")
         parser.add_argument("--no-daemon", action="store_true",
                             help="sample here even when a daemon is running (compiles the BPF program: seconds)")
-        parser.add_argument("--since", metavar="DURATION", type=parse_since, default=None,
-                            help="through the daemon: begin DURATION before now (e.g. 60s, 5m), from its ring")
+        parser.add_argument("--since", metavar="DURATION", type=duration(WEEK_S), default=None,
+                            help="through the daemon: begin DURATION before now (e.g. 60s, 5m; up to a week), "
+                                 "from its ring")
         parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS... to run and record")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -154,20 +159,18 @@ class RecordCommand(Command):
             cmd = cmd[1:]
         if (args.pid is None) == (not cmd):
             raise UsageError("give either -p PID or -- COMMAND ARGS... (not both)")
-        if args.pid is not None and not os.path.exists(f"/proc/{args.pid}"):
-            raise UsageError(f"no process {args.pid}")
-        if args.rate is not None and not 1 <= args.rate <= 999:
-            raise UsageError("-r/--rate must be 1..999")
+        if args.pid is not None:
+            _check_target(args.pid)
+        # Numbers were checked as they were parsed (_argtypes); the outputs are
+        # checked before anything is recorded, so an unwritable -o does not
+        # cost the whole recording.
+        _check_writable(_output_path(args, outputs.choose(args.format, args.output)), "-o/--output")
+        if args.timeline:
+            _check_writable(args.timeline, "--timeline")
         if self._through_daemon(args, cmd):
             return self._via_daemon(args, cmd)
         if args.rate is None:
             args.rate = 99
-        if args.duration is not None and args.duration <= 0:
-            raise UsageError("-d/--duration must be positive")
-        if args.min_block_us < 0:
-            raise UsageError("--min-block-us must not be negative")
-        if args.offcpu_every < 1:
-            raise UsageError("--offcpu-every must be at least 1")
         timed = args.mode != "cpu"
         if timed and (args.no_bpf or args.pyspy is not None):
             raise UsageError(f"--mode {args.mode} measures waits in BPF: it cannot go with --no-bpf or --pyspy")
@@ -545,16 +548,82 @@ class RecordCommand(Command):
         return record_daemon.finish_child(child, interrupted)
 
     def _write(self, args: argparse.Namespace, fmt: outputs.OutputFormat, profile: Profile) -> None:
-        path = args.output
-        if path is None:
-            ext = fmt.extensions[0] if fmt.extensions else ".out"
-            path = f"flamed-{args.pid or 'record'}{ext}"
+        path = _output_path(args, fmt)
         opts = OutputOptions(title=args.title, palette="mixed" if "mixed" in _palettes() else "hot")
-        with open_output(path) as out:
-            fmt.write(profile, out, opts)
+        try:
+            with open_output(path) as out:
+                fmt.write(profile, out, opts)
+        except FlamedError as e:
+            # Checked writable before recording, failing now (a full disk, the
+            # directory removed meanwhile): the recording is not thrown away.
+            raise FlamedError(f"{e}; {_save_elsewhere(path, profile)}") from None
         if path != "-":
             unit = "us" if profile.labels.get("unit") == "microseconds" else "samples"
             self.warn(f"wrote {path} ({int(profile.total())} {unit}, {len(profile)} stacks)")
+
+
+def _output_path(args: argparse.Namespace, fmt: outputs.OutputFormat) -> str:
+    """Where the profile goes: -o, else flamed-PID.<ext> (-p) or flamed-record.<ext> (a command)."""
+    if args.output is not None:
+        return str(args.output)
+    ext = fmt.extensions[0] if fmt.extensions else ".out"
+    return f"flamed-{args.pid or 'record'}{ext}"
+
+
+def _check_target(pid: int) -> None:
+    """-p names a live process (not a thread of one, not a zombie), or a usage error says what it is."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
+    except FileNotFoundError:
+        raise UsageError(f"no process {pid}") from None
+    except OSError as e:
+        raise UsageError(f"cannot read /proc/{pid}/status: {e.strerror or e}") from None
+    m = re.search(rb"^Tgid:\s*(\d+)", status, re.M)
+    if m is not None and int(m[1]) != pid:
+        # /proc/TID exists for every thread, though not listed: its samples
+        # would be looked for under a process id no task has.
+        raise UsageError(f"{pid} is a thread of process {int(m[1])}, not a process; give -p {int(m[1])}")
+    if not running(f"/proc/{pid}/stat"):
+        raise UsageError(f"process {pid} has already exited (a zombie its parent has not reaped): "
+                         "nothing to record")
+
+
+def _check_writable(path: str, option: str) -> None:
+    """Can ``path`` be written (as :func:`flamed.fileio.open_output` will, at the end)?  Checked by
+    creating and removing a temporary file where the atomic write puts its own, so nothing is left
+    behind; '-', descriptors (/dev/stdout) and existing FIFOs or devices are checked for write access."""
+    if path == "-" or open_descriptor(path) is not None:
+        return
+    try:
+        target = _replace_target(path)
+    except OSError as e:
+        raise UsageError(f"{option} {path}: {e.strerror or e}") from None
+    if target is None:  # a FIFO, device or socket, written in place
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"{option} {path}: not writable")
+        return
+    directory = os.path.dirname(target) or "."
+    if not os.path.isdir(directory):
+        raise UsageError(f"{option} {path}: no directory {directory}")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise UsageError(f"{option} {path}: cannot create a file in {directory}: {e.strerror or e}") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def _save_elsewhere(path: str, profile: Profile) -> str:
+    """Write the profile as folded text to a new file of the temporary directory; say where, or that
+    it is lost."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="flamed-record-", suffix=".folded")
+        with os.fdopen(fd, "wb") as f:
+            outputs.get("folded").write(profile, f, OutputOptions())
+    except (OSError, FlamedError) as e:
+        return f"the recording is lost (it could not be saved elsewhere either: {e})"
+    return f"the recording was saved as folded text to {tmp} instead of {path}"
 
 
 def _mode_labels(mode: str) -> dict[str, str]:

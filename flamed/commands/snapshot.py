@@ -6,9 +6,15 @@ import argparse
 import sys
 from typing import Any
 
+from flamed.commands._argtypes import PID_MAX, WEEK_S, integer, number
 from flamed.commands.base import Command
 from flamed.daemon.client import DEFAULT_SOCKET, request
-from flamed.errors import UsageError
+
+#: --seconds, --next: what the daemon's protocol takes (above 0, up to a week).
+_SECONDS = number(0, WEEK_S, above=True, what="seconds")
+#: --timeout: seconds to wait for the daemon; `--next` waits on top of it.
+_TIMEOUT = number(0, WEEK_S, above=True, what="seconds")
+_ID = integer(0, PID_MAX, what="a process or thread id")
 from flamed.fileio import open_output
 
 
@@ -34,13 +40,16 @@ class SnapshotCommand(Command):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--socket", metavar="PATH", default=DEFAULT_SOCKET, help=f"control socket (default {DEFAULT_SOCKET})")
         when = parser.add_mutually_exclusive_group()
-        when.add_argument("--seconds", metavar="N", type=float, help="the last N seconds, from memory (default 60)")
-        when.add_argument("--next", metavar="N", type=float, help="the next N seconds (waits)")
+        when.add_argument("--seconds", metavar="N", type=_SECONDS,
+                          help="the last N seconds, from memory, up to a week (default 60)")
+        when.add_argument("--next", metavar="N", type=_SECONDS,
+                          help="the next N seconds (waits), up to a week (and the daemon's "
+                               "snapshot.max_next_seconds)")
         parser.add_argument("--kind", choices=("cpu", "offcpu"), default="cpu",
                             help="cpu: CPU samples (default); offcpu: time off the CPU, in microseconds "
                                  "(nanoseconds in pprof), from a daemon with [sampling] off_cpu = true")
-        parser.add_argument("--pid", metavar="PID", type=int, action="append", help="only this process (repeatable)")
-        parser.add_argument("--tid", metavar="TID", type=int, action="append", help="only this thread (repeatable)")
+        parser.add_argument("--pid", metavar="PID", type=_ID, action="append", help="only this process (repeatable)")
+        parser.add_argument("--tid", metavar="TID", type=_ID, action="append", help="only this thread (repeatable)")
         parser.add_argument("--comm", metavar="REGEX", help="only tasks whose comm matches")
         parser.add_argument("--frame", metavar="REGEX", help="only stacks with a frame matching")
         parser.add_argument("--exclude-frame", metavar="REGEX", help="drop stacks with a frame matching")
@@ -62,7 +71,8 @@ class SnapshotCommand(Command):
         parser.add_argument("--title", metavar="TEXT", help="title for graphical formats")
         parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (atomically)")
         parser.add_argument("--flush", action="store_true", help="ask the daemon to close the current file now")
-        parser.add_argument("--timeout", metavar="S", type=float, default=30.0, help="socket timeout (default 30)")
+        parser.add_argument("--timeout", metavar="S", type=_TIMEOUT, default=30.0,
+                            help="socket timeout (default 30)")
 
     def run(self, args: argparse.Namespace) -> int:
         if args.flush:
@@ -90,8 +100,6 @@ class SnapshotCommand(Command):
         for key in ("unit", "container", "pod", "cgroup"):
             if getattr(args, key):
                 req[key] = getattr(args, key)
-        if (args.seconds is not None and args.seconds <= 0) or (args.next is not None and args.next <= 0):
-            raise UsageError("--seconds/--next must be > 0")
         with open_output(args.output) as out:
             head = request(args.socket, req, out, timeout=args.timeout)
         if head.get("stacks") == 0:
@@ -125,7 +133,7 @@ class FlushCommand(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--socket", metavar="PATH", default=DEFAULT_SOCKET, help=f"control socket (default {DEFAULT_SOCKET})")
-        parser.add_argument("--timeout", metavar="S", type=float, default=60.0,
+        parser.add_argument("--timeout", metavar="S", type=_TIMEOUT, default=60.0,
                             help="seconds to wait for the daemon (default 60)")
 
     def run(self, args: argparse.Namespace) -> int:

@@ -1,0 +1,174 @@
+"""`flamed record` and `flamed snapshot`: what is refused before anything is recorded.
+
+Options are checked as they are parsed (a usage error, exit 2, one line, no
+BPF compile); -p names a live process, not a thread of one or a zombie; -o
+(and --timeline) must be writable before the recording starts; and an output
+that fails at the end anyway leaves the recording saved elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support import ROOT
+
+FLAMED = [sys.executable, "-m", "flamed"]
+NO_SOCKET = "/nonexistent/flamed-test.sock"
+
+
+def flamed(args: list[str], timeout: float = 20, cwd: Path = ROOT,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # PYTHONPATH: this tree's flamed, also when run from another directory (cwd)
+    return subprocess.run(FLAMED + args, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def assert_usage_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr and "loading the BPF" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "error:" in last, r.stderr
+    for n in needles:
+        assert n in last, r.stderr
+
+
+@pytest.mark.parametrize("args, option", [
+    (["record", "-p", "1", "--since", "10x"], "--since"),
+    (["record", "-p", "1", "--since=-5s"], "--since"),
+    (["record", "-p", "1", "--since", "nan"], "--since"),
+    (["record", "-p", "1", "--since", "1e9h"], "--since"),
+    (["record", "-p", "1", "--since", "8000000s"], "--since"),
+    (["record", "--no-daemon", "-p", "1", "-d", "nan"], "-d/--duration"),
+    (["record", "--no-daemon", "-p", "1", "-d", "inf"], "-d/--duration"),
+    # through a daemon it was accepted (and recorded), standalone refused
+    (["record", "--socket", NO_SOCKET, "-p", "1", "-d", "-1"], "-d/--duration"),
+    (["record", "--socket", NO_SOCKET, "-p", "1", "-d", "0"], "-d/--duration"),
+    (["record", "--no-daemon", "-p", "1", "-r", "0"], "-r/--rate"),
+    (["record", "--no-daemon", "-p", "1", "--pyspy-rate", "100000"], "--pyspy-rate"),
+    (["record", "--no-daemon", "-p", "1", "--mode", "offcpu", "--min-block-us", "-1"], "--min-block-us"),
+    (["record", "--no-daemon", "-p", "1", "--mode", "offcpu", "--offcpu-every", "0"], "--offcpu-every"),
+    (["record", "--no-daemon", "-p", "99999999999999999999", "-d", "1"], "-p/--pid"),
+    (["snapshot", "--socket", NO_SOCKET, "--next", "inf"], "--next"),
+    (["snapshot", "--socket", NO_SOCKET, "--next", "nan"], "--next"),
+    (["snapshot", "--socket", NO_SOCKET, "--seconds", "nan"], "--seconds"),
+    (["snapshot", "--socket", NO_SOCKET, "--seconds", "0"], "--seconds"),
+    (["snapshot", "--socket", NO_SOCKET, "--timeout", "nan"], "--timeout"),
+    (["snapshot", "--socket", NO_SOCKET, "--pid", "-3"], "--pid"),
+    (["flush", "--socket", NO_SOCKET, "--timeout", "inf"], "--timeout"),
+])
+def test_numeric_options_are_checked_when_parsed(args: list[str], option: str) -> None:
+    t0 = time.monotonic()
+    r = flamed(args)
+    assert_usage_error(r, f"argument {option}")
+    assert time.monotonic() - t0 < 10
+
+
+def test_since_accepts_durations() -> None:
+    # parsed, then refused for want of a daemon: not a usage error
+    for since in ("90", "60s", "5m", "1.5h", "500ms"):
+        r = flamed(["record", "--socket", NO_SOCKET, "-p", str(os.getpid()), "--since", since, "-o", "-"])
+        assert r.returncode == 1 and "no daemon to record through" in r.stderr, (since, r.stderr)
+
+
+def test_unwritable_output_is_refused_before_recording(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    for out, why in ((tmp_path / "missing" / "x.svg", "no directory"), (Path("/proc/x.folded"), "cannot create")):
+        for mode in (["--no-daemon"], ["--socket", NO_SOCKET]):
+            r = flamed(["record", *mode, "-o", str(out), *cmd])
+            assert_usage_error(r, "-o/--output", why)
+            assert not marker.exists(), "the command ran though the output could not be written"
+    r = flamed(["record", "--no-daemon", "--timeline", str(tmp_path / "missing" / "t.txt"),
+                "-o", str(tmp_path / "x.folded"), *cmd])
+    assert_usage_error(r, "--timeline", "no directory")
+    assert not marker.exists()
+
+
+def test_output_check_leaves_nothing_and_accepts_descriptors(tmp_path: Path) -> None:
+    # Past the output check, the daemon is missing: nothing recorded, nothing left in the directory.
+    d = tmp_path / "out"
+    d.mkdir()
+    for out in (str(d / "x.svg"), "-", "/dev/stdout", "/dev/null"):
+        r = flamed(["record", "--socket", NO_SOCKET, "-p", str(os.getpid()), "-o", out])
+        assert r.returncode == 1 and "no daemon to record through" in r.stderr, (out, r.stderr)
+    assert list(d.iterdir()) == []
+    assert Path("/dev/null").is_char_device()
+
+
+def test_pid_of_a_thread_is_refused_naming_its_process() -> None:
+    code = ("import threading, time\n"
+            "def spin():\n    end = time.monotonic() + 30\n    while time.monotonic() < end: pass\n"
+            "for _ in range(3): threading.Thread(target=spin, daemon=True).start()\n"
+            "time.sleep(30)\n")
+    pool = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 5
+        tids: list[int] = []
+        while len(tids) < 3 and time.monotonic() < deadline:
+            tids = [int(t) for t in os.listdir(f"/proc/{pool.pid}/task") if int(t) != pool.pid]
+            time.sleep(0.05)
+        assert tids, "no worker thread started"
+        tid = max(tids)
+        r = flamed(["record", "--no-daemon", "-p", str(tid), "-d", "2", "-o", "-"])
+        assert_usage_error(r, f"{tid} is a thread of process {pool.pid}", f"-p {pool.pid}")
+    finally:
+        pool.kill()
+        pool.wait(10)
+
+
+def test_pid_of_a_zombie_is_refused_up_front() -> None:
+    child = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with open(f"/proc/{child.pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+            time.sleep(0.02)
+        else:
+            pytest.fail("the child did not become a zombie")
+        r = flamed(["record", "--no-daemon", "-p", str(child.pid), "-d", "2", "-o", "-"])
+        assert_usage_error(r, f"process {child.pid} has already exited (a zombie")
+    finally:
+        child.wait(10)
+
+
+def test_help_names_the_default_output_of_a_command() -> None:
+    r = flamed(["record", "--help"])
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "flamed-PID.<ext of the format> with -p, flamed-record.<ext> with a command" in text, text
+
+
+@pytest.mark.bpf
+def test_default_output_of_a_command_is_flamed_record(tmp_path: Path, require_bpf: None) -> None:
+    spin = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"
+    r = flamed(["record", "--no-daemon", "--", "sh", "-c", spin], timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["flamed-record.folded"]
+    assert "wrote flamed-record.folded" in r.stderr
+
+
+@pytest.mark.bpf
+def test_output_failing_at_the_end_saves_the_recording(tmp_path: Path, require_bpf: None) -> None:
+    # The directory is there when recording starts; the recorded command removes it.
+    d = tmp_path / "gone"
+    d.mkdir()
+    saved = tmp_path / "tmp"
+    saved.mkdir()
+    spin = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"
+    r = flamed(["record", "--no-daemon", "-o", str(d / "x.folded"), "--", "sh", "-c", f"rmdir {d}; {spin}"],
+               timeout=60, env={"TMPDIR": str(saved)})
+    assert r.returncode == 1, r.stderr
+    assert f"cannot write {d / 'x.folded'}" in r.stderr
+    files = list(saved.glob("flamed-record-*.folded"))
+    assert len(files) == 1, r.stderr
+    assert f"the recording was saved as folded text to {files[0]}" in r.stderr
+    lines = files[0].read_text().splitlines()
+    assert lines and sum(int(ln.rsplit(" ", 1)[1]) for ln in lines) > 0
