@@ -84,6 +84,8 @@ class DaemonRecording:
     broken: str = ""
     #: The daemon's [sampling] filter that leaves the target out ("" when none does, or it cannot be told).
     filtered_out: str = ""
+    #: The daemon's [sampling] cgroups or units filter, which may leave the target out ("" when none is set).
+    maybe_filtered: str = ""
     #: The target's process id and name (for the messages).
     target: int = 0
     comm: str = ""
@@ -109,7 +111,10 @@ class DaemonRecording:
         if self.filtered_out:
             return (f"the daemon at {self.socket} samples only {self.filtered_out}, which leaves out {what}; "
                     "--no-daemon records it here")
-        return f"the daemon saw {what} on no CPU in {self.windows} window(s)"
+        saw = f"the daemon saw {what} on no CPU in {self.windows} window(s)"
+        if self.maybe_filtered:
+            saw += f"; it samples only {self.maybe_filtered}, which may leave it out (--no-daemon records it here)"
+        return saw
 
     def profile(self) -> Profile:
         return Profile(dict(self.stacks), start_ns=self.start_ns, end_ns=self.end_ns, sample_rate=self.sample_rate,
@@ -173,6 +178,16 @@ def filter_excludes(status: dict[str, Any], tgid: int, comm: str) -> str:
     return ""
 
 
+def filter_unchecked(status: dict[str, Any]) -> str:
+    """The daemon's cgroups and units filters (not checked against the target), as
+    ``[sampling] units = [...]``; "" when neither is set."""
+    flt = status.get("filter")
+    if not isinstance(flt, dict):
+        return ""
+    return " and ".join(f"[sampling] {k} = [" + ", ".join(f'"{v}"' for v in flt[k]) + "]"
+                        for k in ("cgroups", "units") if flt.get(k))
+
+
 def _poll(rec: DaemonRecording, since_ns: int, pids: list[int], root: str, *, drain: bool) -> int:
     """One request: the windows that end after ``since_ns``; the new cursor."""
     buf = io.BytesIO()
@@ -222,6 +237,7 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
     rec.target = target
     rec.comm = _comm(target) or (os.path.basename(cmd[0])[:15] if cmd else "")
     rec.filtered_out = filter_excludes(status or {}, target, rec.comm)
+    rec.maybe_filtered = filter_unchecked(status or {})
     if rec.filtered_out:
         warn(f"the daemon samples only {rec.filtered_out}: {rec.comm} (pid {target}) is outside it, so its "
              "samples will not come back; --no-daemon records it here")
