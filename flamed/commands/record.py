@@ -244,7 +244,7 @@ class RecordCommand(Command):
         with _signals_interrupt():
             rec, rc, interrupted = record_daemon.record(
                 sock, pid=args.pid, cmd=cmd, duration=args.duration, since_s=args.since or 0.0,
-                root=args.root or "none", warn=self.warn)
+                root=args.root or "none", warn=self.warn, status=st)
         profile = rec.profile()
         if rec.start_ns is not None and args.since:
             asked = time.time_ns() - int(args.since * 1e9)
@@ -252,14 +252,14 @@ class RecordCommand(Command):
                 self.warn(f"the daemon's ring began {(rec.start_ns - asked) / 1e9:.0f} s after the --since asked: "
                           "older samples were no longer held")
         if not rec.stacks:
-            what = f"process {args.pid}" if args.pid is not None else cmd[0]
-            self.warn(f"nothing was recorded: the daemon saw {what} on no CPU in {rec.windows} window(s)")
+            self.warn(f"nothing was recorded: {rec.nothing_reason()}")
         self._write(args, fmt, profile)
         if rec.broken:
             return rc if cmd and rc else 1
         if interrupted and not cmd:
             return 130
-        return rc
+        # As without the daemon: nothing recorded is a failure (the command's own code when it failed).
+        return (rc or 1) if not rec.stacks else rc
 
     # -- mixed mode ---------------------------------------------------------
     def _bpf_sampler(self, rate: int, python: bool, unwind: bool = True, *,

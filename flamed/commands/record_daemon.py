@@ -31,6 +31,7 @@ from flamed.daemon.client import DaemonError, request
 from flamed.errors import FlamedError, UsageError
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack
+from flamed.procstat import running
 
 
 #: Seconds between two requests for what the daemon drained meanwhile (no drain is forced).
@@ -81,6 +82,13 @@ class DaemonRecording:
     lost: dict[str, int] = field(default_factory=dict)
     #: Why the recording stopped early ("" when it did not).
     broken: str = ""
+    #: The daemon's [sampling] filter that leaves the target out ("" when none does, or it cannot be told).
+    filtered_out: str = ""
+    #: The daemon's [sampling] cgroups or units filter, which may leave the target out ("" when none is set).
+    maybe_filtered: str = ""
+    #: The target's process id and name (for the messages).
+    target: int = 0
+    comm: str = ""
 
     def add(self, head: dict[str, Any], payload: bytes) -> None:
         if not head.get("windows"):
@@ -96,6 +104,17 @@ class DaemonRecording:
             self.sample_rate = float(head["sample_rate"])
         for r, n in (head.get("lost") or {}).items():
             self.lost[r] = self.lost.get(r, 0) + int(n)
+
+    def nothing_reason(self) -> str:
+        """Why nothing came back (for "nothing was recorded: ...")."""
+        what = f"{self.comm or 'process'} (pid {self.target})"
+        if self.filtered_out:
+            return (f"the daemon at {self.socket} samples only {self.filtered_out}, which leaves out {what}; "
+                    "--no-daemon records it here")
+        saw = f"the daemon saw {what} on no CPU in {self.windows} window(s)"
+        if self.maybe_filtered:
+            saw += f"; it samples only {self.maybe_filtered}, which may leave it out (--no-daemon records it here)"
+        return saw
 
     def profile(self) -> Profile:
         return Profile(dict(self.stacks), start_ns=self.start_ns, end_ns=self.end_ns, sample_rate=self.sample_rate,
@@ -134,6 +153,41 @@ def probe(socket_path: str) -> dict[str, Any]:
     return status
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().rstrip(b"\n").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def filter_excludes(status: dict[str, Any], tgid: int, comm: str) -> str:
+    """The daemon's ``[sampling]`` filter (``status["filter"]``) when it leaves out
+    process ``tgid`` named ``comm``, as ``comms = [...]``; "" when it does not, or
+    when that cannot be told here (cgroups and units are not checked).  The BPF
+    program samples a task only when it passes every filter set."""
+    flt = status.get("filter")
+    if not isinstance(flt, dict):
+        return ""
+    pids = flt.get("pids") or []
+    comms = flt.get("comms") or []
+    if pids and tgid not in pids:
+        return f"[sampling] pids = {list(pids)}"
+    if comms and comm and comm not in comms:
+        return "[sampling] comms = [" + ", ".join(f'"{c}"' for c in comms) + "]"
+    return ""
+
+
+def filter_unchecked(status: dict[str, Any]) -> str:
+    """The daemon's cgroups and units filters (not checked against the target), as
+    ``[sampling] units = [...]``; "" when neither is set."""
+    flt = status.get("filter")
+    if not isinstance(flt, dict):
+        return ""
+    return " and ".join(f"[sampling] {k} = [" + ", ".join(f'"{v}"' for v in flt[k]) + "]"
+                        for k in ("cgroups", "units") if flt.get(k))
+
+
 def _poll(rec: DaemonRecording, since_ns: int, pids: list[int], root: str, *, drain: bool) -> int:
     """One request: the windows that end after ``since_ns``; the new cursor."""
     buf = io.BytesIO()
@@ -144,13 +198,32 @@ def _poll(rec: DaemonRecording, since_ns: int, pids: list[int], root: str, *, dr
     return int(end) if head.get("windows") and isinstance(end, int) else since_ns
 
 
+def _start_cursor(rec: DaemonRecording, t_start_ns: int, pid: int, root: str) -> int:
+    """Where the record's first window begins: a drain asked for now closes the
+    daemon's window open when record began (its samples are from before), and
+    the windows after it begin at the drain.  The daemon drains no more often
+    than every 0.2 s (MIN_DRAIN_SPACING), so the profile begins at most that much
+    before the record (or a request's time after it).  What was drained is not
+    kept; when no window came back, the start itself.  FlamedError (the daemon
+    went away since the probe) comes before anything started: record fails."""
+    head = request(rec.socket, {"request": "snapshot", "since_ns": t_start_ns - 5_000_000_000, "drain": True,
+                                "pid": [pid], "format": "folded", "root": root}, io.BytesIO(),
+                   timeout=REQUEST_TIMEOUT_S)
+    end = head.get("end_ns")
+    return end if head.get("windows") and isinstance(end, int) else t_start_ns
+
+
 def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float | None, since_s: float,
-           root: str, warn: Callable[[str], None]) -> tuple[DaemonRecording, int, bool]:
+           root: str, warn: Callable[[str], None],
+           status: dict[str, Any] | None = None) -> tuple[DaemonRecording, int, bool]:
     """Record through the daemon: the recording, the exit code (the command's, for
     ``cmd``) and whether Ctrl-C (or SIGTERM, which the caller turns into
-    KeyboardInterrupt) ended it."""
+    KeyboardInterrupt) ended it.  ``status``: the daemon's (:func:`probe`), for
+    its sampling filter."""
     rec = DaemonRecording(socket_path)
-    cursor = time.time_ns() - int(since_s * 1e9)
+    t_start_ns = time.time_ns()
+    # Before the command starts, so that none of its samples fall in the window closed.
+    cursor = t_start_ns - int(since_s * 1e9) if since_s else _start_cursor(rec, t_start_ns, pid or os.getpid(), root)
     child: subprocess.Popen[bytes] | None = None
     if cmd:
         try:
@@ -161,6 +234,13 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
     else:
         assert pid is not None
         target = pid
+    rec.target = target
+    rec.comm = _comm(target) or (os.path.basename(cmd[0])[:15] if cmd else "")
+    rec.filtered_out = filter_excludes(status or {}, target, rec.comm)
+    rec.maybe_filtered = filter_unchecked(status or {})
+    if rec.filtered_out:
+        warn(f"the daemon samples only {rec.filtered_out}: {rec.comm} (pid {target}) is outside it, so its "
+             "samples will not come back; --no-daemon records it here")
     deadline = time.monotonic() + duration if duration else None
     interrupted = False
     try:
@@ -168,7 +248,8 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
         while True:
             if child is not None and child.poll() is not None:
                 break
-            if child is None and not os.path.exists(f"/proc/{target}"):
+            # A zombie has exited too: its /proc entry stays until its parent reaps it.
+            if child is None and not running(f"/proc/{target}/stat"):
                 break
             now = time.monotonic()
             if deadline is not None and now >= deadline:

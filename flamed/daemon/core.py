@@ -335,6 +335,9 @@ class Daemon:
             "sampler": cfg.sampling.sampler,
             "frequency": cfg.sampling.frequency,
             "drain_interval": cfg.sampling.drain_interval,
+            # What the sampler leaves out (`flamed record` through the daemon names it when its target is).
+            "filter": {"pids": list(cfg.sampling.pids), "comms": list(cfg.sampling.comms),
+                       "cgroups": list(cfg.sampling.cgroups), "units": list(cfg.sampling.units)},
             "rotate_interval": cfg.output.rotate_interval,
             "state_dir": self.store.dir,
             "host": self.store.host,

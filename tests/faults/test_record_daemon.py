@@ -124,3 +124,90 @@ def test_a_daemon_that_goes_away_leaves_a_partial_profile(
     assert "went away mid-record" in err and "the profile holds what was received before" in err, err
     prof = read_folded(out.open("rb"), strict=True)  # a valid folded file ...
     assert sum(prof.stacks.values()) >= 50, err  # ... with the windows received (~3 s at 99 Hz)
+
+
+ZOMBIE_PARENT = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        sum(i * i for i in range(500))
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(60)  # never reaps it: the child stays a zombie
+"""
+
+
+def test_a_zombie_target_ends_the_record(require_bpf: None, daemon_factory: Any, tmp_path: Path) -> None:
+    d = _daemon(daemon_factory, tmp_path)
+    parent = subprocess.Popen([sys.executable, "-c", ZOMBIE_PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        out = tmp_path / "z.folded"
+        t0 = time.monotonic()
+        r = _record(["--socket", d.socket_path, "-p", str(child), "-o", str(out)], timeout=20)
+        took = time.monotonic() - t0
+        assert (Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z"
+    finally:
+        parent.kill()
+        parent.wait()
+    assert r.returncode == 0, r.stderr
+    assert took < 8, took  # the child ran 1 s, then was a zombie
+    assert sum(read_folded(out.open("rb")).stacks.values()) > 0, r.stderr
+
+
+def test_a_target_the_daemons_filter_leaves_out_is_named_and_fails(
+        require_bpf: None, daemon_factory: Any, tmp_path: Path) -> None:
+    d = daemon_factory(sampling={"frequency": 99, "drain_interval": 1.0, "comms": ["nginx"]})
+    script = tmp_path / "w.py"
+    script.write_text(WORKLOAD)
+    out = tmp_path / "flt.folded"
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", sys.executable, str(script), "1", "0"])
+    assert r.returncode == 1, r.stderr
+    assert 'nothing was recorded: the daemon at' in r.stderr, r.stderr
+    assert 'samples only [sampling] comms = ["nginx"]' in r.stderr and "--no-daemon" in r.stderr, r.stderr
+    assert "on no CPU" not in r.stderr, r.stderr
+
+
+def test_the_duration_asked_is_what_is_recorded(require_bpf: None, daemon_factory: Any, tmp_path: Path) -> None:
+    # Windows of 5 s: the one open when record begins holds seconds from before it.
+    d = daemon_factory(sampling={"frequency": 99, "drain_interval": 5.0}, output={"rotate_interval": 10.0},
+                       processors__python={"enabled": True, "source": "bpf"})
+    script = tmp_path / "w.py"
+    script.write_text(WORKLOAD)
+    p = subprocess.Popen([sys.executable, str(script), "60", "0"])
+    try:
+        # 3.5 s into the daemon's 5 s drain grid (it drains at multiples of 5 s of wall time)
+        time.sleep(1.0)
+        time.sleep((3.5e9 - time.time_ns() % 5_000_000_000) % 5_000_000_000 / 1e9)
+        out = tmp_path / "d1.folded"
+        r = _record(["--socket", d.socket_path, "-p", str(p.pid), "-d", "1", "-o", str(out)])
+        assert r.returncode == 0, r.stderr
+    finally:
+        p.kill()
+        p.wait()
+    total = sum(read_folded(out.open("rb")).stacks.values())
+    # 1 s of one busy thread at 99 Hz (fewer on a busy machine); not the 3.5 s before the record (~450)
+    assert 20 <= total <= 150, (total, r.stderr)
+
+
+def test_nothing_recorded_fails_as_without_the_daemon(
+        require_bpf: None, daemon_factory: Any, tmp_path: Path) -> None:
+    d = _daemon(daemon_factory, tmp_path)
+    out = tmp_path / "n.folded"
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        r = _record(["--socket", d.socket_path, "-p", str(sleeper.pid), "-d", "1", "-o", str(out)])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert r.returncode == 1, r.stderr
+    assert "nothing was recorded" in r.stderr, r.stderr
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sleep", "0.5"])
+    assert r.returncode == 1, r.stderr
+    assert "nothing was recorded" in r.stderr, r.stderr
+    # A command that failed: its own exit code, as without the daemon.
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c", "sleep 0.5; exit 3"])
+    assert r.returncode == 3, r.stderr
