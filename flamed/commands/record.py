@@ -29,7 +29,7 @@ from flamed.procstat import running
 from flamed.pyspy.align import JoinOptions
 from flamed.pyspy.mixed import MixedMode, MixedOptions
 from flamed.pyspy.supervisor import MAX_RATE, PySpyOptions, find_pyspy
-from flamed.pyspy.watcher import PyProcess, WatchOptions
+from flamed.pyspy.watcher import PyProcess, WatchOptions, unsupported_reason
 from flamed.sampling import pysource
 from flamed.commands.snapshot import root_spec
 from flamed.sampling.cgroups import CgroupIdentity
@@ -392,7 +392,11 @@ class RecordCommand(Command):
                 self.warn(f"{unmapped} Python thread(s) not matched to an OS thread (their samples have no "
                           f"Python frames): {reasons}")
         if mixed is not None and not pythons:
-            self.warn("no Python process was found: native and kernel stacks only")
+            refused = sorted(set(mixed.watcher.unsupported.values()))
+            for ver in refused:
+                self.warn(unsupported_reason(ver))
+            if not refused:
+                self.warn("no Python process was found: native and kernel stacks only")
         profile = self._profile(args, samples, counts, sampler)
         self._write(args, fmt, profile)
         if args.timeline:

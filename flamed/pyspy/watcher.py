@@ -38,11 +38,22 @@ from flamed.pyspy.supervisor import have_cap_sys_ptrace
 
 log = logging.getLogger(__name__)
 
-#: Interpreter executables py-spy can read (CPython 3.8-3.14; ``t``: free-threaded, ``d``: debug).
-PYTHON_EXE = re.compile(r"^python(?P<ver>[23](?:\.\d+)?)?[td]?(?:-dbg)?$")
-#: A mapped libpython, with its version.
-LIBPYTHON = re.compile(rb"/libpython(?P<ver>[23]\.\d+)[td]?(?:d)?\.so")
-SUPPORTED = re.compile(r"^3\.(?:[89]|1[0-4])$")
+#: Interpreter executables (``t``: free-threaded, ``d``: debug, ``m``: pymalloc ABI of 3.7 and older).
+PYTHON_EXE = re.compile(r"^python(?P<ver>[23](?:\.\d+)?)?[tdm]{0,2}(?:-dbg)?$")
+#: A mapped libpython, with its version (``libpython3.7m.so``, ``libpython2.7.so``...).
+LIBPYTHON = re.compile(rb"/libpython(?P<ver>[23]\.\d+)[tdm]{0,2}\.so")
+#: The CPython versions py-spy reads: 2.3-2.7 and 3.3-3.14.  The BPF walker
+#: reads only 3.8-3.13 (flamed/sampling/cpython/layout.py); the others get
+#: their Python frames from py-spy, so they must not be turned away here.
+#: Measured with the bundled py-spy 0.4.3 on pyenv 2.7.18, 3.6.15 and 3.7.16
+#: (tests/integration/test_pyspy_old_versions.py).
+SUPPORTED = re.compile(r"^(?:2\.[3-7]|3\.(?:[3-9]|1[0-4]))$")
+
+
+def unsupported_reason(version: str) -> str:
+    """Why a Python process of ``version`` gets no Python frames (the watcher turns it away)."""
+    return (f"Python {version} is not supported: neither the BPF walker (CPython 3.8-3.13) nor py-spy "
+            "(CPython 2.3-2.7, 3.3-3.14) reads its frames; native and kernel stacks only")
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,8 @@ class WatcherStats:
     left_out: int = 0  # Python processes not watched because of max_watched
     filtered: int = 0  # Python processes excluded by comm/uid/cgroup
     unsupported: int = 0  # Python, but a version py-spy cannot read
+    #: the same processes by version ("3.2", "2.2"...), for the metric's label
+    unsupported_versions: Counter[str] = field(default_factory=Counter)
     overruns: int = 0  # proc connector socket overflowed (ENOBUFS)
     scans: int = 0
     connector: bool = False
@@ -243,7 +256,7 @@ def python_identity(reader: ProcReader, pid: int) -> tuple[str, str | None] | No
             # ``python3`` symlinks are resolved by /proc/PID/exe; a binary named
             # plainly still may map libpython with its version.
             lm = LIBPYTHON.search(reader.maps(pid))
-            ver = lm.group("ver").decode() if lm else (None if ver == "3" else ver)
+            ver = lm.group("ver").decode() if lm else None
         return "exe", ver
     lm = LIBPYTHON.search(reader.maps(pid))
     if lm is not None:
@@ -279,6 +292,9 @@ class ProcessWatcher:
         self._next_scan = 0
         self._left_out: set[int] = set()
         self._rejected: set[int] = set()  # decided not to watch (filters); forgotten on exit/exec
+        #: Python processes turned away for their version (pid -> "3.2"): ``flamed record`` says so
+        self.unsupported: dict[int, str] = {}
+        self._unsupported_logged: set[str] = set()
         o = self.options
         self._inc_comm = re.compile(o.include_comm) if o.include_comm else None
         self._exc_comm = re.compile(o.exclude_comm) if o.exclude_comm else None
@@ -469,6 +485,12 @@ class ProcessWatcher:
         how, ver = ident
         if ver is not None and not SUPPORTED.match(ver):
             self.stats.unsupported += 1
+            self.stats.unsupported_versions[ver] += 1
+            self.unsupported[pid] = ver
+            if ver not in self._unsupported_logged:
+                self._unsupported_logged.add(ver)
+                log.warning("pid %d: %s (counted in flamed_python_unsupported_total)", pid,
+                            unsupported_reason(ver))
             self._rejected.add(pid)
             return True
         comm = self.reader.comm(pid)
@@ -523,4 +545,6 @@ class ProcessWatcher:
              "connector": int(s.connector)}
         for k, v in sorted(s.events.items()):
             m[f"events_{k.lower()}"] = v
+        for ver, v in sorted(s.unsupported_versions.items()):
+            m[f"unsupported_version:{ver}"] = v
         return m

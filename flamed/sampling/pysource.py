@@ -69,7 +69,7 @@ def refusal_code(reason: str) -> str:
         return "not_python"
     if "gone" in r:
         return "gone"
-    if "no table" in r or "unsupported" in r or "not supported" in r:
+    if "no table" in r or "no frame layout" in r or "unsupported" in r or "not supported" in r:
         return "unsupported_version"
     return "refused"
 

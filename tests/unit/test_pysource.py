@@ -85,4 +85,7 @@ def test_refusal_code() -> None:
     assert pysource.refusal_code("not a CPython process (no _PyRuntime ...)") == "not_python"
     assert pysource.refusal_code("the process is gone") == "gone"
     assert pysource.refusal_code("CPython 3.14 is not supported") == "unsupported_version"
+    # the probe's refusal of a version without a layout table (2.7, 3.6, 3.7: py-spy's)
+    assert pysource.refusal_code("/x/libpython3.7m.so.1.0: CPython 3.7: no frame layout for this version "
+                                 "(supported: 3.8, ...)") == "unsupported_version"
     assert pysource.refusal_code("cannot read _Py_DebugOffsets") == "refused"

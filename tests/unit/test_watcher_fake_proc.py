@@ -37,6 +37,10 @@ def proc(tmp_path: Path) -> Path:
     make_proc(root, 105, exe="/opt/gunicorn-bin", comm="gunicorn", maps=LIBPY.format(ver="3.14"), ppid=102)
     make_proc(root, 106, exe="/usr/bin/python3.13t", comm="python3.13t")
     make_proc(root, 107, exe="/usr/bin/python3.7", comm="python3.7")
+    make_proc(root, 108, exe="/usr/bin/python3.2", comm="python3.2")
+    make_proc(root, 109, exe="/usr/sbin/apache2", comm="apache2",
+              maps=LIBPY.replace(".so.1.0", "m.so.1.0").format(ver="3.7"))
+    make_proc(root, 110, exe="/opt/old/bin/python2.2", comm="python2.2")
     return root
 
 
@@ -48,6 +52,8 @@ def test_identity_by_exe_and_libpython(proc: Path) -> None:
     assert python_identity(r, 103) is None
     assert python_identity(r, 105) == ("libpython", "3.14")
     assert python_identity(r, 106) == ("exe", "3.13")
+    assert python_identity(r, 104) == ("exe", "2.7")
+    assert python_identity(r, 109) == ("libpython", "3.7")  # libpython3.7m.so: the ABI flag of 3.7 and older
 
 
 def scan(proc: Path, **kw: object) -> tuple[ProcessWatcher, list[PyProcess]]:
@@ -59,17 +65,22 @@ def scan(proc: Path, **kw: object) -> tuple[ProcessWatcher, list[PyProcess]]:
 
 
 def test_scan_finds_supported_pythons_only(proc: Path) -> None:
+    # 2.7 and 3.7 are read by py-spy (the BPF walker reads 3.8-3.13); 3.2 and 2.2 by neither.
     w, found = scan(proc)
-    assert sorted(p.pid for p in found) == [100, 101, 102, 105, 106]
-    assert w.stats.unsupported == 2  # python2.7 and 3.7
+    assert sorted(p.pid for p in found) == [100, 101, 102, 104, 105, 106, 107, 109]
+    assert w.stats.unsupported == 2
+    assert w.unsupported == {108: "3.2", 110: "2.2"}
+    m = w.metrics()
+    assert m["unsupported"] == 2
+    assert m["unsupported_version:3.2"] == 1 and m["unsupported_version:2.2"] == 1
 
 
 @pytest.mark.parametrize("kw,expected", [
-    ({"include_comm": r"^python"}, [100, 101, 106]),
-    ({"exclude_comm": r"uwsgi|gunicorn"}, [100, 101, 106]),
+    ({"include_comm": r"^python"}, [100, 101, 104, 106, 107]),
+    ({"exclude_comm": r"uwsgi|gunicorn"}, [100, 101, 104, 106, 107, 109]),
     ({"uids": frozenset({33})}, [102]),
     ({"include_cgroup": r"uwsgi\.service$"}, [102]),
-    ({"exclude_cgroup": r"uwsgi"}, [100, 101, 105, 106]),
+    ({"exclude_cgroup": r"uwsgi"}, [100, 101, 104, 105, 106, 107, 109]),
     ({"pids": frozenset({102}), "descendants": True}, [102, 105]),
     ({"pids": frozenset({102}), "descendants": False}, [102]),
 ])
@@ -84,7 +95,7 @@ def test_bound_counts_left_out_and_frees_slots(proc: Path) -> None:
     w = ProcessWatcher(WatchOptions(use_connector=False, max_watched=2), on_start=found.append,
                        on_exit=exits.append, proc_root=str(proc))
     w.start()
-    assert len(w.watched) == 2 and w.stats.left_out == 3
+    assert len(w.watched) == 2 and w.stats.left_out == 6  # 8 readable Pythons
     first = sorted(w.watched)[0]
     # the process exits: the next scan notices, frees the slot and takes a left-out one
     for f in (proc / str(first)).iterdir():
@@ -92,7 +103,7 @@ def test_bound_counts_left_out_and_frees_slots(proc: Path) -> None:
     (proc / str(first)).rmdir()
     w.scan()
     assert exits == [first] and len(w.watched) == 2 and len(found) == 3
-    assert w.stats.left_out == 3  # counted once per process, not per scan
+    assert w.stats.left_out == 6  # counted once per process, not per scan
 
 
 def test_bad_regex_is_a_config_error() -> None:

@@ -267,6 +267,13 @@ class _Collector(Collector):
                 src, _, why = k[len("source_"):].partition(":")
                 g.add_metric([src, why], v)
         yield g
+        c = CounterMetricFamily("flamed_python_unsupported",
+                                "Python processes given no Python frames because neither the BPF walker nor "
+                                "py-spy reads their interpreter version, by version.", labels=["version", "reason"])
+        for k, v in m.items():
+            if k.startswith("watcher_unsupported_version:"):
+                c.add_metric([k.partition(":")[2], "unsupported_interpreter"], v)
+        yield c
         c = CounterMetricFamily("flamed_python_left_out", "Python processes not watched: max_processes reached.")
         c.add_metric([], m.get("watcher_left_out", 0) + m.get("left_out", 0))
         yield c
