@@ -286,10 +286,14 @@ class DrainLoop:
         if not any(lost.get(r, 0) for r in ("map_full", "kernel_stack_enomem", "user_stack_enomem",
                                             "kernel_stack_eexist", "user_stack_eexist")):
             return
-        stacks = placeholder_stacks(key[3] for key in counts)
+        # Off-CPU intervals take their stacks from the same stack map (bpf/offcpu.bpf.c):
+        # their losses are in the same counters, their placeholders in their own counts.
+        offcpu = self.offcpu_enabled()
+        off: Mapping[CountKey, int] = (getattr(window, "offcpu", None) or {}) if offcpu else {}
+        stacks = placeholder_stacks(key[3] for part in (counts, off) for key in part)
         settings = {"sampling.counts_map_size": self.config.sampling.counts_map_size,
                     "sampling.stack_map_size": self.config.sampling.stack_map_size}
-        for advice in self._losses.advise(window.samples, lost, stacks, settings):
+        for advice in self._losses.advise(window.samples, lost, stacks, settings, offcpu=offcpu):
             log.log(advice.level, "%s", advice.message)
 
     def offcpu_enabled(self) -> bool:

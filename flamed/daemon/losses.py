@@ -96,13 +96,16 @@ class LossAdvisor:
         return True
 
     def advise(self, samples: int, lost: Mapping[str, int], stacks: Mapping[str, int],
-               settings: Mapping[str, object]) -> list[Advice]:
+               settings: Mapping[str, object], *, offcpu: bool = False) -> list[Advice]:
         """Log lines for one window: ``samples`` taken, ``lost`` by reason, ``stacks``
         shown as placeholders (:func:`placeholder_stacks`), ``settings`` the current
-        ``sampling.counts_map_size`` and ``sampling.stack_map_size``."""
+        ``sampling.counts_map_size`` and ``sampling.stack_map_size``.  ``offcpu``:
+        off-CPU intervals are measured too; their stacks share the stack map, so
+        the stack losses count theirs as well (and ``stacks`` their placeholders)."""
         o = self.options
         now = self.clock()
         out: list[Advice] = []
+        taken = "samples and off-CPU intervals" if offcpu else "samples"
         full = lost.get("map_full", 0)
         if full > 0 and self._due("map_full", o.warn_interval, now):
             out.append(Advice(logging.WARNING, (
@@ -112,13 +115,13 @@ class LossAdvisor:
         enomem = lost.get("kernel_stack_enomem", 0) + lost.get("user_stack_enomem", 0)
         if enomem > 0 and self._due("enomem", o.warn_interval, now):
             out.append(Advice(logging.WARNING, (
-                f"the BPF stack map is full: {enomem} samples ({_share(enomem, samples)} of the last window's "
-                f"{samples}) found no free stack entry (ENOMEM) and show as {stacks.get('ENOMEM', 0)} "
+                f"the BPF stack map is full: {enomem} {taken} ({_share(enomem, samples)} of the last window's "
+                f"{samples} samples) found no free stack entry (ENOMEM) and show as {stacks.get('ENOMEM', 0)} "
                 f"'[lost stack: ENOMEM]' stacks; raise sampling.stack_map_size (now "
                 f"{settings.get('sampling.stack_map_size', '?')})")))
         eexist = lost.get("kernel_stack_eexist", 0) + lost.get("user_stack_eexist", 0)
         if eexist > 0:
-            what = (f"{eexist} samples ({_share(eexist, samples)} of the last window's {samples}) lost their stack "
+            what = (f"{eexist} {taken} ({_share(eexist, samples)} of the last window's {samples} samples) lost their stack "
                     f"to stack-map hash collisions (EEXIST: the bucket holds another stack) and show as "
                     f"{stacks.get('EEXIST', 0)} '[lost stack: EEXIST]' stacks")
             size = settings.get("sampling.stack_map_size", "?")

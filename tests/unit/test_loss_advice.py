@@ -42,7 +42,7 @@ def test_a_few_collisions_are_information_without_advice() -> None:
     assert len(out) == 1
     assert out[0].level == logging.INFO
     m = out[0].message
-    assert "8 samples (0.4% of the last window's 1900)" in m
+    assert "8 samples (0.4% of the last window's 1900 samples)" in m
     assert "hash collisions (EEXIST" in m and "6 '[lost stack: EEXIST]' stacks" in m
     assert "raise" not in m and "larger" not in m  # a bigger map does not cure them
     assert "16384" in m
@@ -65,7 +65,7 @@ def test_collisions_above_the_share_warn_each_minute_and_say_what_lowers_them() 
     out = a.advise(1000, lost, {"EEXIST": 120, "ENOMEM": 0}, SETTINGS)
     assert [x.level for x in out] == [logging.WARNING]
     m = out[0].message
-    assert "150 samples (15.0% of the last window's 1000)" in m and "120 '[lost stack: EEXIST]' stacks" in m
+    assert "150 samples (15.0% of the last window's 1000 samples)" in m and "120 '[lost stack: EEXIST]' stacks" in m
     assert "above 5%" in m and "larger sampling.stack_map_size (now 16384) makes them rarer" in m
     c.t += 30.0
     assert a.advise(1000, lost, NONE, SETTINGS) == []
@@ -81,7 +81,7 @@ def test_a_full_stack_map_advises_raising_it() -> None:
                    SETTINGS)
     assert [x.level for x in out] == [logging.WARNING]
     m = out[0].message
-    assert "the BPF stack map is full: 50 samples (2.5% of the last window's 2000)" in m
+    assert "the BPF stack map is full: 50 samples (2.5% of the last window's 2000 samples)" in m
     assert "9 '[lost stack: ENOMEM]' stacks" in m and "raise sampling.stack_map_size (now 16384)" in m
     c.t += 59.0
     assert a.advise(2000, {"user_stack_enomem": 1}, NONE, SETTINGS) == []
@@ -128,3 +128,16 @@ def test_a_full_python_or_unwind_map_names_its_setting_once_a_minute() -> None:
     c.t += 61
     assert len(a.advise_maps({"sampling.python_stack_map_size": 1}, 10, settings)) == 1
     assert a.advise_maps({}, 10, settings) == []
+
+
+def test_with_off_cpu_intervals_their_stack_losses_are_named_with_the_samples() -> None:
+    # The off-CPU program takes its stacks from the same map and counts its
+    # collisions with the samples': the line says so, and its placeholders
+    # (in the off-CPU counts) are counted with the samples'.
+    a, _ = advisor()
+    cpu = [("main", "f"), ("main", "g")]
+    off = [("[lost stack: EEXIST]", "schedule_[k]"), ("main", "[lost stack: EEXIST]_[k]")]
+    stacks = placeholder_stacks(s for part in (cpu, off) for s in part)
+    (line,) = a.advise(900, {"user_stack_eexist": 1, "kernel_stack_eexist": 1}, stacks, SETTINGS, offcpu=True)
+    assert "2 samples and off-CPU intervals (0.2% of the last window's 900 samples)" in line.message
+    assert "show as 2 '[lost stack: EEXIST]' stacks" in line.message
