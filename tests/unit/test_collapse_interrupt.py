@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from flamed.procstat import running
+from flamed.procstat import read_stat, running
 from support import DATA
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,13 +34,8 @@ def _children(pid: int) -> list[int]:
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == pid:
+        fields = read_stat(f"/proc/{d}/stat")
+        if fields is not None and len(fields) > 1 and int(fields[1]) == pid:
             out.append(int(d))
     return out
 
