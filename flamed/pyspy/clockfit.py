@@ -85,20 +85,20 @@ def fit_clock(trace: PyTrace, hits_ns: Sequence[int], *, spawn_ns: int | None = 
         return ClockFit(start_ns=guess, calibrated=False)
     # When the uprobe saw py-spy's first increment call, the first hit and the
     # first event are the same call (the first call always writes events: every
-    # stack is new), which puts the offset within tens of microseconds (that
-    # call's clock read is slow).  But nothing makes the first hit that call:
-    # a uprobe attached while py-spy already sampled sees only later calls, and
-    # the first hit then puts every stack one or more samples late.  So the
-    # first hit only bounds the offset from above (the call it saw was the
-    # first or a later one), py-spy's spawn bounds it from below (its recorder
-    # is created after the exec), and the offset is searched for in between
-    # as the one at which the most changes meet a hit.
+    # stack is new), which puts the offset within tens of microseconds, as a
+    # rule: that call's clock read is slow (15-40 us; once 3.1 ms, measured).
+    # And nothing makes the first hit that call: a uprobe attached while py-spy
+    # already sampled sees only later calls, and the first hit then puts every
+    # stack one or more samples late.  So the offset is searched for between
+    # py-spy's spawn (its recorder is created after the exec) and the first hit
+    # (the recorder exists before any call), as the one at which the most
+    # changes meet a hit.
     anchor = hits_ns[0] - trace.first_ts_us * 1000
     changes = trace.change_ts_us
     window = max(interval_ns // 4, 200_000)
     if not changes:
         return ClockFit(start_ns=anchor, calibrated=True, anchor_ns=anchor)
-    hi = anchor + window
+    hi = max(anchor + window, hits_ns[0])
     lo = hits_ns[0] - changes[-1] * 1000 - window  # below: every change before the first hit
     if spawn_ns is not None and spawn_ns <= hits_ns[0]:
         lo = max(lo, spawn_ns - window)

@@ -78,6 +78,30 @@ def test_fit_does_not_need_the_first_call(seed: int, late_ms: int, threads: int)
 
 
 @pytest.mark.parametrize("seed", range(6))
+def test_fit_when_the_first_clock_read_is_very_slow(seed: int) -> None:
+    # Seen once with the uprobe in place from py-spy's first call: the first
+    # event was stamped 3.1 ms after its hit (tens of us as a rule), so the first
+    # hit put the start 3.1 ms early, beyond the old fit's search around it.
+    spy, trace, spawn, _ = py_old(seed, threads=2)
+    slow, _, _, _ = py_old(seed, threads=2)
+    slow.first_call = 3_100_000
+    slow.events, slow.hits, slow.samples, slow.prev = [], [], [], {}
+    rng = random.Random(seed)
+    slow.run(lambda tid, t: spy_truth(tid, t, spy.start_ns), {0x7F000: TID, 0x7F001: TID + 1},
+             slow.start_ns + 1_000_000_000, rng)
+    trace = parse_chrometrace(slow.chrometrace())
+    fit = fit_clock(trace, slow.hits, spawn_ns=spawn, interval_ns=slow.interval)
+    assert abs(fit.start_ns - slow.start_ns) <= 2_000, fit.start_ns - slow.start_ns
+    assert fit.calibrated and fit.matched >= fit.expected - 1, fit
+
+
+def spy_truth(tid: int, t: int, t0: int) -> tuple[str, ...]:
+    if tid != TID:
+        return ("<module> (bg.py:3)", "wait (bg.py:9)")
+    return OLD_COMPUTE if ((t - t0) // 100_000_000) % 2 == 0 else OLD_KERNEL
+
+
+@pytest.mark.parametrize("seed", range(6))
 def test_fit_with_a_slow_clock_read_now_and_then(seed: int) -> None:
     # Measured with py-spy 0.4.3 on this host: the clock read of increment
     # follows the uprobe's hit by 1 us mostly, but by up to 70 us now and then
