@@ -85,8 +85,8 @@ def fit_clock(trace: PyTrace, hits_ns: Sequence[int], *, spawn_ns: int | None = 
         return ClockFit(start_ns=guess, calibrated=False)
     # When the uprobe saw py-spy's first increment call, the first hit and the
     # first event are the same call (the first call always writes events: every
-    # stack is new), which puts the offset within tens of microseconds, as a
-    # rule: that call's clock read is slow (15-40 us; once 3.1 ms, measured).
+    # stack is new), which puts the offset within a millisecond, as a
+    # rule: that call's clock read is slow (15-600 us; once 3.1 ms, measured).
     # And nothing makes the first hit that call: a uprobe attached while py-spy
     # already sampled sees only later calls, and the first hit then puts every
     # stack one or more samples late.  So the offset is searched for between
