@@ -4,7 +4,7 @@
 // calls it once per thread per sample and stamps the chrometrace events it
 // writes with `Instant::now()` (CLOCK_MONOTONIC) relative to its start; each
 // hit here is the same instant in bpf_ktime_get_ns() terms.  The first hit of
-// a py-spy process pins its clock offset; bursts of hits are its samples.
+// a py-spy process bounds its clock offset; bursts of hits are its samples.
 // flamed/pyspy/clockfit.py turns them into a calibration (see docs/mixed-mode.md).
 //
 // The increment runs after py-spy has read the stacks, late by 0.2-5 ms on a

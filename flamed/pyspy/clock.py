@@ -1,10 +1,11 @@
 """Loads ``bpf/pyspy_clock.bpf.c``: kernel timestamps of py-spy's recorder calls.
 
 One :class:`PySpyClock` serves every py-spy child of a daemon or a ``flamed
-record``: the uprobe is attached to the py-spy binary (not to a pid), so it is
-in place before any child starts and sees each child's very first
-``Chrometrace::increment`` -- the anchor of the clock fit in
-:func:`flamed.pyspy.clockfit.fit_clock`.
+record``: the uprobe is attached to the py-spy binary (not to a pid), and
+:class:`flamed.pyspy.mixed.MixedMode` starts no py-spy before it is attached,
+so it sees each child's very first ``Chrometrace::increment``: every sample
+time, and the upper bound of the clock fit in
+:func:`flamed.pyspy.clockfit.fit_clock` (which does not rely on it).
 """
 
 from __future__ import annotations

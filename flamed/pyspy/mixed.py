@@ -110,6 +110,8 @@ class MixedMode:
         self.clock: PySpyClock | None = None
         self.clock_error: str | None = None
         self._clock_tried = False
+        #: The clock is attached, or known to be unavailable: py-spy may start.
+        self._clock_settled = False
         self._lock = threading.RLock()
         self._traces: list[AlignedTrace] = []
         self._pending: list[SampleEvent] = []
@@ -130,7 +132,7 @@ class MixedMode:
         run), else by the mixed thread before it starts the first py-spy:
         when the BPF walker reads every process, no py-spy runs and no clock
         is compiled."""
-        self._clock_tried = self.clock is not None
+        self._clock_tried = self._clock_settled = self.clock is not None
         if clock_now and self.clock is None:
             self._start_clock()
         if self.supervisor.binary is None:
@@ -160,6 +162,13 @@ class MixedMode:
     def _start_clock(self) -> None:
         """Attach the py-spy clock (or say once why not: ``clock_error``)."""
         self._clock_tried = True
+        try:
+            self._attach_clock()
+        finally:
+            with self._lock:
+                self._clock_settled = True
+
+    def _attach_clock(self) -> None:
         if not self.options.clock or self.supervisor.binary is None:
             return
         # the sampler's compiled-program cache and compile isolation serve the clock too
@@ -231,7 +240,9 @@ class MixedMode:
                     self._check_deferred()
                 need_clock = not self._clock_tried and not self.supervisor.idle()
             if need_clock:
-                self._start_clock()  # before the first py-spy starts; outside the lock (it compiles)
+                # Before the first py-spy starts (the supervisor was told not to start
+                # one until then, see _promote); outside the lock (it compiles).
+                self._start_clock()
             with self._lock:
                 runs = self.supervisor.tick()
                 if runs:
@@ -328,7 +339,13 @@ class MixedMode:
         return self._promote(proc)
 
     def _promote(self, proc: PyProcess) -> bool:
-        if not self.supervisor.add(proc.pid, started_ns=proc.seen_ns):
+        # A py-spy started before the clock's uprobe is attached has its first
+        # increment calls unseen, and the clock fit loses its anchor (the first
+        # hit is then a later call): with the walker's refusal in between (policy
+        # auto), the process is old enough for py-spy to start right here, while
+        # the clock is yet to be compiled.  So py-spy waits for the loop's next
+        # tick, which attaches the clock first.
+        if not self.supervisor.add(proc.pid, started_ns=proc.seen_ns, start_now=self._clock_settled):
             return False  # the watcher counts it as left out and offers it again later
         self.processes[proc.pid] = proc
         if self.sampler is not None:
@@ -366,15 +383,20 @@ class MixedMode:
                 self.clock.forget(r.pyspy_pid)
             fit = fit_clock(r.trace, hits, spawn_ns=r.spawn_ns, interval_ns=r.interval_ns)
             self.counters["runs_calibrated" if fit.calibrated else "runs_uncalibrated"] += 1
+            if hits and not fit.calibrated:
+                self.counters["runs_clock_unmatched"] += 1  # hits, but no offset pairs them with the changes
             samples = sample_times(hits, r.interval_ns)
             observed = observed_times(samples, reads, r.interval_ns) if reads else None
             if observed is not None:
                 self.counters["runs_read_times"] += 1
             aligned = align_trace(r.pid, r.trace, fit, samples, r.interval_ns, observed, hits)
             self._traces.append(aligned)
-            log.debug("py-spy %d on pid %d: %s..%s, %d threads, %d samples, clock %s", r.pyspy_pid, r.pid,
-                      aligned.start_ns, aligned.end_ns, len(aligned.threads), len(samples),
-                      "uprobe" if fit.calibrated else "guess")
+            log.debug("py-spy %d on pid %d: %s..%s, %d threads, %d samples, clock %s: %d hits from %+.1f ms "
+                      "after the spawn, %d of %d changes matched, %+.1f us from the first hit's anchor",
+                      r.pyspy_pid, r.pid, aligned.start_ns, aligned.end_ns, len(aligned.threads), len(samples),
+                      "uprobe" if fit.calibrated else "guess", len(hits),
+                      (hits[0] - r.spawn_ns) / 1e6 if hits else 0.0, fit.matched, fit.expected,
+                      (fit.start_ns - fit.anchor_ns) / 1e3 if hits else 0.0)
 
         busy = self.supervisor.busy_pids() | set(self.supervisor.pids())
         for pid in [p for p in self._gone if p not in busy]:

@@ -330,12 +330,13 @@ class PySpySupervisor:
         self._warned: set[str] = set()
 
     # -- membership -------------------------------------------------------
-    def add(self, pid: int, *, started_ns: int | None = None) -> bool:
+    def add(self, pid: int, *, started_ns: int | None = None, start_now: bool = True) -> bool:
         """Record ``pid`` from now on; False (and a ``limit`` failure) when the bound is reached.
 
         ``started_ns``: when the process started (CLOCK_MONOTONIC); py-spy is
         started once it is ``min_age_s`` old, so the many processes that live
-        for milliseconds cost nothing.
+        for milliseconds cost nothing.  ``start_now`` False: never here, only
+        by the next :meth:`tick` (for a caller with something to set up first).
         """
         t = self._targets.get(pid)
         if t is not None:
@@ -353,7 +354,7 @@ class PySpySupervisor:
         t = _Target(pid)
         self._targets[pid] = t
         due = (started_ns if started_ns is not None else self._now()) + int(self.options.min_age_s * 1e9)
-        if due <= self._now():
+        if due <= self._now() and start_now:
             self._start(t)
         else:
             t.next_try_ns = due

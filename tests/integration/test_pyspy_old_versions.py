@@ -36,8 +36,9 @@ def record(args: list[str], timeout: float = 90) -> subprocess.CompletedProcess[
                           timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.parametrize("run", [1, 2])
 @pytest.mark.parametrize("minor", ["2.7", "3.6", "3.7"])
-def test_old_cpython_gets_python_frames_from_pyspy(minor: str, tmp_path: Path, require_bpf: None,
+def test_old_cpython_gets_python_frames_from_pyspy(minor: str, run: int, tmp_path: Path, require_bpf: None,
                                                    require_pyspy: str) -> None:
     python = pyenv_python(minor)
     out = tmp_path / "out.folded"
@@ -61,12 +62,16 @@ def test_old_cpython_gets_python_frames_from_pyspy(minor: str, tmp_path: Path, r
     assert total >= 100, summary  # ~2 s at the default 99 Hz
     assert named >= 0.9 * total, summary
     assert rng_n >= 0.2 * total, summary
-    # Most RNG samples under old_kernel, not all: the clock fit of py-spy's
-    # first window is sometimes poor (one matched pair, py-spy's stacks ~50 ms
-    # late until the next window), which puts some under old_compute.
-    assert under >= 0.5 * rng_n, summary
+    # py-spy's first window used to start before the clock's uprobe was
+    # attached (the walker refuses these versions first), and the clock fit,
+    # anchored on a first hit that was then a later call, put its stacks 5-51 ms
+    # late (matched=1): up to 20 % of the RNG samples under old_compute.  Now
+    # none or nearly none are; a RNG sample under neither function is one taken
+    # before py-spy's first sample (0.35 s of them when the clock's uprobe
+    # program is compiled, not loaded from the cache), which `named` bounds.
     compute_rng = sum(n for s, n in rng.items() if any(f.startswith("old_compute (") for f in s))
-    assert compute_rng < under, summary
+    assert under >= 0.95 * (under + compute_rng), summary
+    assert under >= 0.8 * rng_n, summary
 
 
 def test_version_nobody_reads_is_named(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
