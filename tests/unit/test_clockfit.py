@@ -121,7 +121,7 @@ def test_fit_of_a_recorded_first_window_whose_uprobe_came_late() -> None:
     # the first event's.  The fit anchored on it matched 1 change and put the
     # stacks 51 ms late; 31 of the 33 changes (those after the first hit) meet a
     # hit within 75 us at one offset only, 8.24-8.29 ms after the spawn.
-    d = json.loads((ROOT / "tests" / "data" / "pyspy" / "first-window-late-uprobe.json").read_text())
+    d = json.loads((ROOT / "tests" / "data" / "clockfit" / "first-window-late-uprobe.json").read_text())
     trace = PyTrace(change_ts_us=d["change_ts_us"], first_ts_us=d["first_ts_us"])
     assert d["old_fit_matched"] == 1 and d["old_fit_start_ns"] > 59_000_000
     for spawn in (0, None):
