@@ -22,7 +22,16 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from flamed.errors import FlamedError, InputError
-from flamed.model import EMPTY_STACK_FRAME, Profile, Stack, Weight, encode_frame, format_weight
+from flamed.model import (
+    EMPTY_STACK_FRAME,
+    INT64_MAX,
+    Profile,
+    Stack,
+    Weight,
+    encode_frame,
+    format_weight,
+    stack_excerpt,
+)
 
 _COUNT = re.compile(r"^[0-9]+(?:\.[0-9]*)?$")
 _LINE_WS = re.compile(r"^(.*?)\s+([0-9]+(?:\.[0-9]*)?)$", re.S)
@@ -62,7 +71,7 @@ class ReadStats:
 
 #: Largest count accepted (int64, what pprof and the other formats can carry);
 #: beyond it a "count" is garbage, and int() of >4300 digits even raises.
-MAX_COUNT = 2**63 - 1
+MAX_COUNT = INT64_MAX
 
 
 def _parse_count(text: str) -> Weight | None:
@@ -190,10 +199,8 @@ def folded_line(stack: Stack, weight: Weight) -> bytes:
     """One record; a weight past :data:`MAX_COUNT` (duplicate stacks summed) is an error,
     since no folded reader, flamed's included, would read it back."""
     if weight > MAX_COUNT:
-        text = ";".join(stack)
-        text = text if len(text) <= 80 else text[:77] + "..."
         raise FlamedError(
-            f"stack {text!r} weighs {format_weight(weight)}, more than {MAX_COUNT}, the largest count "
+            f"stack {stack_excerpt(stack)!r} weighs {format_weight(weight)}, more than {MAX_COUNT}, the largest count "
             "folded text carries (int64, as pprof); scale the input down"
         )
     return encode_frame(";".join(stack)) + b" " + format_weight(weight).encode() + b"\n"

@@ -129,6 +129,16 @@ def task_frame(comm: str, pid: int | None = None, tid: int | None = None) -> str
     return f"{comm}-{pid}/{tid}"
 
 
+#: The largest int64: counts and times the formats carry (folded counts, pprof values).
+INT64_MAX = 2**63 - 1
+
+
+def stack_excerpt(stack: Stack, width: int = 80) -> str:
+    """``stack`` as folded text cut to ``width`` characters, for a message."""
+    text = ";".join(stack)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def normalize_weight(w: Weight) -> Weight:
     """Integral floats become ints, so ``3.0`` and ``3`` print alike."""
     if isinstance(w, float) and w.is_integer() and abs(w) < 2**63:

@@ -7,9 +7,6 @@ import argparse
 import math
 import re
 from collections.abc import Callable
-
-#: Largest value of an int64 nanosecond field (pprof's time_nanos, duration_nanos).
-INT64_MAX = 2**63 - 1
 #: Linux's PID_MAX_LIMIT: no process or thread id is larger.
 PID_MAX = 1 << 22
 #: The longest span the daemon's protocol takes ('seconds', 'next'): a week.

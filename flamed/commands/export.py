@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from flamed.commands._argtypes import INT64_MAX, integer, number
+from flamed.commands._argtypes import integer, number
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import open_output
 from flamed.folded import ReadStats
 from flamed.inputs import load_profile, open_sample_streams
+from flamed.model import INT64_MAX
 from flamed.outputs import choose, names
 from flamed.outputs.base import OutputOptions
 

@@ -47,6 +47,7 @@ from flamed.errors import FlamedError, InputError
 from flamed.fileio import GZIP_MAGIC
 from flamed.model import (
     EMPTY_STACK_FRAME,
+    INT64_MAX,
     KERNEL_SUFFIX,
     TIME_KINDS,
     Profile,
@@ -54,6 +55,7 @@ from flamed.model import (
     Weight,
     normalize_weight,
     parse_task_frame,
+    stack_excerpt,
 )
 from flamed.outputs.base import OutputFormat, OutputOptions
 
@@ -63,7 +65,6 @@ if TYPE_CHECKING:
     from flamed.outputs import profile_pb2 as pb
 
 KERNEL_MAPPING = "[kernel.kallsyms]"
-INT64_MAX = 2**63 - 1
 _PY = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*\.pyx?):(?P<line>[1-9][0-9]{0,9})\)$", re.S)
 _BRACKET_MODULE = re.compile(r"^\[(?P<module>[^\[\]]+\.so[^\[\]]*|[^\[\]]+)\]$")
 _BACKTICK = re.compile(r"^(?P<module>[^`]+)`(?P<name>.+)$", re.S)
@@ -274,10 +275,8 @@ def to_proto(profile: Profile, labelled: Iterable[LabelledSample] | None = None)
 
 
 def _too_heavy(why: str, stack: Stack, count: int) -> str:
-    text = ";".join(stack)
-    text = text if len(text) <= 80 else text[:77] + "..."
     return (f"cannot write pprof: its values are int64 and {why} "
-            f"(at {text!r}, weighing {count}); scale the input down")
+            f"(at {stack_excerpt(stack)!r}, weighing {count}); scale the input down")
 
 
 def write_pprof(profile: Profile, out: BinaryIO, labelled: Iterable[LabelledSample] | None = None) -> None:
