@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 import signal
 import subprocess
 import time
@@ -39,9 +38,6 @@ POLL_S = 1.0
 #: How long each request may take (a forced drain waits for the daemon's loop).
 REQUEST_TIMEOUT_S = 30.0
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-
-
 def finish_child(child: subprocess.Popen[bytes], interrupted: bool) -> int:
     """Wait for the recorded command; its exit code (128 + N for signal N).  After
     Ctrl-C it gets SIGINT (if the terminal did not send it one) and 10 s."""
@@ -54,15 +50,6 @@ def finish_child(child: subprocess.Popen[bytes], interrupted: bool) -> int:
         child.kill()
         rc = child.wait()
     return 128 - rc if rc < 0 else rc
-
-
-def parse_since(text: str) -> float:
-    """``--since``: a duration such as ``60s``, ``5m``, ``1.5h`` or ``90`` (seconds)."""
-    m = _DURATION.match(text)
-    if not m:
-        raise UsageError(f"--since {text!r}: expected a duration such as 60s, 5m or 1h")
-    scale = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}[m[2] or "s"]
-    return float(m[1]) * scale
 
 
 class DaemonAbsent(Exception):
@@ -188,14 +175,23 @@ def filter_unchecked(status: dict[str, Any]) -> str:
                         for k in ("cgroups", "units") if flt.get(k))
 
 
-def _poll(rec: DaemonRecording, since_ns: int, pids: list[int], root: str, *, drain: bool) -> int:
-    """One request: the windows that end after ``since_ns``; the new cursor."""
+def _windows(rec: DaemonRecording, since_ns: int, pids: list[int], root: str, *, drain: bool,
+             keep: bool) -> int | None:
+    """One request for the windows that end after ``since_ns`` (added to ``rec``
+    when ``keep``); where the last of them ends, or ``None`` when none came."""
     buf = io.BytesIO()
     head = request(rec.socket, {"request": "snapshot", "since_ns": since_ns, "drain": drain, "pid": pids,
                                 "format": "folded", "root": root}, buf, timeout=REQUEST_TIMEOUT_S)
-    rec.add(head, buf.getvalue())
+    if keep:
+        rec.add(head, buf.getvalue())
     end = head.get("end_ns")
-    return int(end) if head.get("windows") and isinstance(end, int) else since_ns
+    return int(end) if head.get("windows") and isinstance(end, int) else None
+
+
+def _poll(rec: DaemonRecording, since_ns: int, pids: list[int], root: str, *, drain: bool) -> int:
+    """One request: the windows that end after ``since_ns``; the new cursor."""
+    end = _windows(rec, since_ns, pids, root, drain=drain, keep=True)
+    return since_ns if end is None else end
 
 
 def _start_cursor(rec: DaemonRecording, t_start_ns: int, pid: int, root: str) -> int:
@@ -206,11 +202,8 @@ def _start_cursor(rec: DaemonRecording, t_start_ns: int, pid: int, root: str) ->
     before the record (or a request's time after it).  What was drained is not
     kept; when no window came back, the start itself.  FlamedError (the daemon
     went away since the probe) comes before anything started: record fails."""
-    head = request(rec.socket, {"request": "snapshot", "since_ns": t_start_ns - 5_000_000_000, "drain": True,
-                                "pid": [pid], "format": "folded", "root": root}, io.BytesIO(),
-                   timeout=REQUEST_TIMEOUT_S)
-    end = head.get("end_ns")
-    return end if head.get("windows") and isinstance(end, int) else t_start_ns
+    end = _windows(rec, t_start_ns - 5_000_000_000, [pid], root, drain=True, keep=False)
+    return t_start_ns if end is None else end
 
 
 def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float | None, since_s: float,

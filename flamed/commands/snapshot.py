@@ -9,13 +9,12 @@ from typing import Any
 from flamed.commands._argtypes import PID_MAX, WEEK_S, integer, number
 from flamed.commands.base import Command
 from flamed.daemon.client import DEFAULT_SOCKET, request
-
-#: --seconds, --next: what the daemon's protocol takes (above 0, up to a week).
-_SECONDS = number(0, WEEK_S, above=True, what="seconds")
-#: --timeout: seconds to wait for the daemon; `--next` waits on top of it.
-_TIMEOUT = number(0, WEEK_S, above=True, what="seconds")
-_ID = integer(0, PID_MAX, what="a process or thread id")
 from flamed.fileio import open_output
+
+#: --seconds, --next: what the daemon's protocol takes (above 0, up to a week);
+#: --timeout too (seconds to wait for the daemon; `--next` waits on top of it).
+_SECONDS = number(0, WEEK_S, above=True, what="seconds")
+_ID = integer(0, PID_MAX, what="a process or thread id")
 
 
 class SnapshotCommand(Command):
@@ -71,7 +70,7 @@ class SnapshotCommand(Command):
         parser.add_argument("--title", metavar="TEXT", help="title for graphical formats")
         parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (atomically)")
         parser.add_argument("--flush", action="store_true", help="ask the daemon to close the current file now")
-        parser.add_argument("--timeout", metavar="S", type=_TIMEOUT, default=30.0,
+        parser.add_argument("--timeout", metavar="S", type=_SECONDS, default=30.0,
                             help="socket timeout (default 30)")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -133,7 +132,7 @@ class FlushCommand(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--socket", metavar="PATH", default=DEFAULT_SOCKET, help=f"control socket (default {DEFAULT_SOCKET})")
-        parser.add_argument("--timeout", metavar="S", type=_TIMEOUT, default=60.0,
+        parser.add_argument("--timeout", metavar="S", type=_SECONDS, default=60.0,
                             help="seconds to wait for the daemon (default 60)")
 
     def run(self, args: argparse.Namespace) -> int:
