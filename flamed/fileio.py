@@ -268,6 +268,38 @@ def _fileno(stream: Any) -> int | None:
         return None
 
 
+def _temp_beside(target: str) -> tuple[int, str]:
+    """A new temporary file in ``target``'s directory, where an atomic write of it
+    writes before the rename: (descriptor, path)."""
+    return tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", suffix=".tmp",
+                            dir=os.path.dirname(target) or ".")
+
+
+def output_problem(path: str) -> str | None:
+    """Why :func:`atomic_write` of ``path`` would fail now, or ``None`` when it can
+    write it.  Tried by creating and removing a temporary file where the write
+    puts its own, so nothing is left behind; '-', descriptors (/dev/stdout) and
+    existing FIFOs or devices are checked for write access."""
+    if path == "-" or open_descriptor(path) is not None:
+        return None
+    try:
+        target = _replace_target(path)
+    except OSError as e:
+        return str(e.strerror or e)
+    if target is None:  # a FIFO, device or socket, written in place
+        return None if os.access(path, os.W_OK) else "not writable"
+    directory = os.path.dirname(target) or "."
+    if not os.path.isdir(directory):
+        return f"no directory {directory}"
+    try:
+        fd, tmp = _temp_beside(target)
+    except OSError as e:
+        return f"cannot create a file in {directory}: {e.strerror or e}"
+    os.close(fd)
+    os.unlink(tmp)
+    return None
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644, fsync: bool = True) -> Iterator[BinaryIO]:
     """Write ``path`` so that it appears complete or not at all.
@@ -292,7 +324,7 @@ def atomic_write(path: str | os.PathLike[str], *, mode: int = 0o644, fsync: bool
             yield out
         return
     directory = os.path.dirname(target) or "."
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", suffix=".tmp", dir=directory)
+    fd, tmp = _temp_beside(target)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f

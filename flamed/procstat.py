@@ -7,9 +7,12 @@ parentheses, so the fields after it are found after the *last* ``)``.
 from __future__ import annotations
 
 import os
+import re
 
 #: States of a task that has exited (zombie, dead).
 EXITED = (b"Z", b"X")
+
+_TGID = re.compile(rb"^Tgid:\s*(\d+)", re.M)
 
 
 def stat_fields(raw: bytes) -> list[bytes]:
@@ -34,3 +37,10 @@ def running(path: str | os.PathLike[str]) -> bool:
     """Is the task whose stat file is ``path`` there and not exited?"""
     fields = read_stat(path)
     return fields is not None and bool(fields) and fields[0] not in EXITED
+
+
+def status_tgid(raw: bytes) -> int | None:
+    """The process (thread group) id in a ``/proc/PID/status`` text: the task's
+    own id for a process, its process's for a thread; ``None`` if missing."""
+    m = _TGID.search(raw)
+    return int(m[1]) if m is not None else None

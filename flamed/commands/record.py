@@ -21,11 +21,11 @@ from flamed.commands.base import Command
 from flamed.commands._argtypes import PID_MAX, WEEK_S, duration, integer, number
 from flamed.daemon.client import DEFAULT_SOCKET
 from flamed.errors import CapabilityError, FlamedError, UsageError
-from flamed.fileio import _replace_target, open_descriptor, open_output
+from flamed.fileio import open_output, output_problem
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack
 from flamed.outputs.base import OutputOptions
-from flamed.procstat import running
+from flamed.procstat import running, status_tgid
 from flamed.pyspy.align import JoinOptions
 from flamed.pyspy.mixed import MixedMode, MixedOptions
 from flamed.pyspy.supervisor import MAX_RATE, PySpyOptions, find_pyspy
@@ -583,39 +583,21 @@ def _check_target(pid: int) -> None:
         raise UsageError(f"no process {pid}") from None
     except OSError as e:
         raise UsageError(f"cannot read /proc/{pid}/status: {e.strerror or e}") from None
-    m = re.search(rb"^Tgid:\s*(\d+)", status, re.M)
-    if m is not None and int(m[1]) != pid:
+    tgid = status_tgid(status)
+    if tgid is not None and tgid != pid:
         # /proc/TID exists for every thread, though not listed: its samples
         # would be looked for under a process id no task has.
-        raise UsageError(f"{pid} is a thread of process {int(m[1])}, not a process; give -p {int(m[1])}")
+        raise UsageError(f"{pid} is a thread of process {tgid}, not a process; give -p {tgid}")
     if not running(f"/proc/{pid}/stat"):
         raise UsageError(f"process {pid} has already exited (a zombie its parent has not reaped): "
                          "nothing to record")
 
 
 def _check_writable(path: str, option: str) -> None:
-    """Can ``path`` be written (as :func:`flamed.fileio.open_output` will, at the end)?  Checked by
-    creating and removing a temporary file where the atomic write puts its own, so nothing is left
-    behind; '-', descriptors (/dev/stdout) and existing FIFOs or devices are checked for write access."""
-    if path == "-" or open_descriptor(path) is not None:
-        return
-    try:
-        target = _replace_target(path)
-    except OSError as e:
-        raise UsageError(f"{option} {path}: {e.strerror or e}") from None
-    if target is None:  # a FIFO, device or socket, written in place
-        if not os.access(path, os.W_OK):
-            raise UsageError(f"{option} {path}: not writable")
-        return
-    directory = os.path.dirname(target) or "."
-    if not os.path.isdir(directory):
-        raise UsageError(f"{option} {path}: no directory {directory}")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise UsageError(f"{option} {path}: cannot create a file in {directory}: {e.strerror or e}") from None
-    os.close(fd)
-    os.unlink(tmp)
+    """A usage error when ``path`` cannot be written (as :func:`flamed.fileio.open_output` will, at the end)."""
+    problem = output_problem(path)
+    if problem is not None:
+        raise UsageError(f"{option} {path}: {problem}")
 
 
 def _save_elsewhere(path: str, profile: Profile) -> str:

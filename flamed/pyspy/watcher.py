@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flamed.errors import ConfigError
-from flamed.procstat import stat_fields
+from flamed.procstat import stat_fields, status_tgid
 from flamed.pyspy.supervisor import have_cap_sys_ptrace
 
 log = logging.getLogger(__name__)
@@ -241,8 +241,7 @@ class ProcReader:
         b = _read(f"{self.root}/{pid}/status")
         if b is None:
             return False
-        m = re.search(rb"^Tgid:\s+(\d+)", b, re.M)
-        return m is not None and int(m.group(1)) == pid
+        return status_tgid(b) == pid
 
 
 def python_identity(reader: ProcReader, pid: int) -> tuple[str, str | None] | None:

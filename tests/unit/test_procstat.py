@@ -41,3 +41,23 @@ def test_a_real_process_is_running_until_it_is_a_zombie_then_gone(tmp_path: Path
         child.kill()
         child.wait(10)
     assert read_stat(stat) is None and not running(stat)
+
+
+def test_the_thread_group_of_a_process_and_of_one_of_its_threads() -> None:
+    import threading
+
+    from flamed.procstat import status_tgid
+
+    me = os.getpid()
+    assert status_tgid(Path(f"/proc/{me}/status").read_bytes()) == me
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, args=(10,))
+    worker.start()
+    try:
+        tid = worker.native_id
+        assert tid is not None and tid != me
+        assert status_tgid(Path(f"/proc/{me}/task/{tid}/status").read_bytes()) == me
+    finally:
+        stop.set()
+        worker.join(10)
+    assert status_tgid(b"Name:\tx\nPid:\t5\n") is None
