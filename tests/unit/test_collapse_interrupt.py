@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,15 @@ def _children(pid: int) -> list[int]:
         if fields is not None and len(fields) > 1 and int(fields[1]) == pid:
             out.append(int(d))
     return out
+
+
+def _wait_for_workers(p: subprocess.Popen[bytes], ended: Callable[[], str]) -> None:
+    """Until ``p`` has its JOBS workers (30 s at most); ``ended()`` says why when ``p`` ends first."""
+    deadline = time.monotonic() + 30
+    while len(_children(p.pid)) < JOBS:
+        assert p.poll() is None, ended()
+        assert time.monotonic() < deadline, "the workers never started"
+        time.sleep(0.01)
 
 
 def _reset_sigint() -> None:
@@ -101,11 +111,7 @@ def _interrupt(tmp_path: Path, source: str, perf_text: bytes, big_gzip: Path, de
     if feeder is not None:
         feeder.start()
     try:
-        deadline = time.monotonic() + 30
-        while len(_children(p.pid)) < JOBS:
-            assert p.poll() is None, f"collapse ended before it was interrupted: {err_path.read_text()!r}"
-            assert time.monotonic() < deadline, "the workers never started"
-            time.sleep(0.01)
+        _wait_for_workers(p, lambda: f"collapse ended before it was interrupted: {err_path.read_text()!r}")
         time.sleep(delay)
         workers = _children(p.pid)
         assert p.poll() is None, "collapse ended before it was interrupted"
@@ -168,10 +174,7 @@ def test_workers_go_when_the_parent_is_killed_outright(
         if p.stdin is not None:
             p.stdin.write(perf_text)  # some work, then nothing more while stdin stays open
             p.stdin.flush()
-        deadline = time.monotonic() + 30
-        while len(_children(p.pid)) < JOBS:
-            assert p.poll() is None and time.monotonic() < deadline, "the workers never started"
-            time.sleep(0.01)
+        _wait_for_workers(p, lambda: "collapse ended before its workers started")
         time.sleep(0.3)
         workers = _children(p.pid)
         os.kill(p.pid, signal.SIGKILL)
