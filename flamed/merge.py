@@ -116,6 +116,10 @@ class IdRemapper:
         self._map[key] = out
         return out
 
+    def task(self, source: int, pid: int | None, tid: int | None) -> tuple[int | None, int | None]:
+        """A task's output ids (pid first, then tid; an absent one stays absent)."""
+        return (self(source, pid) if pid is not None else None, self(source, tid) if tid is not None else None)
+
 
 @dataclass
 class MergeStats:
@@ -219,8 +223,7 @@ def _relabel(
             key = (stack[0], pid, tid)
             hit = roots.get(key)
             if hit is None:
-                npid = remap(index, pid) if remap is not None and pid is not None else pid
-                ntid = remap(index, tid) if remap is not None and tid is not None else tid
+                npid, ntid = remap.task(index, pid, tid) if remap is not None else (pid, tid)
                 task = parse_task_frame(stack[0])
                 if task.pid == pid and task.tid == tid:
                     # The root frame names this task (a trace, perf collapsed with --tid).
@@ -400,8 +403,7 @@ def _trace_lines(
                 pid = task.pid
                 new_root = root_b
                 if remap is not None and (pid is not None or task.tid is not None):
-                    npid = remap(index, pid) if pid is not None else None
-                    ntid = remap(index, task.tid) if task.tid is not None else None
+                    npid, ntid = remap.task(index, pid, task.tid)
                     if npid != pid or ntid != task.tid:
                         new_root = encode_frame(task_frame(task.comm, npid, ntid))
                     pid = npid

@@ -208,8 +208,7 @@ class MergeCommand(Command):
                 if remap is not None:
                     task = parse_task_frame(stack[0])
                     if task.pid is not None or task.tid is not None:
-                        npid = remap(i, task.pid) if task.pid is not None else None
-                        ntid = remap(i, task.tid) if task.tid is not None else None
+                        npid, ntid = remap.task(i, task.pid, task.tid)
                         if npid != task.pid or ntid != task.tid:
                             stack = (task_frame(task.comm, npid, ntid),) + stack[1:]
                 if label is not None:
