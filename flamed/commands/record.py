@@ -392,7 +392,7 @@ class RecordCommand(Command):
                 self.warn(f"{unmapped} Python thread(s) not matched to an OS thread (their samples have no "
                           f"Python frames): {reasons}")
         if mixed is not None and not pythons:
-            refused = sorted(set(mixed.watcher.unsupported.values()))
+            refused = sorted(mixed.watcher.stats.unsupported_versions)
             for ver in refused:
                 self.warn(unsupported_reason(ver))
             if not refused:

@@ -117,7 +117,8 @@ class WatcherStats:
     left_out: int = 0  # Python processes not watched because of max_watched
     filtered: int = 0  # Python processes excluded by comm/uid/cgroup
     unsupported: int = 0  # Python, but a version py-spy cannot read
-    #: the same processes by version ("3.2", "2.2"...), for the metric's label
+    #: the same processes by version ("3.2", "2.2"...), for the metric's label and
+    #: ``flamed record``'s "Python X is not supported"
     unsupported_versions: Counter[str] = field(default_factory=Counter)
     overruns: int = 0  # proc connector socket overflowed (ENOBUFS)
     scans: int = 0
@@ -290,9 +291,11 @@ class ProcessWatcher:
         self._fork_hint: dict[int, tuple[str, str | None]] = {}  # forked from a Python process, not exec'd
         self._next_scan = 0
         self._left_out: set[int] = set()
-        self._rejected: set[int] = set()  # decided not to watch (filters); forgotten on exit/exec
-        #: Python processes turned away for their version (pid -> "3.2"): ``flamed record`` says so
-        self.unsupported: dict[int, str] = {}
+        # Decided not to watch (filters, or a version nothing reads); forgotten on exit/exec.
+        # Nothing else is kept per process turned away: its version is counted in
+        # stats.unsupported_versions (which ``flamed record`` names), so a daemon
+        # seeing such processes come and go keeps one entry per version, not per pid.
+        self._rejected: set[int] = set()
         self._unsupported_logged: set[str] = set()
         o = self.options
         self._inc_comm = re.compile(o.include_comm) if o.include_comm else None
@@ -485,7 +488,6 @@ class ProcessWatcher:
         if ver is not None and not SUPPORTED.match(ver):
             self.stats.unsupported += 1
             self.stats.unsupported_versions[ver] += 1
-            self.unsupported[pid] = ver
             if ver not in self._unsupported_logged:
                 self._unsupported_logged.add(ver)
                 log.warning("pid %d: %s (counted in flamed_python_unsupported_total)", pid,

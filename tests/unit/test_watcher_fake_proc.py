@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def test_scan_finds_supported_pythons_only(proc: Path) -> None:
     w, found = scan(proc)
     assert sorted(p.pid for p in found) == [100, 101, 102, 104, 105, 106, 107, 109]
     assert w.stats.unsupported == 2
-    assert w.unsupported == {108: "3.2", 110: "2.2"}
+    assert w.stats.unsupported_versions == {"3.2": 1, "2.2": 1}
     m = w.metrics()
     assert m["unsupported"] == 2
     assert m["unsupported_version:3.2"] == 1 and m["unsupported_version:2.2"] == 1
@@ -104,6 +105,48 @@ def test_bound_counts_left_out_and_frees_slots(proc: Path) -> None:
     w.scan()
     assert exits == [first] and len(w.watched) == 2 and len(found) == 3
     assert w.stats.left_out == 6  # counted once per process, not per scan
+
+
+def _remove(proc: Path, pid: int) -> None:
+    for f in (proc / str(pid)).iterdir():
+        f.unlink()
+    (proc / str(pid)).rmdir()
+
+
+def _pids_held(w: ProcessWatcher) -> set[int]:
+    """Every pid kept in a per-process dict or set of the watcher, whatever its name."""
+    held: set[int] = set()
+    for v in vars(w).values():
+        if isinstance(v, (dict, set)) and not isinstance(v, Counter):
+            held |= {k for k in v if isinstance(k, int)}
+    return held
+
+
+def test_unsupported_processes_leave_no_state_after_exit(proc: Path) -> None:
+    # A daemon sees processes of a Python nothing reads come and go: once each has
+    # exited the watcher holds nothing about it (it used to keep pid -> version for
+    # ever), while the count by version behind flamed_python_unsupported_total and
+    # record's "Python X is not supported" remains.
+    w, _ = scan(proc)
+    assert {108, 110} <= _pids_held(w)
+    _remove(proc, 108)  # its exit event arrives
+    w._event({"event": "PROC_EVENT_EXIT", "process_tgid": 108, "process_pid": 108, "timestamp_ns": 1})
+    _remove(proc, 110)  # its exit is missed: the next scan notices
+    w.scan()
+    for pid in range(200, 260):  # more come and go, half seen exiting by event, half by scan
+        make_proc(proc, pid, exe="/usr/bin/python3.2", comm="python3.2")
+        w.scan()
+        _remove(proc, pid)
+        if pid % 2:
+            w._event({"event": "PROC_EVENT_EXIT", "process_tgid": pid, "process_pid": pid, "timestamp_ns": 1})
+        else:
+            w.scan()
+    held = _pids_held(w)
+    assert not held & ({108, 110} | set(range(200, 260))), sorted(held)
+    assert held <= {100, 101, 102, 104, 105, 106, 107, 109}  # the supported ones, still running
+    assert w.stats.unsupported_versions == {"3.2": 61, "2.2": 1}
+    m = w.metrics()
+    assert m["unsupported_version:3.2"] == 61 and m["unsupported"] == 62
 
 
 def test_bad_regex_is_a_config_error() -> None:
