@@ -77,6 +77,8 @@ class ChunkResult:
     end_ns: int | None = None
     #: One-line remarks for the user (e.g. "pid not in input"), deduplicated.
     notes: set[str] = field(default_factory=set)
+    #: Samples of other events that ``event`` left out, by event: (samples, weight).
+    dropped: dict[str, tuple[int, Weight]] = field(default_factory=dict)
 
     def group(self, event: str) -> dict[str, Weight]:
         g = self.groups.get(event)
@@ -84,6 +86,15 @@ class ChunkResult:
             g = self.groups[event] = {}
             self.order.append(event)
         return g
+
+    def drop(self, event: str, samples: int, weight: Weight) -> None:
+        """Count ``samples`` of ``event`` (of ``weight`` in all) as left out by ``event``."""
+        n, w = self.dropped.get(event, (0, 0))
+        self.dropped[event] = (n + samples, w + weight)
+
+    def merge_dropped(self, other: ChunkResult) -> None:
+        for ev, (n, w) in other.dropped.items():
+            self.drop(ev, n, w)
 
     def add_time(self, t: int) -> None:
         if self.start_ns is None or t < self.start_ns:

@@ -210,6 +210,7 @@ def _merge_part(acc: ChunkResult, part: ChunkResult) -> None:
     """Add ``part`` to ``acc`` (both in input order; weights are integers here)."""
     acc.stats.merge(part.stats)
     acc.notes.update(part.notes)
+    acc.merge_dropped(part)
     for ev in part.order:
         src = part.groups[ev]
         dst = acc.groups.get(ev)
@@ -446,6 +447,7 @@ def _collapse(
     groups: dict[str, dict[str, Weight]] = {}
     order: list[str] = []
     event_weight: dict[str, Weight] = {}
+    left_out = ChunkResult()  # its dropped: what --event left out
     notes: set[str] = set()
     result = CollapseResult(profile=Profile(), stats=stats)
     lo: int | None = None
@@ -455,6 +457,7 @@ def _collapse(
         nonlocal lo, hi
         stats.merge(part.stats)
         notes.update(part.notes)
+        left_out.merge_dropped(part)
         for ev in part.order:
             src = part.groups[ev]
             dst = groups.get(ev)
@@ -588,6 +591,24 @@ def _collapse(
                 f"no samples of event {opts.event!r}; the input has: {', '.join(repr(e) for e in order)}",
                 source=", ".join(result.formats) or None,
             )
+        dropped = left_out.dropped
+        if dropped:
+            # As without --event: what is left out is named, with its weight.
+            n_out = sum(n for n, _ in dropped.values())
+            kept = sum(event_weight[e] for e in chosen)
+            others = ", ".join(
+                f"{e or 'samples without an event field'} ({_n_samples(n)}, weight {_fmt_w(w)})"
+                for e, (n, w) in ((e, dropped[e]) for e in order if e in dropped)
+            )
+            head = (
+                f"kept event {', '.join(repr(e) for e in chosen)} (--event {opts.event!r}, weight {_fmt_w(kept)})"
+                if chosen
+                else f"no samples of event {opts.event!r} (--event)"
+            )
+            result.messages.append(
+                f"{head}; left out {_n_samples(n_out)} of other events "
+                f"(weight {_fmt_w(sum(w for _, w in dropped.values()))}): {others}"
+            )
     else:
         # The first named event, under every spelling of its modifiers (cycles:u, cycles), as one.
         # Samples without an event field ("" -- perf script -F without event, or lines
@@ -679,6 +700,10 @@ def _plain_files_below(inputs: Sequence[str | None], limit: int) -> bool:
 
 def _fmt_w(w: Weight) -> str:
     return f"{w:,}" if isinstance(w, int) else f"{w:,.3f}"
+
+
+def _n_samples(n: int) -> str:
+    return f"{n:,} sample{'s' if n != 1 else ''}"
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -27,7 +27,8 @@ DSOs (``[kernel.kallsyms]``, modules, ``vmlinux``), ``_[j]`` for perf JIT maps
 (``/tmp/perf-PID.map``), ``_[i]`` for inlined frames.  A sample without frames
 is kept as ``comm;[no frames]``.
 
-Several events in one capture: ``--event`` picks one; by default the first
+Several events in one capture: ``--event`` picks one (the samples of the
+others are counted, and the driver names them with their weight); by default the first
 named event seen is kept (samples without an event field only when no sample
 names one), and the driver says on stderr which one and what else there was,
 with its weight.  The weight of a sample is its period when the header has one
@@ -215,6 +216,8 @@ class PerfParser(ChunkParser):
             if want is not None and event != want and not _event_matches(event, want):
                 if event not in res.groups:
                     res.group(event)  # remembered (empty) so an unknown --event can list what exists
+                # Counted, so the driver can say what --event left out.
+                res.drop(event, 1, period if (by_period and period) else 1)
                 continue
             if event != cur_event:
                 cur_event = event
@@ -371,6 +374,7 @@ class PerfParser(ChunkParser):
             g = res.group(ev)
             for k, w in part.groups[ev].items():
                 g[k] = g.get(k, 0) + w
+        res.merge_dropped(part)
         res.stats.records += part.stats.records
         res.stats.skipped += part.stats.skipped
         res.stats.first_errors.extend(part.stats.first_errors[: max(0, 5 - len(res.stats.first_errors))])

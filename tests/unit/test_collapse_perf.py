@@ -238,6 +238,56 @@ def test_event_less_sample_first_does_not_hide_the_real_event(
     assert sum(int(ln.rsplit(" ", 1)[1]) for ln in only.splitlines()) == dropped
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_explicit_event_names_what_it_leaves_out(tmp_path: Path, jobs: str) -> None:
+    """--event used to drop the samples of the other events without a word; now
+    stderr names them with their count and weight, and the output is unchanged."""
+    real = gzip.decompress((DATA / "perf" / "multi-event.txt.gz").read_bytes())  # cpu-clock, task-clock
+    both = tmp_path / "both.perf"
+    both.write_bytes(real)
+    # The same capture without its cpu-clock samples: what --event task-clock must give.
+    blocks = [b for b in real.split(b"\n\n") if b.strip()]
+    only = tmp_path / "task-clock.perf"
+    only.write_bytes(b"".join(b + b"\n\n" for b in blocks if b" task-clock: " in b.split(b"\n", 1)[0]))
+    dropped = [b for b in blocks if b" cpu-clock: " in b.split(b"\n", 1)[0]]
+    n_cpu = len(dropped)
+    w_cpu = sum(int(b.split(b"\n", 1)[0].split()[-2]) for b in dropped)
+    assert n_cpu > 100 and len(blocks) > n_cpu
+    expected, err0 = folded_of(tmp_path, str(only))
+    assert err0 == ""
+    w_task = sum(int(ln.rsplit(" ", 1)[1]) for ln in expected.splitlines())
+    out = tmp_path / "out.folded"
+    err = io.StringIO()
+    args = ["collapse", "--jobs", jobs, "--chunk-size", "4096", "--event", "task-clock", str(both), "-o", str(out)]
+    assert main(args, stderr=err) == 0
+    assert out.read_text() == expected
+    assert err.getvalue() == (
+        f"flamed collapse: kept event 'task-clock' (--event 'task-clock', weight {w_task:,}); left out "
+        f"{n_cpu} samples of other events (weight {w_cpu:,}): cpu-clock ({n_cpu} samples, weight {w_cpu:,})\n"
+    )
+
+
+def test_explicit_event_on_lines_without_blank_lines_and_without_events(tmp_path: Path) -> None:
+    # perf script without -g: one line per sample, no blank line between them (the
+    # samples are split apart line by line), two events.
+    flat = tmp_path / "flat.perf"
+    flat.write_bytes(
+        b"dd 7 [000] 1.000001:     100 cycles:  4010 f (/bin/dd)\n"
+        b"dd 7 [000] 1.000002:       3 instructions:  4010 f (/bin/dd)\n"
+        b"dd 7 [000] 1.000003:     100 cycles:  4020 g (/bin/dd)\n"
+        b"dd 7 [000] 1.000004:       5 instructions:  4020 g (/bin/dd)\n"
+        b"dd 7 [000] 1.000005:     100 cycles:  4020 g (/bin/dd)\n"
+    )
+    out, err = folded_of(tmp_path, str(flat), "--event", "cycles")
+    assert out == "dd;f 100\ndd;g 200\n"
+    assert "left out 2 samples of other events (weight 8): instructions (2 samples, weight 8)" in err
+    # An --event that no sample has, on a capture without event fields: its samples are named.
+    out, err = folded_of(tmp_path, str(DATA / "perf" / "fields-comm-tid-period.txt"), "--event", "cycles")
+    assert out == ""
+    assert "no samples of event 'cycles' (--event); left out 40 samples of other events" in err
+    assert "samples without an event field (40 samples, weight " in err
+
+
 def test_capture_without_event_fields_keeps_its_samples_quietly(tmp_path: Path) -> None:
     # perf script -F comm,tid,period,ip,sym: no sample names an event; all are kept.
     out, err = folded_of(tmp_path, str(DATA / "perf" / "fields-comm-tid-period.txt"))
