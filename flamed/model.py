@@ -19,7 +19,9 @@ the original bytes.  Conventions carried in frame text:
 * a root frame ``comm-PID`` or ``comm-PID/TID`` names the task (stackcollapse-perf's
   ``--pid``/``--tid`` convention), ``comm-?/TID`` a thread whose pid the capture
   did not record (perf script's default output); :func:`parse_task_frame` reads
-  it back, :func:`task_frame` writes it.
+  it back, :func:`task_frame` writes it.  ``comm-?`` (what ``collapse --pid``
+  writes when the capture has no pid) names no id and is not a task: it reads
+  back whole, as a command, so nothing labels, remaps or splits by it.
 """
 
 from __future__ import annotations
@@ -102,7 +104,11 @@ class Task:
 
 def parse_task_frame(frame: str) -> Task:
     """Read the task out of a root frame ``comm``, ``comm-PID``, ``comm-PID/TID`` or
-    ``comm-?/TID`` (a thread of an unknown process: ``pid`` is None, ``tid`` is not)."""
+    ``comm-?/TID`` (a thread of an unknown process: ``pid`` is None, ``tid`` is not).
+
+    ``comm-?`` carries no id: it is read as the command ``comm-?`` (no task), so a
+    command whose name ends in ``-?`` is not cut.
+    """
     m = _TASK_FRAME.match(frame)
     if m is None:
         return Task(comm=frame)

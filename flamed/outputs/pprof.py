@@ -20,7 +20,7 @@ How flamed's frames map onto pprof:
   ``cpu/nanoseconds`` (count times the period ``1e9/rate``), the latter the
   default, as in Go's CPU profiles; ``time_nanos``/``duration_nanos`` from the
   Profile's time range; the task of a ``comm-PID/TID`` root frame as numeric
-  ``pid``/``tid`` sample labels; Profile labels as ``key=value`` comments.
+  ``pid``/``tid`` sample labels (``comm-?/TID``: ``tid`` only); Profile labels as ``key=value`` comments.
 
 pprof values are int64: fractional weights are rounded, and a profile whose
 weights (or times) sum past 2^63-1 is an error, as pprof's readers would
@@ -264,13 +264,15 @@ def to_proto(profile: Profile, labelled: Iterable[LabelledSample] | None = None)
             for k, v in extra.items():
                 sample.label.add(key=s(k), str=s(v))
             continue
+        # Each id the root frame names: comm-PID/TID both, comm-PID the pid, comm-?/TID
+        # (a thread of a capture without pids) the tid; comm-? names none.
         task = parse_task_frame(stack[0])
         if task.pid is not None:
             pid_key = pid_key or s("pid")
             sample.label.add(key=pid_key, num=task.pid)
-            if task.tid is not None:
-                tid_key = tid_key or s("tid")
-                sample.label.add(key=tid_key, num=task.tid)
+        if task.tid is not None:
+            tid_key = tid_key or s("tid")
+            sample.label.add(key=tid_key, num=task.tid)
     return msg
 
 

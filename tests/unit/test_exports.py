@@ -19,7 +19,7 @@ from support import DATA
 from flamed.cli import main
 from flamed.errors import InputError
 from flamed.folded import read_folded
-from flamed.model import Profile, Sample
+from flamed.model import Profile, Sample, is_task, parse_task_frame
 from flamed.outputs import choose, get
 from flamed.outputs import profile_pb2 as pb
 from flamed.outputs.chrometrace import samples_trace
@@ -160,6 +160,55 @@ def test_pprof_of_invalid_utf8_frames(tmp_path: Path, command: list[str]) -> Non
         rows = [ln.split() for ln in top.splitlines() if re.match(r"^\s*[0-9]+\s+[0-9.]+%", ln)]
         flat = {r[-1]: int(r[0]) for r in rows}
         assert flat["\\xff"] == 1 and flat["\\xfe"] == 2 and flat["\u00e9\\xff"] == 4 and flat["\u00e9"] == 8, top
+
+
+def test_pprof_labels_each_id_a_root_frame_names(tmp_path: Path) -> None:
+    """comm-?/TID (a thread of a capture without pids) gets its tid label, as
+    comm-PID/TID gets both; comm-? names no id and gets none (and breaks nothing)."""
+    p = Profile()
+    for root, w in (("a-1/2", 1), ("b-3", 2), ("c-?/4", 4), ("d-?", 8), ("e", 16)):
+        p.add((root, "main"), w)
+    msg = to_proto(p)
+    s = msg.string_table
+    labels = {int(x.value[0]): {s[lb.key]: lb.num for lb in x.label} for x in msg.sample}
+    assert labels == {1: {"pid": 1, "tid": 2}, 2: {"pid": 3}, 4: {"tid": 4}, 8: {}, 16: {}}
+    # A real perf script capture (its default fields: no pid) collapsed with --tid and --pid.
+    capture = DATA / "perf" / "c-default.txt.gz"
+    for opt, key in (("--tid", "tid"), ("--pid", None)):
+        out = tmp_path / f"c{opt}.pb.gz"
+        assert main(["collapse", "--jobs", "1", opt, str(capture), "-o", str(out)]) == 0
+        back = read_pprof(out.read_bytes())
+        roots = {st[0] for st in back.stacks}
+        msg = pb.Profile()
+        msg.ParseFromString(gzip.decompress(out.read_bytes()))
+        got = {(msg.string_table[lb.key], lb.num) for x in msg.sample for lb in x.label}
+        if key is None:
+            assert roots == {"hot-?", "job:2-?", "worker 0-?", "worker 1-?"} and got == set()
+        else:
+            assert roots == {"hot-?/11166", "job:2-?/11170", "worker 0-?/11168", "worker 1-?/11169"}
+            assert got == {("tid", 11166), ("tid", 11168), ("tid", 11169), ("tid", 11170)}
+        raw = _go_pprof(tmp_path, "-raw", str(out))
+        if raw is not None:
+            found = set(re.findall(r"^\s+(pid|tid):\[(\d+)\]", raw, re.M))
+            assert found == {(k, str(v)) for k, v in got}, raw
+            assert "pid:" not in raw
+    out = tmp_path / "forms.pb.gz"
+    with out.open("wb") as f:
+        write_pprof(p, f)
+    traces = _go_pprof(tmp_path, "-traces", "-sample_index=samples", str(out))
+    if traces is not None:
+        blocks = {b.split()[-1]: b for b in traces.split("-----------+") if b.strip().endswith(("a-1/2", "b-3", "c-?/4", "d-?", "e"))}
+        assert re.search(r"pid:\s+1\n\s+tid:\s+2\n", blocks["a-1/2"]), traces
+        assert "tid:" not in blocks["b-3"] and re.search(r"pid:\s+3\n", blocks["b-3"]), traces
+        assert "pid:" not in blocks["c-?/4"] and re.search(r"tid:\s+4\n", blocks["c-?/4"]), traces
+        assert "pid:" not in blocks["d-?"] and "tid:" not in blocks["d-?"], traces
+    # comm-? is a command, not a task: the other outputs take it as such.
+    assert not is_task(parse_task_frame("d-?")) and parse_task_frame("d-?").comm == "d-?"
+    folded = tmp_path / "forms.folded"
+    folded.write_text("".join(f"{';'.join(k)} {w}\n" for k, w in p.sorted_items()))
+    for name in ("f.speedscope.json", "f.svg", "f.chrometrace.json"):
+        assert main(["export", str(folded), "-o", str(tmp_path / name)]) == 0
+    assert len(to_document(p)["profiles"]) == 1  # not every root is a task: one profile
 
 
 @settings(max_examples=150, deadline=None)
