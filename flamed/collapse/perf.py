@@ -117,7 +117,8 @@ class PerfCollapser(Collapser):
                 score = max(score, 70)
                 if i + 1 < len(lines) and _FRAME_HINT.match(lines[i + 1]):
                     return 95
-            elif ln[:1] in (b"\t", b" ") and _FRAME_HINT.match(ln):
+            elif ln[:1] in (b"\t", b" ") and _FRAME_HINT.match(ln) and not (ln[:1] == b" " and _is_padded_header(ln)):
+                # (A space-padded header of a command named in hex digits reads as a frame too.)
                 if ln.rstrip().endswith(b")"):
                     score = max(score, 60)
             elif i + 1 < len(lines) and _flush_left_sample(ln, lines[i + 1]):
@@ -494,6 +495,9 @@ class PerfParser(ChunkParser):
 
 
 _UNINDENTED = re.compile(rb"(?m)^[^\s]")
+# A line indented with spaces: a srcline line, or (after a header padded so, as perf script
+# pads the command without -g) another such header, maybe without a time field.
+_SPACED = re.compile(rb"(?m)^ ")
 _THIRD = operator.itemgetter(2)
 _SPACES = itertools.repeat(b" ")
 
@@ -520,12 +524,19 @@ def _starts_sample(line: bytes, in_stack: bool = False) -> bool:
 
     Frames are indented, except in old perf versions (flush-left ``IP SYM (DSO)``);
     headers are flush left, except in ``perf script`` without ``-g``, which pads
-    the command with spaces to a column (``           false 39654 19115.489713: ...``).
+    the command with spaces to 16 columns (``           false 39654 19115.489713: ...``).
     perf prints a frame line with a leading tab and never a header, so a line
     that starts with a tab is never a header; neither is an indented line after
     a frame line of the same sample (``in_stack``): a sample with frames ends at
     a blank line.  Such a line that is not a frame is a malformed frame line,
     whatever it ends with.
+
+    A line indented with spaces before any frame is a header when it reads as
+    one: perf indents no frame line with spaces (only ``-F +srcline`` lines,
+    which come after a frame), and a padded command made of hex digits
+    (``            beef 20067      7f03ec6113e0 update_active``) also reads as
+    ``IP SYMBOL``.  Only a line that reads as no header is taken for a frame
+    whose tab became spaces.
     """
     c = line[:1]
     if c == b"\t":
@@ -533,11 +544,7 @@ def _starts_sample(line: bytes, in_stack: bool = False) -> bool:
     if c == b" ":
         if in_stack:
             return False
-        # The header with a time field first: a padded comm made of hex digits
-        # ("              dd 10061 32579.823429: ...") also looks like "IP SYMBOL".
-        if _HEADER_LINE.match(line):
-            return True
-        return _FRAME_HINT.match(line) is None and _is_padded_header(line)
+        return _HEADER_LINE.match(line) is not None or _is_padded_header(line)
     return _FLUSH_FRAME.match(line) is None or _HEADER_LINE.match(line) is not None
 
 
@@ -587,7 +594,11 @@ def _records(chunk: bytes) -> Iterator[tuple[bytes, bytes, int]]:
         if not block:
             continue
         header, _, body = block.partition(b"\n")
-        if not body or (_UNINDENTED.search(body) is None and _HEADER_LINE.search(body) is None):
+        if not body or (
+            _UNINDENTED.search(body) is None
+            and _HEADER_LINE.search(body) is None
+            and (header[:1] != b" " or _SPACED.search(body) is None)
+        ):
             yield header, body, start
             continue
         pos = start

@@ -343,6 +343,47 @@ def test_junk_line_inside_a_stack_keeps_the_stack_whole(tmp_path: Path, junk: by
     assert stats.skipped == 2
 
 
+@pytest.mark.parametrize(
+    ("name", "root", "period"),
+    [
+        # perf script -F comm,tid,period,ip,sym,dso
+        ("hex-comm-nog-notime.txt", "deadbeef-?", 250000),
+        # perf script -F comm,pid,tid,event,ip,sym (no period: weight 1; no DSO)
+        ("hex-comm-nog-notime-nodso.txt", "deadbeef-23073", 1),
+    ],
+)
+def test_no_g_no_time_capture_of_a_command_named_in_hex_digits(
+    tmp_path: Path, name: str, root: str, period: int
+) -> None:
+    """A real capture without -g nor a time field of `perf record -- deadbeef`
+    (dd copied under that name): each line is a sample, its command padded with
+    spaces to 16 columns, and "        deadbeef 23073 ..." also reads as an
+    indented "IP SYMBOL" frame line. It was read as one sample whose frames were
+    all the other lines (or, without DSOs, as no known format at all)."""
+    path = DATA / "collapse_extra" / name
+    lines = path.read_bytes().splitlines()
+    assert len(lines) > 50 and all(ln.startswith(b"        deadbeef ") for ln in lines)
+    out, err = folded_of(tmp_path, str(path), "--pid")  # the format found by detection
+    assert err == ""
+    got = {ln.rsplit(" ", 1)[0]: int(ln.rsplit(" ", 1)[1]) for ln in out.splitlines()}
+    assert {k.split(";")[0] for k in got} == {root}
+    assert all(k.count(";") == 1 for k in got)  # one frame per sample: the one on its line
+    assert sum(got.values()) == len(lines) * period
+    leaf = lines[0].split()[-2 if lines[0].endswith(b")") else -1].decode()
+    assert any(k.endswith(";" + leaf) for k in got), (leaf, got)
+    # The same capture with a command that is not hex digits gives the same profile.
+    renamed = tmp_path / "renamed.txt"
+    renamed.write_bytes(path.read_bytes().replace(b" deadbeef ", b" zzzzzzzz "))
+    out2, err2 = folded_of(tmp_path, str(renamed), "--pid")
+    assert (out2.replace("zzzzzzzz", "deadbeef"), err2) == (out, "")
+    # The timestamped reader (flamed merge) splits them the same way: each is a sample
+    # without a time field, so each is counted malformed (it counted one).
+    stats = ReadStats()
+    with open(path, "rb") as f:
+        assert list(get("perf").samples(f, CollapseOptions(), source=str(path), stats=stats)) == []
+    assert stats.skipped == len(lines)
+
+
 def test_no_g_capture_of_a_command_named_in_hex_digits(tmp_path: Path) -> None:
     # perf script of a real `perf record -- dd ...` (no -g): the comm "dd" padded to
     # 16 columns reads as "IP SYMBOL" too; every line is a sample.
