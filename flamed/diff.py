@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flamed.errors import InputError
-from flamed.model import Profile, Stack, Weight, normalize_weight
+from flamed.model import Profile, Stack, Weight, normalize_weight, printable
 
 
 @dataclass
@@ -139,7 +139,7 @@ def format_table(diff: DiffProfile, *, limit: int = 20, countname: str = "sample
                 str(c.self_after),
                 f"{c.total_delta:+}",
                 f"{100.0 * float(c.total_delta) / total:+.2f}%",
-                c.function,
+                printable(c.function),
             )
         )
     widths = [max(len(r[i]) for r in table) for i in range(len(cols) - 1)]

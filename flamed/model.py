@@ -139,6 +139,30 @@ def stack_excerpt(stack: Stack, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+#: What a terminal would act on rather than show: C0 and C1 controls and DEL
+#: (escape sequences can retitle the window, rewrite the screen or, in some
+#: terminals, write files), the bidirectional controls that reorder a line
+#: (a table's columns), and the lone surrogates decoding leaves for bytes that
+#: are not UTF-8 (written back raw, a 0x9b byte is a C1 CSI).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _shown(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    if 0xDC80 <= c <= 0xDCFF:
+        return "\\x%02x" % (c - 0xDC00)
+    return "\\x%02x" % c if c < 0x100 else "\\u%04x" % c
+
+
+def printable(text: str) -> str:
+    """``text`` for a terminal: the characters it would act on (controls,
+    escape sequences, bidirectional overrides, invalid UTF-8 bytes) shown as
+    ``\\xNN`` / ``\\uNNNN``, as the SVG shows them.  Frame names, thread names
+    and command lines come from any process on the host, so every text table
+    goes through this; the data formats (folded, CSV, JSON) keep the bytes."""
+    return _UNPRINTABLE.sub(_shown, text) if _UNPRINTABLE.search(text) else text
+
+
 def normalize_weight(w: Weight) -> Weight:
     """Integral floats become ints, so ``3.0`` and ``3`` print alike."""
     if isinstance(w, float) and w.is_integer() and abs(w) < 2**63:

@@ -8,7 +8,7 @@ import csv
 from flamed.commands.base import Command
 from flamed.commands.collapse import add_input_arguments, run_collapse
 from flamed.fileio import open_output
-from flamed.model import Weight, format_weight, time_kind
+from flamed.model import Weight, format_weight, printable, time_kind
 from flamed.top import function_stats, ranked
 
 
@@ -62,7 +62,7 @@ class TopCommand(Command):
             for r in rows:
                 lines.append(
                     f"{format_weight(r.self_weight):>{sw}} {_pct(r.self_weight, total):>7} "
-                    f"{format_weight(r.total_weight):>{tw}} {_pct(r.total_weight, total):>7}  {r.name}"
+                    f"{format_weight(r.total_weight):>{tw}} {_pct(r.total_weight, total):>7}  {printable(r.name)}"
                 )
             timed = time_kind(profile)
             unit = f" {timed[1]} of {timed[0]}" if timed is not None else ""
