@@ -163,3 +163,32 @@ def test_thread_filter(tmp_path: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as e:
             _get(url + f"api/profile?tid=x&{rng}")
         assert e.value.code == 400 and b"tid filter" in e.value.read()
+
+
+def test_bad_parameters_get_an_answer(tmp_path: Path) -> None:
+    """A parameter out of shape is a 400 naming it, never a dropped connection
+    (a traceback in the server and nothing for the client); a range reaching
+    the year 2262 is drawn in at most 720 bars, not a list of a billion."""
+    trace = tmp_path / "t.trace"
+    trace.write_text("# flamed trace\n1700000000.000000000 app-7;main;hot 3\n1700000000.500000000 app-7;main;idle 1\n")
+    with serve(str(trace)) as url:
+        for query, expect in [
+            ("api/top?limit=abc", b"limit"),
+            ("api/top?limit=-1", b"limit"),
+            ("api/top?limit=%C2%B2", b"limit"),  # a Unicode digit int() refuses
+            ("api/diff?format=json&limit=x&bstart=1700000000000&bend=1700000000600", b"limit"),
+            ("api/profile?width=%C2%B2", b"width"),
+            ("api/profile?start=0&end=99999999999999999999", b"end"),
+            ("api/profile?start=-5&end=1700000000600", b"start"),
+            ("api/timeline?start=0&end=99999999999999999999", b"end"),
+        ]:
+            with pytest.raises(urllib.error.HTTPError) as e:
+                _get(url + query)
+            assert e.value.code == 400, (query, e.value.code)
+            assert expect in json.loads(e.value.read())["error"].encode(), query
+        far = 9_000_000_000_000  # ms: the year 2255
+        tl = json.loads(_get(url + f"api/timeline?start=0&end={far}&view=histogram"))
+        assert 1 <= len(tl["counts"]) <= 720 and tl["bucket_ms"] % 86_400_000 == 0
+        assert sum(tl["counts"]) == 4 and tl["start_ms"] + len(tl["counts"]) * tl["bucket_ms"] >= far
+        top = json.loads(_get(url + "api/top?limit=1"))
+        assert top["total"] == 4 and [r["name"] for r in top["rows"]] == ["hot"]
