@@ -121,12 +121,14 @@ def changes(diff: DiffProfile) -> list[Change]:
 
 
 def format_table(diff: DiffProfile, *, limit: int = 20, countname: str = "samples") -> str:
-    """The biggest changes as an aligned text table (percentages of the AFTER total)."""
+    """The biggest changes as an aligned text table (percentages of the AFTER total,
+    or of the BEFORE total when AFTER is empty: everything went, -100% in all)."""
     rows = [c for c in changes(diff) if c.self_delta or c.total_delta][: max(0, limit)]
-    total = float(diff.after_total) or 1.0
+    total = float(diff.after_total) or float(diff.before_total) or 1.0
+    of_before = " (after is empty: Δ% of before)" if not diff.after_total and diff.before_total else ""
     head = (
         f"before: {diff.before_total} {countname}{' (normalized)' if diff.normalized else ''}, "
-        f"after: {diff.after_total} {countname}\n"
+        f"after: {diff.after_total} {countname}{of_before}\n"
     )
     cols = ("self Δ", "self Δ%", "self before", "self after", "total Δ", "total Δ%", "function")
     table = [cols]

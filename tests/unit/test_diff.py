@@ -191,3 +191,20 @@ def test_root_change_never_reads_minus_zero(tmp_path: Path) -> None:
         titles = re.findall(r"<title>([^<]*)</title>", out.read_text())
         assert titles and not [t for t in titles if "-0.00%" in t], titles
         assert titles[0].startswith("all (") and titles[0].endswith("; 0.00%)")
+
+
+def test_table_of_an_empty_after_gives_shares_of_before(tmp_path: Path) -> None:
+    """AFTER empty (a capture that saw nothing): the changes are shares of
+    BEFORE's total, so what vanished reads -100% in all, not -500% (a share
+    of 1 sample, the stand-in for a zero total)."""
+    before, after = tmp_path / "before.folded", tmp_path / "after.folded"
+    before.write_text("main;lex 5\nmain;parse 15\n")
+    after.write_text("")
+    out = tmp_path / "table.txt"
+    err = io.StringIO()
+    assert main(["diff", "--format", "table", str(before), str(after), "-o", str(out)], stderr=err) == 0, err.getvalue()
+    lines = out.read_text().splitlines()
+    assert lines[0] == "before: 20 samples, after: 0 samples (after is empty: Δ% of before)"
+    rows = {ln.split()[-1]: ln.split() for ln in lines[2:]}
+    assert rows["parse"][:2] == ["-15", "-75.00%"] and rows["lex"][:2] == ["-5", "-25.00%"]
+    assert rows["main"][4:6] == ["-20", "-100.00%"]
