@@ -11,7 +11,7 @@ from flamed.errors import UsageError
 
 def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise UsageError(f"--address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8080 (port 0 picks a free one)")
     return host.strip("[]") or "127.0.0.1", int(port)
 

@@ -659,7 +659,7 @@ def _identities(meta: dict[str, object]) -> dict[int, CgroupIdentity]:
     out: dict[int, CgroupIdentity] = {}
     if isinstance(raw, dict):
         for pid, labels in raw.items():
-            if isinstance(pid, str) and pid.isdigit() and isinstance(labels, dict):
+            if isinstance(pid, str) and pid.isascii() and pid.isdigit() and isinstance(labels, dict):
                 path = labels.get("cgroup")
                 if isinstance(path, str):
                     out[int(pid)] = identity_from_path(path)

@@ -192,3 +192,13 @@ def test_bad_parameters_get_an_answer(tmp_path: Path) -> None:
         assert sum(tl["counts"]) == 4 and tl["start_ms"] + len(tl["counts"]) * tl["bucket_ms"] >= far
         top = json.loads(_get(url + "api/top?limit=1"))
         assert top["total"] == 4 and [r["name"] for r in top["rows"]] == ["hot"]
+
+
+
+def test_address_with_a_non_ascii_digit_port_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flamed.cli import main
+
+    trace = tmp_path / "t.trace"
+    trace.write_text("# flamed trace\n1700000000.000000000 app-7;main 1\n")
+    assert main(["serve", str(trace), "--address", "127.0.0.1:\u00b2"]) == 2
+    assert "--address" in capsys.readouterr().err

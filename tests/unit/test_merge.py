@@ -145,6 +145,18 @@ def test_cli_folded_sum_and_errors(tmp_path: Path) -> None:
     assert rc == 2 and "--from" in err
 
 
+@pytest.mark.parametrize("bounds", [["--from", "²s"], ["--from", "1.²s"], ["--to", "٣ms"], ["--from", "2s", "--to", "1s"],
+                                    ["--from", "1700000000.5", "--to", "1700000000500000000"]])
+def test_time_bounds_out_of_shape_are_usage_errors(tmp_path: Path, bounds: list[str]) -> None:
+    """A bound in non-ASCII digits (str.isdigit() takes '²', int() refuses it:
+    a traceback) or a --to not after --from (an empty output and exit 0) is a
+    usage error naming the option."""
+    trace = tmp_path / "a.trace"
+    trace.write_text("# flamed trace\n1700000000000000000 app-1/1;main 1\n")
+    rc, err = run_main("merge", *bounds, str(trace))
+    assert rc == 2 and "Traceback" not in err and bounds[-2] in err, err
+
+
 @pytest.mark.parametrize(
     "opts",
     [
