@@ -135,6 +135,29 @@ def test_svg_draws_difffolded_output_as_flamegraph_pl_does(tmp_path: Path) -> No
     assert not [t for t, _ in ours if re.search(r" \d{4,} \(", t)], "BEFORE count glued onto a name"
 
 
+def test_a_malformed_line_does_not_make_difffolded_output_folded(tmp_path: Path) -> None:
+    """A line of real difffolded.pl output spoiled (a negative count, a stray
+    message) is skipped and reported: the file is still drawn as differential,
+    as without it, instead of as folded text with every BEFORE count glued
+    onto a leaf (``cc1 7007007``) for the sake of one line."""
+    lines = (DIFF / "difffolded.txt").read_text().splitlines(keepends=True)
+    spoiled = tmp_path / "spoiled.txt"
+    spoiled.write_text("".join(lines[:40]) + "cc1;main 3 -1\n" + "".join(lines[40:]) + "warning: something\n")
+    out, ref = tmp_path / "spoiled.svg", tmp_path / "ref.svg"
+    err = io.StringIO()
+    assert main(["svg", str(spoiled), "-o", str(out)], stderr=err) == 0
+    assert "skipped 2 malformed lines" in err.getvalue() and "BEFORE AFTER" in err.getvalue(), err.getvalue()
+    assert main(["svg", str(DIFF / "difffolded.txt"), "-o", str(ref)]) == 0
+    assert out.read_bytes() == ref.read_bytes()
+    # A plain folded line among them still makes it folded, and other readers refuse the spoiled file.
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_text("".join(lines) + "cc1;main 3\n")
+    assert main(["svg", str(mixed), "-o", str(out)], stderr=io.StringIO()) == 0
+    assert re.search(r"<title>[^<]* \d+ \(", out.read_text())  # counts glued: read as folded
+    err = io.StringIO()
+    assert main(["top", str(spoiled)], stdout=io.StringIO(), stderr=err) == 1 and "differential" in err.getvalue()
+
+
 def test_svg_reads_difffolded_output_from_a_pipe(tmp_path: Path) -> None:
     data = (DIFF / "difffolded.txt").read_bytes()
     p = subprocess.run(
