@@ -153,3 +153,24 @@ def test_full_disk_keeps_the_newest_files_and_counts_what_it_drops(daemon_factor
         "samples_taken": taken, "samples_written": written_end, "samples_lost": lost_end,
         "lost_backlog_full": dropped_end, "lost_unwritten_at_exit": unwritten_end,
     }, indent=2, sort_keys=True) + "\n")
+
+
+def test_merge_sort_into_a_full_tmpfs_is_an_error(tmp_path: Path, tmpfs_state: Path) -> None:
+    """--sort's runs on a file system that fills up (a real 256 KiB tmpfs):
+    an error naming the directory and the cause, no traceback, no output."""
+    import io
+
+    from flamed.cli import main
+
+    trace = tmp_path / "big.trace"
+    with open(trace, "w") as f:
+        f.write("# flamed trace\n")
+        for i in range(20000):  # ~1 MB of runs pickled: four times the tmpfs
+            f.write(f"{(20000 - i) * 1000} app-1/1;main;function_{i % 97};leaf_{i} 1\n")
+    out = tmp_path / "sorted.trace"
+    err = io.StringIO()
+    rc = main(["merge", "--sort", "--sort-run", "1000", "--tmpdir", str(tmpfs_state), str(trace), "-o", str(out)], stderr=err)
+    assert rc == 1, err.getvalue()
+    assert f"--sort cannot write its sorted runs to {tmpfs_state}: No space left on device" in err.getvalue()
+    assert "Traceback" not in err.getvalue() and not out.exists()
+    assert os.listdir(tmpfs_state) == []  # the runs written are gone with the error

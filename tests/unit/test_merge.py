@@ -101,6 +101,21 @@ def run_main(*args: str) -> tuple[int, str]:
     return main(list(args), stderr=err), err.getvalue()
 
 
+def test_sort_runs_that_cannot_be_written_are_an_error_naming_the_directory(tmp_path: Path) -> None:
+    """--sort spilling its runs into a --tmpdir that is missing, or is a
+    file, is an error that names it and says what to do (it was a
+    traceback), and -o is left unwritten."""
+    a = trace(tmp_path / "a.trace", ["3.0 a;y", "1.0 a;x", "2.0 a;z"])
+    not_dir = tmp_path / "file"
+    not_dir.write_text("")
+    out = tmp_path / "all.trace"
+    for tmpdir in (tmp_path / "missing", not_dir):
+        rc, err = run_main("merge", "--sort", "--sort-run", "1", "--tmpdir", str(tmpdir), str(a), "-o", str(out))
+        assert rc == 1 and "Traceback" not in err, err
+        assert f"--sort cannot write its sorted runs to {tmpdir}" in err and "--tmpdir" in err, err
+        assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a.trace", "file"]
+
+
 def test_cli_trace_output_round_trips(tmp_path: Path) -> None:
     a = trace(tmp_path / "a.trace", ["1.000000001 app-1/1;main 1", "2.0 app-1/1;main;f 2"])
     b = trace(tmp_path / "b.trace", ["1.5 app-1/1;main 3"])
