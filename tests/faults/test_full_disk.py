@@ -174,3 +174,28 @@ def test_merge_sort_into_a_full_tmpfs_is_an_error(tmp_path: Path, tmpfs_state: P
     assert f"--sort cannot write its sorted runs to {tmpfs_state}: No space left on device" in err.getvalue()
     assert "Traceback" not in err.getvalue() and not out.exists()
     assert os.listdir(tmpfs_state) == []  # the runs written are gone with the error
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "PYTHONUNBUFFERED"])
+def test_stdout_on_a_full_disk_is_an_error(tmp_path: Path, tmpfs_state: Path, unbuffered: str) -> None:
+    """`flamed svg in.folded > full/out.svg`: standard output on a file system
+    that fills up (a real 256 KiB tmpfs, a 746 KB graph) is an error naming
+    standard output and exit 1. It was a traceback; under PYTHONUNBUFFERED
+    (python -u, containers) it was worse: the first 256 KiB written, the rest
+    dropped, exit 0."""
+    import subprocess
+    import sys
+
+    from support import ROOT
+
+    deep = tmp_path / "deep.folded"
+    deep.write_text(";".join(f"frame_{i}" for i in range(5000)) + " 7\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    with open(tmpfs_state / "out.svg", "wb") as out:
+        r = subprocess.run([sys.executable, "-m", "flamed", "svg", str(deep)], stdout=out, stderr=subprocess.PIPE,
+                           env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=120, check=False)
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    assert err == "flamed svg: error: cannot write to standard output: No space left on device\n", err
