@@ -44,6 +44,8 @@ def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
     if head == GZIP_MAGIC:
         gz = _CheckedGzipFile(fileobj=buffered, mode="rb")
         gz.source = name
+        if name != "<stdin>":
+            gz.owned = buffered
         # GzipFile has every method of BinaryIO; typeshed just does not declare it one.
         return cast(BinaryIO, gz)
     return buffered
@@ -57,6 +59,18 @@ class _CheckedGzipFile(gzip.GzipFile):
     """
 
     source = "<input>"
+    #: The file under it, which open_input opened: GzipFile closes only a file
+    #: it opened itself, so without this one descriptor per .gz input stayed
+    #: open until the collector found it (a ResourceWarning).
+    owned: BinaryIO | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.owned is not None:
+                self.owned.close()
+                self.owned = None
 
     def _checked(self, fn: Any, *args: Any) -> Any:
         try:
