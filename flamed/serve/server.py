@@ -22,6 +22,7 @@ FILTERS: ``pid``, ``tid``, ``comm``, ``include``, ``exclude``, ``kinds`` (see
 from __future__ import annotations
 
 import io
+import ipaddress
 import json
 import os
 import sys
@@ -108,7 +109,15 @@ class Handler(BaseHTTPRequestHandler):
             name = host[1:host.find("]")] if "]" in host else host
         else:
             name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-        return name in ("localhost", "::1") or name.startswith("127.")
+        name = name[:-1] if name.endswith(".") else name  # the root's dot: the same name
+        if name == "localhost":
+            return True
+        # An address, not a name that starts like one: 127.0.0.1.evil.example is
+        # a DNS name its owner can point at 127.0.0.1.
+        try:
+            return ipaddress.ip_address(name).is_loopback
+        except ValueError:
+            return False
 
     def do_GET(self) -> None:
         if not self._host_ok():

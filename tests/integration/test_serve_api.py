@@ -99,7 +99,9 @@ def test_trace_subsecond_heatmap(tmp_path: Path) -> None:
 
 
 def test_dns_rebinding_is_refused_on_loopback(tmp_path: Path) -> None:
-    """A page whose name resolves to 127.0.0.1 still sends its own Host: refused."""
+    """A page whose name resolves to 127.0.0.1 still sends its own Host: refused,
+    even a name that starts like a loopback address (127.0.0.1.evil.example,
+    which its owner can point at 127.0.0.1, was let through)."""
     import http.client
     import urllib.parse
 
@@ -107,7 +109,10 @@ def test_dns_rebinding_is_refused_on_loopback(tmp_path: Path) -> None:
     with serve("--state-dir", str(tmp_path)) as url:
         port = urllib.parse.urlsplit(url).port
         for host, want in (("evil.example", 403), ("evil.example:80", 403), (f"127.0.0.1:{port}", 200),
-                           (f"localhost:{port}", 200)):
+                           (f"localhost:{port}", 200), (f"127.0.0.1.evil.example:{port}", 403),
+                           ("127.0.0.1.evil.example", 403), (f"127.evil.example:{port}", 403),
+                           (f"127.0.0.2:{port}", 200), (f"[::1]:{port}", 200), ("localhost.", 200),
+                           (f"[::1.evil.example]:{port}", 403)):
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             c.request("GET", "/api/index", headers={"Host": host})
             assert c.getresponse().status == want, host
