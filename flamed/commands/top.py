@@ -7,6 +7,7 @@ import csv
 
 from flamed.commands.base import Command
 from flamed.commands.collapse import add_input_arguments, run_collapse
+from flamed.errors import UsageError
 from flamed.fileio import open_output
 from flamed.model import Weight, format_weight, printable, time_kind
 from flamed.top import function_stats, ranked
@@ -40,6 +41,9 @@ class TopCommand(Command):
         parser.add_argument("--csv", action="store_true", help="CSV (function,self,self_pct,total,total_pct) instead of a table")
 
     def run(self, args: argparse.Namespace) -> int:
+        if args.limit < 0:
+            # As diff's --limit: a typo ('-n -5' for '-n 5') must not list everything.
+            raise UsageError("--limit must not be negative (0 shows every function)")
         profile = run_collapse(self, args).profile
         total = profile.total()
         rows = ranked(function_stats(profile), args.sort)

@@ -167,3 +167,12 @@ def test_text_tables_show_terminal_controls_escaped(tmp_path: Path) -> None:
     csv_out = tmp_path / "top.csv"
     assert cli("top", "--csv", str(after), "-o", str(csv_out))[0] == 0
     assert b"owned\x07name\x1b[2J" in csv_out.read_bytes() and b"bad\xff" in csv_out.read_bytes()
+
+
+
+def test_top_negative_limit_is_a_usage_error(tmp_path: Path) -> None:
+    """-n -5 listed every function (as -n 0 does); it is refused as diff's --limit is."""
+    src = tmp_path / "in.folded"
+    src.write_text("a;b 3\na;c 2\n")
+    rc, err = cli("top", "-n", "-5", str(src), "-o", str(tmp_path / "top.txt"))
+    assert rc == 2 and "--limit must not be negative" in err and not (tmp_path / "top.txt").exists()
