@@ -207,3 +207,15 @@ def test_address_with_a_non_ascii_digit_port_is_a_usage_error(tmp_path: Path, ca
     trace.write_text("# flamed trace\n1700000000.000000000 app-7;main 1\n")
     assert main(["serve", str(trace), "--address", "127.0.0.1:\u00b2"]) == 2
     assert "--address" in capsys.readouterr().err
+
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e309", "-1"])
+def test_cache_mb_out_of_range_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str) -> None:
+    """--cache-mb nan / inf was a traceback (int() of them); every value out of 0..1 TiB is refused by name."""
+    from flamed.cli import main
+
+    trace = tmp_path / "t.trace"
+    trace.write_text("# flamed trace\n1700000000.000000000 app-7;main 1\n")
+    assert main(["serve", str(trace), "--address", "127.0.0.1:0", "--cache-mb", value]) == 2
+    assert "--cache-mb" in capsys.readouterr().err
