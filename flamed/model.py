@@ -170,6 +170,16 @@ def normalize_weight(w: Weight) -> Weight:
     return w
 
 
+def tidy_weight(w: Weight) -> Weight:
+    """A sum of float weights rounded to 12 significant digits, for reports:
+    what the input's decimals add up to (0.1 + 0.2 is 0.3, not
+    0.30000000000000004), so two sums of the same weights in another order
+    compare equal instead of differing by 1e-16.  Integers are unchanged."""
+    if isinstance(w, float) and w == w and abs(w) != float("inf"):
+        return normalize_weight(float(f"{w:.12g}"))
+    return normalize_weight(w)
+
+
 def format_weight(w: Weight) -> str:
     w = normalize_weight(w)
     if isinstance(w, int):

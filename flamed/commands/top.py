@@ -9,7 +9,7 @@ from flamed.commands.base import Command
 from flamed.commands.collapse import add_input_arguments, run_collapse
 from flamed.errors import UsageError
 from flamed.fileio import open_output
-from flamed.model import Weight, format_weight, printable, time_kind
+from flamed.model import Weight, format_weight, printable, tidy_weight, time_kind
 from flamed.top import function_stats, ranked
 
 
@@ -70,6 +70,6 @@ class TopCommand(Command):
                 )
             timed = time_kind(profile)
             unit = f" {timed[1]} of {timed[0]}" if timed is not None else ""
-            lines.append(f"total weight {format_weight(total)}{unit} in {len(profile.stacks)} distinct stacks")
+            lines.append(f"total weight {format_weight(tidy_weight(total))}{unit} in {len(profile.stacks)} distinct stacks")
             out.write(("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
         return 0

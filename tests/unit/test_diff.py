@@ -231,3 +231,22 @@ def test_table_of_an_empty_after_gives_shares_of_before(tmp_path: Path) -> None:
     rows = {ln.split()[-1]: ln.split() for ln in lines[2:]}
     assert rows["parse"][:2] == ["-15", "-75.00%"] and rows["lex"][:2] == ["-5", "-25.00%"]
     assert rows["main"][4:6] == ["-20", "-100.00%"]
+
+
+def test_fractional_weights_add_up_in_the_table(tmp_path: Path) -> None:
+    """Weights with decimals (normalized, --factor, seconds): a function whose
+    weight did not change is not listed with a change of 1e-16, and totals
+    read 0.7 and 0.3, not 0.6999999999999998 and 0.30000000000000004."""
+    before, after = tmp_path / "before.folded", tmp_path / "after.folded"
+    before.write_text("a;b 0.1\na;c 0.2\n")
+    after.write_text("a;b 0.7\n")
+    out = tmp_path / "table.txt"
+    assert main(["diff", "--normalize", "--format", "table", str(before), str(after), "-o", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == "before: 0.7 samples (normalized), after: 0.7 samples"
+    assert sorted(ln.split()[-1] for ln in lines[2:]) == ["b", "c"]  # not a, whose total is 0.7 in both
+    top = tmp_path / "top.txt"
+    assert main(["top", str(before), "-o", str(top)]) == 0
+    text = top.read_text().splitlines()
+    assert text[-1] == "total weight 0.3 in 2 distinct stacks"
+    assert text[3].split() == ["0", "0.00", "0.3", "100.00", "a"]
