@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flamed.errors import InputError
-from flamed.model import Profile, Stack, Weight, normalize_weight
+from flamed.model import Profile, Stack, Weight, format_weight, normalize_weight, printable, tidy_weight
 
 
 @dataclass
@@ -92,11 +92,11 @@ class Change:
 
     @property
     def self_delta(self) -> Weight:
-        return normalize_weight(self.self_after - self.self_before)
+        return tidy_weight(self.self_after - self.self_before)
 
     @property
     def total_delta(self) -> Weight:
-        return normalize_weight(self.total_after - self.total_before)
+        return tidy_weight(self.total_after - self.total_before)
 
 
 def changes(diff: DiffProfile) -> list[Change]:
@@ -113,7 +113,9 @@ def changes(diff: DiffProfile) -> list[Change]:
             tb[f] = tb.get(f, 0) + b
             ta[f] = ta.get(f, 0) + a
     out = [
-        Change(f, normalize_weight(sb.get(f, 0)), normalize_weight(sa.get(f, 0)), normalize_weight(tb[f]), normalize_weight(ta[f]))
+        # Sums of float weights (normalized, fractional inputs) are tidied, or a
+        # function whose weight did not change showed a change of 1e-16.
+        Change(f, tidy_weight(sb.get(f, 0)), tidy_weight(sa.get(f, 0)), tidy_weight(tb[f]), tidy_weight(ta[f]))
         for f in tb
     ]
     out.sort(key=lambda c: (-abs(c.self_delta), -abs(c.total_delta), c.function))
@@ -121,12 +123,14 @@ def changes(diff: DiffProfile) -> list[Change]:
 
 
 def format_table(diff: DiffProfile, *, limit: int = 20, countname: str = "samples") -> str:
-    """The biggest changes as an aligned text table (percentages of the AFTER total)."""
+    """The biggest changes as an aligned text table (percentages of the AFTER total,
+    or of the BEFORE total when AFTER is empty: everything went, -100% in all)."""
     rows = [c for c in changes(diff) if c.self_delta or c.total_delta][: max(0, limit)]
-    total = float(diff.after_total) or 1.0
+    total = float(diff.after_total) or float(diff.before_total) or 1.0
+    of_before = " (after is empty: Δ% of before)" if not diff.after_total and diff.before_total else ""
     head = (
-        f"before: {diff.before_total} {countname}{' (normalized)' if diff.normalized else ''}, "
-        f"after: {diff.after_total} {countname}\n"
+        f"before: {format_weight(tidy_weight(diff.before_total))} {countname}{' (normalized)' if diff.normalized else ''}, "
+        f"after: {format_weight(tidy_weight(diff.after_total))} {countname}{of_before}\n"
     )
     cols = ("self Δ", "self Δ%", "self before", "self after", "total Δ", "total Δ%", "function")
     table = [cols]
@@ -139,7 +143,7 @@ def format_table(diff: DiffProfile, *, limit: int = 20, countname: str = "sample
                 str(c.self_after),
                 f"{c.total_delta:+}",
                 f"{100.0 * float(c.total_delta) / total:+.2f}%",
-                c.function,
+                printable(c.function),
             )
         )
     widths = [max(len(r[i]) for r in table) for i in range(len(cols) - 1)]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from flamed.errors import CapabilityError, FlamedError
+from flamed.model import printable
 from flamed.procstat import read_stat
 from flamed.sampling.pystack import short_filename
 
@@ -357,4 +358,6 @@ def format_text(dump: ProcessDump) -> str:
     if dump.unmatched_reason:
         lines.append("")
         lines.append(f"unmatched Python threads: {dump.unmatched_reason}")
-    return "\n".join(lines) + "\n"
+    # Thread names, command lines and code paths are any user's: one line each,
+    # with nothing a terminal would act on.
+    return "\n".join(printable(line) for line in lines) + "\n"

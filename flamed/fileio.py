@@ -44,6 +44,8 @@ def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
     if head == GZIP_MAGIC:
         gz = _CheckedGzipFile(fileobj=buffered, mode="rb")
         gz.source = name
+        if name != "<stdin>":
+            gz.owned = buffered
         # GzipFile has every method of BinaryIO; typeshed just does not declare it one.
         return cast(BinaryIO, gz)
     return buffered
@@ -57,6 +59,18 @@ class _CheckedGzipFile(gzip.GzipFile):
     """
 
     source = "<input>"
+    #: The file under it, which open_input opened: GzipFile closes only a file
+    #: it opened itself, so without this one descriptor per .gz input stayed
+    #: open until the collector found it (a ResourceWarning).
+    owned: BinaryIO | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.owned is not None:
+                self.owned.close()
+                self.owned = None
 
     def _checked(self, fn: Any, *args: Any) -> Any:
         try:
@@ -261,6 +275,30 @@ def _write_descriptor(fd: int) -> Iterator[BinaryIO]:
         yield f
 
 
+class _StdoutWriter(io.BufferedWriter):
+    """Standard output, buffered: every byte written or an error that says so.
+
+    A failed write (a full disk, EIO, EFBIG) is a :class:`FlamedError` naming
+    standard output instead of a traceback; a reader gone away stays a
+    ``BrokenPipeError`` (quiet, see :func:`open_output`)."""
+
+    def write(self, data: Any) -> int:
+        try:
+            return super().write(data)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise FlamedError(f"cannot write to standard output: {e.strerror or e}") from None
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise FlamedError(f"cannot write to standard output: {e.strerror or e}") from None
+
+
 def _fileno(stream: Any) -> int | None:
     try:
         return int(stream.fileno())
@@ -350,13 +388,30 @@ def open_output(path: str | os.PathLike[str] | None) -> Iterator[BinaryIO]:
     """Binary output stream: stdout for ``None``/``-``, else an atomic file write."""
     if path is None or str(path) == "-":
         out = stdout_binary()
+        fd = _fileno(out)
         try:
-            yield out
-            out.flush()
+            if fd is None:  # not a descriptor (a caller's in-memory stream)
+                yield out
+                out.flush()
+            else:
+                # A buffered writer of our own on a copy of the descriptor:
+                # under PYTHONUNBUFFERED (python -u) sys.stdout.buffer is the raw
+                # file, whose write() may write part of the data (a disk that
+                # fills up) and say so only in the count it returns, so the
+                # output was cut short with exit 0.
+                for std in (sys.stdout, sys.stderr):
+                    if std is not None and _fileno(std) == fd:
+                        std.flush()  # what flamed printed there goes first
+                with _StdoutWriter(io.FileIO(fd, "wb", closefd=False)) as f:
+                    yield f
         except BrokenPipeError:
-            # The reader went away (e.g. `| head`): not an error of ours.
+            # The reader went away (e.g. `| head`): not an error of ours, but
+            # the command stops here (the entry point exits 0): swallowed, the
+            # rest of its `with` body was skipped and what follows ran on
+            # half-made state (flamed svg: UnboundLocalError).
             with contextlib.suppress(OSError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise
         return
     try:
         with atomic_write(path) as f:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from flamed.collapse.base import CollapseOptions, Collapser
-from flamed.errors import InputError
+from flamed.errors import FlamedError, InputError
 from flamed.folded import ReadStats
 from flamed.model import (
     Profile,
@@ -177,10 +177,19 @@ _RUN_BATCH = 1000  # samples per pickle record of a run: what one run costs in m
 
 def _spill(batch: list[Sample], tmpdir: str | None, stack: contextlib.ExitStack) -> BinaryIO:
     batch.sort(key=lambda x: x.time_ns)
-    f = stack.enter_context(tempfile.TemporaryFile(dir=tmpdir, prefix="flamed-sort-"))
-    for i in range(0, len(batch), _RUN_BATCH):
-        pickle.dump([(s.time_ns, s.stack, s.weight, s.pid, s.tid) for s in batch[i : i + _RUN_BATCH]], f, protocol=5)
-    f.seek(0)
+    try:
+        f = stack.enter_context(tempfile.TemporaryFile(dir=tmpdir, prefix="flamed-sort-"))
+        for i in range(0, len(batch), _RUN_BATCH):
+            pickle.dump([(s.time_ns, s.stack, s.weight, s.pid, s.tid) for s in batch[i : i + _RUN_BATCH]], f, protocol=5)
+        f.flush()
+        f.seek(0)
+    except OSError as e:
+        # A missing or full directory: say which, and what to do, instead of a traceback.
+        where = tmpdir if tmpdir is not None else tempfile.gettempdir()
+        raise FlamedError(
+            f"--sort cannot write its sorted runs to {where}: {e.strerror or e}; "
+            "give --tmpdir a writable directory with room (or a larger --sort-run)"
+        ) from None
     return f
 
 

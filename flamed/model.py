@@ -145,11 +145,45 @@ def stack_excerpt(stack: Stack, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+#: What a terminal would act on rather than show: C0 and C1 controls and DEL
+#: (escape sequences can retitle the window, rewrite the screen or, in some
+#: terminals, write files), the bidirectional controls that reorder a line
+#: (a table's columns), and the lone surrogates decoding leaves for bytes that
+#: are not UTF-8 (written back raw, a 0x9b byte is a C1 CSI).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _shown(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    if 0xDC80 <= c <= 0xDCFF:
+        return "\\x%02x" % (c - 0xDC00)
+    return "\\x%02x" % c if c < 0x100 else "\\u%04x" % c
+
+
+def printable(text: str) -> str:
+    """``text`` for a terminal: the characters it would act on (controls,
+    escape sequences, bidirectional overrides, invalid UTF-8 bytes) shown as
+    ``\\xNN`` / ``\\uNNNN``, as the SVG shows them.  Frame names, thread names
+    and command lines come from any process on the host, so every text table
+    goes through this; the data formats (folded, CSV, JSON) keep the bytes."""
+    return _UNPRINTABLE.sub(_shown, text) if _UNPRINTABLE.search(text) else text
+
+
 def normalize_weight(w: Weight) -> Weight:
     """Integral floats become ints, so ``3.0`` and ``3`` print alike."""
     if isinstance(w, float) and w.is_integer() and abs(w) < 2**63:
         return int(w)
     return w
+
+
+def tidy_weight(w: Weight) -> Weight:
+    """A sum of float weights rounded to 12 significant digits, for reports:
+    what the input's decimals add up to (0.1 + 0.2 is 0.3, not
+    0.30000000000000004), so two sums of the same weights in another order
+    compare equal instead of differing by 1e-16.  Integers are unchanged."""
+    if isinstance(w, float) and w == w and abs(w) != float("inf"):
+        return normalize_weight(float(f"{w:.12g}"))
+    return normalize_weight(w)
 
 
 def format_weight(w: Weight) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flamed.model import Profile, Weight, normalize_weight
+from flamed.model import Profile, Weight, tidy_weight
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ def function_stats(profile: Profile) -> list[FunctionStat]:
         for f in set(stack) if len(stack) > 1 else stack:
             total_w[f] = total_w.get(f, 0) + w
     return [
-        FunctionStat(name, normalize_weight(self_w.get(name, 0)), normalize_weight(tw))
+        FunctionStat(name, tidy_weight(self_w.get(name, 0)), tidy_weight(tw))
         for name, tw in total_w.items()
     ]
 

@@ -41,7 +41,8 @@ def parse_time_arg(text: str | None, flag: str) -> int | None:
     if text is None:
         return None
     for suffix, mult in _UNITS:
-        if text.endswith(suffix) and text[: -len(suffix)][-1:].isdigit():
+        # ASCII digits only: str.isdigit() is true for '²', which int() refuses.
+        if text.isascii() and text.endswith(suffix) and text[: -len(suffix)][-1:].isdigit():
             num = text[: -len(suffix)]
             whole, _, frac = num.partition(".")
             if whole.isdigit() and (not frac or frac.isdigit()):
@@ -119,9 +120,12 @@ class MergeCommand(Command):
             raise UsageError("stdin (-) can be read only once")
         if args.sort_run < 1:
             raise UsageError("--sort-run must be at least 1")
+        start_ns, end_ns = parse_time_arg(args.time_from, "--from"), parse_time_arg(args.time_to, "--to")
+        if start_ns is not None and end_ns is not None and end_ns <= start_ns:
+            raise UsageError(f"--to ({args.time_to}) must be after --from ({args.time_from}): the range keeps nothing")
         opts = MergeOptions(
-            start_ns=parse_time_arg(args.time_from, "--from"),
-            end_ns=parse_time_arg(args.time_to, "--to"),
+            start_ns=start_ns,
+            end_ns=end_ns,
             remap_ids=not args.keep_ids,
             label_root=args.label_root,
             sort=args.sort,

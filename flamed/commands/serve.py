@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import ipaddress
 
+from flamed.commands._argtypes import number
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 
 
 def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise UsageError(f"--address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8080 (port 0 picks a free one)")
     return host.strip("[]") or "127.0.0.1", int(port)
 
@@ -45,7 +46,8 @@ class ServeCommand(Command):
         parser.add_argument("files", nargs="*", help="profile files (any format the toolkit reads)")
         parser.add_argument("--state-dir", help="the daemon's state directory (output.state_dir)")
         parser.add_argument("--address", default="127.0.0.1:8080", help="HOST:PORT to listen on (default 127.0.0.1:8080)")
-        parser.add_argument("--cache-mb", type=float, default=64.0,
+        # 0 (parse every range anew) to 1 TiB; nan and inf were a traceback.
+        parser.add_argument("--cache-mb", type=number(0, 1 << 20, what="a size in MB"), default=64.0,
                             help="memory for parsed files, MB (default 64; a range within it is not read again)")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -55,8 +57,6 @@ class ServeCommand(Command):
         if bool(args.state_dir) == bool(args.files):
             raise UsageError("give either --state-dir DIR or FILES..., not both and not neither")
         host, port = parse_address(args.address)
-        if args.cache_mb < 0:
-            raise UsageError("--cache-mb must be 0 or more")
         cache = int(args.cache_mb * 1024 * 1024)
         index = (Index.from_state_dir(args.state_dir, cache) if args.state_dir
                  else Index.from_files(args.files, cache))

@@ -7,8 +7,9 @@ import csv
 
 from flamed.commands.base import Command
 from flamed.commands.collapse import add_input_arguments, run_collapse
+from flamed.errors import UsageError
 from flamed.fileio import open_output
-from flamed.model import Weight, format_weight, time_kind
+from flamed.model import Weight, format_weight, printable, tidy_weight, time_kind
 from flamed.top import function_stats, ranked
 
 
@@ -40,6 +41,9 @@ class TopCommand(Command):
         parser.add_argument("--csv", action="store_true", help="CSV (function,self,self_pct,total,total_pct) instead of a table")
 
     def run(self, args: argparse.Namespace) -> int:
+        if args.limit < 0:
+            # As diff's --limit: a typo ('-n -5' for '-n 5') must not list everything.
+            raise UsageError("--limit must not be negative (0 shows every function)")
         profile = run_collapse(self, args).profile
         total = profile.total()
         rows = ranked(function_stats(profile), args.sort)
@@ -62,10 +66,10 @@ class TopCommand(Command):
             for r in rows:
                 lines.append(
                     f"{format_weight(r.self_weight):>{sw}} {_pct(r.self_weight, total):>7} "
-                    f"{format_weight(r.total_weight):>{tw}} {_pct(r.total_weight, total):>7}  {r.name}"
+                    f"{format_weight(r.total_weight):>{tw}} {_pct(r.total_weight, total):>7}  {printable(r.name)}"
                 )
             timed = time_kind(profile)
             unit = f" {timed[1]} of {timed[0]}" if timed is not None else ""
-            lines.append(f"total weight {format_weight(total)}{unit} in {len(profile.stacks)} distinct stacks")
+            lines.append(f"total weight {format_weight(tidy_weight(total))}{unit} in {len(profile.stacks)} distinct stacks")
             out.write(("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
         return 0

@@ -488,7 +488,7 @@ def root_frame_spec(text: str, *, key: str) -> str:
 def parse_address(text: str, *, key: str = "metrics.address") -> tuple[str, int]:
     """``HOST:PORT`` or ``[V6]:PORT`` to ``(host, port)``."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not (port.isascii() and port.isdigit()) or not host:
         raise ConfigError(f"{key}: expected HOST:PORT such as 127.0.0.1:9752, got {text!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]

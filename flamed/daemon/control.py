@@ -83,7 +83,7 @@ def resolve_ids(names: Iterable[str], kind: str) -> frozenset[int]:
     """User or group names (or numeric ids) to ids; unknown names are logged and skipped."""
     out: set[int] = set()
     for n in names:
-        if n.isdigit():
+        if n.isascii() and n.isdigit():
             out.add(int(n))
             continue
         try:

@@ -89,6 +89,11 @@ def to_document(profile: Profile, name: str | None = None) -> dict[str, Any]:
                 "weights": [normalize_weight(w) for _, w in rows],
             }
         )
+    if not profiles:
+        # speedscope never finishes loading a file without profiles (its page
+        # hangs); an empty profile shows as an empty graph.
+        profiles.append({"type": "sampled", "name": title, "unit": _unit(profile), "startValue": 0, "endValue": 0,
+                         "samples": [], "weights": []})
     return {
         "$schema": SCHEMA,
         "shared": {"frames": frames.frames},
@@ -128,6 +133,8 @@ def samples_document(samples: Iterable[Sample], *, name: str = "flamed", rate_hz
                 "events": [{"type": "O" if kind else "C", "frame": fi, "at": at} for at, kind, _, fi in events],
             }
         )
+    if not profiles:  # as in to_document: never a file without profiles
+        profiles.append({"type": "evented", "name": name, "unit": "nanoseconds", "startValue": 0, "endValue": 0, "events": []})
     return {
         "$schema": SCHEMA,
         "shared": {"frames": frames.frames},

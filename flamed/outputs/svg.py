@@ -72,6 +72,22 @@ def visible_text(s: str) -> str:
     return _UNSAFE.sub(_visible, s) if _UNSAFE.search(s) else s
 
 
+def _css_string(s: str) -> str:
+    """``s`` as a quoted CSS string that is also safe in the stylesheet's CDATA
+    section: quotes, backslashes, ``<>&]`` (``]]>`` would end the section),
+    controls and anything XML or UTF-8 cannot carry (an invalid input byte)
+    become CSS escapes (``\\5d ``), which the browser reads back as the
+    character."""
+    out = []
+    for ch in s:
+        c = ord(ch)
+        if c < 0x20 or c == 0x7F or ch in '"\\<>&];}' or 0xD800 <= c <= 0xDFFF or c in (0xFFFE, 0xFFFF):
+            out.append("\\%x " % (c - 0xDC00 if 0xDC80 <= c <= 0xDCFF else c or 0xFFFD))
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def xml_escape(s: str) -> str:
     """Text and attribute-safe escaping (``& < > "``) after :func:`visible_text`."""
     s = visible_text(s)
@@ -247,8 +263,7 @@ def render_boxes(
     css = _asset("flamegraph.css")
     if o.font_type != "Verdana" or fs != FONT_SIZE:
         # After the stylesheet's rule, so it wins; the title keeps its own size.
-        family = o.font_type.replace("\\", "").replace('"', "").replace(";", "").replace("}", "")
-        css += f'text{{font-family:"{family}",sans-serif;font-size:{_num(fs)}px}}\n'
+        css += f'text{{font-family:{_css_string(o.font_type)},sans-serif;font-size:{_num(fs)}px}}\n'
     w('<style type="text/css"><![CDATA[\n' + css + "]]></style>\n")
     w('<script type="text/ecmascript"><![CDATA[\n' + _asset("flamegraph.js") + "]]></script>\n")
     w(f'<rect x="0" y="0" width="{width}" height="{height}" fill="url(#bg)"/>\n')

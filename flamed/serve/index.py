@@ -578,7 +578,10 @@ class Index:
                     "rows": rows, "cols": cols, "cells": [[normalize_weight(round(v, 3)) for v in col] for col in cells]}
         if view != "histogram":
             raise UsageError(f"unknown timeline view {view!r}; use heatmap, histogram or auto")
-        bucket = next((b * NS for b in _BUCKETS if span / (b * NS) <= 720), _BUCKETS[-1] * NS)
+        day = _BUCKETS[-1] * NS
+        # Past 720 days, whole days a bar: the bars stay at most 720 for any
+        # range asked for (a year-3000 end once made a list of 10^12 buckets).
+        bucket = next((b * NS for b in _BUCKETS if span / (b * NS) <= 720), -(-span // (720 * day)) * day)
         b0 = start_ns // bucket * bucket
         n = max(1, -(-(end_ns - b0) // bucket))
         counts = [0.0] * n
@@ -656,7 +659,7 @@ def _identities(meta: dict[str, object]) -> dict[int, CgroupIdentity]:
     out: dict[int, CgroupIdentity] = {}
     if isinstance(raw, dict):
         for pid, labels in raw.items():
-            if isinstance(pid, str) and pid.isdigit() and isinstance(labels, dict):
+            if isinstance(pid, str) and pid.isascii() and pid.isdigit() and isinstance(labels, dict):
                 path = labels.get("cgroup")
                 if isinstance(path, str):
                     out[int(pid)] = identity_from_path(path)

@@ -22,13 +22,17 @@ FILTERS: ``pid``, ``tid``, ``comm``, ``include``, ``exclude``, ``kinds`` (see
 from __future__ import annotations
 
 import io
+import ipaddress
 import json
 import os
+import sys
+import traceback
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from flamed.errors import FlamedError
+from flamed.model import INT64_MAX
 from flamed.serve.index import Filters, Index
 
 ASSETS = os.path.join(os.path.dirname(__file__), "assets")
@@ -45,12 +49,19 @@ class ServeServer(ThreadingHTTPServer):
         super().__init__(address, Handler)
 
 
+#: The latest time a range may name: what int64 nanoseconds hold (the year 2262).
+MAX_MS = INT64_MAX // 1_000_000
+
+
 def _range(q: dict[str, str], index: Index, a: str = "start", b: str = "end") -> tuple[int, int]:
     try:
         lo = int(q[a]) * 1_000_000 if q.get(a) else index.start_ns
         hi = int(q[b]) * 1_000_000 if q.get(b) else index.end_ns
     except ValueError:
         raise FlamedError(f"{a}/{b} must be integer milliseconds since the epoch") from None
+    for name, ns in ((a, lo), (b, hi)):
+        if not 0 <= ns <= MAX_MS * 1_000_000:
+            raise FlamedError(f"{name}: expected 0..{MAX_MS} milliseconds since the epoch, got {ns // 1_000_000}")
     if hi <= lo:
         raise FlamedError(f"empty range: {b} ({hi // 1_000_000}) must be after {a} ({lo // 1_000_000})")
     return lo, hi
@@ -98,7 +109,15 @@ class Handler(BaseHTTPRequestHandler):
             name = host[1:host.find("]")] if "]" in host else host
         else:
             name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-        return name in ("localhost", "::1") or name.startswith("127.")
+        name = name[:-1] if name.endswith(".") else name  # the root's dot: the same name
+        if name == "localhost":
+            return True
+        # An address, not a name that starts like one: 127.0.0.1.evil.example is
+        # a DNS name its owner can point at 127.0.0.1.
+        try:
+            return ipaddress.ip_address(name).is_loopback
+        except ValueError:
+            return False
 
     def do_GET(self) -> None:
         if not self._host_ok():
@@ -112,6 +131,12 @@ class Handler(BaseHTTPRequestHandler):
             self._json({"error": str(e)}, 400)
         except (BrokenPipeError, ConnectionResetError):
             pass
+        except Exception as e:  # noqa: BLE001 - the client gets an answer, the traceback goes to stderr
+            traceback.print_exc(file=sys.stderr)
+            try:
+                self._json({"error": f"internal error: {type(e).__name__}: {e}"}, 500)
+            except OSError:
+                pass
 
     def _route(self, path: str, q: dict[str, str]) -> None:
         index = self.server.index
@@ -150,7 +175,7 @@ class Handler(BaseHTTPRequestHandler):
             lo, hi = _range(q, index)
             p = index.profile(lo, hi, filters)
             total = p.total()
-            limit = int(q.get("limit", "30") or 30)
+            limit = _limit(q)
             rows = ranked(function_stats(p), q.get("sort", "self") if q.get("sort") == "total" else "self")[:limit]
             self._json({"total": total, "stacks": len(p.stacks), "rows": [
                 {"name": r.name, "self": r.self_weight, "total": r.total_weight} for r in rows]})
@@ -188,7 +213,7 @@ class Handler(BaseHTTPRequestHandler):
         b0, b1 = _range(q, index, "bstart", "bend")
         d = diff_profiles(index.profile(a0, a1, filters), index.profile(b0, b1, filters), normalize=q.get("normalize") == "1")
         if q.get("format") == "json":
-            rows = [c for c in changes(d) if c.self_delta or c.total_delta][: int(q.get("limit", "30") or 30)]
+            rows = [c for c in changes(d) if c.self_delta or c.total_delta][: _limit(q)]
             self._json({"before": d.before_total, "after": d.after_total, "rows": [
                 {"name": c.function, "before": c.total_before, "after": c.total_after, "delta": c.total_delta,
                  "self_delta": c.self_delta} for c in rows]})
@@ -211,11 +236,19 @@ def _span_text(lo: int, hi: int) -> str:
     return f"{t(lo)} .. {t(hi)}"
 
 
+def _limit(q: dict[str, str]) -> int:
+    """``limit``: rows of a table, 30 by default."""
+    raw = q.get("limit", "") or "30"
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 100_000:
+        raise FlamedError(f"limit: expected 1..100000 rows, got {raw!r}")
+    return int(raw)
+
+
 def _width(q: dict[str, str]) -> int:
     """``width`` (px) of an SVG: 1200 as ``flamed svg`` by default (downloads);
     the page asks for its frame's width, so the graph fits it."""
     raw = q.get("width", "") or "1200"
-    if not raw.isdigit() or not 100 <= int(raw) <= 20000:
+    if not (raw.isascii() and raw.isdigit()) or not 100 <= int(raw) <= 20000:
         raise FlamedError(f"width: expected 100..20000 pixels, got {raw!r}")
     return int(raw)
 

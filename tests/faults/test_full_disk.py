@@ -153,3 +153,49 @@ def test_full_disk_keeps_the_newest_files_and_counts_what_it_drops(daemon_factor
         "samples_taken": taken, "samples_written": written_end, "samples_lost": lost_end,
         "lost_backlog_full": dropped_end, "lost_unwritten_at_exit": unwritten_end,
     }, indent=2, sort_keys=True) + "\n")
+
+
+def test_merge_sort_into_a_full_tmpfs_is_an_error(tmp_path: Path, tmpfs_state: Path) -> None:
+    """--sort's runs on a file system that fills up (a real 256 KiB tmpfs):
+    an error naming the directory and the cause, no traceback, no output."""
+    import io
+
+    from flamed.cli import main
+
+    trace = tmp_path / "big.trace"
+    with open(trace, "w") as f:
+        f.write("# flamed trace\n")
+        for i in range(20000):  # ~1 MB of runs pickled: four times the tmpfs
+            f.write(f"{(20000 - i) * 1000} app-1/1;main;function_{i % 97};leaf_{i} 1\n")
+    out = tmp_path / "sorted.trace"
+    err = io.StringIO()
+    rc = main(["merge", "--sort", "--sort-run", "1000", "--tmpdir", str(tmpfs_state), str(trace), "-o", str(out)], stderr=err)
+    assert rc == 1, err.getvalue()
+    assert f"--sort cannot write its sorted runs to {tmpfs_state}: No space left on device" in err.getvalue()
+    assert "Traceback" not in err.getvalue() and not out.exists()
+    assert os.listdir(tmpfs_state) == []  # the runs written are gone with the error
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "PYTHONUNBUFFERED"])
+def test_stdout_on_a_full_disk_is_an_error(tmp_path: Path, tmpfs_state: Path, unbuffered: str) -> None:
+    """`flamed svg in.folded > full/out.svg`: standard output on a file system
+    that fills up (a real 256 KiB tmpfs, a 746 KB graph) is an error naming
+    standard output and exit 1. It was a traceback; under PYTHONUNBUFFERED
+    (python -u, containers) it was worse: the first 256 KiB written, the rest
+    dropped, exit 0."""
+    import subprocess
+    import sys
+
+    from support import ROOT
+
+    deep = tmp_path / "deep.folded"
+    deep.write_text(";".join(f"frame_{i}" for i in range(5000)) + " 7\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    with open(tmpfs_state / "out.svg", "wb") as out:
+        r = subprocess.run([sys.executable, "-m", "flamed", "svg", str(deep)], stdout=out, stderr=subprocess.PIPE,
+                           env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=120, check=False)
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    assert err == "flamed svg: error: cannot write to standard output: No space left on device\n", err

@@ -117,3 +117,28 @@ def test_closed_stderr_keeps_warnings_out_of_stdout(tmp_path: Path) -> None:
     # is lost, and must not end up among the output on stdout.
     assert res.returncode == 0
     assert res.stdout == b""
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "PYTHONUNBUFFERED"])
+@pytest.mark.parametrize("cmd", [["svg"], ["collapse", "--output-format", "json"], ["tree", "--indent"]],
+                         ids=["svg", "collapse-json", "tree"])
+def test_reader_going_away_early_ends_quietly(tmp_path: Path, cmd: list[str], unbuffered: str) -> None:
+    """`flamed svg big.folded | head -c 10`: the reader closes the pipe after a
+    few bytes; flamed stops, exits 0 and prints nothing (the broken pipe was
+    swallowed inside the output's `with`, and svg went on to an
+    UnboundLocalError traceback)."""
+    import os
+
+    big = tmp_path / "deep.folded"
+    big.write_text(";".join(f"frame_{i}" for i in range(5000)) + " 7\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    proc = subprocess.Popen([sys.executable, "-m", "flamed", *cmd, str(big)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert len(proc.stdout.read(10)) == 10
+    proc.stdout.close()  # the reader goes away
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert err == "", err

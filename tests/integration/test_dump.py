@@ -235,3 +235,54 @@ def test_dump_not_permitted() -> None:
     assert res.returncode == 3, res.stderr
     assert res.stdout == ""
     assert "run as root or grant CAP_SYS_PTRACE" in res.stderr
+
+
+HOSTILE = """\
+import ctypes, json, os, sys, threading
+libc = ctypes.CDLL(None)
+named = threading.Event()
+
+def rename():
+    libc.prctl(15, b"ev\\x1b[31mRED\\x07", 0, 0, 0)  # PR_SET_NAME: any bytes but NUL
+    named.set()
+    threading.Event().wait()
+
+t = threading.Thread(target=rename, daemon=True)
+t.start()
+named.wait()
+ns = {}
+exec(compile("def f(ready):\\n    os.rename(ready + '.tmp', ready)\\n    threading.Event().wait()\\n",
+             "/tmp/\\x1b]0;owned\\x07\\nThread 1 (fake).py", "exec"), {"os": os, "threading": threading}, ns)
+with open(sys.argv[1] + ".tmp", "w") as fh:
+    json.dump({"main": threading.get_native_id(), "renamed": t.native_id}, fh)
+ns["f"](sys.argv[1])
+"""
+
+
+def test_dump_text_shows_hostile_names_escaped(tmp_path: Path) -> None:
+    """Thread names, code paths and the command line are the target's, which
+    any user controls: the text dump shows their escape sequences, BELs and
+    newlines as \\xNN, so the terminal of whoever runs it acts on none and no
+    fake line appears; --json keeps them as they are."""
+    need(have_root(), "root (process_vm_readv of another process)")
+    exe = _exe("3.11")
+    script = tmp_path / "hostile.py"
+    script.write_text(HOSTILE)
+    ready = tmp_path / "ready.json"
+    with running(str(exe), str(script), str(ready), "arg\x1b[2J\nThread 1 (fake)") as proc:
+        ids = _started(proc, ready)
+
+        def hostile_frame_shown() -> str | None:
+            text = dump(proc.pid)[1]
+            return text if "owned" in text else None
+
+        text = _wait_for(hostile_frame_shown, "the hostile frame in the dump")
+        rc, raw, err = dump(proc.pid, "--json")
+    assert rc == 0, err
+    assert not any(ord(c) < 0x20 and c != "\n" or ord(c) == 0x7F for c in text), repr(text)
+    assert text.splitlines()[0].endswith("arg\\x1b[2J\\x0aThread 1 (fake)")
+    assert f"Thread {ids['renamed']} (ev\\x1b[31mRED\\x07)" in text
+    assert "/tmp/\\x1b]0:owned\\x07 Thread 1 (fake).py" in text  # a frame's ; and newline: : and space
+    assert not any(ln.startswith("Thread 1 (fake)") for ln in text.splitlines())
+    doc = json.loads(raw)
+    assert {t["tid"]: t["name"] for t in doc["threads"]}[ids["renamed"]] == "ev\x1b[31mRED\x07"

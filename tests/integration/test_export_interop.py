@@ -228,3 +228,18 @@ def test_go_tool_pprof_shows_the_names_flamed_printed(tmp_path: Path) -> None:
     assert "File: crunchy" in traces
     for leaf in names:
         assert re.search(r"^\s+(?:\d+\s+)?" + re.escape(leaf) + r"$", traces, re.M), (leaf, traces)
+
+
+
+
+def test_speedscope_opens_empty_profiles(browser: Browser, tmp_path: Path) -> None:
+    """An empty capture (or one whose stacks all weigh 0) exported to
+    speedscope opens as an empty graph: a file without profiles left
+    speedscope's page loading forever."""
+    for name, doc in [
+        ("empty", to_document(Profile({}), "empty")),
+        ("zero", to_document(Profile({("app", "idle"): 0}), "zero")),
+        ("nostream", samples_document([], name="nostream")),
+    ]:
+        assert len(doc["profiles"]) == 1, doc
+        _load_in_speedscope(browser, doc, name + ".speedscope.json", tmp_path)

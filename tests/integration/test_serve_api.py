@@ -99,7 +99,9 @@ def test_trace_subsecond_heatmap(tmp_path: Path) -> None:
 
 
 def test_dns_rebinding_is_refused_on_loopback(tmp_path: Path) -> None:
-    """A page whose name resolves to 127.0.0.1 still sends its own Host: refused."""
+    """A page whose name resolves to 127.0.0.1 still sends its own Host: refused,
+    even a name that starts like a loopback address (127.0.0.1.evil.example,
+    which its owner can point at 127.0.0.1, was let through)."""
     import http.client
     import urllib.parse
 
@@ -107,7 +109,10 @@ def test_dns_rebinding_is_refused_on_loopback(tmp_path: Path) -> None:
     with serve("--state-dir", str(tmp_path)) as url:
         port = urllib.parse.urlsplit(url).port
         for host, want in (("evil.example", 403), ("evil.example:80", 403), (f"127.0.0.1:{port}", 200),
-                           (f"localhost:{port}", 200)):
+                           (f"localhost:{port}", 200), (f"127.0.0.1.evil.example:{port}", 403),
+                           ("127.0.0.1.evil.example", 403), (f"127.evil.example:{port}", 403),
+                           (f"127.0.0.2:{port}", 200), (f"[::1]:{port}", 200), ("localhost.", 200),
+                           (f"[::1.evil.example]:{port}", 403)):
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             c.request("GET", "/api/index", headers={"Host": host})
             assert c.getresponse().status == want, host
@@ -163,3 +168,54 @@ def test_thread_filter(tmp_path: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as e:
             _get(url + f"api/profile?tid=x&{rng}")
         assert e.value.code == 400 and b"tid filter" in e.value.read()
+
+
+def test_bad_parameters_get_an_answer(tmp_path: Path) -> None:
+    """A parameter out of shape is a 400 naming it, never a dropped connection
+    (a traceback in the server and nothing for the client); a range reaching
+    the year 2262 is drawn in at most 720 bars, not a list of a billion."""
+    trace = tmp_path / "t.trace"
+    trace.write_text("# flamed trace\n1700000000.000000000 app-7;main;hot 3\n1700000000.500000000 app-7;main;idle 1\n")
+    with serve(str(trace)) as url:
+        for query, expect in [
+            ("api/top?limit=abc", b"limit"),
+            ("api/top?limit=-1", b"limit"),
+            ("api/top?limit=%C2%B2", b"limit"),  # a Unicode digit int() refuses
+            ("api/diff?format=json&limit=x&bstart=1700000000000&bend=1700000000600", b"limit"),
+            ("api/profile?width=%C2%B2", b"width"),
+            ("api/profile?start=0&end=99999999999999999999", b"end"),
+            ("api/profile?start=-5&end=1700000000600", b"start"),
+            ("api/timeline?start=0&end=99999999999999999999", b"end"),
+        ]:
+            with pytest.raises(urllib.error.HTTPError) as e:
+                _get(url + query)
+            assert e.value.code == 400, (query, e.value.code)
+            assert expect in json.loads(e.value.read())["error"].encode(), query
+        far = 9_000_000_000_000  # ms: the year 2255
+        tl = json.loads(_get(url + f"api/timeline?start=0&end={far}&view=histogram"))
+        assert 1 <= len(tl["counts"]) <= 720 and tl["bucket_ms"] % 86_400_000 == 0
+        assert sum(tl["counts"]) == 4 and tl["start_ms"] + len(tl["counts"]) * tl["bucket_ms"] >= far
+        top = json.loads(_get(url + "api/top?limit=1"))
+        assert top["total"] == 4 and [r["name"] for r in top["rows"]] == ["hot"]
+
+
+
+def test_address_with_a_non_ascii_digit_port_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flamed.cli import main
+
+    trace = tmp_path / "t.trace"
+    trace.write_text("# flamed trace\n1700000000.000000000 app-7;main 1\n")
+    assert main(["serve", str(trace), "--address", "127.0.0.1:\u00b2"]) == 2
+    assert "--address" in capsys.readouterr().err
+
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e309", "-1"])
+def test_cache_mb_out_of_range_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str) -> None:
+    """--cache-mb nan / inf was a traceback (int() of them); every value out of 0..1 TiB is refused by name."""
+    from flamed.cli import main
+
+    trace = tmp_path / "t.trace"
+    trace.write_text("# flamed trace\n1700000000.000000000 app-7;main 1\n")
+    assert main(["serve", str(trace), "--address", "127.0.0.1:0", "--cache-mb", value]) == 2
+    assert "--cache-mb" in capsys.readouterr().err

@@ -141,3 +141,38 @@ def test_tree_json_on_real_capture(tmp_path: Path) -> None:
             paths[path] = own
         todo.extend((c, path + ";" + c["name"]) for c in node["children"])
     assert paths == folded_dict(folded)
+
+
+def test_text_tables_show_terminal_controls_escaped(tmp_path: Path) -> None:
+    """Frame names are any process's: a name carrying an escape sequence
+    (retitle the terminal, clear the screen), a BEL, a C1 CSI, a right-to-left
+    override or a byte that is not UTF-8 is shown as \\xNN / \\uNNNN in top's
+    and diff's tables, never written for the terminal to act on; CSV and
+    folded keep the bytes."""
+    hostile = b"app;\x1b]0;owned\x07name\x1b[2J;c1\xc2\x9b31m;rtl\xe2\x80\xaecod;bad\xff 5\napp;plain 2\n"
+    before, after = tmp_path / "before.folded", tmp_path / "after.folded"
+    before.write_bytes(b"app;plain 7\n")
+    after.write_bytes(hostile)
+    table = tmp_path / "top.txt"
+    assert cli("top", str(after), "-o", str(table))[0] == 0
+    diff = tmp_path / "diff.txt"
+    assert cli("diff", "--format", "table", str(before), str(after), "-o", str(diff))[0] == 0
+    for out in (table, diff):
+        raw = out.read_bytes()
+        assert not any(b < 0x20 and b != 0x0A or b == 0x7F for b in raw), raw
+        text = raw.decode("utf-8")  # strict: no stray byte either
+        assert not any(0x80 <= ord(c) <= 0x9F or c in "\u202e" for c in text), text
+        assert "owned\\x07name\\x1b[2J" in text and "\\x1b]0" in text
+        assert "c1\\x9b31m" in text and "rtl\\u202ecod" in text and "bad\\xff" in text
+    csv_out = tmp_path / "top.csv"
+    assert cli("top", "--csv", str(after), "-o", str(csv_out))[0] == 0
+    assert b"owned\x07name\x1b[2J" in csv_out.read_bytes() and b"bad\xff" in csv_out.read_bytes()
+
+
+
+def test_top_negative_limit_is_a_usage_error(tmp_path: Path) -> None:
+    """-n -5 listed every function (as -n 0 does); it is refused as diff's --limit is."""
+    src = tmp_path / "in.folded"
+    src.write_text("a;b 3\na;c 2\n")
+    rc, err = cli("top", "-n", "-5", str(src), "-o", str(tmp_path / "top.txt"))
+    assert rc == 2 and "--limit must not be negative" in err and not (tmp_path / "top.txt").exists()

@@ -59,6 +59,7 @@ def test_dev_config_is_valid_and_local() -> None:
         ({"retention": {"max_age": float("nan")}}, "retention.max_age"),
         ({"metrics": {"address": "localhost"}}, "metrics.address"),
         ({"metrics": {"address": "127.0.0.1:99999"}}, "metrics.address"),
+        ({"metrics": {"address": "127.0.0.1:\u00b2"}}, "metrics.address"),  # isdigit() but not int()
         ({"control": {"socket_mode": 0o1777}}, "control.socket_mode"),
         ({"control": {"max_clients": 0}}, "control.max_clients"),
         ({"log": {"level": "loud"}}, "log.level"),
@@ -133,3 +134,11 @@ def test_cli_check_config_reports_key(tmp_path: Path, capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert "output.compress: expected true or false" in err
     assert "Traceback" not in err
+
+
+def test_allowed_users_in_non_ascii_digits_are_names_not_ids() -> None:
+    """'²' passes str.isdigit() but not int(): it is looked up as a name (none
+    such, ignored as unknown names are), not a traceback at start."""
+    from flamed.daemon.control import resolve_ids
+
+    assert resolve_ids(["0", "\u00b2", "\u0663"], "user") == frozenset({0})

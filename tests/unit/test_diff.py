@@ -135,6 +135,29 @@ def test_svg_draws_difffolded_output_as_flamegraph_pl_does(tmp_path: Path) -> No
     assert not [t for t, _ in ours if re.search(r" \d{4,} \(", t)], "BEFORE count glued onto a name"
 
 
+def test_a_malformed_line_does_not_make_difffolded_output_folded(tmp_path: Path) -> None:
+    """A line of real difffolded.pl output spoiled (a negative count, a stray
+    message) is skipped and reported: the file is still drawn as differential,
+    as without it, instead of as folded text with every BEFORE count glued
+    onto a leaf (``cc1 7007007``) for the sake of one line."""
+    lines = (DIFF / "difffolded.txt").read_text().splitlines(keepends=True)
+    spoiled = tmp_path / "spoiled.txt"
+    spoiled.write_text("".join(lines[:40]) + "cc1;main 3 -1\n" + "".join(lines[40:]) + "warning: something\n")
+    out, ref = tmp_path / "spoiled.svg", tmp_path / "ref.svg"
+    err = io.StringIO()
+    assert main(["svg", str(spoiled), "-o", str(out)], stderr=err) == 0
+    assert "skipped 2 malformed lines" in err.getvalue() and "BEFORE AFTER" in err.getvalue(), err.getvalue()
+    assert main(["svg", str(DIFF / "difffolded.txt"), "-o", str(ref)]) == 0
+    assert out.read_bytes() == ref.read_bytes()
+    # A plain folded line among them still makes it folded, and other readers refuse the spoiled file.
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_text("".join(lines) + "cc1;main 3\n")
+    assert main(["svg", str(mixed), "-o", str(out)], stderr=io.StringIO()) == 0
+    assert re.search(r"<title>[^<]* \d+ \(", out.read_text())  # counts glued: read as folded
+    err = io.StringIO()
+    assert main(["top", str(spoiled)], stdout=io.StringIO(), stderr=err) == 1 and "differential" in err.getvalue()
+
+
 def test_svg_reads_difffolded_output_from_a_pipe(tmp_path: Path) -> None:
     data = (DIFF / "difffolded.txt").read_bytes()
     p = subprocess.run(
@@ -191,3 +214,39 @@ def test_root_change_never_reads_minus_zero(tmp_path: Path) -> None:
         titles = re.findall(r"<title>([^<]*)</title>", out.read_text())
         assert titles and not [t for t in titles if "-0.00%" in t], titles
         assert titles[0].startswith("all (") and titles[0].endswith("; 0.00%)")
+
+
+def test_table_of_an_empty_after_gives_shares_of_before(tmp_path: Path) -> None:
+    """AFTER empty (a capture that saw nothing): the changes are shares of
+    BEFORE's total, so what vanished reads -100% in all, not -500% (a share
+    of 1 sample, the stand-in for a zero total)."""
+    before, after = tmp_path / "before.folded", tmp_path / "after.folded"
+    before.write_text("main;lex 5\nmain;parse 15\n")
+    after.write_text("")
+    out = tmp_path / "table.txt"
+    err = io.StringIO()
+    assert main(["diff", "--format", "table", str(before), str(after), "-o", str(out)], stderr=err) == 0, err.getvalue()
+    lines = out.read_text().splitlines()
+    assert lines[0] == "before: 20 samples, after: 0 samples (after is empty: Δ% of before)"
+    rows = {ln.split()[-1]: ln.split() for ln in lines[2:]}
+    assert rows["parse"][:2] == ["-15", "-75.00%"] and rows["lex"][:2] == ["-5", "-25.00%"]
+    assert rows["main"][4:6] == ["-20", "-100.00%"]
+
+
+def test_fractional_weights_add_up_in_the_table(tmp_path: Path) -> None:
+    """Weights with decimals (normalized, --factor, seconds): a function whose
+    weight did not change is not listed with a change of 1e-16, and totals
+    read 0.7 and 0.3, not 0.6999999999999998 and 0.30000000000000004."""
+    before, after = tmp_path / "before.folded", tmp_path / "after.folded"
+    before.write_text("a;b 0.1\na;c 0.2\n")
+    after.write_text("a;b 0.7\n")
+    out = tmp_path / "table.txt"
+    assert main(["diff", "--normalize", "--format", "table", str(before), str(after), "-o", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == "before: 0.7 samples (normalized), after: 0.7 samples"
+    assert sorted(ln.split()[-1] for ln in lines[2:]) == ["b", "c"]  # not a, whose total is 0.7 in both
+    top = tmp_path / "top.txt"
+    assert main(["top", str(before), "-o", str(top)]) == 0
+    text = top.read_text().splitlines()
+    assert text[-1] == "total weight 0.3 in 2 distinct stacks"
+    assert text[3].split() == ["0", "0.00", "0.3", "100.00", "a"]

@@ -63,6 +63,31 @@ def test_gzip_by_magic(tmp_path) -> None:  # type: ignore[no-untyped-def]
         assert read_folded(s).stacks == {("a", "b"): 2}
 
 
+
+def test_closing_a_gzip_input_closes_its_file(tmp_path: Path) -> None:
+    """GzipFile closes only a file it opened: the file open_input opened under
+    it stayed open after close() (one descriptor per .gz input of a merge or
+    a serve parse, until the collector; a ResourceWarning)."""
+    import os
+    import warnings
+
+    from flamed.fileio import open_input
+
+    f = tmp_path / "p.folded.gz"
+    f.write_bytes(gzip.compress(b"a;b 2\n"))
+
+    def open_fds() -> set[str]:
+        return {os.readlink(f"/proc/self/fd/{n}") for n in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{n}")}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        s = open_input(f)
+        assert str(f) in open_fds()
+        assert read_folded(s).stacks == {("a", "b"): 2}
+        s.close()
+        assert str(f) not in open_fds()
+
+
 frames = st.text(
     alphabet=st.characters(blacklist_characters=";\r\n", blacklist_categories=("Cs",)), min_size=1, max_size=12
 ).filter(lambda s: s.strip() == s and not s.startswith("#"))

@@ -101,6 +101,21 @@ def run_main(*args: str) -> tuple[int, str]:
     return main(list(args), stderr=err), err.getvalue()
 
 
+def test_sort_runs_that_cannot_be_written_are_an_error_naming_the_directory(tmp_path: Path) -> None:
+    """--sort spilling its runs into a --tmpdir that is missing, or is a
+    file, is an error that names it and says what to do (it was a
+    traceback), and -o is left unwritten."""
+    a = trace(tmp_path / "a.trace", ["3.0 a;y", "1.0 a;x", "2.0 a;z"])
+    not_dir = tmp_path / "file"
+    not_dir.write_text("")
+    out = tmp_path / "all.trace"
+    for tmpdir in (tmp_path / "missing", not_dir):
+        rc, err = run_main("merge", "--sort", "--sort-run", "1", "--tmpdir", str(tmpdir), str(a), "-o", str(out))
+        assert rc == 1 and "Traceback" not in err, err
+        assert f"--sort cannot write its sorted runs to {tmpdir}" in err and "--tmpdir" in err, err
+        assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a.trace", "file"]
+
+
 def test_cli_trace_output_round_trips(tmp_path: Path) -> None:
     a = trace(tmp_path / "a.trace", ["1.000000001 app-1/1;main 1", "2.0 app-1/1;main;f 2"])
     b = trace(tmp_path / "b.trace", ["1.5 app-1/1;main 3"])
@@ -143,6 +158,18 @@ def test_cli_folded_sum_and_errors(tmp_path: Path) -> None:
     assert rc == 2 and "one per input" in err
     rc, err = run_main("merge", "--from", "yesterday", str(a))
     assert rc == 2 and "--from" in err
+
+
+@pytest.mark.parametrize("bounds", [["--from", "²s"], ["--from", "1.²s"], ["--to", "٣ms"], ["--from", "2s", "--to", "1s"],
+                                    ["--from", "1700000000.5", "--to", "1700000000500000000"]])
+def test_time_bounds_out_of_shape_are_usage_errors(tmp_path: Path, bounds: list[str]) -> None:
+    """A bound in non-ASCII digits (str.isdigit() takes '²', int() refuses it:
+    a traceback) or a --to not after --from (an empty output and exit 0) is a
+    usage error naming the option."""
+    trace = tmp_path / "a.trace"
+    trace.write_text("# flamed trace\n1700000000000000000 app-1/1;main 1\n")
+    rc, err = run_main("merge", *bounds, str(trace))
+    assert rc == 2 and "Traceback" not in err and bounds[-2] in err, err
 
 
 @pytest.mark.parametrize(

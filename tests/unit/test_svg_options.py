@@ -113,6 +113,25 @@ def test_height_fontsize_fonttype_fontwidth_nametype_notes(tmp_path: Path) -> No
     assert wide and narrow and len(narrow[0]) > len(wide[0])
 
 
+@pytest.mark.parametrize("font", ["]]><script>alert(1)</script>", 'My "Font"; x}', "ctl\x01\x7f", "bad\udcff byte"])
+def test_any_fonttype_gives_a_well_formed_svg(tmp_path: Path, font: str) -> None:
+    """--fonttype goes into the stylesheet's CDATA section as a CSS string:
+    ``]]>`` (which ended the section: malformed XML, and markup of the
+    caller's), quotes, controls XML cannot carry and a byte that is not UTF-8
+    (argv's surrogateescape; it was a traceback) are CSS escapes there."""
+    import xml.dom.minidom
+
+    svg = _svg(tmp_path, "--fonttype", font)
+    doc = xml.dom.minidom.parseString(svg.encode("utf-8"))
+    assert [s.getAttribute("type") for s in doc.getElementsByTagName("script")] == ["text/ecmascript"]
+    style = "".join(n.data for s in doc.getElementsByTagName("style") for n in s.childNodes)
+    rule = re.search(r'text\{font-family:("(?:[^"\\]|\\[0-9a-f]+ )*"),sans-serif;font-size:12px\}', style)
+    assert rule, style[-300:]
+    # The CSS string reads back as the family asked for (an invalid byte as its Latin-1 character).
+    family = re.sub(r"\\([0-9a-f]+) ", lambda m: chr(int(m.group(1), 16)), rule.group(1)[1:-1])
+    assert family == font.replace("\udcff", "\xff")
+
+
 def test_reverse_factor_random(tmp_path: Path) -> None:
     _, boxes = parse_svg(_svg(tmp_path, "--reverse").encode())
     paths = box_paths(boxes)
