@@ -78,6 +78,28 @@ class RingWindow:
     kind: str = "cpu"
 
 
+@dataclass
+class _LiveNumbers:
+    """Which stack and task numbers of a table the packed windows still hold:
+    one byte a number (a set of the live keys, and a dict from them to their
+    new numbers, took ~100 MB at 440 k keys: the daemon's highest mark)."""
+
+    stack_marks: bytearray
+    task_marks: bytearray
+    stacks: int
+    tasks: int
+
+    @classmethod
+    def of(cls, table: StackTable, alive: list[PackedCounts]) -> _LiveNumbers:
+        sm = bytearray(len(table))
+        tm = bytearray(len(table.tasks))
+        for p in alive:
+            for k in p._state[1]:
+                sm[k & _STACK_MASK] = 1
+                tm[k >> 32] = 1
+        return cls(sm, tm, len(sm) - sm.count(0), len(tm) - tm.count(0))
+
+
 class WindowRing:
     """Thread-safe: the drain adds, control-socket threads read and wait."""
 
@@ -191,17 +213,14 @@ class WindowRing:
             if len(table) <= self._check_at[0] and len(table.tasks) <= self._check_at[1]:
                 return
             alive = [p for p in self._alive() if p.table is table]
-            live: set[int] = set()
-            for p in alive:
-                live.update(p._state[1])
-            stacks = len({k & _STACK_MASK for k in live})
-            tasks = len({k >> 32 for k in live})
-            if len(table) - stacks <= max(stacks // 4, 1024) and len(table.tasks) - tasks <= max(tasks // 4, 1024):
+            live = _LiveNumbers.of(table, alive)
+            if (len(table) - live.stacks <= max(live.stacks // 4, 1024)
+                    and len(table.tasks) - live.tasks <= max(live.tasks // 4, 1024)):
                 self._check_at = (len(table) + max(len(table) // 4, 4096),
                                   len(table.tasks) + max(len(table.tasks) // 4, 4096))
                 return
             # Frames are kept (shared) unless they too outnumber what can be live by far.
-            renumber_frames = len(table.frames) > 64 * stacks + 65536
+            renumber_frames = len(table.frames) > 64 * live.stacks + 65536
             try:
                 self._renumber(table, alive, code=table.code, frames=not renumber_frames, live=live)
             except OverflowError:  # the live frames alone need 4-byte numbers
@@ -209,23 +228,27 @@ class WindowRing:
             self.sweeps += 1
 
     def _renumber(self, table: StackTable, alive: list[PackedCounts], *, code: str, frames: bool = True,
-                  live: set[int] | None = None) -> None:
+                  live: _LiveNumbers | None = None) -> None:
         """Number the keys of ``alive`` in a new table (``frames``: sharing the old
         one's frames) and move them to it (under _intern_lock)."""
         if live is None:
-            live = set()
-            for p in alive:
-                live.update(p._state[1])
+            live = _LiveNumbers.of(table, alive)
         new = StackTable((table.frame_ids, table.frames) if frames else None, code)
         same = frames and code == table.code  # the stacks' bytes carry over as they are
-        remap: dict[int, int] = {}
-        for k in sorted(live):  # stacks in their old order: the new buffer is filled front to back
-            si = k & _STACK_MASK
-            b = table.stack_bytes(si) if same else new.encode_stack(table.stack(si))
-            remap[k] = new.task_number(table.tasks[k >> 32]) << 32 | new.stack_number(b)
+        # Old number -> new one, in arrays (-1: not live).  Stacks in their old
+        # order: the new buffer is filled front to back.
+        stack_to = array("q", [-1]) * len(table)
+        for si, on in enumerate(live.stack_marks):
+            if on:
+                b = table.stack_bytes(si) if same else new.encode_stack(table.stack(si))
+                stack_to[si] = new.stack_number(b)
+        task_to = array("q", [-1]) * len(table.tasks)
+        for ti, on in enumerate(live.task_marks):
+            if on:
+                task_to[ti] = new.task_number(table.tasks[ti])
         for p in alive:
             _, keys, vals = p._state
-            p._state = (new, array("Q", map(remap.__getitem__, keys)), vals)
+            p._state = (new, array("Q", (task_to[k >> 32] << 32 | stack_to[k & _STACK_MASK] for k in keys)), vals)
         self._table = new
         self._check_at = (len(new) + max(len(new) // 4, 4096), len(new.tasks) + max(len(new.tasks) // 4, 4096))
 

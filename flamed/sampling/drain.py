@@ -262,6 +262,7 @@ class Drainer:
             if reason in lost:
                 lost[reason] += n
         lost["stack_read_failed"] = sum(1 for i in ids if i not in stacks)
+        cgroups = task_cgroups(keys)  # the rows are read in place: before release()
         try:
             counts, events = self._symbolize_all(keys, raw_events, stacks, pystacks, ustacks)
             offcpu: dict[CountKey, int] = {}
@@ -273,7 +274,6 @@ class Drainer:
             # The Python and unwound stacks were read in place: only now are the buffers' pages given back.
             reader.release()
         sym.end_drain()
-        cgroups = task_cgroups(keys)
         identities = self._identify(cgroups, {e[1] for e in raw_events})
         self._settle()
         t2 = time.perf_counter()
@@ -567,29 +567,40 @@ class Drainer:
             encode, join = table.encode_stack, b"".join
         empty = encode((EMPTY_STACK_FRAME,))
         keep = table is None  # tuples of frames kept by ustack/nstack's memos: for the events too
-        upart: dict[tuple[int, int, int, int], list[Any]] = {}  # [whole, SpliceParts or None]
+        # A user stack's parts by one int, not a tuple (100 k distinct stacks
+        # made ~25 MB of tuples and the ints they held): an unwound stack by
+        # its id, leaf and process (>= 2**96: the id is never 0), a
+        # frame-pointer one by its process and id (< 2**64).
+        uwhole: dict[int, Any] = {}  # encoded whole
+        usplit: dict[int, Any] = {}  # SpliceParts, for the keys with Python frames
         kpart: dict[int, Any] = {}
         # By pyid << 32 | tgid (one int, not a tuple of two: there is one entry per Python stack).
-        pypart: dict[int, list[Any]] = {}
+        pypart: dict[int, tuple[Any, ...]] = {}
 
         counts: dict[Any, int] = {}
         tasks: dict[tuple[int, int, bytes], int] = {}
         comm = self._comm
         for tgid, tid, kid, uid, rc, pyid, nid, _cg, leaf, n in keys:
-            uk = (tgid, uid, nid, leaf) if nid else (tgid, uid, 0, 0)
-            u = upart.get(uk)
-            if u is None or (pyid and u[1] is None):
-                # Named once (its tuple kept only while encoded: upart memoizes it).
+            uk = ((nid << 64 | leaf) << 32 | tgid) if nid else (tgid << 32 | (uid & 0xFFFFFFFF))
+            whole = uwhole.get(uk)
+            user: Stack | None = None
+            if whole is None:
+                # Named once (its tuple kept only while encoded: the parts are memoized).
                 user = nstack(tgid, nid, leaf, keep) if nid else ustack(tgid, uid, keep)
-                u = upart[uk] = [encode(user), splice_parts(user, encode) if pyid else None]
+                whole = uwhole[uk] = encode(user)
             if pyid:
+                parts = usplit.get(uk)
+                if parts is None:
+                    if user is None:
+                        user = nstack(tgid, nid, leaf, keep) if nid else ustack(tgid, uid, keep)
+                    parts = usplit[uk] = splice_parts(user, encode)
                 pk = pyid << 32 | tgid
                 runs = pypart.get(pk)
                 if runs is None:
-                    runs = pypart[pk] = [encode(r) for r in pyruns(tgid, pyid)]
-                stack = splice_into(u[1], runs, join) if runs else u[0]
+                    runs = pypart[pk] = tuple(map(encode, pyruns(tgid, pyid)))
+                stack = splice_into(parts, runs, join) if runs else whole
             else:
-                stack = u[0]
+                stack = whole
             k = kpart.get(kid)
             if k is None:
                 k = kpart[kid] = encode(kstack(kid))

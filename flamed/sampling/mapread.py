@@ -10,7 +10,8 @@ import logging
 import mmap
 import os
 from array import array
-from collections.abc import Iterator, Mapping
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from flamed.sampling.offcpu import OFF_CARRY_KEY, OFF_KEY, OFF_START, OffStart, off_start
@@ -44,7 +45,9 @@ class CountRows:
 
     __slots__ = ("_raw", "_values", "_extra")
 
-    def __init__(self, raw: bytes, values: list[int], extra: list[CountRow]) -> None:
+    def __init__(self, raw: bytes | memoryview, values: Sequence[int], extra: list[CountRow]) -> None:
+        """``raw``: the keys end to end; ``values``: their counts.  Either may be
+        the reader's buffer: then valid only until :meth:`MapReader.release`."""
         assert KEY.size == 64 and len(raw) == KEY.size * len(values)
         self._raw, self._values, self._extra = raw, values, extra
 
@@ -72,24 +75,38 @@ class CountRows:
 
 
 class StackValues:
-    """Raw values of a stack map by id, read in place from the reader's buffer."""
+    """Raw values of a stack map by id, read in place from the reader's buffer.
 
-    __slots__ = ("_index", "_raw", "_size", "_extra")
+    The ids are kept sorted in an array beside their entries' positions and
+    found by bisection: a dict of 100 k ids, with an int object for each id
+    and each position, took ~8 MB at the drain's peak (docs/bpf.md, "The
+    drain's own peak")."""
 
-    def __init__(self, index: dict[int, int], raw: memoryview, size: int, extra: dict[int, bytes]) -> None:
-        self._index, self._raw, self._size, self._extra = index, raw, size, extra
+    __slots__ = ("_ids", "_pos", "_raw", "_size", "_extra")
+
+    def __init__(self, ids: Sequence[int], raw: memoryview, size: int, extra: dict[int, bytes]) -> None:
+        """``ids[i]``: the id of the ``i``-th value of ``raw`` (``size`` bytes each)."""
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        self._ids = array("Q", map(ids.__getitem__, order))
+        self._pos = array("I", order)
+        self._raw, self._size, self._extra = raw, size, extra
+
+    def _find(self, key: int) -> int:
+        ids = self._ids
+        i = bisect_left(ids, key)
+        return self._pos[i] if i < len(ids) and ids[i] == key else -1
 
     def get(self, key: int) -> memoryview | bytes | None:
-        i = self._index.get(key)
-        if i is None:
+        i = self._find(key) if key >= 0 else -1
+        if i < 0:
             return self._extra.get(key)
         return self._raw[i * self._size: (i + 1) * self._size]
 
     def __len__(self) -> int:
-        return len(self._index) + len(self._extra)
+        return len(self._ids) + len(self._extra)
 
     def __contains__(self, key: int) -> bool:
-        return key in self._index or key in self._extra
+        return (key >= 0 and self._find(key) >= 0) or key in self._extra
 
 
 #: Raw stacks by id: read in place by a drain, or bytes (tests, maps read key by key).
@@ -223,9 +240,8 @@ class MapReader:
         :meth:`release`."""
         table, kraw, vraw, ksz, vsz = self._take_into_buffers(name, cap)
         assert ksz == 8, name
-        ids = kraw.cast("Q").tolist()
         extra = {int.from_bytes(k, "little"): v for k, v in self._take_rest(table)}
-        return StackValues(dict(zip(ids, range(len(ids)))), vraw, vsz, extra)
+        return StackValues(kraw.cast("Q"), vraw, vsz, extra)
 
     def _take_into_buffers(self, name: str, cap: int) -> tuple[Any, memoryview, memoryview, int, int]:
         """Batch-read and delete a (quiescent) hash map into this kind's buffers:
@@ -277,13 +293,16 @@ class MapReader:
                 for kb, vb in self._read_all(self._program.bpf["offcpu_start"], delete=False)}
 
     def take_counts(self, gen: int) -> CountRows:
-        """Read and delete every entry of the old count map (it is quiescent)."""
+        """Read and delete every entry of the old count map (it is quiescent);
+        the rows are read in place: iterate them before :meth:`release`."""
         table = self._program.bpf[f"counts{gen}"]
         keys, vals = self._keys_buf, self._vals_buf
         ksz = KEY.size
         total = self._take_batch(f"counts{gen}", table, keys, ksz, vals, 8, self._options.max_entries)
-        raw = bytes(memoryview(keys).cast("B")[: total * ksz])
-        values = memoryview(vals).cast("B")[: total * 8].cast("Q").tolist()
+        # Read in place (valid until release()): a copy of 100 k keys and their
+        # counts as ints added ~10 MB to the drain's peak.
+        raw = memoryview(keys).cast("B")[: total * ksz]
+        values = memoryview(vals).cast("B")[: total * 8].cast("Q")
         extra = [(*KEY.unpack(kb), int.from_bytes(vb, "little")) for kb, vb in self._take_rest(table)]
         return CountRows(raw, values, extra)
 

@@ -31,7 +31,7 @@ def test_stack_values_are_slices_of_the_buffer_by_id() -> None:
     size = 24
     ids = [random.Random(i).getrandbits(64) for i in range(50)]
     buf = b"".join(bytes([i]) * size for i in range(50))
-    v = StackValues(dict(zip(ids, range(50))), memoryview(buf), size, {5: b"x" * size})
+    v = StackValues(ids, memoryview(buf), size, {5: b"x" * size})
     assert len(v) == 51 and ids[3] in v and 5 in v and 6 not in v
     assert bytes(v.get(ids[3]) or b"") == bytes([3]) * size and len(v.get(ids[49]) or b"") == size
     assert v.get(5) == b"x" * size and v.get(6) is None
@@ -50,3 +50,21 @@ def test_stack_addresses_come_back_as_they_were_added_whatever_their_length() ->
         assert sid in s and list(s[sid]) == ips and list(reversed(s[sid])) == ips[::-1]
     missing = next(i for i in range(1 << 21) if i not in want)
     assert missing not in s and s.get(missing) is None
+
+
+def test_stack_values_find_every_id_of_a_large_map_and_no_other() -> None:
+    """Ids anywhere in 0..2**64-1, in the buffer's order, found by bisection."""
+    r = random.Random(5)
+    size = 8
+    ids = list({r.getrandbits(64) for _ in range(20000)} | {0, 1, (1 << 64) - 1})
+    r.shuffle(ids)
+    buf = b"".join(i.to_bytes(8, "little") for i in ids)  # each value is its own id
+    v = StackValues(memoryview(buf).cast("Q"), memoryview(buf), size, {})
+    assert len(v) == len(ids)
+    for i in ids:
+        assert i in v and int.from_bytes(bytes(v.get(i) or b""), "little") == i
+    present = set(ids)
+    for i in (r.getrandbits(64) for _ in range(2000)):
+        if i not in present:
+            assert i not in v and v.get(i) is None
+    assert -1 not in v and v.get(-1) is None

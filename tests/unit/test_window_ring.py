@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import tracemalloc
 
 from flamed.daemon.ring import PackedCounts, RingWindow, StackTable, WindowRing
 
@@ -125,3 +126,36 @@ def test_frame_numbers_widen_past_65536_frames_and_windows_read_the_same() -> No
     assert w0.counts == early and w1.counts == many
     k = next(iter(many))
     assert w1.counts[k] == many[k] and w0.counts[next(iter(early))] == early[next(iter(early))]
+
+
+def _table_bytes(t: StackTable) -> int:
+    """What a table's arrays take (its stacks' bytes, offsets, hashes, index)."""
+    slots, _mask = t._index
+    return len(t._blob) + sum(a.buffer_info()[1] * a.itemsize for a in (t._offs, t._hashes, slots))
+
+
+def test_a_sweep_needs_little_more_than_the_new_table() -> None:
+    """A sweep marks the live numbers one byte each and maps old numbers to new
+    ones in arrays: at most the new table and ~24 bytes per old stack beside
+    it (a set of the live keys and a dict of their new numbers took ~250
+    bytes per live key: ~100 MB at 400 k, the daemon's highest mark)."""
+    n = 30_000
+    ring = WindowRing(1e9, 4 * n, clock_ns=lambda: 0)
+    measured = []
+    for w in range(7):  # the ring keeps 4 windows: a sweep once enough of the table is dead
+        packed = ring.pack(RingWindow(w, w + 1, _counts(f"w{w}-", n, frames=8), n))
+        old_stacks = len(ring._table)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            ring.add(packed)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        del packed
+        measured.append((ring.sweeps, peak - before, old_stacks))
+    assert measured[-1][0] == 1  # one sweep, after the ring let the first windows go
+    for _sweeps, grew, stacks in measured:  # the checks that found too few dead stacks too
+        assert grew <= _table_bytes(ring._table) + 24 * stacks + (1 << 20)
+    assert [w.counts for w in ring.since(-1)] == [_counts(f"w{w}-", n, frames=8) for w in range(3, 7)]
