@@ -11,7 +11,7 @@ import mmap
 import os
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from flamed.sampling.offcpu import OFF_CARRY_KEY, OFF_KEY, OFF_START, OffStart, off_start
@@ -75,42 +75,66 @@ class CountRows:
 
 
 class StackValues:
-    """Raw values of a stack map by id, read in place from the reader's buffer.
+    """The values of a stack map by id, each cut to the part its frame count
+    uses (:func:`ustack_used`, :func:`pystack_used`) and kept end to end.
 
-    The ids are kept sorted in an array beside their entries' positions and
-    found by bisection: a dict of 100 k ids, with an int object for each id
-    and each position, took ~8 MB at the drain's peak (docs/bpf.md, "The
-    drain's own peak")."""
+    A value is as long as the map's depth allows (1.5 KB for a Python stack
+    of 128 frames); read whole, 100 k of them were ~40 MB resident during a
+    drain.  The ids are kept sorted in an array beside their values'
+    positions and found by bisection: a dict of 100 k ids, with an int object
+    for each id and each position, took ~8 MB at the drain's peak
+    (docs/bpf.md, "The drain's own peak")."""
 
-    __slots__ = ("_ids", "_pos", "_raw", "_size", "_extra")
+    __slots__ = ("_ids", "_pos", "_blob", "_offs")
 
-    def __init__(self, ids: Sequence[int], raw: memoryview, size: int, extra: dict[int, bytes]) -> None:
-        """``ids[i]``: the id of the ``i``-th value of ``raw`` (``size`` bytes each)."""
+    def __init__(self, ids: Sequence[int], blob: bytes | bytearray, offs: Sequence[int]) -> None:
+        """``ids[i]``: the id of the value ``blob[offs[i]:offs[i + 1]]``."""
+        assert len(offs) == len(ids) + 1
         order = sorted(range(len(ids)), key=ids.__getitem__)
         self._ids = array("Q", map(ids.__getitem__, order))
         self._pos = array("I", order)
-        self._raw, self._size, self._extra = raw, size, extra
+        self._blob, self._offs = blob, offs
 
     def _find(self, key: int) -> int:
         ids = self._ids
         i = bisect_left(ids, key)
         return self._pos[i] if i < len(ids) and ids[i] == key else -1
 
-    def get(self, key: int) -> memoryview | bytes | None:
+    def get(self, key: int) -> memoryview | None:
         i = self._find(key) if key >= 0 else -1
         if i < 0:
-            return self._extra.get(key)
-        return self._raw[i * self._size: (i + 1) * self._size]
+            return None
+        return memoryview(self._blob)[self._offs[i]: self._offs[i + 1]]
 
     def __len__(self) -> int:
-        return len(self._ids) + len(self._extra)
+        return len(self._ids)
 
     def __contains__(self, key: int) -> bool:
-        return (key >= 0 and self._find(key) >= 0) or key in self._extra
+        return key >= 0 and self._find(key) >= 0
 
 
-#: Raw stacks by id: read in place by a drain, or bytes (tests, maps read key by key).
+def ustack_used(raw: memoryview | bytes, out: bytearray) -> None:
+    """Append the used part of a ``struct flamed_ustack`` (count, end, then
+    its addresses) to ``out``."""
+    n = min(int.from_bytes(raw[:4], "little"), (len(raw) - 8) >> 3)
+    out += raw[: 8 + 8 * n]
+
+
+def pystack_used(raw: memoryview | bytes, out: bytearray) -> None:
+    """Append the used part of a ``struct flamed_pystack`` (count, flags, its
+    code addresses, its instruction offsets) to ``out``: the same layout for a
+    depth of its own count, which :func:`~flamed.sampling.pyframes.parse_pystack` reads."""
+    depth = (len(raw) - 8) // 12
+    n = min(int.from_bytes(raw[:4], "little"), depth)
+    out += raw[: 8 + 8 * n]
+    out += raw[8 + 8 * depth: 8 + 8 * depth + 4 * n]
+
+
+#: Raw stacks by id: as a drain reads them, or bytes (tests).
 RawStacks = StackValues | dict[int, bytes]
+
+#: Entries of a stack map read per batch, each batch cut to what its values use.
+STACK_CHUNK = 4096
 
 
 class StackAddrs(Mapping[int, "array[int]"]):
@@ -223,25 +247,43 @@ class MapReader:
         return out
 
     def take_pystacks(self, gen: int) -> StackValues:
-        """Read and delete the old generation's Python stacks: id -> raw
-        ``struct flamed_pystack`` (valid until :meth:`release`)."""
-        return self._take_stack_map(f"pystacks{gen}", self._options.python_stack_entries)
+        """Read and delete the old generation's Python stacks: id -> the used
+        part of its ``struct flamed_pystack``."""
+        return self._take_stack_map(f"pystacks{gen}", self._options.python_stack_entries, pystack_used)
 
     def take_ustacks(self, gen: int) -> StackValues:
-        """Read and delete the old generation's unwound stacks: id -> raw
-        ``struct flamed_ustack`` (valid until :meth:`release`)."""
-        return self._take_stack_map(f"ustacks{gen}", self._options.unwind_stack_entries)
+        """Read and delete the old generation's unwound stacks: id -> the used
+        part of its ``struct flamed_ustack``."""
+        return self._take_stack_map(f"ustacks{gen}", self._options.unwind_stack_entries, ustack_used)
 
-    def _take_stack_map(self, name: str, cap: int) -> StackValues:
+    def _take_stack_map(self, name: str, cap: int, used: Callable[[memoryview | bytes, bytearray], None]) -> StackValues:
         """Read and delete a (quiescent) hash of stacks the program built, keyed by a u64 hash.
 
-        The values stay in the reader's buffer (no copy per stack: a window of
-        100 k Python stacks would copy ~50 MB); the drain reads them before
-        :meth:`release`."""
-        table, kraw, vraw, ksz, vsz = self._take_into_buffers(name, cap)
+        Read :data:`STACK_CHUNK` entries at a time into buffers of that size,
+        each value cut to what it uses (``used``) and appended to one buffer."""
+        table = self._program.bpf[name]
+        ksz, vsz = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
         assert ksz == 8, name
-        extra = {int.from_bytes(k, "little"): v for k, v in self._take_rest(table)}
-        return StackValues(kraw.cast("Q"), vraw, vsz, extra)
+        chunk = max(1, min(cap, STACK_CHUNK))
+        kind = name.rstrip("01")
+        if kind not in self._stack_bufs:
+            self._stack_bufs[kind] = (self._scratch.array(ct.c_uint8, ksz * chunk),
+                                      self._scratch.array(ct.c_uint8, vsz * chunk))
+        keys, vals = self._stack_bufs[kind]
+        ids: array[int] = array("Q")
+        offs: array[int] = array("Q", [0])
+        blob = bytearray()
+        vmv = memoryview(vals).cast("B")
+        for n in self._take_chunks(name, table, keys, vals, cap, chunk):
+            ids.frombytes(memoryview(keys).cast("B")[: n * ksz])
+            for i in range(0, n * vsz, vsz):
+                used(vmv[i: i + vsz], blob)
+                offs.append(len(blob))
+        for kb, vb in self._take_rest(table):
+            ids.append(int.from_bytes(kb, "little"))
+            used(vb, blob)
+            offs.append(len(blob))
+        return StackValues(ids, blob, offs)
 
     def _take_into_buffers(self, name: str, cap: int) -> tuple[Any, memoryview, memoryview, int, int]:
         """Batch-read and delete a (quiescent) hash map into this kind's buffers:
@@ -305,6 +347,36 @@ class MapReader:
         values = memoryview(vals).cast("B")[: total * 8].cast("Q")
         extra = [(*KEY.unpack(kb), int.from_bytes(vb, "little")) for kb, vb in self._take_rest(table)]
         return CountRows(raw, values, extra)
+
+    def _take_chunks(self, name: str, table: Any, keys: Any, vals: Any, cap: int, chunk: int) -> Iterator[int]:
+        """Read and delete entries of a (quiescent) hash map, up to ``chunk`` at
+        a time into the front of ``keys``/``vals``: yields how many each time
+        (to be used before the next).  Stops early where the kernel lacks batch
+        operations or a batch fails: :meth:`_take_rest` reads the rest."""
+        lib = self._program.lib
+        fd = table.map_fd
+        total = 0
+        in_batch = ct.c_uint32(0)  # a bucket index for hash maps
+        out_batch = ct.c_uint32(0)
+        count = ct.c_uint32(0)
+        first = True
+        while total < cap:
+            count.value = chunk
+            res = lib.bpf_lookup_and_delete_batch(
+                fd, None if first else ct.byref(in_batch), ct.byref(out_batch),
+                ct.byref(keys), ct.byref(vals), ct.byref(count),
+            )
+            err = ct.get_errno()
+            total += count.value
+            if count.value:
+                yield count.value
+            if res != 0:
+                if err != errno.ENOENT:
+                    log.debug("batch lookup-and-delete of %s failed after %d entries (%s); reading key by key",
+                              name, total, os.strerror(err))
+                return
+            in_batch.value = out_batch.value
+            first = False
 
     def _take_batch(self, name: str, table: Any, keys: Any, ksz: int, vals: Any, vsz: int, cap: int) -> int:
         """Read and delete entries of a (quiescent) hash map into ``keys``/``vals``,

@@ -471,8 +471,12 @@ PYSTACK_HEAD = struct.Struct("<II")
 
 
 def parse_pystack(raw: bytes | memoryview, depth: int) -> tuple[list[tuple[int, int]], int]:
-    """A ``struct flamed_pystack`` value: (frames innermost first, flags)."""
+    """A ``struct flamed_pystack`` value: (frames innermost first, flags).
+
+    Whole, or cut to the frames it holds (``mapread.pystack_used``): the
+    instruction offsets follow the codes of as many frames as its length gives."""
     n, flags = PYSTACK_HEAD.unpack_from(raw, 0)
+    depth = min(depth, (len(raw) - 8) // 12)
     n = min(n, depth)
     layout = _PYSTACK_LAYOUTS.get(n)
     if layout is None:

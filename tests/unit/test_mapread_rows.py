@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import random
+import struct
 import sys
 
-from flamed.sampling.mapread import CountRows, StackAddrs, StackValues
+import pytest
+
+from flamed.sampling.mapread import CountRows, StackAddrs, StackValues, pystack_used, ustack_used
 from flamed.sampling.program import KEY
+from flamed.sampling.pyframes import parse_pystack
+from flamed.sampling.unwind import parse_ustack
 
 
 def _row(r: random.Random) -> tuple[int, int, int, int, bytes, int, int, int, int, int]:
@@ -28,13 +33,15 @@ def test_count_rows_and_their_columns_match_the_rows_they_were_read_from() -> No
 
 
 def test_stack_values_are_slices_of_the_buffer_by_id() -> None:
-    size = 24
     ids = [random.Random(i).getrandbits(64) for i in range(50)]
-    buf = b"".join(bytes([i]) * size for i in range(50))
-    v = StackValues(ids, memoryview(buf), size, {5: b"x" * size})
-    assert len(v) == 51 and ids[3] in v and 5 in v and 6 not in v
-    assert bytes(v.get(ids[3]) or b"") == bytes([3]) * size and len(v.get(ids[49]) or b"") == size
-    assert v.get(5) == b"x" * size and v.get(6) is None
+    blob = b"".join(bytes([i]) * (i % 7) for i in range(50))  # values of their own lengths, some empty
+    offs = [0]
+    for i in range(50):
+        offs.append(offs[-1] + i % 7)
+    v = StackValues(ids, blob, offs)
+    assert len(v) == 50 and ids[3] in v and 5 not in v
+    assert bytes(v.get(ids[3]) or b"") == bytes([3]) * 3 and v.get(ids[49]) is not None and bytes(v.get(ids[49]) or b"") == b""
+    assert v.get(6) is None
 
 
 def test_stack_addresses_come_back_as_they_were_added_whatever_their_length() -> None:
@@ -55,11 +62,10 @@ def test_stack_addresses_come_back_as_they_were_added_whatever_their_length() ->
 def test_stack_values_find_every_id_of_a_large_map_and_no_other() -> None:
     """Ids anywhere in 0..2**64-1, in the buffer's order, found by bisection."""
     r = random.Random(5)
-    size = 8
     ids = list({r.getrandbits(64) for _ in range(20000)} | {0, 1, (1 << 64) - 1})
     r.shuffle(ids)
-    buf = b"".join(i.to_bytes(8, "little") for i in ids)  # each value is its own id
-    v = StackValues(memoryview(buf).cast("Q"), memoryview(buf), size, {})
+    blob = b"".join(i.to_bytes(8, "little") for i in ids)  # each value is its own id
+    v = StackValues(ids, blob, range(0, 8 * len(ids) + 1, 8))
     assert len(v) == len(ids)
     for i in ids:
         assert i in v and int.from_bytes(bytes(v.get(i) or b""), "little") == i
@@ -68,3 +74,28 @@ def test_stack_values_find_every_id_of_a_large_map_and_no_other() -> None:
         if i not in present:
             assert i not in v and v.get(i) is None
     assert -1 not in v and v.get(-1) is None
+
+
+@pytest.mark.parametrize("depth", [1, 7, 32, 128])
+def test_a_stack_cut_to_what_it_uses_reads_as_the_whole_value(depth: int) -> None:
+    """What the drain keeps of a stack map's values (their used part) parses
+    as the fixed-size value the program wrote, for every frame count and an
+    odd depth (the struct's tail padding)."""
+    r = random.Random(depth)
+    for n in sorted({0, 1, depth // 2, depth, depth + 3}):  # a count past the depth is cut to it
+        k = min(n, depth)
+        codes = [r.getrandbits(64) for _ in range(k)] + [0] * (depth - k)
+        instrs = [r.getrandbits(32) for _ in range(k)] + [0] * (depth - k)
+        flags = r.getrandbits(32)
+        whole = struct.pack(f"<II{depth}Q{depth}I", n, flags, *codes, *instrs)
+        whole += bytes(-len(whole) % 8)  # as the C struct is padded
+        cut = bytearray()
+        pystack_used(memoryview(whole), cut)
+        assert len(cut) == 8 + 12 * k
+        assert parse_pystack(bytes(cut), depth) == parse_pystack(whole, depth) == (list(zip(codes[:k], instrs[:k])), flags)
+
+        ips = [r.getrandbits(64) for _ in range(k)] + [0] * (depth - k)
+        uwhole = struct.pack(f"<II{depth}Q", n, 2, *ips)
+        ucut = bytearray()
+        ustack_used(uwhole, ucut)
+        assert len(ucut) == 8 + 8 * k and parse_ustack(bytes(ucut)) == parse_ustack(uwhole) == (ips[:k], parse_ustack(uwhole)[1])
