@@ -181,7 +181,7 @@ class DrainLoop:
                 self.store.rotate()
             return
         self._take_window(window, time.perf_counter() - t0, final=final)
-        if rotate_now or self.store.due(window.end_ns, int(self.config.sampling.drain_interval * 0.5e9)):
+        if rotate_now or self.store.due(window.end_ns, self._next_grid(window.end_ns)):
             self.store.rotate()
         elif self.store.backlog:
             self.store.write_pending()
