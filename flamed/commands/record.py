@@ -307,6 +307,7 @@ class RecordCommand(Command):
         interrupted = False
         pythons: set[int] = set()
         target_exited = False
+        watch: record_daemon.TargetWatch | None = None
         t_sampling = time.monotonic()
         try:
             try:
@@ -344,9 +345,11 @@ class RecordCommand(Command):
                 sampler.add_pid(target)
                 t_sampling = time.monotonic()
                 mixed.follow(target)
+                watch = record_daemon.TargetWatch(target)
                 deadline = time.monotonic() + args.duration if args.duration else None
                 try:
                     while True:
+                        watch.update()
                         if child is not None and child.poll() is not None:
                             break
                         if child is None and not _alive(target):
@@ -409,9 +412,12 @@ class RecordCommand(Command):
                 self.warn(f"nothing was recorded: {what} did not wait {args.min_block_us} us or longer")
                 return rc or 1
             secs = time.monotonic() - t_sampling
+            hint = watch.child_hint(daemon=False) if watch is not None and not args.subprocesses else ""
             if target_exited:
                 self.warn(f"nothing was recorded: {what} exited {secs:.1f} s after sampling began, "
-                          "before it was seen on a CPU")
+                          f"before it was seen on a CPU{hint}")
+            elif hint:
+                self.warn(f"nothing was recorded: {what} was not on a CPU in the {secs:.1f} s sampled{hint}")
             else:
                 self.warn(f"nothing was recorded: {what} was not on a CPU in the {secs:.1f} s sampled "
                           "(idle, or blocked); record it while it works")

@@ -213,3 +213,35 @@ def test_nothing_recorded_fails_as_without_the_daemon(
     # A command that failed: its own exit code, as without the daemon.
     r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c", "sleep 0.5; exit 3"])
     assert r.returncode == 3, r.stderr
+
+
+def test_an_exec_wrapper_is_checked_against_the_filter_as_what_it_became(
+        daemon_factory: Any, tmp_path: Path) -> None:
+    """``sh -c 'exec sleep ...'`` is ``sh`` when record starts it and ``sleep`` a
+    moment later: the daemon's ``comms = ["sleep"]`` lets it through, so record
+    neither warns that the filter leaves it out nor blames the filter when
+    nothing comes back (the fake sampler samples no real process)."""
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0, "comms": ["sleep"]})
+    out = tmp_path / "w.folded"
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c", "exec sleep 1.5"], timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "samples only" not in r.stderr and "outside it" not in r.stderr, r.stderr
+    assert re.search(r"nothing was recorded: the daemon saw sleep \(pid \d+\) on no CPU", r.stderr), r.stderr
+    # The filter still names a target it does leave out, by its name after the exec.
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c", "exec timeout 1.5 tail -f /dev/null"],
+                timeout=60)
+    assert r.returncode == 124, r.stderr
+    assert 'the daemon samples only [sampling] comms = ["sleep"]: timeout (pid' in r.stderr, r.stderr
+    assert 'which leaves out timeout (pid' in r.stderr, r.stderr
+
+
+def test_a_wrapper_that_forks_names_the_child_it_left_the_work_to(daemon_factory: Any, tmp_path: Path) -> None:
+    """``timeout 5 sleep 1.5`` runs ``sleep`` as a child, which record does not
+    follow: when nothing comes back, the message names that child and
+    --subprocesses instead of only saying the wrapper was not on a CPU."""
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
+    out = tmp_path / "w.folded"
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "timeout", "5", "sleep", "1.5"], timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert re.search(r"the daemon saw timeout \(pid \d+\) on no CPU in \d+ window\(s\); it started sleep "
+                     r"\(pid \d+\), which record does not follow: --subprocesses", r.stderr), r.stderr
