@@ -70,3 +70,18 @@ def child_pids(pid: int) -> list[int]:
         except (OSError, ValueError):
             continue
     return out
+
+
+def thread_states(pid: int) -> list[bytes]:
+    """The state letter (``R``, ``S``, ``D``, ``T``...) of each thread of process
+    ``pid``; [] when it is gone."""
+    out: list[bytes] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        fields = read_stat(f"/proc/{pid}/task/{tid}/stat")
+        if fields:
+            out.append(fields[0])
+    return out

@@ -25,7 +25,7 @@ from flamed.fileio import open_output, output_problem
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack
 from flamed.outputs.base import OutputOptions
-from flamed.procstat import running, status_tgid
+from flamed.procstat import running, status_tgid, thread_states
 from flamed.pyspy.align import JoinOptions
 from flamed.pyspy.mixed import MixedMode, MixedOptions
 from flamed.pyspy.supervisor import MAX_RATE, PySpyOptions, find_pyspy
@@ -308,6 +308,10 @@ class RecordCommand(Command):
         pythons: set[int] = set()
         target_exited = False
         watch: record_daemon.TargetWatch | None = None
+        timed = args.mode != "cpu"
+        #: At the end, how the target's threads all waited ("" unless each one did; --mode offcpu/wall).
+        waiting_since_before = ""
+        target: int | None = None
         t_sampling = time.monotonic()
         try:
             try:
@@ -361,6 +365,8 @@ class RecordCommand(Command):
                         self._drain(sampler, mixed, samples, counts)
                 except KeyboardInterrupt:
                     interrupted = True
+                if timed and target is not None:
+                    waiting_since_before = _waiting(target)
                 self._drain(sampler, mixed, samples, counts, last=True)
             except KeyboardInterrupt:
                 # Ctrl-C before or between drains: still write what was recorded.
@@ -408,6 +414,12 @@ class RecordCommand(Command):
             return 130
         if not profile.total():
             what = f"process {args.pid}" if args.pid is not None else f"{cmd[0]} (pid {child.pid if child else '?'})"
+            if args.mode != "cpu" and waiting_since_before:
+                # Off the CPU all along, in waits begun before the recording: never seen to begin.
+                self.warn(f"nothing was recorded: every thread of {what} was {waiting_since_before} all along, in "
+                          "waits that began before the recording (only waits that begin while recording are "
+                          f"measured: docs/offcpu.md); flamed dump -p {target} shows where they wait now")
+                return rc or 1
             if args.mode == "offcpu":
                 self.warn(f"nothing was recorded: {what} did not wait {args.min_block_us} us or longer")
                 return rc or 1
@@ -647,6 +659,15 @@ def _failures(mixed: MixedMode) -> str:
 
 def _alive(pid: int) -> bool:
     return running(f"/proc/{pid}/stat")
+
+
+def _waiting(pid: int) -> str:
+    """How every thread of live process ``pid`` is off the CPU now ("stopped",
+    "blocked"), or "" when one of them runs (or it is gone)."""
+    states = thread_states(pid)
+    if not states or any(s not in (b"S", b"D", b"T", b"t", b"I") for s in states):
+        return ""
+    return "stopped" if all(s in (b"T", b"t") for s in states) else "blocked"
 
 
 @contextlib.contextmanager
