@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -161,6 +162,8 @@ class RecordCommand(Command):
             raise UsageError("give either -p PID or -- COMMAND ARGS... (not both)")
         if args.pid is not None:
             _check_target(args.pid)
+        else:
+            _check_command(cmd[0])
         # Numbers were checked as they were parsed (_argtypes); the outputs are
         # checked before anything is recorded, so an unwritable -o does not
         # cost the whole recording.
@@ -655,6 +658,18 @@ def _failures(mixed: MixedMode) -> str:
     m = mixed.supervisor.metrics()
     bad = {k.removeprefix("failed_"): v for k, v in m.items() if k.startswith("failed_") and v}
     return ", ".join(f"{k}={v}" for k, v in sorted(bad.items())) or "none"
+
+
+def _check_command(name: str) -> None:
+    """A COMMAND that cannot run fails before anything is loaded (the BPF
+    program took seconds to compile before the same error came)."""
+    if os.sep in name:
+        if not os.path.exists(name):
+            raise UsageError(f"cannot run {name}: No such file or directory")
+        if os.path.isdir(name) or not os.access(name, os.X_OK):
+            raise UsageError(f"cannot run {name}: Permission denied")
+    elif shutil.which(name) is None:
+        raise UsageError(f"cannot run {name}: not found in PATH")
 
 
 def _alive(pid: int) -> bool:

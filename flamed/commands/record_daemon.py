@@ -78,6 +78,8 @@ class DaemonRecording:
     comm: str = ""
     #: The first process the target started, as ``NAME (pid N)`` ("" when none was seen).
     child: str = ""
+    #: Seconds from the start of the record to the target's exit (None: it did not exit meanwhile).
+    exited_s: float | None = None
 
     def add(self, head: dict[str, Any], payload: bytes) -> None:
         if not head.get("windows"):
@@ -100,7 +102,10 @@ class DaemonRecording:
         if self.filtered_out:
             return (f"the daemon at {self.socket} samples only {self.filtered_out}, which leaves out {what}; "
                     "--no-daemon records it here")
-        saw = f"the daemon saw {what} on no CPU in {self.windows} window(s)"
+        if self.exited_s is not None:
+            saw = f"{what} exited {self.exited_s:.1f} s after the record began, before the daemon saw it on a CPU"
+        else:
+            saw = f"the daemon saw {what} on no CPU in {self.windows} window(s)"
         if self.maybe_filtered:
             saw += f"; it samples only {self.maybe_filtered}, which may leave it out (--no-daemon records it here)"
         return saw + TargetWatch(self.target, child=self.child).child_hint(daemon=True)
@@ -272,16 +277,16 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
     checked = child is None
     if checked:
         check_filter(say=True)
-    deadline = time.monotonic() + duration if duration else None
+    began = time.monotonic()
+    deadline = began + duration if duration else None
     interrupted = False
     try:
         next_poll = time.monotonic() + POLL_S
         while True:
             watch.update()
-            if child is not None and child.poll() is not None:
-                break
             # A zombie has exited too: its /proc entry stays until its parent reaps it.
-            if child is None and not running(f"/proc/{target}/stat"):
+            if (child.poll() is not None) if child is not None else not running(f"/proc/{target}/stat"):
+                rec.exited_s = time.monotonic() - began
                 break
             now = time.monotonic()
             if deadline is not None and now >= deadline:
