@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -95,7 +96,8 @@ class RecordCommand(Command):
         parser.add_argument("-p", "--pid", type=integer(1, PID_MAX, what="a process id"),
                             help="process to record (a process id, not the id of one of its threads)")
         parser.add_argument("-d", "--duration", type=number(0, WEEK_S, above=True, what="seconds"), default=None,
-                            help="seconds to record (default: until the process exits or Ctrl-C)")
+                            help="seconds to record (default: until the process exits or Ctrl-C); a command that runs "
+                                 "longer gets its profile then, and record waits for its exit code")
         parser.add_argument("-r", "--rate", type=integer(1, 999, what="samples per second"), default=None,
                             help="BPF samples per second, 1..999 (default 99; giving it samples here, not "
                                  "through the daemon)")
@@ -257,6 +259,8 @@ class RecordCommand(Command):
         if not rec.stacks:
             self.warn(f"nothing was recorded: {rec.nothing_reason()}")
         self._write(args, fmt, profile)
+        if rec.running is not None:
+            rc = self._wait_command(rec.running, cmd)
         if rec.broken:
             return rc if cmd and rc else 1
         if interrupted and not cmd:
@@ -378,8 +382,10 @@ class RecordCommand(Command):
             if mixed is not None:
                 samples.extend(mixed.close())
             sampler.close()
-            if child is not None:
+            # A command still running when -d ended is waited for once its profile is written.
+            if child is not None and (interrupted or child.poll() is not None or sys.exc_info()[0] is not None):
                 rc = self._finish_child(child, interrupted)
+                child = None
         by_bpf = {pid for pid, (src, _) in mixed.decided.items() if src == "bpf"} if mixed is not None else set()
         by_pyspy = pythons - by_bpf
         if mixed is not None and by_bpf:
@@ -413,10 +419,13 @@ class RecordCommand(Command):
         self._write(args, fmt, profile)
         if args.timeline:
             self._write_timeline(args.timeline, samples)
-        if interrupted and child is None:
+        if interrupted and not cmd:
             return 130
+        secs = time.monotonic() - t_sampling  # sampled (not the wait below)
+        if child is not None:
+            rc = self._wait_command(child, cmd)
         if not profile.total():
-            what = f"process {args.pid}" if args.pid is not None else f"{cmd[0]} (pid {child.pid if child else '?'})"
+            what = f"process {args.pid}" if args.pid is not None else f"{cmd[0]} (pid {target})"
             if args.mode != "cpu" and waiting_since_before:
                 # Off the CPU all along, in waits begun before the recording: never seen to begin.
                 self.warn(f"nothing was recorded: every thread of {what} was {waiting_since_before} all along, in "
@@ -426,7 +435,6 @@ class RecordCommand(Command):
             if args.mode == "offcpu":
                 self.warn(f"nothing was recorded: {what} did not wait {args.min_block_us} us or longer")
                 return rc or 1
-            secs = time.monotonic() - t_sampling
             hint = watch.child_hint(daemon=False) if watch is not None and not args.subprocesses else ""
             if target_exited:
                 self.warn(f"nothing was recorded: {what} exited {secs:.1f} s after sampling began, "
@@ -571,6 +579,17 @@ class RecordCommand(Command):
     # -- shared -----------------------------------------------------------
     def _finish_child(self, child: subprocess.Popen[bytes], interrupted: bool) -> int:
         return record_daemon.finish_child(child, interrupted)
+
+    def _wait_command(self, child: subprocess.Popen[bytes], cmd: list[str]) -> int:
+        """-d ended while the command runs on: its profile is written; its exit code
+        is still record's, so it is waited for (Ctrl-C stops it, as while recording)."""
+        if child.poll() is None:
+            self.warn(f"the {os.path.basename(cmd[0])} command (pid {child.pid}) still runs after the -d "
+                      "recorded: waiting for it to exit, as record returns its exit code (Ctrl-C stops it)")
+        try:
+            return self._finish_child(child, False)
+        except KeyboardInterrupt:
+            return self._finish_child(child, True)
 
     def _write(self, args: argparse.Namespace, fmt: outputs.OutputFormat, profile: Profile) -> None:
         path = _output_path(args, fmt)

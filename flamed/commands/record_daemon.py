@@ -80,6 +80,8 @@ class DaemonRecording:
     child: str = ""
     #: Seconds from the start of the record to the target's exit (None: it did not exit meanwhile).
     exited_s: float | None = None
+    #: The command, still running when the duration ended: to be waited for once the profile is written.
+    running: subprocess.Popen[bytes] | None = None
 
     def add(self, head: dict[str, Any], payload: bytes) -> None:
         if not head.get("windows"):
@@ -246,7 +248,9 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
     """Record through the daemon: the recording, the exit code (the command's, for
     ``cmd``) and whether Ctrl-C (or SIGTERM, which the caller turns into
     KeyboardInterrupt) ended it.  ``status``: the daemon's (:func:`probe`), for
-    its sampling filter."""
+    its sampling filter.  A command that still runs when ``duration`` ended is
+    left running, in ``rec.running``, for the caller to write the profile first
+    and then wait for it (the exit code returned is then 0)."""
     rec = DaemonRecording(socket_path)
     t_start_ns = time.time_ns()
     # Before the command starts, so that none of its samples fall in the window closed.
@@ -315,7 +319,12 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
             rec.broken = str(e)
         except KeyboardInterrupt:
             interrupted = True
-    rc = finish_child(child, interrupted) if child is not None else 0
+    rc = 0
+    if child is not None:
+        if interrupted or child.poll() is not None or rec.broken:
+            rc = finish_child(child, interrupted)
+        else:
+            rec.running = child
     if rec.broken:
         got = (f"{int(sum(rec.stacks.values()))} samples in {rec.windows} window(s)" if rec.windows
                else "nothing")

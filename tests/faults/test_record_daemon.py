@@ -281,3 +281,16 @@ def test_a_command_that_cannot_run_fails_before_anything_is_loaded(tmp_path: Pat
     assert "loading the BPF programs" not in r.stderr, r.stderr
     r = _record(["--no-daemon", "-o", str(out), "--", str(tmp_path / "missing")], timeout=60)
     assert r.returncode == 2 and f"cannot run {tmp_path / 'missing'}: No such file or directory" in r.stderr, r.stderr
+
+
+def test_a_command_that_outlives_the_duration_gets_its_profile_first(daemon_factory: Any, tmp_path: Path) -> None:
+    """Through the daemon, ``-d 1 -- COMMAND`` of a command that runs on: the
+    profile is written when the second ends, then record waits for the command
+    and returns its exit code.  The command checks that the file is there
+    before it exits (5; it was written only after it exited before: 6)."""
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
+    out = tmp_path / "d.folded"
+    script = f"sleep 4; test -e {out} && exit 5 || exit 6"
+    r = _record(["--socket", d.socket_path, "-d", "1", "-o", str(out), "--", "sh", "-c", script], timeout=60)
+    assert r.returncode == 5, r.stderr
+    assert "still runs after the -d recorded: waiting for it to exit" in r.stderr, r.stderr

@@ -200,7 +200,7 @@ def test_pprof_says_off_cpu_nanoseconds(tmp_path: Path) -> None:
 def test_a_wait_still_open_at_the_end_is_counted_up_to_it(tmp_path: Path) -> None:
     """A thread blocked when the recording stops keeps its wait so far."""
     out = tmp_path / "open.folded"
-    # (record -d with a command waits for it to exit once the recording ends)
+    # (record -d with a command writes the profile when the recording ends, then waits for it to exit)
     code = ("import time\ndef stuck_at_the_end():\n    time.sleep(6)\n"
             "end = time.monotonic() + 0.3\nwhile time.monotonic() < end: pass\nstuck_at_the_end()\n")
     t0 = time.monotonic()

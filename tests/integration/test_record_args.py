@@ -172,3 +172,18 @@ def test_output_failing_at_the_end_saves_the_recording(tmp_path: Path, require_b
     assert f"the recording was saved as folded text to {files[0]}" in r.stderr
     lines = files[0].read_text().splitlines()
     assert lines and sum(int(ln.rsplit(" ", 1)[1]) for ln in lines) > 0
+
+
+@pytest.mark.bpf
+def test_a_command_that_outlives_the_duration_gets_its_profile_first(tmp_path: Path, require_bpf: None) -> None:
+    """``-d 1 -- COMMAND`` of a command that runs on: the profile is written when
+    the second ends, record says it waits for the command, and returns its exit
+    code once it exits.  The command itself checks that the file is there
+    before it exits (5), which it was not before (6): it was written only after."""
+    out = tmp_path / "d.folded"
+    script = f"sleep 5; test -e {out} && exit 5 || exit 6"
+    r = flamed(["record", "--no-daemon", "-r", "49", "-d", "1", "-o", str(out), "--", "sh", "-c", script],
+               timeout=60)
+    assert r.returncode == 5, r.stderr
+    assert "still runs after the -d recorded: waiting for it to exit" in r.stderr, r.stderr
+    assert r.stderr.index("wrote ") < r.stderr.index("still runs"), r.stderr
