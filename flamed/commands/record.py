@@ -566,6 +566,12 @@ class RecordCommand(Command):
                     rc = self._finish_child(child, interrupted)
             if not os.path.exists(out):
                 msg = (err or b"").decode(errors="replace").strip().splitlines()
+                if not msg and child is not None:
+                    # py-spy was stopped when the command exited, before it wrote or said anything.
+                    raise CapabilityError(
+                        f"py-spy recorded nothing: {cmd[0]} exited (code {rc}) before py-spy read a Python "
+                        "stack of it: it is not Python, or ran too briefly; without BPF only Python stacks "
+                        "are recorded (as root, BPF records native and kernel stacks of any program)")
                 raise CapabilityError(f"py-spy recorded nothing: {msg[0] if msg else 'no output'}")
             with open(out, "rb") as f:
                 profile = read_folded(f, source="py-spy")

@@ -447,7 +447,12 @@ def program_is_cached(options: BpfSamplerOptions) -> bool:
                            pid_offset=task_pid_offset() if options.offcpu else -1)
     except FlamedError:
         return False
-    return ImageCache(options.bpf_cache_dir).path(image_key(prog.source, prog.cflags)).is_file()
+    try:
+        return ImageCache(options.bpf_cache_dir).path(image_key(prog.source, prog.cflags)).is_file()
+    except OSError:
+        # A cache this user may not look into (another user's, e.g. root's under a HOME
+        # kept by sudo or setpriv) holds nothing for it: not cached.
+        return False
 
 
 def print_bpf(options: BpfSamplerOptions = BpfSamplerOptions(), file: TextIO | None = None) -> None:

@@ -187,3 +187,34 @@ def test_a_command_that_outlives_the_duration_gets_its_profile_first(tmp_path: P
     assert r.returncode == 5, r.stderr
     assert "still runs after the -d recorded: waiting for it to exit" in r.stderr, r.stderr
     assert r.stderr.index("wrote ") < r.stderr.index("still runs"), r.stderr
+
+
+def test_a_user_without_bpf_and_another_users_cache_gets_a_message_not_a_traceback() -> None:
+    """A user without BPF whose cache directory is another user's (root's HOME kept
+    by ``sudo`` without -H, ``setpriv``, ``su`` without -): looking for the
+    compiled program there raised PermissionError out of record.  Now it is
+    not cached, BPF is unavailable, and record says what it could not do."""
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    need_root = os.geteuid() == 0 and shutil.which("setpriv") is not None
+    if not need_root:
+        pytest.skip("root and setpriv (to run as uid 65534)")
+    top = Path(tempfile.mkdtemp(prefix="flamed-test-cache-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        cache = top / "cache"
+        (cache / "flamed" / "bpf").mkdir(parents=True)
+        cache.chmod(0o700)  # root's: uid 65534 cannot look inside
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(cache)}
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        r = subprocess.run(nobody + [*FLAMED, "record", "--no-daemon", "-o", "/dev/null", "--", "true"],
+                           capture_output=True, text=True, timeout=120, env=env, cwd="/")
+        assert "Traceback" not in r.stderr, r.stderr
+        assert r.returncode == 3, r.stderr
+        assert "BPF unavailable" in r.stderr or "neither BPF nor py-spy" in r.stderr, r.stderr
+        if "py-spy recorded nothing" in r.stderr and "Error:" not in r.stderr:
+            # py-spy, stopped when `true` exited, said nothing: record says why.
+            assert "true exited (code 0) before py-spy read a Python stack of it: it is not Python" in r.stderr
+    finally:
+        shutil.rmtree(top)
