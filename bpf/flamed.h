@@ -62,6 +62,10 @@ struct flamed_event {
 struct flamed_task {
     __u32 tgid;
     char comm[FLAMED_COMM_LEN];
+    /* The low half of task_struct.self_exec_id, which each exec advances: an
+     * image that exec replaced keeps its tgid, and often its comm (a program
+     * that execs itself).  0 when the offset is unknown. */
+    __u32 exec_id;
 };
 
 /* Key of the comm filter map. */

@@ -35,6 +35,9 @@
  *   FLAMED_PRIME          1: report each process image the first time it is
  *                         sampled (see `new_images` below)
  *   FLAMED_SEEN_MAX       process images remembered for that (LRU, default 16384)
+ *   FLAMED_TASK_EXEC_ID_OFF  offset of self_exec_id in task_struct (from the
+ *                         kernel's BTF), or -1: with it an exec is a new image
+ *                         even when the comm stays the same
  *   FLAMED_PYTHON         1: walk the Python frames of the processes in
  *                         `pyprocs` (python.bpf.c, its own defines there)
  *   FLAMED_UNWIND         1: unwind the user stacks of the processes in
@@ -144,7 +147,7 @@ BPF_RINGBUF_OUTPUT(events, FLAMED_RINGBUF_PAGES);
 
 /* Symbolizing user stacks needs /proc/PID/maps, and a process that exits
  * before the next drain takes its maps with it.  So the first sample of each
- * process image (tgid + comm) is reported through `new_images` at once, and
+ * process image (tgid + comm + exec count) is reported through `new_images` at once, and
  * user space reads the maps while the process still runs; `seen` (LRU) keeps
  * the images already reported. */
 #if FLAMED_PRIME
@@ -157,14 +160,24 @@ BPF_PERF_OUTPUT(new_images);
  * which user space takes as a repeat.) */
 BPF_PERCPU_ARRAY(last_image, struct flamed_task, 1);
 
+#ifndef FLAMED_TASK_EXEC_ID_OFF
+#define FLAMED_TASK_EXEC_ID_OFF -1
+#endif
+
 static __always_inline void report_new_image(struct bpf_perf_event_data *ctx, struct flamed_key *key)
 {
     struct flamed_task t = {};
     t.tgid = key->tgid;
     __builtin_memcpy(t.comm, key->comm, FLAMED_COMM_LEN);
+#if FLAMED_TASK_EXEC_ID_OFF >= 0
+    /* The process's exec count (self_exec_id is per task; every thread of an
+     * image has the leader's, as exec leaves one thread). */
+    bpf_probe_read_kernel(&t.exec_id, sizeof(t.exec_id),
+                          (void *)bpf_get_current_task() + FLAMED_TASK_EXEC_ID_OFF);
+#endif
     u32 zero = 0;
     struct flamed_task *last = last_image.lookup(&zero);
-    if (last && last->tgid == t.tgid) {
+    if (last && last->tgid == t.tgid && last->exec_id == t.exec_id) {
         u64 a0, a1, b0, b1;
         __builtin_memcpy(&a0, last->comm, 8);
         __builtin_memcpy(&a1, last->comm + 8, 8);

@@ -44,3 +44,44 @@ def status_tgid(raw: bytes) -> int | None:
     own id for a process, its process's for a thread; ``None`` if missing."""
     m = _TGID.search(raw)
     return int(m[1]) if m is not None else None
+
+
+def comm(pid: int) -> str:
+    """The name (comm) of process ``pid``; "" when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().rstrip(b"\n").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is process ``pid`` (the children of each of its
+    threads, from ``/proc/PID/task/TID/children``); [] when it is gone."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def thread_states(pid: int) -> list[bytes]:
+    """The state letter (``R``, ``S``, ``D``, ``T``...) of each thread of process
+    ``pid``; [] when it is gone."""
+    out: list[bytes] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        fields = read_stat(f"/proc/{pid}/task/{tid}/stat")
+        if fields:
+            out.append(fields[0])
+    return out

@@ -6,8 +6,10 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,7 +27,7 @@ from flamed.fileio import open_output, output_problem
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack
 from flamed.outputs.base import OutputOptions
-from flamed.procstat import running, status_tgid
+from flamed.procstat import running, status_tgid, thread_states
 from flamed.pyspy.align import JoinOptions
 from flamed.pyspy.mixed import MixedMode, MixedOptions
 from flamed.pyspy.supervisor import MAX_RATE, PySpyOptions, find_pyspy
@@ -94,7 +96,8 @@ class RecordCommand(Command):
         parser.add_argument("-p", "--pid", type=integer(1, PID_MAX, what="a process id"),
                             help="process to record (a process id, not the id of one of its threads)")
         parser.add_argument("-d", "--duration", type=number(0, WEEK_S, above=True, what="seconds"), default=None,
-                            help="seconds to record (default: until the process exits or Ctrl-C)")
+                            help="seconds to record (default: until the process exits or Ctrl-C); a command that runs "
+                                 "longer gets its profile then, and record waits for its exit code")
         parser.add_argument("-r", "--rate", type=integer(1, 999, what="samples per second"), default=None,
                             help="BPF samples per second, 1..999 (default 99; giving it samples here, not "
                                  "through the daemon)")
@@ -161,6 +164,8 @@ class RecordCommand(Command):
             raise UsageError("give either -p PID or -- COMMAND ARGS... (not both)")
         if args.pid is not None:
             _check_target(args.pid)
+        else:
+            _check_command(cmd[0])
         # Numbers were checked as they were parsed (_argtypes); the outputs are
         # checked before anything is recorded, so an unwritable -o does not
         # cost the whole recording.
@@ -254,6 +259,8 @@ class RecordCommand(Command):
         if not rec.stacks:
             self.warn(f"nothing was recorded: {rec.nothing_reason()}")
         self._write(args, fmt, profile)
+        if rec.running is not None:
+            rc = self._wait_command(rec.running, cmd)
         if rec.broken:
             return rc if cmd and rc else 1
         if interrupted and not cmd:
@@ -307,6 +314,11 @@ class RecordCommand(Command):
         interrupted = False
         pythons: set[int] = set()
         target_exited = False
+        watch: record_daemon.TargetWatch | None = None
+        timed = args.mode != "cpu"
+        #: At the end, how the target's threads all waited ("" unless each one did; --mode offcpu/wall).
+        waiting_since_before = ""
+        target: int | None = None
         t_sampling = time.monotonic()
         try:
             try:
@@ -344,9 +356,11 @@ class RecordCommand(Command):
                 sampler.add_pid(target)
                 t_sampling = time.monotonic()
                 mixed.follow(target)
+                watch = record_daemon.TargetWatch(target)
                 deadline = time.monotonic() + args.duration if args.duration else None
                 try:
                     while True:
+                        watch.update()
                         if child is not None and child.poll() is not None:
                             break
                         if child is None and not _alive(target):
@@ -358,6 +372,8 @@ class RecordCommand(Command):
                         self._drain(sampler, mixed, samples, counts)
                 except KeyboardInterrupt:
                     interrupted = True
+                if timed and target is not None:
+                    waiting_since_before = _waiting(target)
                 self._drain(sampler, mixed, samples, counts, last=True)
             except KeyboardInterrupt:
                 # Ctrl-C before or between drains: still write what was recorded.
@@ -366,8 +382,10 @@ class RecordCommand(Command):
             if mixed is not None:
                 samples.extend(mixed.close())
             sampler.close()
-            if child is not None:
+            # A command still running when -d ended is waited for once its profile is written.
+            if child is not None and (interrupted or child.poll() is not None or sys.exc_info()[0] is not None):
                 rc = self._finish_child(child, interrupted)
+                child = None
         by_bpf = {pid for pid, (src, _) in mixed.decided.items() if src == "bpf"} if mixed is not None else set()
         by_pyspy = pythons - by_bpf
         if mixed is not None and by_bpf:
@@ -401,17 +419,28 @@ class RecordCommand(Command):
         self._write(args, fmt, profile)
         if args.timeline:
             self._write_timeline(args.timeline, samples)
-        if interrupted and child is None:
+        if interrupted and not cmd:
             return 130
+        secs = time.monotonic() - t_sampling  # sampled (not the wait below)
+        if child is not None:
+            rc = self._wait_command(child, cmd)
         if not profile.total():
-            what = f"process {args.pid}" if args.pid is not None else f"{cmd[0]} (pid {child.pid if child else '?'})"
+            what = f"process {args.pid}" if args.pid is not None else f"{cmd[0]} (pid {target})"
+            if args.mode != "cpu" and waiting_since_before:
+                # Off the CPU all along, in waits begun before the recording: never seen to begin.
+                self.warn(f"nothing was recorded: every thread of {what} was {waiting_since_before} all along, in "
+                          "waits that began before the recording (only waits that begin while recording are "
+                          f"measured: docs/offcpu.md); flamed dump -p {target} shows where they wait now")
+                return rc or 1
             if args.mode == "offcpu":
                 self.warn(f"nothing was recorded: {what} did not wait {args.min_block_us} us or longer")
                 return rc or 1
-            secs = time.monotonic() - t_sampling
+            hint = watch.child_hint(daemon=False) if watch is not None and not args.subprocesses else ""
             if target_exited:
                 self.warn(f"nothing was recorded: {what} exited {secs:.1f} s after sampling began, "
-                          "before it was seen on a CPU")
+                          f"before it was seen on a CPU{hint}")
+            elif hint:
+                self.warn(f"nothing was recorded: {what} was not on a CPU in the {secs:.1f} s sampled{hint}")
             else:
                 self.warn(f"nothing was recorded: {what} was not on a CPU in the {secs:.1f} s sampled "
                           "(idle, or blocked); record it while it works")
@@ -537,6 +566,12 @@ class RecordCommand(Command):
                     rc = self._finish_child(child, interrupted)
             if not os.path.exists(out):
                 msg = (err or b"").decode(errors="replace").strip().splitlines()
+                if not msg and child is not None:
+                    # py-spy was stopped when the command exited, before it wrote or said anything.
+                    raise CapabilityError(
+                        f"py-spy recorded nothing: {cmd[0]} exited (code {rc}) before py-spy read a Python "
+                        "stack of it: it is not Python, or ran too briefly; without BPF only Python stacks "
+                        "are recorded (as root, BPF records native and kernel stacks of any program)")
                 raise CapabilityError(f"py-spy recorded nothing: {msg[0] if msg else 'no output'}")
             with open(out, "rb") as f:
                 profile = read_folded(f, source="py-spy")
@@ -550,6 +585,17 @@ class RecordCommand(Command):
     # -- shared -----------------------------------------------------------
     def _finish_child(self, child: subprocess.Popen[bytes], interrupted: bool) -> int:
         return record_daemon.finish_child(child, interrupted)
+
+    def _wait_command(self, child: subprocess.Popen[bytes], cmd: list[str]) -> int:
+        """-d ended while the command runs on: its profile is written; its exit code
+        is still record's, so it is waited for (Ctrl-C stops it, as while recording)."""
+        if child.poll() is None:
+            self.warn(f"the {os.path.basename(cmd[0])} command (pid {child.pid}) still runs after the -d "
+                      "recorded: waiting for it to exit, as record returns its exit code (Ctrl-C stops it)")
+        try:
+            return self._finish_child(child, False)
+        except KeyboardInterrupt:
+            return self._finish_child(child, True)
 
     def _write(self, args: argparse.Namespace, fmt: outputs.OutputFormat, profile: Profile) -> None:
         path = _output_path(args, fmt)
@@ -639,8 +685,29 @@ def _failures(mixed: MixedMode) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(bad.items())) or "none"
 
 
+def _check_command(name: str) -> None:
+    """A COMMAND that cannot run fails before anything is loaded (the BPF
+    program took seconds to compile before the same error came)."""
+    if os.sep in name:
+        if not os.path.exists(name):
+            raise UsageError(f"cannot run {name}: No such file or directory")
+        if os.path.isdir(name) or not os.access(name, os.X_OK):
+            raise UsageError(f"cannot run {name}: Permission denied")
+    elif shutil.which(name) is None:
+        raise UsageError(f"cannot run {name}: not found in PATH")
+
+
 def _alive(pid: int) -> bool:
     return running(f"/proc/{pid}/stat")
+
+
+def _waiting(pid: int) -> str:
+    """How every thread of live process ``pid`` is off the CPU now ("stopped",
+    "blocked"), or "" when one of them runs (or it is gone)."""
+    states = thread_states(pid)
+    if not states or any(s not in (b"S", b"D", b"T", b"t", b"I") for s in states):
+        return ""
+    return "stopped" if all(s in (b"T", b"t") for s in states) else "blocked"
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from flamed.daemon.client import DaemonError, request
 from flamed.errors import FlamedError, UsageError
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack
-from flamed.procstat import running
+from flamed.procstat import child_pids, comm, running
 
 
 #: Seconds between two requests for what the daemon drained meanwhile (no drain is forced).
@@ -76,6 +76,12 @@ class DaemonRecording:
     #: The target's process id and name (for the messages).
     target: int = 0
     comm: str = ""
+    #: The first process the target started, as ``NAME (pid N)`` ("" when none was seen).
+    child: str = ""
+    #: Seconds from the start of the record to the target's exit (None: it did not exit meanwhile).
+    exited_s: float | None = None
+    #: The command, still running when the duration ended: to be waited for once the profile is written.
+    running: subprocess.Popen[bytes] | None = None
 
     def add(self, head: dict[str, Any], payload: bytes) -> None:
         if not head.get("windows"):
@@ -98,10 +104,13 @@ class DaemonRecording:
         if self.filtered_out:
             return (f"the daemon at {self.socket} samples only {self.filtered_out}, which leaves out {what}; "
                     "--no-daemon records it here")
-        saw = f"the daemon saw {what} on no CPU in {self.windows} window(s)"
+        if self.exited_s is not None:
+            saw = f"{what} exited {self.exited_s:.1f} s after the record began, before the daemon saw it on a CPU"
+        else:
+            saw = f"the daemon saw {what} on no CPU in {self.windows} window(s)"
         if self.maybe_filtered:
             saw += f"; it samples only {self.maybe_filtered}, which may leave it out (--no-daemon records it here)"
-        return saw
+        return saw + TargetWatch(self.target, child=self.child).child_hint(daemon=True)
 
     def profile(self) -> Profile:
         return Profile(dict(self.stacks), start_ns=self.start_ns, end_ns=self.end_ns, sample_rate=self.sample_rate,
@@ -140,12 +149,39 @@ def probe(socket_path: str) -> dict[str, Any]:
     return status
 
 
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm", "rb") as f:
-            return f.read().rstrip(b"\n").decode(errors="replace")
-    except OSError:
-        return ""
+@dataclass
+class TargetWatch:
+    """What record learns of its target while it runs (:meth:`update` at each
+    turn of its loop): its name after any exec, so that a wrapper that execs
+    (``sh -c 'exec python3 ...'``, ``env``, a pyenv shim) is named, and checked
+    against the daemon's filter, as what it became rather than as the wrapper
+    (or as this process, in the instant between fork and exec); and the first
+    process it started, so that when a wrapper that forks (``timeout``,
+    ``unshare --fork``, ``sh -c`` without exec) left the work to a child that
+    record does not follow, the message says so."""
+
+    pid: int
+    comm: str = ""
+    #: The first child process seen, as ``NAME (pid N)`` ("" while none was).
+    child: str = ""
+
+    def update(self) -> None:
+        name = comm(self.pid)
+        if name:
+            self.comm = name
+        if not self.child:
+            for kid in child_pids(self.pid):
+                kname = comm(kid)
+                if kname:
+                    self.child = f"{kname} (pid {kid})"
+                    break
+
+    def child_hint(self, *, daemon: bool) -> str:
+        """"" when no child was seen, else why it was not recorded and how it would be."""
+        if not self.child:
+            return ""
+        return (f"; it started {self.child}, which record does not follow: --subprocesses also records "
+                "a command's Python descendants" + (" (sampling here, not through the daemon)" if daemon else ""))
 
 
 def filter_excludes(status: dict[str, Any], tgid: int, comm: str) -> str:
@@ -212,7 +248,9 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
     """Record through the daemon: the recording, the exit code (the command's, for
     ``cmd``) and whether Ctrl-C (or SIGTERM, which the caller turns into
     KeyboardInterrupt) ended it.  ``status``: the daemon's (:func:`probe`), for
-    its sampling filter."""
+    its sampling filter.  A command that still runs when ``duration`` ended is
+    left running, in ``rec.running``, for the caller to write the profile first
+    and then wait for it (the exit code returned is then 0)."""
     rec = DaemonRecording(socket_path)
     t_start_ns = time.time_ns()
     # Before the command starts, so that none of its samples fall in the window closed.
@@ -228,26 +266,39 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
         assert pid is not None
         target = pid
     rec.target = target
-    rec.comm = _comm(target) or (os.path.basename(cmd[0])[:15] if cmd else "")
-    rec.filtered_out = filter_excludes(status or {}, target, rec.comm)
+    watch = TargetWatch(target, os.path.basename(cmd[0])[:15] if cmd else "")
+    watch.update()
     rec.maybe_filtered = filter_unchecked(status or {})
-    if rec.filtered_out:
-        warn(f"the daemon samples only {rec.filtered_out}: {rec.comm} (pid {target}) is outside it, so its "
-             "samples will not come back; --no-daemon records it here")
-    deadline = time.monotonic() + duration if duration else None
+
+    def check_filter(*, say: bool) -> None:
+        # A command is checked once it has had time to exec (a wrapper's name is not the target's).
+        rec.comm = watch.comm
+        rec.filtered_out = filter_excludes(status or {}, target, rec.comm)
+        if rec.filtered_out and say:
+            warn(f"the daemon samples only {rec.filtered_out}: {rec.comm} (pid {target}) is outside it, so its "
+                 "samples will not come back; --no-daemon records it here")
+
+    checked = child is None
+    if checked:
+        check_filter(say=True)
+    began = time.monotonic()
+    deadline = began + duration if duration else None
     interrupted = False
     try:
         next_poll = time.monotonic() + POLL_S
         while True:
-            if child is not None and child.poll() is not None:
-                break
+            watch.update()
             # A zombie has exited too: its /proc entry stays until its parent reaps it.
-            if child is None and not running(f"/proc/{target}/stat"):
+            if (child.poll() is not None) if child is not None else not running(f"/proc/{target}/stat"):
+                rec.exited_s = time.monotonic() - began
                 break
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 break
             if now >= next_poll:
+                if not checked:
+                    checked = True
+                    check_filter(say=True)
                 try:
                     cursor = _poll(rec, cursor, [target], root, drain=False)
                 except FlamedError as e:
@@ -257,6 +308,9 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
             time.sleep(max(0.01, min(0.1, next_poll - time.monotonic())))
     except KeyboardInterrupt:
         interrupted = True
+    if not checked:
+        check_filter(say=False)
+    rec.comm, rec.child = watch.comm, watch.child
     if not rec.broken:
         # The end: a drain puts the last samples into the ring, then they are read.
         try:
@@ -265,7 +319,12 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
             rec.broken = str(e)
         except KeyboardInterrupt:
             interrupted = True
-    rc = finish_child(child, interrupted) if child is not None else 0
+    rc = 0
+    if child is not None:
+        if interrupted or child.poll() is not None or rec.broken:
+            rc = finish_child(child, interrupted)
+        else:
+            rec.running = child
     if rec.broken:
         got = (f"{int(sum(rec.stacks.values()))} samples in {rec.windows} window(s)" if rec.windows
                else "nothing")

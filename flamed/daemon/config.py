@@ -438,6 +438,16 @@ def _describe(value: Any) -> str:
     return f"{name} {text[:40]}"
 
 
+def _shown(dotted: str, x: float) -> str:
+    """A value or bound of a range as the file would hold it: whole numbers in
+    full (``3600000000``, not ``3.6e+09``), file modes in octal."""
+    if dotted == "control.socket_mode" and isinstance(x, int):
+        return oct(x)
+    if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and abs(x) < 1e18):
+        return str(int(x))
+    return f"{x:g}"
+
+
 def build_options(cls: type[Any], raw: Mapping[str, Any], prefix: str) -> Any:
     """An instance of the frozen dataclass ``cls`` from a TOML table, every key checked.
 
@@ -456,7 +466,8 @@ def build_options(cls: type[Any], raw: Mapping[str, Any], prefix: str) -> Any:
         if dotted in _RANGES:
             lo, hi = _RANGES[dotted]
             if not lo <= v <= hi:
-                raise ConfigError(f"{dotted}: {v!r} is out of range [{lo:g}, {hi:g}]")
+                raise ConfigError(f"{dotted}: {_shown(dotted, v)} is out of range "
+                                  f"[{_shown(dotted, lo)}, {_shown(dotted, hi)}]")
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
             raise ConfigError(f"{dotted}: must not be negative, got {v!r}")
         if dotted in _CHOICES and v not in _CHOICES[dotted]:

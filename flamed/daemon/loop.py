@@ -181,7 +181,7 @@ class DrainLoop:
                 self.store.rotate()
             return
         self._take_window(window, time.perf_counter() - t0, final=final)
-        if rotate_now or self.store.due(window.end_ns, int(self.config.sampling.drain_interval * 0.5e9)):
+        if rotate_now or self.store.due(window.end_ns, self._next_grid(window.end_ns)):
             self.store.rotate()
         elif self.store.backlog:
             self.store.write_pending()
@@ -293,7 +293,8 @@ class DrainLoop:
         stacks = placeholder_stacks(key[3] for part in (counts, off) for key in part)
         settings = {"sampling.counts_map_size": self.config.sampling.counts_map_size,
                     "sampling.stack_map_size": self.config.sampling.stack_map_size}
-        for advice in self._losses.advise(window.samples, lost, stacks, settings, offcpu=offcpu):
+        switches = (self.sampler_stats.new_offcpu_switches or 0) if offcpu else None
+        for advice in self._losses.advise(window.samples, lost, stacks, settings, offcpu_switches=switches):
             log.log(advice.level, "%s", advice.message)
 
     def offcpu_enabled(self) -> bool:

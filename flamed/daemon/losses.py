@@ -96,16 +96,25 @@ class LossAdvisor:
         return True
 
     def advise(self, samples: int, lost: Mapping[str, int], stacks: Mapping[str, int],
-               settings: Mapping[str, object], *, offcpu: bool = False) -> list[Advice]:
+               settings: Mapping[str, object], *, offcpu_switches: int | None = None) -> list[Advice]:
         """Log lines for one window: ``samples`` taken, ``lost`` by reason, ``stacks``
         shown as placeholders (:func:`placeholder_stacks`), ``settings`` the current
-        ``sampling.counts_map_size`` and ``sampling.stack_map_size``.  ``offcpu``:
-        off-CPU intervals are measured too; their stacks share the stack map, so
-        the stack losses count theirs as well (and ``stacks`` their placeholders)."""
+        ``sampling.counts_map_size`` and ``sampling.stack_map_size``.
+        ``offcpu_switches``: off-CPU time is measured too, and this many switches
+        off a CPU took their stacks from the same stack map in the window (at the
+        switch, before the wait's length is known), so the stack losses count
+        theirs as well (and ``stacks`` their placeholders): a stack loss's share
+        is of the samples and those switches together, not of the samples alone
+        (which put it above 100 % on a host that switches more than it samples)."""
         o = self.options
         now = self.clock()
         out: list[Advice] = []
+        offcpu = offcpu_switches is not None
         taken = "samples and off-CPU intervals" if offcpu else "samples"
+        # What took a stack from the stack map in the window, and how it is said.
+        fetches = samples + (offcpu_switches or 0)
+        of_what = (f"{samples} samples and {offcpu_switches} off-CPU switches" if offcpu
+                   else f"{samples} samples")
         full = lost.get("map_full", 0)
         if full > 0 and self._due("map_full", o.warn_interval, now):
             out.append(Advice(logging.WARNING, (
@@ -115,17 +124,17 @@ class LossAdvisor:
         enomem = lost.get("kernel_stack_enomem", 0) + lost.get("user_stack_enomem", 0)
         if enomem > 0 and self._due("enomem", o.warn_interval, now):
             out.append(Advice(logging.WARNING, (
-                f"the BPF stack map is full: {enomem} {taken} ({_share(enomem, samples)} of the last window's "
-                f"{samples} samples) found no free stack entry (ENOMEM) and show as {stacks.get('ENOMEM', 0)} "
+                f"the BPF stack map is full: {enomem} {taken} ({_share(enomem, fetches)} of the last window's "
+                f"{of_what}) found no free stack entry (ENOMEM) and show as {stacks.get('ENOMEM', 0)} "
                 f"'[lost stack: ENOMEM]' stacks; raise sampling.stack_map_size (now "
                 f"{settings.get('sampling.stack_map_size', '?')})")))
         eexist = lost.get("kernel_stack_eexist", 0) + lost.get("user_stack_eexist", 0)
         if eexist > 0:
-            what = (f"{eexist} {taken} ({_share(eexist, samples)} of the last window's {samples} samples) lost their stack "
+            what = (f"{eexist} {taken} ({_share(eexist, fetches)} of the last window's {of_what}) lost their stack "
                     f"to stack-map hash collisions (EEXIST: the bucket holds another stack) and show as "
                     f"{stacks.get('EEXIST', 0)} '[lost stack: EEXIST]' stacks")
             size = settings.get("sampling.stack_map_size", "?")
-            if samples >= o.collision_min_samples and eexist / samples > o.collision_share:
+            if fetches >= o.collision_min_samples and eexist / fetches > o.collision_share:
                 if self._due("eexist_high", o.warn_interval, now):
                     out.append(Advice(logging.WARNING, (
                         f"{what}; above {o.collision_share:.0%}, a larger sampling.stack_map_size (now {size}) "

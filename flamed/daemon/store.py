@@ -304,13 +304,22 @@ class ProfileStore:
         """One window's off-CPU time (nanoseconds per task and stack) into the current period."""
         self.offcpu_period.add(start_ns, end_ns, counts_ns, 0, {}, None, identities)
 
-    def due(self, now_ns: int, slack_ns: int = 0) -> bool:
-        """Has the current period reached its boundary (a multiple of rotate_interval)?"""
+    def due(self, now_ns: int, next_drain_ns: int | None = None) -> bool:
+        """Should the current period close at a drain ending at ``now_ns``?
+
+        Yes once its boundary (a multiple of rotate_interval) is reached; before
+        it, only when this drain is nearer to the boundary than the next
+        scheduled one (``next_drain_ns``), which is how a period ends near its
+        boundary when no scheduled drain falls on it.  A drain forced by a
+        snapshot just before a boundary that the next scheduled drain meets
+        leaves the closing to that drain, so no short file is split off."""
         if self.period.start_ns is None:
             return False
         rot = int(self.output.rotate_interval * 1e9)
         boundary = (self.period.start_ns // rot + 1) * rot
-        return now_ns + slack_ns >= boundary
+        if now_ns >= boundary:
+            return True
+        return next_drain_ns is not None and boundary - now_ns <= next_drain_ns - boundary
 
     # -- closing and writing ---------------------------------------------
     def rotate(self) -> str | None:

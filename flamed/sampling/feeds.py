@@ -61,6 +61,15 @@ class PythonFeed(ProcessHandler):
                                                lost_cb=lambda _n: None)
 
     def attach(self, tgid: int) -> None:
+        if self.described(tgid):
+            # A new image of a process described before (it exec'd): until the
+            # new one is probed, the old description would walk the new
+            # memory at the old addresses.
+            m = self._m
+            with m.lock:
+                if m.program.bpf is not None and not m.closed:
+                    m.program.map_del("pyprocs", tgid, ct.c_uint32)
+                self._undescribe(tgid)
         self._describe(tgid, 0.002)
 
     def due(self) -> float | None:

@@ -233,6 +233,9 @@ class ProcessManager:
         #: the drain queues it in ``_late``.
         self._handed: dict[int, int] = {}
         self._late: deque[int] = deque()
+        #: The identity of the image each first read read, by tgid: a process
+        #: said to have exec'd that runs it still was read after its exec.
+        self._read_images: dict[int, ProcessIdentity] = {}
         self._drains = 0
         for t in options.pids or ():
             self.table.ensure(t).filtered = True
@@ -304,22 +307,49 @@ class ProcessManager:
 
     def forget(self, pid: int) -> None:
         """``pid`` exited or exec'd: its symbols go now (the symbolizer keeps
-        them until its next drain), the handlers drop it after the next drain."""
+        them until its next drain), the handlers drop it after the next drain.
+        Unless the image it runs now is the one last read (the program
+        reported the exec'd image, and the priming thread read it, before
+        this was said): nothing known of it is stale then."""
+        if self._current_image_read(pid):
+            return
         with self.lock:
             if self.symbolizer is not None:
                 self.symbolizer.forget(pid)
             if self._handlers:
                 self.table.ensure(pid).exited = True
 
+    def _current_image_read(self, pid: int) -> bool:
+        """Is ``pid`` alive, running the image the priming thread read last?"""
+        read = self._read_images.get(pid)
+        return read is not None and read_identity(pid) == read
+
     def settle(self) -> None:
-        """After a drain named its window: the handlers drop what exited."""
+        """After a drain named its window: the handlers drop what exited.  A
+        process forgotten because it exec'd (it is still there) is read again
+        at once, as the new image it is: otherwise it stayed undescribed, its
+        Python frames and unwinding gone, until a later drain found it never
+        read (a drain interval, 10 s by default).  One whose new image was
+        read since (the program reports an exec'd image at its first sample)
+        keeps what the handlers made of it."""
+        for p in self.table:
+            if p.exited and self._current_image_read(p.tgid):
+                p.exited = False
+                self.table.release(p)
         for h in self._handlers:
             h.settle(self.table)
+        again = False
         for p in self.table:
             if p.exited:
                 p.exited = False
                 self._handed.pop(p.tgid, None)  # its pid may come back as another process
+                self._read_images.pop(p.tgid, None)
                 self.table.release(p)
+                if self.options.prime and _alive(p.tgid):
+                    self._late.append(p.tgid)
+                    again = True
+        if again:
+            self.wake()
 
     #: A process not sampled for this many drains is forgotten by the late
     #: check: if its pid comes back as another process, that one is read.
@@ -344,13 +374,15 @@ class ProcessManager:
                 continue
             if t in handed:
                 handed[t] = d
-            else:
+            elif t not in self._late:  # (queued already when it exec'd: see settle)
                 self._late.append(t)
                 late = True
         if d % self.HANDED_KEEP_DRAINS == 0:
             for t, last in list(handed.items()):
                 if last < d - self.HANDED_KEEP_DRAINS:
                     handed.pop(t, None)
+            for t in [t for t in self._read_images if t not in handed]:
+                self._read_images.pop(t, None)
         if late:
             self.wake()
 
@@ -488,6 +520,7 @@ class ProcessManager:
             sym.prime(tgid, prepared)
             if first:
                 self._stats.primed_total += 1
+                self._read_images[tgid] = prepared[0]
         return prepared[0]
 
     def _prime_reported(self) -> None:

@@ -341,6 +341,7 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
         "FLAMED_FILTER_COMMS": int(options.comms is not None),
         "FLAMED_PRIME": int(options.prime),
         "FLAMED_SEEN_MAX": options.seen_max,
+        "FLAMED_TASK_EXEC_ID_OFF": task_exec_id_offset() if options.prime else -1,
         "FLAMED_PYTHON": int(options.python),
         "FLAMED_UNWIND": int(options.unwind),
     }
@@ -406,6 +407,23 @@ def task_fsbase_offset() -> int:
 
 
 @functools.cache
+def task_exec_id_offset() -> int:
+    """Offset of ``self_exec_id`` in the running kernel's ``task_struct`` (from
+    /sys/kernel/btf/vmlinux), which every exec advances, or -1 (logged): then a
+    process that execs without changing its comm (a program that execs itself)
+    is not reported as a new image, and is described again only after the
+    drains that follow the exec."""
+    try:
+        from flamed.sampling.cpython import btf
+
+        return int(btf.Btf.load().member_offset("task_struct", "self_exec_id"))
+    except Exception as e:  # noqa: BLE001 -- only the report of such execs needs it
+        log.info("no task_struct self_exec_id offset from the kernel's BTF (%s): a process that execs "
+                 "under the same name is described again only after the next drains", e)
+        return -1
+
+
+@functools.cache
 def task_pid_offset() -> int:
     """Offset of ``pid`` in the running kernel's ``task_struct`` (from
     /sys/kernel/btf/vmlinux); CapabilityError when the BTF does not say."""
@@ -429,7 +447,12 @@ def program_is_cached(options: BpfSamplerOptions) -> bool:
                            pid_offset=task_pid_offset() if options.offcpu else -1)
     except FlamedError:
         return False
-    return ImageCache(options.bpf_cache_dir).path(image_key(prog.source, prog.cflags)).is_file()
+    try:
+        return ImageCache(options.bpf_cache_dir).path(image_key(prog.source, prog.cflags)).is_file()
+    except OSError:
+        # A cache this user may not look into (another user's, e.g. root's under a HOME
+        # kept by sudo or setpriv) holds nothing for it: not cached.
+        return False
 
 
 def print_bpf(options: BpfSamplerOptions = BpfSamplerOptions(), file: TextIO | None = None) -> None:

@@ -213,3 +213,84 @@ def test_nothing_recorded_fails_as_without_the_daemon(
     # A command that failed: its own exit code, as without the daemon.
     r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c", "sleep 0.5; exit 3"])
     assert r.returncode == 3, r.stderr
+
+
+def test_an_exec_wrapper_is_checked_against_the_filter_as_what_it_became(
+        daemon_factory: Any, tmp_path: Path) -> None:
+    """``sh -c 'exec sleep ...'`` is ``sh`` when record starts it and ``sleep`` a
+    moment later: the daemon's ``comms = ["sleep"]`` lets it through, so record
+    neither warns that the filter leaves it out nor blames the filter when
+    nothing comes back (the fake sampler samples no real process)."""
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0, "comms": ["sleep"]})
+    out = tmp_path / "w.folded"
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c", "exec sleep 1.5"], timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "samples only" not in r.stderr and "outside it" not in r.stderr, r.stderr
+    assert re.search(r"nothing was recorded: sleep \(pid \d+\) exited [\d.]+ s after the record began, before "
+                     r"the daemon saw it on a CPU", r.stderr), r.stderr
+    # The filter still names a target it does leave out, by its name after the exec.
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c", "exec timeout 1.5 tail -f /dev/null"],
+                timeout=60)
+    assert r.returncode == 124, r.stderr
+    assert 'the daemon samples only [sampling] comms = ["sleep"]: timeout (pid' in r.stderr, r.stderr
+    assert 'which leaves out timeout (pid' in r.stderr, r.stderr
+
+
+def test_a_wrapper_that_forks_names_the_child_it_left_the_work_to(daemon_factory: Any, tmp_path: Path) -> None:
+    """``timeout 5 sleep 1.5`` runs ``sleep`` as a child, which record does not
+    follow: when nothing comes back, the message names that child and
+    --subprocesses instead of only saying the wrapper was not on a CPU."""
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
+    out = tmp_path / "w.folded"
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "timeout", "5", "sleep", "1.5"], timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert re.search(r"timeout \(pid \d+\) exited [\d.]+ s after the record began, before the daemon saw it on "
+                     r"a CPU; it started sleep \(pid \d+\), which record does not follow: --subprocesses",
+                     r.stderr), r.stderr
+    # Waiting for it with -p: the same child named while the wrapper still runs.
+    wrapper = subprocess.Popen(["timeout", "30", "sleep", "20"])
+    try:
+        r = _record(["--socket", d.socket_path, "-p", str(wrapper.pid), "-d", "1.5", "-o", str(out)], timeout=60)
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+    assert r.returncode == 1, r.stderr
+    assert re.search(r"the daemon saw timeout \(pid \d+\) on no CPU in \d+ window\(s\); it started sleep "
+                     r"\(pid \d+\), which record does not follow", r.stderr), r.stderr
+
+
+def test_a_command_that_exits_before_it_is_seen_is_said_to_have_exited(daemon_factory: Any, tmp_path: Path) -> None:
+    """A command gone before the daemon sampled it: record says it exited and when,
+    not that the daemon saw it "on no CPU in 0 window(s)"; its exit code is kept."""
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
+    out = tmp_path / "w.folded"
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c", "exit 7"], timeout=60)
+    assert r.returncode == 7, r.stderr
+    assert re.search(r"nothing was recorded: sh \(pid \d+\) exited [\d.]+ s after the record began, before the "
+                     r"daemon saw it on a CPU", r.stderr), r.stderr
+    assert "0 window(s)" not in r.stderr, r.stderr
+
+
+def test_a_command_that_cannot_run_fails_before_anything_is_loaded(tmp_path: Path) -> None:
+    """Without a daemon, record compiled the BPF program (seconds) before saying
+    the command does not exist; now it says so first, as through the daemon."""
+    out = tmp_path / "w.folded"
+    r = _record(["--no-daemon", "-o", str(out), "--", "no-such-command-here"], timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "cannot run no-such-command-here: not found in PATH" in r.stderr, r.stderr
+    assert "loading the BPF programs" not in r.stderr, r.stderr
+    r = _record(["--no-daemon", "-o", str(out), "--", str(tmp_path / "missing")], timeout=60)
+    assert r.returncode == 2 and f"cannot run {tmp_path / 'missing'}: No such file or directory" in r.stderr, r.stderr
+
+
+def test_a_command_that_outlives_the_duration_gets_its_profile_first(daemon_factory: Any, tmp_path: Path) -> None:
+    """Through the daemon, ``-d 1 -- COMMAND`` of a command that runs on: the
+    profile is written when the second ends, then record waits for the command
+    and returns its exit code.  The command checks that the file is there
+    before it exits (5; it was written only after it exited before: 6)."""
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
+    out = tmp_path / "d.folded"
+    script = f"sleep 4; test -e {out} && exit 5 || exit 6"
+    r = _record(["--socket", d.socket_path, "-d", "1", "-o", str(out), "--", "sh", "-c", script], timeout=60)
+    assert r.returncode == 5, r.stderr
+    assert "still runs after the -d recorded: waiting for it to exit" in r.stderr, r.stderr

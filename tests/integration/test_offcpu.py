@@ -200,7 +200,7 @@ def test_pprof_says_off_cpu_nanoseconds(tmp_path: Path) -> None:
 def test_a_wait_still_open_at_the_end_is_counted_up_to_it(tmp_path: Path) -> None:
     """A thread blocked when the recording stops keeps its wait so far."""
     out = tmp_path / "open.folded"
-    # (record -d with a command waits for it to exit once the recording ends)
+    # (record -d with a command writes the profile when the recording ends, then waits for it to exit)
     code = ("import time\ndef stuck_at_the_end():\n    time.sleep(6)\n"
             "end = time.monotonic() + 0.3\nwhile time.monotonic() < end: pass\nstuck_at_the_end()\n")
     t0 = time.monotonic()
@@ -211,6 +211,32 @@ def test_a_wait_still_open_at_the_end_is_counted_up_to_it(tmp_path: Path) -> Non
                 if any(f.startswith("stuck_at_the_end (") for f in s)) / 1e6
     # Began within the first second of the 3 s recording, ended with it.
     assert 1.8 <= stuck <= 3.05, (stuck, elapsed, r.stderr)
+
+
+def test_a_process_that_waits_since_before_the_recording_is_said_to(tmp_path: Path) -> None:
+    """A process asleep (or stopped) since before the recording has no wait that
+    begins in it, so nothing is measured: record says that its threads waited
+    all along, since before it began, and not that the process "was not on a
+    CPU ... record it while it works" or "did not wait 1000 us or longer"."""
+    import signal  # noqa: PLC0415
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)"],
+                               stdout=subprocess.PIPE)
+    try:
+        assert sleeper.stdout is not None and sleeper.stdout.readline() == b"\n"
+        out = tmp_path / "asleep.folded"
+        for mode, how in (("wall", "blocked"), ("offcpu", "stopped")):
+            if how == "stopped":
+                sleeper.send_signal(signal.SIGSTOP)
+            r = _record(["--mode", mode, "-p", str(sleeper.pid), "-d", "1", "-o", str(out)])
+            assert r.returncode == 1, r.stderr
+            assert (f"nothing was recorded: every thread of process {sleeper.pid} was {how} all along, in waits "
+                    "that began before the recording") in r.stderr, r.stderr
+            assert f"flamed dump -p {sleeper.pid}" in r.stderr, r.stderr
+            assert "record it while it works" not in r.stderr and "did not wait" not in r.stderr, r.stderr
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_wall_mode_of_a_waiting_service_against_pyspy(tmp_path: Path, require_pyspy: str) -> None:

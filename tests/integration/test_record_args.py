@@ -172,3 +172,49 @@ def test_output_failing_at_the_end_saves_the_recording(tmp_path: Path, require_b
     assert f"the recording was saved as folded text to {files[0]}" in r.stderr
     lines = files[0].read_text().splitlines()
     assert lines and sum(int(ln.rsplit(" ", 1)[1]) for ln in lines) > 0
+
+
+@pytest.mark.bpf
+def test_a_command_that_outlives_the_duration_gets_its_profile_first(tmp_path: Path, require_bpf: None) -> None:
+    """``-d 1 -- COMMAND`` of a command that runs on: the profile is written when
+    the second ends, record says it waits for the command, and returns its exit
+    code once it exits.  The command itself checks that the file is there
+    before it exits (5), which it was not before (6): it was written only after."""
+    out = tmp_path / "d.folded"
+    script = f"sleep 5; test -e {out} && exit 5 || exit 6"
+    r = flamed(["record", "--no-daemon", "-r", "49", "-d", "1", "-o", str(out), "--", "sh", "-c", script],
+               timeout=60)
+    assert r.returncode == 5, r.stderr
+    assert "still runs after the -d recorded: waiting for it to exit" in r.stderr, r.stderr
+    assert r.stderr.index("wrote ") < r.stderr.index("still runs"), r.stderr
+
+
+def test_a_user_without_bpf_and_another_users_cache_gets_a_message_not_a_traceback() -> None:
+    """A user without BPF whose cache directory is another user's (root's HOME kept
+    by ``sudo`` without -H, ``setpriv``, ``su`` without -): looking for the
+    compiled program there raised PermissionError out of record.  Now it is
+    not cached, BPF is unavailable, and record says what it could not do."""
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    need_root = os.geteuid() == 0 and shutil.which("setpriv") is not None
+    if not need_root:
+        pytest.skip("root and setpriv (to run as uid 65534)")
+    top = Path(tempfile.mkdtemp(prefix="flamed-test-cache-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        cache = top / "cache"
+        (cache / "flamed" / "bpf").mkdir(parents=True)
+        cache.chmod(0o700)  # root's: uid 65534 cannot look inside
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(cache)}
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        r = subprocess.run(nobody + [*FLAMED, "record", "--no-daemon", "-o", "/dev/null", "--", "true"],
+                           capture_output=True, text=True, timeout=120, env=env, cwd="/")
+        assert "Traceback" not in r.stderr, r.stderr
+        assert r.returncode == 3, r.stderr
+        assert "BPF unavailable" in r.stderr or "neither BPF nor py-spy" in r.stderr, r.stderr
+        if "py-spy recorded nothing" in r.stderr and "Error:" not in r.stderr:
+            # py-spy, stopped when `true` exited, said nothing: record says why.
+            assert "true exited (code 0) before py-spy read a Python stack of it: it is not Python" in r.stderr
+    finally:
+        shutil.rmtree(top)

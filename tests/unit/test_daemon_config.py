@@ -81,6 +81,27 @@ def test_errors_name_the_key(raw: dict, key: str) -> None:
     assert str(e.value).startswith(key + ":") or str(e.value).startswith(key + " "), str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"sampling": {"frequency": 1000}}, "sampling.frequency: 1000 is out of range [1, 999]"),
+        ({"sampling": {"off_cpu_every": 0}}, "sampling.off_cpu_every: 0 is out of range [1, 4194304]"),
+        ({"sampling": {"off_cpu_min_us": 4_000_000_000}},
+         "sampling.off_cpu_min_us: 4000000000 is out of range [0, 3600000000]"),
+        ({"sampling": {"stack_map_size": 32}}, "sampling.stack_map_size: 32 is out of range [64, 16777216]"),
+        ({"sampling": {"drain_interval": 0.01}}, "sampling.drain_interval: 0.01 is out of range [0.05, 3600]"),
+        ({"output": {"backlog_max_bytes": "2T"}},
+         "output.backlog_max_bytes: 2199023255552 is out of range [0, 1099511627776]"),
+        ({"control": {"socket_mode": 0o1777}}, "control.socket_mode: 0o1777 is out of range [0o0, 0o777]"),
+    ],
+)
+def test_a_range_error_shows_the_numbers_as_written(raw: dict, message: str) -> None:
+    """Whole numbers in full, not as 4.1943e+06, so the bound can be copied back into the file."""
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(raw)
+    assert str(e.value) == message
+
+
 def test_cross_key_checks() -> None:
     with pytest.raises(ConfigError, match="output.rotate_interval"):
         config_from_dict({"sampling": {"drain_interval": 30}, "output": {"rotate_interval": 10}})

@@ -138,6 +138,47 @@ def test_with_off_cpu_intervals_their_stack_losses_are_named_with_the_samples() 
     cpu = [("main", "f"), ("main", "g")]
     off = [("[lost stack: EEXIST]", "schedule_[k]"), ("main", "[lost stack: EEXIST]_[k]")]
     stacks = placeholder_stacks(s for part in (cpu, off) for s in part)
-    (line,) = a.advise(900, {"user_stack_eexist": 1, "kernel_stack_eexist": 1}, stacks, SETTINGS, offcpu=True)
-    assert "2 samples and off-CPU intervals (0.2% of the last window's 900 samples)" in line.message
+    (line,) = a.advise(900, {"user_stack_eexist": 1, "kernel_stack_eexist": 1}, stacks, SETTINGS,
+                       offcpu_switches=100)
+    assert ("2 samples and off-CPU intervals (0.2% of the last window's 900 samples and 100 off-CPU switches)"
+            in line.message)
     assert "show as 2 '[lost stack: EEXIST]' stacks" in line.message
+
+
+def test_with_off_cpu_the_share_of_stack_losses_is_of_samples_and_switches() -> None:
+    """Switches off a CPU take their stacks from the same map as the samples: on a
+    host that switches far more than it samples, 1674 collisions among 394
+    samples and 8000 switches are 19.9 %, not "424.9% of the last window's 394
+    samples"; and a share below the threshold is information, not a warning."""
+    a, c = advisor()
+    lost = {"user_stack_eexist": 1600, "kernel_stack_eexist": 74}
+    (line,) = a.advise(394, lost, {"EEXIST": 138, "ENOMEM": 0}, SETTINGS, offcpu_switches=8000)
+    assert line.level == logging.WARNING
+    assert "(19.9% of the last window's 394 samples and 8000 off-CPU switches)" in line.message, line.message
+    assert "424.9%" not in line.message
+    c.t += 4000
+    (line,) = a.advise(394, {"user_stack_eexist": 100}, NONE, SETTINGS, offcpu_switches=8000)
+    assert line.level == logging.INFO, line.message
+    assert "(1.2% of the last window's 394 samples and 8000 off-CPU switches)" in line.message, line.message
+    enomem = a.advise(394, {"kernel_stack_enomem": 84}, NONE, SETTINGS, offcpu_switches=8000)
+    assert "(1.0% of the last window's 394 samples and 8000 off-CPU switches)" in enomem[0].message
+
+
+def test_off_cpu_switches_per_window_come_from_the_sampler_totals() -> None:
+    """SamplerAccounting gives the loop each drain's switches that took stacks (the
+    starts recorded and those the start map had no room for), from the sampler's
+    cumulative off-CPU counters, and none while off-CPU time is off."""
+    from flamed.daemon.metrics import DaemonMetrics  # noqa: PLC0415
+    from flamed.daemon.sampler_stats import SamplerAccounting  # noqa: PLC0415
+    from flamed.sampling.stats import SamplerStats  # noqa: PLC0415
+
+    acc = SamplerAccounting(DaemonMetrics(process=False))
+    st = SamplerStats()
+    acc.take(st)
+    assert acc.new_offcpu_switches is None
+    st.offcpu_total.update(OFF_SWITCHES=5000, OFF_STARTS=4000, OFF_START_FULL=10)
+    acc.take(st.copy())
+    assert acc.new_offcpu_switches == 4010
+    st.offcpu_total.update(OFF_SWITCHES=9000, OFF_STARTS=7000, OFF_START_FULL=10)
+    acc.take(st.copy())
+    assert acc.new_offcpu_switches == 3000

@@ -183,3 +183,83 @@ def test_a_pid_is_read_again_once_its_process_exited_or_went_unsampled(child: su
         m.sampled(set())
     m.sampled({child.pid})
     assert list(m._late) == [child.pid]
+
+
+class RealIdentitySymbolizer(FlakySymbolizer):
+    """``prepare`` reads the process's real identity, as the symbolizer does."""
+
+    def __init__(self) -> None:
+        super().__init__(fail=0)
+
+    def prepare(self, pid: int) -> Any:
+        from flamed.sampling.symbols import read_identity  # noqa: PLC0415
+
+        ident = read_identity(pid)
+        return None if ident is None else (ident, [])
+
+
+@pytest.fixture
+def reexec() -> Iterator[subprocess.Popen[bytes]]:
+    """A Python process that execs the same interpreter again (same pid, same
+    comm) when it reads a line; it says "ready" once up, before and after."""
+    code = ("import os, sys\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "os.execv(sys.executable, [sys.executable, '-c', "
+            "'import sys, time; print(\"ready\", flush=True); time.sleep(30)'])\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        yield p
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _exec_now(p: subprocess.Popen[bytes]) -> None:
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write(b"go\n")
+    p.stdin.flush()
+    assert p.stdout.readline() == b"ready\n"  # the new image runs
+
+
+def test_a_process_that_execd_is_read_again_at_the_settle(reexec: subprocess.Popen[bytes]) -> None:
+    """Told that a process exec'd (the watcher's exec notice), the manager drops
+    what the handlers knew of it after the drain, and reads it again at once
+    as its new image: before, it waited for a later drain to find it never
+    read, a whole drain interval without Python frames or unwinding."""
+    sym, probed = RealIdentitySymbolizer(), []
+    s = _sampler(sym, probed)
+    m = s._processes
+    m._new_images.append(reexec.pid)
+    m._prime_reported()
+    assert probed == [reexec.pid]
+    _exec_now(reexec)
+    m.forget(reexec.pid)
+    m.settle()
+    assert list(m._late) == [reexec.pid]  # no drain sampled it since
+    m._prime_late()
+    assert probed == [reexec.pid, reexec.pid]
+    m.sampled({reexec.pid})  # read already: not queued again
+    assert not m._late
+
+
+def test_an_exec_notice_after_the_new_image_was_read_drops_nothing(reexec: subprocess.Popen[bytes]) -> None:
+    """The program reports the exec'd image at its first sample (its exec count
+    is part of the image), so the priming thread may have read it before the
+    exec notice comes: then nothing known of the process is stale, and the
+    notice does not drop the new description."""
+    sym, probed = RealIdentitySymbolizer(), []
+    s = _sampler(sym, probed)
+    m = s._processes
+    m._new_images.append(reexec.pid)
+    m._prime_reported()
+    _exec_now(reexec)
+    m._new_images.append(reexec.pid)  # the new image's report
+    m._prime_reported()
+    assert probed == [reexec.pid, reexec.pid]
+    m.forget(reexec.pid)
+    m.settle()
+    m.sampled({reexec.pid})  # a drain after it: still known as read, not read a third time
+    assert not m._late
+    assert probed == [reexec.pid, reexec.pid]
