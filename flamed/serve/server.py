@@ -22,7 +22,6 @@ FILTERS: ``pid``, ``tid``, ``comm``, ``include``, ``exclude``, ``kinds`` (see
 from __future__ import annotations
 
 import io
-import ipaddress
 import json
 import os
 import sys
@@ -32,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from flamed.errors import FlamedError
+from flamed.loopback import REFUSED, host_allowed
 from flamed.model import INT64_MAX
 from flamed.serve.index import Filters, Index
 
@@ -99,29 +99,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def _host_ok(self) -> bool:
         """On a loopback address, only requests naming a loopback host: a web
-        page elsewhere must not reach the stacks through DNS rebinding (its
-        name resolving to 127.0.0.1 still arrives with its own Host)."""
-        bound = self.server.server_address[0]
-        if bound not in ("127.0.0.1", "::1", "localhost") and not str(bound).startswith("127."):
-            return True  # asked for explicitly, and warned about at start
-        host = (self.headers.get("Host") or "").strip().lower()
-        if host.startswith("["):
-            name = host[1:host.find("]")] if "]" in host else host
-        else:
-            name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-        name = name[:-1] if name.endswith(".") else name  # the root's dot: the same name
-        if name == "localhost":
-            return True
-        # An address, not a name that starts like one: 127.0.0.1.evil.example is
-        # a DNS name its owner can point at 127.0.0.1.
-        try:
-            return ipaddress.ip_address(name).is_loopback
-        except ValueError:
-            return False
+        page elsewhere must not reach the stacks through DNS rebinding
+        (flamed/loopback.py)."""
+        return host_allowed(str(self.server.server_address[0]), self.headers.get("Host"))
 
     def do_GET(self) -> None:
         if not self._host_ok():
-            self._send(403, b"flamed serve answers only requests for a loopback host name\n", "text/plain")
+            self._send(403, f"flamed serve {REFUSED}\n".encode(), "text/plain")
             return
         url = urllib.parse.urlsplit(self.path)
         q = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
