@@ -41,11 +41,21 @@ _FORMATS = {"folded": ("text/plain; charset=utf-8", ".folded"), "svg": ("image/s
             "pprof": ("application/octet-stream", ".pb.gz"), "speedscope": ("application/json", ".speedscope.json")}
 
 
+#: Seconds a connection may stay silent while its request is read, or not take
+#: any of its answer, before it is closed (``flamed serve --timeout``): a client
+#: that connects and sends nothing, or half a request, holds its thread this long.
+IDLE_TIMEOUT = 30.0
+#: Bytes written at a time: the timeout bounds each piece, so a large answer to a
+#: slow reader is not cut short while it keeps reading.
+_WRITE_PIECE = 1 << 16
+
+
 class ServeServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], index: Index) -> None:
+    def __init__(self, address: tuple[str, int], index: Index, idle_timeout: float = IDLE_TIMEOUT) -> None:
         self.index = index
+        self.idle_timeout = idle_timeout
         super().__init__(address, Handler)
 
 
@@ -74,6 +84,13 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         pass  # a viewer's every request on stderr is noise
 
+    def setup(self) -> None:
+        # StreamRequestHandler.setup sets it on the socket: every read of the request
+        # and every piece of the answer waits this long at most; a timeout closes
+        # the connection (handle_one_request) and frees the thread.
+        self.timeout = self.server.idle_timeout
+        super().setup()
+
     def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
@@ -84,7 +101,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(body)
+            for i in range(0, len(body), _WRITE_PIECE):
+                self.wfile.write(body[i:i + _WRITE_PIECE])
 
     def _json(self, obj: object, code: int = 200) -> None:
         self._send(code, json.dumps(obj).encode(), "application/json")
@@ -113,8 +131,8 @@ class Handler(BaseHTTPRequestHandler):
             self._route(url.path, q)
         except FlamedError as e:
             self._json({"error": str(e)}, 400)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True  # the client left, or stopped reading its answer
         except Exception as e:  # noqa: BLE001 - the client gets an answer, the traceback goes to stderr
             traceback.print_exc(file=sys.stderr)
             try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -117,6 +118,54 @@ def test_dns_rebinding_is_refused_on_loopback(tmp_path: Path) -> None:
             c.request("GET", "/api/index", headers={"Host": host})
             assert c.getresponse().status == want, host
             c.close()
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_idle_connections_are_closed_and_others_served(tmp_path: Path) -> None:
+    """A client that connects and sends nothing, or half a request, held a server
+    thread for ever: with --timeout it is closed, its thread ends, and other
+    clients are answered meanwhile."""
+    import socket
+    import time
+    import urllib.parse
+
+    from serveproc import serve_process
+
+    write_state_dir(tmp_path, files=2)
+    with serve_process("--state-dir", str(tmp_path), "--timeout", "1") as (url, proc):
+        port = urllib.parse.urlsplit(url).port
+        assert port is not None
+        assert json.loads(_get(url + "api/index"))["files"] == 2
+        base = _threads(proc.pid)
+        stuck = []
+        for i in range(6):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            if i % 2:
+                s.sendall(b"GET /api/index HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # no blank line: half a request
+            stuck.append(s)
+        try:
+            # each holds a thread, and the server still answers others
+            deadline = time.monotonic() + 30
+            while _threads(proc.pid) < base + 6 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _threads(proc.pid) >= base + 6
+            assert json.loads(_get(url + "api/index"))["files"] == 2
+            for s in stuck:  # closed by the server: EOF (or a 408 answer, then EOF), not our 30 s timeout
+                data = b""
+                while chunk := s.recv(4096):
+                    data += chunk
+                assert data == b"" or data.startswith(b"HTTP/1.0 408"), data[:100]
+        finally:
+            for s in stuck:
+                s.close()
+        deadline = time.monotonic() + 30
+        while _threads(proc.pid) > base and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _threads(proc.pid) <= base
+        assert json.loads(_get(url + "api/index"))["files"] == 2
 
 
 def _wait_index(url: str, files: int, timeout: float = 30.0) -> dict[str, object]:
