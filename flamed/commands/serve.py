@@ -54,6 +54,9 @@ class ServeCommand(Command):
         cache = int(args.cache_mb * 1024 * 1024)
         index = (Index.from_state_dir(args.state_dir, cache) if args.state_dir
                  else Index.from_files(args.files, cache))
+        if index.left_out:
+            self.warn(f"left out, they carry no time while the other inputs do: {', '.join(index.left_out)}; "
+                      "serve them on their own (flamed serve FILE) or compare with flamed diff")
         if not index.entries:
             self.warn(f"nothing to show yet in {index.source}; the page updates when restarted")
         if not is_loopback_address(host):
