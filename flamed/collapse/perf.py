@@ -83,8 +83,10 @@ _JAVA_CLASS = re.compile(r"^L(?=[A-Za-z_$][\w$]*(?:/[\w$]+)+(?:[;:.(]|$))")
 _NOT_KERNEL = frozenset(
     {"[unknown]", "[vdso]", "[vsyscall]", "[vectors]", "[heap]", "[stack]", "[anon]", "[uprobes]", "[vvar]", "[jit]"}
 )
-# A -F+srcline line under a frame: "FILE:LINE", "??:0", maybe "(discriminator N)".
-_SRCLINE = re.compile(rb"^.+:(?:\d+|\?)(?:\s+\(discriminator \d+\))?$")
+# A -F+srcline line under a frame: "FILE:LINE", "??:0", maybe "(discriminator N)"; or,
+# when perf found no source for the address, "DSO[ADDR]": "libc.so.6[29d90]",
+# "[kernel.kallsyms][ffffffff813aeb13]" (the DSO's short name, the address in hex).
+_SRCLINE = re.compile(rb"^(?:.+:(?:\d+|\?)(?:\s+\(discriminator \d+\))?|\S.*\[[0-9a-fA-F]+\])$")
 #: What _line_frame gives for an indented line that is neither a frame nor a srcline
 #: (never a frame text: frames are sanitised and contain no NUL).
 _JUNK = "\x00unreadable frame line\x00"

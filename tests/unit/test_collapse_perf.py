@@ -406,3 +406,28 @@ def test_no_g_capture_of_a_command_named_in_hex_digits(tmp_path: Path) -> None:
         "dd;rcu_core_[k] 500000",
     ]
     assert err == ""
+
+
+def test_srcline_without_source_info_is_a_srcline(tmp_path: Path) -> None:
+    """A real `perf script -F +srcline` capture: where perf has no source line it
+    prints DSO[ADDR] under the frame (`gzip[cc5c]`, `[kernel.kallsyms][ffffffff813aeb13]`).
+    Each was warned about as an unreadable frame line (267 here) though the stacks
+    were right; they are srcline lines, and the profile is the plain capture's."""
+    path = DATA / "collapse_extra" / "srcline-noinfo.txt"
+    text = path.read_bytes()
+    assert b"\n  [kernel.kallsyms][ffffffff" in text and b"\n  gzip[" in text and b"\n  read.c:" in text
+    out, err = folded_of(tmp_path, str(path))
+    assert err == ""
+    plain, err2 = folded_of(tmp_path, str(DATA / "collapse_extra" / "srcline-noinfo-plain.txt"))
+    assert (out, err2) == (plain, "") and out
+    with open(path, "rb") as f:
+        stats = ReadStats()
+        samples = list(get("perf").samples(f, CollapseOptions(), source=str(path), stats=stats))
+    assert stats.skipped == 0 and len(samples) == text.count(b"cpu-clock")
+    # A shared library's, as perf prints it for libc without debug info; --strict takes it too.
+    lines = _REAL_G.split(b"\n")
+    lines.insert(2, b"  libc.so.6[29d90]")
+    one = tmp_path / "libc.perf"
+    one.write_bytes(b"\n".join(lines))
+    out, err = folded_of(tmp_path, str(one), "--strict")
+    assert err == "" and dict((ln.rsplit(" ", 1)[0], int(ln.rsplit(" ", 1)[1])) for ln in out.splitlines()) == _REAL_G_FOLDED
