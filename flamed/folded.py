@@ -111,7 +111,8 @@ def is_differential(head: bytes) -> bool:
     the good ones) are skipped as malformed by the differential reader instead
     of turning the whole file into folded text with every BEFORE count glued
     to a leaf; more of them (perf script's frame lines under a header that
-    happens to end in two numbers) and it is not differential."""
+    happens to end in two numbers, or its lines without call chains, indented)
+    and it is not differential."""
     lines = head.split(b"\n")
     if len(lines) > 1 and not head.endswith(b"\n"):
         lines.pop()  # cut by the head's size
@@ -119,7 +120,12 @@ def is_differential(head: bytes) -> bool:
     for ln in lines[:1000]:
         if not ln.strip() or ln.startswith(b"#"):
             continue
-        if _DIFF_LINE.match(ln) is not None:
+        if ln[:1].isspace():
+            # Not difffolded.pl's (its stacks start flush left, as folded ones do):
+            # perf script without call chains pads the command to 16 columns, and
+            # "-F comm,tid,period" ends every line in two numbers too.
+            bad += 1
+        elif _DIFF_LINE.match(ln) is not None:
             good += 1
         elif parse_line(ln.decode("utf-8", "surrogateescape").rstrip("\r")) is not None:
             return False  # a plain folded record

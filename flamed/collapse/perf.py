@@ -135,6 +135,10 @@ class PerfCollapser(Collapser):
                 h = _parses_as_header(ln, full=True)
                 if h is not None and h[5][:1].isalnum() and _HEXSTR.issuperset(h[5].split(" ", 1)[0]):
                     flat += 1
+                elif h is not None and not h[5] and ln[:1] == b" " and (h[2] is not None or h[4]):
+                    # "-F comm,tid,period" (or tid,period): a task and numbers, no frame at all,
+                    # the command padded to 16 columns as no folded or differential line is.
+                    flat += 1
                 else:
                     other += 1
         if flat and not other:
