@@ -82,6 +82,25 @@ def _parse_count(text: str) -> Weight | None:
     return w if w <= MAX_COUNT else None
 
 
+#: What a line that is not a record was expected to be.
+EXPECTED = "expected 'frame;frame;... COUNT'"
+_BAD_COUNT = re.compile(r"\s(-?)([0-9]+(?:\.[0-9]*)?)\s*$")
+
+
+def malformed_why(text: str) -> str:
+    """Why ``text`` (a line :func:`parse_line` refused) is not a record: what is
+    wrong with its count when it ends in one, else what a record looks like."""
+    m = _BAD_COUNT.search(text)
+    if m is not None and text[: m.start()].strip():
+        count = m[1] + m[2]
+        shown = count if len(count) <= 40 else count[:40] + "..."
+        if m[1]:
+            return f"count {shown} is negative: a count of samples is 0 or more"
+        if _parse_count(m[2]) is None:
+            return f"count {shown} is over the int64 maximum ({MAX_COUNT})"
+    return EXPECTED
+
+
 def parse_line(text: str) -> tuple[Stack, Weight] | None:
     """Parse one decoded line (no line end). ``None`` if it is not a record."""
     stack_text, sep, count = text.rpartition(" ")
@@ -184,7 +203,7 @@ def iter_folded(
             continue
         rec = parse_line(text)
         if rec is None:
-            why = "expected 'frame;frame;... COUNT'"
+            why = malformed_why(text)
             if strict:
                 raise InputError(why + f", got {text[:80]!r}", source=source, line=lineno)
             st.skip(source, lineno, why)
