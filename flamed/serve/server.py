@@ -85,11 +85,10 @@ class Handler(BaseHTTPRequestHandler):
         pass  # a viewer's every request on stderr is noise
 
     def setup(self) -> None:
-        # StreamRequestHandler.setup sets it on the socket: every read of the request
-        # and every piece of the answer waits this long at most; a timeout closes
-        # the connection (handle_one_request) and frees the thread.
-        self.timeout = self.server.idle_timeout
         super().setup()
+        # Every read of the request and every piece of the answer waits this long at
+        # most; a timeout closes the connection (handle_one_request) and frees the thread.
+        self.connection.settimeout(self.server.idle_timeout)
 
     def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
         self.send_response(code)
