@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import BinaryIO
 
 from flamed.errors import InputError
-from flamed.folded import MAX_COUNT, ReadStats, parse_line
+from flamed.folded import MAX_COUNT, ReadStats, malformed_why, parse_line
 from flamed.model import EMPTY_STACK_FRAME, Profile, Weight, decode_frame, encode_frame
 
 CHUNK = 1 << 22
@@ -176,7 +176,7 @@ def _slow(line: bytes, lineno: int, source: str, strict: bool, st: ReadStats) ->
         return None
     rec = parse_line(text)
     if rec is None:
-        why = "expected 'frame;frame;... COUNT'"
+        why = malformed_why(text)
         if strict:
             raise InputError(why + f", got {text[:80]!r}", source=source, line=lineno)
         st.skip(source, lineno, why)

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import zlib
 from collections.abc import Iterator
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, TextIO, cast
 
 from flamed.errors import InputError, FlamedError
 
@@ -297,6 +297,20 @@ class _StdoutWriter(io.BufferedWriter):
             raise
         except OSError as e:
             raise FlamedError(f"cannot write to standard output: {e.strerror or e}") from None
+
+
+def write_text(stream: TextIO, text: str) -> None:
+    """Write ``text`` to a command's text stream: through :func:`open_output`'s
+    checked writer when it is this process's standard output (a full disk is an
+    error naming standard output, also under PYTHONUNBUFFERED, where the text
+    layer dropped what a short write left out and exited 0), as it is otherwise
+    (a caller's stream)."""
+    if stream is not sys.stdout or _fileno(stream) is None or not hasattr(stream, "buffer"):
+        stream.write(text)
+        return
+    data = text.encode(stream.encoding or "utf-8", stream.errors or "strict")
+    with open_output(None) as out:
+        out.write(data)
 
 
 def _fileno(stream: Any) -> int | None:

@@ -82,6 +82,25 @@ def _parse_count(text: str) -> Weight | None:
     return w if w <= MAX_COUNT else None
 
 
+#: What a line that is not a record was expected to be.
+EXPECTED = "expected 'frame;frame;... COUNT'"
+_BAD_COUNT = re.compile(r"\s(-?)([0-9]+(?:\.[0-9]*)?)\s*$")
+
+
+def malformed_why(text: str) -> str:
+    """Why ``text`` (a line :func:`parse_line` refused) is not a record: what is
+    wrong with its count when it ends in one, else what a record looks like."""
+    m = _BAD_COUNT.search(text)
+    if m is not None and text[: m.start()].strip():
+        count = m[1] + m[2]
+        shown = count if len(count) <= 40 else count[:40] + "..."
+        if m[1]:
+            return f"count {shown} is negative: a count of samples is 0 or more"
+        if _parse_count(m[2]) is None:
+            return f"count {shown} is over the int64 maximum ({MAX_COUNT})"
+    return EXPECTED
+
+
 def parse_line(text: str) -> tuple[Stack, Weight] | None:
     """Parse one decoded line (no line end). ``None`` if it is not a record."""
     stack_text, sep, count = text.rpartition(" ")
@@ -111,7 +130,8 @@ def is_differential(head: bytes) -> bool:
     the good ones) are skipped as malformed by the differential reader instead
     of turning the whole file into folded text with every BEFORE count glued
     to a leaf; more of them (perf script's frame lines under a header that
-    happens to end in two numbers) and it is not differential."""
+    happens to end in two numbers, or its lines without call chains, indented)
+    and it is not differential."""
     lines = head.split(b"\n")
     if len(lines) > 1 and not head.endswith(b"\n"):
         lines.pop()  # cut by the head's size
@@ -119,7 +139,12 @@ def is_differential(head: bytes) -> bool:
     for ln in lines[:1000]:
         if not ln.strip() or ln.startswith(b"#"):
             continue
-        if _DIFF_LINE.match(ln) is not None:
+        if ln[:1].isspace():
+            # Not difffolded.pl's (its stacks start flush left, as folded ones do):
+            # perf script without call chains pads the command to 16 columns, and
+            # "-F comm,tid,period" ends every line in two numbers too.
+            bad += 1
+        elif _DIFF_LINE.match(ln) is not None:
             good += 1
         elif parse_line(ln.decode("utf-8", "surrogateescape").rstrip("\r")) is not None:
             return False  # a plain folded record
@@ -178,7 +203,7 @@ def iter_folded(
             continue
         rec = parse_line(text)
         if rec is None:
-            why = "expected 'frame;frame;... COUNT'"
+            why = malformed_why(text)
             if strict:
                 raise InputError(why + f", got {text[:80]!r}", source=source, line=lineno)
             st.skip(source, lineno, why)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 
 from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser, first_lines
-from flamed.folded import parse_line
+from flamed.folded import malformed_why, parse_line
 from flamed.model import Weight
 
-_FOLDED_LINE = re.compile(rb"^\S.*\s[0-9]+(?:\.[0-9]*)?\r?$")
+# (A negative count is folded text too: detected as such, its line is then refused
+# with what is wrong with it, not "cannot tell the input format".)
+_FOLDED_LINE = re.compile(rb"^\S.*\s-?[0-9]+(?:\.[0-9]*)?\r?$")
 
 
 class FoldedCollapser(Collapser):
@@ -60,7 +62,7 @@ class FoldedParser(ChunkParser):
                     continue
                 rec = parse_line(line)
                 if rec is None:
-                    self.malformed(res, source, first_line + n, "expected 'frame;frame;... COUNT'")
+                    self.malformed(res, source, first_line + n, malformed_why(line))
                     continue
                 key = ";".join(rec[0])
                 w = rec[1]

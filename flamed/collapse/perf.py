@@ -83,8 +83,10 @@ _JAVA_CLASS = re.compile(r"^L(?=[A-Za-z_$][\w$]*(?:/[\w$]+)+(?:[;:.(]|$))")
 _NOT_KERNEL = frozenset(
     {"[unknown]", "[vdso]", "[vsyscall]", "[vectors]", "[heap]", "[stack]", "[anon]", "[uprobes]", "[vvar]", "[jit]"}
 )
-# A -F+srcline line under a frame: "FILE:LINE", "??:0", maybe "(discriminator N)".
-_SRCLINE = re.compile(rb"^.+:(?:\d+|\?)(?:\s+\(discriminator \d+\))?$")
+# A -F+srcline line under a frame: "FILE:LINE", "??:0", maybe "(discriminator N)"; or,
+# when perf found no source for the address, "DSO[ADDR]": "libc.so.6[29d90]",
+# "[kernel.kallsyms][ffffffff813aeb13]" (the DSO's short name, the address in hex).
+_SRCLINE = re.compile(rb"^(?:.+:(?:\d+|\?)(?:\s+\(discriminator \d+\))?|\S.*\[[0-9a-fA-F]+\])$")
 #: What _line_frame gives for an indented line that is neither a frame nor a srcline
 #: (never a frame text: frames are sanitised and contain no NUL).
 _JUNK = "\x00unreadable frame line\x00"
@@ -132,6 +134,10 @@ class PerfCollapser(Collapser):
             else:
                 h = _parses_as_header(ln, full=True)
                 if h is not None and h[5][:1].isalnum() and _HEXSTR.issuperset(h[5].split(" ", 1)[0]):
+                    flat += 1
+                elif h is not None and not h[5] and ln[:1] == b" " and (h[2] is not None or h[4]):
+                    # "-F comm,tid,period" (or tid,period): a task and numbers, no frame at all,
+                    # the command padded to 16 columns as no folded or differential line is.
                     flat += 1
                 else:
                     other += 1

@@ -11,6 +11,8 @@ from collections.abc import Callable
 PID_MAX = 1 << 22
 #: The longest span the daemon's protocol takes ('seconds', 'next'): a week.
 WEEK_S = 7 * 86400.0
+#: The most worker processes a --jobs option takes.
+JOBS_MAX = 1024
 
 #: A duration: a number, then ms, s (the default), m or h.
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
@@ -74,3 +76,9 @@ def integer(low: int, high: int, *, what: str = "an integer") -> Callable[[str],
 
     parse.__name__ = "integer"
     return parse
+
+
+def jobs() -> Callable[[str], int]:
+    """A ``-j/--jobs`` value: 1 to :data:`JOBS_MAX` worker processes (0 and negative
+    numbers were taken, then failed later or meant something else per command)."""
+    return integer(1, JOBS_MAX, what="a number of worker processes")

@@ -7,6 +7,7 @@ import argparse
 from flamed.collapse import names as input_formats
 from flamed.collapse.base import ANNOTATIONS, CollapseOptions
 from flamed.collapse.driver import DEFAULT_CHUNK_BYTES, CollapseResult, collapse, default_jobs
+from flamed.commands._argtypes import jobs as jobs_type
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import open_output
@@ -46,7 +47,7 @@ def add_input_arguments(parser: argparse.ArgumentParser, *, jobs: bool = True) -
         g.add_argument(
             "-j",
             "--jobs",
-            type=int,
+            type=jobs_type(),
             default=None,
             help=f"worker processes (default: CPUs available, now {default_jobs()}); output is identical for any N",
         )
@@ -72,8 +73,6 @@ def collapse_options(args: argparse.Namespace) -> CollapseOptions:
 
 def run_collapse(cmd: Command, args: argparse.Namespace) -> CollapseResult:
     jobs = getattr(args, "jobs", None)
-    if jobs is not None and jobs < 1:
-        raise UsageError("--jobs must be at least 1")
     chunk = getattr(args, "chunk_size", DEFAULT_CHUNK_BYTES)
     if chunk < 1024:
         raise UsageError("--chunk-size must be at least 1024 bytes")

@@ -74,7 +74,9 @@ class DaemonCommand(Command):
         if args.print_bpf:
             from flamed.daemon.samplers import bpf_program_text
 
-            self.stdout.write(bpf_program_text(cfg.sampling))
+            from flamed.fileio import write_text
+
+            write_text(self.stdout, bpf_program_text(cfg.sampling))
             return 0
         setup_logging(cfg.log.level, cfg.log.target)
         # bcc without clang and LLVM (~65 MB of RSS): every compile runs in a child process

@@ -33,10 +33,11 @@ class DumpCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         from flamed.dump import dump_process, format_text, to_json
+        from flamed.fileio import write_text
 
         dump = dump_process(args.pid)
         if args.json:
-            print(json.dumps(to_json(dump), indent=2, ensure_ascii=False), file=self.stdout)
+            write_text(self.stdout, json.dumps(to_json(dump), indent=2, ensure_ascii=False) + "\n")
         else:
-            self.stdout.write(format_text(dump))
+            write_text(self.stdout, format_text(dump))
         return 0

@@ -12,6 +12,7 @@ from flamed.collapse import names as input_formats
 from flamed.collapse.base import CollapseOptions, Collapser
 from flamed.collapse.driver import HEAD_BYTES, collapse, default_jobs, read_head
 from flamed.collapse.trace import parse_timestamp
+from flamed.commands._argtypes import jobs as jobs_type
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import input_name, open_input, open_output
@@ -111,7 +112,7 @@ class MergeCommand(Command):
         parser.add_argument("--tmpdir", help="directory for --sort's runs (default: system temp dir)")
         parser.add_argument("--time-format", choices=("ns", "seconds"), default="ns", help="timestamps of a trace output (default ns)")
         parser.add_argument("--strict", action="store_true", help="fail on the first malformed line")
-        parser.add_argument("-j", "--jobs", type=int, default=None, help="worker processes for folded inputs (default: CPUs)")
+        parser.add_argument("-j", "--jobs", type=jobs_type(), default=None, help="worker processes for folded inputs (default: CPUs)")
 
     def run(self, args: argparse.Namespace) -> int:
         if args.label and len(args.label) != len(args.inputs):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 
 from flamed.commands._argtypes import number
 from flamed.commands.base import Command
 from flamed.errors import UsageError
+from flamed.loopback import is_loopback_address
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -15,15 +15,6 @@ def parse_address(text: str) -> tuple[str, int]:
     if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise UsageError(f"--address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8080 (port 0 picks a free one)")
     return host.strip("[]") or "127.0.0.1", int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class ServeCommand(Command):
@@ -47,6 +38,9 @@ class ServeCommand(Command):
         parser.add_argument("--state-dir", help="the daemon's state directory (output.state_dir)")
         parser.add_argument("--address", default="127.0.0.1:8080", help="HOST:PORT to listen on (default 127.0.0.1:8080)")
         # 0 (parse every range anew) to 1 TiB; nan and inf were a traceback.
+        parser.add_argument("--timeout", type=number(0, 3600, what="seconds", above=True), default=30.0,
+                            help="seconds a connection may send nothing (or read nothing of its answer) before "
+                                 "it is closed (default 30)")
         parser.add_argument("--cache-mb", type=number(0, 1 << 20, what="a size in MB"), default=64.0,
                             help="memory for parsed files, MB (default 64; a range within it is not read again)")
 
@@ -60,13 +54,16 @@ class ServeCommand(Command):
         cache = int(args.cache_mb * 1024 * 1024)
         index = (Index.from_state_dir(args.state_dir, cache) if args.state_dir
                  else Index.from_files(args.files, cache))
+        if index.left_out:
+            self.warn(f"left out, they carry no time while the other inputs do: {', '.join(index.left_out)}; "
+                      "serve them on their own (flamed serve FILE) or compare with flamed diff")
         if not index.entries:
             self.warn(f"nothing to show yet in {index.source}; the page updates when restarted")
-        if not is_loopback(host):
+        if not is_loopback_address(host):
             self.warn(f"WARNING: listening on {host}, not loopback: anyone who can reach this address reads "
                       "every profile served (function names, paths, pids), with no authentication")
         try:
-            server = ServeServer((host, port), index)
+            server = ServeServer((host, port), index, args.timeout)
         except OSError as e:
             raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --address") from None
         shown = f"[{host}]" if ":" in host else host

@@ -18,6 +18,7 @@ from flamed.commands._render import (
     transform_items,
     transform_profile,
 )
+from flamed.commands._argtypes import jobs as jobs_type
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import open_output
@@ -64,7 +65,7 @@ class SvgCommand(Command):
         parser.add_argument(
             "-j",
             "--jobs",
-            type=int,
+            type=jobs_type(),
             default=1,
             help="processes counting a large (>64 MB, not gzip) folded file (default 1: on a busy machine more "
             "is slower); output is the same for any number",
@@ -74,8 +75,6 @@ class SvgCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         options = render_options(args)
-        if args.jobs < 1:
-            raise UsageError("--jobs must be at least 1")
         stats = ReadStats()
         differential = differential_inputs(args.inputs)
         if differential:

@@ -29,6 +29,7 @@ from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 from flamed import __version__
 from flamed.daemon.config import MetricsConfig, parse_address
 from flamed.errors import FlamedError
+from flamed.loopback import REFUSED, host_allowed
 from flamed.sampling.memory import memory_by_part_cached
 
 log = logging.getLogger("flamed.daemon")
@@ -318,7 +319,7 @@ class MetricsServer:
             class _Server(ThreadingWSGIServer):
                 address_family = family
 
-            self._server = make_server(str(sockaddr[0]), port, self._app(make_wsgi_app(self.registry)),
+            self._server = make_server(str(sockaddr[0]), port, self._app(make_wsgi_app(self.registry), str(sockaddr[0])),
                                        _Server, handler_class=_QuietHandler)
             self._server.timeout = 0  # handle_request() is only called when a connection waits
             self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
@@ -332,8 +333,16 @@ class MetricsServer:
         """pprof settings (the address is :meth:`start`'s); applies to the next request."""
         self.options = options
 
-    def _app(self, metrics_app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    def _app(self, metrics_app: Callable[..., Iterable[bytes]], bound: str = "") -> Callable[..., Iterable[bytes]]:
+        """The WSGI app of a server bound to the address ``bound``."""
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            if not host_allowed(bound, environ.get("HTTP_HOST")):
+                # DNS rebinding: a web page whose name resolves to 127.0.0.1 must not read
+                # the metrics or the stacks of /debug/pprof (flamed/loopback.py).
+                data = f"the flamed daemon's metrics server {REFUSED}\n".encode()
+                start_response("403 Forbidden", [("Content-Type", "text/plain; charset=utf-8"),
+                                                 ("Content-Length", str(len(data)))])
+                return [data]
             path = environ.get("PATH_INFO") or ""
             if path in (PROFILE_PATH, OFFCPU_PATH):
                 return self._profile(environ, start_response, "offcpu" if path == OFFCPU_PATH else "cpu")

@@ -278,6 +278,8 @@ class Index:
         self.rescans = 0
         #: Files parsed since start: a range asked for again within the cache costs none.
         self.parses = 0
+        #: Inputs given but not indexed: those without time among inputs with time (from_files).
+        self.left_out: list[str] = []
 
     # -- building ----------------------------------------------------------
     @classmethod
@@ -341,9 +343,9 @@ class Index:
         from flamed.inputs import load_profile, open_sample_streams
 
         entries: list[Entry] = []
+        untimed: list[Entry] = []
         trace = Trace()
         interned: dict[Stack, int] = {}
-        untimed = 0
         for path in paths:
             with contextlib.ExitStack() as stack:
                 stream = open_sample_streams([path], stack)
@@ -366,19 +368,27 @@ class Index:
                     continue
             p = load_profile([path])
             if p.start_ns is not None and p.end_ns is not None:
-                start, end, timed = p.start_ns, max(p.end_ns, p.start_ns + 1), True
+                entries.append(Entry(os.path.basename(path), path, p.start_ns, max(p.end_ns, p.start_ns + 1),
+                                     p.total()))
             else:
-                # No time in the file: lay untimed inputs out one second each, in argument order.
-                start, end, timed = untimed * NS, (untimed + 1) * NS, False
-                untimed += 1
-            entries.append(Entry(os.path.basename(path), path, start, end, p.total(), timed=timed))
+                # No time in the file: one second each, in argument order, from 0.
+                n = len(untimed)
+                untimed.append(Entry(os.path.basename(path), path, n * NS, (n + 1) * NS, p.total(), timed=False))
+        # Inputs without time only make a timeline of their own: next to inputs that
+        # carry real times they would sit in 1970 and stretch the timeline over
+        # decades. They are left out then (the command says so).
+        left_out = [e.name for e in untimed] if entries else []
+        if not entries:
+            entries = untimed
         if trace.times:
             order = sorted(range(len(trace.times)), key=trace.times.__getitem__)
             trace.times = [trace.times[i] for i in order]
             trace.ids = [trace.ids[i] for i in order]
             trace.weights = [trace.weights[i] for i in order]
-        return cls(entries, trace, kind="trace" if trace.times else "files", source=", ".join(paths),
-                   cache_bytes=cache_bytes)
+        index = cls(entries, trace, kind="trace" if trace.times else "files", source=", ".join(paths),
+                    cache_bytes=cache_bytes)
+        index.left_out = left_out
+        return index
 
     # -- reading -----------------------------------------------------------
     @property
@@ -405,6 +415,7 @@ class Index:
                          for k in PROFILE_KINDS if k == "cpu" or any(e.kind == k for e in self.entries)},
             "timestamped": bool(self.trace.times),
             "timed": all(e.timed for e in self.entries),
+            "left_out": self.left_out,
         }
 
     def status(self) -> dict[str, object]:

@@ -22,7 +22,6 @@ FILTERS: ``pid``, ``tid``, ``comm``, ``include``, ``exclude``, ``kinds`` (see
 from __future__ import annotations
 
 import io
-import ipaddress
 import json
 import os
 import sys
@@ -32,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from flamed.errors import FlamedError
+from flamed.loopback import REFUSED, host_allowed
 from flamed.model import INT64_MAX
 from flamed.serve.index import Filters, Index
 
@@ -41,11 +41,21 @@ _FORMATS = {"folded": ("text/plain; charset=utf-8", ".folded"), "svg": ("image/s
             "pprof": ("application/octet-stream", ".pb.gz"), "speedscope": ("application/json", ".speedscope.json")}
 
 
+#: Seconds a connection may stay silent while its request is read, or not take
+#: any of its answer, before it is closed (``flamed serve --timeout``): a client
+#: that connects and sends nothing, or half a request, holds its thread this long.
+IDLE_TIMEOUT = 30.0
+#: Bytes written at a time: the timeout bounds each piece, so a large answer to a
+#: slow reader is not cut short while it keeps reading.
+_WRITE_PIECE = 1 << 16
+
+
 class ServeServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], index: Index) -> None:
+    def __init__(self, address: tuple[str, int], index: Index, idle_timeout: float = IDLE_TIMEOUT) -> None:
         self.index = index
+        self.idle_timeout = idle_timeout
         super().__init__(address, Handler)
 
 
@@ -74,6 +84,12 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         pass  # a viewer's every request on stderr is noise
 
+    def setup(self) -> None:
+        super().setup()
+        # Every read of the request and every piece of the answer waits this long at
+        # most; a timeout closes the connection (handle_one_request) and frees the thread.
+        self.connection.settimeout(self.server.idle_timeout)
+
     def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
@@ -84,7 +100,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(body)
+            for i in range(0, len(body), _WRITE_PIECE):
+                self.wfile.write(body[i:i + _WRITE_PIECE])
 
     def _json(self, obj: object, code: int = 200) -> None:
         self._send(code, json.dumps(obj).encode(), "application/json")
@@ -99,29 +116,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def _host_ok(self) -> bool:
         """On a loopback address, only requests naming a loopback host: a web
-        page elsewhere must not reach the stacks through DNS rebinding (its
-        name resolving to 127.0.0.1 still arrives with its own Host)."""
-        bound = self.server.server_address[0]
-        if bound not in ("127.0.0.1", "::1", "localhost") and not str(bound).startswith("127."):
-            return True  # asked for explicitly, and warned about at start
-        host = (self.headers.get("Host") or "").strip().lower()
-        if host.startswith("["):
-            name = host[1:host.find("]")] if "]" in host else host
-        else:
-            name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-        name = name[:-1] if name.endswith(".") else name  # the root's dot: the same name
-        if name == "localhost":
-            return True
-        # An address, not a name that starts like one: 127.0.0.1.evil.example is
-        # a DNS name its owner can point at 127.0.0.1.
-        try:
-            return ipaddress.ip_address(name).is_loopback
-        except ValueError:
-            return False
+        page elsewhere must not reach the stacks through DNS rebinding
+        (flamed/loopback.py)."""
+        return host_allowed(str(self.server.server_address[0]), self.headers.get("Host"))
 
     def do_GET(self) -> None:
         if not self._host_ok():
-            self._send(403, b"flamed serve answers only requests for a loopback host name\n", "text/plain")
+            self._send(403, f"flamed serve {REFUSED}\n".encode(), "text/plain")
             return
         url = urllib.parse.urlsplit(self.path)
         q = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
@@ -129,8 +130,8 @@ class Handler(BaseHTTPRequestHandler):
             self._route(url.path, q)
         except FlamedError as e:
             self._json({"error": str(e)}, 400)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True  # the client left, or stopped reading its answer
         except Exception as e:  # noqa: BLE001 - the client gets an answer, the traceback goes to stderr
             traceback.print_exc(file=sys.stderr)
             try:

@@ -134,7 +134,7 @@ def test_concurrent_and_stuck_scrapers_never_delay_a_drain(tmp_path: Path, requi
             s = socket.socket()
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
             s.connect((host, int(port)))
-            s.sendall(b"GET /debug/pprof/profile?seconds=3 HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(f"GET /debug/pprof/profile?seconds=3 HTTP/1.1\r\nHost: {addr}\r\n\r\n".encode())
             stuck.append(s)
         idle = socket.socket()
         idle.connect((host, int(port)))

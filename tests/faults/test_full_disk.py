@@ -199,3 +199,30 @@ def test_stdout_on_a_full_disk_is_an_error(tmp_path: Path, tmpfs_state: Path, un
     err = r.stderr.decode()
     assert r.returncode == 1, err
     assert err == "flamed svg: error: cannot write to standard output: No space left on device\n", err
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "PYTHONUNBUFFERED"])
+def test_print_bpf_on_a_full_disk_is_an_error(tmp_path: Path, unbuffered: str) -> None:
+    """`flamed daemon --print-bpf > full/prog.c` (a real 32 KiB tmpfs, a ~70 KB
+    program): an error naming standard output and exit 1. It was a traceback,
+    and under PYTHONUNBUFFERED the first 32 KiB with exit 0."""
+    import subprocess
+    import sys
+
+    from support import ROOT
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    whole = subprocess.run([sys.executable, "-m", "flamed", "daemon", "--print-bpf"], capture_output=True,
+                           env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=120, check=True)
+    assert len(whole.stdout) > 64 * 1024 and b"flamed BPF program" in whole.stdout
+    with tmpfs(mnt, "32k"), open(mnt / "prog.c", "wb") as out:
+        r = subprocess.run([sys.executable, "-m", "flamed", "daemon", "--print-bpf"], stdout=out,
+                           stderr=subprocess.PIPE, env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=120,
+                           check=False)
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    assert err == "flamed daemon: error: cannot write to standard output: No space left on device\n", err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -98,6 +99,31 @@ def test_trace_subsecond_heatmap(tmp_path: Path) -> None:
         assert f == b"app-7;main;hot 50\n"
 
 
+def test_untimed_file_among_timestamped_is_left_out(tmp_path: Path) -> None:
+    """A folded file (no time) served with a timestamped trace was placed at 1970,
+    so the timeline spanned 1970 to the trace; it is left out, and said so."""
+    from serveproc import serve_process
+
+    trace = tmp_path / "a.trace"
+    base = 1_700_000_000
+    trace.write_text("# flamed trace\n" + "".join(f"{base + s}.000000000 app-7;main;work 3\n" for s in range(3)))
+    folded = tmp_path / "x.folded"
+    folded.write_text("app;main;other 5\n")
+    with serve_process(str(trace), str(folded)) as (url, proc):
+        idx = json.loads(_get(url + "api/index"))
+        assert idx["start_ms"] == base * 1000 and idx["end_ms"] <= (base + 3) * 1000, idx
+        assert idx["left_out"] == ["x.folded"] and idx["weight"] == 9
+        f = _get(url + f"api/profile?format=folded&start={idx['start_ms']}&end={idx['end_ms']}")
+        assert f == b"app-7;main;work 9\n"
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert "left out" in err and "x.folded" in err, err
+    # on their own, untimed files still make a timeline, one second each
+    with serve(str(folded), str(folded)) as url:
+        idx = json.loads(_get(url + "api/index"))
+        assert idx["left_out"] == [] and idx["start_ms"] == 0 and idx["end_ms"] == 2000 and idx["weight"] == 10
+
+
 def test_dns_rebinding_is_refused_on_loopback(tmp_path: Path) -> None:
     """A page whose name resolves to 127.0.0.1 still sends its own Host: refused,
     even a name that starts like a loopback address (127.0.0.1.evil.example,
@@ -117,6 +143,50 @@ def test_dns_rebinding_is_refused_on_loopback(tmp_path: Path) -> None:
             c.request("GET", "/api/index", headers={"Host": host})
             assert c.getresponse().status == want, host
             c.close()
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_idle_connections_are_closed_and_others_served(tmp_path: Path) -> None:
+    """A client that connects and sends nothing, or half a request, held a server
+    thread for ever: with --timeout it is closed, its thread ends, and other
+    clients are answered meanwhile."""
+    import socket
+    import time
+    import urllib.parse
+
+    from serveproc import serve_process
+
+    write_state_dir(tmp_path, files=2)
+    with serve_process("--state-dir", str(tmp_path), "--timeout", "1") as (url, proc):
+        port = urllib.parse.urlsplit(url).port
+        assert port is not None
+        base = _threads(proc.pid)  # no connection yet: the main thread
+        assert json.loads(_get(url + "api/index"))["files"] == 2
+        stuck = []
+        for i in range(6):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            if i % 2:
+                s.sendall(b"GET /api/index HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # no blank line: half a request
+            stuck.append(s)
+        try:
+            # each holds a thread until its timeout, and the server still answers others
+            assert json.loads(_get(url + "api/index"))["files"] == 2
+            for s in stuck:  # closed by the server: EOF (or a 408 answer, then EOF), not our 30 s timeout
+                data = b""
+                while chunk := s.recv(4096):
+                    data += chunk
+                assert data == b"" or data.startswith(b"HTTP/1.0 408"), data[:100]
+        finally:
+            for s in stuck:
+                s.close()
+        deadline = time.monotonic() + 30
+        while _threads(proc.pid) > base and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _threads(proc.pid) <= base
+        assert json.loads(_get(url + "api/index"))["files"] == 2
 
 
 def _wait_index(url: str, files: int, timeout: float = 30.0) -> dict[str, object]:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +43,39 @@ def test_help_lists_every_command_and_a_command_parses_alone() -> None:
     err = io.StringIO()
     assert main(["flush", "--no-such"], stderr=err) == 2
     assert "usage: flamed flush" in err.getvalue()
+
+
+def _commands_with_jobs() -> list[str]:
+    """Every subcommand that has a -j/--jobs option (each parsed with its options)."""
+    from flamed.cli import build_parser
+    from flamed.commands import discover
+
+    found = []
+    for cls in discover(None):
+        parser = build_parser(argv=[cls.name])
+        sub = next(a for a in parser._actions if a.dest == "command")
+        p = sub.choices[cls.name]  # type: ignore[index]
+        if any("--jobs" in a.option_strings for a in p._actions):
+            found.append(cls.name)
+    return found
+
+
+def test_every_jobs_option_is_checked_by_argparse() -> None:
+    assert {"collapse", "merge", "svg"} <= set(_commands_with_jobs())
+
+
+@pytest.mark.parametrize("command", _commands_with_jobs())
+@pytest.mark.parametrize("value", ["0", "-3", "2000", "x"])
+def test_jobs_out_of_range_is_a_usage_error(tmp_path: Path, command: str, value: str) -> None:
+    """`merge -j 0` and `merge -j -3` were taken silently; every --jobs is 1..1024,
+    refused by name before any input is read, with nothing written."""
+    folded = tmp_path / "in.folded"
+    folded.write_text("main;work 3\n")
+    out = tmp_path / "out.data"
+    err = io.StringIO()
+    assert main([command, "-j", value, str(folded), "-o", str(out)], stderr=err) == 2, err.getvalue()
+    assert "argument -j/--jobs: expected a number of worker processes" in err.getvalue()
+    assert not out.exists()
+    ok = io.StringIO()
+    assert main([command, "-j", "2", str(folded), "-o", str(out)], stderr=ok) == 0, ok.getvalue()
+    assert out.exists()

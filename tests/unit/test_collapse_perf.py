@@ -406,3 +406,52 @@ def test_no_g_capture_of_a_command_named_in_hex_digits(tmp_path: Path) -> None:
         "dd;rcu_core_[k] 500000",
     ]
     assert err == ""
+
+
+def test_srcline_without_source_info_is_a_srcline(tmp_path: Path) -> None:
+    """A real `perf script -F +srcline` capture: where perf has no source line it
+    prints DSO[ADDR] under the frame (`gzip[cc5c]`, `[kernel.kallsyms][ffffffff813aeb13]`).
+    Each was warned about as an unreadable frame line (267 here) though the stacks
+    were right; they are srcline lines, and the profile is the plain capture's."""
+    path = DATA / "collapse_extra" / "srcline-noinfo.txt"
+    text = path.read_bytes()
+    assert b"\n  [kernel.kallsyms][ffffffff" in text and b"\n  gzip[" in text and b"\n  read.c:" in text
+    out, err = folded_of(tmp_path, str(path))
+    assert err == ""
+    plain, err2 = folded_of(tmp_path, str(DATA / "collapse_extra" / "srcline-noinfo-plain.txt"))
+    assert (out, err2) == (plain, "") and out
+    with open(path, "rb") as f:
+        stats = ReadStats()
+        samples = list(get("perf").samples(f, CollapseOptions(), source=str(path), stats=stats))
+    assert stats.skipped == 0 and len(samples) == text.count(b"cpu-clock")
+    # A shared library's, as perf prints it for libc without debug info; --strict takes it too.
+    lines = _REAL_G.split(b"\n")
+    lines.insert(2, b"  libc.so.6[29d90]")
+    one = tmp_path / "libc.perf"
+    one.write_bytes(b"\n".join(lines))
+    out, err = folded_of(tmp_path, str(one), "--strict")
+    assert err == "" and dict((ln.rsplit(" ", 1)[0], int(ln.rsplit(" ", 1)[1])) for ln in out.splitlines()) == _REAL_G_FOLDED
+
+
+def test_no_callchain_comm_tid_period_is_perf_not_differential(tmp_path: Path) -> None:
+    """A real `perf script -F comm,tid,period` without call chains: every line ends in
+    two numbers, so `flamed svg` drew it as a differential graph (the tid as BEFORE,
+    the period as AFTER: "dd +99.72%") and collapse could not tell its format. It is
+    perf script: one sample per line, weighted by its period, no frames."""
+    from flamed.folded import is_differential
+    from flamed.inputs import differential_inputs
+
+    path = DATA / "collapse_extra" / "nog-comm-tid-period.txt"
+    lines = path.read_bytes().splitlines()
+    assert len(lines) > 100 and all(ln.startswith(b"              dd ") for ln in lines)
+    assert not is_differential(path.read_bytes()) and not differential_inputs([str(path)])
+    period = int(lines[0].split()[2])
+    out, err = folded_of(tmp_path, str(path), "--pid")  # the format found by detection
+    assert err == "" and out == f"dd-?;{EMPTY_STACK_FRAME} {period * len(lines)}\n"
+    svg = tmp_path / "out.svg"
+    e = io.StringIO()
+    assert main(["svg", str(path), "-o", str(svg)], stderr=e) == 0, e.getvalue()
+    text = svg.read_text()
+    assert f"<title>dd ({period * len(lines):,} samples, 100.00%)</title>" in text and "%;" not in text
+    # difffolded.pl's own lines are still differential
+    assert is_differential(b"dd;main 5622 2004008\nls;main 3 4\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -425,3 +426,73 @@ def test_disk_refusing_writes_keeps_windows_in_memory_and_serves_snapshots(tmp_p
         assert st["write_error"] is None and st["backlog"]["files"] == 0
     weight, samples, n = files_total(prof)
     assert n >= 2 and weight == samples == samplers[0].produced
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_metrics_refuse_dns_rebinding_but_prometheus_scrapes(tmp_path: Path) -> None:
+    """On loopback the metrics server answers only a loopback Host (a page whose name
+    resolves to 127.0.0.1 could read /metrics and the stacks of /debug/pprof otherwise),
+    and a real Prometheus still scrapes it as 127.0.0.1:PORT and localhost:PORT."""
+    import http.client
+
+    prometheus = shutil.which("prometheus")
+    need(prometheus is not None, "prometheus (Debian package prometheus)")
+    assert prometheus is not None
+    samplers: list[FakeSampler] = []
+    cfg = fast_config(tmp_path)
+    cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, pprof=True))
+    with running_daemon(cfg, sampler_factory=fake_factory(samplers)) as d:
+        port = d.metrics_server.port
+        assert port is not None
+        for path in ("/metrics", "/debug/pprof/profile?seconds=1", "/debug/pprof/heap"):
+            for host, want in (("evil.example", 403), (f"evil.example:{port}", 403),
+                               (f"127.0.0.1.evil.example:{port}", 403), (f"127.evil.example:{port}", 403),
+                               (f"[::1.evil.example]:{port}", 403), (f"127.0.0.1:{port}", None),
+                               (f"localhost:{port}", None), ("localhost.", None), (f"[::1]:{port}", None)):
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                c.request("GET", path, headers={"Host": host})
+                r = c.getresponse()
+                body = r.read()
+                c.close()
+                if want == 403:
+                    assert r.status == 403 and b"loopback host" in body, (path, host, r.status)
+                    assert b"flamed_" not in body
+                else:
+                    assert r.status in (200, 404), (path, host, r.status, body[:200])
+                    if path == "/metrics":
+                        assert r.status == 200 and b"flamed_samples_total" in body
+        # A real scrape: Prometheus names its targets 127.0.0.1:PORT and localhost:PORT.
+        web = _free_port()
+        conf = tmp_path / "prometheus.yml"
+        conf.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n"
+                        "  - job_name: flamed\n    static_configs:\n"
+                        f"      - targets: ['127.0.0.1:{port}', 'localhost:{port}']\n")
+        proc = subprocess.Popen([prometheus, f"--config.file={conf}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                 f"--web.listen-address=127.0.0.1:{web}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            health: dict[str, tuple[str, str]] = {}
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/targets", timeout=5) as r:
+                        targets = json.loads(r.read())["data"]["activeTargets"]
+                    health = {t["labels"]["instance"]: (t["health"], t["lastError"]) for t in targets}
+                except OSError:
+                    pass
+                if len(health) == 2 and all(h != "unknown" for h, _ in health.values()):
+                    break
+                time.sleep(0.5)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    assert health == {f"127.0.0.1:{port}": ("up", ""), f"localhost:{port}": ("up", "")}, health

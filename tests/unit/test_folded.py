@@ -136,3 +136,33 @@ def test_summed_counts_past_int64_are_refused_where_written(tmp_path: Path, caps
         folded_line(("a",), MAX_COUNT + 1)
     with pytest.raises(FlamedError):
         folded_line(("a",), float(MAX_COUNT) * 2)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["lenient", "strict"])
+@pytest.mark.parametrize("cmd", [["collapse"], ["merge"], ["top"], ["svg"], ["svg", "-j", "2"], ["tree"]])
+def test_bad_counts_say_what_is_wrong_with_them(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                cmd: list[str], strict: bool) -> None:
+    """A negative or too-large count said only "expected 'frame;frame;... COUNT'", and
+    input whose counts were all negative "cannot tell the input format": each says
+    what is wrong with the count, on which line, in every reader of folded text."""
+    from flamed.cli import main
+
+    cases = [
+        (b"a;b 3\na;c -5\n", "neg.folded:2: count -5 is negative: a count of samples is 0 or more"),
+        (b"a;b -3\na;c -5\n", "allneg.folded:1: count -3 is negative: a count of samples is 0 or more"),
+        (b"a;b 3\n\na;c 99999999999999999999\n",
+         "big.folded:3: count 99999999999999999999 is over the int64 maximum (9223372036854775807)"),
+        (b"a;b 3\na;d 4\na;c 1.5e400\n", "bad.folded:3: expected 'frame;frame;... COUNT'"),  # not a count
+    ]
+    for (data, want), name in zip(cases, ("neg", "allneg", "big", "bad")):
+        src = tmp_path / f"{name}.folded"
+        src.write_bytes(data)
+        out = tmp_path / "out.data"
+        rc = main([*cmd, *(["--strict"] if strict else []), str(src), "-o", str(out)])
+        err = capsys.readouterr().err
+        assert want in err, (cmd, name, err)
+        assert "cannot tell the input format" not in err and "Traceback" not in err
+        assert rc == (1 if strict else 0), (cmd, name, err)
+        if not strict:
+            assert "skipped 1 malformed line" in err or "skipped 2 malformed lines" in err, err
+        out.unlink(missing_ok=True)
