@@ -207,11 +207,15 @@ def test_nothing_recorded_fails_as_without_the_daemon(
         sleeper.wait()
     assert r.returncode == 1, r.stderr
     assert "nothing was recorded" in r.stderr, r.stderr
-    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sleep", "0.5"])
+    # A command started by record: a real sampler may catch it on a CPU while
+    # it starts (a millisecond or so: ~1 chance in 10 at 99 Hz), so a daemon
+    # whose fake sampler samples no real process stands in for one that saw nothing.
+    fake = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
+    r = _record(["--socket", fake.socket_path, "-o", str(out), "--", "sleep", "0.5"])
     assert r.returncode == 1, r.stderr
     assert "nothing was recorded" in r.stderr, r.stderr
     # A command that failed: its own exit code, as without the daemon.
-    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c", "sleep 0.5; exit 3"])
+    r = _record(["--socket", fake.socket_path, "-o", str(out), "--", "sh", "-c", "sleep 0.5; exit 3"])
     assert r.returncode == 3, r.stderr
 
 

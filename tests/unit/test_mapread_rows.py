@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import random
 import struct
+from array import array
 import sys
 
 import pytest
 
-from flamed.sampling.mapread import CountRows, StackAddrs, StackValues, pystack_used, ustack_used
+from flamed.sampling.mapread import CountRows, StackAddrs, StackValues, cut_pystacks, cut_ustacks
 from flamed.sampling.program import KEY
 from flamed.sampling.pyframes import parse_pystack
 from flamed.sampling.unwind import parse_ustack
@@ -90,12 +91,15 @@ def test_a_stack_cut_to_what_it_uses_reads_as_the_whole_value(depth: int) -> Non
         whole = struct.pack(f"<II{depth}Q{depth}I", n, flags, *codes, *instrs)
         whole += bytes(-len(whole) % 8)  # as the C struct is padded
         cut = bytearray()
-        pystack_used(memoryview(whole), cut)
-        assert len(cut) == 8 + 12 * k
+        offs = array("Q", [0])
+        cut_pystacks(memoryview(whole * 3), len(whole), cut, offs)  # three in a row
+        assert list(offs) == [0, 8 + 12 * k, 2 * (8 + 12 * k), 3 * (8 + 12 * k)]
+        cut = cut[: offs[1]]
         assert parse_pystack(bytes(cut), depth) == parse_pystack(whole, depth) == (list(zip(codes[:k], instrs[:k])), flags)
 
         ips = [r.getrandbits(64) for _ in range(k)] + [0] * (depth - k)
         uwhole = struct.pack(f"<II{depth}Q", n, 2, *ips)
         ucut = bytearray()
-        ustack_used(uwhole, ucut)
-        assert len(ucut) == 8 + 8 * k and parse_ustack(bytes(ucut)) == parse_ustack(uwhole) == (ips[:k], parse_ustack(uwhole)[1])
+        uoffs = array("Q", [0])
+        cut_ustacks(uwhole, len(uwhole), ucut, uoffs)
+        assert list(uoffs) == [0, len(ucut)] and len(ucut) == 8 + 8 * k and parse_ustack(bytes(ucut)) == parse_ustack(uwhole) == (ips[:k], parse_ustack(uwhole)[1])
