@@ -9,6 +9,7 @@ import errno
 import logging
 import mmap
 import os
+import struct
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -76,7 +77,7 @@ class CountRows:
 
 class StackValues:
     """The values of a stack map by id, each cut to the part its frame count
-    uses (:func:`ustack_used`, :func:`pystack_used`) and kept end to end.
+    uses (:func:`cut_ustacks`, :func:`cut_pystacks`) and kept end to end.
 
     A value is as long as the map's depth allows (1.5 KB for a Python stack
     of 128 frames); read whole, 100 k of them were ~40 MB resident during a
@@ -113,21 +114,36 @@ class StackValues:
         return key >= 0 and self._find(key) >= 0
 
 
-def ustack_used(raw: memoryview | bytes, out: bytearray) -> None:
-    """Append the used part of a ``struct flamed_ustack`` (count, end, then
-    its addresses) to ``out``."""
-    n = min(int.from_bytes(raw[:4], "little"), (len(raw) - 8) >> 3)
-    out += raw[: 8 + 8 * n]
+_U32 = struct.Struct("<I").unpack_from
 
 
-def pystack_used(raw: memoryview | bytes, out: bytearray) -> None:
-    """Append the used part of a ``struct flamed_pystack`` (count, flags, its
-    code addresses, its instruction offsets) to ``out``: the same layout for a
+def cut_ustacks(raw: memoryview | bytes, size: int, out: bytearray, offs: array[int]) -> None:
+    """Append the used part of each ``struct flamed_ustack`` in ``raw`` (``size``
+    bytes each: count, end, then its addresses) to ``out``, and each end's
+    offset to ``offs``."""
+    depth = (size - 8) >> 3
+    for i in range(0, len(raw) - size + 1, size):
+        n = _U32(raw, i)[0]
+        if n > depth:
+            n = depth
+        out += raw[i: i + 8 + 8 * n]
+        offs.append(len(out))
+
+
+def cut_pystacks(raw: memoryview | bytes, size: int, out: bytearray, offs: array[int]) -> None:
+    """Append the used part of each ``struct flamed_pystack`` in ``raw``
+    (``size`` bytes each: count, flags, its code addresses, its instruction
+    offsets) to ``out``, and each end's offset to ``offs``: the layout of a
     depth of its own count, which :func:`~flamed.sampling.pyframes.parse_pystack` reads."""
-    depth = (len(raw) - 8) // 12
-    n = min(int.from_bytes(raw[:4], "little"), depth)
-    out += raw[: 8 + 8 * n]
-    out += raw[8 + 8 * depth: 8 + 8 * depth + 4 * n]
+    depth = (size - 8) // 12
+    instr = 8 + 8 * depth
+    for i in range(0, len(raw) - size + 1, size):
+        n = _U32(raw, i)[0]
+        if n > depth:
+            n = depth
+        out += raw[i: i + 8 + 8 * n]
+        out += raw[i + instr: i + instr + 4 * n]
+        offs.append(len(out))
 
 
 #: Raw stacks by id: as a drain reads them, or bytes (tests).
@@ -249,18 +265,19 @@ class MapReader:
     def take_pystacks(self, gen: int) -> StackValues:
         """Read and delete the old generation's Python stacks: id -> the used
         part of its ``struct flamed_pystack``."""
-        return self._take_stack_map(f"pystacks{gen}", self._options.python_stack_entries, pystack_used)
+        return self._take_stack_map(f"pystacks{gen}", self._options.python_stack_entries, cut_pystacks)
 
     def take_ustacks(self, gen: int) -> StackValues:
         """Read and delete the old generation's unwound stacks: id -> the used
         part of its ``struct flamed_ustack``."""
-        return self._take_stack_map(f"ustacks{gen}", self._options.unwind_stack_entries, ustack_used)
+        return self._take_stack_map(f"ustacks{gen}", self._options.unwind_stack_entries, cut_ustacks)
 
-    def _take_stack_map(self, name: str, cap: int, used: Callable[[memoryview | bytes, bytearray], None]) -> StackValues:
+    def _take_stack_map(self, name: str, cap: int,
+                        cut: Callable[[memoryview | bytes, int, bytearray, array[int]], None]) -> StackValues:
         """Read and delete a (quiescent) hash of stacks the program built, keyed by a u64 hash.
 
         Read :data:`STACK_CHUNK` entries at a time into buffers of that size,
-        each value cut to what it uses (``used``) and appended to one buffer."""
+        each value cut to what it uses (``cut``) and appended to one buffer."""
         table = self._program.bpf[name]
         ksz, vsz = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
         assert ksz == 8, name
@@ -276,13 +293,10 @@ class MapReader:
         vmv = memoryview(vals).cast("B")
         for n in self._take_chunks(name, table, keys, vals, cap, chunk):
             ids.frombytes(memoryview(keys).cast("B")[: n * ksz])
-            for i in range(0, n * vsz, vsz):
-                used(vmv[i: i + vsz], blob)
-                offs.append(len(blob))
+            cut(vmv[: n * vsz], vsz, blob, offs)
         for kb, vb in self._take_rest(table):
             ids.append(int.from_bytes(kb, "little"))
-            used(vb, blob)
-            offs.append(len(blob))
+            cut(vb, vsz, blob, offs)
         return StackValues(ids, blob, offs)
 
     def _take_into_buffers(self, name: str, cap: int) -> tuple[Any, memoryview, memoryview, int, int]:

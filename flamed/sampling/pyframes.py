@@ -473,7 +473,7 @@ PYSTACK_HEAD = struct.Struct("<II")
 def parse_pystack(raw: bytes | memoryview, depth: int) -> tuple[list[tuple[int, int]], int]:
     """A ``struct flamed_pystack`` value: (frames innermost first, flags).
 
-    Whole, or cut to the frames it holds (``mapread.pystack_used``): the
+    Whole, or cut to the frames it holds (``mapread.cut_pystacks``): the
     instruction offsets follow the codes of as many frames as its length gives."""
     n, flags = PYSTACK_HEAD.unpack_from(raw, 0)
     depth = min(depth, (len(raw) - 8) // 12)

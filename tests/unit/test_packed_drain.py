@@ -291,6 +291,58 @@ def test_a_period_of_packed_windows_is_written_as_the_windows_of_tuples_were(
     assert text.count(b"\n") == written["packed"][1]["stacks"] > 10
 
 
+@pytest.mark.parametrize("names", [300, 70_000])
+def test_a_period_sorts_its_lines_as_tuples_of_their_frames_would(names: int) -> None:
+    """The lines of a period's file are ordered by their frames (root frames,
+    then the stack) as tuples of strings compare: with 2-byte frame ranks,
+    and 4-byte ones past 65,535 distinct names (root frames counted in)."""
+    from flamed.sampling.packed import MergedByRoot
+
+    rnd = random.Random(names)
+    frames = [f"f{i}" for i in range(names)] + ["a", "a1", "a b", "é", ""]
+    c: dict[tuple[int, int, str, tuple[str, ...]], int] = {}
+    for i in range(3000):
+        stack = tuple(rnd.choice(frames) for _ in range(rnd.randrange(0, 8)))
+        c[(rnd.choice([1, 2, 3]), i, "w", stack)] = 1 + i
+    for i, f in enumerate(frames[: names]):  # every name in the table
+        c[(1, 10_000 + i, "w", (f,))] = 1
+    table = StackTable(None, "I" if names > 60_000 else "H")
+    packed = table.pack(c)
+    roots = {1: ("b",), 2: ("a", "zz"), 3: ()}
+    m = MergedByRoot(table, [packed], lambda task: roots[task[0]])
+    # a line is its root frames then its stack: they compare as one tuple
+    got = [m.roots[k >> 32] + table.stack(k & 0xFFFF_FFFF) for k in m.sorted_keys()]
+    assert got == sorted(r + st for r, st in {(roots[t], st) for (t, _tid, _comm, st) in c})
+
+
+def test_sorting_a_period_holds_one_small_key_per_line() -> None:
+    """The sort of a period's lines holds one key of bytes per line, 2 bytes a
+    frame while there are fewer than 65,535 names (a memo of every key beside
+    the sort's own, 4 bytes a frame, took twice as much)."""
+    import gc
+    import tracemalloc
+
+    from flamed.sampling.packed import MergedByRoot
+
+    n, depth = 20_000, 30
+    rnd = random.Random(3)
+    names = [f"func_{i} (/srv/app/m{i % 50}.py:{i})" for i in range(3000)]
+    c = {(1, 1, "w", tuple(rnd.choice(names) for _ in range(depth))): 1 + i for i in range(n)}
+    table = StackTable()
+    m = MergedByRoot(table, [table.pack(c)], lambda task: ())
+    del c
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        keys = m.sorted_keys()
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert len(keys) == n
+    assert peak <= n * (96 + 2 * depth), peak
+
+
 def test_weight_by_process_is_the_same_packed_or_not() -> None:
     from flamed.sampling.packed import weight_by_tgid
 
