@@ -82,7 +82,7 @@ class RingWindow:
 class _LiveNumbers:
     """Which stack and task numbers of a table the packed windows still hold:
     one byte a number (a set of the live keys, and a dict from them to their
-    new numbers, took ~100 MB at 440 k keys: the daemon's highest mark)."""
+    new numbers, took ~100 MB at 400 k live keys: the daemon's highest mark)."""
 
     stack_marks: bytearray
     task_marks: bytearray
