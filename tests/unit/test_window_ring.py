@@ -139,7 +139,7 @@ def test_a_sweep_needs_little_more_than_the_new_table() -> None:
     ones in arrays: at most the new table and ~24 bytes per old stack beside
     it (a set of the live keys and a dict of their new numbers took ~250
     bytes per live key: ~100 MB at 400 k, the daemon's highest mark)."""
-    n = 30_000
+    n = 10_000
     ring = WindowRing(1e9, 4 * n, clock_ns=lambda: 0)
     measured = []
     for w in range(7):  # the ring keeps 4 windows: a sweep once enough of the table is dead
