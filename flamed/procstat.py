@@ -59,11 +59,7 @@ def child_pids(pid: int) -> list[int]:
     """The processes whose parent is process ``pid`` (the children of each of its
     threads, from ``/proc/PID/task/TID/children``); [] when it is gone."""
     out: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
+    for tid in _tids(pid):
         try:
             with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
                 out.extend(int(c) for c in f.read().split())
@@ -76,12 +72,16 @@ def thread_states(pid: int) -> list[bytes]:
     """The state letter (``R``, ``S``, ``D``, ``T``...) of each thread of process
     ``pid``; [] when it is gone."""
     out: list[bytes] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
+    for tid in _tids(pid):
         fields = read_stat(f"/proc/{pid}/task/{tid}/stat")
         if fields:
             out.append(fields[0])
     return out
+
+
+def _tids(pid: int) -> list[str]:
+    """The thread ids of process ``pid``, as named in /proc; [] when it is gone."""
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []

@@ -291,7 +291,7 @@ class MapReader:
         offs: array[int] = array("Q", [0])
         blob = bytearray()
         vmv = memoryview(vals).cast("B")
-        for n in self._take_chunks(name, table, keys, vals, cap, chunk):
+        for n in self._take_chunks(name, table, keys, ksz, vals, vsz, cap, chunk):
             ids.frombytes(memoryview(keys).cast("B")[: n * ksz])
             cut(vmv[: n * vsz], vsz, blob, offs)
         for kb, vb in self._take_rest(table):
@@ -362,11 +362,14 @@ class MapReader:
         extra = [(*KEY.unpack(kb), int.from_bytes(vb, "little")) for kb, vb in self._take_rest(table)]
         return CountRows(raw, values, extra)
 
-    def _take_chunks(self, name: str, table: Any, keys: Any, vals: Any, cap: int, chunk: int) -> Iterator[int]:
-        """Read and delete entries of a (quiescent) hash map, up to ``chunk`` at
-        a time into the front of ``keys``/``vals``: yields how many each time
-        (to be used before the next).  Stops early where the kernel lacks batch
-        operations or a batch fails: :meth:`_take_rest` reads the rest."""
+    def _take_chunks(self, name: str, table: Any, keys: Any, ksz: int, vals: Any, vsz: int, cap: int,
+                     chunk: int = 0) -> Iterator[int]:
+        """Read and delete entries of a (quiescent) hash map, one syscall per few
+        thousand entries, yielding how many each call read: with ``chunk``, up
+        to that many a call into the front of ``keys``/``vals`` (each batch to
+        be used before the next); without, all of them end to end.  Stops
+        early where the kernel lacks batch operations or a batch fails:
+        :meth:`_take_rest` reads the rest."""
         lib = self._program.lib
         fd = table.map_fd
         total = 0
@@ -375,10 +378,11 @@ class MapReader:
         count = ct.c_uint32(0)
         first = True
         while total < cap:
-            count.value = chunk
+            count.value = chunk or cap - total
+            at = 0 if chunk else total
             res = lib.bpf_lookup_and_delete_batch(
                 fd, None if first else ct.byref(in_batch), ct.byref(out_batch),
-                ct.byref(keys), ct.byref(vals), ct.byref(count),
+                ct.byref(keys, ksz * at), ct.byref(vals, vsz * at), ct.byref(count),
             )
             err = ct.get_errno()
             total += count.value
@@ -394,31 +398,8 @@ class MapReader:
 
     def _take_batch(self, name: str, table: Any, keys: Any, ksz: int, vals: Any, vsz: int, cap: int) -> int:
         """Read and delete entries of a (quiescent) hash map into ``keys``/``vals``,
-        one syscall per few thousand entries; how many were read.  Stops early
-        where the kernel lacks batch operations: :meth:`_take_rest` reads the rest."""
-        lib = self._program.lib
-        fd = table.map_fd
-        total = 0
-        in_batch = ct.c_uint32(0)  # a bucket index for hash maps
-        out_batch = ct.c_uint32(0)
-        count = ct.c_uint32(0)
-        first = True
-        while total < cap:
-            count.value = cap - total
-            res = lib.bpf_lookup_and_delete_batch(
-                fd, None if first else ct.byref(in_batch), ct.byref(out_batch),
-                ct.byref(keys, ksz * total), ct.byref(vals, vsz * total), ct.byref(count),
-            )
-            err = ct.get_errno()
-            total += count.value
-            if res != 0:
-                if err != errno.ENOENT:
-                    log.debug("batch lookup-and-delete of %s failed after %d entries (%s); reading key by key",
-                              name, total, os.strerror(err))
-                break
-            in_batch.value = out_batch.value
-            first = False
-        return total
+        end to end; how many were read (:meth:`_take_chunks`)."""
+        return sum(self._take_chunks(name, table, keys, ksz, vals, vsz, cap))
 
     def _take_rest(self, table: Any) -> list[tuple[bytes, bytes]]:
         """Whatever :meth:`_take_batch` left (no batch support, a partial batch),
