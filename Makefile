@@ -18,7 +18,7 @@ run: setup
 # the target), then the whole test suite. Exit 5 (no tests collected) counts as failure.
 test: setup-test
 	$(PY) -m mypy --strict flamed/
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=30 $(PYTEST_ARGS)
 
 # docs/reliability.md's figures: the fault and security suite at the issue's scale
 # (20 kills, 1,000 churn processes, every capability), then 100,000 fuzz inputs per parser.
