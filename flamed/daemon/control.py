@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from flamed.daemon.config import ControlConfig
 from flamed.daemon.metrics import DaemonMetrics
+from flamed.daemon.paths import ensure_directory, path_error
 from flamed.daemon.protocol import EXPECTED_REQUEST, MAX_REQUEST_BYTES, ProtocolError, error_header
 from flamed.errors import FlamedError
 
@@ -143,16 +144,12 @@ class ControlServer:
         self._thread.start()
 
     def _bind(self, path: str) -> socket.socket:
-        d = os.path.dirname(path) or "."
-        try:
-            os.makedirs(d, mode=0o755, exist_ok=True)
-        except OSError as e:
-            raise FlamedError(f"cannot create {d} for the control socket: {e.strerror}; "
-                              "set control.socket or --socket to a writable place") from None
+        ensure_directory(os.path.dirname(os.path.abspath(path)), "control.socket")
         with contextlib.suppress(FileNotFoundError):
             st = os.lstat(path)
             if not stat.S_ISSOCK(st.st_mode):
-                raise FlamedError(f"{path} exists and is not a socket; remove it or choose another control.socket")
+                raise path_error(f"control.socket: {path} exists and is not a socket; remove it or choose another "
+                                 "control.socket", None)
             # A live daemon answers on it; a stale socket from a crash does not.
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             probe.settimeout(0.5)
@@ -173,7 +170,8 @@ class ControlServer:
             sock.bind(path)
         except OSError as e:
             sock.close()
-            raise FlamedError(f"cannot bind control socket {path}: {e.strerror}") from None
+            # errno None: "AF_UNIX path too long" (108 bytes at most), as final as EACCES or EROFS
+            raise path_error(f"control.socket: cannot bind {path}: {e.strerror or e}", e.errno) from None
         finally:
             os.umask(old)
         gid = -1

@@ -33,6 +33,7 @@ from flamed.daemon.handlers import RequestHandlers
 from flamed.daemon.loop import LOOP_WAIT_TIMEOUT, MIN_DRAIN_SPACING, DrainLoop, detach
 from flamed.daemon.metrics import DaemonMetrics, MetricsServer
 from flamed.daemon.notify import Notifier
+from flamed.daemon.paths import ensure_directory
 from flamed.daemon.pyroscope import Pusher
 from flamed.daemon.processors import WindowProcessor, processor_options
 from flamed.daemon.reload import ProcessorOptions, SamplerFactory, processor_context, reload
@@ -177,11 +178,7 @@ class Daemon:
         self.metrics.up_since.set(self.started_ns / 1e9)
         t0 = time.perf_counter()
         startup = self.startup = {}
-        try:
-            self.store.ensure_dir()
-        except OSError as e:
-            raise FlamedError(f"cannot create state directory {self.store.dir}: {e.strerror}; "
-                              "set output.state_dir or --state-dir to a writable directory") from None
+        ensure_directory(self.store.dir, "output.state_dir")  # PathError (exit 2) names what is in the way
         # Every value is checked before anything compiles (the BPF program takes
         # seconds): a bad [processors.*] value is a config error (exit 2) at once.
         procs = processor_options(cfg.processors, self.processor_classes)

@@ -21,6 +21,7 @@ from flamed.daemon.logs import setup_logging
 from flamed.daemon.loop import DrainLoop
 from flamed.daemon.metrics import DaemonMetrics, MetricsServer
 from flamed.daemon.notify import Notifier
+from flamed.daemon.paths import ensure_directory
 from flamed.daemon.processors import ProcessorContext, WindowProcessor, processor_options
 from flamed.daemon.pyroscope import Pusher, Target
 from flamed.daemon.ring import WindowRing
@@ -81,10 +82,7 @@ def reload(d: Reloadable) -> None:
         if os.path.abspath(new.output.state_dir) != d.store.dir:
             # The new directory must be ours before anything else changes.
             new_lock = StateDirLock(new.output.state_dir)
-            try:
-                os.makedirs(new_lock.directory, mode=0o755, exist_ok=True)
-            except OSError as e:
-                raise FlamedError(f"cannot create state directory {new_lock.directory}: {e.strerror}") from None
+            ensure_directory(new_lock.directory, "output.state_dir")
             new_lock.acquire()
         _apply(d, new, procs)
     except FlamedError as e:

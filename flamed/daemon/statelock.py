@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import os
 
+from flamed.daemon.paths import path_error
 from flamed.errors import FlamedError
 
 LOCK_NAME = ".flamed.lock"
@@ -42,8 +43,8 @@ class StateDirLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
-            raise FlamedError(f"cannot create the lock file {self.path}: {e.strerror or e}; "
-                              "set output.state_dir or --state-dir to a writable directory") from None
+            raise path_error(f"output.state_dir: cannot create the lock file {self.path}: {e.strerror or e}; "
+                             "set output.state_dir or --state-dir to a writable directory", e.errno) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

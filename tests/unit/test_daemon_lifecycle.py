@@ -69,6 +69,23 @@ class Notifications:
                 break
         raise AssertionError(f"no {needle!r} notification; got {self.messages}")
 
+    def wait_for_prefix(self, prefix: str, timeout: float = 10.0) -> str:
+        """The first line of a notification that starts with ``prefix``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for m in self.messages:
+                for line in m.split("\n"):
+                    if line.startswith(prefix):
+                        return line
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {prefix!r} notification; got {self.messages}")
+            self.sock.settimeout(left)
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except TimeoutError:
+                pass
+
     def close(self) -> None:
         self.sock.close()
 
@@ -305,3 +322,91 @@ def test_bad_processor_value_stops_the_daemon_before_it_compiles(tmp_path: Path)
     assert "processors.python.rate" in r.stderr and "Traceback" not in r.stderr, r.stderr
     # Nothing was loaded: the sampler logs its event and rate once its program runs.
     assert " Hz on CPUs" not in r.stderr, r.stderr
+
+
+def _unit_final_exit_codes() -> set[int]:
+    """The exit codes systemd does not restart the daemon after (the unit's RestartPreventExitStatus=)."""
+    codes: set[int] = set()
+    for line in (ROOT / "systemd" / "flamed.service").read_text().splitlines():
+        if line.startswith("RestartPreventExitStatus="):
+            codes |= {int(w) for w in line.split("=", 1)[1].split() if w.isdigit()}
+    return codes
+
+
+def _bad_paths(tmp: Path) -> list[tuple[str, str, str, str]]:
+    """(name, key, path, words of the message) of paths a restart cannot make usable."""
+    (tmp / "plain").write_text("not a directory\n")
+    (tmp / "dangling").symlink_to(tmp / "nowhere")
+    return [
+        ("state_dir is a file", "output.state_dir", str(tmp / "plain"), "is a regular file, not a directory"),
+        ("state_dir under a file", "output.state_dir", str(tmp / "plain" / "p"),
+         "(in the path of " + str(tmp / "plain" / "p") + ") is a regular file"),
+        ("state_dir a dangling link", "output.state_dir", str(tmp / "dangling"), "which does not exist"),
+        ("state_dir read-only", "output.state_dir", str(tmp / "ro" / "p"), "Read-only file system"),
+        ("socket under a file", "control.socket", str(tmp / "plain" / "flamed.sock"),
+         "is a regular file, not a directory"),
+        ("socket path too long", "control.socket", str(tmp / ("s" * 120)), "too long for a Unix socket path"),
+    ]
+
+
+def test_unusable_paths_exit_with_a_status_systemd_does_not_restart(tmp_path: Path) -> None:
+    """A state directory (or socket directory) that cannot be used exited 1, which
+    Restart=on-failure restarts every 5 s for ever, with "File exists" for a
+    regular file in the way.  Now: exit 2 (in RestartPreventExitStatus=), one line
+    naming the key and what is in the way, and STATUS=failed: ... to systemd."""
+    final = _unit_final_exit_codes()
+    assert 2 in final, final
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "flamed-test-ro", str(ro)], capture_output=True).returncode == 0
+    try:
+        for name, key, path, words in _bad_paths(tmp_path):
+            if "read-only" in name and not mounted:
+                continue
+            cfg = tmp_path / "flamed.toml"
+            write_config(cfg, tmp_path)
+            if key == "output.state_dir":
+                cfg.write_text(cfg.read_text().replace(str(tmp_path / "profiles"), path))
+            else:
+                cfg.write_text(cfg.read_text().replace(str(tmp_path / "flamed.sock"), path))
+            n = Notifications(tmp_path / "notify")
+            p = start(cfg, {"NOTIFY_SOCKET": n.path})
+            try:
+                err = stop(p, signal_it=False)
+                failed = n.wait_for_prefix("STATUS=failed: ")
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                n.close()
+                os.unlink(n.path)
+            assert p.returncode in final, (name, p.returncode, err)
+            assert "Traceback" not in err and "File exists" not in err, (name, err)
+            last = err.strip().splitlines()[-1]
+            assert key in last and words in last, (name, last)
+            assert key in failed, (name, failed)
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_missing_directories_are_created_and_logged(tmp_path: Path) -> None:
+    """output.state_dir and control.socket's directory follow one rule: what is
+    missing is created (mode 0755), and each directory created is logged."""
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)
+    state = tmp_path / "a" / "b" / "profiles"
+    sock = tmp_path / "run" / "x" / "flamed.sock"
+    cfg.write_text(cfg.read_text().replace(str(tmp_path / "profiles"), str(state))
+                   .replace(str(tmp_path / "flamed.sock"), str(sock)))
+    p = start(cfg)
+    try:
+        wait_socket(sock, p)
+    finally:
+        err = stop(p)
+    assert p.returncode == 0, err
+    assert state.is_dir() and (state.stat().st_mode & 0o777) == 0o755
+    assert (tmp_path / "run" / "x").is_dir()
+    assert f"output.state_dir: created directory {tmp_path / 'a'}, {tmp_path / 'a' / 'b'}, {state}" in err, err
+    assert f"control.socket: created directory {tmp_path / 'run'}, {tmp_path / 'run' / 'x'}" in err, err
