@@ -410,3 +410,48 @@ def test_missing_directories_are_created_and_logged(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "x").is_dir()
     assert f"output.state_dir: created directory {tmp_path / 'a'}, {tmp_path / 'a' / 'b'}, {state}" in err, err
     assert f"control.socket: created directory {tmp_path / 'run'}, {tmp_path / 'run' / 'x'}" in err, err
+
+
+def _reload_and_wait(p: subprocess.Popen[str], n: Notifications) -> None:
+    """SIGHUP, then wait for the READY=1 that ends the reload (RELOADING=1 first)."""
+    readies = sum("READY=1" in m.split("\n") for m in n.messages)
+    p.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while sum("READY=1" in m.split("\n") for m in n.messages) <= readies:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no READY=1 after the reload; got {n.messages}"
+        n.sock.settimeout(left)
+        with __import__("contextlib").suppress(TimeoutError):
+            n.messages.append(n.sock.recv(4096).decode())
+
+
+def test_reload_to_a_socket_path_that_cannot_be_bound_keeps_the_socket(tmp_path: Path) -> None:
+    """A reload moving control.socket closed the running socket first, then failed
+    to bind the new path: 'keeping the running configuration', and nobody could
+    reach the daemon any more.  Now the new path is bound before anything
+    changes, so a refused reload leaves the socket answering."""
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)
+    sock = tmp_path / "flamed.sock"
+    (tmp_path / "plain").write_text("a file\n")
+    n = Notifications(tmp_path / "notify")
+    p = start(cfg, {"NOTIFY_SOCKET": n.path})
+    try:
+        n.wait_for("READY=1")
+        wait_socket(sock, p)
+        text = cfg.read_text()
+        cfg.write_text(text.replace(str(sock), str(tmp_path / "plain" / "moved.sock")).replace(
+            "frequency = 100", "frequency = 50"))
+        _reload_and_wait(p, n)
+        st = request(str(sock), {"request": "status"})["status"]
+        assert st["socket"] == str(sock) and st["frequency"] == 100  # nothing of the refused reload applied
+        moved = tmp_path / "run2" / "moved.sock"
+        cfg.write_text(text.replace(str(sock), str(moved)))
+        _reload_and_wait(p, n)
+        assert request(str(moved), {"request": "status"})["status"]["socket"] == str(moved)
+        assert not sock.exists()
+    finally:
+        err = stop(p)
+        n.close()
+    assert p.returncode == 0, err
+    assert "reload: control.socket: " in err and "is a regular file, not a directory" in err, err
