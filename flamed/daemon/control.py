@@ -115,6 +115,8 @@ class ControlServer:
         self._lock = threading.Lock()
         self._clients: set[threading.Thread] = set()
         self.path: str | None = None
+        #: (st_dev, st_ino) of the socket file this server bound: what stop() may remove.
+        self._ident: tuple[int, int] | None = None
         self.configure(config)
 
     def configure(self, config: ControlConfig) -> None:
@@ -135,6 +137,8 @@ class ControlServer:
         else:
             sock = self._bind(self.config.socket)
             self.path = self.config.socket
+            st = os.lstat(self.path)
+            self._ident = (st.st_dev, st.st_ino)
             log.info("control socket %s (mode %o)", self.path, self.config.socket_mode)
         self._sock = sock
         self._stop.clear()
@@ -205,12 +209,26 @@ class ControlServer:
             with contextlib.suppress(OSError):
                 self._sock.close()
             self._sock = None
-        if self.listen_fd is None and self.path:
+        if self.listen_fd is None and self.path and self.owns_path():
+            # Only our own socket file: if it was removed meanwhile, the path may
+            # now be another daemon's socket, which must stay.
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
         deadline = time.monotonic() + timeout
         for t in list(self._clients):
             t.join(max(0.0, deadline - time.monotonic()))
+
+    def owns_path(self) -> bool:
+        """Is the socket file at :attr:`path` still the one this server bound?  False
+        once it was removed or replaced (clients can no longer reach this server
+        there; a reload binds it again).  Always true for a socket systemd passed."""
+        if self.listen_fd is not None or self._ident is None or not self.path:
+            return True
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._ident
 
     @property
     def active(self) -> int:

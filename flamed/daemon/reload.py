@@ -108,7 +108,15 @@ def reload(d: Reloadable) -> None:
 
 
 def _socket_moves(d: Reloadable, new: DaemonConfig) -> bool:
-    return new.control.socket != d.loop.config.control.socket and d.control.listen_fd is None
+    """Bind a socket anew: its path changed, or its file was removed (or replaced) since it was bound."""
+    if d.control.listen_fd is not None:
+        return False
+    if new.control.socket != d.loop.config.control.socket:
+        return True
+    if not d.control.owns_path():
+        log.warning("reload: the control socket %s was removed or replaced; binding it again", d.control.path)
+        return True
+    return False
 
 
 def _apply(d: Reloadable, new: DaemonConfig, procs: ProcessorOptions, new_control: ControlServer | None) -> None:

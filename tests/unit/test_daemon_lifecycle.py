@@ -455,3 +455,46 @@ def test_reload_to_a_socket_path_that_cannot_be_bound_keeps_the_socket(tmp_path:
         n.close()
     assert p.returncode == 0, err
     assert "reload: control.socket: " in err and "is a regular file, not a directory" in err, err
+
+
+def test_a_removed_control_socket_is_bound_again_on_reload_and_never_removes_another_daemons(
+        tmp_path: Path) -> None:
+    """The control socket's file removed under a running daemon (rm -rf /run/flamed,
+    a cleaner): the daemon could not be reached until restarted, and when it
+    stopped it unlinked whatever socket was at that path by then, another
+    daemon's included.  Now a reload binds it again (refused while another
+    daemon answers there), and a stop removes only the socket file it bound."""
+    sock = tmp_path / "flamed.sock"
+    cfg_a = tmp_path / "a.toml"
+    write_config(cfg_a, tmp_path)
+    cfg_b = tmp_path / "b.toml"
+    write_config(cfg_b, tmp_path)
+    cfg_b.write_text(cfg_b.read_text().replace(str(tmp_path / "profiles"), str(tmp_path / "profiles-b")))
+    n = Notifications(tmp_path / "notify")
+    a = start(cfg_a, {"NOTIFY_SOCKET": n.path})
+    b: subprocess.Popen[str] | None = None
+    try:
+        n.wait_for("READY=1")
+        wait_socket(sock, a)
+        pid_a = request(str(sock), {"request": "status"})["status"]["pid"]
+        sock.unlink()
+        _reload_and_wait(a, n)  # the same path, its file gone: bound again
+        assert request(str(sock), {"request": "status"})["status"]["pid"] == pid_a
+        sock.unlink()
+        b = start(cfg_b)  # a second daemon takes the free path
+        wait_socket(sock, b)
+        assert request(str(sock), {"request": "status"})["status"]["pid"] == b.pid
+        _reload_and_wait(a, n)  # refused: b answers there
+        err_a = stop(a)
+        assert a.returncode == 0, err_a
+        assert "another daemon is listening on" in err_a, err_a
+        # a's stop left b's socket alone
+        assert request(str(sock), {"request": "status"})["status"]["pid"] == b.pid
+    finally:
+        if a.poll() is None:
+            stop(a)
+        n.close()
+        if b is not None:
+            err_b = stop(b)
+            assert b.returncode == 0, err_b
+    assert not sock.exists()
