@@ -105,6 +105,8 @@ class Daemon:
         self.ring = WindowRing(config.snapshot.ring_seconds, config.snapshot.ring_max_stacks, clock_ns=clock_ns)
         self.store = ProfileStore(config.output, config.retention, self.metrics, clock_ns=clock_ns)
         self.state_lock = StateDirLock(self.store.dir)
+        self.store.on_dir_made = self._guard_state_lock
+        self._lock_lost: str | None = None  # what was logged when another daemon took the directory
         self.loop = DrainLoop(config, store=self.store, ring=self.ring, metrics=self.metrics,
                               notifier=self.notifier, clock_ns=clock_ns)
         self.stopping = threading.Event()
@@ -157,6 +159,23 @@ class Daemon:
     def request_flush(self, timeout: float = LOOP_WAIT_TIMEOUT) -> str | None:
         """Close the current period into a file now; returns its path (None if nothing to write)."""
         return self.loop.request_flush(timeout)
+
+    def _guard_state_lock(self) -> None:
+        """The state directory was removed (and made again): lock it again, before
+        another daemon starts on it and the two delete each other's files."""
+        lock = self.state_lock
+        if not lock.held or lock.still_held():
+            return
+        try:
+            lock.renew()
+        except FlamedError as e:
+            if self._lock_lost != str(e):
+                self._lock_lost = str(e)
+                log.error("the lock file of the state directory was removed, and now: %s; two daemons write "
+                          "there, each one's retention deleting the other's files", e)
+            return
+        self._lock_lost = None
+        log.warning("state directory %s: its lock file was removed; locked it again", lock.directory)
 
     def install_signals(self) -> None:
         def on_stop(signum: int, frame: FrameType | None) -> None:

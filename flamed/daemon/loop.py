@@ -170,6 +170,7 @@ class DrainLoop:
     # -- windows ---------------------------------------------------------
     def drain_once(self, *, rotate_now: bool = False, final: bool = False, close_waits: bool = False) -> None:
         assert self.sampler is not None
+        self.store.check_dir()  # removed under us: made again and locked again before another daemon takes it
         t0 = time.perf_counter()
         try:
             window = self._drain(close_waits=final or close_waits)

@@ -498,3 +498,41 @@ def test_a_removed_control_socket_is_bound_again_on_reload_and_never_removes_ano
             err_b = stop(b)
             assert b.returncode == 0, err_b
     assert not sock.exists()
+
+
+def test_a_state_dir_removed_while_running_is_made_and_locked_again(tmp_path: Path) -> None:
+    """rm -rf of the state directory under a running daemon: the next write made it
+    again, silently and without the lock file, so a second daemon could start on
+    it and each one's retention would delete the other's files.  Now the daemon
+    makes it again at its next drain, says so, and locks it again."""
+    cfg_a = tmp_path / "a.toml"
+    write_config(cfg_a, tmp_path)
+    cfg_b = tmp_path / "b.toml"
+    write_config(cfg_b, tmp_path)
+    cfg_b.write_text(cfg_b.read_text().replace(str(tmp_path / "flamed.sock"), str(tmp_path / "b.sock")))
+    state = tmp_path / "profiles"
+    a = start(cfg_a)
+    b: subprocess.Popen[str] | None = None
+    try:
+        wait_socket(tmp_path / "flamed.sock", a)
+        shutil.rmtree(state)
+        deadline = time.monotonic() + 30  # drains every 0.2 s
+        while not (state / ".flamed.lock").exists():
+            assert time.monotonic() < deadline, "the state directory was not made again with its lock"
+            time.sleep(0.05)
+        b = start(cfg_b)
+        try:
+            _, err_b = b.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            err_b = "still running"
+        assert b.returncode == 2, err_b
+        assert f"in use by another flamed daemon (pid {a.pid}" in err_b, err_b
+        # a still writes its files there
+        files = request(str(tmp_path / "flamed.sock"), {"request": "flush"})["file"]
+        assert files is not None and Path(files).parent == state
+    finally:
+        if b is not None and b.poll() is None:
+            stop(b)
+        err_a = stop(a)
+    assert a.returncode == 0, err_a
+    assert f"state directory {state} was removed while the daemon ran; made it again" in err_a, err_a
