@@ -335,6 +335,10 @@ class ProfileStore:
         leaves the closing to that drain, so no short file is split off."""
         if self.period.start_ns is None:
             return False
+        if now_ns < self.period.start_ns:
+            # The wall clock went back past the period's start: its boundary is
+            # that far away; close it now, the next period starts at the new time.
+            return True
         rot = int(self.output.rotate_interval * 1e9)
         boundary = (self.period.start_ns // rot + 1) * rot
         if now_ns >= boundary:
