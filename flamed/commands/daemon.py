@@ -64,7 +64,14 @@ class DaemonCommand(Command):
             "sampling.sampler": args.sampler,
         }
         overrides = {k: v for k, v in overrides.items() if v is not None}
-        cfg = load_config(args.config, overrides=overrides)
+        try:
+            cfg = load_config(args.config, overrides=overrides)
+        except FlamedError as e:
+            if not (args.check_config or args.print_bpf):
+                from flamed.daemon.notify import Notifier
+
+                Notifier().notify(f"STATUS=failed: {e}")  # systemctl status shows why
+            raise
         if args.check_config:
             from flamed.daemon.samplers import check_config
 

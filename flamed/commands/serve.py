@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from flamed.commands._argtypes import number
+from flamed.commands._argtypes import integer, number
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.loopback import is_loopback_address
@@ -39,8 +39,11 @@ class ServeCommand(Command):
         parser.add_argument("--address", default="127.0.0.1:8080", help="HOST:PORT to listen on (default 127.0.0.1:8080)")
         # 0 (parse every range anew) to 1 TiB; nan and inf were a traceback.
         parser.add_argument("--timeout", type=number(0, 3600, what="seconds", above=True), default=30.0,
-                            help="seconds a connection may send nothing (or read nothing of its answer) before "
-                                 "it is closed (default 30)")
+                            help="seconds a connection has to send its whole request, and then to take each "
+                                 "64 KiB of its answer, before it is closed (default 30)")
+        parser.add_argument("--max-connections", type=integer(1, 10000, what="a number of connections"), default=32,
+                            help="connections served at once, a thread each; more are answered 503 at once "
+                                 "(default 32)")
         parser.add_argument("--cache-mb", type=number(0, 1 << 20, what="a size in MB"), default=64.0,
                             help="memory for parsed files, MB (default 64; a range within it is not read again)")
 
@@ -63,7 +66,7 @@ class ServeCommand(Command):
             self.warn(f"WARNING: listening on {host}, not loopback: anyone who can reach this address reads "
                       "every profile served (function names, paths, pids), with no authentication")
         try:
-            server = ServeServer((host, port), index, args.timeout)
+            server = ServeServer((host, port), index, args.timeout, args.max_connections)
         except OSError as e:
             raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --address") from None
         shown = f"[{host}]" if ":" in host else host

@@ -33,6 +33,10 @@ LOG_TARGETS = ("auto", "journal", "stderr")
 SAMPLERS = ("bpf", "fake")
 
 
+#: Bytes of a Unix socket path (sun_path holds 108, the last one a NUL).
+MAX_SOCKET_PATH = 107
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """``[sampling]``: what the BPF program samples."""
@@ -481,6 +485,9 @@ def build_options(cls: type[Any], raw: Mapping[str, Any], prefix: str) -> Any:
             raise ConfigError(f"pyroscope.server_address: expected a URL such as http://pyroscope:4040, got {url!r}")
     if prefix == "control" and "socket" in values and not values["socket"]:
         raise ConfigError("control.socket: must not be empty")
+    if prefix == "control" and len(os.fsencode(values.get("socket", ""))) > MAX_SOCKET_PATH:
+        raise ConfigError(f"control.socket: {len(os.fsencode(values['socket']))} bytes is too long for a Unix "
+                          f"socket path (at most {MAX_SOCKET_PATH}); choose a shorter path")
     if prefix == "output" and "state_dir" in values and not values["state_dir"]:
         raise ConfigError("output.state_dir: must not be empty")
     if prefix == "output" and "root_frame" in values:

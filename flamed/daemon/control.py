@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from flamed.daemon.config import ControlConfig
 from flamed.daemon.metrics import DaemonMetrics
+from flamed.daemon.paths import ensure_directory, path_error
 from flamed.daemon.protocol import EXPECTED_REQUEST, MAX_REQUEST_BYTES, ProtocolError, error_header
 from flamed.errors import FlamedError
 
@@ -114,6 +115,8 @@ class ControlServer:
         self._lock = threading.Lock()
         self._clients: set[threading.Thread] = set()
         self.path: str | None = None
+        #: (st_dev, st_ino) of the socket file this server bound: what stop() may remove.
+        self._ident: tuple[int, int] | None = None
         self.configure(config)
 
     def configure(self, config: ControlConfig) -> None:
@@ -134,6 +137,8 @@ class ControlServer:
         else:
             sock = self._bind(self.config.socket)
             self.path = self.config.socket
+            st = os.lstat(self.path)
+            self._ident = (st.st_dev, st.st_ino)
             log.info("control socket %s (mode %o)", self.path, self.config.socket_mode)
         self._sock = sock
         self._stop.clear()
@@ -143,16 +148,12 @@ class ControlServer:
         self._thread.start()
 
     def _bind(self, path: str) -> socket.socket:
-        d = os.path.dirname(path) or "."
-        try:
-            os.makedirs(d, mode=0o755, exist_ok=True)
-        except OSError as e:
-            raise FlamedError(f"cannot create {d} for the control socket: {e.strerror}; "
-                              "set control.socket or --socket to a writable place") from None
+        ensure_directory(os.path.dirname(os.path.abspath(path)), "control.socket")
         with contextlib.suppress(FileNotFoundError):
             st = os.lstat(path)
             if not stat.S_ISSOCK(st.st_mode):
-                raise FlamedError(f"{path} exists and is not a socket; remove it or choose another control.socket")
+                raise path_error(f"control.socket: {path} exists and is not a socket; remove it or choose another "
+                                 "control.socket", None)
             # A live daemon answers on it; a stale socket from a crash does not.
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             probe.settimeout(0.5)
@@ -173,7 +174,8 @@ class ControlServer:
             sock.bind(path)
         except OSError as e:
             sock.close()
-            raise FlamedError(f"cannot bind control socket {path}: {e.strerror}") from None
+            # errno None: "AF_UNIX path too long" (108 bytes at most), as final as EACCES or EROFS
+            raise path_error(f"control.socket: cannot bind {path}: {e.strerror or e}", e.errno) from None
         finally:
             os.umask(old)
         gid = -1
@@ -207,12 +209,26 @@ class ControlServer:
             with contextlib.suppress(OSError):
                 self._sock.close()
             self._sock = None
-        if self.listen_fd is None and self.path:
+        if self.listen_fd is None and self.path and self.owns_path():
+            # Only our own socket file: if it was removed meanwhile, the path may
+            # now be another daemon's socket, which must stay.
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
         deadline = time.monotonic() + timeout
         for t in list(self._clients):
             t.join(max(0.0, deadline - time.monotonic()))
+
+    def owns_path(self) -> bool:
+        """Is the socket file at :attr:`path` still the one this server bound?  False
+        once it was removed or replaced (clients can no longer reach this server
+        there; a reload binds it again).  Always true for a socket systemd passed."""
+        if self.listen_fd is not None or self._ident is None or not self.path:
+            return True
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._ident
 
     @property
     def active(self) -> int:

@@ -33,6 +33,7 @@ from flamed.daemon.handlers import RequestHandlers
 from flamed.daemon.loop import LOOP_WAIT_TIMEOUT, MIN_DRAIN_SPACING, DrainLoop, detach
 from flamed.daemon.metrics import DaemonMetrics, MetricsServer
 from flamed.daemon.notify import Notifier
+from flamed.daemon.paths import ensure_directory
 from flamed.daemon.pyroscope import Pusher
 from flamed.daemon.processors import WindowProcessor, processor_options
 from flamed.daemon.reload import ProcessorOptions, SamplerFactory, processor_context, reload
@@ -104,6 +105,8 @@ class Daemon:
         self.ring = WindowRing(config.snapshot.ring_seconds, config.snapshot.ring_max_stacks, clock_ns=clock_ns)
         self.store = ProfileStore(config.output, config.retention, self.metrics, clock_ns=clock_ns)
         self.state_lock = StateDirLock(self.store.dir)
+        self.store.on_dir_made = self._guard_state_lock
+        self._lock_lost: str | None = None  # what was logged when another daemon took the directory
         self.loop = DrainLoop(config, store=self.store, ring=self.ring, metrics=self.metrics,
                               notifier=self.notifier, clock_ns=clock_ns)
         self.stopping = threading.Event()
@@ -157,6 +160,23 @@ class Daemon:
         """Close the current period into a file now; returns its path (None if nothing to write)."""
         return self.loop.request_flush(timeout)
 
+    def _guard_state_lock(self) -> None:
+        """The state directory was removed (and made again): lock it again, before
+        another daemon starts on it and the two delete each other's files."""
+        lock = self.state_lock
+        if not lock.held or lock.still_held():
+            return
+        try:
+            lock.renew()
+        except FlamedError as e:
+            if self._lock_lost != str(e):
+                self._lock_lost = str(e)
+                log.error("the lock file of the state directory was removed, and now: %s; two daemons write "
+                          "there, each one's retention deleting the other's files", e)
+            return
+        self._lock_lost = None
+        log.warning("state directory %s: its lock file was removed; locked it again", lock.directory)
+
     def install_signals(self) -> None:
         def on_stop(signum: int, frame: FrameType | None) -> None:
             log.info("%s: draining and writing the last window", signal.Signals(signum).name)
@@ -177,11 +197,7 @@ class Daemon:
         self.metrics.up_since.set(self.started_ns / 1e9)
         t0 = time.perf_counter()
         startup = self.startup = {}
-        try:
-            self.store.ensure_dir()
-        except OSError as e:
-            raise FlamedError(f"cannot create state directory {self.store.dir}: {e.strerror}; "
-                              "set output.state_dir or --state-dir to a writable directory") from None
+        ensure_directory(self.store.dir, "output.state_dir")  # PathError (exit 2) names what is in the way
         # Every value is checked before anything compiles (the BPF program takes
         # seconds): a bad [processors.*] value is a config error (exit 2) at once.
         procs = processor_options(cfg.processors, self.processor_classes)

@@ -85,7 +85,8 @@ class FakeSampler:
         now = self._clock_ns()
         start = self._last_ns
         self._last_ns = now
-        exact = (now - start) / 1e9 * self.frequency * self.cpus + self._carry
+        # a window the wall clock went back in has no samples (not a negative number of them)
+        exact = max(0, now - start) / 1e9 * self.frequency * self.cpus + self._carry
         n = int(exact)
         self._carry = exact - n
         w = Window(start_ns=start, end_ns=now, sample_rate=float(self.frequency))

@@ -136,6 +136,12 @@ class DrainLoop:
                 reload()
                 next_drain = self._next_grid(self.clock_ns())
             now = self.clock_ns()
+            if next_drain - now > self._step_ns():
+                # The wall clock went back (an NTP step, date -s): the grid point
+                # planned before would be that far away, with no drain meanwhile.
+                log.warning("the wall clock went back %.3f s; drains follow it", (next_drain - now) / 1e9
+                            - self.config.sampling.drain_interval)
+                next_drain = self._next_grid(now)
             with self._lock:
                 flushes = self._flush_waiters
                 self._flush_waiters = []
@@ -163,13 +169,17 @@ class DrainLoop:
             self._wake.wait(max(0.0, wait))
             self._wake.clear()
 
+    def _step_ns(self) -> int:
+        return int(self.config.sampling.drain_interval * 1e9)
+
     def _next_grid(self, now_ns: int) -> int:
-        step = int(self.config.sampling.drain_interval * 1e9)
+        step = self._step_ns()
         return (now_ns // step + 1) * step
 
     # -- windows ---------------------------------------------------------
     def drain_once(self, *, rotate_now: bool = False, final: bool = False, close_waits: bool = False) -> None:
         assert self.sampler is not None
+        self.store.check_dir()  # removed under us: made again and locked again before another daemon takes it
         t0 = time.perf_counter()
         try:
             window = self._drain(close_waits=final or close_waits)

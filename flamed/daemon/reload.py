@@ -21,6 +21,7 @@ from flamed.daemon.logs import setup_logging
 from flamed.daemon.loop import DrainLoop
 from flamed.daemon.metrics import DaemonMetrics, MetricsServer
 from flamed.daemon.notify import Notifier
+from flamed.daemon.paths import ensure_directory
 from flamed.daemon.processors import ProcessorContext, WindowProcessor, processor_options
 from flamed.daemon.pyroscope import Pusher, Target
 from flamed.daemon.ring import WindowRing
@@ -73,6 +74,7 @@ def reload(d: Reloadable) -> None:
         d.notifier.ready(d.loop.status_line())
         return
     new_lock: StateDirLock | None = None
+    new_control: ControlServer | None = None
     try:
         if new.pyroscope.server_address:
             # Read the password file before anything changes: a reload it
@@ -81,15 +83,19 @@ def reload(d: Reloadable) -> None:
         if os.path.abspath(new.output.state_dir) != d.store.dir:
             # The new directory must be ours before anything else changes.
             new_lock = StateDirLock(new.output.state_dir)
-            try:
-                os.makedirs(new_lock.directory, mode=0o755, exist_ok=True)
-            except OSError as e:
-                raise FlamedError(f"cannot create state directory {new_lock.directory}: {e.strerror}") from None
+            ensure_directory(new_lock.directory, "output.state_dir")
             new_lock.acquire()
-        _apply(d, new, procs)
+        if _socket_moves(d, new):
+            # Bound before anything changes: a path that cannot be bound refuses the
+            # reload, and the running socket keeps answering.
+            new_control = ControlServer(new.control, d.control.handler, d.metrics)
+            new_control.start()
+        _apply(d, new, procs, new_control)
     except FlamedError as e:
         if new_lock is not None:
             new_lock.release()
+        if new_control is not None and new_control is not d.control:
+            new_control.stop()
         d.metrics.reloads.labels(result="error").inc()
         log.error("reload: %s; keeping the running configuration", e)
     else:
@@ -101,7 +107,19 @@ def reload(d: Reloadable) -> None:
     d.notifier.ready(d.loop.status_line())
 
 
-def _apply(d: Reloadable, new: DaemonConfig, procs: ProcessorOptions) -> None:
+def _socket_moves(d: Reloadable, new: DaemonConfig) -> bool:
+    """Bind a socket anew: its path changed, or its file was removed (or replaced) since it was bound."""
+    if d.control.listen_fd is not None:
+        return False
+    if new.control.socket != d.loop.config.control.socket:
+        return True
+    if not d.control.owns_path():
+        log.warning("reload: the control socket %s was removed or replaced; binding it again", d.control.path)
+        return True
+    return False
+
+
+def _apply(d: Reloadable, new: DaemonConfig, procs: ProcessorOptions, new_control: ControlServer | None) -> None:
     old = d.loop.config
     if d.manage_logging and new.log != old.log:
         setup_logging(new.log.level, new.log.target)
@@ -119,7 +137,7 @@ def _apply(d: Reloadable, new: DaemonConfig, procs: ProcessorOptions) -> None:
     d.ring.configure(new.snapshot.ring_seconds, new.snapshot.ring_max_stacks)
     _apply_metrics(d, new, old)
     _apply_push(d, new, old)
-    _apply_control(d, new, old)
+    _apply_control(d, new, new_control)
     _apply_processors(d, new, procs)
     d.loop.config = new
     release_compiler_memory()  # a new sampler or processor may have compiled a program
@@ -148,12 +166,12 @@ def _apply_push(d: Reloadable, new: DaemonConfig, old: DaemonConfig) -> None:
         loop.pusher.configure(new.pyroscope, new.output.root_frame)
 
 
-def _apply_control(d: Reloadable, new: DaemonConfig, old: DaemonConfig) -> None:
-    d.control.configure(new.control)
-    if new.control.socket != old.control.socket and d.control.listen_fd is None:
-        d.control.stop()
-        d.control = ControlServer(new.control, d.control.handler, d.metrics)
-        d.control.start()
+def _apply_control(d: Reloadable, new: DaemonConfig, new_control: ControlServer | None) -> None:
+    if new_control is None:
+        d.control.configure(new.control)
+        return
+    old, d.control = d.control, new_control  # bound already (reload)
+    old.stop()
 
 
 def _apply_processors(d: Reloadable, new: DaemonConfig, procs: ProcessorOptions) -> None:

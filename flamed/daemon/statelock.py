@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import os
 
+from flamed.daemon.paths import path_error
 from flamed.errors import FlamedError
 
 LOCK_NAME = ".flamed.lock"
@@ -42,8 +43,8 @@ class StateDirLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
-            raise FlamedError(f"cannot create the lock file {self.path}: {e.strerror or e}; "
-                              "set output.state_dir or --state-dir to a writable directory") from None
+            raise path_error(f"output.state_dir: cannot create the lock file {self.path}: {e.strerror or e}; "
+                             "set output.state_dir or --state-dir to a writable directory", e.errno) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -60,6 +61,31 @@ class StateDirLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+
+    def still_held(self) -> bool:
+        """Is the lock file at :attr:`path` still the one this lock holds?  False once
+        the directory or the file was removed (and maybe made again by someone else)."""
+        if self._fd is None:
+            return False
+        try:
+            st = os.lstat(self.path)
+            own = os.fstat(self._fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+    def renew(self) -> None:
+        """Lock the file now at :attr:`path` (the directory was made again); raise
+        :class:`StateDirBusy` (keeping the old descriptor) if another daemon holds it."""
+        old, self._fd = self._fd, None
+        try:
+            self.acquire()
+        except BaseException:
+            self._fd = old
+            raise
+        if old is not None:
+            with contextlib.suppress(OSError):
+                os.close(old)
 
     def release(self) -> None:
         """Give the lock up; the file stays (removing it would race a daemon that just opened it)."""

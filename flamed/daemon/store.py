@@ -280,6 +280,8 @@ class ProfileStore:
         self._full_episode: tuple[int, int] | None = None
         self._drop_logged = False
         self._names_used: set[str] = set()
+        #: Called when the directory was made again, and at every check_dir (the daemon checks its lock).
+        self.on_dir_made: Callable[[], None] | None = None
         self.configure(output, retention)
 
     # -- configuration ---------------------------------------------------
@@ -290,7 +292,25 @@ class ProfileStore:
         self.host = host_name(output.host)
 
     def ensure_dir(self) -> None:
+        """The state directory, made again if it was removed while the daemon ran (said, and
+        :attr:`on_dir_made` called: the daemon takes its lock in the new directory)."""
+        if os.path.isdir(self.dir):
+            return
         os.makedirs(self.dir, mode=0o755, exist_ok=True)
+        log.warning("state directory %s was removed while the daemon ran; made it again (the files that were "
+                    "in it are gone)", self.dir)
+        if self.on_dir_made is not None:
+            self.on_dir_made()
+
+    def check_dir(self) -> None:
+        """At each drain: the directory made again if it went, then :attr:`on_dir_made`'s
+        check of the daemon's lock; an error is left to the next write, which reports it."""
+        try:
+            self.ensure_dir()
+        except OSError:
+            return
+        if self.on_dir_made is not None:
+            self.on_dir_made()
 
     # -- filling ---------------------------------------------------------
     def add(self, start_ns: int, end_ns: int, counts: Mapping[CountKey, int], samples: int,
@@ -315,6 +335,10 @@ class ProfileStore:
         leaves the closing to that drain, so no short file is split off."""
         if self.period.start_ns is None:
             return False
+        if now_ns < self.period.start_ns:
+            # The wall clock went back past the period's start: its boundary is
+            # that far away; close it now, the next period starts at the new time.
+            return True
         rot = int(self.output.rotate_interval * 1e9)
         boundary = (self.period.start_ns // rot + 1) * rot
         if now_ns >= boundary:

@@ -68,6 +68,12 @@ class CompileError(ImageError):
     """The compiler process failed; the text is its last lines of stderr."""
 
 
+class ChildOutputError(ImageError):
+    """The compiler process ended without handing over a whole image (its
+    output cut short or damaged, or the process killed by a signal): nothing
+    is wrong with the program, another compile may well succeed."""
+
+
 # ---------------------------------------------------------------------------
 # bcc without its compiler
 
@@ -591,10 +597,43 @@ def compile_in_child(source: str, cflags: Sequence[str], timeout: float = 600.0)
                               capture_output=True, timeout=timeout, env=env, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ImageError(f"the compiler process failed: {e}") from None
+    if proc.returncode < 0:  # the OOM killer, an operator's kill: not the program's fault
+        raise ChildOutputError(f"the compiler process was killed by {_signal_name(-proc.returncode)} "
+                               f"after writing {len(proc.stdout)} bytes")
     if proc.returncode != 0:
         tail = "\n  ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-15:])
         raise CompileError(f"the compiler process exited with {proc.returncode}:\n  {tail}")
-    return Image.from_bytes(proc.stdout)
+    try:
+        return Image.from_bytes(proc.stdout)
+    except ImageError as e:
+        # The child says it succeeded; what reached this end of the pipe is not its image.
+        raise ChildOutputError(f"the compiler process exited 0 but its output ({len(proc.stdout)} bytes) is not a "
+                               f"whole image: {e}") from None
+
+
+def _signal_name(num: int) -> str:
+    import signal  # noqa: PLC0415
+
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+#: Compiles in a child process tried, when the child hands over no whole image.
+CHILD_ATTEMPTS = 2
+
+
+def _compile_in_children(source: str, cflags: Sequence[str]) -> Image:
+    """:func:`compile_in_child`, once more if the child's output did not arrive whole."""
+    for attempt in range(1, CHILD_ATTEMPTS + 1):
+        try:
+            return compile_in_child(source, cflags)
+        except ChildOutputError as e:
+            if attempt == CHILD_ATTEMPTS:
+                raise ChildOutputError(f"{e} (attempt {attempt} of {CHILD_ATTEMPTS})") from None
+            log.warning("BPF compile: %s; compiling again in a new process", e)
+    raise AssertionError("unreachable")
 
 
 def load_bpf(source: str, cflags: Sequence[str], *, cache_dir: Path | None, isolated: bool) -> tuple[Any, LoadInfo]:
@@ -610,12 +649,13 @@ def load_bpf(source: str, cflags: Sequence[str], *, cache_dir: Path | None, isol
         return b, LoadInfo("cache", time.perf_counter() - t0, key)
     if isolated or _RUNTIME_ONLY:
         try:
-            image = compile_in_child(source, cflags)
+            image = _compile_in_children(source, cflags)
         except ImageError as e:
             if _RUNTIME_ONLY:
                 raise  # this process cannot compile
             # the same compile here gives bcc's own error (and its text on stderr)
-            log.debug("isolated compile failed (%s); compiling in this process", e)
+            (log.warning if isinstance(e, ChildOutputError) else log.debug)(
+                "isolated compile failed (%s); compiling in this process", e)
         else:
             if cache is not None:
                 cache.put(key, image)

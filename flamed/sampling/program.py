@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from flamed.errors import CapabilityError, ConfigError, FlamedError
-from flamed.sampling.bpfimage import CompileError, ImageCache, ImageError, LoadInfo, image_key, load_bpf
+from flamed.sampling.bpfimage import ChildOutputError, CompileError, ImageCache, ImageError, LoadInfo, image_key, load_bpf
 from flamed.sampling.bpfload import adopt, close_bpf, find_bpf_dir
 from flamed.sampling.cgroups import CgroupError, CgroupSpec, Hierarchy, parse_cgroup_spec
 
@@ -626,6 +626,9 @@ class KernelProgram:
                              isolated=self.options.bpf_compile_isolated)
         )
         if err is not None or made is None:
+            if isinstance(err, ChildOutputError):  # the child's image did not arrive whole, twice: not final
+                raise FlamedError(f"cannot compile {prog.path}: {err}; the program is not at fault (a restart "
+                                  "compiles it again)")
             if isinstance(err, CompileError):  # compiled in a child process, which failed
                 raise CapabilityError(f"bcc could not compile {prog.path} ({_headers_hint()}):\n  {err}")
             if isinstance(err, ImageError):  # the program compiled, its image did not load

@@ -21,10 +21,15 @@ FILTERS: ``pid``, ``tid``, ``comm``, ``include``, ``exclude``, ``kinds`` (see
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import io
 import json
 import os
+import socket
 import sys
+import threading
+import time
 import traceback
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,13 +55,121 @@ IDLE_TIMEOUT = 30.0
 _WRITE_PIECE = 1 << 16
 
 
+#: Connections served at once (``flamed serve --max-connections``): each one has a
+#: thread; more are answered 503 at once, from the accepting thread.
+MAX_CONNECTIONS = 32
+#: Refused connections kept open (written to, never read) until their answer has
+#: had time to leave: closing at once could reset it away.  At most this many.
+_LINGER_MAX = 256
+_LINGER_S = 1.0
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A connection's request side with one deadline for the whole request.
+
+    A socket timeout bounds each read only: a client sending a byte every few
+    seconds kept its thread for ever.  Each read here waits at most until
+    ``deadline`` (monotonic), then raises TimeoutError, which the handler
+    takes as a timed-out request (the connection is closed)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self.deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request was not complete within --timeout")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(b)
+
+
 class ServeServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], index: Index, idle_timeout: float = IDLE_TIMEOUT) -> None:
+    def __init__(self, address: tuple[str, int], index: Index, idle_timeout: float = IDLE_TIMEOUT,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.index = index
         self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
+        self._active = 0
+        self._count_lock = threading.Lock()
+        self._lingering: collections.deque[tuple[float, socket.socket]] = collections.deque()
+        #: Connections refused for want of a thread since start (503).
+        self.refused = 0
         super().__init__(address, Handler)
+
+    @property
+    def active(self) -> int:
+        """Connections being served (each in a thread of its own)."""
+        return self._active
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._count_lock:
+            full = self._active >= self.max_connections
+            if not full:
+                self._active += 1
+        if full:
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._done()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self._count_lock:
+            self._active -= 1
+
+    def _refuse(self, conn: socket.socket) -> None:
+        """503 without a thread: one non-blocking send from the accepting thread."""
+        self.refused += 1
+        body = (f"flamed serve: too many connections ({self.max_connections} served at once, "
+                "--max-connections); try again\n").encode()
+        head = ("HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n").encode()
+        try:
+            conn.setblocking(False)
+            conn.send(head + body)
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            self.shutdown_request(conn)
+            return
+        if len(self._lingering) >= _LINGER_MAX:
+            self._close_lingering(self._lingering.popleft()[1])
+        self._lingering.append((time.monotonic() + _LINGER_S, conn))
+
+    def service_actions(self) -> None:
+        # serve_forever calls this at least every poll interval (0.5 s)
+        now = time.monotonic()
+        while self._lingering and self._lingering[0][0] <= now:
+            self._close_lingering(self._lingering.popleft()[1])
+
+    @staticmethod
+    def _close_lingering(conn: socket.socket) -> None:
+        # what the client sent meanwhile is read and dropped: closing over unread
+        # bytes would send a reset, which can destroy the 503 before it is read
+        with contextlib.suppress(OSError):
+            while conn.recv(1 << 16):
+                pass
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def server_close(self) -> None:
+        while self._lingering:
+            self._close_lingering(self._lingering.popleft()[1])
+        super().server_close()
 
 
 #: The latest time a range may name: what int64 nanoseconds hold (the year 2262).
@@ -86,9 +199,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        # Every read of the request and every piece of the answer waits this long at
-        # most; a timeout closes the connection (handle_one_request) and frees the thread.
+        # The whole request (request line and headers) must arrive within --timeout
+        # of the connection; each piece of the answer then waits that long at most.
+        # A timeout closes the connection (handle_one_request) and frees the thread.
         self.connection.settimeout(self.server.idle_timeout)
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, time.monotonic() + self.server.idle_timeout))
+
+    def end_headers(self) -> None:
+        self.connection.settimeout(self.server.idle_timeout)  # the answer: per piece, as before
+        super().end_headers()
 
     def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
         self.send_response(code)

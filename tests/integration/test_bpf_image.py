@@ -197,3 +197,71 @@ def test_a_cache_dir_that_cannot_be_made_is_said_once(tmp_path: Path, caplog: py
     assert cache.put("k2", img) is False
     assert cache.get("k") is None
     assert len([r for r in caplog.records if "cannot store" in r.getMessage()]) == 1
+
+
+def _truncating_python(tmp: Path, good_after: int) -> Path:
+    """An interpreter whose standard output is cut after 100 bytes for its first
+    ``good_after`` runs (its exit status kept: the child says it succeeded),
+    whole after that; each run is counted in ``runs``."""
+    wrapper = tmp / "python-cut"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'echo run >> "{tmp}/runs"\n'
+        f'"{os.path.realpath(sys.executable)}" "$@" > "{tmp}/out.$$"; rc=$?\n'
+        f'if [ "$(wc -l < "{tmp}/runs")" -le {good_after} ]; then head -c 100 "{tmp}/out.$$"; '
+        f'else cat "{tmp}/out.$$"; fi\n'
+        f'rm -f "{tmp}/out.$$"; exit $rc\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+_AS_THE_DAEMON = """
+import sys
+from flamed.sampling.bpfimage import runtime_only
+assert runtime_only()  # as the daemon: this process cannot compile, every compile is a child's
+sys.executable = sys.argv[1]
+"""
+
+
+def test_a_truncated_image_from_the_compiler_child_is_compiled_again(bpf_ok: None, tmp_path: Path) -> None:
+    """The compiler child's output cut short on the pipe (exit 0) was taken for a
+    damaged cache file and ended the daemon with exit 3, which systemd never
+    restarts.  Now it is said, and compiled again in a new child."""
+    wrapper = _truncating_python(tmp_path, good_after=1)
+    code = _AS_THE_DAEMON + (
+        "from flamed.sampling.bpfimage import load_bpf\n"
+        "b, info = load_bpf('int f(void *ctx) { return 0; }', [], cache_dir=None, isolated=True)\n"
+        "print(info.how)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(wrapper)], capture_output=True, text=True, timeout=300,
+                       cwd=str(Path(__file__).resolve().parents[2]))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "child"
+    assert (tmp_path / "runs").read_text().count("run") == 2
+    assert "exited 0 but its output (100 bytes) is not a whole image" in r.stderr, r.stderr
+    assert "compiling again in a new process" in r.stderr
+
+
+def test_a_compiler_child_that_never_hands_over_its_image_is_a_transient_error(bpf_ok: None,
+                                                                               tmp_path: Path) -> None:
+    """Cut short every time: the sampler's start fails with exit 1 (a restart may
+    compile it), not 3 (CapabilityError: kernel headers, privileges), and says what happened."""
+    wrapper = _truncating_python(tmp_path, good_after=1000)
+    code = _AS_THE_DAEMON + (
+        "from flamed.errors import CapabilityError, FlamedError\n"
+        "from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions\n"
+        "s = BpfSampler(BpfSamplerOptions(frequency=19, python=False, unwind=False, bpf_cache_dir=None,\n"
+        "                                 bpf_compile_isolated=True))\n"
+        "try:\n"
+        "    s.start()\n"
+        "except FlamedError as e:\n"
+        "    print(type(e).__name__, e.exit_code, e)\n"
+        "finally:\n"
+        "    s.close()\n")
+    r = subprocess.run([sys.executable, "-c", code, str(wrapper)], capture_output=True, text=True, timeout=300,
+                       cwd=str(Path(__file__).resolve().parents[2]))
+    assert r.returncode == 0, r.stderr
+    kind, exit_code, message = r.stdout.split(" ", 2)
+    assert (kind, exit_code) == ("FlamedError", "1"), r.stdout
+    assert "is not a whole image" in message and "attempt 2 of 2" in message, message
+    assert "kernel headers" not in message
+    assert (tmp_path / "runs").read_text().count("run") == 2

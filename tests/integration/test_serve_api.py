@@ -189,6 +189,107 @@ def test_idle_connections_are_closed_and_others_served(tmp_path: Path) -> None:
         assert json.loads(_get(url + "api/index"))["files"] == 2
 
 
+def _read_to_eof(s: "socket.socket") -> bytes:
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    return data
+
+
+def test_a_request_trickled_byte_by_byte_is_cut_at_the_timeout(tmp_path: Path) -> None:
+    """--timeout bounded each read, not the request: a client sending a byte of
+    its request line now and then (each within the timeout) kept its thread
+    for ever.  Now the whole request has --timeout from the connection."""
+    import socket
+    import time
+    import urllib.parse
+
+    from serveproc import serve_process
+
+    write_state_dir(tmp_path, files=1)
+    with serve_process("--state-dir", str(tmp_path), "--timeout", "2") as (url, proc):
+        port = urllib.parse.urlsplit(url).port
+        assert port is not None
+        base = _threads(proc.pid)
+        request = b"GET /api/index HTTP/1.0\r\nHost: 127.0.0.1\r\n" + b"X-Slow: " + b"a" * 200
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        sent = 0
+        closed = False
+        try:
+            # a byte every 0.25 s: each read waits far less than the 2 s timeout;
+            # 200+ bytes would take over 50 s, the server must cut it long before
+            for i in range(len(request)):
+                try:
+                    s.sendall(request[i:i + 1])
+                except (BrokenPipeError, ConnectionResetError):
+                    closed = True
+                    break
+                sent += 1
+                readable = __import__("select").select([s], [], [], 0.25)[0]
+                if readable:
+                    closed = True  # an answer (408) or EOF: the server gave up on it
+                    break
+            assert closed, "the server kept reading a request that never ends"
+            assert sent < len(request)
+            try:
+                data = _read_to_eof(s)
+            except ConnectionResetError:
+                data = b""
+            assert data == b"" or data.startswith(b"HTTP/1.0 408"), data[:100]
+        finally:
+            s.close()
+        deadline = time.monotonic() + 30
+        while _threads(proc.pid) > base and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _threads(proc.pid) <= base
+        assert json.loads(_get(url + "api/index"))["files"] == 1
+
+
+def test_connections_over_the_cap_get_503_at_once(tmp_path: Path) -> None:
+    """Every connection took a thread, without bound: 1,000 idle connections were
+    1,000 threads.  Now --max-connections are served at once; more get a 503
+    from the accepting thread (no thread), and are served again once others end."""
+    import socket
+    import time
+    import urllib.error
+    import urllib.parse
+
+    from serveproc import serve_process
+
+    write_state_dir(tmp_path, files=1)
+    with serve_process("--state-dir", str(tmp_path), "--timeout", "60", "--max-connections", "3") as (url, proc):
+        port = urllib.parse.urlsplit(url).port
+        assert port is not None
+        base = _threads(proc.pid)
+        held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(3)]
+        try:
+            deadline = time.monotonic() + 30  # the three are accepted, each in its thread
+            while _threads(proc.pid) < base + 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _threads(proc.pid) == base + 3
+            over = []
+            for _ in range(20):  # more than the cap: each refused at once, no thread
+                c = socket.create_connection(("127.0.0.1", port), timeout=30)
+                c.sendall(b"GET /api/index HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                over.append(c)
+            for c in over:
+                data = _read_to_eof(c)
+                c.close()
+                assert data.startswith(b"HTTP/1.0 503"), data[:200]
+                assert b"too many connections" in data and b"--max-connections" in data, data
+            assert _threads(proc.pid) == base + 3
+            with pytest.raises(urllib.error.HTTPError) as e:
+                _get(url + "api/index")
+            assert e.value.code == 503
+        finally:
+            for c in held:
+                c.close()
+        deadline = time.monotonic() + 30  # the held ones end (EOF): served again
+        while _threads(proc.pid) > base and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert json.loads(_get(url + "api/index"))["files"] == 1
+
+
 def _wait_index(url: str, files: int, timeout: float = 30.0) -> dict[str, object]:
     import time
 

@@ -69,6 +69,23 @@ class Notifications:
                 break
         raise AssertionError(f"no {needle!r} notification; got {self.messages}")
 
+    def wait_for_prefix(self, prefix: str, timeout: float = 10.0) -> str:
+        """The first line of a notification that starts with ``prefix``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for m in self.messages:
+                for line in m.split("\n"):
+                    if line.startswith(prefix):
+                        return line
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {prefix!r} notification; got {self.messages}")
+            self.sock.settimeout(left)
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except TimeoutError:
+                pass
+
     def close(self) -> None:
         self.sock.close()
 
@@ -305,3 +322,217 @@ def test_bad_processor_value_stops_the_daemon_before_it_compiles(tmp_path: Path)
     assert "processors.python.rate" in r.stderr and "Traceback" not in r.stderr, r.stderr
     # Nothing was loaded: the sampler logs its event and rate once its program runs.
     assert " Hz on CPUs" not in r.stderr, r.stderr
+
+
+def _unit_final_exit_codes() -> set[int]:
+    """The exit codes systemd does not restart the daemon after (the unit's RestartPreventExitStatus=)."""
+    codes: set[int] = set()
+    for line in (ROOT / "systemd" / "flamed.service").read_text().splitlines():
+        if line.startswith("RestartPreventExitStatus="):
+            codes |= {int(w) for w in line.split("=", 1)[1].split() if w.isdigit()}
+    return codes
+
+
+def _bad_paths(tmp: Path) -> list[tuple[str, str, str, str]]:
+    """(name, key, path, words of the message) of paths a restart cannot make usable."""
+    (tmp / "plain").write_text("not a directory\n")
+    (tmp / "dangling").symlink_to(tmp / "nowhere")
+    return [
+        ("state_dir is a file", "output.state_dir", str(tmp / "plain"), "is a regular file, not a directory"),
+        ("state_dir under a file", "output.state_dir", str(tmp / "plain" / "p"),
+         "(in the path of " + str(tmp / "plain" / "p") + ") is a regular file"),
+        ("state_dir a dangling link", "output.state_dir", str(tmp / "dangling"), "which does not exist"),
+        ("state_dir read-only", "output.state_dir", str(tmp / "ro" / "p"), "Read-only file system"),
+        ("socket under a file", "control.socket", str(tmp / "plain" / "flamed.sock"),
+         "is a regular file, not a directory"),
+        ("socket path too long", "control.socket", str(tmp / ("s" * 120)), "too long for a Unix socket path"),
+    ]
+
+
+def test_unusable_paths_exit_with_a_status_systemd_does_not_restart(tmp_path: Path) -> None:
+    """A state directory (or socket directory) that cannot be used exited 1, which
+    Restart=on-failure restarts every 5 s for ever, with "File exists" for a
+    regular file in the way.  Now: exit 2 (in RestartPreventExitStatus=), one line
+    naming the key and what is in the way, and STATUS=failed: ... to systemd."""
+    final = _unit_final_exit_codes()
+    assert 2 in final, final
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "flamed-test-ro", str(ro)], capture_output=True).returncode == 0
+    try:
+        for name, key, path, words in _bad_paths(tmp_path):
+            if "read-only" in name and not mounted:
+                continue
+            cfg = tmp_path / "flamed.toml"
+            write_config(cfg, tmp_path)
+            if key == "output.state_dir":
+                cfg.write_text(cfg.read_text().replace(str(tmp_path / "profiles"), path))
+            else:
+                cfg.write_text(cfg.read_text().replace(str(tmp_path / "flamed.sock"), path))
+            n = Notifications(tmp_path / "notify")
+            p = start(cfg, {"NOTIFY_SOCKET": n.path})
+            try:
+                err = stop(p, signal_it=False)
+                failed = n.wait_for_prefix("STATUS=failed: ")
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                n.close()
+                os.unlink(n.path)
+            assert p.returncode in final, (name, p.returncode, err)
+            assert "Traceback" not in err and "File exists" not in err, (name, err)
+            last = err.strip().splitlines()[-1]
+            assert key in last and words in last, (name, last)
+            assert key in failed, (name, failed)
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_missing_directories_are_created_and_logged(tmp_path: Path) -> None:
+    """output.state_dir and control.socket's directory follow one rule: what is
+    missing is created (mode 0755), and each directory created is logged."""
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)
+    state = tmp_path / "a" / "b" / "profiles"
+    sock = tmp_path / "run" / "x" / "flamed.sock"
+    cfg.write_text(cfg.read_text().replace(str(tmp_path / "profiles"), str(state))
+                   .replace(str(tmp_path / "flamed.sock"), str(sock)))
+    p = start(cfg)
+    try:
+        wait_socket(sock, p)
+    finally:
+        err = stop(p)
+    assert p.returncode == 0, err
+    assert state.is_dir() and (state.stat().st_mode & 0o777) == 0o755
+    assert (tmp_path / "run" / "x").is_dir()
+    assert f"output.state_dir: created directory {tmp_path / 'a'}, {tmp_path / 'a' / 'b'}, {state}" in err, err
+    assert f"control.socket: created directory {tmp_path / 'run'}, {tmp_path / 'run' / 'x'}" in err, err
+
+
+def _reload_and_wait(p: subprocess.Popen[str], n: Notifications) -> None:
+    """SIGHUP, then wait for the READY=1 that ends the reload (RELOADING=1 first)."""
+    readies = sum("READY=1" in m.split("\n") for m in n.messages)
+    p.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while sum("READY=1" in m.split("\n") for m in n.messages) <= readies:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no READY=1 after the reload; got {n.messages}"
+        n.sock.settimeout(left)
+        with __import__("contextlib").suppress(TimeoutError):
+            n.messages.append(n.sock.recv(4096).decode())
+
+
+def test_reload_to_a_socket_path_that_cannot_be_bound_keeps_the_socket(tmp_path: Path) -> None:
+    """A reload moving control.socket closed the running socket first, then failed
+    to bind the new path: 'keeping the running configuration', and nobody could
+    reach the daemon any more.  Now the new path is bound before anything
+    changes, so a refused reload leaves the socket answering."""
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)
+    sock = tmp_path / "flamed.sock"
+    (tmp_path / "plain").write_text("a file\n")
+    n = Notifications(tmp_path / "notify")
+    p = start(cfg, {"NOTIFY_SOCKET": n.path})
+    try:
+        n.wait_for("READY=1")
+        wait_socket(sock, p)
+        text = cfg.read_text()
+        cfg.write_text(text.replace(str(sock), str(tmp_path / "plain" / "moved.sock")).replace(
+            "frequency = 100", "frequency = 50"))
+        _reload_and_wait(p, n)
+        st = request(str(sock), {"request": "status"})["status"]
+        assert st["socket"] == str(sock) and st["frequency"] == 100  # nothing of the refused reload applied
+        moved = tmp_path / "run2" / "moved.sock"
+        cfg.write_text(text.replace(str(sock), str(moved)))
+        _reload_and_wait(p, n)
+        assert request(str(moved), {"request": "status"})["status"]["socket"] == str(moved)
+        assert not sock.exists()
+    finally:
+        err = stop(p)
+        n.close()
+    assert p.returncode == 0, err
+    assert "reload: control.socket: " in err and "is a regular file, not a directory" in err, err
+
+
+def test_a_removed_control_socket_is_bound_again_on_reload_and_never_removes_another_daemons(
+        tmp_path: Path) -> None:
+    """The control socket's file removed under a running daemon (rm -rf /run/flamed,
+    a cleaner): the daemon could not be reached until restarted, and when it
+    stopped it unlinked whatever socket was at that path by then, another
+    daemon's included.  Now a reload binds it again (refused while another
+    daemon answers there), and a stop removes only the socket file it bound."""
+    sock = tmp_path / "flamed.sock"
+    cfg_a = tmp_path / "a.toml"
+    write_config(cfg_a, tmp_path)
+    cfg_b = tmp_path / "b.toml"
+    write_config(cfg_b, tmp_path)
+    cfg_b.write_text(cfg_b.read_text().replace(str(tmp_path / "profiles"), str(tmp_path / "profiles-b")))
+    n = Notifications(tmp_path / "notify")
+    a = start(cfg_a, {"NOTIFY_SOCKET": n.path})
+    b: subprocess.Popen[str] | None = None
+    try:
+        n.wait_for("READY=1")
+        wait_socket(sock, a)
+        pid_a = request(str(sock), {"request": "status"})["status"]["pid"]
+        sock.unlink()
+        _reload_and_wait(a, n)  # the same path, its file gone: bound again
+        assert request(str(sock), {"request": "status"})["status"]["pid"] == pid_a
+        sock.unlink()
+        b = start(cfg_b)  # a second daemon takes the free path
+        wait_socket(sock, b)
+        assert request(str(sock), {"request": "status"})["status"]["pid"] == b.pid
+        _reload_and_wait(a, n)  # refused: b answers there
+        err_a = stop(a)
+        assert a.returncode == 0, err_a
+        assert "another daemon is listening on" in err_a, err_a
+        # a's stop left b's socket alone
+        assert request(str(sock), {"request": "status"})["status"]["pid"] == b.pid
+    finally:
+        if a.poll() is None:
+            stop(a)
+        n.close()
+        if b is not None:
+            err_b = stop(b)
+            assert b.returncode == 0, err_b
+    assert not sock.exists()
+
+
+def test_a_state_dir_removed_while_running_is_made_and_locked_again(tmp_path: Path) -> None:
+    """rm -rf of the state directory under a running daemon: the next write made it
+    again, silently and without the lock file, so a second daemon could start on
+    it and each one's retention would delete the other's files.  Now the daemon
+    makes it again at its next drain, says so, and locks it again."""
+    cfg_a = tmp_path / "a.toml"
+    write_config(cfg_a, tmp_path)
+    cfg_b = tmp_path / "b.toml"
+    write_config(cfg_b, tmp_path)
+    cfg_b.write_text(cfg_b.read_text().replace(str(tmp_path / "flamed.sock"), str(tmp_path / "b.sock")))
+    state = tmp_path / "profiles"
+    a = start(cfg_a)
+    b: subprocess.Popen[str] | None = None
+    try:
+        wait_socket(tmp_path / "flamed.sock", a)
+        shutil.rmtree(state)
+        deadline = time.monotonic() + 30  # drains every 0.2 s
+        while not (state / ".flamed.lock").exists():
+            assert time.monotonic() < deadline, "the state directory was not made again with its lock"
+            time.sleep(0.05)
+        b = start(cfg_b)
+        try:
+            _, err_b = b.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            err_b = "still running"
+        assert b.returncode == 2, err_b
+        assert f"in use by another flamed daemon (pid {a.pid}" in err_b, err_b
+        # a still writes its files there
+        files = request(str(tmp_path / "flamed.sock"), {"request": "flush"})["file"]
+        assert files is not None and Path(files).parent == state
+    finally:
+        if b is not None and b.poll() is None:
+            stop(b)
+        err_a = stop(a)
+    assert a.returncode == 0, err_a
+    assert f"state directory {state} was removed while the daemon ran; made it again" in err_a, err_a

@@ -84,3 +84,40 @@ def test_without_a_drain_at_the_boundary_the_nearest_drain_closes_the_period(tmp
     drains_at(loop, clock, [10, 20, 29, 30, 40, 44, 50, 52])
     assert [(start, end) for _, start, end, _ in files(tmp_path)] == [
         (0.0, 10.0), (10.0, 20.0), (20.0, 30.0), (30.0, 40.0), (40.0, 44.0), (44.0, 50.0)]
+
+
+def test_the_wall_clock_going_back_does_not_stop_drains_or_files(tmp_path: Path) -> None:
+    """Drains are on a wall-clock grid: after the clock stepped back an hour (NTP,
+    date -s) the loop waited for the grid point planned before, an hour away,
+    with no drain (the BPF maps filling) and no file meanwhile.  Now the grid
+    follows the clock, and the period whose start is now in the future closes."""
+    import threading
+    import time
+
+    offset = [0]
+    clock = lambda: time.time_ns() + offset[0]  # noqa: E731 - the real clock, stepped by the test
+    loop, sampler = make_loop(tmp_path, clock, drain=0.1, rotate=0.5)  # type: ignore[arg-type]
+    t = threading.Thread(target=loop.run, args=(lambda: None,), daemon=True)
+    t.start()
+    try:
+        def wait_drains(n: int) -> None:
+            target = loop.metrics.drains._value.get() + n
+            deadline = time.monotonic() + 30
+            while loop.metrics.drains._value.get() < target:
+                assert time.monotonic() < deadline, "no drains after the clock went back"
+                time.sleep(0.02)
+
+        wait_drains(3)
+        offset[0] = -3600 * S
+        wait_drains(3)
+        written = loop.store.files_written
+        deadline = time.monotonic() + 30
+        while loop.store.files_written < written + 2:  # the period begun before the step, then a new one
+            assert time.monotonic() < deadline, "no file after the clock went back"
+            time.sleep(0.02)
+    finally:
+        loop.request_stop()
+        t.join(30)
+    assert not t.is_alive()
+    got = files(tmp_path)
+    assert sum(n for *_, n in got) + loop.store.period.samples == sampler.produced

@@ -1,0 +1,102 @@
+"""The directories the daemon is configured to use: made when missing, refused clearly when unusable.
+
+``output.state_dir`` and the directory of ``control.socket`` follow one rule:
+a missing directory is created (mode 0755, with its missing parents: ``/run``
+is empty after a reboot when systemd's ``RuntimeDirectory=`` did not make it),
+and each directory created is logged, so a typo in a path shows up in the
+log instead of as a new tree nobody expected.  A path that cannot be a
+directory (a regular file, a dangling link, a read-only file system, no
+permission) is a :class:`PathError`: exit 2, which the unit's
+``RestartPreventExitStatus=`` treats as final, since a restart every few
+seconds would meet the same path.  An error a retry may cure (EIO, a full
+disk, too many open files) keeps exit 1, so systemd restarts the daemon.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+
+from flamed.errors import FlamedError
+
+log = logging.getLogger("flamed.daemon")
+
+#: errno values a restart cannot change: the configured path itself is at fault.
+PERMANENT = frozenset({errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST, errno.EROFS, errno.ELOOP,
+                       errno.ENAMETOOLONG, errno.ENOENT, errno.EINVAL})
+
+
+class PathError(FlamedError):
+    """A configured path cannot be used as it is; exit 2 (final for systemd) unless a retry may help."""
+
+    exit_code = 2
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a directory"
+
+
+def _hint(err: int) -> str:
+    if err == errno.EROFS:
+        return ("; under systemd (ProtectSystem=strict) the daemon writes only below its StateDirectory=, "
+                "CacheDirectory= and RuntimeDirectory=, or paths added with ReadWritePaths=")
+    if err in (errno.EACCES, errno.EPERM):
+        return "; the daemon's user must be allowed to create and write it"
+    return ""
+
+
+def path_error(message: str, err: int | None) -> PathError:
+    """A :class:`PathError` for ``err``: exit 2 when the path is at fault, 1 when a retry may help."""
+    return PathError(message, exit_code=2 if err is None or err in PERMANENT else 1)
+
+
+def ensure_directory(path: str, key: str) -> list[str]:
+    """Make ``path`` (and its missing parents) a directory; the directories created.
+
+    ``key`` names the setting (``output.state_dir``) in the log and in errors.
+    Raises :class:`PathError` saying what is in the way."""
+    path = os.path.abspath(path)
+    missing: list[str] = []
+    p = path
+    while True:
+        try:
+            st = os.stat(p)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            if isinstance(e, FileNotFoundError) and os.path.islink(p):
+                raise path_error(f"{key}: {p} is a symbolic link to {os.readlink(p)!r}, which does not exist; "
+                                 f"create its target or set {key} to a directory", None) from None
+            missing.append(p)
+            parent = os.path.dirname(p)
+            if parent == p:
+                break
+            p = parent
+            continue
+        except OSError as e:
+            raise path_error(f"{key}: cannot use {p}: {e.strerror or e}{_hint(e.errno or 0)}", e.errno) from None
+        if not stat.S_ISDIR(st.st_mode):
+            what = "" if p == path else f" (in the path of {path})"
+            raise path_error(f"{key}: {p}{what} is {_kind(st.st_mode)}, not a directory; "
+                             f"remove it or set {key} to another path", None)
+        break
+    created: list[str] = []
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o755)
+        except FileExistsError:
+            if os.path.isdir(d):
+                continue  # made meanwhile (another process): fine
+            raise path_error(f"{key}: {d} appeared meanwhile and is not a directory", None) from None
+        except OSError as e:
+            raise path_error(f"{key}: cannot create directory {d}: {e.strerror or e}{_hint(e.errno or 0)}",
+                             e.errno) from None
+        created.append(d)
+    if created:
+        log.info("%s: created directory %s (it did not exist)", key, ", ".join(created))
+    return created
