@@ -123,7 +123,23 @@ enum flamed_stat {
     FLAMED_STAT_OFF_CARRIED = 39,   /* waits that began before the last drain (offcpu_carried) */
     FLAMED_STAT_OFF_CARRY_FULL = 40,/* ... lost: offcpu_carried full */
     FLAMED_STAT_OFF_STALE = 41,     /* waits whose switch-in was not traced: ended at the CPU's last traced switch */
-    FLAMED_NSTATS = 42,
+    /* Recorded waits (counted or carried) whose stack taken at switch-out is
+     * lost, by the reasons of slots 5-12 for samples (flamed_offcpu_start.lost). */
+    FLAMED_STAT_OFF_KSTACK_EEXIST = 42,
+    FLAMED_STAT_OFF_KSTACK_ENOMEM = 43,
+    FLAMED_STAT_OFF_KSTACK_ERROR = 44,
+    FLAMED_STAT_OFF_USTACK_EEXIST = 45,
+    FLAMED_STAT_OFF_USTACK_ENOMEM = 46,
+    FLAMED_STAT_OFF_USTACK_ERROR = 47,
+    FLAMED_STAT_OFF_KSTACK_MISSING = 48,
+    FLAMED_STAT_OFF_USTACK_MISSING = 49, /* always 0: a task leaving a CPU is in kernel mode */
+    /* Switch-outs whose stack ids failed, whatever became of the wait (most
+     * end below the threshold and are never recorded): stack map pressure,
+     * not a loss.  One per stack id that failed (kernel or user). */
+    FLAMED_STAT_OFF_FETCH_EEXIST = 50,
+    FLAMED_STAT_OFF_FETCH_ENOMEM = 51,
+    FLAMED_STAT_OFF_FETCH_ERROR = 52,
+    FLAMED_NSTATS = 53,
 };
 
 #define FLAMED_STATS_GLOBAL 2
@@ -147,7 +163,10 @@ struct flamed_offcpu_start {
     __s32 kernel_stack_id;
     __s32 user_stack_id;
     __u32 flags;
-    __u32 pad;
+    /* The FLAMED_STAT_OFF_*STACK_* slots of the stacks that failed at the
+     * switch-out, kernel | user << 8 (0: none), counted if the wait is
+     * recorded. */
+    __u32 lost;
     char comm[FLAMED_COMM_LEN];
 };
 

@@ -78,24 +78,36 @@ BPF_PERCPU_ARRAY(offcpu_inflight, u64, 1);
 /* ktime of this CPU's last switch the program saw (off_untraced_in). */
 BPF_PERCPU_ARRAY(offcpu_last_switch, u64, 1);
 
-static __always_inline void off_add(u32 gen, struct flamed_offcpu_key *k, u64 ns)
+/* 0 when counted, -1 when the map was full (the wait is lost). */
+static __always_inline int off_add(u32 gen, struct flamed_offcpu_key *k, u64 ns)
 {
     u64 *v = gen ? offcpu_counts1.lookup(k) : offcpu_counts0.lookup(k);
     if (!v) {
         int err = gen ? offcpu_counts1.insert(k, &ns) : offcpu_counts0.insert(k, &ns);
         if (err == 0) {
             stat_inc(gen, FLAMED_STAT_OFF_COUNTED);
-            return;
+            return 0;
         }
         /* Another CPU may have inserted the same key meanwhile. */
         v = gen ? offcpu_counts1.lookup(k) : offcpu_counts0.lookup(k);
         if (!v) {
             stat_inc(gen, FLAMED_STAT_OFF_MAP_FULL);
-            return;
+            return -1;
         }
     }
     __sync_fetch_and_add(v, ns);
     stat_inc(gen, FLAMED_STAT_OFF_COUNTED);
+    return 0;
+}
+
+/* A recorded wait's stacks lost at its switch-out (flamed_offcpu_start.lost):
+ * a loss now, not before (most waits end below the threshold). */
+static __always_inline void off_count_lost(u32 gen, u32 lost)
+{
+    if (lost & 0xff)
+        stat_inc(gen, lost & 0xff);
+    if (lost >> 8)
+        stat_inc(gen, lost >> 8);
 }
 
 /* The wait remembered in `st` for `tid` ended at `end`: count it, forget it. */
@@ -119,7 +131,8 @@ static __always_inline void off_end(u32 tid, struct flamed_offcpu_start *st, u32
         k.key.py_stack_id = st->py_stack_id;
         k.key.cgroup_id = st->cgroup_id;
         k.flags = st->flags;
-        off_add(gen, &k, ns);
+        if (off_add(gen, &k, ns) == 0)
+            off_count_lost(gen, st->lost);
     } else {
         /* The start's stack ids belong to a drained generation. */
         struct flamed_offcpu_carry_key ck = {};
@@ -130,6 +143,8 @@ static __always_inline void off_end(u32 tid, struct flamed_offcpu_start *st, u32
         c.ns = ns;
         int err = gen ? offcpu_carried1.update(&ck, &c) : offcpu_carried0.update(&ck, &c);
         stat_inc(gen, err == 0 ? FLAMED_STAT_OFF_CARRIED : FLAMED_STAT_OFF_CARRY_FULL);
+        if (err == 0)
+            off_count_lost(gen, st->lost);
     }
 done:
     /* After the carried record is written: a drain that no longer finds the
@@ -175,6 +190,32 @@ static __always_inline int off_gil_wait(u32 tgid)
 }
 #endif
 
+/* The switch-out's stack ids, as a sample's (-ENODATA: no kernel frame, which
+ * in schedule() there must be): the slots of the failed ones for
+ * flamed_offcpu_start.lost, and the failures counted as stack map pressure
+ * (FLAMED_STAT_OFF_FETCH_*), not as losses: the wait may end below the
+ * threshold and never be recorded. */
+static __always_inline u32 off_stack_failures(u32 gen, s32 *kidp, s32 uid)
+{
+    s32 kid = *kidp;
+    u32 ks = 0, us = 0;
+    if (kid == -FLAMED_EFAULT) {
+        *kidp = -FLAMED_ENODATA;
+        ks = FLAMED_STAT_OFF_KSTACK_MISSING;
+    } else if (kid < 0) {
+        ks = kid == -FLAMED_EEXIST ? FLAMED_STAT_OFF_KSTACK_EEXIST
+           : kid == -FLAMED_ENOMEM ? FLAMED_STAT_OFF_KSTACK_ENOMEM : FLAMED_STAT_OFF_KSTACK_ERROR;
+        stat_inc(gen, FLAMED_STAT_OFF_FETCH_EEXIST + ks - FLAMED_STAT_OFF_KSTACK_EEXIST);
+    }
+    /* -EFAULT: no user frames (a kernel thread); a task in schedule() is in kernel mode. */
+    if (uid < 0 && uid != -FLAMED_EFAULT) {
+        us = uid == -FLAMED_EEXIST ? FLAMED_STAT_OFF_USTACK_EEXIST
+           : uid == -FLAMED_ENOMEM ? FLAMED_STAT_OFF_USTACK_ENOMEM : FLAMED_STAT_OFF_USTACK_ERROR;
+        stat_inc(gen, FLAMED_STAT_OFF_FETCH_EEXIST + us - FLAMED_STAT_OFF_USTACK_EEXIST);
+    }
+    return ks | us << 8;
+}
+
 /* The current task leaves the CPU: remember when, why and where. */
 static __always_inline void off_switch_out(struct bpf_raw_tracepoint_args *ctx, u32 epoch, u64 now,
                                            u32 prev_state, struct flamed_key *key)
@@ -204,10 +245,13 @@ static __always_inline void off_switch_out(struct bpf_raw_tracepoint_args *ctx, 
         st.kernel_stack_id = stacks0.get_stackid(ctx, 0);
         st.user_stack_id = stacks0.get_stackid(ctx, BPF_F_USER_STACK);
     }
-    stack_errors(gen, 0, &st.kernel_stack_id, &st.user_stack_id);
 #if FLAMED_PYTHON
     st.py_stack_id = py_take_timed((struct bpf_perf_event_data *)ctx, gen, key->tgid, key->tid);
 #endif
+    /* Not counted as lost here: the wait may end below the threshold and
+     * never be recorded (off_end counts the losses of recorded waits).
+     * After the Python walk: the verifier would walk it once per outcome. */
+    st.lost = off_stack_failures(gen, &st.kernel_stack_id, st.user_stack_id);
     /* (An open start of this tid was ended by off_untraced_in.) */
     if (offcpu_start.insert(&key->tid, &st) == 0)
         stat_inc(gen, FLAMED_STAT_OFF_STARTS);

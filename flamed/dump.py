@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flamed.errors import CapabilityError, FlamedError
+from flamed.errors import CapabilityError, FlamedError, UsageError
 from flamed.model import printable
-from flamed.procstat import read_stat
+from flamed.procstat import read_stat, status_tgid
 from flamed.sampling.pystack import short_filename
 
 #: Version of the ``--json`` document (see docs/dump.md); a change of a
@@ -152,9 +152,19 @@ def _kernel_stack(task: Path) -> tuple[list[str] | None, str | None]:
     return [_KERNEL_LINE.sub("", ln).strip() for ln in text.splitlines() if ln.strip()], None
 
 
+def _check_process(proc: Path, pid: int) -> None:
+    """``pid`` is a process, not a thread of one: /proc/TID exists for every
+    thread (not listed), and would show the whole process under the thread's id."""
+    raw = _read(proc / str(pid) / "status")
+    tgid = status_tgid(raw) if raw is not None else None
+    if tgid is not None and tgid != pid:
+        raise UsageError(f"{pid} is a thread of process {tgid}, not a process; give -p {tgid}")
+
+
 def _tasks(proc: Path, pid: int) -> tuple[list[ThreadDump], str | None]:
     try:
-        tids = sorted(int(n) for n in os.listdir(proc / str(pid) / "task"))
+        # The main thread first (its tid is the pid), then in tid order.
+        tids = sorted((int(n) for n in os.listdir(proc / str(pid) / "task")), key=lambda t: (t != pid, t))
     except FileNotFoundError:
         raise NoSuchProcess(f"no such process: {pid}") from None
     except OSError as e:
@@ -202,13 +212,26 @@ def _version_text(version: tuple[int, int], hexversion: int | None) -> str:
     return f"{version[0]}.{version[1]}.{micro}{tail}"
 
 
+def _reader(dump: ProcessDump) -> int:
+    """The task whose /proc entries show the process's memory: the main
+    thread, unless it has exited (a zombie) while other threads still run --
+    a process whose main thread called pthread_exit() -- whose maps and
+    memory /proc then shows through a live thread only."""
+    leader = next((t for t in dump.threads if t.tid == dump.pid), None)
+    if leader is None or leader.state not in ("Z", "X"):
+        return dump.pid
+    live = [t.tid for t in dump.threads if t.state not in ("Z", "X")]
+    return live[0] if live else dump.pid
+
+
 def _add_python(dump: ProcessDump, proc: Path) -> None:
     """Python frames of every thread, matched to its task; else ``python_error``."""
     from flamed.sampling.cpython.process import Refusal, probe
     from flamed.sampling.cpython.symbolize import CodeSymbolizer
     from flamed.sampling.cpython.walk import walk_memory
 
-    target = probe(dump.pid, proc)
+    reader = _reader(dump)
+    target = probe(reader, proc)
     if isinstance(target, Refusal):
         dump.python_error = target.reason
         return
@@ -237,7 +260,7 @@ def _add_python(dump: ProcessDump, proc: Path) -> None:
     sym.begin_batch()
     pythreads = [PyThread(t.thread_id, t.native_thread_id, [PyFrame.parse(f) for f in sym.symbolize(t.frames)],
                           t.truncated or t.deep) for t in walk.threads]
-    tids = _match_threads(dump, proc, pythreads, namespaced=target.in_pid_namespace)
+    tids = _match_threads(dump, proc, pythreads, reader, namespaced=target.in_pid_namespace)
     by_tid = {t.tid: t for t in dump.threads}
     for pt, tid in zip(pythreads, tids):
         if tid is not None and tid in by_tid and by_tid[tid].python is None:
@@ -249,13 +272,15 @@ def _add_python(dump: ProcessDump, proc: Path) -> None:
         dump.unmatched_reason = f"{dump.unmatched_reason}; {bound}" if dump.unmatched_reason else bound
 
 
-def _match_threads(dump: ProcessDump, proc: Path, threads: list[PyThread], *, namespaced: bool) -> list[int | None]:
-    """The host tid of each thread state (None: not found)."""
+def _match_threads(dump: ProcessDump, proc: Path, threads: list[PyThread], reader: int, *,
+                   namespaced: bool) -> list[int | None]:
+    """The host tid of each thread state (None: not found); ``reader``: the
+    task whose memory is read (:func:`_reader`)."""
     if any(t.native_thread_id is None for t in threads):
         # Before 3.11 a thread state holds only pthread_self(): the tid is in glibc's struct pthread.
         from flamed.pyspy.threadids import ThreadIds
 
-        mapping, why = ThreadIds(str(proc)).resolve(dump.pid, [t.thread_id for t in threads])
+        mapping, why = ThreadIds(str(proc)).resolve(reader, [t.thread_id for t in threads])
         if why:
             dump.unmatched_reason = why
         return [mapping.get(t.thread_id) for t in threads]
@@ -273,14 +298,20 @@ def _match_threads(dump: ProcessDump, proc: Path, threads: list[PyThread], *, na
 
 
 def dump_process(pid: int, proc: Path = Path("/proc")) -> ProcessDump:
-    """Every thread of ``pid`` now; raises NoSuchProcess or NotPermitted."""
+    """Every thread of ``pid`` now; raises NoSuchProcess, NotPermitted, or
+    UsageError (``pid`` is a thread of another process)."""
     if pid <= 0:
         raise NoSuchProcess(f"no such process: {pid}")
+    _check_process(proc, pid)
     _check_readable(proc, pid)
     raw = _read(proc / str(pid) / "cmdline") or b""
     cmdline = [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]] if raw else []
     threads, kernel_error = _tasks(proc, pid)
     dump = ProcessDump(pid, cmdline, threads, kernel_error=kernel_error)
+    reader = _reader(dump)
+    if not raw and reader != pid:  # the exited main thread's command line reads as empty
+        raw = _read(proc / str(reader) / "cmdline") or b""
+        dump.cmdline = [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]] if raw else []
     _add_python(dump, proc)
     return dump
 

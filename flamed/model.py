@@ -49,6 +49,8 @@ EMPTY_STACK_FRAME = "[no frames]"
 TIME_KINDS = {"off_cpu": "off-CPU time", "wall": "wall-clock time"}
 #: Short names of time units, for tooltips and tables.
 UNIT_ABBREV = {"nanoseconds": "ns", "microseconds": "\u00b5s", "milliseconds": "ms", "seconds": "s"}
+#: Nanoseconds per weight of a profile of times, by ``labels["unit"]``.
+UNIT_NS = {"nanoseconds": 1, "microseconds": 1000, "milliseconds": 1_000_000, "seconds": 1_000_000_000}
 
 _PY_FRAME = re.compile(r".* \([^()]*\.pyx?:\d+\)$|.* \([^()]*\.pyx?\)$")
 _TASK_FRAME = re.compile(r"^(?P<comm>.*)-(?:(?P<pid>\d+)(?:/(?P<tid>\d+))?|\?/(?P<qtid>\d+))$")
@@ -402,6 +404,14 @@ def filter_time(samples: Iterable[Sample], start_ns: int | None, end_ns: int | N
         if end_ns is not None and s.time_ns >= end_ns:
             continue
         yield s
+
+
+def time_unit_ns(profile: Profile) -> int | None:
+    """Nanoseconds per weight of a profile of times (``kind`` and ``unit``
+    labels: off-CPU or wall-clock time); None for sample counts."""
+    if profile.labels.get("kind", "") not in TIME_KINDS:
+        return None
+    return UNIT_NS.get(profile.labels.get("unit", ""))
 
 
 def time_kind(profile: Profile) -> tuple[str, str] | None:

@@ -292,19 +292,22 @@ class DrainLoop:
 
     def _warn_losses(self, window: Window, counts: Mapping[CountKey, int]) -> None:
         """Say what the window lost and only what would cure it (flamed/daemon/losses.py)."""
-        lost = window.lost
+        # Off-CPU waits take their stacks from the same stack map (bpf/offcpu.bpf.c): the
+        # recorded ones' losses are their own (offcpu_lost), their placeholders in their own counts.
+        offcpu = self.offcpu_enabled()
+        lost = dict(window.lost)
+        if offcpu:
+            for r, n in (getattr(window, "offcpu_lost", None) or {}).items():
+                lost[r] = lost.get(r, 0) + n
         if not any(lost.get(r, 0) for r in ("map_full", "kernel_stack_enomem", "user_stack_enomem",
                                             "kernel_stack_eexist", "user_stack_eexist")):
             return
-        # Off-CPU intervals take their stacks from the same stack map (bpf/offcpu.bpf.c):
-        # their losses are in the same counters, their placeholders in their own counts.
-        offcpu = self.offcpu_enabled()
         off: Mapping[CountKey, int] = (getattr(window, "offcpu", None) or {}) if offcpu else {}
         stacks = placeholder_stacks(key[3] for part in (counts, off) for key in part)
         settings = {"sampling.counts_map_size": self.config.sampling.counts_map_size,
                     "sampling.stack_map_size": self.config.sampling.stack_map_size}
-        switches = (self.sampler_stats.new_offcpu_switches or 0) if offcpu else None
-        for advice in self._losses.advise(window.samples, lost, stacks, settings, offcpu_switches=switches):
+        waits = (self.sampler_stats.new_offcpu_waits or 0) if offcpu else None
+        for advice in self._losses.advise(window.samples, lost, stacks, settings, offcpu_waits=waits):
             log.log(advice.level, "%s", advice.message)
 
     def offcpu_enabled(self) -> bool:

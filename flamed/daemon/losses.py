@@ -96,24 +96,25 @@ class LossAdvisor:
         return True
 
     def advise(self, samples: int, lost: Mapping[str, int], stacks: Mapping[str, int],
-               settings: Mapping[str, object], *, offcpu_switches: int | None = None) -> list[Advice]:
+               settings: Mapping[str, object], *, offcpu_waits: int | None = None) -> list[Advice]:
         """Log lines for one window: ``samples`` taken, ``lost`` by reason, ``stacks``
         shown as placeholders (:func:`placeholder_stacks`), ``settings`` the current
         ``sampling.counts_map_size`` and ``sampling.stack_map_size``.
-        ``offcpu_switches``: off-CPU time is measured too, and this many switches
-        off a CPU took their stacks from the same stack map in the window (at the
-        switch, before the wait's length is known), so the stack losses count
-        theirs as well (and ``stacks`` their placeholders): a stack loss's share
-        is of the samples and those switches together, not of the samples alone
-        (which put it above 100 % on a host that switches more than it samples)."""
+        ``offcpu_waits``: off-CPU time is measured too, and this many off-CPU
+        waits were recorded in the window with the stacks they took from the
+        same stack map when they left the CPU, so the stack losses count those
+        of the recorded waits as well (``Window.offcpu_lost``; and ``stacks``
+        their placeholders): a stack loss's share is of the samples and those
+        waits together.  Switches whose wait ended below the threshold lost
+        nothing, whatever became of their stacks: they are not counted."""
         o = self.options
         now = self.clock()
         out: list[Advice] = []
-        offcpu = offcpu_switches is not None
-        taken = "samples and off-CPU intervals" if offcpu else "samples"
-        # What took a stack from the stack map in the window, and how it is said.
-        fetches = samples + (offcpu_switches or 0)
-        of_what = (f"{samples} samples and {offcpu_switches} off-CPU switches" if offcpu
+        offcpu = offcpu_waits is not None
+        taken = "samples and off-CPU waits" if offcpu else "samples"
+        # What was recorded with a stack from the stack map in the window, and how it is said.
+        fetches = samples + (offcpu_waits or 0)
+        of_what = (f"{samples} samples and {offcpu_waits} off-CPU waits recorded" if offcpu
                    else f"{samples} samples")
         full = lost.get("map_full", 0)
         if full > 0 and self._due("map_full", o.warn_interval, now):

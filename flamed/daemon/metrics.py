@@ -232,6 +232,19 @@ class DaemonMetrics:
             "carry_missing (a wait whose start was not kept); carry_expired (a wait whose end never came).",
             ["reason"], registry=r,
         )
+        self.offcpu_stacks_lost = Counter(
+            "flamed_offcpu_stacks_lost",
+            "Off-CPU waits recorded (in the off-CPU profile, or carried to it) whose kernel or user stack "
+            "was lost when they left the CPU, by reason as flamed_samples_lost_total (which counts CPU "
+            "samples only): each shows as a placeholder frame in the off-CPU profile.", ["reason"], registry=r,
+        )
+        self.offcpu_switch_stack_failures = Counter(
+            "flamed_offcpu_switch_stack_failures",
+            "Switches off a CPU whose stacks could not be taken from the stack map (eexist: a hash "
+            "collision; enomem: the map was full; error: another errno), taken before the wait's length "
+            "is known: most of their waits end below sampling.off_cpu_min_us and are never recorded "
+            "(nothing lost); those recorded are in flamed_offcpu_stacks_lost_total.", ["reason"], registry=r,
+        )
         self.offcpu_estimated = Counter(
             "flamed_offcpu_waits_estimated", "Off-CPU waits whose return to a CPU was not traced: they end "
             "at the CPU's last traced switch (an estimate).", registry=r,

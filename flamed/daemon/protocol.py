@@ -22,6 +22,11 @@ from flamed.daemon.ring import DecodeCache, window_items
 from flamed.model import KERNEL_SUFFIX, Stack
 from flamed.sampling.cgroups import CgroupError, CgroupIdentity, CgroupSpec, parse_cgroup_spec
 from flamed.sampling.contract import CountKey, canonical_root
+from flamed.sampling.offcpu import OFFCPU_BLOCKED_FRAME, OFFCPU_GIL_FRAME, OFFCPU_PREEMPTED_FRAME
+
+#: The leaf of an off-CPU stack says why the thread waited: neither a kernel
+#: nor a user frame, it is kept by ``--frames kernel`` and ``--frames user`` alike.
+_OFFCPU_MARKERS = frozenset((OFFCPU_BLOCKED_FRAME, OFFCPU_PREEMPTED_FRAME, OFFCPU_GIL_FRAME))
 
 MAX_REQUEST_BYTES = 64 * 1024
 REQUESTS = ("snapshot", "status", "flush")
@@ -388,7 +393,7 @@ class SnapshotFilter:
     def stack(self, stack: Stack) -> Stack | None:
         """The stack to keep (frames filtered by kind), or ``None`` to drop it."""
         if self.req.frames == "kernel":
-            stack = tuple(f for f in stack if f.endswith(KERNEL_SUFFIX))
+            stack = tuple(f for f in stack if f.endswith(KERNEL_SUFFIX) or f in _OFFCPU_MARKERS)
         elif self.req.frames == "user":
             stack = tuple(f for f in stack if not f.endswith(KERNEL_SUFFIX))
         if not stack:

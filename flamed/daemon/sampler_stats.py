@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from flamed.daemon.metrics import DaemonMetrics
+from flamed.sampling.stats import OFF_FETCH_FAILED, OFF_LOST_TO_REASON
 
 #: FLAMED_STAT_PY_* totals by the ``result`` label of flamed_python_bpf_samples_total.
 _PYTHON_RESULTS = (("stack", "PY_STACKS"), ("no_thread", "PY_NO_THREAD"), ("no_frame", "PY_NO_FRAME"),
@@ -40,15 +41,16 @@ class SamplerAccounting:
         #: Samples that found a map of the program full since the last drain, by the setting
         #: that sizes that map (Python frames or unwound stacks dropped: flamed/daemon/losses.py).
         self.new_full: dict[str, int] = {}
-        #: Switches off a CPU that took their stacks from the stack map in the last
-        #: drain's window (off-CPU time on; ``None`` when it is off).
-        self.new_offcpu_switches: int | None = None
+        #: Off-CPU waits recorded (counted or carried) in the last drain's window,
+        #: each with the stacks it took at its switch off the CPU (off-CPU time on;
+        #: ``None`` when it is off).
+        self.new_offcpu_waits: int | None = None
 
     def take(self, st: Any) -> None:
         """One drain's stats into the metrics; raises AttributeError, TypeError or ValueError on odd ones."""
         self.last = st  # for the status: the sampler's lock is held during drains
         self.new_full = {}
-        self.new_offcpu_switches = None
+        self.new_offcpu_waits = None
         m = self.metrics
         m.symbolize_duration.observe(float(st.last_symbolize_seconds))
         m.map_fill.labels(map="counts").set(float(st.count_map_fill))
@@ -88,11 +90,16 @@ class SamplerAccounting:
         for reason, name in _OFFCPU_DROPPED:
             self._advance(m.offcpu_dropped.labels(reason=reason), "offdrop:" + reason, int(totals.get(name, 0)))
         self._advance(m.offcpu_estimated, "off:stale", int(totals.get("OFF_STALE", 0)))
-        # Each switch followed (one in off_cpu_every) takes its stacks, then is a start or a full start map.
-        fetched = int(totals.get("OFF_STARTS", 0)) + int(totals.get("OFF_START_FULL", 0))
-        last = self._seen.get("off:fetched", 0)
-        self.new_offcpu_switches = fetched - last if fetched >= last else fetched
-        self._seen["off:fetched"] = fetched
+        for name, reason in OFF_LOST_TO_REASON.items():
+            self._advance(m.offcpu_stacks_lost.labels(reason=reason), "offlost:" + reason, int(totals.get(name, 0)))
+        for name, reason in OFF_FETCH_FAILED.items():
+            self._advance(m.offcpu_switch_stack_failures.labels(reason=reason), "offfetch:" + reason,
+                          int(totals.get(name, 0)))
+        # The waits recorded: those whose stack losses are in the window's offcpu_lost.
+        recorded = int(totals.get("OFF_COUNTED", 0)) + int(totals.get("OFF_CARRIED", 0))
+        last = self._seen.get("off:waits_taken", 0)
+        self.new_offcpu_waits = recorded - last if recorded >= last else recorded
+        self._seen["off:waits_taken"] = recorded
         m.offcpu_open.set(int(getattr(st, "offcpu_carried_open", 0)))
 
     def _count_unwind(self, st: Any) -> None:

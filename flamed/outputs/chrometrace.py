@@ -9,8 +9,9 @@
   shows each thread as its own process.
 * From a Profile (no time): the flame graph laid out on a time axis -- each
   box an ``X`` event whose duration is its weight (one sample = the sampling
-  interval, or 1 ms when the rate is unknown) -- useful to look at an
-  aggregate in the same tool.
+  interval, or 1 ms when the rate is unknown; an off-CPU or wall-clock
+  profile's weights are times already, in its ``unit``) -- useful to look at
+  an aggregate in the same tool.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any, BinaryIO
 
 from flamed.layout import flame_frames, table_from_profile
-from flamed.model import Profile, Sample, frame_kind
+from flamed.model import Profile, Sample, frame_kind, time_unit_ns
 from flamed.outputs._timeline import group_by_thread, intervals, thread_names, typical_interval
 from flamed.outputs.base import OutputFormat, OutputOptions
 
@@ -72,7 +73,10 @@ def samples_trace(samples: Iterable[Sample], *, rate_hz: float | None = None) ->
 
 
 def profile_trace(profile: Profile) -> dict[str, Any]:
-    unit_ns = 1e9 / profile.sample_rate if profile.sample_rate else 1e6
+    # Weights that are times (off-CPU, wall-clock) are laid out as they are;
+    # sample counts one sampling interval each.
+    time_ns = time_unit_ns(profile)
+    unit_ns = float(time_ns) if time_ns else 1e9 / profile.sample_rate if profile.sample_rate else 1e6
     events: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": 1, "tid": 1, "args": {"name": "flamed profile (aggregate)"}}
     ]

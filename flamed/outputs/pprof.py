@@ -50,6 +50,7 @@ from flamed.model import (
     INT64_MAX,
     KERNEL_SUFFIX,
     TIME_KINDS,
+    UNIT_NS,
     Profile,
     Stack,
     Weight,
@@ -73,7 +74,7 @@ LabelledSample = tuple[Stack, Weight, Mapping[str, str]]
 #: Comment carrying the exact sample rate (a period in ns cannot hold e.g. 99 Hz exactly).
 _RATE_COMMENT = "flamed.sample_rate="
 #: Nanoseconds per unit of a profile of times (``labels["unit"]``).
-_TIME_SCALE = {"nanoseconds": 1, "microseconds": 1000, "milliseconds": 1_000_000, "seconds": 1_000_000_000}
+_TIME_SCALE = UNIT_NS
 
 
 @dataclass(frozen=True, slots=True)

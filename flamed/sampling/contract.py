@@ -129,6 +129,12 @@ class Window:
     #: that stack, whose leaf frame says why (``[off-cpu: blocked]``,
     #: ``[off-cpu: preempted]`` or ``[gil wait]``); each wait is counted in the window it ended in.
     offcpu: dict[CountKey, int] = field(default_factory=dict)
+    #: Off-CPU waits recorded in ``offcpu`` whose stack was lost at their
+    #: switch off the CPU, by the reasons of ``lost`` (which counts samples
+    #: only): each shows as a placeholder frame in ``offcpu``.  Stacks that
+    #: failed for waits shorter than the threshold are not losses: nothing
+    #: was recorded for them.
+    offcpu_lost: dict[str, int] = field(default_factory=dict)
 
     def to_profile(self, root: str = "comm", labels: dict[str, str] | None = None) -> Profile:
         """Counts (not events) as a Profile whose root frames name the task (see :func:`counts_to_profile`)."""

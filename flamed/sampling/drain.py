@@ -59,6 +59,7 @@ from flamed.sampling.pyframes import (
 from flamed.sampling.stats import (
     DROPPING_REASONS,
     LOST_REASONS,
+    OFF_LOST_TO_REASON,
     OFF_STATS,
     PY_STATS,
     STAT_TO_REASON,
@@ -262,6 +263,8 @@ class Drainer:
             if reason in lost:
                 lost[reason] += n
         lost["stack_read_failed"] = sum(1 for i in ids if i not in stacks)
+        offcpu_lost = ({reason: counters.get(name, 0) for name, reason in OFF_LOST_TO_REASON.items()}
+                       if off is not None else {})
         cgroups = task_cgroups(keys)  # the rows are read in place: before release()
         try:
             counts, events = self._symbolize_all(keys, raw_events, stacks, pystacks, ustacks)
@@ -295,6 +298,7 @@ class Drainer:
             cgroups=cgroups,
             identities=identities,
             offcpu=offcpu,
+            offcpu_lost=offcpu_lost,
         )
 
     def _symbolize_all(self, keys: Iterable[CountRow], raw_events: list[EventRow],

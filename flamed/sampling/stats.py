@@ -51,8 +51,25 @@ UW_STATS = ("UW_SAMPLES", "UW_COMPLETE", "UW_NO_TABLE", "UW_UNSUPPORTED", "UW_DE
 #: CARRY_OVERFLOW: more open waits than ``offcpu_starts``) or whose end never
 #: came (CARRY_EXPIRED: the start vanished without a record, e.g. the record
 #: map was full).
+#: Then the program's stack counters of off-CPU waits: OFF_LOST_TO_REASON
+#: (waits recorded with a stack lost at their switch-out) and OFF_FETCH_FAILED
+#: (switch-outs whose stacks failed, whatever became of their wait).
+OFF_LOST_TO_REASON = {
+    "OFF_KSTACK_EEXIST": "kernel_stack_eexist",
+    "OFF_KSTACK_ENOMEM": "kernel_stack_enomem",
+    "OFF_KSTACK_ERROR": "kernel_stack_error",
+    "OFF_KSTACK_MISSING": "kernel_stack_missing",
+    "OFF_USTACK_EEXIST": "user_stack_eexist",
+    "OFF_USTACK_ENOMEM": "user_stack_enomem",
+    "OFF_USTACK_ERROR": "user_stack_error",
+    "OFF_USTACK_MISSING": "user_stack_missing",
+}
+#: Switch-outs whose stack ids failed, by the ``reason`` label of
+#: flamed_offcpu_switch_stack_failures_total.
+OFF_FETCH_FAILED = {"OFF_FETCH_EEXIST": "eexist", "OFF_FETCH_ENOMEM": "enomem", "OFF_FETCH_ERROR": "error"}
 OFF_STATS = ("OFF_SWITCHES", "OFF_STARTS", "OFF_START_FULL", "OFF_BELOW", "OFF_COUNTED", "OFF_MAP_FULL",
-             "OFF_CARRIED", "OFF_CARRY_FULL", "OFF_STALE", "CARRY_MISSING", "CARRY_EXPIRED", "CARRY_OVERFLOW")
+             "OFF_CARRIED", "OFF_CARRY_FULL", "OFF_STALE", "CARRY_MISSING", "CARRY_EXPIRED", "CARRY_OVERFLOW",
+             *OFF_LOST_TO_REASON, *OFF_FETCH_FAILED)
 
 # ---------------------------------------------------------------------------
 # Counters for metrics

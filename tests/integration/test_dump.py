@@ -193,6 +193,72 @@ def test_dump_in_a_pid_namespace(which: str, script: Path, tmp_path: Path) -> No
         assert by_tid[pid]["python"]["native_thread_id"] == 1
 
 
+LEADER_GONE_SCRIPT = """\
+import ctypes, json, os, sys, threading, time
+
+def nap():
+    time.sleep(1000)  # NAP_LINE
+
+t = threading.Thread(target=nap, name="sleeper")
+t.start()
+with open(sys.argv[1] + ".tmp", "w") as f:
+    json.dump({"main": threading.get_native_id(), "sleeper": t.native_id}, f)
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+@pytest.mark.parametrize("which", ["3.8", "3.12"])
+def test_dump_when_the_main_thread_has_exited(which: str, tmp_path: Path) -> None:
+    """The main thread called pthread_exit() and is a zombie; another thread
+    still runs Python.  /proc/PID/maps and /proc/PID/mem of the process then
+    read as empty: the dump reads them through the live thread, and shows its
+    frames instead of calling the process gone."""
+    need(have_root(), "root (process_vm_readv of another process, kernel stacks)")
+    exe = _exe(which)
+    script = tmp_path / "leader_gone.py"
+    script.write_text(LEADER_GONE_SCRIPT)
+    ready = tmp_path / "ready.json"
+    nap = f"nap ({script}:{next(i for i, ln in enumerate(LEADER_GONE_SCRIPT.splitlines(), 1) if 'NAP_LINE' in ln)})"
+    with running(str(exe), str(script), str(ready)) as proc:
+        ids = _started(proc, ready)
+
+        def leader_gone() -> bool:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return fields[0] == "Z"
+
+        _wait_for(leader_gone, "the main thread to exit")
+
+        def napping() -> str | None:
+            rc, text, err = dump(proc.pid)
+            assert rc == 0, err
+            return text if nap in thread_blocks(text).get(ids["sleeper"], "") else None
+
+        text = _wait_for(napping, "nap in the dump of the live thread")
+        rc, raw, err = dump(proc.pid, "--json")
+    assert rc == 0, err
+    assert "no Python frames" not in text, text
+    assert text.startswith(f"Process {proc.pid}: {exe} {script} {ready}\n"), text
+    blocks = thread_blocks(text)
+    assert blocks[proc.pid].startswith(f"Thread {proc.pid} ({exe.name}) Z (zombie)"), text
+    doc = json.loads(raw)
+    assert doc["python_error"] is None and doc["python"]["version"].startswith(which)
+    by_tid = {t["tid"]: t for t in doc["threads"]}
+    assert by_tid[ids["sleeper"]]["python"]["frames"][0]["function"] == "nap"
+
+
+def test_dump_of_a_thread_id_names_its_process(script: Path, tmp_path: Path) -> None:
+    """/proc/TID exists for every thread: -p TID is refused (exit 2) with the
+    process to give, rather than the whole process shown as "Process TID"."""
+    ready = tmp_path / "ready.json"
+    with running(sys.executable, str(script), str(ready)) as proc:
+        ids = _started(proc, ready)
+        rc, text, err = dump(ids["sleeper"])
+    assert rc == 2, text
+    assert f"{ids['sleeper']} is a thread of process {proc.pid}, not a process; give -p {proc.pid}" in err
+    assert text == ""
+
+
 def test_dump_of_a_process_that_is_not_python() -> None:
     need(have_root(), "root (kernel stacks)")
     with running("sleep", "1000") as proc:

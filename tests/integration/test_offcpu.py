@@ -130,6 +130,90 @@ def test_a_sleep_across_drains_is_counted_in_full(require_bpf: None) -> None:
     assert stats["OFF_CARRIED"] >= 1 and stats["CARRY_MISSING"] == stats["CARRY_EXPIRED"] == 0, f"{stats}"
 
 
+SHORT_WAITS = """
+import os, select, sys, time
+def deep(n, f):
+    return f() if n == 0 else deep(n - 1, f)
+def short_sleep():
+    time.sleep(0.0001)
+def short_poll():
+    r, w = os.pipe()
+    os.write(w, b"x")
+    select.select([r], [], [], 0.0001)
+    os.close(r)
+    os.close(w)
+def long_sleep():
+    time.sleep(0.005)
+select.select([sys.stdin], [], [], 30)
+end = time.monotonic() + float(sys.argv[1])
+i = 0
+while time.monotonic() < end:
+    deep(i % 40, (short_sleep, short_poll, short_sleep, long_sleep)[i % 4])
+    i += 1
+"""
+
+
+def test_stack_failures_of_short_waits_are_not_lost_samples(require_bpf: None) -> None:
+    """A stack map of 4 buckets and a process that mostly waits below the
+    threshold: its switches off the CPU collide in the stack map, but only the
+    samples and the recorded waits that lost a stack count as lost.  Window.lost
+    matches the samples' placeholders one for one (as without off-CPU time),
+    Window.offcpu_lost the recorded waits' (never more than were recorded, and
+    placeholders wherever it counts some), and the switches' own failures are
+    counted apart (OFF_FETCH_EEXIST)."""
+    from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
+
+    s = BpfSampler(BpfSamplerOptions(frequency=49, pids=frozenset(), python=False, offcpu=True,
+                                     stack_storage_size=4))
+    s.start()
+    lost = dict.fromkeys(("user_stack_eexist", "kernel_stack_eexist"), 0)
+    off_lost = dict(lost)
+    placeholders = dict(lost)
+    off_stacks: dict[Stack, int] = {}
+    child = None
+    try:
+        child = subprocess.Popen([sys.executable, "-c", SHORT_WAITS, "2"], stdin=subprocess.PIPE)
+        s.add_pid(child.pid)
+        assert child.stdin is not None
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
+        deadline = time.monotonic() + 60
+        last = False
+        while not last:
+            last = child.poll() is not None or time.monotonic() > deadline
+            if not last:
+                time.sleep(0.3)
+            w = s.drain(close_waits=last)
+            for r in lost:
+                lost[r] += w.lost[r]
+                off_lost[r] += getattr(w, "offcpu_lost", {}).get(r, 0)
+            for (_p, _t, _c, st), n in w.counts.items():
+                placeholders["user_stack_eexist"] += n * ("[lost stack: EEXIST]" in st)
+                placeholders["kernel_stack_eexist"] += n * ("[lost stack: EEXIST]_[k]" in st)
+            for (_p, _t, _c, st), ns in w.offcpu.items():
+                off_stacks[st] = off_stacks.get(st, 0) + ns
+        assert child.wait(30) == 0
+        stats = s.stats().offcpu_total
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait(10)
+        s.close()
+    assert stats["OFF_BELOW"] > stats["OFF_COUNTED"] > 0, stats
+    # a sample's lost stacks are its placeholders, one for one
+    assert lost == placeholders, (lost, placeholders, stats)
+    assert stats["OFF_FETCH_EEXIST"] > 0, stats
+    # stack losses of waits below the threshold are not losses at all
+    recorded = stats["OFF_COUNTED"] + stats["OFF_CARRIED"]
+    assert sum(off_lost.values()) <= 2 * recorded, (off_lost, stats)
+    assert off_lost["user_stack_eexist"] == stats["OFF_USTACK_EEXIST"]
+    assert off_lost["kernel_stack_eexist"] == stats["OFF_KSTACK_EEXIST"]
+    for r, frame in (("user_stack_eexist", "[lost stack: EEXIST]"),
+                     ("kernel_stack_eexist", "[lost stack: EEXIST]_[k]")):
+        shown = any(frame in st for st in off_stacks)
+        assert shown == (off_lost[r] > 0), (r, off_lost, list(off_stacks)[:5])
+
+
 WALL_WORKLOAD = """
 import json, time
 spent = {"wall_compute": 0.0, "wall_sleep": 0.0}

@@ -122,3 +122,26 @@ def test_filter_tasks_and_frame_kinds() -> None:
     out = {}
     SnapshotFilter(SnapshotRequest(exclude_frame="_\\[k\\]$")).apply(counts, out)
     assert sum(out.values()) == 2
+
+
+def test_frames_filters_keep_the_off_cpu_reason() -> None:
+    """An off-CPU stack's leaf ([off-cpu: blocked], [off-cpu: preempted], [gil
+    wait]) says why the thread waited: --frames kernel keeps it, so a blocked
+    and a preempted wait in the same kernel frames stay apart, as with --frames user."""
+    counts = {
+        (10, 10, "py", ("main", "nap", "do_nanosleep_[k]", "schedule_[k]", "[off-cpu: blocked]")): 900,
+        (10, 10, "py", ("main", "nap", "do_nanosleep_[k]", "schedule_[k]", "[off-cpu: preempted]")): 50,
+        (10, 11, "py", ("main", "spin", "futex_wait_[k]", "schedule_[k]", "[gil wait]")): 70,
+    }
+    out: dict = {}
+    SnapshotFilter(SnapshotRequest(frames="kernel")).apply(counts, out)
+    assert out == {
+        (10, 10, "py", ("do_nanosleep_[k]", "schedule_[k]", "[off-cpu: blocked]")): 900,
+        (10, 10, "py", ("do_nanosleep_[k]", "schedule_[k]", "[off-cpu: preempted]")): 50,
+        (10, 11, "py", ("futex_wait_[k]", "schedule_[k]", "[gil wait]")): 70,
+    }
+    out = {}
+    SnapshotFilter(SnapshotRequest(frames="user")).apply(counts, out)
+    assert out == {(10, 10, "py", ("main", "nap", "[off-cpu: blocked]")): 900,
+                   (10, 10, "py", ("main", "nap", "[off-cpu: preempted]")): 50,
+                   (10, 11, "py", ("main", "spin", "[gil wait]")): 70}

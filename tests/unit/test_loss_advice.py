@@ -130,44 +130,46 @@ def test_a_full_python_or_unwind_map_names_its_setting_once_a_minute() -> None:
     assert a.advise_maps({}, 10, settings) == []
 
 
-def test_with_off_cpu_intervals_their_stack_losses_are_named_with_the_samples() -> None:
-    # The off-CPU program takes its stacks from the same map and counts its
-    # collisions with the samples': the line says so, and its placeholders
-    # (in the off-CPU counts) are counted with the samples'.
+def test_with_off_cpu_recorded_waits_their_stack_losses_are_named_with_the_samples() -> None:
+    # The off-CPU program takes its stacks from the same map; the stacks lost by
+    # the waits it recorded are added to the samples' (the loop sums
+    # Window.lost and Window.offcpu_lost): the line says so, and its
+    # placeholders (in the off-CPU counts) are counted with the samples'.
     a, _ = advisor()
     cpu = [("main", "f"), ("main", "g")]
     off = [("[lost stack: EEXIST]", "schedule_[k]"), ("main", "[lost stack: EEXIST]_[k]")]
     stacks = placeholder_stacks(s for part in (cpu, off) for s in part)
     (line,) = a.advise(900, {"user_stack_eexist": 1, "kernel_stack_eexist": 1}, stacks, SETTINGS,
-                       offcpu_switches=100)
-    assert ("2 samples and off-CPU intervals (0.2% of the last window's 900 samples and 100 off-CPU switches)"
+                       offcpu_waits=100)
+    assert ("2 samples and off-CPU waits (0.2% of the last window's 900 samples and 100 off-CPU waits recorded)"
             in line.message)
     assert "show as 2 '[lost stack: EEXIST]' stacks" in line.message
 
 
-def test_with_off_cpu_the_share_of_stack_losses_is_of_samples_and_switches() -> None:
-    """Switches off a CPU take their stacks from the same map as the samples: on a
-    host that switches far more than it samples, 1674 collisions among 394
-    samples and 8000 switches are 19.9 %, not "424.9% of the last window's 394
-    samples"; and a share below the threshold is information, not a warning."""
+def test_with_off_cpu_the_share_of_stack_losses_is_of_samples_and_recorded_waits() -> None:
+    """Recorded waits took their stacks from the same map as the samples: 1674
+    collisions among 394 samples and 8000 recorded waits are 19.9 %, not
+    "424.9% of the last window's 394 samples"; and a share below the threshold
+    is information, not a warning."""
     a, c = advisor()
     lost = {"user_stack_eexist": 1600, "kernel_stack_eexist": 74}
-    (line,) = a.advise(394, lost, {"EEXIST": 138, "ENOMEM": 0}, SETTINGS, offcpu_switches=8000)
+    (line,) = a.advise(394, lost, {"EEXIST": 138, "ENOMEM": 0}, SETTINGS, offcpu_waits=8000)
     assert line.level == logging.WARNING
-    assert "(19.9% of the last window's 394 samples and 8000 off-CPU switches)" in line.message, line.message
+    assert "(19.9% of the last window's 394 samples and 8000 off-CPU waits recorded)" in line.message, line.message
     assert "424.9%" not in line.message
     c.t += 4000
-    (line,) = a.advise(394, {"user_stack_eexist": 100}, NONE, SETTINGS, offcpu_switches=8000)
+    (line,) = a.advise(394, {"user_stack_eexist": 100}, NONE, SETTINGS, offcpu_waits=8000)
     assert line.level == logging.INFO, line.message
-    assert "(1.2% of the last window's 394 samples and 8000 off-CPU switches)" in line.message, line.message
-    enomem = a.advise(394, {"kernel_stack_enomem": 84}, NONE, SETTINGS, offcpu_switches=8000)
-    assert "(1.0% of the last window's 394 samples and 8000 off-CPU switches)" in enomem[0].message
+    assert "(1.2% of the last window's 394 samples and 8000 off-CPU waits recorded)" in line.message, line.message
+    enomem = a.advise(394, {"kernel_stack_enomem": 84}, NONE, SETTINGS, offcpu_waits=8000)
+    assert "(1.0% of the last window's 394 samples and 8000 off-CPU waits recorded)" in enomem[0].message
 
 
-def test_off_cpu_switches_per_window_come_from_the_sampler_totals() -> None:
-    """SamplerAccounting gives the loop each drain's switches that took stacks (the
-    starts recorded and those the start map had no room for), from the sampler's
-    cumulative off-CPU counters, and none while off-CPU time is off."""
+def test_off_cpu_waits_per_window_come_from_the_sampler_totals() -> None:
+    """SamplerAccounting gives the loop each drain's recorded waits (counted in
+    the window, or carried to a later one), from the sampler's cumulative
+    off-CPU counters, and none while off-CPU time is off.  Switches whose waits
+    ended below the threshold recorded nothing and are not among them."""
     from flamed.daemon.metrics import DaemonMetrics  # noqa: PLC0415
     from flamed.daemon.sampler_stats import SamplerAccounting  # noqa: PLC0415
     from flamed.sampling.stats import SamplerStats  # noqa: PLC0415
@@ -175,10 +177,45 @@ def test_off_cpu_switches_per_window_come_from_the_sampler_totals() -> None:
     acc = SamplerAccounting(DaemonMetrics(process=False))
     st = SamplerStats()
     acc.take(st)
-    assert acc.new_offcpu_switches is None
-    st.offcpu_total.update(OFF_SWITCHES=5000, OFF_STARTS=4000, OFF_START_FULL=10)
+    assert acc.new_offcpu_waits is None
+    st.offcpu_total.update(OFF_SWITCHES=5000, OFF_STARTS=4000, OFF_START_FULL=10, OFF_BELOW=3900,
+                           OFF_COUNTED=90, OFF_CARRIED=5)
     acc.take(st.copy())
-    assert acc.new_offcpu_switches == 4010
-    st.offcpu_total.update(OFF_SWITCHES=9000, OFF_STARTS=7000, OFF_START_FULL=10)
+    assert acc.new_offcpu_waits == 95
+    st.offcpu_total.update(OFF_SWITCHES=9000, OFF_STARTS=7000, OFF_START_FULL=10, OFF_BELOW=6800,
+                           OFF_COUNTED=280, OFF_CARRIED=5)
     acc.take(st.copy())
-    assert acc.new_offcpu_switches == 3000
+    assert acc.new_offcpu_waits == 190
+
+
+def test_stack_failures_of_short_waits_are_not_counted_as_lost() -> None:
+    """With off-CPU time on, a window's CPU samples lost nothing while 3000
+    switches off a CPU found their stack bucket taken (EEXIST) and 5 of the
+    waits recorded lost their user stack: flamed_samples_lost_total stays at
+    0, flamed_offcpu_stacks_lost_total{reason="user_stack_eexist"} says 5 and
+    the switches' failures are named as such, not as lost samples."""
+    from flamed.daemon.metrics import DaemonMetrics  # noqa: PLC0415
+    from flamed.daemon.sampler_stats import SamplerAccounting  # noqa: PLC0415
+    from flamed.sampling.stats import LOST_REASONS, SamplerStats  # noqa: PLC0415
+
+    m = DaemonMetrics(process=False)
+    acc = SamplerAccounting(m)
+    st = SamplerStats()
+    st.offcpu_total.update(OFF_SWITCHES=4000, OFF_STARTS=4000, OFF_BELOW=3900, OFF_COUNTED=100,
+                           OFF_FETCH_EEXIST=3000, OFF_USTACK_EEXIST=5)
+    acc.take(st.copy())
+    m.observe_lost(dict.fromkeys(LOST_REASONS, 0))
+
+    def value(name: str, labels: dict[str, str]) -> float:
+        v = m.registry.get_sample_value(name, labels)
+        return 0.0 if v is None else v
+
+    assert value("flamed_samples_lost_total", {"reason": "user_stack_eexist"}) == 0
+    assert value("flamed_offcpu_stacks_lost_total", {"reason": "user_stack_eexist"}) == 5
+    assert value("flamed_offcpu_stacks_lost_total", {"reason": "kernel_stack_eexist"}) == 0
+    assert value("flamed_offcpu_switch_stack_failures_total", {"reason": "eexist"}) == 3000
+    # cumulative totals advance the counters by what is new
+    st.offcpu_total.update(OFF_FETCH_EEXIST=3500, OFF_USTACK_EEXIST=7)
+    acc.take(st.copy())
+    assert value("flamed_offcpu_stacks_lost_total", {"reason": "user_stack_eexist"}) == 7
+    assert value("flamed_offcpu_switch_stack_failures_total", {"reason": "eexist"}) == 3500

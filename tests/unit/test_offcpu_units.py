@@ -60,6 +60,24 @@ def test_speedscope_unit_is_microseconds() -> None:
     assert {p["unit"] for p in doc["profiles"]} == {"microseconds"}
 
 
+def test_chrometrace_of_an_off_cpu_profile_lays_out_its_times() -> None:
+    """1,500 µs of off-CPU time is an event of 1,500 µs on the trace's axis,
+    not 1,500 sampling intervals (15 s at 99 Hz); sample counts still weigh
+    one interval each."""
+    from flamed.outputs.chrometrace import profile_trace  # noqa: PLC0415
+
+    for kind in ("off_cpu", "wall"):
+        p = _off_profile(kind)
+        p.sample_rate = 99.0
+        events = {e["name"]: e for e in profile_trace(p)["traceEvents"] if e["ph"] == "X"}
+        assert events["main"]["dur"] == 1750.0, events["main"]
+        assert events["nap"]["dur"] == 1500.0 and events[OFFCPU_BLOCKED_FRAME]["dur"] == 1500.0
+        assert events["work"]["ts"] == 1500.0 and events["work"]["dur"] == 250.0
+    counts = Profile(stacks={("main", "work"): 99}, sample_rate=99.0)
+    events = {e["name"]: e for e in profile_trace(counts)["traceEvents"] if e["ph"] == "X"}
+    assert events["work"]["dur"] == 1e6  # 99 samples at 99 Hz: one second
+
+
 def test_pprof_sample_type_and_round_trip() -> None:
     for kind in ("off_cpu", "wall"):
         msg = to_proto(_off_profile(kind))
