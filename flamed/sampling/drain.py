@@ -257,7 +257,7 @@ class Drainer:
         sym = self._symbolizer
         sym.begin_drain()
         if self._python is not None:
-            self._python.begin_drain()
+            self._python.begin_drain(old)
         lost = dict.fromkeys(LOST_REASONS, 0)
         for reason, n in counters.items():
             if reason in lost:
@@ -557,7 +557,7 @@ class Drainer:
             if raw is None or py is None:
                 return [(_PY_LOST_FRAME,)]
             frames, flags = parse_pystack(raw, depth)
-            return py.stack(tgid, frames, flags)
+            return py.stack(tgid, frames, flags, sid=pid_)
 
         # Each key's stack is joined from parts named and encoded once each:
         # the user stack (cut where Python frames go when it has any), the

@@ -177,6 +177,7 @@ class PythonFeed(ProcessHandler):
         for tgid, gen, sid in dict.fromkeys(new):
             if self._m.stopping.is_set():
                 break
+            token = self.frames.warm_token(gen)
             try:
                 t = b[f"pystacks{gen & 1}"]
                 key.value = sid
@@ -186,7 +187,7 @@ class PythonFeed(ProcessHandler):
             except Exception:  # noqa: BLE001 -- closing
                 return
             frames, _flags = parse_pystack(bytes(leaf), program.options.python_depth)
-            self.frames.warm(tgid, frames)
+            self.frames.warm(tgid, frames, gen=gen, sid=sid, token=token)
 
     def settle(self, table: ProcessTable) -> None:
         procs = list(table)

@@ -11,7 +11,12 @@ The sampler (``BpfSampler`` with ``options.python``) drives this:
   counted.
 * :meth:`PythonFrames.warm` when the program reports a Python stack new in
   its generation: names its code objects while the process still runs, so a
-  process that exits before the drain keeps its Python frames.
+  process that exits before the drain keeps its Python frames.  The names
+  are kept for that stack of that generation: the drain gives them, not
+  names read again at the drain, when a code object of the stack may have
+  been freed and its address taken by another (a module's top level, run
+  once at import: the next code object made, a function of that module or
+  of the program, would be named where the import was sampled).
 * :meth:`PythonFrames.stack` at the drain: the raw frames as named frames,
   root first, and :func:`splice` to put them into the native stack.
 """
@@ -64,13 +69,16 @@ class PyProcStats:
 
 
 class _Proc:
-    __slots__ = ("target", "symbolizer", "start_time", "version")
+    __slots__ = ("target", "symbolizer", "start_time", "version", "lock")
 
     def __init__(self, target: Any, symbolizer: Any, start_time: int, version: str) -> None:
         self.target = target
         self.symbolizer = symbolizer
         self.start_time = start_time
         self.version = version
+        #: The priming thread (warm) and the drain both name with the symbolizer,
+        #: whose cache and batch index are not thread-safe.
+        self.lock = threading.Lock()
 
 
 def _start_time(proc_root: Path, pid: int) -> int | None:
@@ -140,6 +148,14 @@ class PythonFrames:
         #: its BTF)?  CPython 3.8-3.10 threads are matched by it; without it
         #: they are refused (``no_fsbase``), so py-spy may take them.
         self.fsbase_known = True
+        #: Names given by :meth:`warm`: (tgid, generation & 1, stack id) ->
+        #: (that generation's epoch, names innermost first).
+        self._warmed: dict[tuple[int, int, int], tuple[int, list[str]]] = {}
+        #: Drains begun per generation parity: a name kept from before a
+        #: generation's last drain belongs to an older generation.
+        self._epochs = [0, 0]
+        #: The drained generation's kept names: (tgid, stack id) -> names.
+        self._drain_names: dict[tuple[int, int], list[str]] = {}
 
     # -- which processes ---------------------------------------------------
     def describe(self, tgid: int) -> bytes | None | bool:
@@ -280,41 +296,77 @@ class PythonFrames:
             return {t: p.version for t, p in self._procs.items()}
 
     # -- naming ------------------------------------------------------------
-    def warm(self, tgid: int, frames: RawFrames) -> None:
-        """Name the code objects of a new stack now, while the process runs."""
+    #: Stacks whose warm names are kept at once (beyond: named at the drain);
+    #: the program holds 2,048 Python stacks per generation by default.
+    MAX_WARMED = 1 << 14
+
+    def warm_token(self, gen: int) -> int:
+        """Taken before reading a stack of generation ``gen`` from the program,
+        for :meth:`warm`: a drain of that generation begun in between makes
+        the names belong to a generation already drained."""
+        with self._lock:
+            return self._epochs[gen & 1]
+
+    def warm(self, tgid: int, frames: RawFrames, *, gen: int | None = None, sid: int | None = None,
+             token: int | None = None) -> None:
+        """Name the code objects of a new stack now, while the process runs;
+        with its generation, stack id and :meth:`warm_token`, keep the names
+        for the drain of that generation."""
         with self._lock:
             p = self._procs.get(tgid)
         if p is None:
             return
         try:
             fresh = getattr(p.symbolizer, "symbolize_fresh", None) or p.symbolizer.symbolize
-            fresh(self._absolute(tgid, frames))
+            with p.lock:
+                names = fresh(self._absolute(tgid, frames))
         except Exception as e:  # noqa: BLE001
             log.debug("warming Python frames of %d: %s", tgid, e)
+            return
+        if gen is None or sid is None or token is None or not isinstance(names, list) or len(names) != len(frames):
+            return
+        with self._lock:
+            if len(self._warmed) < self.MAX_WARMED:
+                self._warmed[(tgid, gen & 1, sid)] = (token, names)
 
     def _absolute(self, tgid: int, frames: RawFrames) -> RawFrames:
         if not self._ptr_instr.get(tgid):
             return frames
         return [(c, (c & ~ENTRY_BIT) + i) for c, i in frames]
 
-    def begin_drain(self) -> None:
+    def begin_drain(self, gen: int | None = None) -> None:
+        """A drain begins (of generation ``gen``, whose stacks the program
+        reported new were named by :meth:`warm`: those names are used)."""
         with self._lock:
             procs = list(self._procs.values())
+            if gen is not None:
+                parity = gen & 1
+                epoch = self._epochs[parity]
+                self._epochs[parity] = epoch + 1
+                keep = {(t, s): names for (t, g, s), (e, names) in self._warmed.items() if g == parity and e == epoch}
+                self._warmed = {k: v for k, v in self._warmed.items() if k[1] != parity}
+                self._drain_names = keep
         for p in procs:
             begin = getattr(p.symbolizer, "begin_batch", None)
             if begin is not None:
-                begin()
+                with p.lock:
+                    begin()
 
-    def stack(self, tgid: int, frames: RawFrames, flags: int) -> list[Stack]:
+    def stack(self, tgid: int, frames: RawFrames, flags: int, sid: int | None = None) -> list[Stack]:
         """Named Python frames grouped by run of the evaluation loop, root first
-        (the outermost run first, each run root first)."""
+        (the outermost run first, each run root first).  ``sid``: the stack's
+        id in the drained generation, whose names :meth:`warm` kept."""
         with self._lock:
             p = self._procs.get(tgid)
-        if p is None:
+        kept = self._drain_names.get((tgid, sid)) if sid is not None else None
+        if kept is not None and len(kept) == len(frames):
+            names = kept
+        elif p is None:
             names = [f"[python code 0x{c & ~ENTRY_BIT:x}]" for c, _ in frames]
         else:
             try:
-                names = list(p.symbolizer.symbolize(self._absolute(tgid, frames)))
+                with p.lock:
+                    names = list(p.symbolizer.symbolize(self._absolute(tgid, frames)))
             except Exception as e:  # noqa: BLE001
                 log.debug("naming Python frames of %d: %s", tgid, e)
                 names = [f"[python code 0x{c & ~ENTRY_BIT:x}]" for c, _ in frames]

@@ -237,6 +237,33 @@ def test_record_reads_python_frames_in_bpf(tmp_path: Path, require_bpf: None) ->
         assert sc.python_share >= 0.95, (exe, sc)
 
 
+@pytest.mark.parametrize("minor", ["", "13"])
+def test_record_names_a_freed_module_code_object_as_it_was_sampled(tmp_path: Path, require_bpf: None,
+                                                                    minor: str) -> None:
+    """A module's top level, sampled while it ran, keeps its name after its
+    code object is freed and another takes its address: the names given when
+    the stack was new, not read again at the drain (which named it after a
+    code object that never ran).  Drains come every 0.5 s while the process
+    runs on for 1.5 s after the import."""
+    from support import need
+
+    interp = Path(sys.executable) if not minor else _pyenv_python(minor)
+    need(interp is not None, f"a pyenv python3.{minor} ($(pyenv root)/versions/3.{minor}.*)")
+    assert interp is not None
+    out = tmp_path / "freed.folded"
+    r = run_record(["-r", "199", "-o", str(out), "--", str(interp),
+                    str(ROOT / "tests" / "workloads" / "freed_code.py"), str(tmp_path), "1.2", "1.5"])
+    assert r.returncode == 0, r.stderr
+    if (tmp_path / "reused").read_text() != "1":
+        pytest.skip("no code object took the freed one's address here (the allocator's choice)")
+    stacks = [ln.rsplit(" ", 1)[0].split(";") for ln in out.read_text().splitlines()]
+    module = [s for s in stacks if any(f.startswith("<module> (") and "spun_module.py:" in f for f in s)]
+    wrong = [s for s in stacks if any("decoy_" in f for f in s)]
+    assert len(module) >= 3, (len(stacks), r.stderr)
+    assert not wrong, [[f for f in s if "decoy_" in f or "_call_with" in f] for s in wrong[:3]]
+    assert any(f.startswith("after_import (") for s in stacks for f in s)
+
+
 def _pyenv_python(minor: str) -> Path | None:
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     found = sorted(root.glob(f"3.{minor}.*/bin/python3.{minor}")) if root.is_dir() else []

@@ -78,12 +78,35 @@ def test_a_stale_code_object_is_not_named_from_the_index(target: Target) -> None
     assert sym.symbolize_fresh([frame]) == [_name(_alpha)]
     assert sym.stats["stale"] == 1
     assert sym.symbolize([frame]) == [_name(_alpha)]
-    # And a new batch re-checks what the index named in the last one.
+    # And a new batch re-checks what the index named in the last one.  The
+    # batch's stacks may have been sampled before the change: neither name
+    # is sure for them, so the frame says so until the next batch.
     sym._cache[code].guard = b"\0" * len(sym._cache[code].guard)  # noqa: SLF001
     sym._named[frame] = "old (gone.py:1)"  # noqa: SLF001
     sym.begin_batch()
-    assert sym.symbolize([frame]) == [_name(_alpha)]
+    assert sym.symbolize([frame]) == [f"[stale python code 0x{code:x}]"]
     assert sym.stats["stale"] == 2
+    # A stack seen for the first time still gets the name of what is there now.
+    assert sym.symbolize_fresh([frame]) == [_name(_alpha)]
+    assert sym.symbolize([frame]) == [f"[stale python code 0x{code:x}]"]
+    sym.begin_batch()
+    assert sym.symbolize([frame]) == [_name(_alpha)]
+
+
+def test_an_instruction_outside_the_code_object_is_not_named_by_it(target: Target) -> None:
+    """A frame whose instruction lies past the end of the code object at its
+    address was another code object's (that one freed, this one made there)."""
+    sym = CodeSymbolizer.for_target(target)
+    sym.begin_batch()
+    units = len(_alpha.__code__.co_code) // 2
+    inside = _frames(target, _alpha, units - 1)
+    outside = _frames(target, _alpha, units + 40)
+    start = (inside[0], inside[0] + target.layout.code_adaptive - 2)  # type: ignore[operator]
+    got = sym.symbolize([inside, start, outside])
+    # The last unit, and one before the first (a frame not started yet), are its own.
+    assert got[0].startswith(f"{_alpha.__qualname__} (") and got[1] == _name(_alpha)
+    assert got[2] == f"[stale python code 0x{inside[0]:x}]"
+    assert sym.stats["outside_code"] == 1
 
 
 def test_an_evicted_code_object_leaves_the_index(target: Target) -> None:

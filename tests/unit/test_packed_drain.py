@@ -53,7 +53,7 @@ class _Python:
     """Runs of Python frames as PythonFrames.stack gives them: a code address
     with the entry bit starts a new run (innermost first in, root first out)."""
 
-    def stack(self, tgid: int, frames: list[tuple[int, int]], _flags: int) -> list[tuple[str, ...]]:
+    def stack(self, tgid: int, frames: list[tuple[int, int]], _flags: int, sid: int | None = None) -> list[tuple[str, ...]]:
         runs: list[list[str]] = [[]]
         for code, instr in reversed(frames):
             if code & 1 and runs[-1]:

@@ -62,6 +62,28 @@ def test_unknown_process_gets_placeholders_not_an_error() -> None:
     assert pf.stack(8, [(0x1230 | 1, 0)], 0) == [("[python code 0x1230]",)]
 
 
+def test_the_drain_names_a_stack_as_it_was_named_when_new() -> None:
+    """A code object named when its stack was new, then freed and its address
+    taken by another before the drain: the drain keeps the first name (a
+    stack whose names were not kept is named again)."""
+    names = {0x10: "<module> (mod.py:3)", 0x20: "importer (main.py:2)"}
+    pf = _frames(names)
+    stack = [(0x10 | 1, 0), (0x20 | 1, 0)]
+    token = pf.warm_token(1)
+    pf.warm(7, stack, gen=1, sid=55, token=token)
+    names[0x10] = "decoy (other.py:1)"  # the address holds another code object now
+    pf.begin_drain(1)
+    assert pf.stack(7, stack, 0, sid=55) == [("importer (main.py:2)",), ("<module> (mod.py:3)",)]
+    assert pf.stack(7, stack, 0, sid=56) == [("importer (main.py:2)",), ("decoy (other.py:1)",)]
+    # Kept for one drain of their generation only, and never from a reading
+    # that began before that generation's last drain.
+    pf.warm(7, stack, gen=1, sid=57, token=token)
+    pf.begin_drain(0)
+    pf.begin_drain(1)
+    assert pf.stack(7, stack, 0, sid=55) == [("importer (main.py:2)",), ("decoy (other.py:1)",)]
+    assert pf.stack(7, stack, 0, sid=57) == [("importer (main.py:2)",), ("decoy (other.py:1)",)]
+
+
 def test_splice_replaces_each_eval_frame_by_its_run() -> None:
     native = ("_start", "main", "Py_RunMain", "_PyEval_EvalFrameDefault", "PyObject_Call", "cext_fn",
               "_PyEval_EvalFrameDefault", "zlib_compress", "deflate")

@@ -9,6 +9,19 @@ bytes at most once per :meth:`~CodeSymbolizer.begin_batch`, so a code object
 freed and its memory reused is noticed.  After the process exits the cache
 keeps answering.  Failures never raise: they are counted in ``stats`` by
 reason and shown as ``[unknown python code 0x...]``.
+
+A name read now is right for a sample taken earlier only if the code object
+at that address stayed the same in between: a module's top level, an
+``exec``'d or ``eval``'d code object is freed when it finishes, and the next
+code object made (a function of the module just imported, the program's own
+functions after start-up) often lands at its address.  So an address whose
+guard changed within a batch is not named by its new occupant for the
+stacks of that batch (they may have been sampled before the change): it is
+``[stale python code 0x...]`` until the next batch; stacks named while the
+process ran (:meth:`~CodeSymbolizer.symbolize_fresh`, right after their
+first sample) keep those names (flamed.sampling.pyframes).  From 3.11 an
+instruction outside the code object's bytecode also shows the frame was not
+that code object's: the same marker.
 """
 
 from __future__ import annotations
@@ -28,7 +41,8 @@ from flamed.sampling.pystack import short_filename
 MAX_PATH = 4096
 MAX_LINETABLE = 64 << 10
 
-STAT_REASONS = ("read_failed", "not_code", "bad_string", "bad_linetable", "stale", "process_gone")
+STAT_REASONS = ("read_failed", "not_code", "bad_string", "bad_linetable", "stale", "process_gone",
+                "outside_code")
 
 
 @dataclass(slots=True)
@@ -39,6 +53,8 @@ class _Code:
     firstlineno: int
     linetable: bytes
     checked: int  # the batch it was last checked in
+    #: 3.11+: code units of its bytecode (ob_size), to check an instruction against; 0: unknown
+    units: int = 0
     #: instruction -> finished frame, bounded (a hot loop samples few instructions)
     frames: dict[int, str] = field(default_factory=dict)
 
@@ -158,6 +174,9 @@ class CodeSymbolizer:
         #: entry leaves the cache.
         self._named: dict[tuple[int, int], str] = {}
         self._batch = 0
+        #: Addresses whose code object changed within this batch: named
+        #: ``[stale python code ...]`` by :meth:`symbolize` until the next.
+        self._changed: set[int] = set()
         self._code_type = 0
         self._gone = False
         # One read covers the code object's fields that name a frame.
@@ -165,6 +184,8 @@ class CodeSymbolizer:
                   layout.code_linetable]
         if layout.code_qualname is not None:
             fields.append(layout.code_qualname)
+        if layout.code_adaptive is not None:
+            fields.append(layout.object_type + 8)  # ob_size: a code object is a PyVarObject
         self._head_size = max(fields) + 8
 
     @classmethod
@@ -175,6 +196,7 @@ class CodeSymbolizer:
         """Start a drain: cached entries are re-checked (once) when next used."""
         self._batch += 1
         self._named = {}
+        self._changed = set()
 
     def process_exited(self) -> None:
         """The process is gone: serve cached names, read nothing more."""
@@ -201,7 +223,8 @@ class CodeSymbolizer:
         runs: every cached code object of it is read again, even one checked in
         this drain.  A code object freed since (a module's top level, run once)
         can have left its address to a new one (the function the new stack
-        shows), and a new stack is when that shows."""
+        shows), and a new stack is when that shows.  The names are those of
+        the code objects there now, the nearest there is to the sample's."""
         return self.symbolize(frames, recheck=True)
 
     def symbolize(self, frames: Sequence[tuple[int, int]], *, recheck: bool = False) -> list[str]:
@@ -226,23 +249,43 @@ class CodeSymbolizer:
             named.clear()
         batch = self._batch
         out = []
+        changed = self._changed if not recheck else frozenset()
         for addr, instr in frames:
             code = addr & ~ENTRY_BIT
             entry = cache.get(code)
             if entry is None:
                 out.append(f"[unknown python code 0x{code:x}]")
                 continue
+            if code in changed:
+                # Another code object than the sample's may be there now.
+                out.append(f"[stale python code 0x{code:x}]")
+                continue
             frame = entry.frames.get(instr)
+            if frame is None and not self._inside(code, entry, instr):
+                self._count("outside_code")
+                frame = f"[stale python code 0x{code:x}]"
+                if len(entry.frames) < 256:
+                    entry.frames[instr] = frame
             if frame is None:
                 line = self._line(code, entry, instr)
                 filename = short_filename(entry.filename) if self.short_filenames else entry.filename
                 frame = sanitize_frame(f"{entry.name} ({filename}:{line})")
                 if len(entry.frames) < 256:
                     entry.frames[instr] = frame
-            if entry.checked == batch or self._gone:
+            if (entry.checked == batch or self._gone) and code not in self._changed:
                 named[(addr, instr)] = frame
             out.append(frame)
         return out
+
+    def _inside(self, code: int, entry: _Code, instr: int) -> bool:
+        """Can ``instr`` be an instruction of ``entry`` (3.11+; before, always)?
+        The frame's instruction pointer is one unit before the first
+        instruction until that runs, and may be just past the last."""
+        adaptive = self.layout.code_adaptive
+        if adaptive is None or not entry.units:
+            return True
+        base = code + adaptive
+        return base - 2 <= instr <= base + 2 * entry.units
 
     def _line(self, code: int, entry: _Code, instr: int) -> int:
         lay = self.layout
@@ -277,6 +320,8 @@ class CodeSymbolizer:
             elif self._guard(head) != entry.guard:
                 self._evict(code)
                 self._count("stale")
+                if not recheck:
+                    self._changed.add(code)
             else:
                 entry.checked = self._batch
 
@@ -320,7 +365,9 @@ class CodeSymbolizer:
                 continue
             self.reads += 1
             first = struct.unpack_from("<i", head, lay.code_firstlineno)[0]
-            self._cache[code] = _Code(self._guard(head), name, filename, first, table, self._batch)
+            units = _u64(head, lay.object_type + 8) if lay.code_adaptive is not None else 0
+            self._cache[code] = _Code(self._guard(head), name, filename, first, table, self._batch,
+                                      units=units if units < 1 << 31 else 0)
             while len(self._cache) > self.max_entries:
                 self._evict(next(iter(self._cache)))
 
