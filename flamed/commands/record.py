@@ -414,7 +414,12 @@ class RecordCommand(Command):
             for ver in refused:
                 self.warn(unsupported_reason(ver))
             if not refused:
-                self.warn("no Python process was found: native and kernel stacks only")
+                # A wrapper that forks (sh -c without exec, timeout, unshare --fork) left the
+                # work to a child: say so here when the wrapper's own samples make a profile
+                # (an empty one says it below, with the same hint).
+                hint = (watch.child_hint(daemon=False) if watch is not None and not args.subprocesses and counts
+                        else "")
+                self.warn("no Python process was found: native and kernel stacks only" + hint)
         profile = self._profile(args, samples, counts, sampler)
         self._write(args, fmt, profile)
         if args.timeline:

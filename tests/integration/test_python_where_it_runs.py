@@ -265,6 +265,28 @@ def test_record_through_an_exec_wrapper_reads_python_in_bpf(tmp_path: Path) -> N
     assert named >= 100, lines[:5]
 
 
+def test_record_through_a_forking_wrapper_names_the_child_it_did_not_follow(tmp_path: Path) -> None:
+    """``flamed record -- sh -c 'work; python3 app.py; cleanup'``: the shell
+    forks the interpreter, which record (without --subprocesses) does not
+    follow.  When the shell's own samples make a profile, the "no Python
+    process was found" warning names that child and --subprocesses.  Before,
+    only an empty profile got that hint: this one said there was no Python
+    at all."""
+    need(have_root(), "root")
+    exe = _interpreter("3.12")
+    # The shell spins a while first (its own CPU time: samples of it on any load), then runs Python.
+    script = (f"i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; {exe} -c '{BUSY.format(seconds=0.5)}'; "
+              "echo done")
+    out = tmp_path / "sh.folded"
+    r = subprocess.run(FLAMED + ["record", "--no-daemon", "-r", "99", "-o", str(out), "--", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    lines = out.read_text().splitlines()
+    assert lines and not any("busy_in_container" in ln for ln in lines), lines[:5]
+    assert re.search(r"no Python process was found: native and kernel stacks only; it started python3\.12 "
+                     r"\(pid \d+\), which record does not follow: --subprocesses", r.stderr), r.stderr
+
+
 def test_a_python_that_execs_itself_is_read_as_its_new_image(tmp_path: Path) -> None:
     """A Python program that execs the interpreter again (a re-exec on upgrade,
     a reloader) keeps its pid and its comm: the program reports the new image
