@@ -258,6 +258,11 @@ class RecordCommand(Command):
                           "older samples were no longer held")
         if not rec.stacks:
             self.warn(f"nothing was recorded: {rec.nothing_reason()}")
+        elif rec.child and not any(_PY_FRAME.search(f) for stack in rec.stacks for f in stack):
+            # A wrapper that forks (sh -c without exec, timeout, unshare --fork): its own
+            # samples came back, not those of the Python child it left the work to.
+            self.warn(f"no Python frames were recorded, only samples of {rec.comm or 'process'} (pid {rec.target})"
+                      + record_daemon.TargetWatch(rec.target, child=rec.child).child_hint(daemon=True))
         self._write(args, fmt, profile)
         if rec.running is not None:
             rc = self._wait_command(rec.running, cmd)
