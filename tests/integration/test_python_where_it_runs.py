@@ -205,6 +205,49 @@ def test_big_thread_pool_keeps_python_frames_of_its_oldest_threads(sampler: Any,
     assert marked <= unnamed
 
 
+RENAMING = ("import ctypes, threading, time\n"
+            "libc = ctypes.CDLL(None)\n"
+            "def renaming_worker(k, seconds):\n"
+            "    end = time.time() + seconds\n"
+            "    n = 0\n"
+            "    while time.time() < end:\n"
+            "        n += 1\n"
+            "        if n % 200 == 0:\n"
+            "            libc.prctl(15, b'req-%d-%d' % (k, n), 0, 0, 0)\n"
+            "ts = [threading.Thread(target=renaming_worker, args=(k, {seconds})) for k in range(3)]\n"
+            "for t in ts: t.start()\n"
+            "for t in ts: t.join()\n")
+
+
+def test_threads_that_name_themselves_keep_python_frames(sampler: Any) -> None:
+    """Busy threads that keep naming themselves (prctl(PR_SET_NAME): a server
+    naming a worker after the request it serves, a pool naming new threads).
+    A thread's name is its comm, part of the image the program reports, so
+    each new name is reported; it is the same image (same exec count and
+    identity) and is not described again.  Before, each report had the
+    process described anew, its Python frames gone until then: 59 %, 87 % and
+    64 % of the samples had them in three runs."""
+    exe = _interpreter("3.12")
+    sampler.drain()
+    renamed0 = sampler.stats().prime_renamed_total
+    p = subprocess.Popen([str(exe), "-c", RENAMING.format(seconds=2.5)])
+    try:
+        time.sleep(1.5)
+        w0 = sampler.drain()  # a drain while it runs, as the daemon's are
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    w = sampler.drain()
+    w.counts.update({k: w.counts.get(k, 0) + n for k, n in w0.counts.items()})
+    workers = {tid for (tgid, tid, _c, _s) in w.counts if tgid == p.pid and tid != p.pid}
+    total, named = _share(w, {p.pid}, workers)
+    assert total >= 100, f"only {total} samples of the renaming threads"
+    assert named / total >= 0.95, f"{named}/{total} samples of renaming threads with Python frames"
+    assert sampler.stats().prime_renamed_total > renamed0
+
+
 def test_deep_at_first_sight_is_walked_and_marked(tmp_path: Path) -> None:
     """``flamed record -p`` of a process already 900 frames deep: walked (its
     innermost frames, the stack marked truncated), not refused."""
