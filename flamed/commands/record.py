@@ -258,6 +258,11 @@ class RecordCommand(Command):
                           "older samples were no longer held")
         if not rec.stacks:
             self.warn(f"nothing was recorded: {rec.nothing_reason()}")
+        elif rec.child and not any(_PY_FRAME.search(f) for stack in rec.stacks for f in stack):
+            # A wrapper that forks (sh -c without exec, timeout, unshare --fork): its own
+            # samples came back, not those of the Python child it left the work to.
+            self.warn(f"no Python frames were recorded, only samples of {rec.comm or 'process'} (pid {rec.target})"
+                      + record_daemon.TargetWatch(rec.target, child=rec.child).child_hint(daemon=True))
         self._write(args, fmt, profile)
         if rec.running is not None:
             rc = self._wait_command(rec.running, cmd)
@@ -414,7 +419,12 @@ class RecordCommand(Command):
             for ver in refused:
                 self.warn(unsupported_reason(ver))
             if not refused:
-                self.warn("no Python process was found: native and kernel stacks only")
+                # A wrapper that forks (sh -c without exec, timeout, unshare --fork) left the
+                # work to a child: say so here when the wrapper's own samples make a profile
+                # (an empty one says it below, with the same hint).
+                hint = (watch.child_hint(daemon=False) if watch is not None and not args.subprocesses and counts
+                        else "")
+                self.warn("no Python process was found: native and kernel stacks only" + hint)
         profile = self._profile(args, samples, counts, sampler)
         self._write(args, fmt, profile)
         if args.timeline:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from flamed import outputs
 from flamed.daemon.config import DaemonConfig
 from flamed.daemon.control import Peer
-from flamed.daemon.fleet import OFFCPU_LABELS, labelled_pprof, merged_identities, windows_pprof
+from flamed.daemon.fleet import OFFCPU_LABELS, identity_parts, labelled_pprof, parts_profile, windows_pprof
 from flamed.daemon.metrics import DaemonMetrics, NotRecordedError
 from flamed.daemon.protocol import (
     ProtocolError,
@@ -28,11 +28,10 @@ from flamed.daemon.protocol import (
     error_header,
     parse_request,
 )
-from flamed.daemon.ring import DecodeCache, RingWindow, WindowRing
+from flamed.daemon.ring import RingWindow, WindowRing
 from flamed.daemon.store import ProfileStore, ns_to_us
 from flamed.errors import FlamedError
 from flamed.outputs import OutputOptions
-from flamed.sampling.contract import CountKey, counts_to_profile
 
 log = logging.getLogger("flamed.daemon")
 
@@ -143,29 +142,27 @@ class RequestHandlers:
                 assert req.seconds is not None
                 windows = self.ring.since(self.clock_ns() - int(req.seconds * 1e9), kind=req.kind)
         flt = SnapshotFilter(req)
-        counts: dict[CountKey, int] = {}
         samples = 0
         lost: dict[str, int] = {}
-        cache: DecodeCache = {}
         for w in windows:
-            flt.apply(w.counts, counts, w.identities, cache)
             samples += w.samples
             for r, n in w.lost.items():
                 lost[r] = lost.get(r, 0) + n
+        # Filtered and named window by window: a process that moved to another
+        # cgroup keeps, in root frames and labels, the identity its filter matched.
+        parts = identity_parts(windows, lambda w, into, cache: flt.apply(w.counts, into, w.identities, cache))
         rates = {w.sample_rate for w in windows}
-        identities = merged_identities(windows)
-        profile = counts_to_profile(
-            counts,
+        profile = parts_profile(
+            parts,
             req.root,
             start_ns=windows[0].start_ns if windows else None,
             end_ns=windows[-1].end_ns if windows else None,
             sample_rate=None if offcpu else rates.pop() if len(rates) == 1 else None,
             labels={"host": self.store.host, **(OFFCPU_LABELS if offcpu else {"unit": "samples"})},
-            identities=identities,
         )
         if req.format == "pprof":
             # Labelled per sample (task, service, container...), as the pull endpoint.
-            payload = labelled_pprof(profile, counts, identities, root=req.root, host=self.store.host)
+            payload = labelled_pprof(profile, parts, root=req.root, host=self.store.host)
         else:
             if offcpu:
                 # Microseconds, as the files and `flamed record --mode offcpu` write them.

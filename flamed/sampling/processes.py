@@ -22,6 +22,7 @@ import ctypes as ct
 import logging
 import os
 import select
+import struct
 import threading
 import time
 from collections import deque
@@ -39,6 +40,10 @@ log = logging.getLogger("flamed.bpf")
 _S = TypeVar("_S")
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+#: struct flamed_task of bpf/flamed.h, as ``new_images`` reports it: tgid, comm
+#: (the sampled thread's), the low half of the exec count (0: unknown).
+_IMAGE = struct.Struct("<I16sI")
 
 
 def _age_s(ident: ProcessIdentity) -> float:
@@ -220,6 +225,10 @@ class ProcessManager:
         self._prime_wake = -1  # eventfd: close() and wake() wake the priming thread's epoll wait with it
         self._wake_lock = threading.Lock()
         self._new_images: list[int] = []  # tgids reported, filled by perf_buffer_poll's callback
+        #: tgid -> the exec count of its latest report (when the program knows it), beside _new_images
+        self._reported_exec: dict[int, int] = {}
+        #: tgid -> the exec count of the image its last first read read (see _renamed)
+        self._read_exec: dict[int, int] = {}
         #: (due, tgid, tries) of reads to repeat, in due order: tries 0 is the
         #: second read of a young process, tries >= 1 a first read that failed
         #: while the process was still there (it was exec'ing).
@@ -344,6 +353,7 @@ class ProcessManager:
                 p.exited = False
                 self._handed.pop(p.tgid, None)  # its pid may come back as another process
                 self._read_images.pop(p.tgid, None)
+                self._read_exec.pop(p.tgid, None)
                 self.table.release(p)
                 if self.options.prime and _alive(p.tgid):
                     self._late.append(p.tgid)
@@ -383,6 +393,7 @@ class ProcessManager:
                     handed.pop(t, None)
             for t in [t for t in self._read_images if t not in handed]:
                 self._read_images.pop(t, None)
+                self._read_exec.pop(t, None)
         if late:
             self.wake()
 
@@ -473,7 +484,10 @@ class ProcessManager:
 
     def _on_new_image(self, _cpu: int, data: Any, size: int) -> None:
         if size >= 4:
-            self._new_images.append(ct.cast(data, ct.POINTER(ct.c_uint32))[0])
+            tgid = ct.cast(data, ct.POINTER(ct.c_uint32))[0]
+            self._new_images.append(tgid)
+            if size >= _IMAGE.size:
+                self._reported_exec[tgid] = _IMAGE.unpack(ct.string_at(data, _IMAGE.size))[2]
 
     def _on_new_image_lost(self, lost: int) -> None:
         self._stats.prime_lost_total += int(lost)
@@ -524,12 +538,39 @@ class ProcessManager:
         return prepared[0]
 
     def _prime_reported(self) -> None:
-        """First reads of every process image reported since the last call."""
+        """First reads of every process image reported since the last call,
+        but for a thread renamed in an image read already (:meth:`_renamed`)."""
         tasks, self._new_images = self._new_images, []
+        execs, self._reported_exec = self._reported_exec, {}
         for tgid in dict.fromkeys(tasks):
             if self.stopping.is_set():
                 break
+            exec_id = execs.get(tgid, 0)
+            if self._renamed(tgid, exec_id):
+                self._handed[tgid] = self._drains
+                self._stats.prime_renamed_total += 1
+                continue
+            before = self._read_images.get(tgid)
             self._prime_first(tgid, 0)
+            read = self._read_images.get(tgid)
+            if exec_id and read is not None and read is not before:
+                self._read_exec[tgid] = exec_id
+            elif read is not before:
+                self._read_exec.pop(tgid, None)
+
+    def _renamed(self, tgid: int, exec_id: int) -> bool:
+        """Is this report of an image read already?  The program reports an
+        image per (tgid, comm, exec count), and the comm is the sampled
+        thread's: each thread that names itself (pthread_setname_np,
+        prctl(PR_SET_NAME), a pool's "worker-N") is reported once more.  The
+        same exec count and the same identity (start time, start of code and
+        stack) as at the last first read: the same image, nothing to read
+        again.  Before, each such report had the handlers describe the process
+        anew: its Python frames and unwinding were gone until the new
+        description was installed, and the names of its code objects read so
+        far were dropped (a process that then exited kept them unnamed).
+        Without the exec count (unknown to the program) every report is read."""
+        return bool(exec_id) and self._read_exec.get(tgid) == exec_id and self._current_image_read(tgid)
 
     def _prime_late(self) -> None:
         """First reads of the processes a drain sampled that were never read

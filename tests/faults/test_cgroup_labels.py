@@ -11,6 +11,7 @@ pprof``), in snapshot filters and in the rotated files' sidecars.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 
 from daemonproc import DaemonProc, profile_files
+from flamed.outputs import profile_pb2
 from support import need
 from tests.integration.test_cgroup_identity import Tree, tree  # noqa: F401 - the fixture
 
@@ -106,6 +108,14 @@ def _folded_by_pid(payload: bytes) -> dict[int, dict[tuple[str, str], int]]:
             per = out.setdefault(int(m.group(1)), {})
             per[(frames[0], frames[1])] = per.get((frames[0], frames[1]), 0) + int(n)
     return out
+
+
+def _pprof_samples(data: bytes) -> list[tuple[dict[str, str], int]]:
+    """(labels, samples) of each sample of a gzipped pprof profile."""
+    msg = profile_pb2.Profile()
+    msg.ParseFromString(gzip.decompress(data))
+    st = msg.string_table
+    return [({st[lb.key]: st[lb.str] for lb in s.label}, s.value[0]) for s in msg.sample]
 
 
 def _pids_in(payload: bytes) -> dict[int, int]:
@@ -193,3 +203,49 @@ def test_units_containers_and_pods_name_every_sample(tmp_path: Path, require_bpf
         assert seen_labels.get(pid), leaf
         for labels in seen_labels[pid]:
             assert labels == {"cgroup": tree.path(leaf), **WORKLOADS[leaf][2]}, (leaf, labels)
+
+
+def test_a_process_moved_to_another_cgroup_keeps_each_samples_identity(tmp_path: Path, require_bpf: None,
+                                                                        daemon_factory: Any, tree: Tree) -> None:
+    """A busy process in a docker scope, then moved into a service's cgroup
+    while the daemon samples it (a pid that changes cgroup: an orchestrator's
+    move, ``systemd-run --scope`` adopting it).  A snapshot over both times
+    names each sample by the cgroup of its window, in its root frames and
+    labels, as its filters choose them.  Before, the newest window's identity
+    named all of them: ``snapshot --container ID --root container,unit,pid``
+    showed the container's samples as ``[host];UNIT``."""
+    d: DaemonProc = daemon_factory()
+    d.wait_for(lambda: d.status()["windows"] >= 1, 60, "a first window")
+    box, svc = f"system.slice/docker-{C_DOCKER}.scope", f"system.slice/{UNIT}"
+    p = _spawn_busy(tree, box)
+
+    def samples(**flt: Any) -> int:
+        head, out = d.request({"request": "snapshot", "seconds": 600, "format": "folded", "root": "pid", **flt})
+        assert head["ok"], head
+        return _pids_in(out).get(p.pid, 0)
+
+    d.wait_for(lambda: samples(container=C_DOCKER[:12]) >= 20, 60, "samples of the process in the container")
+    (tree.make(svc) / "cgroup.procs").write_text(str(p.pid))
+    d.wait_for(lambda: samples(unit=UNIT) >= 20, 60, "samples of the process in the service")
+    os.kill(p.pid, signal.SIGSTOP)
+    seen = d.status()["windows"]
+    d.wait_for(lambda: d.status()["windows"] >= seen + 2, 30, "two windows after the stop")
+    in_box, in_svc = samples(container=C_DOCKER[:12]), samples(unit=UNIT)
+    assert in_box >= 20 and in_svc >= 20, (in_box, in_svc)
+
+    box_root = (f"docker-{C_DOCKER}.scope", C_DOCKER[:12])
+    head, out = d.request({"request": "snapshot", "seconds": 600, "format": "folded", "root": "unit,container,pid"})
+    assert head["ok"], head
+    assert _folded_by_pid(out)[p.pid] == {box_root: in_box, (UNIT, "[host]"): in_svc}
+    head, out = d.request({"request": "snapshot", "seconds": 600, "format": "folded", "root": "unit,container,pid",
+                           "container": C_DOCKER[:12]})
+    assert head["ok"], head
+    assert _folded_by_pid(out) == {p.pid: {box_root: in_box}}
+
+    head, pb = d.request({"request": "snapshot", "seconds": 600, "format": "pprof", "pid": [p.pid]})
+    assert head["ok"], head
+    by_cgroup: dict[str, int] = {}
+    for labels, n in _pprof_samples(pb):
+        assert labels.get("container_id") == (C_DOCKER if labels["cgroup"] == tree.path(box) else None), labels
+        by_cgroup[labels["cgroup"]] = by_cgroup.get(labels["cgroup"], 0) + n
+    assert by_cgroup == {tree.path(box): in_box, tree.path(svc): in_svc}

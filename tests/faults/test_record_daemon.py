@@ -263,6 +263,35 @@ def test_a_wrapper_that_forks_names_the_child_it_left_the_work_to(daemon_factory
                      r"\(pid \d+\), which record does not follow", r.stderr), r.stderr
 
 
+def test_a_wrapper_that_forks_python_says_its_profile_has_no_python(require_bpf: None, daemon_factory: Any,
+                                                                     tmp_path: Path) -> None:
+    """``sh -c 'setup; python3 app.py; cleanup'`` through the daemon: the shell
+    forks the interpreter, which record does not follow, and its own setup
+    makes a small profile.  Record says that profile has no Python frames and
+    names the child and --subprocesses.  Before, it wrote the shell's samples
+    without a word; with ``exec`` (the interpreter is the target) nothing is said."""
+    d = _daemon(daemon_factory, tmp_path)
+    script = tmp_path / "w.py"
+    script.write_text(WORKLOAD)
+    out = tmp_path / "w.folded"
+    # The shell spins first (its own CPU time: samples of it on any load).
+    spin = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c",
+                 f"{spin}; '{sys.executable}' '{script}' 1 0; true"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    prof = read_folded(out.open("rb"))
+    assert prof.stacks and not any(PY_FRAME.fullmatch(f) for s in prof.stacks for f in s), prof.stacks
+    assert re.search(r"no Python frames were recorded, only samples of sh \(pid \d+\); it started \S+ \(pid \d+\), "
+                     r"which record does not follow: --subprocesses", r.stderr), r.stderr
+
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c",
+                 f"{spin}; exec '{sys.executable}' '{script}' 1 0"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "no Python frames" not in r.stderr and "does not follow" not in r.stderr, r.stderr
+    prof = read_folded(out.open("rb"))
+    assert any(PY_FRAME.fullmatch(f) for s in prof.stacks for f in s), prof.stacks
+
+
 def test_a_command_that_exits_before_it_is_seen_is_said_to_have_exited(daemon_factory: Any, tmp_path: Path) -> None:
     """A command gone before the daemon sampled it: record says it exited and when,
     not that the daemon saw it "on no CPU in 0 window(s)"; its exit code is kept."""

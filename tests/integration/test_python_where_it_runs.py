@@ -205,6 +205,49 @@ def test_big_thread_pool_keeps_python_frames_of_its_oldest_threads(sampler: Any,
     assert marked <= unnamed
 
 
+RENAMING = ("import ctypes, threading, time\n"
+            "libc = ctypes.CDLL(None)\n"
+            "def renaming_worker(k, seconds):\n"
+            "    end = time.time() + seconds\n"
+            "    n = 0\n"
+            "    while time.time() < end:\n"
+            "        n += 1\n"
+            "        if n % 200 == 0:\n"
+            "            libc.prctl(15, b'req-%d-%d' % (k, n), 0, 0, 0)\n"
+            "ts = [threading.Thread(target=renaming_worker, args=(k, {seconds})) for k in range(3)]\n"
+            "for t in ts: t.start()\n"
+            "for t in ts: t.join()\n")
+
+
+def test_threads_that_name_themselves_keep_python_frames(sampler: Any) -> None:
+    """Busy threads that keep naming themselves (prctl(PR_SET_NAME): a server
+    naming a worker after the request it serves, a pool naming new threads).
+    A thread's name is its comm, part of the image the program reports, so
+    each new name is reported; it is the same image (same exec count and
+    identity) and is not described again.  Before, each report had the
+    process described anew, its Python frames gone until then: 59 %, 87 % and
+    64 % of the samples had them in three runs."""
+    exe = _interpreter("3.12")
+    sampler.drain()
+    renamed0 = sampler.stats().prime_renamed_total
+    p = subprocess.Popen([str(exe), "-c", RENAMING.format(seconds=2.5)])
+    try:
+        time.sleep(1.5)
+        w0 = sampler.drain()  # a drain while it runs, as the daemon's are
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    w = sampler.drain()
+    w.counts.update({k: w.counts.get(k, 0) + n for k, n in w0.counts.items()})
+    workers = {tid for (tgid, tid, _c, _s) in w.counts if tgid == p.pid and tid != p.pid}
+    total, named = _share(w, {p.pid}, workers)
+    assert total >= 100, f"only {total} samples of the renaming threads"
+    assert named / total >= 0.95, f"{named}/{total} samples of renaming threads with Python frames"
+    assert sampler.stats().prime_renamed_total > renamed0
+
+
 def test_deep_at_first_sight_is_walked_and_marked(tmp_path: Path) -> None:
     """``flamed record -p`` of a process already 900 frames deep: walked (its
     innermost frames, the stack marked truncated), not refused."""
@@ -263,6 +306,28 @@ def test_record_through_an_exec_wrapper_reads_python_in_bpf(tmp_path: Path) -> N
     lines = out.read_text().splitlines()
     named = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "busy_in_container (<string>:4)" in ln)
     assert named >= 100, lines[:5]
+
+
+def test_record_through_a_forking_wrapper_names_the_child_it_did_not_follow(tmp_path: Path) -> None:
+    """``flamed record -- sh -c 'work; python3 app.py; cleanup'``: the shell
+    forks the interpreter, which record (without --subprocesses) does not
+    follow.  When the shell's own samples make a profile, the "no Python
+    process was found" warning names that child and --subprocesses.  Before,
+    only an empty profile got that hint: this one said there was no Python
+    at all."""
+    need(have_root(), "root")
+    exe = _interpreter("3.12")
+    # The shell spins a while first (its own CPU time: samples of it on any load), then runs Python.
+    script = (f"i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; {exe} -c '{BUSY.format(seconds=0.5)}'; "
+              "echo done")
+    out = tmp_path / "sh.folded"
+    r = subprocess.run(FLAMED + ["record", "--no-daemon", "-r", "99", "-o", str(out), "--", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    lines = out.read_text().splitlines()
+    assert lines and not any("busy_in_container" in ln for ln in lines), lines[:5]
+    assert re.search(r"no Python process was found: native and kernel stacks only; it started python3\.12 "
+                     r"\(pid \d+\), which record does not follow: --subprocesses", r.stderr), r.stderr
 
 
 def test_a_python_that_execs_itself_is_read_as_its_new_image(tmp_path: Path) -> None:

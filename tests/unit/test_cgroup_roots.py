@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flamed.daemon.config import DaemonConfig, OutputConfig, PyroscopeConfig, RetentionConfig, config_from_dict
-from flamed.daemon.fleet import windows_pprof
+from flamed.daemon.fleet import windows_folded, windows_pprof
 from flamed.daemon.metrics import DaemonMetrics
 from flamed.daemon.protocol import ProtocolError, SnapshotFilter, parse_request
 from flamed.daemon.pyroscope import Pusher, Target, service_parts
@@ -96,6 +96,35 @@ def test_pprof_samples_carry_service_container_and_pod_labels() -> None:
     assert by_pid["20"]["container_id"] == C1 and by_pid["20"]["service_name"] == C1[:12]
     assert by_pid["30"]["pod"] == UID
     assert set(by_pid["40"]) == {"pid", "thread", "comm", "host"}
+
+
+def test_a_process_that_moved_keeps_each_windows_identity() -> None:
+    """A process put into a container's cgroup, then into a service's (a pid
+    that changes cgroup between drains): merged windows name each sample by
+    the cgroup of its own window, in root frames and labels alike.  Before,
+    the newest window's identity named all of them (the container's samples
+    showed as ``[host];nginx.service``)."""
+    stack = ("main", "work")
+    w1 = RingWindow(0, 10**9, {(10, 11, "app", stack): 4}, 4, sample_rate=99.0, identities={10: BOX})
+    w2 = RingWindow(10**9, 2 * 10**9, {(10, 11, "app", stack): 7, (20, 20, "other", stack): 1}, 8,
+                    sample_rate=99.0, identities={10: SVC, 20: POD})
+    w3 = RingWindow(2 * 10**9, 3 * 10**9, {(10, 11, "app", stack): 2}, 2, sample_rate=99.0)  # unresolved: newest
+    folded = windows_folded([w1, w2, w3], root="container,unit,pid").decode().splitlines()
+    assert sorted(folded) == sorted([
+        f"{C1[:12]};docker-{C1}.scope;app-10;main;work 4",
+        "[host];nginx.service;app-10;main;work 9",
+        f"{C1[:12]};cri-containerd-{C1}.scope;other-20;main;work 1",
+    ])
+    samples = _sample_values(windows_pprof([w1, w2, w3], root="pid", host="h"))
+    assert sorted((lb.get("service_name"), lb.get("container_id"), lb["pid"], n) for lb, n in samples) == sorted([
+        (C1[:12], C1, "10", 4), ("nginx", None, "10", 9), (C1[:12], C1, "20", 1)])
+
+
+def _sample_values(data: bytes) -> list[tuple[dict[str, str], int]]:
+    msg = pb.Profile()
+    msg.ParseFromString(gzip.decompress(data))
+    st = msg.string_table
+    return [({st[lb.key]: st[lb.str] for lb in s.label}, s.value[0]) for s in msg.sample]
 
 
 def _filtered(**fields: object) -> set[int]:

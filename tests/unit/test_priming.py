@@ -263,3 +263,46 @@ def test_an_exec_notice_after_the_new_image_was_read_drops_nothing(reexec: subpr
     m.sampled({reexec.pid})  # a drain after it: still known as read, not read a third time
     assert not m._late
     assert probed == [reexec.pid, reexec.pid]
+
+
+def _report(m: Any, pid: int, exec_id: int | None) -> None:
+    """A ``new_images`` report of ``pid`` (with its exec count, when the program knows it)."""
+    m._new_images.append(pid)
+    if exec_id is not None:
+        m._reported_exec[pid] = exec_id
+    m._prime_reported()
+
+
+def test_a_thread_that_names_itself_is_not_read_again(child: subprocess.Popen[bytes]) -> None:
+    """The program reports an image per (tgid, comm, exec count), the comm
+    being the sampled thread's: a thread that names itself is reported again.
+    The same exec count and identity as the last read is the same image: the
+    handlers keep it (before, each report described the process anew).  A new
+    exec count, or none known, is read."""
+    sym, probed = RealIdentitySymbolizer(), []
+    s = _sampler(sym, probed)
+    m = s._processes
+    _report(m, child.pid, 7)
+    _report(m, child.pid, 7)  # another thread's name
+    _report(m, child.pid, 7)
+    assert probed == [child.pid] and s._stats.prime_renamed_total == 2
+    assert child.pid in m._handed
+    _report(m, child.pid, 8)  # an exec
+    assert probed == [child.pid] * 2
+    _report(m, child.pid, 8)
+    assert probed == [child.pid] * 2 and s._stats.prime_renamed_total == 3
+    _report(m, child.pid, None)  # the program does not know exec counts: every report is read
+    _report(m, child.pid, None)
+    assert probed == [child.pid] * 4
+
+
+def test_a_report_of_another_image_under_the_same_exec_count_is_read(reexec: subprocess.Popen[bytes]) -> None:
+    """An exec count that says "same image" while the identity changed (the
+    count's low half wrapped, or the pid is another process's now) is read."""
+    sym, probed = RealIdentitySymbolizer(), []
+    s = _sampler(sym, probed)
+    m = s._processes
+    _report(m, reexec.pid, 3)
+    _exec_now(reexec)
+    _report(m, reexec.pid, 3)
+    assert probed == [reexec.pid] * 2 and s._stats.prime_renamed_total == 0
