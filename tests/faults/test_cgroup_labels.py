@@ -146,6 +146,14 @@ def test_units_containers_and_pods_name_every_sample(tmp_path: Path, require_bpf
     assert pulled
     _check_pprof_labels(tmp_path, str(pulled[-1]), pids, tree)
 
+    # Each has at least 100 samples before it is stopped (a loaded host gives a
+    # busy process less than its share of a CPU: waited for, not assumed).
+    def enough() -> bool:
+        head, payload = d.request({"request": "snapshot", "seconds": 600, "format": "folded", "root": "pid"})
+        got = _pids_in(payload) if head.get("ok") else {}
+        return all(got.get(pid, 0) >= 100 for pid in pids.values())
+
+    d.wait_for(enough, 60, "100 samples of each workload", every=1.0)
     # Then stopped: every later request sees the same samples of them.
     for p in procs.values():
         os.kill(p.pid, signal.SIGSTOP)
