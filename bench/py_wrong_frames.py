@@ -26,7 +26,9 @@ frequent flagged pairs.
 ``--daemon`` runs the same programs through a daemon instead (``-r`` Hz,
 1 s drains, everything under a temporary directory): each interpreter is
 started through a symlink named ``fwf<k>``, so the daemon's snapshot of the
-whole run (root ``comm``) is filtered to the programs' own samples.  Interpreters default to python3.11 and what
+whole run (root ``comm``) is filtered to the programs' own samples.
+``--load N`` keeps N busy shell loops running meanwhile (a loaded host: the
+profiler's own threads get the CPU later).  Interpreters default to python3.11 and what
 $(pyenv root)/versions holds of 3.11-3.13.
 """
 
@@ -260,8 +262,19 @@ def main() -> int:
     ap.add_argument("--python", action="append", help="interpreter (repeatable; default: see above)")
     ap.add_argument("--keep", help="also write the recorded folded stacks to this file")
     ap.add_argument("--daemon", action="store_true", help="through a daemon (see above), not flamed record")
+    ap.add_argument("--load", type=int, default=0, help="busy loops running meanwhile (0)")
     a = ap.parse_args()
     pythons = a.python or _default_pythons()
+    hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(a.load)]
+    try:
+        return _run(a, pythons)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def _run(a: argparse.Namespace, pythons: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="flamed-wrongframes-") as d:
         runs = []
         for name in a.programs.split(","):

@@ -307,30 +307,37 @@ static __always_inline u32 py_guard(u64 name, u64 file, u32 line)
     return g ? g : 1;
 }
 
-/* Report the pending new stack through py_new: user space names it now. */
-static __always_inline void py_report_new(struct bpf_perf_event_data *ctx, struct flamed_py_scratch *s)
+/* Report a new stack through py_new: user space names it now. */
+static __always_inline void py_report_new(struct bpf_perf_event_data *ctx, u32 tgid, u32 gen, u64 id)
 {
     struct flamed_py_new e = {};
-    e.tgid = s->pending.tgid;
-    e.gen = s->pending.gen;
-    e.id = s->pending.id;
-    s->pending.on = 0;
+    e.tgid = tgid;
+    e.gen = gen;
+    e.id = id;
     py_new.perf_submit(ctx, &e, sizeof(e));
 }
 
+/* Report the pending new stack, done. */
+static __always_inline void py_report_pending(struct bpf_perf_event_data *ctx, struct flamed_py_scratch *s)
+{
+    s->pending.on = 0;
+    py_report_new(ctx, s->pending.tgid, s->pending.gen, s->pending.id);
+}
+
 /* The end of a sample that stored a new Python stack with guards to read:
- * flamed_pyguard reads them and ends the sample (the in-flight section);
- * 0 when there is nothing to do or the tail call failed (the stack is then
- * reported unguarded), and the caller ends the sample itself. */
+ * flamed_pyguard reads them and ends the sample (the in-flight section).
+ * Returns when there is nothing to do, or the tail call failed (the stack is
+ * then reported unguarded, named as without guards): the caller ends the
+ * sample itself.  The off-CPU program never leaves a stack pending (its
+ * py_take reports at once), so one interrupting it cannot take its report. */
 static __always_inline void py_guard_end(struct bpf_perf_event_data *ctx)
 {
     u32 zero = 0;
     struct flamed_py_scratch *s = py_scratch.lookup(&zero);
     if (!s || !s->pending.on)
         return;
-    if (s->pending.len)
-        py_progs.call(ctx, 0);
-    py_report_new(ctx, s);
+    py_progs.call(ctx, 0);
+    py_report_pending(ctx, s);
 }
 
 /* The fs base of the current task: what pthread_self() returns in it. */
@@ -484,24 +491,25 @@ static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32
     if (!found) {
         int err = gen ? pystacks1.insert(&id, &s->stack) : pystacks0.insert(&id, &s->stack);
         if (err == 0) {
-            struct flamed_py_pending *q = &s->pending;
-            q->id = id;
-            q->tgid = tgid;
-            q->gen = gen;
-            q->on = 1;
-            q->len = 0;
 #if FLAMED_PY_GUARDS
-            if (guard) {
-                /* py_guard_end reads the guards (or reports the stack unguarded). */
+            if (guard && pp->guard_len) {
+                /* py_guard_end reads the guards, then reports the stack. */
+                struct flamed_py_pending *q = &s->pending;
+                q->id = id;
+                q->tgid = tgid;
+                q->gen = gen;
                 q->base = pp->guard_base;
                 q->len = pp->guard_len;
                 q->at_name = pp->guard_name;
                 q->at_file = pp->guard_file;
                 q->at_line = pp->guard_line;
+                q->on = 1;
+            } else {
+                py_report_new(ctx, tgid, gen, id);
             }
+#else
+            py_report_new(ctx, tgid, gen, id);
 #endif
-            if (!q->len)
-                py_report_new(ctx, s);
         } else if (err != -FLAMED_EEXIST) {
             stat_inc(gen, FLAMED_STAT_PY_STACKS_FULL);
             return 0;
@@ -575,7 +583,7 @@ int flamed_pyguard(struct bpf_perf_event_data *ctx)
         __builtin_memcpy(v->guard, s->stack.guard, sizeof(v->guard));
         v->flags |= FLAMED_PYSTACK_GUARDED; /* written once, by insert: no other writer */
     }
-    py_report_new(ctx, s);
+    py_report_pending(ctx, s);
     u64 *seq = inflight.lookup(&zero);
     if (seq)
         __sync_fetch_and_add(seq, 1);
