@@ -557,6 +557,8 @@ class Drainer:
             if raw is None or py is None:
                 return [(_PY_LOST_FRAME,)]
             frames, flags, guards = parse_pystack(raw, depth)
+            if guards is None:
+                return py.stack(tgid, frames, flags, sid=pid_)
             return py.stack(tgid, frames, flags, sid=pid_, guards=guards)
 
         # Each key's stack is joined from parts named and encoded once each:

@@ -187,7 +187,10 @@ class PythonFeed(ProcessHandler):
             except Exception:  # noqa: BLE001 -- closing
                 return
             frames, _flags, guards = parse_pystack(bytes(leaf), program.options.python_depth)
-            self.frames.warm(tgid, frames, gen=gen, sid=sid, token=token, guards=guards)
+            if guards is None:
+                self.frames.warm(tgid, frames, gen=gen, sid=sid, token=token)
+            else:
+                self.frames.warm(tgid, frames, gen=gen, sid=sid, token=token, guards=guards)
 
     def settle(self, table: ProcessTable) -> None:
         procs = list(table)
