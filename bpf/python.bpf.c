@@ -35,7 +35,6 @@
  *   FLAMED_TASK_FSBASE_OFF   offset of thread.fsbase in task_struct, or -1
  *   FLAMED_PY_TIMING         1: add the ns each walk takes to FLAMED_STAT_PY_NS
  *                            (for bench/python_bpf.py; two clock reads a sample)
- *   FLAMED_PY_GUARDS         0: no code object guards (new stacks cost what they did)
  */
 #ifndef FLAMED_PY_DEPTH
 #define FLAMED_PY_DEPTH 128
@@ -51,9 +50,6 @@
 #endif
 #ifndef FLAMED_PY_TIMING
 #define FLAMED_PY_TIMING 0
-#endif
-#ifndef FLAMED_PY_GUARDS
-#define FLAMED_PY_GUARDS 1
 #endif
 #ifndef FLAMED_TASK_FSBASE_OFF
 #define FLAMED_TASK_FSBASE_OFF -1
@@ -491,7 +487,6 @@ static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32
     if (!found) {
         int err = gen ? pystacks1.insert(&id, &s->stack) : pystacks0.insert(&id, &s->stack);
         if (err == 0) {
-#if FLAMED_PY_GUARDS
             if (guard && pp->guard_len) {
                 /* py_guard_end reads the guards, then reports the stack. */
                 struct flamed_py_pending *q = &s->pending;
@@ -507,9 +502,6 @@ static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32
             } else {
                 py_report_new(ctx, tgid, gen, id);
             }
-#else
-            py_report_new(ctx, tgid, gen, id);
-#endif
         } else if (err != -FLAMED_EEXIST) {
             stat_inc(gen, FLAMED_STAT_PY_STACKS_FULL);
             return 0;
@@ -537,7 +529,6 @@ static __always_inline u64 py_take_timed(struct bpf_perf_event_data *ctx, u32 ge
 #endif
 }
 
-#if FLAMED_PY_GUARDS
 /* The guards of the new stack a sample just stored (struct
  * flamed_py_pending), tail-called at the end of that sample: each frame's
  * code object read now, while the sampled thread is still interrupted, into
@@ -589,4 +580,3 @@ int flamed_pyguard(struct bpf_perf_event_data *ctx)
         __sync_fetch_and_add(seq, 1);
     return 0;
 }
-#endif
