@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import pytest
 
@@ -143,6 +144,54 @@ def test_a_frame_whose_guard_differs_is_marked_stale_not_named(target: Target) -
     assert sym.symbolize(stack) == [_name(_alpha), _name(_beta)]
     # Guards that do not fit the frames are not used (a value cut short).
     assert sym.symbolize(stack, guards=[other]) == [_name(_alpha), _name(_beta)]
+
+
+class _FreedAt:
+    """This process's memory, except that the object at ``addr`` reads as freed
+    once ``freed`` is set: its first word is the allocator's free-list pointer,
+    every other byte as it was (a freed code object keeps its fields, so its
+    guard, until its memory is reused)."""
+
+    def __init__(self, inner: Any, addr: int) -> None:
+        self.inner, self.addr, self.freed = inner, addr, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _patch(self, addr: int, data: bytes | None) -> bytes | None:
+        if self.freed and data is not None and addr == self.addr:
+            return (0x7F1234567000).to_bytes(8, "little") + data[8:]
+        return data
+
+    def read(self, addr: int, size: int) -> bytes | None:
+        return self._patch(addr, self.inner.read(addr, size))
+
+    def read_many(self, pieces: Any) -> list[bytes | None]:
+        return [self._patch(a, d) for (a, _n), d in zip(pieces, self.inner.read_many(pieces))]
+
+
+def test_a_freed_code_object_is_not_named_from_its_memory(target: Target) -> None:
+    """A freed code object still holds its fields (its guard matches the
+    sample's) but its name string may be another object by now: it is named
+    only from what was read while it lived, else ``[unknown python code]``."""
+    from flamed.sampling.cpython.memory import ProcessMemory
+
+    frame = _frames(target, _alpha)
+    code = frame[0]
+    mem = _FreedAt(ProcessMemory(os.getpid()), code)
+    sym = CodeSymbolizer(target.pid, target.start_time, target.layout, memory=mem)  # type: ignore[arg-type]
+    mem.freed = True
+    sym.begin_batch()
+    assert sym.symbolize_fresh([frame], guards=[_guard_of(_alpha)]) == [f"[unknown python code 0x{code:x}]"]
+    assert sym.symbolize([frame]) == [f"[unknown python code 0x{code:x}]"]
+    assert sym.stats["freed"] >= 2
+    # Read while it lived: that name stands for its samples after it was freed.
+    mem.freed = False
+    assert sym.symbolize_fresh([frame], guards=[_guard_of(_alpha)]) == [_name(_alpha)]
+    mem.freed = True
+    sym.begin_batch()
+    assert sym.symbolize_fresh([frame], guards=[_guard_of(_alpha)]) == [_name(_alpha)]
+    assert sym.symbolize([frame], guards=[_guard_of(_alpha)]) == [_name(_alpha)]
 
 
 def test_an_instruction_outside_the_code_object_is_not_named_by_it(target: Target) -> None:

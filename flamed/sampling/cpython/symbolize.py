@@ -30,6 +30,15 @@ that guard is the sampled one and names the frame without a read; else the
 code object there now is read, and named only if its guard is the sample's.
 A frame whose code object was replaced gets ``[stale python code 0x...]``
 (counted as ``guard_stale``), never its successor's name.
+
+A code object freed but not yet replaced still holds its fields (so its
+guard still matches), but not its strings: a module's ``<module>`` name is
+not interned and goes with it, and its memory soon holds another string.
+So a code object is read only while it lives: its reference count (the
+first word, where the allocator keeps its free list once it is freed) must
+be plausible, before and after its strings are read; one that is not is
+counted as ``freed`` and its frame is ``[unknown python code 0x...]``,
+unless a name read while it lived is cached.
 """
 
 from __future__ import annotations
@@ -50,7 +59,12 @@ MAX_PATH = 4096
 MAX_LINETABLE = 64 << 10
 
 STAT_REASONS = ("read_failed", "not_code", "bad_string", "bad_linetable", "stale", "process_gone",
-                "outside_code", "guard_stale")
+                "outside_code", "guard_stale", "freed")
+
+#: Above this a code object's first word is no reference count but the
+#: allocator's free-list pointer (an address): the object was freed.  A live
+#: one's count is small; an immortal one's (3.12+) at most 2**32 - 1.
+MAX_REFCNT = 0xFFFFFFFF
 
 
 @dataclass(slots=True)
@@ -229,6 +243,11 @@ class CodeSymbolizer:
             parts.append(head[lay.code_qualname : lay.code_qualname + 8])
         return b"".join(parts)
 
+    @staticmethod
+    def _alive(head: bytes) -> bool:
+        """Does the object whose first bytes are ``head`` look alive (not freed)?"""
+        return 0 < _u64(head, 0) <= MAX_REFCNT
+
     def _sample_guard(self, head: bytes) -> int:
         lay = self.layout
         return code_guard(_u64(head, lay.code_guard_name), _u64(head, lay.code_filename),
@@ -385,6 +404,9 @@ class CodeSymbolizer:
             if not self._is_code_type(ob_type):
                 self._count("not_code")
                 continue
+            if not self._alive(head):
+                self._count("freed")
+                continue
             good.append((code, head))
         if not good:
             return
@@ -397,7 +419,13 @@ class CodeSymbolizer:
         tables = read_objects(self.memory, lay, [(_u64(h, lay.code_linetable), MAX_LINETABLE) for _, h in good],
                                unicode=False)
         n = len(good)
+        # Still alive, and the same, once its strings are read: else they may be another object's.
+        again = self.memory.read_many([(c, self._head_size) for c, _ in good])
         for k, (code, head) in enumerate(good):
+            after = again[k]
+            if after is None or not self._alive(after) or self._guard(after) != self._guard(head):
+                self._count("freed")
+                continue
             name, filename, table = strs[k], strs[n + k], tables[k]
             failed = next((x[0] for x in (name, filename, table) if isinstance(x, tuple)), None)
             if failed is not None:
