@@ -23,6 +23,11 @@ kernel.bpf_stats_enabled=1 (restored afterwards):
   python-deep      a pure-Python recursion 60 frames deep, walker and unwinding
   python-pure      the same recursion 6 frames deep: a Python sample without
                    system calls, walker and unwinding
+  python-new       a recursion 40 frames deep through two functions chosen at
+                   random at each level, re-taken every ~0.3 ms: nearly every
+                   sample's Python stack is new in its generation (stored,
+                   its frames' guards read: flamed_pyguard), walker and
+                   unwinding; the Python stack map holds 16384 per generation
   truth-bare       py_truth.py with neither walker nor unwinding: what its
                    samples cost before any Python work (its kernel stacks:
                    py_truth writes to a file)
@@ -80,6 +85,21 @@ for t in ts: t.start()
 descend(DEPTH, end)
 for t in ts: t.join()
 """
+NEW = r"""
+import random, sys, time
+def a(n, end):
+    return (a if random.random() < 0.5 else b)(n - 1, end) if n else spin(end)
+def b(n, end):
+    return (a if random.random() < 0.5 else b)(n - 1, end) if n else spin(end)
+def spin(end):
+    t = time.perf_counter() + 0.0003
+    while time.perf_counter() < t:
+        pass
+    return time.perf_counter() < end
+end = time.perf_counter() + float(sys.argv[1])
+while a(40, end):
+    pass
+"""
 
 
 def run_stats(fd: int) -> tuple[int, int]:
@@ -111,6 +131,8 @@ def workload(kind: str, bins: dict[str, Path], seconds: float) -> list[list[str]
         return [[str(PY311), "-c", DEEP, s, "2", "60"]]
     if kind in ("python-pure", "pure-bare"):
         return [[str(PY311), "-c", DEEP, s, "2", "5"]]
+    if kind == "python-new":
+        return [[str(PY311), "-c", NEW, s]] * 2
     return [[str(PY311), str(ROOT / "tests" / "workloads" / "py_truth.py"), s, "2"]]
 
 
@@ -119,10 +141,11 @@ def case(kind: str, bins: dict[str, Path], seconds: float, rate: int, timing: bo
     from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: PLC0415 - needs root and bcc
 
     python = kind.startswith("python")
-    unwind = kind in ("unwound", "python+unwound", "python-deep", "python-pure")
+    unwind = kind in ("unwound", "python+unwound", "python-deep", "python-pure", "python-new")
+    more = {"python_stack_entries": 16384} if kind == "python-new" else {}
     s = BpfSampler(BpfSamplerOptions(frequency=rate, pids=frozenset(), python=python, unwind=unwind,
                                      python_timing=timing and python, unwind_timing=timing and unwind,
-                                     bpf_dir=bpf_dir))
+                                     bpf_dir=bpf_dir, **more))  # type: ignore[arg-type]
     procs: list[subprocess.Popen[bytes]] = []
     try:
         s.start()
@@ -169,6 +192,8 @@ def case(kind: str, bins: dict[str, Path], seconds: float, rate: int, timing: bo
             "python_frames": python_frames / max(1, mine), "runs": cnt1 - cnt0, "run_ns": ns1 - ns0, "taken": taken,
             "workload": mine, "py_stacks": py.get("PY_STACKS", 0), "py_ns": py.get("PY_NS", 0),
             "py_walks": py.get("PY_SAMPLES", 0),
+            "py_distinct": len({tuple(f for f in st if _PY_FRAME.search(f))
+                                for (tgid, _t, _c, st) in w.counts if tgid in pids}),
             "uw_samples": uw.get("UW_SAMPLES", 0), "uw_complete": uw.get("UW_COMPLETE", 0),
             "uw_ns": uw.get("UW_NS", 0)}
 
@@ -229,7 +254,8 @@ def main() -> int:
         uwt = med([r["uw_ns"] / r["uw_samples"] for r in rs if r["uw_samples"] and r["uw_ns"]]) \
             if any(r["uw_ns"] for r in rs) else None
         uw = f"{100 * last['uw_complete'] / last['uw_samples']:.0f} %" if last["uw_samples"] else "-"
-        pys = f"{100 * last['py_stacks'] / max(1, last['taken']):.0f} %" if kind.startswith("python") else "-"
+        pys = (f"{100 * last['py_stacks'] / max(1, last['taken']):.0f} % ({last['py_distinct']} distinct)"
+               if kind.startswith("python") else "-")
         rows.append((kind, f"{per_run:.0f}", f"{per_taken:.0f} ({spread})", last["runs"], last["taken"],
                      last["workload"], f"{last['native_frames']:.1f} / {last['python_frames']:.1f}", pys, uw, f"{walk:.0f}" if walk is not None else "-",
                      f"{uwt:.0f}" if uwt is not None else "-"))

@@ -3,7 +3,7 @@
 
 Run as root from the worktree:
 
-    sudo .venv/bin/python bench/py_wrong_frames.py [-n ROUNDS] [-r HZ] [--secs S] [--python EXE ...]
+    sudo .venv/bin/python bench/py_wrong_frames.py [-n ROUNDS] [-r HZ] [--secs S] [--python EXE ...] [--daemon]
 
 Short programs written to a temporary directory, each run ROUNDS times per
 interpreter under one `flamed record --no-daemon --subprocesses` (one BPF
@@ -21,7 +21,14 @@ a program frame under a library frame, a root other than the program's
 unless an extension module's init is between them.  ``[unknown python
 code ...]`` and ``[stale python code ...]`` frames are honest, never flagged.
 Prints samples, flagged samples and the rate per interpreter, and the most
-frequent flagged pairs.  Interpreters default to python3.11 and what
+frequent flagged pairs.
+
+``--daemon`` runs the same programs through a daemon instead (``-r`` Hz,
+1 s drains, everything under a temporary directory): each interpreter is
+started through a symlink named ``fwf<k>``, so the daemon's snapshot of the
+whole run (root ``comm``) is filtered to the programs' own samples.
+``--load N`` keeps N busy shell loops running meanwhile (a loaded host: the
+profiler's own threads get the CPU later).  Interpreters default to python3.11 and what
 $(pyenv root)/versions holds of 3.11-3.13.
 """
 
@@ -29,12 +36,15 @@ from __future__ import annotations
 
 import argparse
 import collections
+import io
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,6 +187,72 @@ def _default_pythons() -> list[str]:
     return out
 
 
+def _which(py: str) -> str:
+    if os.sep in py:
+        return py
+    for d in ["/usr/bin"] + os.environ.get("PATH", "").split(os.pathsep):  # Debian's, not a pyenv shim
+        if os.access(os.path.join(d, py), os.X_OK):
+            return os.path.join(d, py)
+    raise SystemExit(f"{py}: not found")
+
+
+def _through_daemon(d: Path, rate: int, script: str, out: Path, nruns: int) -> bool:
+    """Run ``script`` under a daemon of its own; its samples of the run into ``out`` (folded, root comm)."""
+    sys.path.insert(0, str(ROOT))
+    from flamed.daemon.client import request  # noqa: PLC0415 -- the checkout's own client
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sock = d / "flamed.sock"
+    cfg = d / "flamed.toml"
+    cfg.write_text(f"""
+[sampling]
+frequency = {rate}
+drain_interval = 1.0
+[output]
+state_dir = "{d / 'profiles'}"
+rotate_interval = 600.0
+[metrics]
+address = "127.0.0.1:{port}"
+[control]
+socket = "{sock}"
+[log]
+target = "stderr"
+""")
+    log = open(d / "daemon.log", "w")
+    daemon = subprocess.Popen([sys.executable, "-m", "flamed", "daemon", "--config", str(cfg)], cwd=ROOT,
+                              stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                print((d / "daemon.log").read_text()[-3000:], file=sys.stderr)
+                return False
+            try:
+                request(str(sock), {"request": "status"}, timeout=2.0)
+                break
+            except Exception:  # noqa: BLE001 -- not listening yet
+                time.sleep(0.2)
+        time.sleep(2)
+        t0 = time.monotonic()
+        subprocess.run(["sh", "-c", script], timeout=600 + 10 * nruns, check=False)
+        time.sleep(3)  # the last windows drained
+        buf = io.BytesIO()
+        request(str(sock), {"request": "snapshot", "seconds": int(time.monotonic() - t0) + 5, "root": "comm"},
+                buf, timeout=120)
+        out.write_bytes(buf.getvalue())
+        return True
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        log.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", "--rounds", type=int, default=3, help="runs of each program per interpreter (3)")
@@ -185,8 +261,20 @@ def main() -> int:
     ap.add_argument("--programs", default=",".join(PROGRAMS), help="comma-separated subset of " + ",".join(PROGRAMS))
     ap.add_argument("--python", action="append", help="interpreter (repeatable; default: see above)")
     ap.add_argument("--keep", help="also write the recorded folded stacks to this file")
+    ap.add_argument("--daemon", action="store_true", help="through a daemon (see above), not flamed record")
+    ap.add_argument("--load", type=int, default=0, help="busy loops running meanwhile (0)")
     a = ap.parse_args()
     pythons = a.python or _default_pythons()
+    hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(a.load)]
+    try:
+        return _run(a, pythons)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def _run(a: argparse.Namespace, pythons: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="flamed-wrongframes-") as d:
         runs = []
         for name in a.programs.split(","):
@@ -196,12 +284,27 @@ def main() -> int:
                 for py in pythons:
                     runs.append(f"{shlex.quote(py)} {shlex.quote(str(Path(d, name + '.py')))} {a.secs}")
         out = Path(a.keep or Path(d, "out.folded"))
-        r = subprocess.run([sys.executable, "-m", "flamed", "record", "--no-daemon", "--subprocesses", "-r",
-                            str(a.rate), "-o", str(out), "--", "sh", "-c", "; ".join(runs)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=600 + 10 * len(runs))
-        if r.returncode != 0:
-            print(r.stderr, file=sys.stderr)
-            return 1
+        if a.daemon:
+            labels = {}
+            for k, py in enumerate(pythons):
+                link = Path(d, f"fwf{k}")
+                os.symlink(os.path.realpath(_which(py)), link)
+                labels[link.name] = py
+            runs = []
+            for _ in range(a.rounds):
+                for name in a.programs.split(","):
+                    for k in range(len(pythons)):
+                        runs.append(f"{shlex.quote(str(Path(d, f'fwf{k}')))} "
+                                    f"{shlex.quote(str(Path(d, name + '.py')))} {a.secs}")
+            if not _through_daemon(Path(d), a.rate, "; ".join(runs), out, len(runs)):
+                return 1
+        else:
+            r = subprocess.run([sys.executable, "-m", "flamed", "record", "--no-daemon", "--subprocesses", "-r",
+                                str(a.rate), "-o", str(out), "--", "sh", "-c", "; ".join(runs)],
+                               cwd=ROOT, capture_output=True, text=True, timeout=600 + 10 * len(runs))
+            if r.returncode != 0:
+                print(r.stderr, file=sys.stderr)
+                return 1
         total: collections.Counter[str] = collections.Counter()
         bad: collections.Counter[str] = collections.Counter()
         reasons: collections.Counter[str] = collections.Counter()
@@ -212,7 +315,12 @@ def main() -> int:
                 continue
             n = int(n_text)
             stack = stack_text.split(";")
-            interp = stack[0].rsplit("-", 1)[0]  # --subprocesses labels each stack with comm-pid
+            if a.daemon:  # the daemon's root frame is the comm: fwf<k>, or another process
+                if stack[0] not in labels:
+                    continue
+                interp = Path(labels[stack[0]]).name + (f" [{stack[0]}]" if len(pythons) > 1 else "")
+            else:
+                interp = stack[0].rsplit("-", 1)[0]  # --subprocesses labels each stack with comm-pid
             total[interp] += n
             honest += n * sum(1 for f in stack if f.startswith("[stale python code") or
                               f.startswith("[unknown python code"))

@@ -202,6 +202,8 @@ struct flamed_offcpu_carry {
  * those sizes (user space refuses a layout where it does not). */
 #define FLAMED_PY_TSTATE_BYTES 256
 #define FLAMED_PY_FRAME_BYTES 128
+/* At most this many bytes of a code object are read for a frame's guard. */
+#define FLAMED_PY_CODE_BYTES 128
 #define FLAMED_PY_NONE 0xffff
 
 /* flamed_pyproc.thread_match */
@@ -231,6 +233,16 @@ struct flamed_pyproc {
     __u8 frame_windows;          /* windows of the frame stack one walk may read
                                   * (bpf/python.bpf.c, FLAMED_PY_WINDOW): 0 before
                                   * 3.11, whose frames are heap objects */
+    /* A stack new in its generation gets a guard per frame: a u32 made of
+     * three fields of its code object (py_guard in bpf/python.bpf.c), read
+     * in one read of guard_len bytes (<= FLAMED_PY_CODE_BYTES, 0: no guards)
+     * at guard_base in the code object; the fields at these offsets from
+     * guard_base. */
+    __u8 guard_len;
+    __u16 guard_base;
+    __u8 guard_name;             /* co_qualname (3.11+) or co_name: a pointer */
+    __u8 guard_file;             /* co_filename: a pointer */
+    __u8 guard_line;             /* co_firstlineno: an int */
     __u8 pad;
     /* The process's PID namespace (device and inode of /proc/PID/ns/pid) when
      * it is not the one whose ids the program sees (a container): 3.11+ keep
@@ -260,6 +272,8 @@ struct flamed_pyproc {
 /* flamed_pystack.flags */
 #define FLAMED_PYSTACK_TRUNCATED 1   /* more frames than FLAMED_PY_DEPTH: the outermost are missing */
 #define FLAMED_PYSTACK_READ_FAULT 2  /* a frame could not be read: the walk stopped there */
+#define FLAMED_PYSTACK_GUARDED 4     /* guard[] holds each frame's code object guard (0: not read).
+                                      * Set after the stack's id is made: not part of it. */
 
 
 /* ---- Native stacks unwound by the program (bpf/unwind.bpf.c) ----

@@ -246,7 +246,7 @@ static __always_inline void off_switch_out(struct bpf_raw_tracepoint_args *ctx, 
         st.user_stack_id = stacks0.get_stackid(ctx, BPF_F_USER_STACK);
     }
 #if FLAMED_PYTHON
-    st.py_stack_id = py_take_timed((struct bpf_perf_event_data *)ctx, gen, key->tgid, key->tid);
+    st.py_stack_id = py_take_timed((struct bpf_perf_event_data *)ctx, gen, key->tgid, key->tid, 0);
 #endif
     /* Not counted as lost here: the wait may end below the threshold and
      * never be recorded (off_end counts the losses of recorded waits).

@@ -219,7 +219,8 @@ static __always_inline void stat_inc(u32 block, u32 which)
 #if FLAMED_PYTHON
 /* In bpf/python.bpf.c, which the loader appends to this file: bcc rewrites
  * map calls only in the text it is given, not in included files. */
-static __always_inline u64 py_take_timed(struct bpf_perf_event_data *ctx, u32 gen, u32 tgid, u32 tid);
+static __always_inline u64 py_take_timed(struct bpf_perf_event_data *ctx, u32 gen, u32 tgid, u32 tid, int guard);
+static __always_inline void py_guard_end(struct bpf_perf_event_data *ctx);
 #endif
 #if FLAMED_UNWIND
 /* In bpf/unwind.bpf.c, appended like python.bpf.c. */
@@ -387,12 +388,18 @@ static __always_inline void finish_sample(struct bpf_perf_event_data *ctx, struc
     /* Once here, not in each generation's body: the walker is the largest
      * part of the program, and every copy is compiled and verified. */
     if (!is_watched)
-        key->py_stack_id = py_take_timed(ctx, gen, key->tgid, key->tid);
+        key->py_stack_id = py_take_timed(ctx, gen, key->tgid, key->tid, 1);
 #endif
     if (gen)
         take_gen1(ctx, key, is_watched);
     else
         take_gen0(ctx, key, is_watched);
+#if FLAMED_PYTHON
+    /* A new Python stack's guards: flamed_pyguard ends the sample (returns
+     * here only when there was nothing to do, or the tail call failed). */
+    if (!is_watched)
+        py_guard_end(ctx);
+#endif
     u32 zero = 0;
     u64 *seq = inflight.lookup(&zero);
     if (seq)

@@ -11,7 +11,11 @@
  * its frames, and the hash goes into the count key, so only unique Python
  * stacks cross to user space, like the kernel and native ones.  A stack seen
  * for the first time in a generation is reported through `py_new`, so user
- * space names its code objects while the process still runs.
+ * space names its code objects while the process still runs.  Before that,
+ * at the end of the same sample, each of its frames gets a guard read from
+ * its code object (flamed_pyguard, tail-called): a code object freed and
+ * another made at its address by the time user space names it shows as a
+ * guard that differs.  Samples of stacks already stored pay nothing for it.
  *
  * Why in the kernel: the Python stack is read at the instant of the sample,
  * on the thread that was interrupted, so every kernel and native frame lands
@@ -62,12 +66,14 @@
 #define FLAMED_PY_WINDOW 2048
 #endif
 
-/* A Python stack: innermost frame first. */
+/* A Python stack: innermost frame first.  guard[] is meaningful only with
+ * FLAMED_PYSTACK_GUARDED in flags; a 0 there is a guard that was not read. */
 struct flamed_pystack {
     __u32 len;
     __u32 flags; /* FLAMED_PYSTACK_* */
     __u64 code[FLAMED_PY_DEPTH];
     __u32 instr[FLAMED_PY_DEPTH];
+    __u32 guard[FLAMED_PY_DEPTH];
 };
 
 /* What a frame step needs of one frame (scalars: the verifier can merge the
@@ -106,6 +112,21 @@ struct flamed_py_walk {
     __u8 pad[2];
 };
 
+/* A new stack whose guards flamed_pyguard is to read, at the end of the
+ * sample that stored it (the stack itself is still in the scratch). */
+struct flamed_py_pending {
+    __u64 id;
+    __u32 tgid;
+    __u32 gen;
+    __u16 base;
+    __u8 len;
+    __u8 at_name;
+    __u8 at_file;
+    __u8 at_line;
+    __u8 on; /* 1: to do */
+    __u8 pad;
+};
+
 /* Per-CPU scratch: the stack being built and the last bytes read. */
 struct flamed_py_scratch {
     struct flamed_pystack stack;
@@ -117,6 +138,9 @@ struct flamed_py_scratch {
     struct flamed_py_fields ff;
     struct flamed_py_walk walk;
     __u64 wbase; /* address of window's first byte; 0: no window */
+    /* A code object's guard fields, read by flamed_pyguard (+ 8 bytes of slack). */
+    __u8 code[FLAMED_PY_CODE_BYTES + 8];
+    struct flamed_py_pending pending;
 #if FLAMED_PY_WINDOW
     __u8 window[FLAMED_PY_WINDOW + FLAMED_PY_FRAME_BYTES + 8];
 #endif
@@ -153,6 +177,8 @@ BPF_PERCPU_ARRAY(py_scratch, struct flamed_py_scratch, 1);
 BPF_HASH(pystacks0, u64, struct flamed_pystack, FLAMED_PY_STACK_ENTRIES);
 BPF_HASH(pystacks1, u64, struct flamed_pystack, FLAMED_PY_STACK_ENTRIES);
 BPF_PERF_OUTPUT(py_new);
+/* flamed_pyguard, set by user space after loading (flamed/sampling/program.py). */
+BPF_PROG_ARRAY(py_progs, 1);
 
 
 /* One step through the interpreter's thread list: 1 when `f->tstate` is the
@@ -266,6 +292,50 @@ static __always_inline int py_frame_step(struct flamed_py_scratch *s, struct fla
     return 1;
 }
 
+/* A code object's guard: its name and file name (pointers to the string
+ * objects, kept for the code object's life) and first line, mixed into 32
+ * bits, never 0.  flamed/sampling/cpython/layout.py code_guard computes the
+ * same from the bytes user space reads. */
+static __always_inline u32 py_guard(u64 name, u64 file, u32 line)
+{
+    u64 h = flamed_mix(flamed_mix(flamed_mix(0, name), file), line);
+    u32 g = (u32)(h ^ (h >> 32));
+    return g ? g : 1;
+}
+
+/* Report a new stack through py_new: user space names it now. */
+static __always_inline void py_report_new(struct bpf_perf_event_data *ctx, u32 tgid, u32 gen, u64 id)
+{
+    struct flamed_py_new e = {};
+    e.tgid = tgid;
+    e.gen = gen;
+    e.id = id;
+    py_new.perf_submit(ctx, &e, sizeof(e));
+}
+
+/* Report the pending new stack, done. */
+static __always_inline void py_report_pending(struct bpf_perf_event_data *ctx, struct flamed_py_scratch *s)
+{
+    s->pending.on = 0;
+    py_report_new(ctx, s->pending.tgid, s->pending.gen, s->pending.id);
+}
+
+/* The end of a sample that stored a new Python stack with guards to read:
+ * flamed_pyguard reads them and ends the sample (the in-flight section).
+ * Returns when there is nothing to do, or the tail call failed (the stack is
+ * then reported unguarded, named as without guards): the caller ends the
+ * sample itself.  The off-CPU program never leaves a stack pending (its
+ * py_take reports at once), so one interrupting it cannot take its report. */
+static __always_inline void py_guard_end(struct bpf_perf_event_data *ctx)
+{
+    u32 zero = 0;
+    struct flamed_py_scratch *s = py_scratch.lookup(&zero);
+    if (!s || !s->pending.on)
+        return;
+    py_progs.call(ctx, 0);
+    py_report_pending(ctx, s);
+}
+
 /* The fs base of the current task: what pthread_self() returns in it. */
 static __always_inline u64 py_fsbase(void)
 {
@@ -280,8 +350,10 @@ static __always_inline u64 py_fsbase(void)
 }
 
 /* Walk the sampled thread's Python frames into the generation's pystacks;
- * the stack's id (0: none) for the count key. */
-static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32 tgid, u32 tid)
+ * the stack's id (0: none) for the count key.  ``guard``: a constant, 0 for a
+ * caller that does not end in py_guard_end (a new stack is then reported at
+ * once, without guards). */
+static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32 tgid, u32 tid, int guard)
 {
     struct flamed_pyproc *pp = pyprocs.lookup(&tgid);
     if (!pp)
@@ -415,11 +487,21 @@ static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32
     if (!found) {
         int err = gen ? pystacks1.insert(&id, &s->stack) : pystacks0.insert(&id, &s->stack);
         if (err == 0) {
-            struct flamed_py_new e = {};
-            e.tgid = tgid;
-            e.gen = gen;
-            e.id = id;
-            py_new.perf_submit(ctx, &e, sizeof(e));
+            if (guard && pp->guard_len) {
+                /* py_guard_end reads the guards, then reports the stack. */
+                struct flamed_py_pending *q = &s->pending;
+                q->id = id;
+                q->tgid = tgid;
+                q->gen = gen;
+                q->base = pp->guard_base;
+                q->len = pp->guard_len;
+                q->at_name = pp->guard_name;
+                q->at_file = pp->guard_file;
+                q->at_line = pp->guard_line;
+                q->on = 1;
+            } else {
+                py_report_new(ctx, tgid, gen, id);
+            }
         } else if (err != -FLAMED_EEXIST) {
             stat_inc(gen, FLAMED_STAT_PY_STACKS_FULL);
             return 0;
@@ -430,19 +512,71 @@ static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32
 }
 
 /* py_take, timed when asked (only samples of described processes count). */
-static __always_inline u64 py_take_timed(struct bpf_perf_event_data *ctx, u32 gen, u32 tgid, u32 tid)
+static __always_inline u64 py_take_timed(struct bpf_perf_event_data *ctx, u32 gen, u32 tgid, u32 tid, int guard)
 {
 #if FLAMED_PY_TIMING
     if (!pyprocs.lookup(&tgid))
         return 0;
     u64 t0 = bpf_ktime_get_ns();
-    u64 id = py_take(ctx, gen, tgid, tid);
+    u64 id = py_take(ctx, gen, tgid, tid, guard);
     u32 idx = gen * FLAMED_NSTATS + FLAMED_STAT_PY_NS;
     u64 *v = stats.lookup(&idx);
     if (v)
         *v += bpf_ktime_get_ns() - t0;
     return id;
 #else
-    return py_take(ctx, gen, tgid, tid);
+    return py_take(ctx, gen, tgid, tid, guard);
 #endif
+}
+
+/* The guards of the new stack a sample just stored (struct
+ * flamed_py_pending), tail-called at the end of that sample: each frame's
+ * code object read now, while the sampled thread is still interrupted, into
+ * the stored value's guard[], FLAMED_PYSTACK_GUARDED set, then the stack
+ * reported through py_new and the sample's in-flight section closed.  A
+ * program of its own, so the verifier walks its loop once, not once for
+ * each way the sample got here; steady state (no new stack) never comes. */
+int flamed_pyguard(struct bpf_perf_event_data *ctx)
+{
+    u32 zero = 0;
+    struct flamed_py_scratch *s = py_scratch.lookup(&zero);
+    if (!s)
+        return 0;
+    struct flamed_py_pending *q = &s->pending;
+    u32 n = s->stack.len;
+    u32 len = q->len;
+    if (len > FLAMED_PY_CODE_BYTES)
+        len = FLAMED_PY_CODE_BYTES;
+    u64 base = q->base;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < FLAMED_PY_DEPTH; i++) {
+        if (i >= n)
+            break;
+        u64 code = s->stack.code[i] & ~FLAMED_PY_ENTRY_BIT;
+        u32 g = 0;
+        if (bpf_probe_read_user(s->code, len, (void *)(code + base)) == 0) {
+            u64 name = 0, file = 0;
+            u32 line = 0;
+            __builtin_memcpy(&name, s->code + (q->at_name & (FLAMED_PY_CODE_BYTES - 1)), 8);
+            __builtin_memcpy(&file, s->code + (q->at_file & (FLAMED_PY_CODE_BYTES - 1)), 8);
+            __builtin_memcpy(&line, s->code + (q->at_line & (FLAMED_PY_CODE_BYTES - 1)), 4);
+            g = py_guard(name, file, line);
+        }
+        s->stack.guard[i] = g;
+    }
+    u64 id = q->id;
+    struct flamed_pystack *v;
+    if (q->gen)
+        v = pystacks1.lookup(&id);
+    else
+        v = pystacks0.lookup(&id);
+    if (v) {
+        __builtin_memcpy(v->guard, s->stack.guard, sizeof(v->guard));
+        v->flags |= FLAMED_PYSTACK_GUARDED; /* written once, by insert: no other writer */
+    }
+    py_report_pending(ctx, s);
+    u64 *seq = inflight.lookup(&zero);
+    if (seq)
+        __sync_fetch_and_add(seq, 1);
+    return 0;
 }

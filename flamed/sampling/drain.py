@@ -556,8 +556,10 @@ class Drainer:
                 return [(NO_THREAD_FRAME,)]
             if raw is None or py is None:
                 return [(_PY_LOST_FRAME,)]
-            frames, flags = parse_pystack(raw, depth)
-            return py.stack(tgid, frames, flags, sid=pid_)
+            frames, flags, guards = parse_pystack(raw, depth)
+            if guards is None:
+                return py.stack(tgid, frames, flags, sid=pid_)
+            return py.stack(tgid, frames, flags, sid=pid_, guards=guards)
 
         # Each key's stack is joined from parts named and encoded once each:
         # the user stack (cut where Python frames go when it has any), the

@@ -186,8 +186,11 @@ class PythonFeed(ProcessHandler):
                     continue  # drained meanwhile: the drain names it
             except Exception:  # noqa: BLE001 -- closing
                 return
-            frames, _flags = parse_pystack(bytes(leaf), program.options.python_depth)
-            self.frames.warm(tgid, frames, gen=gen, sid=sid, token=token)
+            frames, _flags, guards = parse_pystack(bytes(leaf), program.options.python_depth)
+            if guards is None:
+                self.frames.warm(tgid, frames, gen=gen, sid=sid, token=token)
+            else:
+                self.frames.warm(tgid, frames, gen=gen, sid=sid, token=token, guards=guards)
 
     def settle(self, table: ProcessTable) -> None:
         procs = list(table)

@@ -133,16 +133,19 @@ def cut_ustacks(raw: memoryview | bytes, size: int, out: bytearray, offs: array[
 def cut_pystacks(raw: memoryview | bytes, size: int, out: bytearray, offs: array[int]) -> None:
     """Append the used part of each ``struct flamed_pystack`` in ``raw``
     (``size`` bytes each: count, flags, its code addresses, its instruction
-    offsets) to ``out``, and each end's offset to ``offs``: the layout of a
-    depth of its own count, which :func:`~flamed.sampling.pyframes.parse_pystack` reads."""
-    depth = (size - 8) // 12
+    offsets, its guards) to ``out``, and each end's offset to ``offs``: the
+    layout of a depth of its own count, which
+    :func:`~flamed.sampling.pyframes.parse_pystack` reads."""
+    depth = (size - 8) // 16
     instr = 8 + 8 * depth
+    guard = instr + 4 * depth
     for i in range(0, len(raw) - size + 1, size):
         n = _U32(raw, i)[0]
         if n > depth:
             n = depth
         out += raw[i: i + 8 + 8 * n]
         out += raw[i + instr: i + instr + 4 * n]
+        out += raw[i + guard: i + guard + 4 * n]
         offs.append(len(out))
 
 

@@ -648,6 +648,8 @@ class KernelProgram:
         if self.options.unwind:
             wanted += [(n, bcc.BPF.PERF_EVENT, f"the unwinder's program {n.decode()} (verifier)")
                        for n in (b"flamed_unwind", b"flamed_finish")]
+        if self.options.python:  # tail-called at the end of a sample that stored a new Python stack
+            wanted.append((b"flamed_pyguard", bcc.BPF.PERF_EVENT, "the Python guard program (verifier)"))
         if self.options.offcpu:  # loaded (verified) now, attached with the perf events
             wanted.append((b"flamed_offcpu", bcc.BPF.RAW_TRACEPOINT, "the off-CPU program (verifier)"))
         loaded, text, err = _with_captured_stderr(lambda: _load_funcs(b, wanted))
@@ -659,6 +661,9 @@ class KernelProgram:
             progs = b["uw_progs"]
             for i in range(2):
                 progs[ct.c_int(i)] = ct.c_int(loaded[1 + i][0].fd)
+        if self.options.python:
+            at = [n for n, _k, _w in wanted].index(b"flamed_pyguard")
+            b["py_progs"][ct.c_int(0)] = ct.c_int(loaded[at][0].fd)
         self._check_layout()
 
     def fill_filters(self) -> None:

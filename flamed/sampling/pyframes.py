@@ -45,12 +45,17 @@ ENTRY_BIT = 1
 #: flamed_pystack.flags (bpf/flamed.h)
 PYSTACK_TRUNCATED = 1
 PYSTACK_READ_FAULT = 2
+#: guard[] holds each frame's code object guard (bpf/python.bpf.c flamed_pyguard)
+PYSTACK_GUARDED = 4
 
 TRUNCATED_FRAME = "[truncated python stack]"
 READ_FAULT_FRAME = "[python stack: read fault]"
 
 #: Python frames a raw frame list stands for: (code address with the entry bit, instruction position).
 RawFrames = Sequence[tuple[int, int]]
+#: Each frame's code object guard as the program read it when the stack was
+#: new (0: not read), or None (read for no frame).
+Guards = Sequence[int] | None
 
 
 @dataclass
@@ -308,10 +313,12 @@ class PythonFrames:
             return self._epochs[gen & 1]
 
     def warm(self, tgid: int, frames: RawFrames, *, gen: int | None = None, sid: int | None = None,
-             token: int | None = None) -> None:
+             token: int | None = None, guards: Guards = None) -> None:
         """Name the code objects of a new stack now, while the process runs;
         with its generation, stack id and :meth:`warm_token`, keep the names
-        for the drain of that generation."""
+        for the drain of that generation.  ``guards``: the frames' guards
+        (:func:`parse_pystack`): a frame whose code object is no longer the
+        sampled one is named ``[stale python code ...]``."""
         with self._lock:
             p = self._procs.get(tgid)
         if p is None:
@@ -319,7 +326,8 @@ class PythonFrames:
         try:
             fresh = getattr(p.symbolizer, "symbolize_fresh", None) or p.symbolizer.symbolize
             with p.lock:
-                names = fresh(self._absolute(tgid, frames))
+                names = fresh(self._absolute(tgid, frames)) if guards is None else \
+                    fresh(self._absolute(tgid, frames), guards=guards)
         except Exception as e:  # noqa: BLE001
             log.debug("warming Python frames of %d: %s", tgid, e)
             return
@@ -352,10 +360,12 @@ class PythonFrames:
                 with p.lock:
                     begin()
 
-    def stack(self, tgid: int, frames: RawFrames, flags: int, sid: int | None = None) -> list[Stack]:
+    def stack(self, tgid: int, frames: RawFrames, flags: int, sid: int | None = None,
+              guards: Guards = None) -> list[Stack]:
         """Named Python frames grouped by run of the evaluation loop, root first
         (the outermost run first, each run root first).  ``sid``: the stack's
-        id in the drained generation, whose names :meth:`warm` kept."""
+        id in the drained generation, whose names :meth:`warm` kept;
+        ``guards`` as for :meth:`warm`."""
         with self._lock:
             p = self._procs.get(tgid)
         kept = self._drain_names.get((tgid, sid)) if sid is not None else None
@@ -366,7 +376,9 @@ class PythonFrames:
         else:
             try:
                 with p.lock:
-                    names = list(p.symbolizer.symbolize(self._absolute(tgid, frames)))
+                    raw = self._absolute(tgid, frames)
+                    names = list(p.symbolizer.symbolize(raw) if guards is None else
+                                 p.symbolizer.symbolize(raw, guards=guards))
             except Exception as e:  # noqa: BLE001
                 log.debug("naming Python frames of %d: %s", tgid, e)
                 names = [f"[python code 0x{c & ~ENTRY_BIT:x}]" for c, _ in frames]
@@ -522,20 +534,25 @@ NO_THREAD_FRAME = "[python: thread not found]"
 PYSTACK_HEAD = struct.Struct("<II")
 
 
-def parse_pystack(raw: bytes | memoryview, depth: int) -> tuple[list[tuple[int, int]], int]:
-    """A ``struct flamed_pystack`` value: (frames innermost first, flags).
+def parse_pystack(raw: bytes | memoryview, depth: int) -> tuple[list[tuple[int, int]], int, tuple[int, ...] | None]:
+    """A ``struct flamed_pystack`` value: (frames innermost first, flags,
+    guards innermost first or None).
 
     Whole, or cut to the frames it holds (``mapread.cut_pystacks``): the
-    instruction offsets follow the codes of as many frames as its length gives."""
+    instruction offsets follow the codes, and the guards the instruction
+    offsets, of as many frames as its length gives.  The guards are None
+    unless the program read them (``PYSTACK_GUARDED``); a 0 among them is a
+    code object the program could not read."""
     n, flags = PYSTACK_HEAD.unpack_from(raw, 0)
-    depth = min(depth, (len(raw) - 8) // 12)
+    depth = min(depth, (len(raw) - 8) // 16)
     n = min(n, depth)
     layout = _PYSTACK_LAYOUTS.get(n)
     if layout is None:
         layout = _PYSTACK_LAYOUTS[n] = (struct.Struct(f"<{n}Q"), struct.Struct(f"<{n}I"))
     codes = layout[0].unpack_from(raw, 8)
     instrs = layout[1].unpack_from(raw, 8 + 8 * depth)
-    return list(zip(codes, instrs)), flags
+    guards = layout[1].unpack_from(raw, 8 + 12 * depth) if flags & PYSTACK_GUARDED else None
+    return list(zip(codes, instrs)), flags & ~PYSTACK_GUARDED, guards
 
 
 #: The Structs of parse_pystack by frame count (one per depth seen, at most

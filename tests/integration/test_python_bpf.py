@@ -312,3 +312,86 @@ def test_without_btf_fs_base_old_pythons_are_refused_and_said(monkeypatch: pytes
     assert frames.stats.refused["no_fsbase"] >= 1
     assert not any(_PY_FRAME.search(f) for st, _n in _stacks_of(w, {old.pid}) for f in st)
     assert any(_PY_FRAME.search(f) for st, _n in _stacks_of(w, {new.pid}) for f in st)
+
+
+class _LateFrames:
+    """Builds a PythonFrames whose naming of one process's new stacks (the
+    priming thread's :meth:`warm`) waits until a file exists: the naming comes
+    after the code objects it names were freed and replaced, as it does now
+    and then on a busy host, but every time."""
+
+    @staticmethod
+    def make() -> Any:
+        from flamed.sampling.pyframes import PythonFrames
+
+        class Late(PythonFrames):
+            hold_pid = 0
+            until: Path | None = None
+
+            def warm(self, tgid: int, frames: Any, **kw: Any) -> None:
+                if tgid == self.hold_pid and self.until is not None:
+                    deadline = time.monotonic() + 30
+                    while not self.until.exists() and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                super().warm(tgid, frames, **kw)
+
+        return Late()
+
+
+@pytest.fixture(scope="module")
+def late_sampler() -> Iterator[Any]:
+    need(have_root(), "root (BPF and perf events need CAP_BPF/CAP_PERFMON)")
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
+
+    frames = _LateFrames.make()
+    s = BpfSampler(BpfSamplerOptions(frequency=199, python=True, python_depth=128), python_frames=frames)
+    s.start()
+    try:
+        yield s, frames
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("version", INTERPRETERS)
+def test_a_code_object_replaced_before_it_is_named_is_never_given_its_successors_name(
+        late_sampler: Any, tmp_path: Path, version: str) -> None:
+    """A module's top level spins 1 s, its import ends (the code object is
+    freed) and 2,000 code objects of the same size are made, one at its
+    address; only then are the module's stacks named.  The stacks carry each
+    frame's guard, read when they were new: the module's frames are
+    ``[stale python code ...]``, never a ``decoy_N.py`` that never ran (the
+    names the code objects at those addresses had when named, before)."""
+    sampler, frames = late_sampler
+    exe = _interpreter(version)
+    script = WORKLOADS / "freed_code.py"
+    # Held on stdin until the test knows its pid: only its naming waits.
+    go = ("import runpy, sys\nsys.stdin.readline()\n"
+          f"sys.argv = [{str(script)!r}, {str(tmp_path)!r}, '1.0', '1.5']\n"
+          f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    sampler.drain()
+    p = subprocess.Popen([str(exe), "-c", go], stdin=subprocess.PIPE)
+    try:
+        frames.hold_pid, frames.until = p.pid, tmp_path / "reused"
+        assert p.stdin is not None
+        p.stdin.write(b"go\n")
+        p.stdin.close()
+        assert p.wait(timeout=60) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        frames.hold_pid = 0
+    time.sleep(0.3)  # the priming thread names the last stacks
+    w = sampler.drain()
+    if (tmp_path / "reused").read_text() != "1":
+        pytest.skip("no code object took the freed one's address here (the allocator's choice)")
+    stacks = _stacks_of(w, {p.pid})
+    wrong = [(s, n) for s, n in stacks if any("decoy_" in f for f in s)]
+    module = sum(n for s, n in stacks if any("spun_module.py:" in f for f in s))
+    stale = sum(n for s, n in stacks if any(f.startswith("[stale python code 0x") for f in s))
+    total = sum(n for _, n in stacks)
+    assert not wrong, [[f for f in s if ".py:" in f or "python code" in f] for s, _ in wrong[:3]]
+    # The module's samples are still there: under the marker (nothing named it while it lived).
+    assert stale + module >= 50, (stale, module, total)
+    assert any(f.startswith("after_import (") for s, _ in stacks for f in s)

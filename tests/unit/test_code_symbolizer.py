@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import pytest
 
+from flamed.sampling.cpython.layout import code_guard
 from flamed.sampling.cpython.process import Target, probe
 from flamed.sampling.cpython.symbolize import CodeSymbolizer
 from flamed.sampling.pyframes import (
@@ -91,6 +93,105 @@ def test_a_stale_code_object_is_not_named_from_the_index(target: Target) -> None
     assert sym.symbolize([frame]) == [f"[stale python code 0x{code:x}]"]
     sym.begin_batch()
     assert sym.symbolize([frame]) == [_name(_alpha)]
+
+
+def _guard_of(fn: object) -> int:
+    """The guard bpf/python.bpf.c reads for a frame of ``fn``: from the code
+    object's fields as this process sees them (ids are addresses)."""
+    c = fn.__code__  # type: ignore[attr-defined]
+    return code_guard(id(c.co_qualname), id(c.co_filename), c.co_firstlineno)
+
+
+def test_a_frame_whose_guard_matches_is_named_by_its_code_object(target: Target) -> None:
+    """The guard the symbolizer computes from the bytes it reads is the one
+    made of the code object's fields (the layout's offsets are right), and a
+    cached code object with the sample's guard names the frame without a read."""
+    sym = CodeSymbolizer.for_target(target)
+    sym.begin_batch()
+    stack = [_frames(target, _alpha), _frames(target, _beta, entry=True)]
+    guards = [_guard_of(_alpha), _guard_of(_beta)]
+    assert guards[0] != guards[1]
+    assert sym.symbolize_fresh(stack, guards=guards) == [_name(_alpha), _name(_beta)]
+    assert sym.stats["guard_stale"] == 0
+    reads = sym.memory.syscalls
+    # A new stack (recheck) would read every cached code object again; their guards say they need not.
+    assert sym.symbolize_fresh(stack, guards=guards) == [_name(_alpha), _name(_beta)]
+    sym.begin_batch()
+    assert sym.symbolize(stack, guards=guards) == [_name(_alpha), _name(_beta)]
+    assert sym.memory.syscalls == reads
+    # A cached code object whose memory changed since (guard bytes): the sample's guard is
+    # still the cached one's, so the name is still the sampled code object's.
+    code = stack[0][0]
+    sym._cache[code].guard = b"\0" * len(sym._cache[code].guard)  # noqa: SLF001
+    sym.begin_batch()
+    assert sym.symbolize(stack, guards=guards) == [_name(_alpha), _name(_beta)]
+
+
+def test_a_frame_whose_guard_differs_is_marked_stale_not_named(target: Target) -> None:
+    """The code object at the address is not the sampled one (freed, another
+    made there): the marker, on a new stack and at the drain; a guard of 0
+    (not read) names as without guards."""
+    sym = CodeSymbolizer.for_target(target)
+    sym.begin_batch()
+    stack = [_frames(target, _alpha), _frames(target, _beta)]
+    other = _guard_of(_beta) ^ 0x5A5A  # as if another code object had been sampled at _alpha's address
+    code = stack[0][0]
+    for name in ("symbolize_fresh", "symbolize", "symbolize"):
+        got = getattr(sym, name)(stack, guards=[other, _guard_of(_beta)])
+        assert got == [f"[stale python code 0x{code:x}]", _name(_beta)], name
+    assert sym.stats["guard_stale"] >= 2
+    assert sym.symbolize(stack, guards=[0, _guard_of(_beta)]) == [_name(_alpha), _name(_beta)]
+    assert sym.symbolize(stack) == [_name(_alpha), _name(_beta)]
+    # Guards that do not fit the frames are not used (a value cut short).
+    assert sym.symbolize(stack, guards=[other]) == [_name(_alpha), _name(_beta)]
+
+
+class _FreedAt:
+    """This process's memory, except that the object at ``addr`` reads as freed
+    once ``freed`` is set: its first word is the allocator's free-list pointer,
+    every other byte as it was (a freed code object keeps its fields, so its
+    guard, until its memory is reused)."""
+
+    def __init__(self, inner: Any, addr: int) -> None:
+        self.inner, self.addr, self.freed = inner, addr, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _patch(self, addr: int, data: bytes | None) -> bytes | None:
+        if self.freed and data is not None and addr == self.addr:
+            return (0x7F1234567000).to_bytes(8, "little") + data[8:]
+        return data
+
+    def read(self, addr: int, size: int) -> bytes | None:
+        return self._patch(addr, self.inner.read(addr, size))
+
+    def read_many(self, pieces: Any) -> list[bytes | None]:
+        return [self._patch(a, d) for (a, _n), d in zip(pieces, self.inner.read_many(pieces))]
+
+
+def test_a_freed_code_object_is_not_named_from_its_memory(target: Target) -> None:
+    """A freed code object still holds its fields (its guard matches the
+    sample's) but its name string may be another object by now: it is named
+    only from what was read while it lived, else ``[unknown python code]``."""
+    from flamed.sampling.cpython.memory import ProcessMemory
+
+    frame = _frames(target, _alpha)
+    code = frame[0]
+    mem = _FreedAt(ProcessMemory(os.getpid()), code)
+    sym = CodeSymbolizer(target.pid, target.start_time, target.layout, memory=mem)  # type: ignore[arg-type]
+    mem.freed = True
+    sym.begin_batch()
+    assert sym.symbolize_fresh([frame], guards=[_guard_of(_alpha)]) == [f"[unknown python code 0x{code:x}]"]
+    assert sym.symbolize([frame]) == [f"[unknown python code 0x{code:x}]"]
+    assert sym.stats["freed"] >= 2
+    # Read while it lived: that name stands for its samples after it was freed.
+    mem.freed = False
+    assert sym.symbolize_fresh([frame], guards=[_guard_of(_alpha)]) == [_name(_alpha)]
+    mem.freed = True
+    sym.begin_batch()
+    assert sym.symbolize_fresh([frame], guards=[_guard_of(_alpha)]) == [_name(_alpha)]
+    assert sym.symbolize([frame], guards=[_guard_of(_alpha)]) == [_name(_alpha)]
 
 
 def test_an_instruction_outside_the_code_object_is_not_named_by_it(target: Target) -> None:

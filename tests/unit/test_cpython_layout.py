@@ -15,6 +15,7 @@ from support import ROOT, need
 from flamed.sampling.cpython import elf
 from flamed.sampling.cpython.errors import LayoutError, UnsupportedVersion
 from flamed.sampling.cpython.layout import (
+    CODE_BYTES,
     FRAME_BYTES,
     PYPROC_SIZE,
     TSTATE_BYTES,
@@ -26,11 +27,12 @@ from flamed.sampling.cpython.layout import (
 PYPROC_FIELDS = (
     "interp_head_addr version thread_match flags interp_threads_head tstate_next tstate_thread "
     "tstate_frame cframe_frame frame_code frame_previous frame_instr frame_owner frame_is_entry "
-    "owner_cstack instr_size pad ns_dev ns_ino gil_lo gil_hi"
+    "owner_cstack instr_size frame_windows guard_len guard_base guard_name guard_file guard_line pad "
+    "ns_dev ns_ino gil_lo gil_hi"
 ).split()
 HEADER_DEFINES = (
     "FLAMED_PY_TSTATE_BYTES FLAMED_PY_FRAME_BYTES FLAMED_PY_NONE FLAMED_PY_MATCH_TID "
-    "FLAMED_PY_MATCH_FSBASE FLAMED_PY_CFRAME FLAMED_PY_ENTRY_BIT"
+    "FLAMED_PY_MATCH_FSBASE FLAMED_PY_CFRAME FLAMED_PY_ENTRY_BIT FLAMED_PY_CODE_BYTES"
 ).split()
 
 
@@ -96,6 +98,10 @@ def test_pack_is_struct_flamed_pyproc(tmp_path: Path) -> None:
     assert field("frame_is_entry") == 68
     assert field("instr_size") == 8
     assert field("pad") == 0
+    # The guard read (3.11): co_firstlineno at 72 is its start, co_qualname (128) + 8 its end.
+    assert (field("guard_base"), field("guard_len")) == (72, 64)
+    assert (field("guard_name"), field("guard_file"), field("guard_line")) == (128 - 72, 112 - 72, 0)
+    assert field("guard_len") <= facts["FLAMED_PY_CODE_BYTES"][0] == CODE_BYTES
     assert (field("ns_dev"), field("ns_ino")) == (0x801, 0xEFFFFF00)
     assert (field("gil_lo"), field("gil_hi")) == (0x7F0011220000, 0x7F0011260000)
     old = layout_for((3, 9)).pack(1)
@@ -179,6 +185,26 @@ def test_layout_matches_dwarf(minor: str) -> None:
         if name not in exprs:
             assert getattr(layout, name) is None, name
     assert layout.version == tuple(int(x) for x in minor.split("."))
+
+
+@pytest.mark.parametrize("minor", VERSIONS)
+def test_every_version_has_a_guard_read(minor: str) -> None:
+    """The fields of a frame's guard (name or qualname, filename, first line)
+    fit one read of at most CODE_BYTES in every supported version (3.13: from
+    the file's _Py_DebugOffsets), and the packed flamed_pyproc asks for it."""
+    layout = _layout_of(minor, libpython(minor)) if minor == "3.13" else _layout_of(minor, Path("/"))
+    got = layout.guard_read()
+    assert got is not None
+    base, length, at_name, at_file, at_line = got
+    assert 0 < length <= CODE_BYTES
+    assert base + at_name == layout.code_guard_name and base + at_file == layout.code_filename
+    assert base + at_line == layout.code_firstlineno
+    for at, size in ((at_name, 8), (at_file, 8), (at_line, 4)):
+        assert 0 <= at and at + size <= length
+    # Beyond one read: no guards (guard_len 0), the process is still walked.
+    far = layout.with_offsets(code_filename=layout.code_firstlineno + CODE_BYTES)
+    assert far.guard_read() is None
+    assert len(far.pack(1)) == PYPROC_SIZE
 
 
 @pytest.mark.parametrize("version", [(2, 7), (3, 6), (3, 7), (3, 14), (4, 0)])

@@ -87,15 +87,16 @@ def test_a_stack_cut_to_what_it_uses_reads_as_the_whole_value(depth: int) -> Non
         k = min(n, depth)
         codes = [r.getrandbits(64) for _ in range(k)] + [0] * (depth - k)
         instrs = [r.getrandbits(32) for _ in range(k)] + [0] * (depth - k)
-        flags = r.getrandbits(32)
-        whole = struct.pack(f"<II{depth}Q{depth}I", n, flags, *codes, *instrs)
-        whole += bytes(-len(whole) % 8)  # as the C struct is padded
-        cut = bytearray()
-        offs = array("Q", [0])
-        cut_pystacks(memoryview(whole * 3), len(whole), cut, offs)  # three in a row
-        assert list(offs) == [0, 8 + 12 * k, 2 * (8 + 12 * k), 3 * (8 + 12 * k)]
-        cut = cut[: offs[1]]
-        assert parse_pystack(bytes(cut), depth) == parse_pystack(whole, depth) == (list(zip(codes[:k], instrs[:k])), flags)
+        guards = [r.getrandbits(32) for _ in range(k)] + [0] * (depth - k)
+        for flags in (r.getrandbits(32) & ~4, r.getrandbits(32) | 4):  # guards read (4) or not
+            whole = struct.pack(f"<II{depth}Q{depth}I{depth}I", n, flags, *codes, *instrs, *guards)
+            cut = bytearray()
+            offs = array("Q", [0])
+            cut_pystacks(memoryview(whole * 3), len(whole), cut, offs)  # three in a row
+            assert list(offs) == [0, 8 + 16 * k, 2 * (8 + 16 * k), 3 * (8 + 16 * k)]
+            cut = cut[: offs[1]]
+            want = (list(zip(codes[:k], instrs[:k])), flags & ~4, tuple(guards[:k]) if flags & 4 else None)
+            assert parse_pystack(bytes(cut), depth) == parse_pystack(whole, depth) == want
 
         ips = [r.getrandbits(64) for _ in range(k)] + [0] * (depth - k)
         uwhole = struct.pack(f"<II{depth}Q", n, 2, *ips)

@@ -65,7 +65,8 @@ class _Python:
 def _pystack(frames: list[tuple[int, int]]) -> bytes:
     codes = [c for c, _ in frames] + [0] * (DEPTH - len(frames))
     instrs = [i for _, i in frames] + [0] * (DEPTH - len(frames))
-    return struct.pack("<II", len(frames), 0) + struct.pack(f"<{DEPTH}Q", *codes) + struct.pack(f"<{DEPTH}I", *instrs)
+    return (struct.pack("<II", len(frames), 0) + struct.pack(f"<{DEPTH}Q", *codes) + struct.pack(f"<{DEPTH}I", *instrs)
+            + bytes(4 * DEPTH))  # guard[]: not read (no FLAMED_PYSTACK_GUARDED)
 
 
 def _drainer() -> Drainer:

@@ -7,6 +7,7 @@ import struct
 from typing import Any
 
 from flamed.sampling.pyframes import (
+    PYSTACK_READ_FAULT,
     READ_FAULT_FRAME,
     TRUNCATED_FRAME,
     PythonFrames,
@@ -135,9 +136,24 @@ def test_parse_pystack_reads_the_struct_of_the_program() -> None:
     depth = 8
     codes = [0x1000, 0x2001, 0, 0, 0, 0, 0, 0]
     instrs = [10, 20, 0, 0, 0, 0, 0, 0]
-    raw = struct.pack("<II", 2, 1) + struct.pack(f"<{depth}Q", *codes) + struct.pack(f"<{depth}I", *instrs)
-    frames, flags = parse_pystack(raw, depth)
+    guards = [0xDEADBEEF, 7, 0, 0, 0, 0, 0, 0]
+    raw = (struct.pack("<II", 2, 1) + struct.pack(f"<{depth}Q", *codes) + struct.pack(f"<{depth}I", *instrs)
+           + struct.pack(f"<{depth}I", *guards))
+    frames, flags, got = parse_pystack(raw, depth)
     assert frames == [(0x1000, 10), (0x2001, 20)] and flags == 1
+    assert got is None  # no FLAMED_PYSTACK_GUARDED: the guards were not read, whatever the bytes say
+
+
+def test_parse_pystack_gives_the_guards_the_program_read() -> None:
+    """struct flamed_pystack's guard[] follows instr[]; FLAMED_PYSTACK_GUARDED
+    (4) says it was filled, and is not one of the flags the caller sees."""
+    depth = 4
+    raw = (struct.pack("<II", 3, 4 | 2) + struct.pack("<4Q", 0x7F00, 0x7F41, 0x7F80, 0)
+           + struct.pack("<4I", 1, 2, 3, 0) + struct.pack("<4I", 0x11111111, 0, 0x33333333, 0x44))
+    frames, flags, guards = parse_pystack(raw, depth)
+    assert frames == [(0x7F00, 1), (0x7F41, 2), (0x7F80, 3)]
+    assert flags == 2 and flags == PYSTACK_READ_FAULT
+    assert guards == (0x11111111, 0, 0x33333333)  # 0: that code object could not be read
 
 
 class _Flaky(_Target):

@@ -21,6 +21,7 @@ from flamed.sampling.cpython.errors import LayoutError, UnsupportedVersion
 #: Mirrors of bpf/flamed.h (a test compares them with the header).
 TSTATE_BYTES = 256
 FRAME_BYTES = 128
+CODE_BYTES = 128
 PY_NONE = 0xFFFF
 MATCH_TID = 0
 MATCH_FSBASE = 1
@@ -28,8 +29,9 @@ FLAG_CFRAME = 1
 ENTRY_BIT = 1
 
 #: struct flamed_pyproc, little-endian C layout: u64, u16, u8, u8, 10 x u16,
-#: u8, u8, u8, u8, then tail padding to the u64 alignment (40 bytes).
-PYPROC_FORMAT = "<QHBBHHHHHHHHHHBBBB4xQQQQ"
+#: u8, u8, u8, u8 (guard_len), u16 (guard_base), u8 x 4, then padding to the
+#: u64 alignment (48 bytes), then 4 x u64.
+PYPROC_FORMAT = "<QHBBHHHHHHHHHHBBBBHBBBB6xQQQQ"
 #: Windows of a thread's frame stack one walk of a 3.11+ process reads at
 #: most (bpf/python.bpf.c, FLAMED_PY_WINDOW): its frames sit one after the
 #: other in the interpreter's data stack.  Earlier versions' frames are heap
@@ -46,6 +48,22 @@ LineFormat = Literal["lnotab", "linetable310", "locations"]
 
 #: _Py_DebugOffsets starts with this cookie (3.13+).
 DEBUG_COOKIE = b"xdebugpy"
+
+
+def _mix(h: int, v: int) -> int:
+    """flamed_mix of bpf/profile.bpf.c."""
+    h ^= v
+    h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h ^ (h >> 29)
+
+
+def code_guard(name: int, filename: int, firstlineno: int) -> int:
+    """The guard bpf/python.bpf.c (py_guard) stores for a frame of a new stack:
+    its code object's name and file name pointers and first line, in 32 bits,
+    never 0."""
+    h = _mix(_mix(_mix(0, name), filename), firstlineno & 0xFFFFFFFF)
+    g = (h ^ (h >> 32)) & 0xFFFFFFFF
+    return g or 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +140,23 @@ class Layout:
     def version_code(self) -> int:
         return self.version[0] << 8 | self.version[1]
 
+    @property
+    def code_guard_name(self) -> int:
+        """The name field of a frame's guard: what the symbolizer names a frame by."""
+        return self.code_qualname if self.code_qualname is not None else self.code_name
+
+    def guard_read(self) -> tuple[int, int, int, int, int] | None:
+        """(base, length, name, file, line) of the one read of a code object
+        the BPF program makes for a frame's guard, the fields' offsets from
+        base; None when they do not fit CODE_BYTES (no guards then)."""
+        fields = ((self.code_guard_name, 8), (self.code_filename, 8), (self.code_firstlineno, 4))
+        base = min(off for off, _ in fields)
+        end = max(off + size for off, size in fields)
+        if end - base > CODE_BYTES or base > 0xFFFF:
+            return None
+        return base, end - base, self.code_guard_name - base, self.code_filename - base, \
+            self.code_firstlineno - base
+
     def check(self) -> None:
         """Refuse a layout whose fields the BPF walker's fixed-size reads cannot reach."""
         tstate = {
@@ -159,6 +194,7 @@ class Layout:
         ``gil_range`` the addresses [lo, hi) holding its GIL, (0, 0) if not known."""
         self.check()
         flags = FLAG_CFRAME if self.cframe_frame is not None else 0
+        guard = self.guard_read() or (0, 0, 0, 0, 0)
         return struct.pack(
             PYPROC_FORMAT,
             interp_head_addr,
@@ -178,6 +214,11 @@ class Layout:
             OWNER_CSTACK if self.frame_owner is not None else 0xFF,
             self.instr_size,
             FRAME_WINDOWS if self.version_code >= 0x030B else 0,
+            guard[1],
+            guard[0],
+            guard[2],
+            guard[3],
+            guard[4],
             0,
             pid_ns[0],
             pid_ns[1],

@@ -22,6 +22,23 @@ process ran (:meth:`~CodeSymbolizer.symbolize_fresh`, right after their
 first sample) keep those names (flamed.sampling.pyframes).  From 3.11 an
 instruction outside the code object's bytecode also shows the frame was not
 that code object's: the same marker.
+
+Where the BPF program read a guard for a frame when its stack was new
+(``guards``: :func:`~flamed.sampling.cpython.layout.code_guard` of the code
+object then at the address), the guard decides: a cached code object with
+that guard is the sampled one and names the frame without a read; else the
+code object there now is read, and named only if its guard is the sample's.
+A frame whose code object was replaced gets ``[stale python code 0x...]``
+(counted as ``guard_stale``), never its successor's name.
+
+A code object freed but not yet replaced still holds its fields (so its
+guard still matches), but not its strings: a module's ``<module>`` name is
+not interned and goes with it, and its memory soon holds another string.
+So a code object is read only while it lives: its reference count (the
+first word, where the allocator keeps its free list once it is freed) must
+be plausible, before and after its strings are read; one that is not is
+counted as ``freed`` and its frame is ``[unknown python code 0x...]``,
+unless a name read while it lived is cached.
 """
 
 from __future__ import annotations
@@ -32,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from flamed.model import sanitize_frame
-from flamed.sampling.cpython.layout import ENTRY_BIT, Layout
+from flamed.sampling.cpython.layout import ENTRY_BIT, Layout, code_guard
 from flamed.sampling.cpython.memory import ProcessMemory
 from flamed.sampling.cpython.objects import MAX_NAME, read_objects
 from flamed.sampling.cpython.process import Target
@@ -42,7 +59,12 @@ MAX_PATH = 4096
 MAX_LINETABLE = 64 << 10
 
 STAT_REASONS = ("read_failed", "not_code", "bad_string", "bad_linetable", "stale", "process_gone",
-                "outside_code")
+                "outside_code", "guard_stale", "freed")
+
+#: Above this a code object's first word is no reference count but the
+#: allocator's free-list pointer (an address): the object was freed.  A live
+#: one's count is small; an immortal one's (3.12+) at most 2**32 - 1.
+MAX_REFCNT = 0xFFFFFFFF
 
 
 @dataclass(slots=True)
@@ -53,6 +75,8 @@ class _Code:
     firstlineno: int
     linetable: bytes
     checked: int  # the batch it was last checked in
+    #: its guard as the BPF program computes it (code_guard)
+    sample_guard: int = 0
     #: 3.11+: code units of its bytecode (ob_size), to check an instruction against; 0: unknown
     units: int = 0
     #: instruction -> finished frame, bounded (a hot loop samples few instructions)
@@ -171,8 +195,9 @@ class CodeSymbolizer:
         self._cache: OrderedDict[int, _Code] = OrderedDict()
         #: (code address as given, instruction) -> frame, for code objects
         #: checked in this batch only: emptied by begin_batch and whenever an
-        #: entry leaves the cache.
-        self._named: dict[tuple[int, int], str] = {}
+        #: entry leaves the cache.  With a guard: ((address, instruction),
+        #: guard) -> frame, for a guard that matched (or 0, as without).
+        self._named: dict[object, str] = {}
         self._batch = 0
         #: Addresses whose code object changed within this batch: named
         #: ``[stale python code ...]`` by :meth:`symbolize` until the next.
@@ -218,29 +243,55 @@ class CodeSymbolizer:
             parts.append(head[lay.code_qualname : lay.code_qualname + 8])
         return b"".join(parts)
 
-    def symbolize_fresh(self, frames: Sequence[tuple[int, int]]) -> list[str]:
+    @staticmethod
+    def _alive(head: bytes) -> bool:
+        """Does the object whose first bytes are ``head`` look alive (not freed)?"""
+        return 0 < _u64(head, 0) <= MAX_REFCNT
+
+    def _sample_guard(self, head: bytes) -> int:
+        lay = self.layout
+        return code_guard(_u64(head, lay.code_guard_name), _u64(head, lay.code_filename),
+                          struct.unpack_from("<I", head, lay.code_firstlineno)[0])
+
+    def symbolize_fresh(self, frames: Sequence[tuple[int, int]], *,
+                        guards: Sequence[int] | None = None) -> list[str]:
         """:meth:`symbolize` for a stack seen for the first time, while the process
         runs: every cached code object of it is read again, even one checked in
         this drain.  A code object freed since (a module's top level, run once)
         can have left its address to a new one (the function the new stack
         shows), and a new stack is when that shows.  The names are those of
-        the code objects there now, the nearest there is to the sample's."""
-        return self.symbolize(frames, recheck=True)
+        the code objects there now, the nearest there is to the sample's
+        (with ``guards``: the sample's, or the stale marker)."""
+        return self.symbolize(frames, recheck=True, guards=guards)
 
-    def symbolize(self, frames: Sequence[tuple[int, int]], *, recheck: bool = False) -> list[str]:
-        """Frames (innermost first, as given) in ``NAME (FILENAME:LINE)`` form."""
+    def symbolize(self, frames: Sequence[tuple[int, int]], *, recheck: bool = False,
+                  guards: Sequence[int] | None = None) -> list[str]:
+        """Frames (innermost first, as given) in ``NAME (FILENAME:LINE)`` form.
+        ``guards``: each frame's guard read by the BPF program (0: not read),
+        see the module doc."""
+        if guards is not None and (len(guards) != len(frames) or not any(guards)):
+            guards = None
         if not recheck:
             try:
                 # Every code object checked in this batch already: C speed.
-                return list(map(self._named.__getitem__, frames))
+                if guards is None:
+                    return list(map(self._named.__getitem__, frames))
+                return list(map(self._named.__getitem__, zip(frames, guards)))
             except (KeyError, TypeError):
                 pass
         codes = list(dict.fromkeys(addr & ~ENTRY_BIT for addr, _ in frames))
-        self._revalidate([c for c in codes if c in self._cache], recheck=recheck)
+        cache = self._cache
+        # A cached code object with the sample's guard is the sampled one: not read again.
+        same = set()
+        if guards is not None:
+            for (addr, _), g in zip(frames, guards):
+                entry = cache.get(addr & ~ENTRY_BIT)
+                if g and entry is not None and entry.sample_guard == g:
+                    same.add(addr & ~ENTRY_BIT)
+        self._revalidate([c for c in codes if c in cache and c not in same], recheck=recheck)
         missing = [c for c in codes if c not in self._cache]
         if missing:
             self._load(missing)
-        cache = self._cache
         for code in codes:
             if code in cache:
                 cache.move_to_end(code)
@@ -250,13 +301,20 @@ class CodeSymbolizer:
         batch = self._batch
         out = []
         changed = self._changed if not recheck else frozenset()
-        for addr, instr in frames:
+        for k, (addr, instr) in enumerate(frames):
             code = addr & ~ENTRY_BIT
+            g = guards[k] if guards is not None else 0
             entry = cache.get(code)
             if entry is None:
                 out.append(f"[unknown python code 0x{code:x}]")
                 continue
-            if code in changed:
+            if g:
+                if entry.sample_guard != g:
+                    # Not the sampled code object: freed, another made there since.
+                    self._count("guard_stale")
+                    out.append(f"[stale python code 0x{code:x}]")
+                    continue
+            elif code in changed:
                 # Another code object than the sample's may be there now.
                 out.append(f"[stale python code 0x{code:x}]")
                 continue
@@ -272,8 +330,12 @@ class CodeSymbolizer:
                 frame = sanitize_frame(f"{entry.name} ({filename}:{line})")
                 if len(entry.frames) < 256:
                     entry.frames[instr] = frame
-            if (entry.checked == batch or self._gone) and code not in self._changed:
-                named[(addr, instr)] = frame
+            if guards is None:
+                if (entry.checked == batch or self._gone) and code not in self._changed:
+                    named[(addr, instr)] = frame
+            elif g or ((entry.checked == batch or self._gone) and code not in self._changed):
+                # A guard that matched names this frame whatever happens at the address later.
+                named[((addr, instr), g)] = frame
             out.append(frame)
         return out
 
@@ -342,6 +404,9 @@ class CodeSymbolizer:
             if not self._is_code_type(ob_type):
                 self._count("not_code")
                 continue
+            if not self._alive(head):
+                self._count("freed")
+                continue
             good.append((code, head))
         if not good:
             return
@@ -354,7 +419,13 @@ class CodeSymbolizer:
         tables = read_objects(self.memory, lay, [(_u64(h, lay.code_linetable), MAX_LINETABLE) for _, h in good],
                                unicode=False)
         n = len(good)
+        # Still alive, and the same, once its strings are read: else they may be another object's.
+        again = self.memory.read_many([(c, self._head_size) for c, _ in good])
         for k, (code, head) in enumerate(good):
+            after = again[k]
+            if after is None or not self._alive(after) or self._guard(after) != self._guard(head):
+                self._count("freed")
+                continue
             name, filename, table = strs[k], strs[n + k], tables[k]
             failed = next((x[0] for x in (name, filename, table) if isinstance(x, tuple)), None)
             if failed is not None:
@@ -367,6 +438,7 @@ class CodeSymbolizer:
             first = struct.unpack_from("<i", head, lay.code_firstlineno)[0]
             units = _u64(head, lay.object_type + 8) if lay.code_adaptive is not None else 0
             self._cache[code] = _Code(self._guard(head), name, filename, first, table, self._batch,
+                                      sample_guard=self._sample_guard(head),
                                       units=units if units < 1 << 31 else 0)
             while len(self._cache) > self.max_entries:
                 self._evict(next(iter(self._cache)))
