@@ -586,7 +586,7 @@ def test_sigterm_with_bpf_python_processes_writes_every_sample(require_bpf: None
 # Reloads while Python processes are profiled
 
 
-def _python_share(d: Any, pid: int, seconds: float = 3.0) -> tuple[int, int]:
+def _python_share(d: Any, pid: int, seconds: float = 2.0) -> tuple[int, int]:
     """(samples with Python frames, samples) of ``pid`` in the last ``seconds``."""
     _, payload = d.request({"request": "snapshot", "seconds": seconds, "pid": [pid], "root": "none",
                             "format": "folded"})
@@ -651,7 +651,7 @@ def test_reload_of_every_section_keeps_python_frames(require_bpf: None, require_
         line = [ln for ln in d.log().splitlines() if "keeping the running one" in ln][-1]
         assert "processors.python.rate" in line, line
         t_bad = time.time_ns()
-        d.wait_for(lambda: d.status()["last_drain_ns"] > t_bad + 3_000_000_000, 30, "3 s of windows")
+        d.wait_for(lambda: d.status()["last_drain_ns"] > t_bad + 2_000_000_000, 30, "2 s of windows")
         got = d.wait_for(python_frames, 60, "Python frames after the refused reload")
         figures.append({"reload": "processors.python.rate = 1000 (refused)", "python": got[0], "samples": got[1]})
         # The BPF walker's part is in the program and the Python processor: the
@@ -666,7 +666,7 @@ def test_reload_of_every_section_keeps_python_frames(require_bpf: None, require_
             assert d.metric("flamed_config_reloads_total", {"result": "error"}) == 1, d.log()[-2000:]
             # Only windows drained after the reload count: wait for fresh ones with Python frames.
             t_reload = time.time_ns()
-            d.wait_for(lambda: d.status()["last_drain_ns"] > t_reload + 3_000_000_000, 30, "3 s of windows")
+            d.wait_for(lambda: d.status()["last_drain_ns"] > t_reload + 2_000_000_000, 30, "2 s of windows")
             got = d.wait_for(python_frames, 60, f"Python frames after reloading {section}.{key}")
             figures.append({"reload": f"{section}.{key} = {value!r}", "python": got[0], "samples": got[1]})
         st = d.status()["processors"]["python"]

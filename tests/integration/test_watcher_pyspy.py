@@ -84,7 +84,10 @@ def pyspy_children() -> list[int]:
 
 
 def test_supervisor_counts_reasons_and_leaves_no_child(require_pyspy: str) -> None:
-    sup = PySpySupervisor(PySpyOptions(binary=require_pyspy, window_s=0.6, backoff_s=0.2, min_age_s=0))
+    # Without the daemon's py-spy clock nothing says when py-spy samples: a
+    # window ends attach_timeout_s after its start at the earliest (2 s here, not 5).
+    sup = PySpySupervisor(PySpyOptions(binary=require_pyspy, window_s=0.6, backoff_s=0.2, min_age_s=0,
+                                       attach_timeout_s=2.0))
     py = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<20: sum(range(999))"])
     sleeper = subprocess.Popen(["sleep", "5"])
     runs = []

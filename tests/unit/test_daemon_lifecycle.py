@@ -125,6 +125,7 @@ def test_sd_notify_ready_watchdog_stopping_and_sigterm_writes_last_window(tmp_pa
     # one file per minute: everything the daemon sampled is only in memory until SIGTERM
     cfg.write_text(cfg.read_text().replace("rotate_interval = 1.0", "rotate_interval = 60.0"))
     n = Notifications(tmp_path / "notify")
+    minute0 = time.time() // 60  # periods close on the minute: a run that crosses one writes a file
     p = start(cfg, {"NOTIFY_SOCKET": n.path, "WATCHDOG_USEC": "400000"})
     try:
         ready = n.wait_for("READY=1")
@@ -140,7 +141,8 @@ def test_sd_notify_ready_watchdog_stopping_and_sigterm_writes_last_window(tmp_pa
             if sum(m == "WATCHDOG=1" for m in n.messages) >= count + 2:
                 break
         st = request(str(tmp_path / "flamed.sock"), {"request": "status"})["status"]
-        assert st["files"]["count"] == 0
+        crossed = time.time() // 60 != minute0
+        assert st["files"]["count"] <= (1 if crossed else 0), st["files"]
         p.send_signal(signal.SIGTERM)
         n.wait_for("STOPPING=1")
         err = stop(p, signal_it=False)
