@@ -100,18 +100,13 @@ def _nspid(pid: int) -> list[int]:
     return []
 
 
-@pytest.mark.parametrize("version", INTERPRETERS)
-def test_pid_namespace_keeps_python_frames(sampler: Any, version: str) -> None:
-    """A busy interpreter as PID 1 of its own namespace: its 3.11+ thread
-    states hold namespace tids, which the walker matches."""
-    exe = _interpreter(version)
-    sampler.drain()
-    p, inner = _in_namespace([str(exe), "-c", BUSY.format(seconds=2.5)])
+def _drained_around(sampler: Any, p: subprocess.Popen[Any], at: float = 1.5) -> Any:
+    """The window of ``p``'s run, which must exit 0: a drain ``at`` seconds in,
+    while it runs, as the daemon's are (code objects named early are re-checked,
+    for freed and reused addresses, only while the process lives), and one
+    after it exited, merged.  ``p`` is killed if it outlives the check."""
     try:
-        assert len(_nspid(inner)) == 2, "the workload is not in a nested PID namespace"
-        # A drain while it runs, as the daemon's are: code objects named early
-        # are re-checked (freed and reused addresses) only while the process lives.
-        time.sleep(1.5)
+        time.sleep(at)
         w0 = sampler.drain()
         assert p.wait(timeout=60) == 0
     finally:
@@ -119,7 +114,21 @@ def test_pid_namespace_keeps_python_frames(sampler: Any, version: str) -> None:
             p.kill()
             p.wait()
     w = sampler.drain()
-    w.counts.update({k: w.counts.get(k, 0) + n for k, n in w0.counts.items()})
+    for k, n in w0.counts.items():
+        w.counts[k] = w.counts.get(k, 0) + n
+    return w
+
+
+@pytest.mark.parametrize("version", INTERPRETERS)
+def test_pid_namespace_keeps_python_frames(sampler: Any, version: str) -> None:
+    """A busy interpreter as PID 1 of its own namespace: its 3.11+ thread
+    states hold namespace tids, which the walker matches."""
+    exe = _interpreter(version)
+    sampler.drain()
+    p, inner = _in_namespace([str(exe), "-c", BUSY.format(seconds=2.5)])
+    nested = len(_nspid(inner)) == 2  # read while it runs (it ends by itself in 2.5 s)
+    w = _drained_around(sampler, p)
+    assert nested, "the workload is not in a nested PID namespace"
     total, named = _share(w, {inner})
     assert total >= 100, f"{version}: only {total} samples of the namespaced workload"
     assert named / total >= 0.95, f"{version}: {named}/{total} samples with Python frames in a PID namespace"
@@ -231,16 +240,7 @@ def test_threads_that_name_themselves_keep_python_frames(sampler: Any) -> None:
     sampler.drain()
     renamed0 = sampler.stats().prime_renamed_total
     p = subprocess.Popen([str(exe), "-c", RENAMING.format(seconds=2.5)])
-    try:
-        time.sleep(1.5)
-        w0 = sampler.drain()  # a drain while it runs, as the daemon's are
-        assert p.wait(timeout=60) == 0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    w = sampler.drain()
-    w.counts.update({k: w.counts.get(k, 0) + n for k, n in w0.counts.items()})
+    w = _drained_around(sampler, p)
     workers = {tid for (tgid, tid, _c, _s) in w.counts if tgid == p.pid and tid != p.pid}
     total, named = _share(w, {p.pid}, workers)
     assert total >= 100, f"only {total} samples of the renaming threads"

@@ -330,10 +330,12 @@ class CodeSymbolizer:
                 frame = sanitize_frame(f"{entry.name} ({filename}:{line})")
                 if len(entry.frames) < 256:
                     entry.frames[instr] = frame
+            # Checked in this batch and unchanged since: the next stack with this frame needs no read.
+            current = (entry.checked == batch or self._gone) and code not in self._changed
             if guards is None:
-                if (entry.checked == batch or self._gone) and code not in self._changed:
+                if current:
                     named[(addr, instr)] = frame
-            elif g or ((entry.checked == batch or self._gone) and code not in self._changed):
+            elif g or current:
                 # A guard that matched names this frame whatever happens at the address later.
                 named[((addr, instr), g)] = frame
             out.append(frame)
