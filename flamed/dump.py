@@ -224,13 +224,13 @@ def _reader(dump: ProcessDump) -> int:
     return live[0] if live else dump.pid
 
 
-def _add_python(dump: ProcessDump, proc: Path) -> None:
-    """Python frames of every thread, matched to its task; else ``python_error``."""
+def _add_python(dump: ProcessDump, proc: Path, reader: int) -> None:
+    """Python frames of every thread, matched to its task; else ``python_error``.
+    ``reader``: the task whose memory is read (:func:`_reader`)."""
     from flamed.sampling.cpython.process import Refusal, probe
     from flamed.sampling.cpython.symbolize import CodeSymbolizer
     from flamed.sampling.cpython.walk import walk_memory
 
-    reader = _reader(dump)
     target = probe(reader, proc)
     if isinstance(target, Refusal):
         dump.python_error = target.reason
@@ -297,6 +297,11 @@ def _match_threads(dump: ProcessDump, proc: Path, threads: list[PyThread], reade
     return [host.get(t.native_thread_id or 0) for t in threads]
 
 
+def _cmdline(proc: Path, task: int) -> list[str]:
+    raw = _read(proc / str(task) / "cmdline") or b""
+    return [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]]
+
+
 def dump_process(pid: int, proc: Path = Path("/proc")) -> ProcessDump:
     """Every thread of ``pid`` now; raises NoSuchProcess, NotPermitted, or
     UsageError (``pid`` is a thread of another process)."""
@@ -304,15 +309,12 @@ def dump_process(pid: int, proc: Path = Path("/proc")) -> ProcessDump:
         raise NoSuchProcess(f"no such process: {pid}")
     _check_process(proc, pid)
     _check_readable(proc, pid)
-    raw = _read(proc / str(pid) / "cmdline") or b""
-    cmdline = [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]] if raw else []
     threads, kernel_error = _tasks(proc, pid)
-    dump = ProcessDump(pid, cmdline, threads, kernel_error=kernel_error)
+    dump = ProcessDump(pid, _cmdline(proc, pid), threads, kernel_error=kernel_error)
     reader = _reader(dump)
-    if not raw and reader != pid:  # the exited main thread's command line reads as empty
-        raw = _read(proc / str(reader) / "cmdline") or b""
-        dump.cmdline = [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]] if raw else []
-    _add_python(dump, proc)
+    if not dump.cmdline and reader != pid:  # the exited main thread's command line reads as empty
+        dump.cmdline = _cmdline(proc, reader)
+    _add_python(dump, proc, reader)
     return dump
 
 
