@@ -57,6 +57,7 @@ from flamed.model import (
     normalize_weight,
     parse_task_frame,
     stack_excerpt,
+    time_unit_ns,
 )
 from flamed.outputs.base import OutputFormat, OutputOptions
 
@@ -73,8 +74,6 @@ _BACKTICK = re.compile(r"^(?P<module>[^`]+)`(?P<name>.+)$", re.S)
 LabelledSample = tuple[Stack, Weight, Mapping[str, str]]
 #: Comment carrying the exact sample rate (a period in ns cannot hold e.g. 99 Hz exactly).
 _RATE_COMMENT = "flamed.sample_rate="
-#: Nanoseconds per unit of a profile of times (``labels["unit"]``).
-_TIME_SCALE = UNIT_NS
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +178,7 @@ def to_proto(profile: Profile, labelled: Iterable[LabelledSample] | None = None)
     # Off-CPU and wall-clock time as the OpenTelemetry profiler and Parca
     # name them: one value, in nanoseconds.
     kind = profile.labels.get("kind", "")
-    time_scale = _TIME_SCALE.get(unit, 0) if kind in TIME_KINDS else 0
+    time_scale = time_unit_ns(profile) or 0
     if time_scale:
         msg.sample_type.append(pb.ValueType(type=s(kind), unit=s("nanoseconds")))
         msg.default_sample_type = s(kind)
@@ -382,9 +381,9 @@ def read_pprof(stream: BinaryIO | bytes, *, source: str = "<input>", sample_type
         # Off-CPU or wall-clock nanoseconds (ours, OpenTelemetry's, Parca's): as the unit the labels
         # name, microseconds by default (flamed's folded unit for times).
         labels.setdefault("kind", types[index])
-        if labels.get("unit") not in _TIME_SCALE:
+        if labels.get("unit") not in UNIT_NS:
             labels["unit"] = "microseconds"
-        time_div = _TIME_SCALE[labels["unit"]]
+        time_div = UNIT_NS[labels["unit"]]
     if types and types[index] not in ("samples", "cpu") and "unit" not in labels:
         labels["unit"] = types[index]
     p.labels = labels
