@@ -344,6 +344,27 @@ def test_remapped_ids_of_perf_script_are_in_the_output(tmp_path: Path, capture: 
     assert len(thread_names(timeline)) == 8
 
 
+@pytest.mark.parametrize("capture", [PERF_PID_TID, PERF_DEFAULT], ids=["pid-tid", "default"])
+def test_perf_script_summed_with_folded_input_names_each_task(tmp_path: Path, capture: Path) -> None:
+    """A folded input beside a perf script makes merge sum instead of stream; the
+    perf script's samples must still name their tasks (as the streaming merge and
+    'collapse --tid' do) and have their ids remapped, not fall back to 'comm'."""
+    extra = tmp_path / "extra.folded"
+    extra.write_text("other;work 3\n")
+    out = tmp_path / "sum.folded"
+    rc, err = run_main("merge", "--jobs", "1", str(capture), str(capture), str(extra), "-o", str(out))
+    assert rc == 0, err
+    got = collapse_folded(tmp_path, str(out))
+    assert got.pop("other;work") == 3
+    per_task = collapse_folded(tmp_path, "--tid", str(capture))
+    roots = {k.split(";", 1)[0] for k in got}
+    assert len(roots) == 8  # the 4 threads of each copy, told apart
+    assert {k for k in got if k.split(";", 1)[0] in {r.split(";", 1)[0] for r in per_task}} == set(per_task)
+    fresh = {i for r in roots for i in (parse_task_frame(r).pid, parse_task_frame(r).tid) if i is not None and i >= FRESH_ID_BASE}
+    assert fresh and f"remapped {len(fresh)} pid/tid(s)" in err
+    assert sum(got.values()) == 2 * sum(per_task.values())
+
+
 def test_task_frame_without_pid_round_trips() -> None:
     from flamed.model import Profile, Task, task_frame
 
