@@ -453,11 +453,29 @@ def _collapse(
     lo: int | None = None
     hi: int | None = None
 
-    def merge(part: ChunkResult) -> None:
+    # Stacks of inputs whose format has no events (folded, py-spy, traces...):
+    # kept whatever event is chosen among the perf scripts of the same run
+    # (they were once filed as "samples without an event field" and left out).
+    plain: dict[str, Weight] = {}
+
+    def merge(part: ChunkResult, has_events: bool = True) -> None:
         nonlocal lo, hi
         stats.merge(part.stats)
         notes.update(part.notes)
         left_out.merge_dropped(part)
+        if part.start_ns is not None and (lo is None or part.start_ns < lo):
+            lo = part.start_ns
+        if part.end_ns is not None and (hi is None or part.end_ns > hi):
+            hi = part.end_ns
+        if not has_events:
+            for ev in part.order:
+                src = part.groups[ev]
+                if not plain:
+                    plain.update(src)
+                else:
+                    for k, w in src.items():
+                        plain[k] = plain.get(k, 0) + w
+            return
         for ev in part.order:
             src = part.groups[ev]
             dst = groups.get(ev)
@@ -471,10 +489,6 @@ def _collapse(
                 for k, w in src.items():
                     dst[k] = dst.get(k, 0) + w
             event_weight[ev] += sum(src.values())
-        if part.start_ns is not None and (lo is None or part.start_ns < lo):
-            lo = part.start_ns
-        if part.end_ns is not None and (hi is None or part.end_ns > hi):
-            hi = part.end_ns
 
     total = 0
     sizes = [input_size(p) for p in inputs]
@@ -530,7 +544,7 @@ def _collapse(
                 base = 0
                 for _, part, nlines in parts:
                     part.stats.first_errors = _shift_errors(part.stats.first_errors, name, base)
-                    merge(part)
+                    merge(part, collapser.has_events)
                     base += nlines
                 lines_seen[0] += base
         finally:
@@ -546,7 +560,7 @@ def _collapse(
     local: dict[str, ChunkParser] = {}
     pool = None
     try:
-        window: deque[multiprocessing.pool.AsyncResult[ChunkResult]] = deque()
+        window: deque[tuple[multiprocessing.pool.AsyncResult[ChunkResult], bool]] = deque()
         it = tasks() if inputs else iter(())
         first = next(it, None)
         second = next(it, None) if first is not None else None
@@ -565,16 +579,18 @@ def _collapse(
                 p = local.get(task[0])
                 if p is None:
                     p = local[task[0]] = get(task[0]).parser(opts)
-                merge(p.parse(task[1], source=task[2], first_line=task[3]))
+                merge(p.parse(task[1], source=task[2], first_line=task[3]), get(task[0]).has_events)
                 continue
             if pool is None:
                 # Fork: the workers start in milliseconds and share the imported code.
                 pool = _start_pool(jobs, _init_worker, (opts,))
-            window.append(pool.apply_async(_parse_task, (task,)))
+            window.append((pool.apply_async(_parse_task, (task,)), get(task[0]).has_events))
             while len(window) >= 2 * jobs:
-                merge(window.popleft().get())
+                r, has_events = window.popleft()
+                merge(r.get(), has_events)
         while window:
-            merge(window.popleft().get())
+            r, has_events = window.popleft()
+            merge(r.get(), has_events)
     finally:
         if pool is not None:
             _stop_pool(pool)
@@ -634,7 +650,7 @@ def _collapse(
                 f"kept event {keep!r}{alias} ({where}, weight {_fmt_w(kept)}); "
                 f"also present: {others}; choose one with --event"
             )
-    texts: dict[str, Weight] = {}
+    texts: dict[str, Weight] = plain
     for e in chosen:
         g = groups[e]
         if not texts:

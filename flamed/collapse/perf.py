@@ -105,6 +105,7 @@ class PerfCollapser(Collapser):
     name = "perf"
     description = "perf script text (perf record -g; perf script [-F ...])"
     timestamped = True
+    has_events = True
     integer_weights = True
 
     def detect(self, head: bytes) -> int:

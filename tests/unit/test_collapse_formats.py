@@ -176,3 +176,25 @@ def test_bcc_multiline_stack_without_task_line_is_counted(tmp_path: Path, where:
     assert f"skipped 1 malformed line (first: {cut}:{first + 1}: bcc stack without a task and count line)" in err.getvalue()
     with pytest.raises(InputError, match=f":{first + 1}: bcc stack without a task and count line"):
         collapse([str(cut)], fmt="bcc", options=CollapseOptions(strict=True), jobs=1)
+
+
+@pytest.mark.parametrize("jobs, chunk", [(1, None), (2, 4096)], ids=["serial", "pool"])
+def test_folded_input_beside_perf_script_is_kept(tmp_path: Path, jobs: int, chunk: int | None) -> None:
+    """A folded (or py-spy) file collapsed in one run with a perf script: its stacks
+    have no event, and were filed with perf's "samples without an event field",
+    which the default event choice leaves out -- the whole file vanished."""
+    perf = tmp_path / "perf.txt"
+    perf.write_bytes(gzip.decompress((DATA / "perf" / "c-pid-tid.txt.gz").read_bytes()))
+    folded = tmp_path / "py.folded"
+    folded.write_text("main;work 7\nmain;idle 2\n" * 1000)
+    extra = {"chunk_bytes": chunk} if chunk else {}
+    alone = collapse([str(perf)], jobs=jobs, **extra)
+    for inputs in ([perf, folded], [folded, perf]):
+        res = collapse([str(p) for p in inputs], jobs=jobs, **extra)
+        got = dict(res.profile.stacks)
+        assert got.pop(("main", "work")) == 7000 and got.pop(("main", "idle")) == 2000
+        assert got == alone.profile.stacks
+        assert res.messages == alone.messages
+    # --event picks among perf's events; the folded file has none and stays.
+    ev = collapse([str(folded), str(perf)], jobs=jobs, options=CollapseOptions(event=alone.kept_event), **extra)
+    assert ev.profile.stacks[("main", "work")] == 7000
