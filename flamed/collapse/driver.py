@@ -586,11 +586,11 @@ def _collapse(
                 pool = _start_pool(jobs, _init_worker, (opts,))
             window.append((pool.apply_async(_parse_task, (task,)), get(task[0]).has_events))
             while len(window) >= 2 * jobs:
-                r, has_events = window.popleft()
-                merge(r.get(), has_events)
+                pending_part, has_events = window.popleft()
+                merge(pending_part.get(), has_events)
         while window:
-            r, has_events = window.popleft()
-            merge(r.get(), has_events)
+            pending_part, has_events = window.popleft()
+            merge(pending_part.get(), has_events)
     finally:
         if pool is not None:
             _stop_pool(pool)
