@@ -158,9 +158,12 @@ def load_profile(
     return p
 
 
-def open_sample_streams(paths: Sequence[str], stack: contextlib.ExitStack, *, strict: bool = False) -> Iterator[Sample] | None:
+def open_sample_streams(
+    paths: Sequence[str], stack: contextlib.ExitStack, *, strict: bool = False, stats: ReadStats | None = None
+) -> Iterator[Sample] | None:
     """One time-ordered stream of all inputs' samples, when every input keeps time
-    (perf script, timestamped traces); ``None`` otherwise. Files stay open in ``stack``."""
+    (perf script, timestamped traces); ``None`` otherwise. Files stay open in ``stack``.
+    Malformed lines are counted in ``stats`` as the stream is read (or raise under ``strict``)."""
     try:
         base = importlib.import_module("flamed.collapse.base")
     except ImportError:
@@ -177,7 +180,7 @@ def open_sample_streams(paths: Sequence[str], stack: contextlib.ExitStack, *, st
         if c is None or not getattr(c, "timestamped", False) or not callable(getattr(c, "samples", None)):
             return None
         opts = base.CollapseOptions(strict=strict) if strict else base.CollapseOptions()
-        streams.append(c.samples(f, opts, source=input_name(path)))
+        streams.append(c.samples(f, opts, source=input_name(path), stats=stats))
     return merge_streams(streams) if streams else None
 
 
