@@ -450,7 +450,71 @@ class PerfParser(ChunkParser):
         self, stream: BinaryIO, *, source: str, where: list[int] | None = None, stats: ReadStats | None = None
     ) -> Iterator[Sample]:
         """Samples in input order, with the perf timestamp (seconds) in ns; malformed samples
-        are counted in ``stats``."""
+        are counted in ``stats``.
+
+        The samples of one event, as collapse keeps them: ``options.event``, else
+        the first named event of the input (under every spelling of its
+        modifiers), and samples without an event field only when no sample names
+        one.  What is left out is counted and named in ``stats.notes``: a capture
+        of two events (``perf record -e cpu-clock -e task-clock``) once gave a
+        timeline and a merged trace of both, each thread's time counted twice.
+        """
+        timed = self._timed_samples(stream, source=source, lines=where is not None, stats=stats)
+        if self._want_event is not None:
+            for _, line, s in timed:
+                if where is not None:
+                    where[0] = line
+                yield s
+            return
+        kept: str | None = None  # the chosen event's base name; "" for samples without an event
+        kept_name = ""  # as the input first spelled it
+        held: list[tuple[int, Sample]] = []  # event-less samples before the first named one
+        left: dict[str, tuple[int, Weight]] = {}
+        for event, line, s in timed:
+            base = event_base(event)
+            if kept is None:
+                if not event and len(held) < _HOLD_EVENTLESS:
+                    held.append((line, s))
+                    continue
+                kept, kept_name = base, event
+                if kept:
+                    for _, h in held:
+                        n, w = left.get("", (0, 0))
+                        left[""] = (n + 1, w + h.weight)
+                else:
+                    # So many samples and still no event named: the capture has none.
+                    for h_line, h in held:
+                        if where is not None:
+                            where[0] = h_line
+                        yield h
+                held = []
+            if base != kept:
+                n, w = left.get(event, (0, 0))
+                left[event] = (n + 1, w + s.weight)
+                continue
+            if where is not None:
+                where[0] = line
+            yield s
+        for h_line, h in held:  # no sample named an event
+            if where is not None:
+                where[0] = h_line
+            yield h
+        if left and stats is not None:
+            n_out = sum(n for n, _ in left.values())
+            others = ", ".join(
+                f"{e or 'samples without an event field'} ({n:,} sample{'s' if n != 1 else ''}, weight {_fmt_weight(w)})"
+                for e, (n, w) in left.items()
+            )
+            stats.notes.append(
+                f"{source}: kept event {kept_name!r} (the first named in the input); left out {n_out:,} "
+                f"sample{'s' if n_out != 1 else ''} of other events (weight {_fmt_weight(sum(w for _, w in left.values()))}): {others}"
+            )
+
+    def _timed_samples(
+        self, stream: BinaryIO, *, source: str, lines: bool, stats: ReadStats | None
+    ) -> Iterator[tuple[str, int, Sample]]:
+        """(event, line, sample) of every sample with a time field, of ``options.event``
+        when it is set; ``line`` is the sample's input line when ``lines``, else 0."""
         bad = ChunkResult(stats=stats) if stats is not None else ChunkResult()
         want = self._want_event
         by_period = self._by_period
@@ -485,11 +549,10 @@ class PerfParser(ChunkParser):
                     if frames is None:
                         frames = self._frames_of(body.rstrip(b"\n\r "), trailing) or ""
                         self._report_junk(bad, source, lambda: _line_at(chunk, start, line))
-                    if where is not None:
+                    if lines:
                         at_line += chunk.count(b"\n", at_off, start)
                         at_off = start
-                        where[0] = at_line
-                    yield Sample(
+                    yield event, at_line if lines else 0, Sample(
                         time_ns=t_ns,
                         stack=tuple((h[0] + frames).split(";")),
                         weight=period if (by_period and period) else 1,
@@ -499,6 +562,16 @@ class PerfParser(ChunkParser):
                 line += chunk.count(b"\n")
             if not data:
                 return
+
+
+#: Event-less samples held back while no sample has named an event (a stray
+#: line read as a header comes before the real event); past this many the
+#: capture is taken to have no event field, and they are passed on.
+_HOLD_EVENTLESS = 10_000
+
+
+def _fmt_weight(w: Weight) -> str:
+    return f"{w:,}" if isinstance(w, int) else f"{w:,.3f}"
 
 
 _UNINDENTED = re.compile(rb"(?m)^[^\s]")

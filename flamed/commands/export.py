@@ -74,6 +74,8 @@ class ExportCommand(Command):
                 if stream is not None:
                     with open_output(args.output) as out:
                         fmt.write_samples(stream, out, options)
+                    for note in stats.notes:
+                        self.warn(note)
                     summary = stats.summary()
                     if summary:
                         self.warn(summary)

@@ -177,6 +177,8 @@ class MergeCommand(Command):
         return 0
 
     def _report(self, stats: MergeStats) -> None:
+        for note in stats.read.notes:
+            self.warn(note)
         summary = stats.read.summary()
         if summary:
             self.warn(summary)  # what collapse says: "skipped N malformed lines (first: FILE:LINE: why)"

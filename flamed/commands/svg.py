@@ -113,7 +113,7 @@ class SvgCommand(Command):
         return self._done(n, total, stats, options)
 
     def _done(self, boxes: int, total: Weight, stats: ReadStats, options: OutputOptions) -> int:
-        for message in (stats.summary(), total_warning(total, options)):
+        for message in (*stats.notes, stats.summary(), total_warning(total, options)):
             if message:
                 self.warn(message)
         if boxes == 0:
