@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 
 from flamed.errors import InputError
 from flamed.fastfolded import count_folded, profile_from_counts
-from flamed.fileio import GZIP_MAGIC, input_name, open_input, peek_stdin
+from flamed.fileio import GZIP_MAGIC, UTF8_BOM, input_name, open_input, peek_stdin
 from flamed.folded import ReadStats, is_differential
 from flamed.model import Profile, Sample, Weight, merge_streams
 
@@ -65,6 +65,8 @@ def stdin_head(n: int = 64 << 10) -> bytes:
             except zlib.error:
                 return b""
             ended = ended or z.eof
+        if data.startswith(UTF8_BOM):
+            data = data[len(UTF8_BOM) :]  # open_input skips it too
         head = read_head(io.BytesIO(data), n)
         if len(head) < len(data) or ended or want >= MAX_STDIN_PEEK:
             return head

@@ -43,7 +43,7 @@ from flamed.collapse import get, guess
 from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser
 from flamed.collapse.perf import _event_matches, event_base
 from flamed.errors import InputError
-from flamed.fileio import input_name, input_size, open_input
+from flamed.fileio import bom_length, input_name, input_size, open_input
 from flamed.folded import ReadStats, is_differential
 from flamed.model import EMPTY_STACK_FRAME, Profile, Stack, Weight
 
@@ -274,8 +274,9 @@ def _take_ranges(
 
 
 def _range_cuts(path: str, size: int, collapser: Collapser, parts: int) -> list[int]:
-    """Offsets cutting ``path`` into ``parts`` ranges of about equal size at record boundaries."""
-    cuts = [0]
+    """Offsets cutting ``path`` into ``parts`` ranges of about equal size at record boundaries
+    (the first after a byte order mark, which open_input skips too)."""
+    cuts = [bom_length(path)]
     with open(path, "rb") as f:
         for i in range(1, parts):
             target = size * i // parts

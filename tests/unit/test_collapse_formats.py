@@ -198,3 +198,42 @@ def test_folded_input_beside_perf_script_is_kept(tmp_path: Path, jobs: int, chun
     # --event picks among perf's events; the folded file has none and stays.
     ev = collapse([str(folded), str(perf)], jobs=jobs, options=CollapseOptions(event=alone.kept_event), **extra)
     assert ev.profile.stacks[("main", "work")] == 7000
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.mark.parametrize("jobs, chunk", [(1, None), (2, 4096)], ids=["serial", "ranged"])
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_byte_order_mark_is_not_part_of_the_first_frame(tmp_path: Path, jobs: int, chunk: int | None, gz: bool) -> None:
+    """A UTF-8 byte order mark (what some editors and Windows tools write first)
+    became part of the first sample's command: '\\ufeffhot' beside 'hot'."""
+    text = gzip.decompress((DATA / "perf" / "c-pid-tid.txt.gz").read_bytes())
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_bytes(text)
+    marked.write_bytes(gzip.compress(BOM + text) if gz else BOM + text)
+    extra = {"chunk_bytes": chunk} if chunk else {}
+    want = collapse([str(plain)], jobs=jobs, **extra).profile.stacks
+    got = collapse([str(marked)], jobs=jobs, **extra).profile.stacks
+    assert got == want and not any("\ufeff" in s[0] for s in got)
+
+
+def test_byte_order_mark_before_folded_and_trace_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import flamed.fastfolded as ff
+
+    folded = tmp_path / "f.folded"
+    folded.write_bytes(BOM + b"main;a 1\nmain;b 2\n" * 200)
+    for jobs in (1, 3):
+        monkeypatch.setattr(ff, "PARALLEL_MIN_BYTES", 0 if jobs > 1 else ff.PARALLEL_MIN_BYTES)
+        assert ff.count_folded_file(str(folded), jobs=jobs) == {b"main;a": 200, b"main;b": 400}  # svg's path
+    out = tmp_path / "top.csv"
+    assert main(["top", "--csv", "-o", str(out), str(folded)]) == 0
+    assert "\ufeff" not in out.read_text() and "main,0,0.00,600,100.00" in out.read_text()
+    # A trace is recognised by its first line, also on stdin, where the format is guessed from a peek.
+    trace = tmp_path / "t.trace"
+    trace.write_bytes(BOM + b"# flamed trace\n1.5 a;b 2\n")
+    merged = tmp_path / "m.trace"
+    with open(trace, "rb") as f:
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(f))
+        assert main(["merge", "-", "-o", str(merged)]) == 0
+    assert merged.read_text().splitlines()[1:] == ["1500000000 a;b 2"]
