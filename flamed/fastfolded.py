@@ -161,7 +161,9 @@ def count_folded_file(
 
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(len(tasks)) as pool:
-        results = pool.map(_count_range, tasks)
+        from flamed.workers import pool_workers, wait_result
+
+        results = wait_result(pool.map_async(_count_range, tasks), pool_workers(pool))
     for part, pst in results:
         if not d:
             d.update(part)

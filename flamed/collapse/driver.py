@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, BinaryIO, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 if TYPE_CHECKING:
     # multiprocessing is imported where processes are started: most runs never do,
@@ -46,6 +46,7 @@ from flamed.errors import InputError
 from flamed.fileio import bom_length, input_name, input_size, open_input
 from flamed.folded import ReadStats, is_differential
 from flamed.model import EMPTY_STACK_FRAME, Profile, Stack, Weight
+from flamed.workers import pool_workers, wait_result
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 HEAD_BYTES = 64 << 10
@@ -524,6 +525,7 @@ def _collapse(
 
         _NEXT_RANGE = multiprocessing.get_context("fork").Value("l", 0)
         rpool = _start_pool(jobs - 1, _ignore_sigint)
+        rworkers = pool_workers(rpool)
         try:
             for path, name, collapser, size in ranged:
                 result.formats[name] = collapser.name
@@ -536,7 +538,7 @@ def _collapse(
                 remote = [rpool.apply_async(_take_ranges, args) for _ in range(jobs - 1)]
                 parts = _take_ranges(*args)
                 for r in remote:
-                    parts.extend(r.get())
+                    parts.extend(wait_result(r, rworkers))
                 if prog is not None:
                     prog.advance(size)
                 # Ranges are summed in input order, so events keep their order of
@@ -560,6 +562,7 @@ def _collapse(
 
     local: dict[str, ChunkParser] = {}
     pool = None
+    workers: list[Any] = []
     try:
         window: deque[tuple[multiprocessing.pool.AsyncResult[ChunkResult], bool]] = deque()
         it = tasks() if inputs else iter(())
@@ -585,13 +588,14 @@ def _collapse(
             if pool is None:
                 # Fork: the workers start in milliseconds and share the imported code.
                 pool = _start_pool(jobs, _init_worker, (opts,))
+                workers = pool_workers(pool)
             window.append((pool.apply_async(_parse_task, (task,)), get(task[0]).has_events))
             while len(window) >= 2 * jobs:
                 pending_part, has_events = window.popleft()
-                merge(pending_part.get(), has_events)
+                merge(wait_result(pending_part, workers), has_events)
         while window:
             pending_part, has_events = window.popleft()
-            merge(pending_part.get(), has_events)
+            merge(wait_result(pending_part, workers), has_events)
     finally:
         if pool is not None:
             _stop_pool(pool)
