@@ -196,6 +196,7 @@ class PerfParser(ChunkParser):
         offset = 0
         n_blocks = 0
         header_key = _header_key_fast
+        cut_input = not data.endswith(b"\n")  # only the input's last chunk can end so
         for block in data.split(b"\n\n"):
             start = offset
             offset += len(block) + 2
@@ -220,6 +221,9 @@ class PerfParser(ChunkParser):
                 if h is None:
                     self.malformed(res, source, lambda: _line_at(data, start, first_line), "unrecognised perf script header")
                     continue
+            if cut_input and _cut_short(data, start, header, body):
+                self.malformed(res, source, lambda: _line_at(data, start, first_line), CUT_SHORT)
+                continue
             root, event, period, trailing = h
             if want is not None and event != want and not _event_matches(event, want):
                 if event not in res.groups:
@@ -377,7 +381,8 @@ class PerfParser(ChunkParser):
         if cur:
             records.append(b"\n".join(cur))
         # (Line numbers of errors in here are approximate: the blocks are rebuilt.)
-        part = self.parse(b"\n\n".join(records), source=source, first_line=_line_at(data, start, first_line) + skip)
+        # Ended by a newline, as every line of the input is: a text that is not is an input cut short.
+        part = self.parse(b"\n\n".join(records) + b"\n", source=source, first_line=_line_at(data, start, first_line) + skip)
         for ev in part.order:
             g = res.group(ev)
             for k, w in part.groups[ev].items():
@@ -531,6 +536,7 @@ class PerfParser(ChunkParser):
             else:
                 chunk, buf = buf, b""
             if chunk:
+                cut_input = not chunk.endswith(b"\n")  # only the input's last chunk can end so
                 at_off, at_line = 0, line  # incremental line numbers: counting from 0 each time is quadratic
                 for header, body, start in _records(chunk):
                     full = parse_header(header.decode("utf-8", "surrogateescape").rstrip("\r"))
@@ -539,6 +545,9 @@ class PerfParser(ChunkParser):
                         continue
                     comm, pid, tid, event, period, trailing, t_ns = full
                     if want is not None and event != want and not _event_matches(event, want):
+                        continue
+                    if cut_input and _cut_short(chunk, start, header, body):
+                        self.malformed(bad, source, _line_at(chunk, start, line), CUT_SHORT)
                         continue
                     if t_ns is None:
                         self.malformed(bad, source, _line_at(chunk, start, line), "sample without a time field")
@@ -662,6 +671,18 @@ def demangle_rust_legacy(sym: str) -> str:
     if sym.startswith("_$"):
         sym = sym[1:]  # rustc prefixes a path that starts with an escape with "_"
     return _RUST_ESC.sub(esc, sym).replace("..", "::")
+
+
+#: Why the last sample of an input that ends inside a frame line is left out.
+CUT_SHORT = "sample cut short: the input ends inside its frame lines (a capture cut off?)"
+
+
+def _cut_short(data: bytes, start: int, header: bytes, body: bytes) -> bool:
+    """Whether the sample at ``start`` (``header``, then frame lines ``body``) is cut off
+    by the end of ``data``, which ends without a newline: perf script ends every line,
+    so its last frame line, and the frames after it (the root's), are missing, and
+    the rest would make a wrong stack (a frame ``sym+0x6e7 (/usr/bin/py``, no root)."""
+    return body[:1] == b"\t" and start + len(header) + 1 + len(body) == len(data)
 
 
 def _records(chunk: bytes) -> Iterator[tuple[bytes, bytes, int]]:
