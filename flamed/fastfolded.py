@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import BinaryIO
 
 from flamed.errors import InputError
+from flamed.fileio import bom_length, skip_bom
 from flamed.folded import MAX_COUNT, ReadStats, malformed_why, parse_line
 from flamed.model import EMPTY_STACK_FRAME, Profile, Weight, decode_frame, encode_frame
 
@@ -104,7 +105,7 @@ class _Range:
 def _line_starts(path: str, parts: int) -> list[int]:
     """Byte offsets splitting ``path`` into ``parts`` ranges at line starts."""
     size = os.path.getsize(path)
-    cuts = [0]
+    cuts = [bom_length(path)]  # the first line starts after a byte order mark
     with open(path, "rb") as f:
         for i in range(1, parts):
             pos = max(size * i // parts, cuts[-1])
@@ -152,6 +153,7 @@ def count_folded_file(
     src = source or path
     if jobs <= 1 or os.path.getsize(path) < PARALLEL_MIN_BYTES:
         with open(path, "rb") as f:
+            skip_bom(f)
             return count_folded(f, counts=d, source=src, strict=strict, stats=st)
     cuts = _line_starts(path, jobs)
     tasks = [(path, a, b, src, strict) for a, b in zip(cuts, cuts[1:]) if b > a]
@@ -159,7 +161,9 @@ def count_folded_file(
 
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(len(tasks)) as pool:
-        results = pool.map(_count_range, tasks)
+        from flamed.workers import pool_workers, wait_result
+
+        results = wait_result(pool.map_async(_count_range, tasks), pool_workers(pool))
     for part, pst in results:
         if not d:
             d.update(part)

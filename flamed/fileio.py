@@ -18,12 +18,33 @@ from typing import Any, BinaryIO, TextIO, cast
 from flamed.errors import InputError, FlamedError
 
 GZIP_MAGIC = b"\x1f\x8b"
+#: What some editors and Windows tools put before UTF-8 text. It is no part of
+#: the first line: left there it made the first stack's root frame another
+#: function (``\ufeffmain`` beside ``main``), or the first perf sample's command.
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def skip_bom(f: BinaryIO) -> int:
+    """Read past a UTF-8 byte order mark at ``f``'s position (an input's start); its length, 0 or 3."""
+    peek = getattr(f, "peek", None)
+    head = peek(3)[:3] if peek is not None else b""
+    if head == UTF8_BOM:
+        f.read(3)
+        return 3
+    return 0
+
+
+def bom_length(path: str | os.PathLike[str]) -> int:
+    """3 when the file ``path`` starts with a UTF-8 byte order mark, else 0."""
+    with open(path, "rb") as f:
+        return 3 if f.read(3) == UTF8_BOM else 0
 
 
 def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
     """Open ``path`` for binary reading; ``None`` or ``-`` is stdin.
 
-    Gzip input is recognised by its magic bytes, not by the file name.
+    Gzip input is recognised by its magic bytes, not by the file name. A UTF-8
+    byte order mark at the start (of the decompressed text) is skipped.
     """
     if path is None or str(path) == "-":
         raw: BinaryIO = stdin_binary()
@@ -47,7 +68,9 @@ def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
         if name != "<stdin>":
             gz.owned = buffered
         # GzipFile has every method of BinaryIO; typeshed just does not declare it one.
+        skip_bom(cast(BinaryIO, gz))
         return cast(BinaryIO, gz)
+    skip_bom(buffered)
     return buffered
 
 

@@ -46,6 +46,9 @@ class ReadStats:
     skipped: int = 0
     first_errors: list[str] = field(default_factory=list)
     max_errors_kept: int = 5
+    #: Remarks for stderr that are not malformed lines (which event a perf
+    #: script's sample stream kept, and what it left out).
+    notes: list[str] = field(default_factory=list)
 
     def skip(self, source: str, line: int, why: str) -> None:
         self.skipped += 1
@@ -56,6 +59,7 @@ class ReadStats:
         self.lines += other.lines
         self.records += other.records
         self.skipped += other.skipped
+        self.notes.extend(other.notes)
         room = self.max_errors_kept - len(self.first_errors)
         if room > 0:
             self.first_errors.extend(other.first_errors[:room])

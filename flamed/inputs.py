@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 
 from flamed.errors import InputError
 from flamed.fastfolded import count_folded, profile_from_counts
-from flamed.fileio import GZIP_MAGIC, input_name, open_input, peek_stdin
+from flamed.fileio import GZIP_MAGIC, UTF8_BOM, input_name, open_input, peek_stdin
 from flamed.folded import ReadStats, is_differential
 from flamed.model import Profile, Sample, Weight, merge_streams
 
@@ -65,6 +65,8 @@ def stdin_head(n: int = 64 << 10) -> bytes:
             except zlib.error:
                 return b""
             ended = ended or z.eof
+        if data.startswith(UTF8_BOM):
+            data = data[len(UTF8_BOM) :]  # open_input skips it too
         head = read_head(io.BytesIO(data), n)
         if len(head) < len(data) or ended or want >= MAX_STDIN_PEEK:
             return head
@@ -158,9 +160,12 @@ def load_profile(
     return p
 
 
-def open_sample_streams(paths: Sequence[str], stack: contextlib.ExitStack, *, strict: bool = False) -> Iterator[Sample] | None:
+def open_sample_streams(
+    paths: Sequence[str], stack: contextlib.ExitStack, *, strict: bool = False, stats: ReadStats | None = None
+) -> Iterator[Sample] | None:
     """One time-ordered stream of all inputs' samples, when every input keeps time
-    (perf script, timestamped traces); ``None`` otherwise. Files stay open in ``stack``."""
+    (perf script, timestamped traces); ``None`` otherwise. Files stay open in ``stack``.
+    Malformed lines are counted in ``stats`` as the stream is read (or raise under ``strict``)."""
     try:
         base = importlib.import_module("flamed.collapse.base")
     except ImportError:
@@ -177,7 +182,7 @@ def open_sample_streams(paths: Sequence[str], stack: contextlib.ExitStack, *, st
         if c is None or not getattr(c, "timestamped", False) or not callable(getattr(c, "samples", None)):
             return None
         opts = base.CollapseOptions(strict=strict) if strict else base.CollapseOptions()
-        streams.append(c.samples(f, opts, source=input_name(path)))
+        streams.append(c.samples(f, opts, source=input_name(path), stats=stats))
     return merge_streams(streams) if streams else None
 
 

@@ -138,6 +138,10 @@ class Collapser:
     #: True when every weight is an int: the driver may then sum large files by
     #: byte range in parallel (float sums would depend on the grouping).
     integer_weights: ClassVar[bool] = False
+    #: True when samples name an event (perf script): the driver then keeps one
+    #: event of all the inputs of this kind.  Stacks of formats without events
+    #: are always kept, whatever events other inputs of the same run hold.
+    has_events: ClassVar[bool] = False
 
     def detect(self, head: bytes) -> int:
         """Confidence 0..100 that ``head`` (the first KBs of an input) is this format."""

@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, BinaryIO, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 if TYPE_CHECKING:
     # multiprocessing is imported where processes are started: most runs never do,
@@ -43,9 +43,10 @@ from flamed.collapse import get, guess
 from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser
 from flamed.collapse.perf import _event_matches, event_base
 from flamed.errors import InputError
-from flamed.fileio import input_name, input_size, open_input
+from flamed.fileio import bom_length, input_name, input_size, open_input
 from flamed.folded import ReadStats, is_differential
 from flamed.model import EMPTY_STACK_FRAME, Profile, Stack, Weight
+from flamed.workers import pool_workers, wait_result
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 HEAD_BYTES = 64 << 10
@@ -274,8 +275,9 @@ def _take_ranges(
 
 
 def _range_cuts(path: str, size: int, collapser: Collapser, parts: int) -> list[int]:
-    """Offsets cutting ``path`` into ``parts`` ranges of about equal size at record boundaries."""
-    cuts = [0]
+    """Offsets cutting ``path`` into ``parts`` ranges of about equal size at record boundaries
+    (the first after a byte order mark, which open_input skips too)."""
+    cuts = [bom_length(path)]
     with open(path, "rb") as f:
         for i in range(1, parts):
             target = size * i // parts
@@ -453,11 +455,29 @@ def _collapse(
     lo: int | None = None
     hi: int | None = None
 
-    def merge(part: ChunkResult) -> None:
+    # Stacks of inputs whose format has no events (folded, py-spy, traces...):
+    # kept whatever event is chosen among the perf scripts of the same run
+    # (they were once filed as "samples without an event field" and left out).
+    plain: dict[str, Weight] = {}
+
+    def merge(part: ChunkResult, has_events: bool = True) -> None:
         nonlocal lo, hi
         stats.merge(part.stats)
         notes.update(part.notes)
         left_out.merge_dropped(part)
+        if part.start_ns is not None and (lo is None or part.start_ns < lo):
+            lo = part.start_ns
+        if part.end_ns is not None and (hi is None or part.end_ns > hi):
+            hi = part.end_ns
+        if not has_events:
+            for ev in part.order:
+                src = part.groups[ev]
+                if not plain:
+                    plain.update(src)
+                else:
+                    for k, w in src.items():
+                        plain[k] = plain.get(k, 0) + w
+            return
         for ev in part.order:
             src = part.groups[ev]
             dst = groups.get(ev)
@@ -471,10 +491,6 @@ def _collapse(
                 for k, w in src.items():
                     dst[k] = dst.get(k, 0) + w
             event_weight[ev] += sum(src.values())
-        if part.start_ns is not None and (lo is None or part.start_ns < lo):
-            lo = part.start_ns
-        if part.end_ns is not None and (hi is None or part.end_ns > hi):
-            hi = part.end_ns
 
     total = 0
     sizes = [input_size(p) for p in inputs]
@@ -509,6 +525,7 @@ def _collapse(
 
         _NEXT_RANGE = multiprocessing.get_context("fork").Value("l", 0)
         rpool = _start_pool(jobs - 1, _ignore_sigint)
+        rworkers = pool_workers(rpool)
         try:
             for path, name, collapser, size in ranged:
                 result.formats[name] = collapser.name
@@ -521,7 +538,7 @@ def _collapse(
                 remote = [rpool.apply_async(_take_ranges, args) for _ in range(jobs - 1)]
                 parts = _take_ranges(*args)
                 for r in remote:
-                    parts.extend(r.get())
+                    parts.extend(wait_result(r, rworkers))
                 if prog is not None:
                     prog.advance(size)
                 # Ranges are summed in input order, so events keep their order of
@@ -530,7 +547,7 @@ def _collapse(
                 base = 0
                 for _, part, nlines in parts:
                     part.stats.first_errors = _shift_errors(part.stats.first_errors, name, base)
-                    merge(part)
+                    merge(part, collapser.has_events)
                     base += nlines
                 lines_seen[0] += base
         finally:
@@ -545,8 +562,9 @@ def _collapse(
 
     local: dict[str, ChunkParser] = {}
     pool = None
+    workers: list[Any] = []
     try:
-        window: deque[multiprocessing.pool.AsyncResult[ChunkResult]] = deque()
+        window: deque[tuple[multiprocessing.pool.AsyncResult[ChunkResult], bool]] = deque()
         it = tasks() if inputs else iter(())
         first = next(it, None)
         second = next(it, None) if first is not None else None
@@ -565,16 +583,19 @@ def _collapse(
                 p = local.get(task[0])
                 if p is None:
                     p = local[task[0]] = get(task[0]).parser(opts)
-                merge(p.parse(task[1], source=task[2], first_line=task[3]))
+                merge(p.parse(task[1], source=task[2], first_line=task[3]), get(task[0]).has_events)
                 continue
             if pool is None:
                 # Fork: the workers start in milliseconds and share the imported code.
                 pool = _start_pool(jobs, _init_worker, (opts,))
-            window.append(pool.apply_async(_parse_task, (task,)))
+                workers = pool_workers(pool)
+            window.append((pool.apply_async(_parse_task, (task,)), get(task[0]).has_events))
             while len(window) >= 2 * jobs:
-                merge(window.popleft().get())
+                pending_part, has_events = window.popleft()
+                merge(wait_result(pending_part, workers), has_events)
         while window:
-            merge(window.popleft().get())
+            pending_part, has_events = window.popleft()
+            merge(wait_result(pending_part, workers), has_events)
     finally:
         if pool is not None:
             _stop_pool(pool)
@@ -634,7 +655,7 @@ def _collapse(
                 f"kept event {keep!r}{alias} ({where}, weight {_fmt_w(kept)}); "
                 f"also present: {others}; choose one with --event"
             )
-    texts: dict[str, Weight] = {}
+    texts: dict[str, Weight] = plain
     for e in chosen:
         g = groups[e]
         if not texts:

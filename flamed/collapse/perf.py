@@ -105,6 +105,7 @@ class PerfCollapser(Collapser):
     name = "perf"
     description = "perf script text (perf record -g; perf script [-F ...])"
     timestamped = True
+    has_events = True
     integer_weights = True
 
     def detect(self, head: bytes) -> int:
@@ -195,6 +196,7 @@ class PerfParser(ChunkParser):
         offset = 0
         n_blocks = 0
         header_key = _header_key_fast
+        cut_input = not data.endswith(b"\n")  # only the input's last chunk can end so
         for block in data.split(b"\n\n"):
             start = offset
             offset += len(block) + 2
@@ -219,6 +221,9 @@ class PerfParser(ChunkParser):
                 if h is None:
                     self.malformed(res, source, lambda: _line_at(data, start, first_line), "unrecognised perf script header")
                     continue
+            if cut_input and _cut_short(data, start, header, body):
+                self.malformed(res, source, lambda: _line_at(data, start, first_line), CUT_SHORT)
+                continue
             root, event, period, trailing = h
             if want is not None and event != want and not _event_matches(event, want):
                 if event not in res.groups:
@@ -376,7 +381,8 @@ class PerfParser(ChunkParser):
         if cur:
             records.append(b"\n".join(cur))
         # (Line numbers of errors in here are approximate: the blocks are rebuilt.)
-        part = self.parse(b"\n\n".join(records), source=source, first_line=_line_at(data, start, first_line) + skip)
+        # Ended by a newline, as every line of the input is: a text that is not is an input cut short.
+        part = self.parse(b"\n\n".join(records) + b"\n", source=source, first_line=_line_at(data, start, first_line) + skip)
         for ev in part.order:
             g = res.group(ev)
             for k, w in part.groups[ev].items():
@@ -449,7 +455,71 @@ class PerfParser(ChunkParser):
         self, stream: BinaryIO, *, source: str, where: list[int] | None = None, stats: ReadStats | None = None
     ) -> Iterator[Sample]:
         """Samples in input order, with the perf timestamp (seconds) in ns; malformed samples
-        are counted in ``stats``."""
+        are counted in ``stats``.
+
+        The samples of one event, as collapse keeps them: ``options.event``, else
+        the first named event of the input (under every spelling of its
+        modifiers), and samples without an event field only when no sample names
+        one.  What is left out is counted and named in ``stats.notes``: a capture
+        of two events (``perf record -e cpu-clock -e task-clock``) once gave a
+        timeline and a merged trace of both, each thread's time counted twice.
+        """
+        timed = self._timed_samples(stream, source=source, lines=where is not None, stats=stats)
+        if self._want_event is not None:
+            for _, line, s in timed:
+                if where is not None:
+                    where[0] = line
+                yield s
+            return
+        kept: str | None = None  # the chosen event's base name; "" for samples without an event
+        kept_name = ""  # as the input first spelled it
+        held: list[tuple[int, Sample]] = []  # event-less samples before the first named one
+        left: dict[str, tuple[int, Weight]] = {}
+        for event, line, s in timed:
+            base = event_base(event)
+            if kept is None:
+                if not event and len(held) < _HOLD_EVENTLESS:
+                    held.append((line, s))
+                    continue
+                kept, kept_name = base, event
+                if kept:
+                    for _, h in held:
+                        n, w = left.get("", (0, 0))
+                        left[""] = (n + 1, w + h.weight)
+                else:
+                    # So many samples and still no event named: the capture has none.
+                    for h_line, h in held:
+                        if where is not None:
+                            where[0] = h_line
+                        yield h
+                held = []
+            if base != kept:
+                n, w = left.get(event, (0, 0))
+                left[event] = (n + 1, w + s.weight)
+                continue
+            if where is not None:
+                where[0] = line
+            yield s
+        for h_line, h in held:  # no sample named an event
+            if where is not None:
+                where[0] = h_line
+            yield h
+        if left and stats is not None:
+            n_out = sum(n for n, _ in left.values())
+            others = ", ".join(
+                f"{e or 'samples without an event field'} ({n:,} sample{'s' if n != 1 else ''}, weight {_fmt_weight(w)})"
+                for e, (n, w) in left.items()
+            )
+            stats.notes.append(
+                f"{source}: kept event {kept_name!r} (the first named in the input); left out {n_out:,} "
+                f"sample{'s' if n_out != 1 else ''} of other events (weight {_fmt_weight(sum(w for _, w in left.values()))}): {others}"
+            )
+
+    def _timed_samples(
+        self, stream: BinaryIO, *, source: str, lines: bool, stats: ReadStats | None
+    ) -> Iterator[tuple[str, int, Sample]]:
+        """(event, line, sample) of every sample with a time field, of ``options.event``
+        when it is set; ``line`` is the sample's input line when ``lines``, else 0."""
         bad = ChunkResult(stats=stats) if stats is not None else ChunkResult()
         want = self._want_event
         by_period = self._by_period
@@ -466,6 +536,7 @@ class PerfParser(ChunkParser):
             else:
                 chunk, buf = buf, b""
             if chunk:
+                cut_input = not chunk.endswith(b"\n")  # only the input's last chunk can end so
                 at_off, at_line = 0, line  # incremental line numbers: counting from 0 each time is quadratic
                 for header, body, start in _records(chunk):
                     full = parse_header(header.decode("utf-8", "surrogateescape").rstrip("\r"))
@@ -474,6 +545,9 @@ class PerfParser(ChunkParser):
                         continue
                     comm, pid, tid, event, period, trailing, t_ns = full
                     if want is not None and event != want and not _event_matches(event, want):
+                        continue
+                    if cut_input and _cut_short(chunk, start, header, body):
+                        self.malformed(bad, source, _line_at(chunk, start, line), CUT_SHORT)
                         continue
                     if t_ns is None:
                         self.malformed(bad, source, _line_at(chunk, start, line), "sample without a time field")
@@ -484,11 +558,10 @@ class PerfParser(ChunkParser):
                     if frames is None:
                         frames = self._frames_of(body.rstrip(b"\n\r "), trailing) or ""
                         self._report_junk(bad, source, lambda: _line_at(chunk, start, line))
-                    if where is not None:
+                    if lines:
                         at_line += chunk.count(b"\n", at_off, start)
                         at_off = start
-                        where[0] = at_line
-                    yield Sample(
+                    yield event, at_line if lines else 0, Sample(
                         time_ns=t_ns,
                         stack=tuple((h[0] + frames).split(";")),
                         weight=period if (by_period and period) else 1,
@@ -498,6 +571,16 @@ class PerfParser(ChunkParser):
                 line += chunk.count(b"\n")
             if not data:
                 return
+
+
+#: Event-less samples held back while no sample has named an event (a stray
+#: line read as a header comes before the real event); past this many the
+#: capture is taken to have no event field, and they are passed on.
+_HOLD_EVENTLESS = 10_000
+
+
+def _fmt_weight(w: Weight) -> str:
+    return f"{w:,}" if isinstance(w, int) else f"{w:,.3f}"
 
 
 _UNINDENTED = re.compile(rb"(?m)^[^\s]")
@@ -588,6 +671,18 @@ def demangle_rust_legacy(sym: str) -> str:
     if sym.startswith("_$"):
         sym = sym[1:]  # rustc prefixes a path that starts with an escape with "_"
     return _RUST_ESC.sub(esc, sym).replace("..", "::")
+
+
+#: Why the last sample of an input that ends inside a frame line is left out.
+CUT_SHORT = "sample cut short: the input ends inside its frame lines (a capture cut off?)"
+
+
+def _cut_short(data: bytes, start: int, header: bytes, body: bytes) -> bool:
+    """Whether the sample at ``start`` (``header``, then frame lines ``body``) is cut off
+    by the end of ``data``, which ends without a newline: perf script ends every line,
+    so its last frame line, and the frames after it (the root's), are missing, and
+    the rest would make a wrong stack (a frame ``sym+0x6e7 (/usr/bin/py``, no root)."""
+    return body[:1] == b"\t" and start + len(header) + 1 + len(body) == len(data)
 
 
 def _records(chunk: bytes) -> Iterator[tuple[bytes, bytes, int]]:

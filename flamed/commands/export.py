@@ -66,15 +66,20 @@ class ExportCommand(Command):
         fmt = choose(args.format, args.output)
         extra = {"sample_rate": str(args.sample_rate)} if args.sample_rate else {}
         options = OutputOptions(title=args.title, extra=extra)
+        stats = ReadStats()
         if fmt.wants_samples and not args.aggregate and args.inputs:
             # Inputs with timestamps (perf script, traces) become a timeline.
             with contextlib.ExitStack() as files:
-                stream = open_sample_streams(args.inputs, files, strict=args.strict)
+                stream = open_sample_streams(args.inputs, files, strict=args.strict, stats=stats)
                 if stream is not None:
                     with open_output(args.output) as out:
                         fmt.write_samples(stream, out, options)
+                    for note in stats.notes:
+                        self.warn(note)
+                    summary = stats.summary()
+                    if summary:
+                        self.warn(summary)
                     return 0
-        stats = ReadStats()
         profile = load_profile(args.inputs, strict=args.strict, stats=stats)
         if args.sample_rate is not None and profile.sample_rate is None:
             profile.sample_rate = args.sample_rate

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 
 from flamed.collapse import get as get_input_format
@@ -176,6 +177,8 @@ class MergeCommand(Command):
         return 0
 
     def _report(self, stats: MergeStats) -> None:
+        for note in stats.read.notes:
+            self.warn(note)
         summary = stats.read.summary()
         if summary:
             self.warn(summary)  # what collapse says: "skipped N malformed lines (first: FILE:LINE: why)"
@@ -199,7 +202,11 @@ class MergeCommand(Command):
         jobs = args.jobs if args.jobs is not None else default_jobs()
         total = Profile()
         for i, src in enumerate(sources):
-            res = collapse([src.path] if src.path is not None else [None], fmt=src.collapser.name, options=copts, jobs=jobs)
+            # A timestamped input (perf script) summed beside folded ones names its
+            # tasks as the streaming merge names them (comm-PID/TID, comm-?/TID), so
+            # its threads stay apart and its ids are remapped like any other input's.
+            src_opts = dataclasses.replace(copts, include_tid=True) if src.collapser.timestamped else copts
+            res = collapse([src.path] if src.path is not None else [None], fmt=src.collapser.name, options=src_opts, jobs=jobs)
             for m in res.messages:
                 self.warn(f"{src.name}: {m}")
             summary = res.stats.summary()

@@ -91,7 +91,7 @@ class SvgCommand(Command):
             else:
                 with contextlib.ExitStack() as files:
                     # Inputs with timestamps (perf script, traces): their samples in time order.
-                    stream = open_sample_streams(args.inputs, files, strict=args.strict)
+                    stream = open_sample_streams(args.inputs, files, strict=args.strict, stats=stats)
                     items = lanes(stream) if stream is not None else []  # one lane per thread
                 if stream is None:
                     items = list(load_profile(args.inputs, strict=args.strict, stats=stats).stacks.items())
@@ -113,7 +113,7 @@ class SvgCommand(Command):
         return self._done(n, total, stats, options)
 
     def _done(self, boxes: int, total: Weight, stats: ReadStats, options: OutputOptions) -> int:
-        for message in (stats.summary(), total_warning(total, options)):
+        for message in (*stats.notes, stats.summary(), total_warning(total, options)):
             if message:
                 self.warn(message)
         if boxes == 0:

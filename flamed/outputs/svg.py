@@ -405,7 +405,8 @@ def _hidden_block(hidden: Sequence[Box], per_unit: float | None) -> str:
             else:
                 merged.append([a, e])
         nums = " ".join(f"{format_weight(_num(a))} {format_weight(_num(e - a))}" for a, e in merged)
-        lines.append(f"{xml_escape(name).replace(chr(9), ' ').replace(chr(10), ' ')}\t{nums}\n")
+        # The script splits a line at its last tab: a tab in a name stays, as the box titles keep it.
+        lines.append(f"{xml_escape(name).replace(chr(10), ' ')}\t{nums}\n")
     return '<metadata id="hidden">\n' + "".join(lines) + "</metadata>\n"
 
 

@@ -176,3 +176,64 @@ def test_bcc_multiline_stack_without_task_line_is_counted(tmp_path: Path, where:
     assert f"skipped 1 malformed line (first: {cut}:{first + 1}: bcc stack without a task and count line)" in err.getvalue()
     with pytest.raises(InputError, match=f":{first + 1}: bcc stack without a task and count line"):
         collapse([str(cut)], fmt="bcc", options=CollapseOptions(strict=True), jobs=1)
+
+
+@pytest.mark.parametrize("jobs, chunk", [(1, None), (2, 4096)], ids=["serial", "pool"])
+def test_folded_input_beside_perf_script_is_kept(tmp_path: Path, jobs: int, chunk: int | None) -> None:
+    """A folded (or py-spy) file collapsed in one run with a perf script: its stacks
+    have no event, and were filed with perf's "samples without an event field",
+    which the default event choice leaves out -- the whole file vanished."""
+    perf = tmp_path / "perf.txt"
+    perf.write_bytes(gzip.decompress((DATA / "perf" / "c-pid-tid.txt.gz").read_bytes()))
+    folded = tmp_path / "py.folded"
+    folded.write_text("main;work 7\nmain;idle 2\n" * 1000)
+    extra = {"chunk_bytes": chunk} if chunk else {}
+    alone = collapse([str(perf)], jobs=jobs, **extra)
+    for inputs in ([perf, folded], [folded, perf]):
+        res = collapse([str(p) for p in inputs], jobs=jobs, **extra)
+        got = dict(res.profile.stacks)
+        assert got.pop(("main", "work")) == 7000 and got.pop(("main", "idle")) == 2000
+        assert got == alone.profile.stacks
+        assert res.messages == alone.messages
+    # --event picks among perf's events; the folded file has none and stays.
+    ev = collapse([str(folded), str(perf)], jobs=jobs, options=CollapseOptions(event=alone.kept_event), **extra)
+    assert ev.profile.stacks[("main", "work")] == 7000
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.mark.parametrize("jobs, chunk", [(1, None), (2, 4096)], ids=["serial", "ranged"])
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_byte_order_mark_is_not_part_of_the_first_frame(tmp_path: Path, jobs: int, chunk: int | None, gz: bool) -> None:
+    """A UTF-8 byte order mark (what some editors and Windows tools write first)
+    became part of the first sample's command: '\\ufeffhot' beside 'hot'."""
+    text = gzip.decompress((DATA / "perf" / "c-pid-tid.txt.gz").read_bytes())
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_bytes(text)
+    marked.write_bytes(gzip.compress(BOM + text) if gz else BOM + text)
+    extra = {"chunk_bytes": chunk} if chunk else {}
+    want = collapse([str(plain)], jobs=jobs, **extra).profile.stacks
+    got = collapse([str(marked)], jobs=jobs, **extra).profile.stacks
+    assert got == want and not any("\ufeff" in s[0] for s in got)
+
+
+def test_byte_order_mark_before_folded_and_trace_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import flamed.fastfolded as ff
+
+    folded = tmp_path / "f.folded"
+    folded.write_bytes(BOM + b"main;a 1\nmain;b 2\n" * 200)
+    for jobs in (1, 3):
+        monkeypatch.setattr(ff, "PARALLEL_MIN_BYTES", 0 if jobs > 1 else ff.PARALLEL_MIN_BYTES)
+        assert ff.count_folded_file(str(folded), jobs=jobs) == {b"main;a": 200, b"main;b": 400}  # svg's path
+    out = tmp_path / "top.csv"
+    assert main(["top", "--csv", "-o", str(out), str(folded)]) == 0
+    assert "\ufeff" not in out.read_text() and "main,0,0.00,600,100.00" in out.read_text()
+    # A trace is recognised by its first line, also on stdin, where the format is guessed from a peek.
+    trace = tmp_path / "t.trace"
+    trace.write_bytes(BOM + b"# flamed trace\n1.5 a;b 2\n")
+    merged = tmp_path / "m.trace"
+    with open(trace, "rb") as f:
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(f))
+        assert main(["merge", "-", "-o", str(merged)]) == 0
+    assert merged.read_text().splitlines()[1:] == ["1500000000 a;b 2"]

@@ -455,3 +455,35 @@ def test_no_callchain_comm_tid_period_is_perf_not_differential(tmp_path: Path) -
     assert f"<title>dd ({period * len(lines):,} samples, 100.00%)</title>" in text and "%;" not in text
     # difffolded.pl's own lines are still differential
     assert is_differential(b"dd;main 5622 2004008\nls;main 3 4\n")
+
+
+@pytest.mark.parametrize(
+    ("jobs", "gz"), [("1", False), ("2", False), ("2", True)], ids=["serial", "ranged", "gzip-chunks"]
+)
+def test_capture_cut_inside_a_frame_line_drops_its_last_sample(tmp_path: Path, jobs: str, gz: bool) -> None:
+    """A perf script cut off inside a frame line (a full disk, a killed perf, head -c):
+    the last sample lost its root frames, and its cut line became a frame
+    ('start_thread+0x305 (/usr/lib/x86', offset and half a path) under the bare
+    command. It is left out and reported instead."""
+    real = gzip.decompress((DATA / "perf" / "c-pid-tid.txt.gz").read_bytes())
+    last = real.rstrip(b"\n").rfind(b"\n\n") + 2  # the last sample's header
+    cut_line = real.index(b"\n\t", real.index(b"\n", last)) + 1  # its first frame line
+    cut = cut_line + 20  # inside it
+    assert b"\n" not in real[cut_line:cut]
+    whole, cut_file = tmp_path / "whole.txt", tmp_path / "cut.txt"
+    whole.write_bytes(real[:last])
+    cut_file.write_bytes(gzip.compress(real[:cut]) if gz else real[:cut])
+    expected, err0 = folded_of(tmp_path, str(whole))
+    assert err0 == ""
+    out = tmp_path / "out.folded"
+    err = io.StringIO()
+    assert main(["collapse", "--jobs", jobs, "--chunk-size", "4096", str(cut_file), "-o", str(out)], stderr=err) == 0
+    assert out.read_text() == expected
+    line = real[:last].count(b"\n") + 1
+    assert f"skipped 1 malformed line (first: {cut_file}:{line}: sample cut short" in err.getvalue()
+    # The sample stream (merge, timelines) leaves it out too.
+    trace = tmp_path / "m.trace"
+    err = io.StringIO()
+    assert main(["merge", str(cut_file), "-o", str(trace)], stderr=err) == 0
+    assert len(trace.read_text().splitlines()) == 1 + real[:last].count(b"\n\n")
+    assert f"{cut_file}:{line}: sample cut short" in err.getvalue()

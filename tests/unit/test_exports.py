@@ -453,3 +453,26 @@ def test_pprof_values_past_int64_are_an_error(tmp_path: Path, capsys: pytest.Cap
     if top is not None:
         # go prints the values through float64; the point is: no wrapped negative total, no 2014%.
         assert re.search(r"100% of 922337203685477[0-9]{4} total", top) and "-9" not in top, top
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["export", "--format", "speedscope"],
+        ["export", "--format", "chrometrace"],
+        ["svg", "--flamechart"],
+    ],
+    ids=["speedscope", "chrometrace", "flamechart"],
+)
+def test_timeline_outputs_report_skipped_lines(tmp_path: Path, cmd: list[str]) -> None:
+    """The timeline path (samples in time order) skipped a malformed line without a
+    word, where the aggregated path and collapse report it."""
+    bad = DATA / "collapse" / "trace-one-bad-line.trace"  # a real capture, line 20 cut short
+    out = tmp_path / "out"
+    err = io.StringIO()
+    assert main([*cmd, str(bad), "-o", str(out)], stderr=err) == 0
+    assert f"skipped 1 malformed line (first: {bad}:20: expected 'TIMESTAMP STACK [COUNT]')" in err.getvalue()
+    assert out.stat().st_size > 0
+    err = io.StringIO()
+    assert main([*cmd, "--strict", str(bad), "-o", str(tmp_path / "strict")], stderr=err) != 0
+    assert f"{bad}:20:" in err.getvalue() and not (tmp_path / "strict").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import random
 from pathlib import Path
@@ -342,6 +343,58 @@ def test_remapped_ids_of_perf_script_are_in_the_output(tmp_path: Path, capture: 
     timeline = tmp_path / "twice.trace.json"
     assert run_main("export", "-o", str(timeline), str(out))[0] == 0
     assert len(thread_names(timeline)) == 8
+
+
+@pytest.mark.parametrize("capture", [PERF_PID_TID, PERF_DEFAULT], ids=["pid-tid", "default"])
+def test_perf_script_summed_with_folded_input_names_each_task(tmp_path: Path, capture: Path) -> None:
+    """A folded input beside a perf script makes merge sum instead of stream; the
+    perf script's samples must still name their tasks (as the streaming merge and
+    'collapse --tid' do) and have their ids remapped, not fall back to 'comm'."""
+    extra = tmp_path / "extra.folded"
+    extra.write_text("other;work 3\n")
+    out = tmp_path / "sum.folded"
+    rc, err = run_main("merge", "--jobs", "1", str(capture), str(capture), str(extra), "-o", str(out))
+    assert rc == 0, err
+    got = collapse_folded(tmp_path, str(out))
+    assert got.pop("other;work") == 3
+    per_task = collapse_folded(tmp_path, "--tid", str(capture))
+    roots = {k.split(";", 1)[0] for k in got}
+    assert len(roots) == 8  # the 4 threads of each copy, told apart
+    assert {k for k in got if k.split(";", 1)[0] in {r.split(";", 1)[0] for r in per_task}} == set(per_task)
+    fresh = {i for r in roots for i in (parse_task_frame(r).pid, parse_task_frame(r).tid) if i is not None and i >= FRESH_ID_BASE}
+    assert fresh and f"remapped {len(fresh)} pid/tid(s)" in err
+    assert sum(got.values()) == 2 * sum(per_task.values())
+
+
+MULTI_EVENT = DATA / "perf" / "multi-event.txt.gz"  # real: perf record -e cpu-clock -e task-clock, 272 samples each
+
+
+@pytest.mark.parametrize("extra", [[], ["--sort"], ["--output-format", "folded"]], ids=["trace", "sort", "folded"])
+def test_merge_of_a_two_event_capture_keeps_one_event(tmp_path: Path, extra: list[str]) -> None:
+    """The sample stream of perf script kept every event, so a capture of two events
+    merged into a trace (and a timeline) of both: each thread's time counted twice."""
+    out = tmp_path / "out"
+    rc, err = run_main("merge", str(MULTI_EVENT), *extra, "-o", str(out))
+    assert rc == 0, err
+    # The event collapse keeps, with the stacks and weights of 'collapse --tid'.
+    assert collapse_folded(tmp_path, str(out)) == collapse_folded(tmp_path, "--tid", str(MULTI_EVENT))
+    assert "kept event 'cpu-clock' (the first named in the input); left out 272 samples of other events" in err
+    assert "task-clock (272 samples, weight 545,090,176)" in err
+
+
+@pytest.mark.parametrize("fmt", ["speedscope", "chrometrace"])
+def test_timeline_of_a_two_event_capture_keeps_one_event(tmp_path: Path, fmt: str) -> None:
+    one, both = tmp_path / "one.json", tmp_path / "both.json"
+    cpu = tmp_path / "cpu.txt"
+    # The capture with its task-clock samples cut out: the timeline must be this one's.
+    blocks = gzip.decompress(MULTI_EVENT.read_bytes()).split(b"\n\n")
+    cpu.write_bytes(b"\n\n".join(b for b in blocks if b"task-clock:" not in b.split(b"\n", 1)[0]))
+    rc, err = run_main("export", "--format", fmt, "-o", str(one), str(cpu))
+    assert rc == 0 and "left out" not in err, err
+    rc, err = run_main("export", "--format", fmt, "-o", str(both), str(MULTI_EVENT))
+    assert rc == 0, err
+    assert "left out 272 samples of other events" in err
+    assert both.read_bytes() == one.read_bytes()
 
 
 def test_task_frame_without_pid_round_trips() -> None:

@@ -401,3 +401,21 @@ def test_pyspy_raw_takes_the_fast_path_with_identical_output(tmp_path: Path) -> 
     slow = io.BytesIO()
     render_profile(collapse([str(src)]).profile, slow, OutputOptions())
     assert out.read_bytes() == slow.getvalue()
+
+
+def test_hidden_boxes_keep_a_tab_in_their_name(tmp_path: Path) -> None:
+    """The search matches drawn boxes by their title's name, which keeps a tab, and
+    boxes too narrow to draw by their <metadata id="hidden"> line; that line had the
+    tab turned into a space, so one name matched in one place and not the other."""
+    src = tmp_path / "tab.folded"
+    src.write_text("main;wide;a\tb 100000\nmain;narrow;a\tb 1\n")
+    out = tmp_path / "tab.svg"
+    assert main(["svg", str(src), "-o", str(out)]) == 0
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    root = ET.parse(out).getroot()
+    titles = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}title")]
+    assert any(t.startswith("a\tb (") for t in titles)  # the drawn one
+    hidden = root.find(".//s:metadata[@id='hidden']", ns)
+    assert hidden is not None and hidden.text is not None
+    names = [line.rpartition("\t")[0] for line in hidden.text.splitlines() if line]
+    assert "a\tb" in names
