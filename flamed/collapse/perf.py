@@ -681,8 +681,12 @@ def _cut_short(data: bytes, start: int, header: bytes, body: bytes) -> bool:
     """Whether the sample at ``start`` (``header``, then frame lines ``body``) is cut off
     by the end of ``data``, which ends without a newline: perf script ends every line,
     so its last frame line, and the frames after it (the root's), are missing, and
-    the rest would make a wrong stack (a frame ``sym+0x6e7 (/usr/bin/py``, no root)."""
-    return body[:1] == b"\t" and start + len(header) + 1 + len(body) == len(data)
+    the rest would make a wrong stack (a frame ``sym+0x6e7 (/usr/bin/py``, no root).
+    A last frame line that is whole (it ends with its ``(dso)``) is not cut: the
+    file only lacks its final newline (an edited capture), and loses nothing."""
+    if body[:1] != b"\t" or start + len(header) + 1 + len(body) != len(data):
+        return False
+    return not body.rstrip(b"\r").endswith(b")")
 
 
 def _records(chunk: bytes) -> Iterator[tuple[bytes, bytes, int]]:

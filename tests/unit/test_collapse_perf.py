@@ -487,3 +487,22 @@ def test_capture_cut_inside_a_frame_line_drops_its_last_sample(tmp_path: Path, j
     assert main(["merge", str(cut_file), "-o", str(trace)], stderr=err) == 0
     assert len(trace.read_text().splitlines()) == 1 + real[:last].count(b"\n\n")
     assert f"{cut_file}:{line}: sample cut short" in err.getvalue()
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_capture_missing_only_its_final_newline_keeps_its_last_sample(tmp_path: Path, jobs: str) -> None:
+    """A capture whose every line is whole but which lacks the final newline (an
+    edited file) is not cut short: its last frame line ends with its (dso), and
+    its last sample is counted like the others."""
+    real = gzip.decompress((DATA / "perf" / "c-pid-tid.txt.gz").read_bytes())
+    whole, bare = tmp_path / "whole.txt", tmp_path / "bare.txt"
+    whole.write_bytes(real)
+    bare.write_bytes(real.rstrip(b"\n"))
+    assert bare.read_bytes().endswith(b")")
+    expected, err0 = folded_of(tmp_path, str(whole))
+    assert err0 == ""
+    out = tmp_path / "out.folded"
+    err = io.StringIO()
+    assert main(["collapse", "--jobs", jobs, "--chunk-size", "4096", str(bare), "-o", str(out)], stderr=err) == 0
+    assert out.read_text() == expected
+    assert "cut short" not in err.getvalue()
