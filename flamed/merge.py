@@ -87,6 +87,9 @@ class Source:
     name: str
     label: str
     collapser: Collapser
+    #: The root frame of ``--label-root file``: the file name, with as many of
+    #: its directories as tell it from the other inputs' (None: the base name).
+    file_label: str | None = None
 
 
 class IdRemapper:
@@ -203,12 +206,41 @@ def _read_run(f: BinaryIO) -> Iterator[Sample]:
             yield Sample(time_ns=t, stack=stack, weight=w, pid=pid, tid=tid)
 
 
+def distinct_names(paths: list[str]) -> list[str]:
+    """Each path's base name, with as many of its last directories as it takes to
+    tell it from every other path's (``d1/x.trace``, ``d2/x.trace``); a path
+    given twice gets ``#2``, ``#3``... on its later copies."""
+    parts = [os.path.normpath(p).split(os.sep) if p else [p] for p in paths]
+    depth = [1] * len(paths)
+    for _ in range(max((len(p) for p in parts), default=1)):
+        names = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
+        # A name shared by different paths (the same path twice is told apart below).
+        owners: dict[str, set[tuple[str, ...]]] = {}
+        for n, p in zip(names, parts):
+            owners.setdefault(n, set()).add(tuple(p))
+        clash = {n for n, o in owners.items() if len(o) > 1}
+        grew = False
+        for i, n in enumerate(names):
+            if n in clash and depth[i] < len(parts[i]):
+                depth[i] += 1
+                grew = True
+        if not grew:
+            break
+    names = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
+    return out
+
+
 def root_label(src: Source, label_root: str | None) -> str | None:
     """The root frame ``label_root`` puts on every stack of ``src`` (``pid`` aside), as one frame."""
     if label_root in ("label", "host"):
         return sanitize_frame(src.label)
     if label_root == "file":
-        return sanitize_frame(os.path.basename(src.name))
+        return sanitize_frame(src.file_label or os.path.basename(src.name))
     return None
 
 

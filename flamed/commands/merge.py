@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import re
 
 from flamed.collapse import get as get_input_format
 from flamed.collapse import guess
@@ -25,6 +26,7 @@ from flamed.merge import (
     MergeStats,
     Source,
     aggregate_trace_files,
+    distinct_names,
     merge_sources,
     merge_trace_files,
     root_label,
@@ -58,12 +60,15 @@ def parse_time_arg(text: str | None, flag: str) -> int | None:
     return t
 
 
-def _default_label(path: str | None) -> str:
-    name = os.path.basename(input_name(path))
+def _default_label(path: str | None, name: str | None = None) -> str:
+    """The label of an input given no --label: its file name (``name``: with the
+    directories that tell it from the others'), without its extensions."""
+    name = name if name is not None else os.path.basename(input_name(path))
+    name, copy, nth = name.rpartition("#") if re.search(r"#\d+$", name) else (name, "", "")
     for ext in (".gz", ".trace", ".folded", ".txt", ".collapsed"):
         if name.endswith(ext) and len(name) > len(ext):
             name = name[: -len(ext)]
-    return name
+    return name + copy + nth
 
 
 class MergeCommand(Command):
@@ -135,8 +140,12 @@ class MergeCommand(Command):
             tmpdir=args.tmpdir,
         )
         copts = CollapseOptions(strict=args.strict)
+        # Two inputs of one name (d1/x.trace, d2/x.trace) keep apart by their directories.
+        distinct = distinct_names([input_name(p) for p in args.inputs])
         sources = [
-            Source(path=p, name=input_name(p), label=args.label[i] if args.label else _default_label(p), collapser=self._format(p, args.input_format))
+            Source(path=p, name=input_name(p),
+                   label=args.label[i] if args.label else _default_label(p, distinct[i]),
+                   collapser=self._format(p, args.input_format), file_label=distinct[i])
             for i, p in enumerate(args.inputs)
         ]
         timed = all(s.collapser.timestamped for s in sources)

@@ -13,7 +13,7 @@ import pytest
 from flamed.cli import main
 from flamed.collapse import get
 from flamed.errors import InputError
-from flamed.merge import FRESH_ID_BASE, IdRemapper, MergeOptions, Source, _external_sort, merge_sources
+from flamed.merge import FRESH_ID_BASE, IdRemapper, MergeOptions, Source, _external_sort, distinct_names, merge_sources
 from flamed.model import Sample, parse_task_frame
 
 
@@ -489,6 +489,34 @@ def test_label_from_a_file_name_with_a_semicolon_is_one_frame(tmp_path: Path, ro
     out = tmp_path / "o.folded"
     assert run_main("merge", "--label-root", root, str(f), "-o", str(out))[0] == 0
     assert out.read_text() == ("web:2;app;a 1\n" if root == "label" else "web:2.folded;app;a 1\n")
+
+
+@pytest.mark.parametrize("root", ["label", "file"])
+def test_inputs_of_one_name_in_two_directories_keep_apart(tmp_path: Path, root: str) -> None:
+    """d1/x.trace and d2/x.trace (one capture's name on two hosts): their default
+    labels and file roots take the directory that tells them apart, instead of
+    both becoming 'x' and their samples one root."""
+    (tmp_path / "d1").mkdir()
+    (tmp_path / "d2").mkdir()
+    a = trace(tmp_path / "d1" / "x.trace", ["1000 app-10;a 1"])
+    b = trace(tmp_path / "d2" / "x.trace", ["1500 app-10;a 1"])
+    out = tmp_path / "o.folded"
+    rc, err = run_main("merge", "--label-root", root, str(a), str(b), "-o", str(out))
+    assert rc == 0, err
+    roots = {line.split(";", 1)[0] for line in out.read_text().splitlines()}
+    assert roots == ({"d1/x", "d2/x"} if root == "label" else {"d1/x.trace", "d2/x.trace"})
+    # The same file twice: told apart by order.
+    rc, err = run_main("merge", "--label-root", root, str(a), str(a), "-o", str(out))
+    assert rc == 0, err
+    roots = {line.split(";", 1)[0] for line in out.read_text().splitlines()}
+    assert roots == ({"x", "x#2"} if root == "label" else {"x.trace", "x.trace#2"})
+
+
+def test_distinct_names() -> None:
+    assert distinct_names(["a/b/x.t", "c/b/x.t", "y.t"]) == ["a/b/x.t", "c/b/x.t", "y.t"]
+    assert distinct_names(["/h1/p.trace", "/h2/p.trace"]) == ["h1/p.trace", "h2/p.trace"]
+    assert distinct_names(["p", "p", "q"]) == ["p", "p#2", "q"]
+    assert distinct_names(["-"]) == ["-"]
 
 
 # -- gzip on standard input ----------------------------------------------------------
