@@ -18,6 +18,10 @@ MAX_NAME = 1024
 #: Put after a str cut at its read limit (a name or file name longer than
 #: that is shown by its beginning, not given up).
 CUT_MARK = "..."
+#: Characters a str read for a frame may claim and still be taken for one
+#: (and cut): a longer length is a misread, not a name, and is refused as
+#: before names were cut, so a wrong layout still fails validation.
+MAX_LENGTH = 1 << 20
 #: Bytes read of a str or bytes object in the first read: header plus a
 #: typical name, so most strings need one read.
 _SPECULATIVE = 160
@@ -32,7 +36,7 @@ def _decode_unicode(layout: Layout, head: bytes, limit: int) -> tuple[int, int, 
     kind = (state >> 2) & 7
     compact = (state >> 5) & 1
     ascii_ = (state >> 6) & 1
-    if not compact or kind not in (1, 2, 4) or length < 0 or (ascii_ and kind != 1):
+    if not compact or kind not in (1, 2, 4) or not 0 <= length <= MAX_LENGTH or (ascii_ and kind != 1):
         return "bad_string"
     size = length * kind
     cut = size > limit
