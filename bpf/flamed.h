@@ -214,7 +214,8 @@ struct flamed_offcpu_carry {
 #define FLAMED_PY_CFRAME 1        /* tstate_frame points to a _PyCFrame: frame = *(cframe + cframe_frame) */
 
 struct flamed_pyproc {
-    __u64 interp_head_addr;      /* address of the pointer _PyRuntime.interpreters.head */
+    __u64 interp_addr;           /* address of the pointer _PyRuntime.interpreters.main (the main
+                                  * interpreter; interpreters.head is the newest one) */
     __u16 version;               /* major << 8 | minor */
     __u8 thread_match;           /* FLAMED_PY_MATCH_* */
     __u8 flags;                  /* FLAMED_PY_* flags */

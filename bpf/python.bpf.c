@@ -399,7 +399,7 @@ static __always_inline u64 py_take(struct bpf_perf_event_data *ctx, u32 gen, u32
             f.tstate = *resume;
         if (!f.tstate) {
             u64 interp = 0;
-            if (bpf_probe_read_user(&interp, sizeof(interp), (void *)pp->interp_head_addr) != 0 || !interp) {
+            if (bpf_probe_read_user(&interp, sizeof(interp), (void *)pp->interp_addr) != 0 || !interp) {
                 stat_inc(gen, FLAMED_STAT_PY_NO_THREAD);
                 return FLAMED_PY_ID_NO_THREAD;
             }

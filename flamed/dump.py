@@ -238,7 +238,7 @@ def _add_python(dump: ProcessDump, proc: Path, reader: int) -> None:
     dump.python_version = _version_text(target.version, target.hexversion)
     dump.interpreter = target.interpreter
     mem = target.memory()
-    if mem.read(target.interp_head_addr, 8) is None and mem.last_errno == errno.EPERM:
+    if mem.read(target.interp_addr, 8) is None and mem.last_errno == errno.EPERM:
         raise NotPermitted(f"cannot read the memory of pid {dump.pid}: run as root or grant CAP_SYS_PTRACE")
     st = target.state(mem)
     for attempt in range(VALIDATE_TRIES):
@@ -252,7 +252,7 @@ def _add_python(dump: ProcessDump, proc: Path, reader: int) -> None:
     if st.kind == "invalid" or (st.kind == "not_yet" and target.state(mem).kind != "ready"):
         dump.python_error = st.reason
         return
-    walk = walk_memory(mem, target.layout, target.interp_head_addr, max_threads=MAX_THREADS, max_depth=MAX_DEPTH)
+    walk = walk_memory(mem, target.layout, target.interp_addr, max_threads=MAX_THREADS, max_depth=MAX_DEPTH)
     if walk is None:
         dump.python_error = f"cannot read the interpreter of pid {dump.pid} any more (errno {mem.last_errno})"
         return

@@ -129,7 +129,7 @@ def test_symbolizer_counts_garbage_and_never_raises(spawn: list[subprocess.Popen
     target = probe(proc.pid)
     assert isinstance(target, Target)
     sym = CodeSymbolizer.for_target(target)
-    result = walk_memory(ProcessMemory(proc.pid), target.layout, target.interp_head_addr)
+    result = walk_memory(ProcessMemory(proc.pid), target.layout, target.interp_addr)
     assert result is not None
     tstate = result.threads[0].tstate
     frames = sym.symbolize([(8, 0), (tstate, 0)])

@@ -247,6 +247,113 @@ def test_dump_when_the_main_thread_has_exited(which: str, tmp_path: Path) -> Non
     assert by_tid[ids["sleeper"]]["python"]["frames"][0]["function"] == "nap"
 
 
+SUBINTERPRETER_SCRIPT = """\
+import os, sys, threading
+try:
+    import _interpreters as interpreters  # 3.13
+except ImportError:
+    import _xxsubinterpreters as interpreters  # 3.8-3.12
+sub = interpreters.create()  # a thread state of the main thread in the new interpreter
+
+def stuck_handler():
+    threading.Event().wait()  # STUCK_LINE
+
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write("{}")
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+stuck_handler()
+"""
+
+
+@pytest.mark.parametrize("which", ["3.8", "3.12", "3.13"])
+def test_dump_of_a_process_with_a_subinterpreter_reads_the_main_interpreter(which: str, tmp_path: Path) -> None:
+    """A process that made a subinterpreter: ``interpreters.head`` is the new
+    interpreter, whose only thread state (the main thread's, made by
+    ``create()``) has no frame.  The dump reads the main interpreter's
+    threads; before, the main thread read ``(no Python frame)`` (3.8-3.12)
+    or nothing (3.13)."""
+    need(have_root(), "root (process_vm_readv of another process, kernel stacks)")
+    exe = _exe(which)
+    script = tmp_path / "with_subinterpreter.py"
+    script.write_text(SUBINTERPRETER_SCRIPT)
+    ready = tmp_path / "ready.json"
+    line = next(i for i, ln in enumerate(SUBINTERPRETER_SCRIPT.splitlines(), 1) if "STUCK_LINE" in ln)
+    stuck = f"stuck_handler ({script}:{line})"
+    with running(str(exe), str(script), str(ready)) as proc:
+        _started(proc, ready)
+
+        def stuck_named() -> str | None:
+            rc, text, err = dump(proc.pid)
+            assert rc == 0, err
+            return text if stuck in thread_blocks(text).get(proc.pid, "") else None
+
+        try:
+            _wait_for(stuck_named, "stuck_handler in the main thread's dump", timeout=10)
+        except AssertionError:
+            raise AssertionError(f"main thread without its frames:\n{dump(proc.pid)[1]}") from None
+        rc, raw, err = dump(proc.pid, "--json")
+    assert rc == 0, err
+    doc = json.loads(raw)
+    main_t = next(t for t in doc["threads"] if t["tid"] == proc.pid)
+    assert [f["function"] for f in main_t["python"]["frames"][-2:]] == ["stuck_handler", "<module>"]
+    assert doc["unmatched_python_threads"] == []
+
+
+#: A name of 1,100 ASCII characters, and one of 300 characters stored 4 bytes each
+#: (U+20000, a CJK ideograph, is a letter: an identifier may hold it).
+LONG_ASCII = "g" + "y" * 1099
+LONG_WIDE = "h" + "\U00020000" * 299
+
+LONG_NAMES_SCRIPT = f"""\
+import os, sys, threading
+
+def {LONG_ASCII}(ev):
+    ev.wait()  # ASCII_LINE
+
+def {LONG_WIDE}(ev):
+    ev.wait()  # WIDE_LINE
+
+ev = threading.Event()
+t = threading.Thread(target={LONG_WIDE}, args=(ev,), daemon=True)
+t.start()
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write('{{"sleeper": %d}}' % t.native_id)
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+{LONG_ASCII}(ev)
+"""
+
+
+@pytest.mark.parametrize("which", ["3.8", "3.12", "debian-3.11"])
+def test_dump_names_a_function_whose_name_is_longer_than_the_read_limit(which: str, tmp_path: Path) -> None:
+    """A name longer than the symbolizer reads of a string (1,024 bytes) is
+    shown by its beginning and ``...``, with its file and line; before, the
+    frame was ``[unknown python code 0x...]``.  The limit is in bytes: 300
+    characters of 4 bytes pass it too."""
+    need(have_root(), "root (process_vm_readv of another process, kernel stacks)")
+    exe = _exe(which)
+    script = tmp_path / "long_names.py"
+    script.write_text(LONG_NAMES_SCRIPT, encoding="utf-8")
+    ready = tmp_path / "ready.json"
+    lines = LONG_NAMES_SCRIPT.splitlines()
+    ascii_line = next(i for i, ln in enumerate(lines, 1) if "ASCII_LINE" in ln)
+    wide_line = next(i for i, ln in enumerate(lines, 1) if "WIDE_LINE" in ln)
+    with running(str(exe), str(script), str(ready)) as proc:
+        sleeper = _started(proc, ready)["sleeper"]
+
+        def both_parked() -> dict[int, list[dict[str, Any]]] | None:
+            rc, raw, err = dump(proc.pid, "--json")
+            assert rc == 0, err
+            by_tid = {t["tid"]: (t["python"] or {}).get("frames", []) for t in json.loads(raw)["threads"]}
+            ok = all(len(by_tid.get(tid, [])) >= 2 for tid in (proc.pid, sleeper))
+            return by_tid if ok and by_tid[proc.pid][-1]["function"] == "<module>" else None
+
+        by_tid = _wait_for(both_parked, "both threads parked in the long-named functions", timeout=10)
+    main_frame = next(f for f in by_tid[proc.pid] if f["file"] == str(script))
+    assert main_frame == {"function": LONG_ASCII[:1024] + "...", "file": str(script), "line": ascii_line}
+    wide_frame = next(f for f in by_tid[sleeper] if f["file"] == str(script))
+    assert wide_frame == {"function": LONG_WIDE[:256] + "...", "file": str(script), "line": wide_line}
+
+
 def test_dump_of_a_thread_id_names_its_process(script: Path, tmp_path: Path) -> None:
     """/proc/TID exists for every thread: -p TID is refused (exit 2) with the
     process to give, rather than the whole process shown as "Process TID"."""

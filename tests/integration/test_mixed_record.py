@@ -305,3 +305,58 @@ def test_record_python_before_311_maps_pthread_ids(tmp_path: Path, require_bpf: 
     assert total > 50 and python >= 0.8 * total, (python, total, r.stderr)
     assert side > 0.2 * total, (side, total)
     assert "not matched to an OS thread" not in r.stderr, r.stderr
+
+
+SUBINTERPRETER_SPIN = """\
+import os, sys, time
+try:
+    import _interpreters as interpreters  # 3.13
+except ImportError:
+    import _xxsubinterpreters as interpreters  # 3.8-3.12
+sub = interpreters.create()
+
+def spin_main():
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        sum(i * i for i in range(1000))
+
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write("ready")
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+spin_main()
+"""
+
+
+@pytest.mark.parametrize("minor", ["8", "12"])
+def test_record_pid_of_a_process_with_a_subinterpreter(tmp_path: Path, require_bpf: None, minor: str) -> None:
+    """``record -p`` of a process that made a subinterpreter before the
+    recording: ``interpreters.head`` is that interpreter, whose one thread
+    state (the main thread's) has no frame.  The walker reads the main
+    interpreter: the busy main thread's samples are under ``spin_main``.
+    Before, none had a Python frame (3.12: the walk found no frame; 3.8:
+    the layout never validated and py-spy, given the process, read nothing)."""
+    from support import need
+
+    interp = _pyenv_python(minor)
+    need(interp is not None, f"a pyenv python3.{minor} ($(pyenv root)/versions/3.{minor}.*)")
+    assert interp is not None
+    script, ready, out = tmp_path / "sub.py", tmp_path / "ready", tmp_path / "sub.folded"
+    script.write_text(SUBINTERPRETER_SPIN)
+    target = subprocess.Popen([str(interp), str(script), str(ready)])
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and target.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "the target did not start"
+        # -r: sampled here, not through a daemon; the native unwinder plays no part.
+        r = run_record(["-p", str(target.pid), "-d", "2", "-r", "199", "--no-unwind", "-o", str(out)])
+    finally:
+        target.kill()
+        target.wait(10)
+    assert r.returncode == 0, r.stderr
+    assert "read in BPF" in r.stderr, r.stderr
+    stacks = [(ln.rsplit(" ", 1)[0], int(ln.rsplit(" ", 1)[1])) for ln in out.read_text().splitlines()]
+    total = sum(n for _, n in stacks)
+    spun = sum(n for s, n in stacks if f"spin_main ({script}:" in s)
+    assert total >= 20, r.stderr
+    assert spun >= 0.8 * total, (spun, total, r.stderr, stacks[:5])

@@ -25,7 +25,7 @@ from flamed.sampling.cpython.layout import (
 )
 
 PYPROC_FIELDS = (
-    "interp_head_addr version thread_match flags interp_threads_head tstate_next tstate_thread "
+    "interp_addr version thread_match flags interp_threads_head tstate_next tstate_thread "
     "tstate_frame cframe_frame frame_code frame_previous frame_instr frame_owner frame_is_entry "
     "owner_cstack instr_size frame_windows guard_len guard_base guard_name guard_file guard_line pad "
     "ns_dev ns_ino gil_lo gil_hi"
@@ -82,7 +82,7 @@ def test_pack_is_struct_flamed_pyproc(tmp_path: Path) -> None:
         value: int = struct.unpack_from(widths[size], packed, off)[0]
         return value
 
-    assert field("interp_head_addr") == 0x7F0011223344
+    assert field("interp_addr") == 0x7F0011223344
     assert field("version") == 0x030B
     assert field("thread_match") == facts["FLAMED_PY_MATCH_TID"][0]
     assert field("flags") == facts["FLAMED_PY_CFRAME"][0]
@@ -119,6 +119,8 @@ def _dwarf_exprs(minor: str) -> dict[str, str]:
     frame = "struct _frame" if m <= 10 else "struct _PyInterpreterFrame"
     ex = {
         "runtime_interp_head": "&((struct pyruntimestate*)0)->interpreters.head",
+        # The walk's start (a property: head's offset + 8), checked here for every version.
+        "runtime_interp_main": "&((struct pyruntimestate*)0)->interpreters.main",
         "interp_threads_head": "&((struct _is*)0)->" + ("tstate_head" if m <= 10 else "threads.head"),
         "tstate_next": "&((struct _ts*)0)->next",
         "tstate_interp": "&((struct _ts*)0)->interp",

@@ -126,6 +126,16 @@ class Layout:
     bytes_sval: int = 32
 
     @property
+    def runtime_interp_main(self) -> int:
+        """_PyRuntime: interpreters.main, the main interpreter, the pointer
+        after ``interpreters.head`` in ``struct pyinterpreters`` (mutex, head,
+        main, next_id) in every supported version.  ``head`` is the newest
+        interpreter: once a subinterpreter is made it is that one, whose
+        thread states (one on each thread that made or entered it) hold
+        none of the main interpreter's frames."""
+        return self.runtime_interp_head + 8
+
+    @property
     def thread_match(self) -> int:
         return MATCH_TID if self.tstate_native_thread_id is not None else MATCH_FSBASE
 
@@ -187,9 +197,9 @@ class Layout:
             if off is not None and off + 8 > 64:
                 raise LayoutError(f"{name} at offset {off}: a _PyCFrame is not that large")
 
-    def pack(self, interp_head_addr: int, pid_ns: tuple[int, int] = (0, 0),
+    def pack(self, interp_addr: int, pid_ns: tuple[int, int] = (0, 0),
              gil_range: tuple[int, int] = (0, 0)) -> bytes:
-        """``struct flamed_pyproc`` for a process whose ``&_PyRuntime.interpreters.head`` is given;
+        """``struct flamed_pyproc`` for a process whose ``&_PyRuntime.interpreters.main`` is given;
         ``pid_ns`` is the (kernel dev_t, inode) of its PID namespace when that is not the host's;
         ``gil_range`` the addresses [lo, hi) holding its GIL, (0, 0) if not known."""
         self.check()
@@ -197,7 +207,7 @@ class Layout:
         guard = self.guard_read() or (0, 0, 0, 0, 0)
         return struct.pack(
             PYPROC_FORMAT,
-            interp_head_addr,
+            interp_addr,
             self.version_code,
             self.thread_match,
             flags,

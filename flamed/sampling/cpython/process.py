@@ -124,7 +124,14 @@ class Target:
 
     @property
     def interp_head_addr(self) -> int:
+        """Where ``_PyRuntime.interpreters.head`` is: the newest interpreter."""
         return self.runtime_addr + self.layout.runtime_interp_head
+
+    @property
+    def interp_addr(self) -> int:
+        """Where ``_PyRuntime.interpreters.main`` is: the interpreter whose
+        threads are walked (in BPF and from user space)."""
+        return self.runtime_addr + self.layout.runtime_interp_main
 
     @property
     def in_pid_namespace(self) -> bool:
@@ -132,7 +139,7 @@ class Target:
 
     def pack(self) -> bytes:
         """The ``struct flamed_pyproc`` of this process for the BPF map."""
-        return self.layout.pack(self.interp_head_addr, self.pid_ns, self.gil_range)
+        return self.layout.pack(self.interp_addr, self.pid_ns, self.gil_range)
 
     def memory(self) -> ProcessMemory:
         return ProcessMemory(self.pid)
@@ -144,7 +151,7 @@ class Target:
         threads, at the list's end, are found at once when seeded from this."""
         if self.layout.tstate_native_thread_id is None:
             return {}
-        result = walk_memory(memory or self.memory(), self.layout, self.interp_head_addr,
+        result = walk_memory(memory or self.memory(), self.layout, self.interp_addr,
                              max_threads=max_threads, max_depth=0)
         if result is None:
             return {}
@@ -166,7 +173,7 @@ class Target:
     def state(self, memory: ProcessMemory | None = None) -> State:
         """Is the interpreter initialized (an interpreter with a thread state)?"""
         mem = memory or self.memory()
-        raw = mem.read(self.interp_head_addr, 8)
+        raw = mem.read(self.interp_addr, 8)
         if raw is None:
             return State("invalid", f"cannot read _PyRuntime of pid {self.pid} (errno {mem.last_errno})")
         head = struct.unpack("<Q", raw)[0]
@@ -174,7 +181,7 @@ class Target:
             return State("not_yet", "Py_Initialize has not created the interpreter yet")
         raw = mem.read(head + self.layout.interp_threads_head, 8)
         if raw is None:
-            return State("invalid", f"interpreters.head 0x{head:x} is not readable")
+            return State("invalid", f"interpreters.main 0x{head:x} is not readable")
         if struct.unpack("<Q", raw)[0] == 0:
             return State("not_yet", "the interpreter has no thread state yet")
         return State("ready")
@@ -187,9 +194,9 @@ class Target:
             return st
         # Validation looks at the newest threads only (the list is newest
         # first): a pool of thousands is walked in BPF a bounded part per sample.
-        result = walk_memory(mem, self.layout, self.interp_head_addr, max_threads=VALIDATE_THREADS)
+        result = walk_memory(mem, self.layout, self.interp_addr, max_threads=VALIDATE_THREADS)
         if result is None:
-            return State("invalid", "interpreters.head became unreadable")
+            return State("invalid", "interpreters.main became unreadable")
         if result.threads and not any(t.frames for t in result.threads) and not any(t.truncated for t in result.threads):
             # Nothing to check a frame offset against (starting up, finalizing,
             # or blocked outside Python): a wrong layout would pass.  Later.
@@ -463,7 +470,7 @@ def walk(pid: int, *, max_threads: int = MAX_THREADS, max_depth: int = MAX_DEPTH
     target = probe(pid)
     if isinstance(target, Refusal):
         raise CPythonError(f"pid {pid}: {target.reason}")
-    result = walk_memory(ProcessMemory(pid), target.layout, target.interp_head_addr,
+    result = walk_memory(ProcessMemory(pid), target.layout, target.interp_addr,
                          max_threads=max_threads, max_depth=max_depth)
     if result is None:
         return {}

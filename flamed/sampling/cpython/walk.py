@@ -1,7 +1,7 @@
 """The user-space frame walker: the reference the BPF walker is tested against.
 
 It follows exactly the reads ``struct flamed_pyproc`` describes (bpf/flamed.h):
-the pointer at ``&_PyRuntime.interpreters.head``, the interpreter's first
+the pointer at ``&_PyRuntime.interpreters.main`` (the main interpreter), its first
 thread state, FLAMED_PY_TSTATE_BYTES of each thread state and
 FLAMED_PY_FRAME_BYTES of each frame in one read each, and emits the same
 (code address | entry bit, raw instruction field) pairs, innermost first.
@@ -62,21 +62,23 @@ def _u64(data: bytes, off: int) -> int:
     return value
 
 
-def read_head(memory: ProcessMemory, interp_head_addr: int) -> int | None:
-    raw = memory.read(interp_head_addr, 8)
+def read_head(memory: ProcessMemory, interp_addr: int) -> int | None:
+    raw = memory.read(interp_addr, 8)
     return None if raw is None else _u64(raw, 0)
 
 
 def walk_memory(
     memory: ProcessMemory,
     layout: Layout,
-    interp_head_addr: int,
+    interp_addr: int,
     *,
     max_threads: int = MAX_THREADS,
     max_depth: int = MAX_DEPTH,
 ) -> Walk | None:
-    """Walk the main interpreter's threads; None when ``interpreters.head`` is unreadable."""
-    head = read_head(memory, interp_head_addr)
+    """Walk the threads of the interpreter whose pointer is at ``interp_addr``
+    (``&_PyRuntime.interpreters.main``: Target.interp_addr); None when that
+    pointer is unreadable."""
+    head = read_head(memory, interp_addr)
     if head is None:
         return None
     result = Walk(head, [])
