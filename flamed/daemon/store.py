@@ -280,6 +280,8 @@ class ProfileStore:
         self._full_episode: tuple[int, int] | None = None
         self._drop_logged = False
         self._names_used: set[str] = set()
+        #: Profile files a deletion was refused for (warned about once each).
+        self._undeletable: set[str] = set()
         #: Called when the directory was made again, and at every check_dir (the daemon checks its lock).
         self.on_dir_made: Callable[[], None] | None = None
         self.configure(output, retention)
@@ -548,12 +550,13 @@ class ProfileStore:
             return path
 
     def _delete_oldest(self, e: OSError) -> bool:
-        """Delete the oldest profile file (and sidecar) for a full disk; False when none is left."""
-        files = self.list_files()
-        if not files:
+        """Delete the oldest profile file (and sidecar) for a full disk; False when none is left
+        that can be deleted (a file that refuses, e.g. immutable, is passed over)."""
+        for stem, name, size, _mtime in self.list_files():
+            if self._delete(stem, name, size, "disk_full"):
+                break
+        else:
             return False
-        stem, name, size, _mtime = files[0]
-        self._delete(stem, name, size, "disk_full")
         if self._full_episode is None:
             self._full_episode = (0, 0)
             log.warning("state directory %s is full (%s): deleting the oldest profile files to make room for "
@@ -563,13 +566,35 @@ class ProfileStore:
         self._full_episode = (files_n + 1, bytes_n + size)
         return True
 
-    def _delete(self, stem: str, name: str, size: int, reason: str) -> None:
-        for n in (name, stem + ".json"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.dir, n))
+    def _delete(self, stem: str, name: str, size: int, reason: str) -> bool:
+        """Delete a profile file and its sidecar; False (said once per file, and counted) when the
+        file cannot be deleted (immutable, a mount point, ...): it stays, sidecar included."""
+        try:
+            os.unlink(os.path.join(self.dir, name))
+        except FileNotFoundError:
+            pass  # someone else deleted it: gone all the same
+        except OSError as e:
+            self.metrics.delete_errors.labels(errno=errno.errorcode.get(e.errno or 0, "EUNKNOWN")).inc()
+            if name not in self._undeletable:
+                if len(self._undeletable) >= 4096:
+                    self._undeletable.clear()
+                self._undeletable.add(name)
+                log.warning("%s: cannot delete %s: %s; it stays (and still counts against the retention "
+                            "limits), the next oldest file is deleted instead (counted in "
+                            "flamed_delete_errors_total)", reason, os.path.join(self.dir, name), e.strerror or e)
+            return False
+        self._undeletable.discard(name)
+        try:
+            os.unlink(os.path.join(self.dir, stem + ".json"))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            # The profile is gone; its orphan sidecar is removed by the next start's recovery.
+            log.warning("%s: deleted %s but not its sidecar: %s", reason, name, e.strerror or e)
         self.metrics.files_deleted.labels(reason=reason).inc()
         self.metrics.bytes_deleted.labels(reason=reason).inc(size)
         log.debug("%s: deleted %s", reason, name)
+        return True
 
     def log_exit_accounting(self) -> None:
         """At exit: every sample given to the store is in a file written or counted lost; say so."""
@@ -665,10 +690,11 @@ class ProfileStore:
         files = self.list_files()
         total = sum(f[2] for f in files)
         now = self._clock_ns() / 1e9
-        keep_newest = 1  # the newest file is never deleted, whatever the limits
-        while len(files) > keep_newest:
-            stem, name, size, mtime = files[0]
-            if r.max_files and len(files) > r.max_files:
+        count = len(files)
+        # Oldest first; the newest file is never deleted, whatever the limits.  A file that
+        # cannot be deleted stays (and still counts): the next oldest goes in its place.
+        for stem, name, size, mtime in files[:-1]:
+            if r.max_files and count > r.max_files:
                 reason = "max_files"
             elif r.max_bytes and total > r.max_bytes:
                 reason = "max_bytes"
@@ -676,13 +702,14 @@ class ProfileStore:
                 reason = "max_age"
             else:
                 break
-            self._delete(stem, name, size, reason)
+            if not self._delete(stem, name, size, reason):
+                continue
             self.metrics.retention_deletions.labels(reason=reason).inc()
-            files.pop(0)
+            count -= 1
             total -= size
         self.metrics.disk_bytes.set(total)
-        self.metrics.disk_files.set(len(files))
-        return StoreStats(len(files), total)
+        self.metrics.disk_files.set(count)
+        return StoreStats(count, total)
 
     def recover(self) -> list[str]:
         """Clean up after a crash: temp files, orphan sidecars; sidecar for a folded file without one."""
