@@ -140,7 +140,11 @@ class RequestHandlers:
                 windows = self.ring.since(req.since_ns, kind=req.kind)
             else:
                 assert req.seconds is not None
-                windows = self.ring.since(self.clock_ns() - int(req.seconds * 1e9), kind=req.kind)
+                # The last N seconds before the request, which the drain just done (or one at most
+                # the spacing before it) ends: counted from when the request came, not from when
+                # that drain was done, which may take longer than N on a busy host.
+                upto = min(now, self._newest_end(now))
+                windows = self.ring.since(upto - int(req.seconds * 1e9), kind=req.kind)
         flt = SnapshotFilter(req)
         samples = 0
         lost: dict[str, int] = {}

@@ -155,6 +155,35 @@ def test_next_snapshot_covers_only_the_future(tmp_path: Path) -> None:
         assert 40 <= head["weight"] <= 110
 
 
+class SlowDrainSampler(FakeSampler):
+    """A sampler whose drain takes a while after its window ends, as the BPF
+    sampler's does on a busy host (the maps are read, then symbolized)."""
+
+    DRAIN_SECONDS = 0.6
+
+    def drain(self) -> Window:
+        w = super().drain()
+        time.sleep(self.DRAIN_SECONDS)
+        return w
+
+
+def test_a_short_seconds_snapshot_holds_the_window_drained_for_it(tmp_path: Path) -> None:
+    """``seconds`` counts back from the request, not from the end of the drain it asks for:
+    a drain longer than N seconds used to leave every window out (an empty answer)."""
+    import io
+
+    cfg = fast_config(tmp_path, sampling={"drain_interval": 5.0}, output={"rotate_interval": 60.0})
+    with running_daemon(cfg, sampler_factory=lambda c: SlowDrainSampler(c.sampling.frequency)):
+        time.sleep(0.5)
+        for _ in range(2):  # the second one right after: its drain waits for the spacing, or is the first's
+            before = time.time_ns()
+            buf = io.BytesIO()
+            head = request(str(tmp_path / "flamed.sock"), {"request": "snapshot", "seconds": 0.3}, buf)
+            assert head["windows"] >= 1 and head["weight"] > 0 and buf.getvalue(), head
+            # whole windows: the newest one ends after the request came (its forced drain)
+            assert head["end_ns"] >= before - 250_000_000
+
+
 def test_flush_rotates_now(tmp_path: Path) -> None:
     with running_daemon(fast_config(tmp_path, output={"rotate_interval": 60.0}),
                         sampler_factory=fake_factory([])) as d:
