@@ -282,6 +282,10 @@ class ProfileStore:
         self._names_used: set[str] = set()
         #: Profile files a deletion was refused for (warned about once each).
         self._undeletable: set[str] = set()
+        #: File name -> the order this run wrote it in: what retention deletes first is the file
+        #: written first, even when the wall clock went back and a newer file has an older name.
+        self._written_order: dict[str, int] = {}
+        self._writes = 0
         #: Called when the directory was made again, and at every check_dir (the daemon checks its lock).
         self.on_dir_made: Callable[[], None] | None = None
         self.configure(output, retention)
@@ -290,7 +294,10 @@ class ProfileStore:
     def configure(self, output: OutputConfig, retention: RetentionConfig) -> None:
         self.output = output
         self.retention = retention
-        self.dir = os.path.abspath(output.state_dir)
+        new_dir = os.path.abspath(output.state_dir)
+        if new_dir != getattr(self, "dir", new_dir):
+            self._written_order = {}  # names in another directory
+        self.dir = new_dir
         self.host = host_name(output.host)
 
     def ensure_dir(self) -> None:
@@ -584,6 +591,7 @@ class ProfileStore:
                             "flamed_delete_errors_total)", reason, os.path.join(self.dir, name), e.strerror or e)
             return False
         self._undeletable.discard(name)
+        self._written_order.pop(name, None)
         try:
             os.unlink(os.path.join(self.dir, stem + ".json"))
         except FileNotFoundError:
@@ -626,6 +634,8 @@ class ProfileStore:
                 with contextlib.suppress(OSError):
                     os.unlink(sidecar_path)
             raise
+        self._writes += 1
+        self._written_order[os.path.basename(path)] = self._writes
         self.metrics.files_written.inc()
         self.files_written += 1
         self.metrics.bytes_written.inc(f.size)
@@ -658,8 +668,11 @@ class ProfileStore:
 
     # -- the directory ---------------------------------------------------
     def list_files(self) -> list[tuple[str, str, int, float]]:
-        """Profile files as (stem, name, bytes incl. sidecar, mtime), oldest first."""
-        out: list[tuple[str, int, str, str, int, float]] = []
+        """Profile files as (stem, name, bytes incl. sidecar, mtime), oldest first: those this
+        run did not write by the time in their names, then those it wrote, in the order it wrote
+        them (after a step back of the wall clock a new file's name is older than the last one's)."""
+        out: list[tuple[tuple[int, str, int, int], str, str, int, float]] = []
+        order = dict(self._written_order)  # a copy: status() lists the files from a client thread
         try:
             entries = list(os.scandir(self.dir))
         except OSError:
@@ -680,14 +693,20 @@ class ProfileStore:
             stem = m.group("stem")
             # -10 after -9: periods that started in the same second, in the order they were written
             seq = int(m.group("seq") or 1)
-            out.append((m.group("ts"), seq, stem, e.name, st.st_size + sizes.get(stem, 0), st.st_mtime))
-        out.sort(key=lambda t: (t[0], t[1], t[2]))
-        return [(stem, name, size, mtime) for _ts, _seq, stem, name, size, mtime in out]
+            written = order.get(e.name)
+            key = (0, m.group("ts"), seq, 0) if written is None else (1, "", 0, written)
+            out.append((key, stem, e.name, st.st_size + sizes.get(stem, 0), st.st_mtime))
+        out.sort(key=lambda t: (t[0], t[1]))
+        return [(stem, name, size, mtime) for _key, stem, name, size, mtime in out]
 
     def apply_retention(self) -> StoreStats:
         """Delete the oldest files beyond max_files, max_bytes or max_age; update the disk metrics."""
         r = self.retention
         files = self.list_files()
+        if len(self._written_order) > len(files):
+            # Files someone else deleted: forget them (here, in the loop's thread).
+            present = {f[1] for f in files}
+            self._written_order = {n: i for n, i in self._written_order.items() if n in present}
         total = sum(f[2] for f in files)
         now = self._clock_ns() / 1e9
         count = len(files)
