@@ -592,6 +592,7 @@ class ProfileStore:
             return False
         self._undeletable.discard(name)
         self._written_order.pop(name, None)
+        self._unlink_latest_of(name)
         try:
             os.unlink(os.path.join(self.dir, stem + ".json"))
         except FileNotFoundError:
@@ -652,6 +653,24 @@ class ProfileStore:
         except OSError as e:
             log.warning("cannot update %s links: %s", LATEST, e.strerror or e)
         return path
+
+    def _unlink_latest_of(self, name: str) -> None:
+        """The ``latest`` links (file and sidecar) that name the profile file ``name``, just
+        deleted, go with it instead of pointing at nothing (the newest file of a kind no
+        longer recorded, ``off_cpu`` turned off, once retention deletes it)."""
+        for latest in (LATEST, f"{LATEST}-offcpu"):
+            for suffix in (".folded", ".folded.gz"):
+                link = os.path.join(self.dir, latest + suffix)
+                try:
+                    if os.readlink(link) != name:
+                        continue
+                    os.unlink(link)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.dir, latest + ".json"))
+                except OSError:
+                    continue  # no such link (or not a link): nothing names the file
+        if self.last_written_offcpu is not None and os.path.basename(self.last_written_offcpu) == name:
+            self.last_written_offcpu = None
 
     def _link_latest(self, target: str, suffix: str, latest: str = LATEST) -> None:
         link = os.path.join(self.dir, latest + suffix)
