@@ -528,6 +528,10 @@ class ProfileStore:
                           self.output.backlog_max_bytes, len(self.backlog) - (f in self.backlog),
                           self.backlog_bytes - (f.size if f in self.backlog else 0))
             self.last_error = msg
+            if self._full_episode is not None:
+                # Files were deleted to make room, and still no file was written (so no
+                # retention pass follows): the disk gauges say what is left, as status does.
+                self._set_disk_metrics(self.list_files())
             return None
         self.samples_written += f.samples
         self.metrics.samples_written.inc(f.samples)
@@ -748,6 +752,10 @@ class ProfileStore:
         self.metrics.disk_bytes.set(total)
         self.metrics.disk_files.set(count)
         return StoreStats(count, total)
+
+    def _set_disk_metrics(self, files: list[tuple[str, str, int, float]]) -> None:
+        self.metrics.disk_bytes.set(sum(f[2] for f in files))
+        self.metrics.disk_files.set(len(files))
 
     def recover(self) -> list[str]:
         """Clean up after a crash: temp files, orphan sidecars; sidecar for a folded file without one."""
