@@ -90,7 +90,12 @@ class RequestHandlers:
             if req.request == "flush":
                 path = self.loop.request_flush()
                 m.requests.labels(request=kind, result="ok").inc()
-                yield encode_header({"ok": True, "file": path})
+                answer: dict[str, Any] = {"ok": True, "file": path}
+                error = self.store.last_error
+                if path is None and error is not None:
+                    # Closed but not written: the state directory refuses it (it waits in memory).
+                    answer["write_error"] = error
+                yield encode_header(answer)
                 return
             assert req.snapshot is not None
             header, payload = self.snapshot(req.snapshot)

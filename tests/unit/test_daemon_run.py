@@ -461,6 +461,39 @@ def test_disk_refusing_writes_keeps_windows_in_memory_and_serves_snapshots(tmp_p
     assert n >= 2 and weight == samples == samplers[0].produced
 
 
+def test_flush_says_when_the_file_could_not_be_written(tmp_path: Path) -> None:
+    """`flamed flush` (and `snapshot --flush`) while the state directory refuses writes: the
+    period is closed but waits in memory.  It said "nothing to write yet" and exit 0."""
+    from support import ROOT
+
+    cfg = fast_config(tmp_path, output={"rotate_interval": 60.0})
+    prof = tmp_path / "profiles"
+    sock = str(tmp_path / "flamed.sock")
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "flamed", *argv, "--socket", sock], capture_output=True,
+                              text=True, timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    with running_daemon(cfg, sampler_factory=fake_factory([])):
+        shutil.rmtree(prof)
+        prof.write_text("not a directory")  # a file where the directory was: every write fails
+        time.sleep(0.3)
+        head = request(sock, {"request": "flush"})
+        assert head["ok"] and head["file"] is None and "cannot write" in head["write_error"]
+        for argv in (["flush"], ["snapshot", "--flush"]):
+            time.sleep(0.3)  # a window to close
+            r = cli(*argv)
+            assert r.returncode == 1, (argv, r.stdout, r.stderr)
+            assert r.stdout == ""
+            assert r.stderr.startswith(f"flamed {argv[0]}: error: the daemon closed the file but could not write it: "
+                                        f"cannot write {prof}/"), r.stderr
+        # the directory is back: the backlog and this period are written, and flush names the file
+        prof.unlink()
+        r = cli("flush")
+        assert r.returncode == 0 and Path(r.stdout.strip()).is_file(), (r.stdout, r.stderr)
+        assert "write_error" not in request(sock, {"request": "flush"})
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
