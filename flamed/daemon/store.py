@@ -726,9 +726,9 @@ class ProfileStore:
         """Delete the oldest files beyond max_files, max_bytes or max_age; update the disk metrics."""
         r = self.retention
         files = self.list_files()
-        if len(self._written_order) > len(files):
+        present = {f[1] for f in files}
+        if any(n not in present for n in self._written_order):
             # Files someone else deleted: forget them (here, in the loop's thread).
-            present = {f[1] for f in files}
             self._written_order = {n: i for n, i in self._written_order.items() if n in present}
         total = sum(f[2] for f in files)
         now = self._clock_ns() / 1e9
