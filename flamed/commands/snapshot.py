@@ -9,6 +9,7 @@ from typing import Any
 from flamed.commands._argtypes import PID_MAX, WEEK_S, integer, number
 from flamed.commands.base import Command
 from flamed.daemon.client import DEFAULT_SOCKET, request
+from flamed.errors import FlamedError
 from flamed.fileio import open_output
 
 #: --seconds, --next: what the daemon's protocol takes (above 0, up to a week);
@@ -75,9 +76,7 @@ class SnapshotCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         if args.flush:
-            head = request(args.socket, {"request": "flush"}, timeout=args.timeout)
-            print(head.get("file") or "nothing to write yet", file=self.stdout)
-            return 0
+            return flush(self, args.socket, args.timeout)
         from flamed import outputs
 
         fmt = args.format
@@ -136,6 +135,19 @@ class FlushCommand(Command):
                             help="seconds to wait for the daemon (default 60)")
 
     def run(self, args: argparse.Namespace) -> int:
-        head = request(args.socket, {"request": "flush"}, timeout=args.timeout)
-        print(head.get("file") or "nothing to write yet", file=self.stdout)
+        return flush(self, args.socket, args.timeout)
+
+
+def flush(cmd: Command, socket: str, timeout: float) -> int:
+    """Ask the daemon to close its current file; print its path.  Exit 1 when the daemon
+    closed it but could not write it (the state directory refuses writes)."""
+    head = request(socket, {"request": "flush"}, timeout=timeout)
+    if head.get("file"):
+        print(head["file"], file=cmd.stdout)
         return 0
+    error = head.get("write_error")
+    if error:
+        raise FlamedError(f"the daemon closed the file but could not write it: {error}; it keeps the unwritten "
+                          "file(s) in memory and retries at every drain (flamed status shows the backlog)")
+    print("nothing to write yet", file=cmd.stdout)
+    return 0

@@ -90,7 +90,12 @@ class RequestHandlers:
             if req.request == "flush":
                 path = self.loop.request_flush()
                 m.requests.labels(request=kind, result="ok").inc()
-                yield encode_header({"ok": True, "file": path})
+                answer: dict[str, Any] = {"ok": True, "file": path}
+                error = self.store.last_error
+                if path is None and error is not None:
+                    # Closed but not written: the state directory refuses it (it waits in memory).
+                    answer["write_error"] = error
+                yield encode_header(answer)
                 return
             assert req.snapshot is not None
             header, payload = self.snapshot(req.snapshot)
@@ -140,7 +145,11 @@ class RequestHandlers:
                 windows = self.ring.since(req.since_ns, kind=req.kind)
             else:
                 assert req.seconds is not None
-                windows = self.ring.since(self.clock_ns() - int(req.seconds * 1e9), kind=req.kind)
+                # The last N seconds before the request, which the drain just done (or one at most
+                # the spacing before it) ends: counted from when the request came, not from when
+                # that drain was done, which may take longer than N on a busy host.
+                upto = min(now, self._newest_end(now))
+                windows = self.ring.since(upto - int(req.seconds * 1e9), kind=req.kind)
         flt = SnapshotFilter(req)
         samples = 0
         lost: dict[str, int] = {}

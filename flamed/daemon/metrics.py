@@ -104,6 +104,10 @@ class DaemonMetrics:
             "flamed_files_deleted_bytes", "Bytes of profile files and sidecars deleted, by reason.", ["reason"],
             registry=r
         )
+        self.delete_errors = Counter(
+            "flamed_delete_errors", "Refused deletions of a profile file (retention or a full disk), by errno: "
+            "the file stays and the next oldest is deleted instead.", ["errno"], registry=r
+        )
         self.samples_written = Counter(
             "flamed_samples_written", "Samples in the profile files written (the sidecars' samples).", registry=r
         )

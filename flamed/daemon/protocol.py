@@ -208,12 +208,17 @@ def _parse_constant(name: str) -> float:
     raise ProtocolError(f"request holds {name}, which is not a JSON number; {EXPECTED_REQUEST}")
 
 
+#: The longest ``seconds`` or ``next`` a request may give: a week.
+_MAX_SECONDS = 7 * 86400
+
+
 def _number(obj: dict[str, Any], key: str) -> float | None:
     v = obj.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 7 * 86400:
-        raise ProtocolError(f"field {key!r} must be a number of seconds > 0")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= _MAX_SECONDS:
+        raise ProtocolError(f"field {key!r} must be a number of seconds above 0 and at most {_MAX_SECONDS} "
+                            "(a week)")
     return float(v)
 
 

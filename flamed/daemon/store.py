@@ -280,6 +280,12 @@ class ProfileStore:
         self._full_episode: tuple[int, int] | None = None
         self._drop_logged = False
         self._names_used: set[str] = set()
+        #: Profile files a deletion was refused for (warned about once each).
+        self._undeletable: set[str] = set()
+        #: File name -> the order this run wrote it in: what retention deletes first is the file
+        #: written first, even when the wall clock went back and a newer file has an older name.
+        self._written_order: dict[str, int] = {}
+        self._writes = 0
         #: Called when the directory was made again, and at every check_dir (the daemon checks its lock).
         self.on_dir_made: Callable[[], None] | None = None
         self.configure(output, retention)
@@ -288,7 +294,10 @@ class ProfileStore:
     def configure(self, output: OutputConfig, retention: RetentionConfig) -> None:
         self.output = output
         self.retention = retention
-        self.dir = os.path.abspath(output.state_dir)
+        new_dir = os.path.abspath(output.state_dir)
+        if new_dir != getattr(self, "dir", new_dir):
+            self._written_order = {}  # names in another directory
+        self.dir = new_dir
         self.host = host_name(output.host)
 
     def ensure_dir(self) -> None:
@@ -519,6 +528,10 @@ class ProfileStore:
                           self.output.backlog_max_bytes, len(self.backlog) - (f in self.backlog),
                           self.backlog_bytes - (f.size if f in self.backlog else 0))
             self.last_error = msg
+            if self._full_episode is not None:
+                # Files were deleted to make room, and still no file was written (so no
+                # retention pass follows): the disk gauges say what is left, as status does.
+                self._set_disk_metrics(self.list_files())
             return None
         self.samples_written += f.samples
         self.metrics.samples_written.inc(f.samples)
@@ -548,12 +561,13 @@ class ProfileStore:
             return path
 
     def _delete_oldest(self, e: OSError) -> bool:
-        """Delete the oldest profile file (and sidecar) for a full disk; False when none is left."""
-        files = self.list_files()
-        if not files:
+        """Delete the oldest profile file (and sidecar) for a full disk; False when none is left
+        that can be deleted (a file that refuses, e.g. immutable, is passed over)."""
+        for stem, name, size, _mtime in self.list_files():
+            if self._delete(stem, name, size, "disk_full"):
+                break
+        else:
             return False
-        stem, name, size, _mtime = files[0]
-        self._delete(stem, name, size, "disk_full")
         if self._full_episode is None:
             self._full_episode = (0, 0)
             log.warning("state directory %s is full (%s): deleting the oldest profile files to make room for "
@@ -563,13 +577,37 @@ class ProfileStore:
         self._full_episode = (files_n + 1, bytes_n + size)
         return True
 
-    def _delete(self, stem: str, name: str, size: int, reason: str) -> None:
-        for n in (name, stem + ".json"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.dir, n))
+    def _delete(self, stem: str, name: str, size: int, reason: str) -> bool:
+        """Delete a profile file and its sidecar; False (said once per file, and counted) when the
+        file cannot be deleted (immutable, a mount point, ...): it stays, sidecar included."""
+        try:
+            os.unlink(os.path.join(self.dir, name))
+        except FileNotFoundError:
+            pass  # someone else deleted it: gone all the same
+        except OSError as e:
+            self.metrics.delete_errors.labels(errno=errno.errorcode.get(e.errno or 0, "EUNKNOWN")).inc()
+            if name not in self._undeletable:
+                if len(self._undeletable) >= 4096:
+                    self._undeletable.clear()
+                self._undeletable.add(name)
+                log.warning("%s: cannot delete %s: %s; it stays (and still counts against the retention "
+                            "limits), the next oldest file is deleted instead (counted in "
+                            "flamed_delete_errors_total)", reason, os.path.join(self.dir, name), e.strerror or e)
+            return False
+        self._undeletable.discard(name)
+        self._written_order.pop(name, None)
+        self._unlink_latest_of(name)
+        try:
+            os.unlink(os.path.join(self.dir, stem + ".json"))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            # The profile is gone; its orphan sidecar is removed by the next start's recovery.
+            log.warning("%s: deleted %s but not its sidecar: %s", reason, name, e.strerror or e)
         self.metrics.files_deleted.labels(reason=reason).inc()
         self.metrics.bytes_deleted.labels(reason=reason).inc(size)
         log.debug("%s: deleted %s", reason, name)
+        return True
 
     def log_exit_accounting(self) -> None:
         """At exit: every sample given to the store is in a file written or counted lost; say so."""
@@ -601,6 +639,8 @@ class ProfileStore:
                 with contextlib.suppress(OSError):
                     os.unlink(sidecar_path)
             raise
+        self._writes += 1
+        self._written_order[os.path.basename(path)] = self._writes
         self.metrics.files_written.inc()
         self.files_written += 1
         self.metrics.bytes_written.inc(f.size)
@@ -618,6 +658,24 @@ class ProfileStore:
             log.warning("cannot update %s links: %s", LATEST, e.strerror or e)
         return path
 
+    def _unlink_latest_of(self, name: str) -> None:
+        """The ``latest`` links (file and sidecar) that name the profile file ``name``, just
+        deleted, go with it instead of pointing at nothing (the newest file of a kind no
+        longer recorded, ``off_cpu`` turned off, once retention deletes it)."""
+        for latest in (LATEST, f"{LATEST}-offcpu"):
+            for suffix in (".folded", ".folded.gz"):
+                link = os.path.join(self.dir, latest + suffix)
+                try:
+                    if os.readlink(link) != name:
+                        continue
+                    os.unlink(link)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.dir, latest + ".json"))
+                except OSError:
+                    continue  # no such link (or not a link): nothing names the file
+        if self.last_written_offcpu is not None and os.path.basename(self.last_written_offcpu) == name:
+            self.last_written_offcpu = None
+
     def _link_latest(self, target: str, suffix: str, latest: str = LATEST) -> None:
         link = os.path.join(self.dir, latest + suffix)
         tmp = os.path.join(self.dir, f".{latest}{suffix}.{os.getpid()}.tmp")
@@ -633,8 +691,11 @@ class ProfileStore:
 
     # -- the directory ---------------------------------------------------
     def list_files(self) -> list[tuple[str, str, int, float]]:
-        """Profile files as (stem, name, bytes incl. sidecar, mtime), oldest first."""
-        out: list[tuple[str, int, str, str, int, float]] = []
+        """Profile files as (stem, name, bytes incl. sidecar, mtime), oldest first: those this
+        run did not write by the time in their names, then those it wrote, in the order it wrote
+        them (after a step back of the wall clock a new file's name is older than the last one's)."""
+        out: list[tuple[tuple[int, str, int, int], str, str, int, float]] = []
+        order = dict(self._written_order)  # a copy: status() lists the files from a client thread
         try:
             entries = list(os.scandir(self.dir))
         except OSError:
@@ -655,20 +716,27 @@ class ProfileStore:
             stem = m.group("stem")
             # -10 after -9: periods that started in the same second, in the order they were written
             seq = int(m.group("seq") or 1)
-            out.append((m.group("ts"), seq, stem, e.name, st.st_size + sizes.get(stem, 0), st.st_mtime))
-        out.sort(key=lambda t: (t[0], t[1], t[2]))
-        return [(stem, name, size, mtime) for _ts, _seq, stem, name, size, mtime in out]
+            written = order.get(e.name)
+            key = (0, m.group("ts"), seq, 0) if written is None else (1, "", 0, written)
+            out.append((key, stem, e.name, st.st_size + sizes.get(stem, 0), st.st_mtime))
+        out.sort(key=lambda t: (t[0], t[1]))
+        return [(stem, name, size, mtime) for _key, stem, name, size, mtime in out]
 
     def apply_retention(self) -> StoreStats:
         """Delete the oldest files beyond max_files, max_bytes or max_age; update the disk metrics."""
         r = self.retention
         files = self.list_files()
+        present = {f[1] for f in files}
+        if any(n not in present for n in self._written_order):
+            # Files someone else deleted: forget them (here, in the loop's thread).
+            self._written_order = {n: i for n, i in self._written_order.items() if n in present}
         total = sum(f[2] for f in files)
         now = self._clock_ns() / 1e9
-        keep_newest = 1  # the newest file is never deleted, whatever the limits
-        while len(files) > keep_newest:
-            stem, name, size, mtime = files[0]
-            if r.max_files and len(files) > r.max_files:
+        count = len(files)
+        # Oldest first; the newest file is never deleted, whatever the limits.  A file that
+        # cannot be deleted stays (and still counts): the next oldest goes in its place.
+        for stem, name, size, mtime in files[:-1]:
+            if r.max_files and count > r.max_files:
                 reason = "max_files"
             elif r.max_bytes and total > r.max_bytes:
                 reason = "max_bytes"
@@ -676,13 +744,18 @@ class ProfileStore:
                 reason = "max_age"
             else:
                 break
-            self._delete(stem, name, size, reason)
+            if not self._delete(stem, name, size, reason):
+                continue
             self.metrics.retention_deletions.labels(reason=reason).inc()
-            files.pop(0)
+            count -= 1
             total -= size
         self.metrics.disk_bytes.set(total)
+        self.metrics.disk_files.set(count)
+        return StoreStats(count, total)
+
+    def _set_disk_metrics(self, files: list[tuple[str, str, int, float]]) -> None:
+        self.metrics.disk_bytes.set(sum(f[2] for f in files))
         self.metrics.disk_files.set(len(files))
-        return StoreStats(len(files), total)
 
     def recover(self) -> list[str]:
         """Clean up after a crash: temp files, orphan sidecars; sidecar for a folded file without one."""

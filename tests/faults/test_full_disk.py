@@ -226,3 +226,35 @@ def test_print_bpf_on_a_full_disk_is_an_error(tmp_path: Path, unbuffered: str) -
     err = r.stderr.decode()
     assert r.returncode == 1, err
     assert err == "flamed daemon: error: cannot write to standard output: No space left on device\n", err
+
+
+def test_a_file_larger_than_the_disk_leaves_gauges_that_match_the_directory(tmp_path: Path) -> None:
+    """A closed period bigger than the whole (real, 64 KiB) tmpfs: every older file is deleted
+    to make room, the write still fails and the period waits in memory.  flamed_disk_files
+    and flamed_disk_bytes then say what is left (nothing), as `flamed status` does; they
+    kept counting the deleted files until the next file was written."""
+    from flamed.daemon.config import OutputConfig, RetentionConfig
+    from flamed.daemon.metrics import DaemonMetrics
+    from flamed.daemon.store import ProfileStore
+
+    s = 1_000_000_000
+    t0 = 1_700_000_000 * s
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    with tmpfs(mnt, "64k"):
+        m = DaemonMetrics(process=False)
+        st = ProfileStore(OutputConfig(state_dir=str(mnt), host="h1", rotate_interval=60.0, fsync=False),
+                          RetentionConfig(max_files=0, max_bytes=0, max_age=0), m)
+        for i in range(3):
+            st.add(t0 + i * 60 * s, t0 + (i + 1) * 60 * s, {(7, 7, "app", ("main", "spin")): 5}, 5, {}, 19.0)
+            assert st.rotate() is not None
+        assert m.registry.get_sample_value("flamed_disk_files") == 3
+        # ~200 KB of distinct stacks: more than the whole file system
+        big = {(7, 7, "app", ("main", f"function_with_a_long_name_{n:06d}" * 4)): 1 for n in range(2000)}
+        st.add(t0 + 180 * s, t0 + 240 * s, big, len(big), {}, 19.0)
+        assert st.rotate() is None and len(st.backlog) == 1
+        assert st.list_files() == []
+        assert m.registry.get_sample_value("flamed_files_deleted_total", {"reason": "disk_full"}) == 3
+        assert m.registry.get_sample_value("flamed_disk_files") == 0
+        assert m.registry.get_sample_value("flamed_disk_bytes") == 0
+        assert not [n for n in os.listdir(mnt) if n.endswith(".tmp")]

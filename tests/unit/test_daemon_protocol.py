@@ -43,6 +43,9 @@ def test_valid_snapshot() -> None:
         ({"request": "snapshot", "pids": [1]}, "unknown field(s) for 'snapshot': pids"),
         ({"request": "snapshot", "seconds": -1}, "'seconds'"),
         ({"request": "snapshot", "seconds": "10"}, "'seconds'"),
+        # beyond a week: the message gives the bound that was passed, not only "> 0"
+        ({"request": "snapshot", "seconds": 10**9}, "at most 604800"),
+        ({"request": "snapshot", "next": 1e308}, "'next' must be a number of seconds above 0 and at most 604800"),
         ({"request": "snapshot", "seconds": 1, "next": 1}, "give one of"),
         ({"request": "snapshot", "since_ns": 1, "seconds": 1}, "give one of"),
         ({"request": "snapshot", "since_ns": -1}, "nanoseconds since the epoch"),

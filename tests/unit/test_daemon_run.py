@@ -155,6 +155,35 @@ def test_next_snapshot_covers_only_the_future(tmp_path: Path) -> None:
         assert 40 <= head["weight"] <= 110
 
 
+class SlowDrainSampler(FakeSampler):
+    """A sampler whose drain takes a while after its window ends, as the BPF
+    sampler's does on a busy host (the maps are read, then symbolized)."""
+
+    DRAIN_SECONDS = 0.6
+
+    def drain(self) -> Window:
+        w = super().drain()
+        time.sleep(self.DRAIN_SECONDS)
+        return w
+
+
+def test_a_short_seconds_snapshot_holds_the_window_drained_for_it(tmp_path: Path) -> None:
+    """``seconds`` counts back from the request, not from the end of the drain it asks for:
+    a drain longer than N seconds used to leave every window out (an empty answer)."""
+    import io
+
+    cfg = fast_config(tmp_path, sampling={"drain_interval": 5.0}, output={"rotate_interval": 60.0})
+    with running_daemon(cfg, sampler_factory=lambda c: SlowDrainSampler(c.sampling.frequency)):
+        time.sleep(0.5)
+        for _ in range(2):  # the second one right after: its drain waits for the spacing, or is the first's
+            before = time.time_ns()
+            buf = io.BytesIO()
+            head = request(str(tmp_path / "flamed.sock"), {"request": "snapshot", "seconds": 0.3}, buf)
+            assert head["windows"] >= 1 and head["weight"] > 0 and buf.getvalue(), head
+            # whole windows: the newest one ends after the request came (its forced drain)
+            assert head["end_ns"] >= before - 250_000_000
+
+
 def test_flush_rotates_now(tmp_path: Path) -> None:
     with running_daemon(fast_config(tmp_path, output={"rotate_interval": 60.0}),
                         sampler_factory=fake_factory([])) as d:
@@ -430,6 +459,39 @@ def test_disk_refusing_writes_keeps_windows_in_memory_and_serves_snapshots(tmp_p
         assert st["write_error"] is None and st["backlog"]["files"] == 0
     weight, samples, n = files_total(prof)
     assert n >= 2 and weight == samples == samplers[0].produced
+
+
+def test_flush_says_when_the_file_could_not_be_written(tmp_path: Path) -> None:
+    """`flamed flush` (and `snapshot --flush`) while the state directory refuses writes: the
+    period is closed but waits in memory.  It said "nothing to write yet" and exit 0."""
+    from support import ROOT
+
+    cfg = fast_config(tmp_path, output={"rotate_interval": 60.0})
+    prof = tmp_path / "profiles"
+    sock = str(tmp_path / "flamed.sock")
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "flamed", *argv, "--socket", sock], capture_output=True,
+                              text=True, timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    with running_daemon(cfg, sampler_factory=fake_factory([])):
+        shutil.rmtree(prof)
+        prof.write_text("not a directory")  # a file where the directory was: every write fails
+        time.sleep(0.3)
+        head = request(sock, {"request": "flush"})
+        assert head["ok"] and head["file"] is None and "cannot write" in head["write_error"]
+        for argv in (["flush"], ["snapshot", "--flush"]):
+            time.sleep(0.3)  # a window to close
+            r = cli(*argv)
+            assert r.returncode == 1, (argv, r.stdout, r.stderr)
+            assert r.stdout == ""
+            assert r.stderr.startswith(f"flamed {argv[0]}: error: the daemon closed the file but could not write it: "
+                                        f"cannot write {prof}/"), r.stderr
+        # the directory is back: the backlog and this period are written, and flush names the file
+        prof.unlink()
+        r = cli("flush")
+        assert r.returncode == 0 and Path(r.stdout.strip()).is_file(), (r.stdout, r.stderr)
+        assert "write_error" not in request(sock, {"request": "flush"})
 
 
 def _free_port() -> int:

@@ -117,6 +117,36 @@ def test_retention_by_count_bytes_age(tmp_path: Path) -> None:
     assert metric(m, "flamed_retention_deletions_total", reason="max_age") == 1
 
 
+def test_retention_deletes_the_files_written_first_after_the_clock_went_back(tmp_path: Path) -> None:
+    """A step back of the wall clock (NTP, date -s) gives the new files older names than the
+    files before it: retention must still delete those written first, not each new file as
+    soon as it is written (the directory at its max_files, as it is after a week)."""
+    clock = Clock()
+    st, m = make(tmp_path, clock, ret_max_files=3)
+    for i in range(3):
+        st.add(T0 + i * 60 * S, T0 + (i + 1) * 60 * S, counts(1), 2, {}, 19.0)
+        clock.t = T0 + (i + 1) * 60 * S
+        st.rotate()
+    before = [f[1] for f in st.list_files()]
+    # The clock goes back an hour; two more periods are written.
+    back = T0 - 3600 * S
+    new = []
+    for i in range(2):
+        st.add(back + i * 60 * S, back + (i + 1) * 60 * S, counts(2), 3, {}, 19.0)
+        clock.t = back + (i + 1) * 60 * S
+        path = st.rotate()
+        assert path is not None and Path(path).exists(), f"{path} was deleted as soon as it was written"
+        new.append(os.path.basename(path))
+    kept = [f[1] for f in st.list_files()]
+    assert kept == before[2:] + new  # the two written first are gone, the new ones are the newest
+    assert os.readlink(tmp_path / "p" / "latest.folded") == new[-1]
+    assert (tmp_path / "p" / "latest.folded").exists()
+    assert metric(m, "flamed_retention_deletions_total", reason="max_files") == 2
+    # A restart reads the names alone: the directory is still within max_files and nothing goes.
+    st2, _ = make(tmp_path, clock, ret_max_files=3)
+    assert st2.apply_retention().files == 3
+
+
 def test_disk_error_keeps_backlog_and_writes_later(tmp_path: Path) -> None:
     st, m = make(tmp_path, backlog_max_bytes=300)
     blocker = tmp_path / "p"

@@ -70,6 +70,24 @@ def test_retention_counts_both_kinds(tmp_path: Path) -> None:
                      "offcpu-h1-20231114T221620Z.folded", "offcpu-h1-20231114T221720Z.folded"]
 
 
+def test_latest_offcpu_links_go_with_the_file_they_name(tmp_path: Path) -> None:
+    """off_cpu turned off: once retention deletes the last off-CPU file, its latest links go
+    too, instead of pointing at nothing (and status no longer names it)."""
+    st = store(tmp_path, max_files=2)
+    fill(st, 1)
+    d = tmp_path / "p"
+    assert (d / "latest-offcpu.folded").resolve().exists()
+    for i in range(1, 4):  # CPU periods only from here on
+        st.add(T0 + i * 60 * S, T0 + (i + 1) * 60 * S, dict(CPU), 30, {}, 99.0)
+        st.rotate()
+    assert not list(d.glob("offcpu-*"))
+    assert not (d / "latest-offcpu.folded").is_symlink() and not (d / "latest-offcpu.json").is_symlink()
+    assert st.last_written_offcpu is None
+    # the CPU links still name the newest CPU file
+    assert (d / "latest.folded").resolve() == d / "h1-20231114T221620Z.folded"
+    assert (d / "latest.json").resolve() == d / "h1-20231114T221620Z.json"
+
+
 def test_ring_keeps_kinds_apart() -> None:
     ring = WindowRing(600, 1000, clock_ns=lambda: T0)
     ring.add(RingWindow(T0 - S, T0, dict(CPU), 30), RingWindow(T0 - S, T0, dict(OFF), 0, kind="offcpu"))
