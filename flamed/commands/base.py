@@ -15,6 +15,8 @@ class Command:
 
     name: ClassVar[str] = ""
     order: ClassVar[int] = 50
+    #: Draws a progress line on a terminal's stderr while it reads large inputs (flamed.progress).
+    progress: ClassVar[bool] = False
 
     def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
         # None when the process was started with fd 1 closed (`>&-`): only

@@ -25,6 +25,7 @@ from flamed.errors import InputError
 from flamed.model import Profile, Sample, Stack, Weight, is_task, normalize_weight, parse_task_frame
 from flamed.outputs._timeline import group_by_thread, intervals, thread_names, typical_interval
 from flamed.outputs.base import OutputFormat, OutputOptions
+from flamed.progress import counted
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 _PY = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*\.pyx?):(?P<line>[1-9][0-9]{0,9})\)$", re.S)
@@ -110,7 +111,7 @@ def samples_document(samples: Iterable[Sample], *, name: str = "flamed", rate_hz
     t0 = min((lst[0].time_ns for lst in groups.values() if lst), default=0)
     profiles = []
     names = thread_names(groups)
-    for key, lst in groups.items():
+    for key, lst in counted(groups.items(), "timelines", len(groups), "threads"):
         interval = typical_interval(lst, rate_hz)
         events: list[tuple[int, int, int, int]] = []  # (at, order, kind 0=C 1=O, frame)
         # Opens and closes from the intervals; at equal times closes come first,
