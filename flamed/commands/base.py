@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import ClassVar, TextIO
 
+from flamed.progress import active as active_progress
 from flamed.errors import FlamedError
 
 
@@ -40,4 +41,7 @@ class Command:
         raise NotImplementedError
 
     def warn(self, message: str) -> None:
+        prog = active_progress()
+        if prog is not None and prog.stream is self.stderr:
+            prog.finish()  # the message on a line of its own; the progress line is drawn again below it
         print(f"flamed {self.name}: {message}", file=self.stderr)

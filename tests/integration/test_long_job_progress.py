@@ -42,9 +42,14 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     stacks = _stacks(20_000, 1)
     rng = random.Random(2)
     folded = d / "big.folded"
+    bad = False
     with folded.open("w") as f:
         while f.tell() < 5_000_000:
             f.write(f"{rng.choice(stacks)} {rng.randrange(1, 50)}\n")
+            if f.tell() > 2_500_000 and not bad:
+                # A malformed line: its message comes while the progress line is drawn.
+                f.write("no count here\n")
+                bad = True
     out = {"folded": folded}
     for name in ("a", "b"):
         t = 1_700_000_000_000_000_000
@@ -113,8 +118,15 @@ def test_progress_line_on_a_terminal_only_and_the_same_output(case: str, inputs:
     # The bar of the reading: bytes read of the inputs, against their total size.
     assert f"{cmd}: [".encode() in shown and b" MB " in shown and b"%" in shown, shown[-500:]
     assert b"Traceback" not in shown
-    # The line is cleared at the end: what follows it starts on a clean line.
-    assert shown.rstrip(b"\r\n").endswith(b"\r\x1b[K") or b"\r\x1b[K" + f"flamed {cmd}: ".encode() in shown, shown[-300:]
+    # The line is cleared at the end, and before each message of the command
+    # (the malformed line's, merge's remapped ids): every message on a line of its own.
+    last_draw = shown.rindex(f"\r{cmd}: ".encode())
+    assert b"\r\x1b[K" in shown[last_draw + 1 :], shown[-300:]
+    messages = [i for i in range(len(shown)) if shown.startswith(f"flamed {cmd}: ".encode(), i)]
+    for i in messages:
+        assert i == 0 or shown[:i].endswith((b"\n", b"\r\x1b[K")), shown[max(0, i - 120) : i + 80]
+    if "{folded}" in words:
+        assert f"flamed {cmd}: skipped 1 malformed line".encode() in shown, shown[-300:]
 
     piped = tmp_path / f"pipe.{ext}"
     r = subprocess.run([*FLAMED, *args, "-o", str(piped)], capture_output=True, timeout=WAIT, check=False)
