@@ -114,7 +114,14 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         parser.print_help(stdout if stdout is not None else sys.stdout)
         return 2
     try:
-        return int(cmd.run(args) or 0)
+        if not cmd.progress:
+            return int(cmd.run(args) or 0)
+        from flamed.progress import reading
+
+        # A long job over large inputs draws its progress on a terminal's stderr
+        # (flamed.progress), cleared before whatever ends the run is printed.
+        with reading(cmd.stderr, list(getattr(args, "inputs", None) or [None]), cmd.name):
+            return int(cmd.run(args) or 0)
     except FlamedError as e:
         print(f"flamed {cmd.name}: error: {e}", file=err)
         return e.exit_code

@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterable
 from typing import BinaryIO
 
+from flamed import progress
 from flamed.errors import InputError
 from flamed.fileio import bom_length, skip_bom
 from flamed.folded import MAX_COUNT, ReadStats, malformed_why, parse_line
@@ -164,6 +165,9 @@ def count_folded_file(
         from flamed.workers import pool_workers, wait_result
 
         results = wait_result(pool.map_async(_count_range, tasks), pool_workers(pool))
+    prog = progress.active()
+    if prog is not None:
+        prog.reached(path, cuts[-1])  # read by range in the workers, past open_input's count
     for part, pst in results:
         if not d:
             d.update(part)

@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any, BinaryIO, TextIO, cast
 
+from flamed import progress
 from flamed.errors import InputError, FlamedError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -52,13 +53,19 @@ def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
     else:
         name = str(path)
         try:
-            raw = open(path, "rb")  # noqa: SIM115 - returned to the caller
+            # Unbuffered under a progress line: the counting layer's buffer is the only one.
+            raw = open(path, "rb", buffering=0 if progress.active() is not None else -1)  # noqa: SIM115 - returned to the caller
         except FileNotFoundError:
             raise InputError("no such file", source=name) from None
         except IsADirectoryError:
             raise InputError("is a directory, expected a file", source=name) from None
         except PermissionError:
             raise InputError("permission denied", source=name) from None
+    prog = progress.active()
+    if prog is not None:
+        # A progress line is drawn: count what is read of this input (its bytes
+        # as stored, compressed or not, against the file's size).
+        raw = cast(BinaryIO, io.BufferedReader(_CountingRaw(raw, name, prog)))
     # Both are BufferedReaders unless sys.stdin was replaced (tests, embedding).
     buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(io.RawIOBase, raw))
     head = buffered.peek(2)[:2]
@@ -72,6 +79,42 @@ def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
         return cast(BinaryIO, gz)
     skip_bom(buffered)
     return buffered
+
+
+class _CountingRaw(io.RawIOBase):
+    """Reads ``inner`` and tells the progress line how far it got."""
+
+    def __init__(self, inner: BinaryIO, name: str, prog: progress.Progress) -> None:
+        self._inner = inner
+        self._name = name
+        self._prog = prog
+        self._pos = 0
+        # Where a file opened to read a range starts: what lies before counts too.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self._pos = inner.tell()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        inner: Any = self._inner
+        # One read of what is there (a pipe gives what it has), as a raw read would.
+        fn = getattr(inner, "readinto1", None) or inner.readinto
+        n = fn(b)
+        if n:
+            self._pos += n
+            self._prog.reached(self._name, self._pos)
+        return int(n or 0)
+
+    def fileno(self) -> int:
+        return self._inner.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._inner.close()
+            finally:
+                super().close()
 
 
 class _CheckedGzipFile(gzip.GzipFile):

@@ -44,6 +44,8 @@ class ReadStats:
     lines: int = 0
     records: int = 0
     skipped: int = 0
+    #: Of ``skipped``, the records of formats without lines (a speedscope file's samples and events).
+    skipped_samples: int = 0
     first_errors: list[str] = field(default_factory=list)
     max_errors_kept: int = 5
     #: Remarks for stderr that are not malformed lines (which event a perf
@@ -55,10 +57,18 @@ class ReadStats:
         if len(self.first_errors) < self.max_errors_kept:
             self.first_errors.append(f"{source}:{line}: {why}")
 
+    def skip_sample(self, source: str, where: str, why: str) -> None:
+        """A malformed record of a format without lines: ``where`` says which (``profile 2, sample 7``)."""
+        self.skipped += 1
+        self.skipped_samples += 1
+        if len(self.first_errors) < self.max_errors_kept:
+            self.first_errors.append(f"{source}: {where}: {why}")
+
     def merge(self, other: ReadStats) -> None:
         self.lines += other.lines
         self.records += other.records
         self.skipped += other.skipped
+        self.skipped_samples += other.skipped_samples
         self.notes.extend(other.notes)
         room = self.max_errors_kept - len(self.first_errors)
         if room > 0:
@@ -67,7 +77,14 @@ class ReadStats:
     def summary(self) -> str | None:
         if not self.skipped:
             return None
-        s = f"skipped {self.skipped} malformed line{'s' if self.skipped != 1 else ''}"
+        plural = "s" if self.skipped != 1 else ""
+        if not self.skipped_samples:
+            what = f"line{plural}"
+        elif self.skipped_samples == self.skipped:
+            what = f"sample{plural}"
+        else:
+            what = "lines and samples"
+        s = f"skipped {self.skipped} malformed {what}"
         if self.first_errors:
             s += " (first: " + self.first_errors[0] + ")"
         return s

@@ -142,7 +142,7 @@ def load_profile(
             if kind == "speedscope":
                 from flamed.outputs.speedscope import read_speedscope
 
-                profiles.append(read_speedscope(f.read(), source=source))
+                profiles.append(read_speedscope(f.read(), source=source, strict=strict, stats=st))
                 continue
             collapser = _collapse_guess(head, source)
             if collapser is not None and getattr(collapser, "name", "folded") not in FOLDED_FORMATS and path != "-":

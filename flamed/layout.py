@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 from flamed.model import Profile, Stack, Weight, decode_frame, normalize_weight
+from flamed.progress import phase
 
 #: Name of the root box that spans everything (flamegraph.pl's convention).
 ROOT_NAME = "all"
@@ -198,8 +199,11 @@ def flame_frames(
     push = todo.append
     emit_drawn = out.append
     emit_hidden = hidden.append if hidden is not None else None
+    ph = phase("layout", None, "boxes")  # a count only: how many boxes there are is known at the end
     while todo:
         lo, hi, off, depth, drawn = pop()
+        if ph is not None:
+            ph.step()
         i = lo
         # The parent's own samples (a key that ends at the parent) sort first.
         if off and len(keys[i]) == off - 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flamed.model import Profile, Weight, tidy_weight
+from flamed.progress import counted
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class FunctionStat:
 def function_stats(profile: Profile) -> list[FunctionStat]:
     self_w: dict[str, Weight] = {}
     total_w: dict[str, Weight] = {}
-    for stack, w in profile.stacks.items():
+    for stack, w in counted(profile.stacks.items(), "counting", len(profile.stacks), "stacks"):
         if not stack:
             continue
         leaf = stack[-1]

@@ -27,7 +27,6 @@ import gc
 import io
 import os
 import sys
-import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -46,12 +45,14 @@ from flamed.errors import InputError
 from flamed.fileio import bom_length, input_name, input_size, open_input
 from flamed.folded import ReadStats, is_differential
 from flamed.model import EMPTY_STACK_FRAME, Profile, Stack, Weight
+# Progress and its threshold live in flamed.progress (every long command draws it); kept importable here.
+from flamed.progress import PROGRESS_MIN_BYTES as PROGRESS_MIN_BYTES
+from flamed.progress import Progress as Progress
+from flamed.progress import reading
 from flamed.workers import pool_workers, wait_result
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 HEAD_BYTES = 64 << 10
-#: Show a progress bar for inputs larger than this (when stderr is a terminal).
-PROGRESS_MIN_BYTES = 4 << 20
 
 
 @dataclass
@@ -65,44 +66,6 @@ class CollapseResult:
     formats: dict[str, str] = field(default_factory=dict)
     #: Remarks for stderr (which event was kept, pid missing, ...).
     messages: list[str] = field(default_factory=list)
-
-
-class Progress:
-    """A one-line progress bar on a terminal, at most a few redraws a second."""
-
-    def __init__(self, stream: TextIO, total: int | None, label: str = "collapse") -> None:
-        self.stream = stream
-        self.total = total
-        self.label = label
-        self.done = 0
-        self.t0 = time.monotonic()
-        # A known large input is drawn at once; one of unknown size (stdin) only
-        # after a moment, so a short run shows nothing.
-        self._last = 0.0 if total else self.t0
-        self._drawn = False
-
-    def advance(self, nbytes: int) -> None:
-        self.done += nbytes
-        now = time.monotonic()
-        if now - self._last < 0.2:
-            return
-        self._last = now
-        mb = self.done / 1e6
-        rate = mb / max(now - self.t0, 1e-6)
-        if self.total:
-            frac = min(1.0, self.done / self.total)
-            bar = "#" * int(frac * 30)
-            text = f"{self.label}: [{bar:<30}] {frac * 100:5.1f}% {mb:8.1f}/{self.total / 1e6:.1f} MB {rate:6.1f} MB/s"
-        else:
-            text = f"{self.label}: {mb:8.1f} MB {rate:6.1f} MB/s"
-        self.stream.write("\r" + text)
-        self.stream.flush()
-        self._drawn = True
-
-    def finish(self) -> None:
-        if self._drawn:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
 
 
 # -- worker side -------------------------------------------------------------
@@ -425,9 +388,8 @@ def collapse(
     was = gc.isenabled()
     gc.disable()
     try:
-        return _collapse(
-            inputs, fmt=fmt, options=options, jobs=jobs, chunk_bytes=chunk_bytes, progress_stream=progress_stream
-        )
+        with reading(progress_stream, list(inputs) or [None], "collapse") as prog:
+            return _collapse(inputs, fmt=fmt, options=options, jobs=jobs, chunk_bytes=chunk_bytes, prog=prog)
     finally:
         if was:
             gc.enable()
@@ -440,7 +402,7 @@ def _collapse(
     options: CollapseOptions | None = None,
     jobs: int = 1,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    progress_stream: TextIO | None = None,
+    prog: Progress | None = None,
 ) -> CollapseResult:
     opts = options if options is not None else CollapseOptions()
     if not inputs:
@@ -492,13 +454,6 @@ def _collapse(
                     dst[k] = dst.get(k, 0) + w
             event_weight[ev] += sum(src.values())
 
-    total = 0
-    sizes = [input_size(p) for p in inputs]
-    total = sum(s for s in sizes if s) if all(s is not None for s in sizes) else 0
-    prog: Progress | None = None
-    if progress_stream is not None and _isatty(progress_stream) and (total == 0 or total > PROGRESS_MIN_BYTES):
-        prog = Progress(progress_stream, total or None)
-
     lines_seen = [0]
 
     def tasks() -> Iterator[tuple[str, bytes, str, int]]:
@@ -540,7 +495,7 @@ def _collapse(
                 for r in remote:
                     parts.extend(wait_result(r, rworkers))
                 if prog is not None:
-                    prog.advance(size)
+                    prog.reached(name, size)  # read by range, past open_input's count
                 # Ranges are summed in input order, so events keep their order of
                 # first appearance and the first errors stay the first.
                 parts.sort(key=lambda t: t[0])
@@ -577,8 +532,6 @@ def _collapse(
             yield from it
 
         for task in all_tasks():
-            if prog is not None:
-                prog.advance(len(task[1]))
             if jobs <= 1:
                 p = local.get(task[0])
                 if p is None:
@@ -599,8 +552,6 @@ def _collapse(
     finally:
         if pool is not None:
             _stop_pool(pool)
-        if prog is not None:
-            prog.finish()
 
     stats.lines = lines_seen[0]
     result.events = dict(event_weight)
@@ -725,13 +676,6 @@ def _fmt_w(w: Weight) -> str:
 
 def _n_samples(n: int) -> str:
     return f"{n:,} sample{'s' if n != 1 else ''}"
-
-
-def _isatty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def default_jobs() -> int:

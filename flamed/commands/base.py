@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import ClassVar, TextIO
 
+from flamed.progress import active as active_progress
 from flamed.errors import FlamedError
 
 
@@ -15,6 +16,8 @@ class Command:
 
     name: ClassVar[str] = ""
     order: ClassVar[int] = 50
+    #: Draws a progress line on a terminal's stderr while it reads large inputs (flamed.progress).
+    progress: ClassVar[bool] = False
 
     def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
         # None when the process was started with fd 1 closed (`>&-`): only
@@ -38,4 +41,7 @@ class Command:
         raise NotImplementedError
 
     def warn(self, message: str) -> None:
+        prog = active_progress()
+        if prog is not None and prog.stream is self.stderr:
+            prog.finish()  # the message on a line of its own; the progress line is drawn again below it
         print(f"flamed {self.name}: {message}", file=self.stderr)

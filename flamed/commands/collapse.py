@@ -114,6 +114,7 @@ class CollapseCommand(Command):
     """
 
     name = "collapse"
+    progress = True
     order = 10
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

@@ -40,6 +40,7 @@ class ExportCommand(Command):
     """
 
     name = "export"
+    progress = True
     order = 35
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

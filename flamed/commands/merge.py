@@ -101,6 +101,7 @@ class MergeCommand(Command):
     """
 
     name = "merge"
+    progress = True
     order = 12
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

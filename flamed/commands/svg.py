@@ -56,6 +56,7 @@ class SvgCommand(Command):
     """
 
     name = "svg"
+    progress = True
     order = 30
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

@@ -31,6 +31,7 @@ class TopCommand(Command):
     """
 
     name = "top"
+    progress = True
     order = 40
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

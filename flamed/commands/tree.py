@@ -23,6 +23,7 @@ class TreeCommand(Command):
     """
 
     name = "tree"
+    progress = True
     order = 41
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

@@ -24,6 +24,7 @@ from flamed.layout import flame_frames, table_from_profile
 from flamed.model import Profile, Sample, frame_kind, time_unit_ns
 from flamed.outputs._timeline import group_by_thread, intervals, thread_names, typical_interval
 from flamed.outputs.base import OutputFormat, OutputOptions
+from flamed.progress import counted
 
 
 def _us(ns: float) -> float:
@@ -42,7 +43,7 @@ def samples_trace(samples: Iterable[Sample], *, rate_hz: float | None = None) ->
     events: list[dict[str, Any]] = []
     named_pids: set[int] = set()
     names = thread_names(groups)
-    for (kpid, tid), lst in groups.items():
+    for (kpid, tid), lst in counted(groups.items(), "timelines", len(groups), "threads"):
         n = names[(kpid, tid)]
         # Without a pid in the capture each thread is shown as its own process
         # (under its tid) rather than all of them under one made-up process 0.

@@ -14,6 +14,7 @@ from typing import Any, BinaryIO
 
 from flamed.model import Profile, Weight, format_weight
 from flamed.outputs.base import OutputFormat, OutputOptions
+from flamed.progress import counted, phase
 
 # A node is [total weight, {child name: node}] (a list, mutated in place while summing).
 Node = list[Any]
@@ -21,7 +22,7 @@ Node = list[Any]
 
 def build_tree(profile: Profile) -> Node:
     root: Node = [0, {}]
-    for stack, w in profile.stacks.items():
+    for stack, w in counted(profile.stacks.items(), "building the tree", len(profile.stacks), "stacks"):
         node = root
         node[0] += w
         for frame in stack:
@@ -46,6 +47,7 @@ def write_tree(root: Node, out: BinaryIO, *, name: str = "root", indent: bool = 
     buf.append(head(name, root[0], 0))
     stack = [iter(sorted(root[1].items()))]
     first = [True]
+    ph = phase("writing", None, "nodes")
     while stack:
         item = next(stack[-1], None)
         if item is None:
@@ -58,6 +60,8 @@ def write_tree(root: Node, out: BinaryIO, *, name: str = "root", indent: bool = 
             buf.append(",")
         first[-1] = False
         buf.append(nl + head(fname, node[0], len(stack)))
+        if ph is not None:
+            ph.step()
         stack.append(iter(sorted(node[1].items())))
         first.append(True)
         if len(buf) > 4096:

@@ -60,6 +60,7 @@ from flamed.model import (
     time_unit_ns,
 )
 from flamed.outputs.base import OutputFormat, OutputOptions
+from flamed.progress import counted
 
 if TYPE_CHECKING:
     # protobuf is imported by the functions that build or read messages: every
@@ -243,7 +244,7 @@ def to_proto(profile: Profile, labelled: Iterable[LabelledSample] | None = None)
     # pprof values are int64, and its readers sum them in int64: a total past
     # INT64_MAX would wrap (go tool pprof shows negative totals and 2000% shares).
     total = cpu_total = 0
-    for stack, w, extra in entries:
+    for stack, w, extra in counted(entries, "samples", len(profile.stacks) if labelled is None else None, "stacks"):
         count = int(round(w * time_scale if time_scale else w))
         if count <= 0:
             continue

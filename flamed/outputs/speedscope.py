@@ -16,15 +16,18 @@ back together, so ``read_speedscope(write(p))`` gives ``p``'s stacks.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
 from typing import Any, BinaryIO
 
 from flamed import __version__
 from flamed.errors import InputError
-from flamed.model import Profile, Sample, Stack, Weight, is_task, normalize_weight, parse_task_frame
+from flamed.folded import ReadStats
+from flamed.model import INT64_MAX, Profile, Sample, Stack, Weight, is_task, normalize_weight, parse_task_frame
 from flamed.outputs._timeline import group_by_thread, intervals, thread_names, typical_interval
 from flamed.outputs.base import OutputFormat, OutputOptions
+from flamed.progress import counted
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 _PY = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*\.pyx?):(?P<line>[1-9][0-9]{0,9})\)$", re.S)
@@ -110,7 +113,7 @@ def samples_document(samples: Iterable[Sample], *, name: str = "flamed", rate_hz
     t0 = min((lst[0].time_ns for lst in groups.values() if lst), default=0)
     profiles = []
     names = thread_names(groups)
-    for key, lst in groups.items():
+    for key, lst in counted(groups.items(), "timelines", len(groups), "threads"):
         interval = typical_interval(lst, rate_hz)
         events: list[tuple[int, int, int, int]] = []  # (at, order, kind 0=C 1=O, frame)
         # Opens and closes from the intervals; at equal times closes come first,
@@ -155,8 +158,33 @@ def _frame_text(f: Any, source: str) -> str:
     return name
 
 
-def read_speedscope(stream: BinaryIO | bytes, *, source: str = "<input>") -> Profile:
-    """A Profile from a speedscope file: sampled weights, or evented durations."""
+def _bad_number(x: float, what: str) -> str | None:
+    """Why ``x`` cannot be a sample's weight or an event's time, or ``None``."""
+    if x != x or x in (math.inf, -math.inf):
+        return f"{what} {x} is not a finite number"
+    if x < 0 and what == "weight":
+        return f"weight {x} is negative: a weight is 0 or more"
+    if x > INT64_MAX:
+        return f"{what} {x} is over the int64 maximum ({INT64_MAX})"
+    return None
+
+
+def read_speedscope(
+    stream: BinaryIO | bytes, *, source: str = "<input>", strict: bool = False, stats: ReadStats | None = None
+) -> Profile:
+    """A Profile from a speedscope file: sampled weights, or evented durations.
+
+    A sample whose weight is negative, NaN, infinite or past int64 (and an event
+    whose time is not a finite number) is malformed, as a folded line with such a
+    count is: skipped and counted in ``stats``, or an error with ``strict``.
+    A weight of 0 is a sample of no weight: nothing to add, nothing wrong.
+    """
+    st = stats if stats is not None else ReadStats()
+
+    def malformed(where: str, why: str) -> None:
+        if strict:
+            raise InputError(f"{where}: {why}", source=source)
+        st.skip_sample(source, where, why)
     data = stream if isinstance(stream, bytes) else stream.read()
     try:
         doc = json.loads(data)
@@ -177,7 +205,7 @@ def read_speedscope(stream: BinaryIO | bytes, *, source: str = "<input>") -> Pro
             raise InputError(f"frame index {i!r} out of range", source=source)
         return names[i]
 
-    for prof in doc["profiles"]:
+    for pi, prof in enumerate(doc["profiles"]):
         if not isinstance(prof, dict):
             raise InputError("speedscope profile is not an object", source=source)
         unit = prof.get("unit", "none")
@@ -190,9 +218,14 @@ def read_speedscope(stream: BinaryIO | bytes, *, source: str = "<input>") -> Pro
             weights = prof.get("weights") or [1] * len(samples)
             if not isinstance(weights, list) or len(samples) != len(weights):
                 raise InputError("sampled profile: 'samples' and 'weights' differ in length", source=source)
-            for stack_ids, w in zip(samples, weights):
+            for si, (stack_ids, w) in enumerate(zip(samples, weights)):
                 if not isinstance(stack_ids, list) or not isinstance(w, (int, float)) or isinstance(w, bool):
                     raise InputError("sampled profile: bad sample or weight", source=source)
+                why = _bad_number(w, "weight")
+                if why is not None:
+                    malformed(f"profile {pi}, sample {si}", why)
+                    continue
+                st.records += 1
                 if w > 0:
                     p.add(tuple(frame(i) for i in stack_ids), normalize_weight(w))
         elif kind == "evented":
@@ -201,13 +234,21 @@ def read_speedscope(stream: BinaryIO | bytes, *, source: str = "<input>") -> Pro
             events = prof.get("events", [])
             if not isinstance(events, list):
                 raise InputError("evented profile: 'events' is not a list", source=source)
-            for ev in events:
-                if not isinstance(ev, dict) or not isinstance(ev.get("at"), (int, float)):
+            for ei, ev in enumerate(events):
+                if not isinstance(ev, dict) or not isinstance(ev.get("at"), (int, float)) or isinstance(ev["at"], bool):
                     raise InputError("evented profile: bad event", source=source)
                 at = ev["at"]
-                if stack and last is not None and at > last:
-                    p.add(tuple(stack), normalize_weight(at - last))
-                last = at
+                why = _bad_number(at, "time")
+                if why is not None:
+                    # Its open or close still counts (the nesting stays right); the
+                    # time around it, which cannot be measured, is left out.
+                    malformed(f"profile {pi}, event {ei}", why)
+                    last = None
+                else:
+                    st.records += 1
+                    if stack and last is not None and at > last:
+                        p.add(tuple(stack), normalize_weight(at - last))
+                    last = at
                 name = frame(ev.get("frame"))
                 if ev.get("type") == "O":
                     stack.append(name)

@@ -36,6 +36,7 @@ from flamed.outputs._svgattrs import XLINK, NameAttr, read_nameattr
 from flamed.outputs._timeline import lanes
 from flamed.outputs.base import OutputFormat, OutputOptions
 from flamed.palette import Colorer, background, diff_color, kind_color
+from flamed.progress import counted
 
 FONT_SIZE = 12
 #: Average glyph width as a fraction of the font size, used to fit labels.
@@ -299,7 +300,7 @@ def render_boxes(
     names: dict[str, tuple[str, str, str, str, str | None]] = {}
     bottom = height - ypad2
     rh = fh - 1
-    for b in boxes:
+    for b in counted(boxes, "drawing", len(boxes), "boxes"):
         name = b.name
         known = names.get(name) if b.depth else None
         if known is None:

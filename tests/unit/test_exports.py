@@ -360,6 +360,62 @@ def test_speedscope_reader_never_crashes(doc: object) -> None:
         pass
 
 
+def _sampled_doc(weights: list[object]) -> bytes:
+    doc = {
+        "shared": {"frames": [{"name": "main"}, {"name": "work"}]},
+        "profiles": [{"type": "sampled", "name": "p", "unit": "none", "startValue": 0, "endValue": 1,
+                      "samples": [[0, 1]] * len(weights), "weights": weights}],
+    }
+    return json.dumps(doc).encode()  # float('nan') and inf as JSON's NaN and Infinity, which speedscope files may hold
+
+
+def test_speedscope_bad_weights_are_skipped_and_counted_as_folded_counts_are(tmp_path: Path) -> None:
+    # A negative, NaN, infinite or past-int64 weight was dropped without a word
+    # (the reader kept only weights > 0), while the folded reader reports a
+    # negative count as a malformed line: both now skip, count and say so.
+    from flamed.folded import ReadStats
+
+    stats = ReadStats()
+    data = _sampled_doc([3, -2, float("nan"), float("inf"), 1e30, 0, 4])
+    p = read_speedscope(data, source="x.json", stats=stats)
+    assert p.stacks == {("main", "work"): 7}
+    assert stats.skipped == 4 and stats.records == 3
+    assert stats.first_errors == [
+        "x.json: profile 0, sample 1: weight -2 is negative: a weight is 0 or more",
+        "x.json: profile 0, sample 2: weight nan is not a finite number",
+        "x.json: profile 0, sample 3: weight inf is not a finite number",
+        f"x.json: profile 0, sample 4: weight 1e+30 is over the int64 maximum ({2**63 - 1})",
+    ]
+    assert stats.summary() == (
+        "skipped 4 malformed samples (first: x.json: profile 0, sample 1: weight -2 is negative: a weight is 0 or more)"
+    )
+    with pytest.raises(InputError, match=r"x.json: profile 0, sample 1: weight -2 is negative"):
+        read_speedscope(data, source="x.json", strict=True)
+    # An evented profile's event at a NaN time: counted, its open/close kept.
+    ev = json.loads(data)
+    ev["profiles"] = [{"type": "evented", "name": "e", "unit": "none", "startValue": 0, "endValue": 9, "events": [
+        {"type": "O", "frame": 0, "at": 0}, {"type": "O", "frame": 1, "at": float("nan")},
+        {"type": "C", "frame": 1, "at": 5}, {"type": "C", "frame": 0, "at": 9}]}]
+    stats = ReadStats()
+    p = read_speedscope(json.dumps(ev).encode(), source="e.json", stats=stats)
+    assert stats.skipped == 1 and stats.first_errors == ["e.json: profile 0, event 1: time nan is not a finite number"]
+    assert p.stacks == {("main",): 4}
+
+    # The commands say it as they say it of a folded file's negative count.
+    ss = tmp_path / "bad.speedscope.json"
+    ss.write_bytes(_sampled_doc([3, -2]))
+    folded = tmp_path / "bad.folded"
+    folded.write_text("main;work 3\nmain;work -2\n")
+    for path, first in ((ss, f"{ss}: profile 0, sample 1: weight -2 is negative"), (folded, f"{folded}:2: count -2 is negative")):
+        out, err = io.StringIO(), io.StringIO()
+        assert main(["export", "--format", "folded", str(path), "-o", str(tmp_path / "o.folded")], stdout=out, stderr=err) == 0
+        assert (tmp_path / "o.folded").read_text() == "main;work 3\n"
+        assert f"flamed export: skipped 1 malformed {'sample' if path == ss else 'line'} (first: {first}" in err.getvalue()
+        err = io.StringIO()
+        assert main(["export", "--strict", "--format", "folded", str(path)], stdout=out, stderr=err) == 1
+        assert f"flamed export: error: {first}" in err.getvalue()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_pprof_reader_never_crashes(data: bytes) -> None:
