@@ -9,6 +9,7 @@ import ctypes as ct
 import shutil
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -243,3 +244,39 @@ def test_a_large_table_is_built_aside_and_loaded_when_ready(tmp_path: Path) -> N
         assert u.stats.tables_built == 1 and u.stats.rows_used == slots(py)
     finally:
         u.stop()
+
+
+def test_stop_does_not_wait_for_a_large_table_being_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reload stops the old sampler's unwinder while it may be building a large
+    table (libclang-cpp: seconds, tens of seconds on a loaded host): stop returns
+    without waiting for it, and the build, left to finish, still fills the cache."""
+    py = Path("/usr/bin/python3.11")
+    need(py.exists(), "Debian's python3.11")
+    proc = tmp_path / "proc"
+    fake_process(proc, 10, [py])
+    u, _maps = make(tmp_path, proc, rows=70000)  # python3.11's table is large here: built aside
+    release, building = threading.Event(), threading.Event()
+    real_build = ehframe.build_table
+
+    def slow_build(path: str, info: ehframe.ElfInfo | None = None) -> ehframe.Table:
+        building.set()
+        assert release.wait(60), "never released"
+        return real_build(path, info)
+
+    monkeypatch.setattr(ehframe, "build_table", slow_build)
+    u.start()
+    stopped = threading.Event()
+    try:
+        u.submit(10, 0x7F0000000000 + 0x100)  # a sample landed in it: its table is built
+        assert building.wait(30), "the build never began"
+        stopper = threading.Thread(target=lambda: (u.stop(), stopped.set()))
+        stopper.start()
+        # stop returns while the build is still held (before, it waited up to 30 s for it).
+        assert stopped.wait(20), "stop waited for the table being built"
+    finally:
+        release.set()
+    # The build goes on and writes its table to the cache.
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "cache").glob("*.uwt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list((tmp_path / "cache").glob("*.uwt"))

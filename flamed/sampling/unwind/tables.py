@@ -54,6 +54,8 @@ _LAZY_FRACTION = 16
 #: A table none of whose processes had an unwound sample for this long may
 #: be evicted to make room (a drain interval is 10 s by default).
 EVICT_IDLE_S = 30.0
+#: How long stopping waits for a table being built (see Unwinder.stop).
+BUILDER_STOP_WAIT_S = 1.0
 
 
 class TableEntry(NamedTuple):
@@ -307,8 +309,14 @@ class Unwinder:
                 log.warning("the unwinder's worker did not stop within 30 s")
             self._thread = None
         if self._builder is not None:
+            # A large table (libLLVM, libclang-cpp) takes seconds to build, more on
+            # a loaded host, and a reload or stop must not wait for it: the builder
+            # writes only the table cache (a whole file, renamed into place) and
+            # ends after the table it is building.
             self._builds.put(None)
-            self._builder.join(timeout=30)
+            self._builder.join(timeout=BUILDER_STOP_WAIT_S)
+            if self._builder.is_alive():
+                log.debug("the unwind table being built is left to finish in the background")
             self._builder = None
 
     def submit(self, tgid: int, addr: int | None = None, *, load_key: str | None = None) -> None:
