@@ -64,17 +64,35 @@ fi
 
 # The venv: Debian's python3 (bcc's binding only works there) with system site
 # packages, so `import bcc` and `import systemd` resolve to Debian's modules.
+# A .venv made by hand without system site packages would never see bcc: re-made.
 if [ ! -x "$VENV/bin/python" ]; then
     log "creating $VENV"
-    /usr/bin/python3 -m venv --system-site-packages "$VENV"
+    /usr/bin/python3 -m venv --clear --system-site-packages "$VENV"
+elif ! grep -qx 'include-system-site-packages *= *true' "$VENV/pyvenv.cfg" 2>/dev/null; then
+    log "$VENV does not use the system site packages (bcc would not import); re-creating it"
+    /usr/bin/python3 -m venv --clear --system-site-packages "$VENV"
 fi
 STAMP="$VENV/.flamed-installed"
 REQS="$HERE/packaging/requirements.txt"
 sum=$(cat "$REQS" "$HERE/pyproject.toml" | sha256sum | cut -d' ' -f1)
+pip_failed() {
+    log "error: pip could not install $1 into $VENV (pip's message is above)"
+    log "  is the package index reachable? (PIP_INDEX_URL=${PIP_INDEX_URL:-unset: pip's config or pypi.org})"
+    log "  run this again once it is: it picks up where it stopped"
+    exit 1
+}
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$sum" ] || [ ! -x "$VENV/bin/flamed" ]; then
+    # Checked only when there is something to install: a venv whose creation was
+    # cut short (Ctrl-C during ensurepip) has a python but a pip that cannot run,
+    # and every later run would fail on it the same way.
+    if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+        log "$VENV is incomplete (its pip does not run); re-creating it"
+        /usr/bin/python3 -m venv --clear --system-site-packages "$VENV"
+    fi
     log "installing Python dependencies into $VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQS"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$HERE"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQS" || pip_failed "$REQS"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$HERE" \
+        || pip_failed "flamed itself (pip install -e $HERE)"
     echo "$sum" > "$STAMP"
 fi
 "$VENV/bin/python" -c 'import bcc' 2>/dev/null || log "warning: bcc does not import in $VENV (is python3-bpfcc installed?)"
