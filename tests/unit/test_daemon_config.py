@@ -157,6 +157,48 @@ def test_cli_check_config_reports_key(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "Traceback" not in err
 
 
+def _check(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    cfg = tmp_path / "flamed.toml"
+    cfg.write_text(text)
+    code = main(["daemon", "--config", str(cfg), "--check-config"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_check_config_refuses_paths_the_daemon_would_refuse(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """--check-config said ok, and the daemon then stopped at start with exit 2:
+    a file where state_dir or the socket's directory goes, a dangling link, a
+    file at the socket's path."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    sock = f'\n[control]\nsocket = "{tmp_path}/ok.sock"\n'
+    cases = {
+        f'[output]\nstate_dir = "{tmp_path}/afile/profiles"\n{sock}':
+            f"output.state_dir: {tmp_path}/afile (in the path of {tmp_path}/afile/profiles) is a regular file, "
+            "not a directory",
+        f'[output]\nstate_dir = "{tmp_path}/dangling"\n{sock}':
+            f"output.state_dir: {tmp_path}/dangling is a symbolic link to '{tmp_path}/gone', which does not exist",
+        f'[output]\nstate_dir = "{tmp_path}/s"\n[control]\nsocket = "{tmp_path}/afile"\n':
+            f"control.socket: {tmp_path}/afile exists and is not a socket",
+        f'[output]\nstate_dir = "{tmp_path}/s"\n[control]\nsocket = "{tmp_path}/afile/flamed.sock"\n':
+            f"control.socket: {tmp_path}/afile is a regular file, not a directory",
+    }
+    for text, message in cases.items():
+        code, out, err = _check(tmp_path, text, capsys)
+        assert code == 2, (text, out, err)
+        assert err.count("\n") == 1 and message in err, (text, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "dangling", "flamed.toml"]
+
+
+def test_check_config_creates_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Missing directories are fine (the daemon creates them) but --check-config leaves them missing."""
+    code, out, err = _check(tmp_path, f'[output]\nstate_dir = "{tmp_path}/a/b"\n'
+                                      f'[control]\nsocket = "{tmp_path}/run/flamed.sock"\n', capsys)
+    assert (code, err) == (0, "") and out.endswith(": ok\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flamed.toml"]
+
+
 def test_allowed_users_in_non_ascii_digits_are_names_not_ids() -> None:
     """'²' passes str.isdigit() but not int(): it is looked up as a name (none
     such, ignored as unknown names are), not a traceback at start."""
