@@ -343,6 +343,10 @@ _RANGES: dict[str, tuple[float, float]] = {
     "pyroscope.max_queue": (1, 1 << 20),
     "pyroscope.retry_max_backoff": (1, 86400),
 }
+#: Ranges of each element of a list key: a process id is at most PID_MAX_LIMIT (2^22) on Linux.
+_ELEMENT_RANGES: dict[str, tuple[int, int]] = {
+    "sampling.pids": (0, 1 << 22),
+}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "sampling.sampler": SAMPLERS,
     "sampling.event": ("auto", "cycles", "cpu-clock"),
@@ -474,6 +478,11 @@ def build_options(cls: type[Any], raw: Mapping[str, Any], prefix: str) -> Any:
                                   f"[{_shown(dotted, lo)}, {_shown(dotted, hi)}]")
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
             raise ConfigError(f"{dotted}: must not be negative, got {v!r}")
+        if dotted in _ELEMENT_RANGES:
+            lo, hi = _ELEMENT_RANGES[dotted]
+            for i, x in enumerate(v):
+                if not lo <= x <= hi:
+                    raise ConfigError(f"{dotted}[{i}]: {x} is out of range [{lo}, {hi}]")
         if dotted in _CHOICES and v not in _CHOICES[dotted]:
             raise ConfigError(f"{dotted}: {v!r} is not one of {', '.join(_CHOICES[dotted])}")
         values[key] = v

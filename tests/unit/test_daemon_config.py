@@ -157,6 +157,15 @@ def test_cli_check_config_reports_key(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("pid", [-1, (1 << 22) + 1, 1 << 40])
+def test_pids_out_of_range_name_the_element(pid: int) -> None:
+    """A negative or impossible pid was accepted, and the BPF filter map's u32 key
+    wrapped it to some other pid (-1: 4294967295), so nothing was sampled, silently."""
+    with pytest.raises(ConfigError, match=rf"^sampling\.pids\[1\]: {pid} is out of range \[0, 4194304\]$"):
+        config_from_dict({"sampling": {"pids": [1, pid]}})
+    assert config_from_dict({"sampling": {"pids": [1, 4194304]}}).sampling.pids == (1, 4194304)
+
+
 def _check(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     cfg = tmp_path / "flamed.toml"
     cfg.write_text(text)
