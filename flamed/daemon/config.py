@@ -551,6 +551,10 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str | None = None) -> Da
 
 def _decode_toml(file: str, data: bytes) -> str:
     """The file's text; TOML is UTF-8, and tomllib's own decode error would be a bare traceback."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        # What some editors put first; tomllib's "Invalid statement (at line 1, column 1)" does not say it.
+        raise ConfigError(f"{file}: starts with a UTF-8 byte order mark (bytes ef bb bf), which TOML does not "
+                          "allow: re-save the file as UTF-8 without BOM")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -577,6 +581,9 @@ def load_config(path: str | None = None, *, overrides: Mapping[str, Any] | None 
             data = f.read()
         raw = tomllib.loads(_decode_toml(file, data))
     except FileNotFoundError:
+        if os.path.islink(file):
+            # Someone meant a file to be there: not "no file, all defaults", even for the default path.
+            raise ConfigError(f"{file}: a symbolic link to {os.readlink(file)!r}, which does not exist") from None
         if not missing_ok:
             raise ConfigError(f"{file}: no such config file") from None
         cfg = DaemonConfig()

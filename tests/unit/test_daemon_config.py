@@ -166,6 +166,33 @@ def test_pids_out_of_range_name_the_element(pid: int) -> None:
     assert config_from_dict({"sampling": {"pids": [1, 4194304]}}).sampling.pids == (1, 4194304)
 
 
+def test_byte_order_mark_is_named(tmp_path: Path) -> None:
+    """A file saved with a BOM was 'not valid TOML: Invalid statement (at line 1, column 1)'."""
+    cfg = tmp_path / "flamed.toml"
+    cfg.write_bytes(b"\xef\xbb\xbf[sampling]\nfrequency = 10\n")
+    with pytest.raises(ConfigError, match="starts with a UTF-8 byte order mark .* without BOM"):
+        load_config(str(cfg))
+
+
+@pytest.mark.parametrize("explicit", [True, False], ids=["--config", "default-path"])
+def test_dangling_config_link_is_an_error_not_defaults(tmp_path: Path, explicit: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config file that is a link to a file gone: the default path read as
+    'no file, all defaults' and the daemon started on defaults, silently."""
+    link = tmp_path / "flamed.toml"
+    link.symlink_to(tmp_path / "moved.toml")
+    if explicit:
+        call = lambda: load_config(str(link))  # noqa: E731
+    else:
+        import flamed.daemon.config as config
+
+        monkeypatch.setattr(config, "DEFAULT_CONFIG_PATH", str(link))
+        call = lambda: load_config(None)  # noqa: E731
+    with pytest.raises(ConfigError, match=rf"flamed\.toml: a symbolic link to '{tmp_path}/moved\.toml', "
+                                          "which does not exist"):
+        call()
+
+
 def _check(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     cfg = tmp_path / "flamed.toml"
     cfg.write_text(text)
