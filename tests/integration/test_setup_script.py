@@ -82,3 +82,72 @@ def test_venv_without_system_site_packages_is_recreated(checkout: Path) -> None:
     out = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, timeout=60,
                          check=True).stdout
     assert out.strip() == "True"
+
+
+#: What setup.sh runs besides apt-get, npm and id, which the tests below replace.
+TOOLS = ("dirname", "dpkg-query", "grep", "uname", "ls", "sort", "tail", "sed", "basename", "mkdir", "ln", "cat",
+         "sha256sum", "cut")
+
+
+def _fake_tools(root: Path, uid: int) -> Path:
+    """A PATH of the real tools plus: ``id`` saying ``uid``; ``apt-get`` logging its
+    calls (and refusing, as apt does, when not root), whose install of npm puts an
+    ``npm`` here; no npm until then (Debian 12's nodejs does not bring one)."""
+    bin_ = root / "fakebin"
+    bin_.mkdir()
+    for t in TOOLS:
+        real = shutil.which(t)
+        assert real is not None, t
+        (bin_ / t).symlink_to(real)
+    log = root / "apt.log"
+    (bin_ / "id").write_text(f"#!/bin/sh\necho {uid}\n")
+    (bin_ / "apt-get").write_text(f"""#!/bin/sh
+echo "$*" >> {log}
+[ "$(id -u)" = 0 ] || {{ echo "E: Could not open lock file - open (13: Permission denied)" >&2; exit 100; }}
+case " $* " in *" install "*" npm "*|*" install "*" npm")
+    printf '#!/bin/sh\\nwhile [ "$1" != --prefix ]; do shift; done\\n'\\
+'mkdir -p "$2/node_modules/speedscope" && echo {{}} > "$2/node_modules/speedscope/package.json"\\n' > {bin_}/npm
+    /bin/chmod +x {bin_}/npm;;
+esac
+""")
+    for f in ("id", "apt-get"):
+        (bin_ / f).chmod(0o755)
+    return bin_
+
+
+def _installed_venv(root: Path) -> None:
+    """A .venv setup.sh takes as complete: system site packages, its stamp, a flamed script."""
+    import hashlib
+
+    venv = root / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to("/usr/bin/python3")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = true\n")
+    (venv / "bin" / "flamed").write_text("#!/bin/sh\n")
+    (venv / "bin" / "flamed").chmod(0o755)
+    data = (root / "packaging" / "requirements.txt").read_bytes() + (root / "pyproject.toml").read_bytes()
+    (venv / ".flamed-installed").write_text(hashlib.sha256(data).hexdigest() + "\n")
+
+
+@pytest.mark.parametrize("uid", [0, 1000], ids=["root", "not-root"])
+def test_npm_is_installed_with_the_other_debian_packages(checkout: Path, uid: int) -> None:
+    """`setup.sh --test` without npm: it was an apt-get install of its own, after
+    the root check and without `apt-get update`, so a user who was not root got
+    apt's lock error instead of the list of what to install."""
+    bin_ = _fake_tools(checkout, uid)
+    _installed_venv(checkout)
+    env = {"PATH": str(bin_), "HOME": str(checkout)}
+    res = subprocess.run(["/bin/sh", str(checkout / "packaging" / "setup.sh"), "--test"], cwd=checkout, env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    apt = (checkout / "apt.log").read_text().splitlines() if (checkout / "apt.log").exists() else []
+    speedscope = checkout / "tests" / ".node" / "node_modules" / "speedscope" / "package.json"
+    if uid == 0:
+        assert res.returncode == 0, res.stderr
+        assert apt[0] == "update -qq", apt
+        assert apt[1].startswith("install ") and apt[1].split()[-1] == "npm", apt
+        assert speedscope.is_file()
+    else:
+        assert res.returncode == 1, res.stderr
+        assert apt == []
+        assert "missing Debian packages:" in res.stderr and " npm; run this script as root" in res.stderr, res.stderr
+        assert not speedscope.exists()
