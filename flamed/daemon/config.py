@@ -26,6 +26,8 @@ from flamed.errors import ConfigError
 from flamed.sampling.contract import canonical_root
 
 DEFAULT_CONFIG_PATH = "/etc/flamed/flamed.toml"
+#: Largest config file read; more is refused, not read to the end.
+MAX_CONFIG_BYTES = 1 << 20
 
 ROOT_FRAMES = ("comm", "pid", "tid", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -578,7 +580,10 @@ def load_config(path: str | None = None, *, overrides: Mapping[str, Any] | None 
         missing_ok = not explicit
     try:
         with open(file, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_CONFIG_BYTES + 1)  # bounded: --config /dev/zero must not take all memory
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{file}: more than {MAX_CONFIG_BYTES >> 20} MiB: not a flamed config "
+                              "(packaging/flamed.toml, every key with its comment, is 8 KiB)")
         raw = tomllib.loads(_decode_toml(file, data))
     except FileNotFoundError:
         if os.path.islink(file):

@@ -193,6 +193,28 @@ def test_dangling_config_link_is_an_error_not_defaults(tmp_path: Path, explicit:
         call()
 
 
+def test_endless_config_file_is_refused_not_read_to_the_end(tmp_path: Path) -> None:
+    """`--config /dev/zero` read until memory ran out (a MemoryError traceback,
+    or the OOM killer); what is read now stops after 1 MiB."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:  # 1 GiB of address space: reading /dev/zero to the end would exceed it
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    r = subprocess.run([sys.executable, "-m", "flamed", "daemon", "--config", "/dev/zero", "--check-config"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT, preexec_fn=limit, check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "flamed daemon: error: /dev/zero: more than 1 MiB: not a flamed config " \
+                       "(packaging/flamed.toml, every key with its comment, is 8 KiB)\n"
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"# " + b"x" * (1 << 20) + b"\n")
+    with pytest.raises(ConfigError, match="more than 1 MiB"):
+        load_config(str(big))
+    assert (ROOT / "packaging" / "flamed.toml").stat().st_size < 16 << 10
+
+
 def _check(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     cfg = tmp_path / "flamed.toml"
     cfg.write_text(text)
