@@ -81,6 +81,10 @@ class DaemonCommand(Command):
             # systemd owns the socket, but the daemon run by hand binds control.socket).
             check_directory(cfg.output.state_dir, "output.state_dir")
             check_socket_path(cfg.control.socket)
+            if cfg.pyroscope.server_address and cfg.pyroscope.basic_auth_password_file:
+                from flamed.daemon.pyroscope import read_password
+
+                read_password(cfg.pyroscope.basic_auth_password_file)  # as the start reads it
             print(f"{cfg.source or 'defaults'}: ok", file=self.stdout)
             return 0
         if args.print_bpf:

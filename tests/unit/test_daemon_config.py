@@ -263,3 +263,28 @@ def test_allowed_users_in_non_ascii_digits_are_names_not_ids() -> None:
     from flamed.daemon.control import resolve_ids
 
     assert resolve_ids(["0", "\u00b2", "\u0663"], "user") == frozenset({0})
+
+
+def test_password_file_is_read_by_check_config_and_bad_bytes_are_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--check-config said ok for a password file the start could not read, and a
+    file that was not UTF-8 stopped the start with a UnicodeDecodeError traceback."""
+    from flamed.daemon.pyroscope import read_password
+
+    good = tmp_path / "pw"
+    good.write_bytes(b"s3cret\nignored\n")
+    good.chmod(0o600)
+    binary = tmp_path / "pw.bin"
+    binary.write_bytes(b"\xff\xfes3cret\n")
+    base = f'[output]\nstate_dir = "{tmp_path}/s"\n[control]\nsocket = "{tmp_path}/c.sock"\n' \
+           '[pyroscope]\nserver_address = "http://127.0.0.1:4040"\n'
+    code, out, err = _check(tmp_path, base + f'basic_auth_password_file = "{good}"\n', capsys)
+    assert (code, err) == (0, "") and out.endswith(": ok\n")
+    assert read_password(str(good)) == "s3cret"
+    for path, message in ((tmp_path / "missing", "cannot read"),
+                          (binary, "not UTF-8 text (byte 0xff at offset 0)"),
+                          (Path("/dev/zero"), "first line longer than 64 KiB")):
+        code, out, err = _check(tmp_path, base + f'basic_auth_password_file = "{path}"\n', capsys)
+        assert code == 1 and out == "", (path, err)
+        assert err.startswith("flamed daemon: error: pyroscope.basic_auth_password_file: ") \
+            and str(path) in err and message in err and err.count("\n") == 1, err
