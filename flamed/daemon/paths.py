@@ -112,15 +112,15 @@ def ensure_directory(path: str, key: str) -> list[str]:
 def check_directory(path: str, key: str) -> None:
     """What :func:`ensure_directory` would refuse, found without creating
     anything (``flamed daemon --check-config``): something other than a
-    directory in the way, a dangling link, or a directory this user may not
-    write to (as the user running the check: the unit's sandbox is not applied)."""
+    directory in the way, a dangling link, a read-only file system. Not
+    permissions: the check may run as another user than the daemon (which the
+    unit runs as root), and a directory it cannot write may be fine for the daemon."""
     path = os.path.abspath(path)
     missing = _missing(path, key)
     existing = os.path.dirname(missing[-1]) if missing else path
-    if not os.access(existing, os.W_OK | os.X_OK):
-        err = errno.EROFS if _read_only(existing) else errno.EACCES
+    if _read_only(existing):
         target = f"create directory {missing[-1]}" if missing else f"write to {path}"
-        raise path_error(f"{key}: cannot {target}: {os.strerror(err)}{_hint(err)}", err)
+        raise path_error(f"{key}: cannot {target}: {os.strerror(errno.EROFS)}{_hint(errno.EROFS)}", errno.EROFS)
 
 
 def _read_only(path: str) -> bool:

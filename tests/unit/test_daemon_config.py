@@ -288,3 +288,28 @@ def test_password_file_is_read_by_check_config_and_bad_bytes_are_one_line(
         assert code == 1 and out == "", (path, err)
         assert err.startswith("flamed daemon: error: pyroscope.basic_auth_password_file: ") \
             and str(path) in err and message in err and err.count("\n") == 1, err
+
+
+def test_check_config_refuses_a_state_dir_on_a_read_only_file_system(tmp_path: Path) -> None:
+    """A state_dir to be created on a read-only mount: the start stops with exit 2
+    (EROFS), so --check-config says so too (in a private mount namespace, over a
+    read-only tmpfs)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (util-linux) for a private read-only mount")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    cfg = tmp_path / "flamed.toml"
+    cfg.write_text(f'[output]\nstate_dir = "{ro}/profiles"\n[control]\nsocket = "{tmp_path}/c.sock"\n')
+    script = 'mount -t tmpfs -o ro flamed-ro-test "$0" && exec "$@"'
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(ro),
+                        sys.executable, "-m", "flamed", "daemon", "--config", str(cfg), "--check-config"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"flamed daemon: error: output.state_dir: cannot create directory {ro}/profiles: "
+                               "Read-only file system"), r.stderr
+    assert not (ro / "profiles").exists()
