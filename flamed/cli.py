@@ -162,9 +162,15 @@ class _CheckedStdout(io.BufferedWriter):
     traceback (or, at exit, "Exception ignored"); a reader gone away stays a
     ``BrokenPipeError``, which :func:`main` ends quietly."""
 
+    #: Every write reaches the descriptor at once (python -u, PYTHONUNBUFFERED), as before.
+    unbuffered = False
+
     def write(self, data: bytes) -> int:  # type: ignore[override]
         try:
-            return super().write(data)
+            n = super().write(data)
+            if self.unbuffered:
+                super().flush()
+            return n
         except BrokenPipeError:
             raise
         except OSError as e:
@@ -190,8 +196,10 @@ def _check_stdout() -> None:
     except (AttributeError, OSError, ValueError):
         return
     old.flush()
+    checked = _CheckedStdout(io.FileIO(fd, "wb", closefd=False))
+    checked.unbuffered = not isinstance(getattr(old, "buffer", None), io.BufferedWriter)
     sys.stdout = io.TextIOWrapper(
-        _CheckedStdout(io.FileIO(fd, "wb", closefd=False)),
+        checked,
         encoding=old.encoding, errors=old.errors,
         line_buffering=bool(old.line_buffering), write_through=bool(getattr(old, "write_through", False)),
     )
