@@ -95,6 +95,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     out = stdout if stdout is not None else sys.stdout
     words = list(argv) if argv is not None else sys.argv[1:]
     name = "flamed"
+    code: int | None = None
     try:
         if words == ["--version"]:
             # Answered before any command module is imported: as fast as the interpreter starts.
@@ -107,12 +108,12 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     except BrokenPipeError:
         # The reader went away (`flamed --help | head -1`): not an error of ours.
         _discard_stdout()
-        return 0
+        return code or 0
     except StdoutError as e:
         print(f"{name}: error: {e}", file=err)
         _discard_stdout()
         return e.exit_code
-    return code
+    return code or 0
 
 
 def _parse_and_run(
