@@ -7,6 +7,7 @@ Only this module prints errors and chooses exit codes.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -91,11 +92,34 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     global STANDALONE
     STANDALONE = argv is None
     err = stderr if stderr is not None else sys.stderr
+    out = stdout if stdout is not None else sys.stdout
     words = list(argv) if argv is not None else sys.argv[1:]
-    if words == ["--version"]:
-        # Answered before any command module is imported: as fast as the interpreter starts.
-        print(f"flamed {__version__}", file=stdout if stdout is not None else sys.stdout)
-        return 0
+    name = "flamed"
+    code: int | None = None
+    try:
+        if words == ["--version"]:
+            # Answered before any command module is imported: as fast as the interpreter starts.
+            print(f"flamed {__version__}", file=out)
+            code = 0
+        else:
+            code, name = _parse_and_run(words, stdout, stderr, err)
+        if out is not None:
+            out.flush()  # what is still buffered: failing to write it fails the command
+    except BrokenPipeError:
+        # The reader went away (`flamed --help | head -1`): not an error of ours.
+        _discard_stdout()
+        return code or 0
+    except StdoutError as e:
+        print(f"{name}: error: {e}", file=err)
+        _discard_stdout()
+        return e.exit_code
+    return code or 0
+
+
+def _parse_and_run(
+    words: list[str], stdout: TextIO | None, stderr: TextIO | None, err: TextIO
+) -> tuple[int, str]:
+    """The exit code of the command ``words`` name, and the name errors start with."""
     parser = build_parser(stdout, stderr, words)
     try:
         args, extra = parser.parse_known_args(words)
@@ -107,29 +131,100 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     except SystemExit as e:
         if isinstance(e.code, str):
             print(e.code, file=err)
-            return 2
-        return int(e.code or 0)
+            return 2, "flamed"
+        return int(e.code or 0), "flamed"
     cmd = getattr(args, "_command", None)
     if cmd is None:
         parser.print_help(stdout if stdout is not None else sys.stdout)
-        return 2
+        return 2, "flamed"
+    name = f"flamed {cmd.name}"
     try:
         if not cmd.progress:
-            return int(cmd.run(args) or 0)
+            return int(cmd.run(args) or 0), name
         from flamed.progress import reading
 
         # A long job over large inputs draws its progress on a terminal's stderr
         # (flamed.progress), cleared before whatever ends the run is printed.
         with reading(cmd.stderr, list(getattr(args, "inputs", None) or [None]), cmd.name):
-            return int(cmd.run(args) or 0)
+            return int(cmd.run(args) or 0), name
     except FlamedError as e:
-        print(f"flamed {cmd.name}: error: {e}", file=err)
-        return e.exit_code
+        print(f"{name}: error: {e}", file=err)
+        if isinstance(e, StdoutError):
+            _discard_stdout()
+        return e.exit_code, name
     except KeyboardInterrupt:
-        print(f"flamed {cmd.name}: interrupted", file=err)
-        return 130
+        print(f"{name}: interrupted", file=err)
+        return 130, name
     except BrokenPipeError:
-        return 0
+        _discard_stdout()
+        return 0, name
+
+
+class StdoutError(FlamedError):
+    """Standard output refused what a command printed (a full disk, EIO): exit 1, one line."""
+
+
+class _CheckedStdout(io.BufferedWriter):
+    """The process's standard output under ``sys.stdout``: a failed write is a
+    :class:`StdoutError` naming standard output, where Python would print a
+    traceback (or, at exit, "Exception ignored"); a reader gone away stays a
+    ``BrokenPipeError``, which :func:`main` ends quietly."""
+
+    #: Every write reaches the descriptor at once (python -u, PYTHONUNBUFFERED), as before.
+    unbuffered = False
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        try:
+            n = super().write(data)
+            if self.unbuffered:
+                super().flush()
+            return n
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutError(f"cannot write to standard output: {e.strerror or e}") from None
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutError(f"cannot write to standard output: {e.strerror or e}") from None
+
+
+def _check_stdout() -> None:
+    """Put :class:`_CheckedStdout` under ``sys.stdout`` (help, --version, and
+    every command's ``print`` go through it), keeping its encoding and buffering."""
+    old = sys.stdout
+    if old is None:
+        return  # fd 1 closed at start-up: commands that print say so
+    try:
+        fd = old.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    old.flush()
+    checked = _CheckedStdout(io.FileIO(fd, "wb", closefd=False))
+    checked.unbuffered = not isinstance(getattr(old, "buffer", None), io.BufferedWriter)
+    sys.stdout = io.TextIOWrapper(
+        checked,
+        encoding=old.encoding, errors=old.errors,
+        line_buffering=bool(old.line_buffering), write_through=bool(getattr(old, "write_through", False)),
+    )
+
+
+def _discard_stdout() -> None:
+    """After a failed write to standard output: whatever is still buffered goes
+    to /dev/null, so the interpreter's flush at exit finds nothing to complain about.
+    Only in the ``flamed`` process itself: a caller's descriptors are its own."""
+    if not STANDALONE:
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+    except OSError:
+        pass
 
 
 def _reserve_std_fds() -> None:
@@ -155,6 +250,7 @@ def _reserve_std_fds() -> None:
 
 def entry() -> None:
     _reserve_std_fds()
+    _check_stdout()
     sys.exit(main())
 
 

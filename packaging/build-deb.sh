@@ -149,7 +149,8 @@ cat > "$R/DEBIAN/postrm" <<'SH'
 #!/bin/sh
 set -e
 [ -d /run/systemd/system ] && systemctl daemon-reload || true
-if [ "$1" = purge ]; then rm -rf /var/lib/flamed; fi
+# Purge takes what the unit made: StateDirectory= (profiles) and CacheDirectory= (unwind tables, BPF images).
+if [ "$1" = purge ]; then rm -rf /var/lib/flamed /var/cache/flamed; fi
 SH
 chmod 0755 "$R/DEBIAN/postinst" "$R/DEBIAN/prerm" "$R/DEBIAN/postrm"
 

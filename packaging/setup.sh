@@ -26,6 +26,13 @@ check_pkgs() {
 }
 check_pkgs $RUNTIME_PKGS
 [ "$WANT_TEST" = 1 ] && check_pkgs $TEST_PKGS
+NODE_DIR="$HERE/tests/.node"
+SPEEDSCOPE="$NODE_DIR/node_modules/speedscope/package.json"
+# npm installs speedscope below; Debian's nodejs comes without it (NodeSource's bundles
+# it), so Debian's npm is installed with the rest only when no npm is on PATH.
+if [ "$WANT_TEST" = 1 ] && [ ! -f "$SPEEDSCOPE" ] && ! command -v npm >/dev/null 2>&1; then
+    missing="$missing npm"
+fi
 if [ -n "$missing" ]; then
     if [ "$(id -u)" != 0 ]; then
         log "missing Debian packages:$missing; run this script as root (or install them) and retry"
@@ -33,9 +40,10 @@ if [ -n "$missing" ]; then
     fi
     log "installing Debian packages:$missing"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
+    apt-get update -qq || { log "error: apt-get update failed (its message is above); check the network and /etc/apt/sources.list, then run this again"; exit 1; }
     # shellcheck disable=SC2086
-    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null \
+        || { log "error: apt-get could not install:$missing (its message is above); run this again once it can"; exit 1; }
 fi
 
 # Kernel headers for bcc. bcc looks in /lib/modules/$(uname -r)/{build,source}.
@@ -64,33 +72,43 @@ fi
 
 # The venv: Debian's python3 (bcc's binding only works there) with system site
 # packages, so `import bcc` and `import systemd` resolve to Debian's modules.
+# A .venv made by hand without system site packages would never see bcc: re-made.
 if [ ! -x "$VENV/bin/python" ]; then
     log "creating $VENV"
-    /usr/bin/python3 -m venv --system-site-packages "$VENV"
+    /usr/bin/python3 -m venv --clear --system-site-packages "$VENV"
+elif ! grep -qx 'include-system-site-packages *= *true' "$VENV/pyvenv.cfg" 2>/dev/null; then
+    log "$VENV does not use the system site packages (bcc would not import); re-creating it"
+    /usr/bin/python3 -m venv --clear --system-site-packages "$VENV"
 fi
 STAMP="$VENV/.flamed-installed"
 REQS="$HERE/packaging/requirements.txt"
 sum=$(cat "$REQS" "$HERE/pyproject.toml" | sha256sum | cut -d' ' -f1)
+pip_failed() {
+    log "error: pip could not install $1 into $VENV (pip's message is above)"
+    log "  is the package index reachable? (PIP_INDEX_URL=${PIP_INDEX_URL:-unset: pip's config or pypi.org})"
+    log "  run this again once it is: it picks up where it stopped"
+    exit 1
+}
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$sum" ] || [ ! -x "$VENV/bin/flamed" ]; then
+    # Checked only when there is something to install: a venv whose creation was
+    # cut short (Ctrl-C during ensurepip) has a python but a pip that cannot run,
+    # and every later run would fail on it the same way.
+    if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+        log "$VENV is incomplete (its pip does not run); re-creating it"
+        /usr/bin/python3 -m venv --clear --system-site-packages "$VENV"
+    fi
     log "installing Python dependencies into $VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQS"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$HERE"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQS" || pip_failed "$REQS"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$HERE" \
+        || pip_failed "flamed itself (pip install -e $HERE)"
     echo "$sum" > "$STAMP"
 fi
 "$VENV/bin/python" -c 'import bcc' 2>/dev/null || log "warning: bcc does not import in $VENV (is python3-bpfcc installed?)"
 # speedscope (npm) for the test that loads our speedscope JSON with its own importer;
 # project-local, pinned, installed once.
-if [ "$WANT_TEST" = 1 ]; then
-    NODE_DIR="$HERE/tests/.node"
-    if [ ! -f "$NODE_DIR/node_modules/speedscope/package.json" ]; then
-        if ! command -v npm >/dev/null 2>&1; then
-            # Debian's nodejs comes without npm (NodeSource's bundles it).
-            log "installing Debian package: npm"
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
-        fi
-        log "installing speedscope (npm) into $NODE_DIR"
-        mkdir -p "$NODE_DIR"
-        npm install --prefix "$NODE_DIR" --no-audit --no-fund --no-save --silent speedscope@1.25.0 >/dev/null
-    fi
+if [ "$WANT_TEST" = 1 ] && [ ! -f "$SPEEDSCOPE" ]; then
+    log "installing speedscope (npm) into $NODE_DIR"
+    mkdir -p "$NODE_DIR"
+    npm install --prefix "$NODE_DIR" --no-audit --no-fund --no-save --silent speedscope@1.25.0 >/dev/null
 fi
 log "ready: $VENV/bin/flamed"

@@ -73,9 +73,18 @@ class DaemonCommand(Command):
                 Notifier().notify(f"STATUS=failed: {e}")  # systemctl status shows why
             raise
         if args.check_config:
+            from flamed.daemon.paths import check_directory, check_socket_path
             from flamed.daemon.samplers import check_config
 
             check_config(cfg)
+            # The paths as start-up would use them, nothing created (under socket activation
+            # systemd owns the socket, but the daemon run by hand binds control.socket).
+            check_directory(cfg.output.state_dir, "output.state_dir")
+            check_socket_path(cfg.control.socket)
+            if cfg.pyroscope.server_address and cfg.pyroscope.basic_auth_password_file:
+                from flamed.daemon.pyroscope import read_password
+
+                read_password(cfg.pyroscope.basic_auth_password_file)  # as the start reads it
             print(f"{cfg.source or 'defaults'}: ok", file=self.stdout)
             return 0
         if args.print_bpf:

@@ -53,7 +53,7 @@ class StatusCommand(Command):
             ("pprof", f"http://{st['metrics']}/debug/pprof/profile?seconds=N" if st.get("pprof") else "off"),
             ("off-cpu", _offcpu_row(st.get("offcpu"), st.get("metrics") if st.get("pprof") else None)),
             ("push", _push_row(st.get("push"))),
-            ("unwind", _unwind_row(st.get("unwind"))),
+            ("unwind", _unwind_row(st.get("unwind"), bool(st.get("unwind_configured")) and not st.get("windows"))),
             ("start-up", _startup_row(st.get("startup"), st.get("program_from"))),
             ("memory", _memory_row(st.get("memory"))),
         ]
@@ -65,9 +65,10 @@ class StatusCommand(Command):
         return 0
 
 
-def _unwind_row(u: dict[str, Any] | None) -> str:
+def _unwind_row(u: dict[str, Any] | None, pending: bool = False) -> str:
+    """``pending``: unwinding is configured and nothing was drained yet (no window yet; the figures come with the first drain)."""
     if not u:
-        return "off (frame-pointer user stacks)"
+        return "on, no drain yet" if pending else "off (frame-pointer user stacks)"
     stacks = u["stacks"]
     total = sum(stacks.values())
     cut = ", ".join(f"{k}={v}" for k, v in stacks.items() if v and k != "complete") or "none cut"

@@ -26,6 +26,8 @@ from flamed.errors import ConfigError
 from flamed.sampling.contract import canonical_root
 
 DEFAULT_CONFIG_PATH = "/etc/flamed/flamed.toml"
+#: Largest config file read; more is refused, not read to the end.
+MAX_CONFIG_BYTES = 1 << 20
 
 ROOT_FRAMES = ("comm", "pid", "tid", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -343,6 +345,10 @@ _RANGES: dict[str, tuple[float, float]] = {
     "pyroscope.max_queue": (1, 1 << 20),
     "pyroscope.retry_max_backoff": (1, 86400),
 }
+#: Ranges of each element of a list key: a process id is at most PID_MAX_LIMIT (2^22) on Linux.
+_ELEMENT_RANGES: dict[str, tuple[int, int]] = {
+    "sampling.pids": (0, 1 << 22),
+}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "sampling.sampler": SAMPLERS,
     "sampling.event": ("auto", "cycles", "cpu-clock"),
@@ -474,6 +480,11 @@ def build_options(cls: type[Any], raw: Mapping[str, Any], prefix: str) -> Any:
                                   f"[{_shown(dotted, lo)}, {_shown(dotted, hi)}]")
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
             raise ConfigError(f"{dotted}: must not be negative, got {v!r}")
+        if dotted in _ELEMENT_RANGES:
+            lo, hi = _ELEMENT_RANGES[dotted]
+            for i, x in enumerate(v):
+                if not lo <= x <= hi:
+                    raise ConfigError(f"{dotted}[{i}]: {x} is out of range [{lo}, {hi}]")
         if dotted in _CHOICES and v not in _CHOICES[dotted]:
             raise ConfigError(f"{dotted}: {v!r} is not one of {', '.join(_CHOICES[dotted])}")
         values[key] = v
@@ -542,6 +553,10 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str | None = None) -> Da
 
 def _decode_toml(file: str, data: bytes) -> str:
     """The file's text; TOML is UTF-8, and tomllib's own decode error would be a bare traceback."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        # What some editors put first; tomllib's "Invalid statement (at line 1, column 1)" does not say it.
+        raise ConfigError(f"{file}: starts with a UTF-8 byte order mark (bytes ef bb bf), which TOML does not "
+                          "allow: re-save the file as UTF-8 without BOM")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -565,9 +580,15 @@ def load_config(path: str | None = None, *, overrides: Mapping[str, Any] | None 
         missing_ok = not explicit
     try:
         with open(file, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_CONFIG_BYTES + 1)  # bounded: --config /dev/zero must not take all memory
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{file}: more than {MAX_CONFIG_BYTES >> 20} MiB: not a flamed config "
+                              "(packaging/flamed.toml, every key with its comment, is 8 KiB)")
         raw = tomllib.loads(_decode_toml(file, data))
     except FileNotFoundError:
+        if os.path.islink(file):
+            # Someone meant a file to be there: not "no file, all defaults", even for the default path.
+            raise ConfigError(f"{file}: a symbolic link to {os.readlink(file)!r}, which does not exist") from None
         if not missing_ok:
             raise ConfigError(f"{file}: no such config file") from None
         cfg = DaemonConfig()

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from flamed.daemon.config import ControlConfig
 from flamed.daemon.metrics import DaemonMetrics
-from flamed.daemon.paths import ensure_directory, path_error
+from flamed.daemon.paths import ensure_directory, not_a_socket, path_error
 from flamed.daemon.protocol import EXPECTED_REQUEST, MAX_REQUEST_BYTES, ProtocolError, error_header
 from flamed.errors import FlamedError
 
@@ -152,8 +152,7 @@ class ControlServer:
         with contextlib.suppress(FileNotFoundError):
             st = os.lstat(path)
             if not stat.S_ISSOCK(st.st_mode):
-                raise path_error(f"control.socket: {path} exists and is not a socket; remove it or choose another "
-                                 "control.socket", None)
+                raise not_a_socket(path)
             # A live daemon answers on it; a stale socket from a crash does not.
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             probe.settimeout(0.5)

@@ -364,6 +364,9 @@ class Daemon:
             "bpf_samples": loop.bpf_samples_total(),
             "symbol_caches": loop.sampler_stats.symbol_cache_stats(),
             "unwind": loop.sampler_stats.unwind_status(),
+            # What the config asks for: before the first drain "unwind" is None either way.
+            "unwind_configured": (cfg.sampling.sampler == "bpf" and cfg.sampling.unwind
+                                  and cfg.sampling.prime_new_processes),
             "weight": loop.totals["weight"],
             "lost": dict(sorted(loop.lost_totals.items())),
             "offcpu": {"enabled": loop.offcpu_enabled(), "seconds": round(loop.totals.get("offcpu_ns", 0) / 1e9, 6),

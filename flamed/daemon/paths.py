@@ -57,12 +57,9 @@ def path_error(message: str, err: int | None) -> PathError:
     return PathError(message, exit_code=2 if err is None or err in PERMANENT else 1)
 
 
-def ensure_directory(path: str, key: str) -> list[str]:
-    """Make ``path`` (and its missing parents) a directory; the directories created.
-
-    ``key`` names the setting (``output.state_dir``) in the log and in errors.
-    Raises :class:`PathError` saying what is in the way."""
-    path = os.path.abspath(path)
+def _missing(path: str, key: str) -> list[str]:
+    """The directories of ``path`` (absolute) that do not exist, deepest first;
+    raises :class:`PathError` when something other than a directory is in the way."""
     missing: list[str] = []
     p = path
     while True:
@@ -85,6 +82,16 @@ def ensure_directory(path: str, key: str) -> list[str]:
             raise path_error(f"{key}: {p}{what} is {_kind(st.st_mode)}, not a directory; "
                              f"remove it or set {key} to another path", None)
         break
+    return missing
+
+
+def ensure_directory(path: str, key: str) -> list[str]:
+    """Make ``path`` (and its missing parents) a directory; the directories created.
+
+    ``key`` names the setting (``output.state_dir``) in the log and in errors.
+    Raises :class:`PathError` saying what is in the way."""
+    path = os.path.abspath(path)
+    missing = _missing(path, key)
     created: list[str] = []
     for d in reversed(missing):
         try:
@@ -100,3 +107,45 @@ def ensure_directory(path: str, key: str) -> list[str]:
     if created:
         log.info("%s: created directory %s (it did not exist)", key, ", ".join(created))
     return created
+
+
+def check_directory(path: str, key: str) -> None:
+    """What :func:`ensure_directory` would refuse, found without creating
+    anything (``flamed daemon --check-config``): something other than a
+    directory in the way, a dangling link, a read-only file system. Not
+    permissions: the check may run as another user than the daemon (which the
+    unit runs as root), and a directory it cannot write may be fine for the daemon."""
+    path = os.path.abspath(path)
+    missing = _missing(path, key)
+    existing = os.path.dirname(missing[-1]) if missing else path
+    if _read_only(existing):
+        target = f"create directory {missing[-1]}" if missing else f"write to {path}"
+        raise path_error(f"{key}: cannot {target}: {os.strerror(errno.EROFS)}{_hint(errno.EROFS)}", errno.EROFS)
+
+
+def _read_only(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def not_a_socket(path: str) -> PathError:
+    """Something other than a socket at ``control.socket``'s path: the daemon will not remove it."""
+    return path_error(f"control.socket: {path} exists and is not a socket; remove it or choose another "
+                      "control.socket", None)
+
+
+def check_socket_path(path: str) -> None:
+    """``control.socket`` as the daemon will bind it: its directory as
+    :func:`check_directory` checks it, and nothing but a socket at the path."""
+    check_directory(os.path.dirname(os.path.abspath(path)), "control.socket")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise path_error(f"control.socket: cannot use {path}: {e.strerror or e}{_hint(e.errno or 0)}",
+                         e.errno) from None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise not_a_socket(path)

@@ -94,13 +94,26 @@ class Target:
                    cfg.basic_auth_user, password, cfg.tenant_id)
 
 
+#: Longest first line read from the password file (bounded: a wrong path such as /dev/zero stops here).
+MAX_PASSWORD_LINE = 64 << 10
+
+
 def read_password(path: str) -> str:
+    what = "point it at a file (mode 0600) whose first line is the password"
     try:
-        with open(path, encoding="utf-8") as f:
-            first = f.readline()
+        with open(path, "rb") as f:
+            line = f.readline(MAX_PASSWORD_LINE + 1)
     except OSError as e:
         raise FlamedError(f"pyroscope.basic_auth_password_file: cannot read {path}: {e.strerror or e}; "
-                          "point it at a file (mode 0600) whose first line is the password") from None
+                          f"{what}") from None
+    if len(line) > MAX_PASSWORD_LINE:
+        raise FlamedError(f"pyroscope.basic_auth_password_file: {path}: first line longer than "
+                          f"{MAX_PASSWORD_LINE >> 10} KiB; {what}")
+    try:
+        first = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FlamedError(f"pyroscope.basic_auth_password_file: {path}: not UTF-8 text (byte 0x{line[e.start]:02x} "
+                          f"at offset {e.start}); {what}") from None
     with contextlib.suppress(OSError):
         if os.stat(path).st_mode & 0o004:
             log.warning("pyroscope.basic_auth_password_file %s is readable by every user; chmod 600 it", path)

@@ -142,3 +142,45 @@ def test_reader_going_away_early_ends_quietly(tmp_path: Path, cmd: list[str], un
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert err == "", err
+
+
+#: Output argparse or a command prints through ``print`` (not a command's -o writer).
+PRINTED = [
+    ["--help"],
+    ["--version"],
+    ["svg", "--help"],
+    ["daemon", "--check-config", "--config", str(ROOT / "packaging" / "flamed.dev.toml")],
+]
+
+
+@pytest.mark.parametrize("cmd", PRINTED, ids=["help", "version", "svg-help", "daemon-check"])
+def test_printed_output_to_a_reader_gone_away_is_quiet(cmd: list[str]) -> None:
+    """`flamed --help | head -0`: the pipe's reader is gone before flamed writes
+    (closed here before the start, so the write always fails); exit 0 and
+    nothing on stderr (it was a BrokenPipeError traceback)."""
+    import os
+
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        res = subprocess.run([sys.executable, "-m", "flamed", *cmd], stdout=w, stderr=subprocess.PIPE,
+                             timeout=120, check=False)
+    finally:
+        os.close(w)
+    assert res.stderr.decode() == ""
+    assert res.returncode == 0
+
+
+@pytest.mark.parametrize("cmd", PRINTED, ids=["help", "version", "svg-help", "daemon-check"])
+def test_printed_output_to_a_full_disk_is_one_line_error(cmd: list[str]) -> None:
+    """`flamed --help >/dev/full`: one line naming standard output, exit 1 (it was an OSError traceback)."""
+    with open("/dev/full", "wb") as full:
+        res = subprocess.run([sys.executable, "-m", "flamed", *cmd], stdout=full, stderr=subprocess.PIPE,
+                             timeout=120, check=False)
+    command = "daemon" if cmd[0] == "daemon" else ""
+    err = res.stderr.decode()
+    assert res.returncode == 1, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    lines = err.strip().splitlines()
+    assert lines == [f"flamed{' ' + command if command else ''}: error: cannot write to standard output: "
+                     "No space left on device"], err

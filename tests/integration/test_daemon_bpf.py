@@ -343,3 +343,48 @@ def test_runs_with_exactly_the_units_capabilities(tmp_path: Path) -> None:
             p.kill()
             p.communicate()
     assert p.returncode == 0
+
+
+def test_status_before_the_first_drain_says_unwinding_is_on(tmp_path: Path) -> None:
+    """`flamed status` right after start (what `make run` prints first): with
+    unwinding on (the default) and no drain yet, the row said "off
+    (frame-pointer user stacks)"."""
+    need(have_root(), "root (BPF)")
+    need(have_bcc(), "bcc (python3-bpfcc)")
+    cfg = tmp_path / "flamed.toml"
+    sock = tmp_path / "flamed.sock"
+    cfg.write_text(f"""
+[sampling]
+drain_interval = 3600.0
+unwind_cache_dir = ""
+[output]
+state_dir = "{tmp_path / 'profiles'}"
+rotate_interval = 3600.0
+[snapshot]
+ring_seconds = 3600.0
+[metrics]
+address = ""
+[control]
+socket = "{sock}"
+[log]
+target = "stderr"
+[processors.python]
+enabled = false
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "flamed", "daemon", "--config", str(cfg)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        st = wait_daemon_answers(sock, proc)
+        assert st["windows"] == 0 and st["unwind"] is None
+        out = subprocess.run([sys.executable, "-m", "flamed", "status", "--socket", str(sock)], capture_output=True,
+                             text=True, timeout=60, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        assert re.search(r"^unwind +on, no drain yet$", out.stdout, re.M), out.stdout
+        assert st["unwind_configured"] is True  # what the row is told by (status --json)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)

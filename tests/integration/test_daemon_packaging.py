@@ -177,6 +177,38 @@ def test_deb_lintian_clean(deb: Path) -> None:
     assert [t for t in tags if t.split()[2] not in accepted] == [], r.stdout
 
 
+#: Run in a private mount namespace, over empty /var/lib and /var/cache: the
+#: directories the unit makes (arguments after the postrm), each holding a file
+#: (and a neighbour that is not ours), then the package's postrm purge; prints what is left.
+PURGE_SCRIPT = r"""
+set -e
+postrm=$1; shift
+mount -t tmpfs flamed-purge-test /var/lib
+mount -t tmpfs flamed-purge-test /var/cache
+mkdir -p /var/lib/not-flamed && touch /var/lib/not-flamed/keep
+for d in "$@"; do mkdir -p "$d" && touch "$d/made-by-the-daemon"; done
+sh "$postrm" purge
+find /var/lib /var/cache -mindepth 1 | sort
+"""
+
+
+def test_purge_removes_every_directory_the_unit_made(deb: Path, tmp_path: Path) -> None:
+    """`apt purge flamed` leaves nothing of the unit's StateDirectory= and
+    CacheDirectory= (it left /var/cache/flamed: unwind tables, BPF images)."""
+    need(have_root(), "root (a private mount namespace)")
+    need(shutil.which("unshare") is not None, "unshare (util-linux)")
+    unit = (UNITS / "flamed.service").read_text()
+    made = [f"/var/lib/{d}" for line in re.findall(r"^StateDirectory=(.*)$", unit, re.M) for d in line.split()]
+    made += [f"/var/cache/{d}" for line in re.findall(r"^CacheDirectory=(.*)$", unit, re.M) for d in line.split()]
+    assert "/var/cache/flamed/bpf" in made and "/var/lib/flamed/profiles" in made
+    ctl = tmp_path / "control"
+    subprocess.run(["dpkg-deb", "-e", str(deb), str(ctl)], check=True, timeout=60)
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", PURGE_SCRIPT, "sh",
+                        str(ctl / "postrm"), *made], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["/var/lib/not-flamed", "/var/lib/not-flamed/keep"], r.stdout
+
+
 def _extract(deb: Path, tmp_path: Path) -> Path:
     root = tmp_path / "root"
     subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True, timeout=120)

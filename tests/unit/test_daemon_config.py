@@ -157,9 +157,159 @@ def test_cli_check_config_reports_key(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("pid", [-1, (1 << 22) + 1, 1 << 40])
+def test_pids_out_of_range_name_the_element(pid: int) -> None:
+    """A negative or impossible pid was accepted, and the BPF filter map's u32 key
+    wrapped it to some other pid (-1: 4294967295), so nothing was sampled, silently."""
+    with pytest.raises(ConfigError, match=rf"^sampling\.pids\[1\]: {pid} is out of range \[0, 4194304\]$"):
+        config_from_dict({"sampling": {"pids": [1, pid]}})
+    assert config_from_dict({"sampling": {"pids": [1, 4194304]}}).sampling.pids == (1, 4194304)
+
+
+def test_byte_order_mark_is_named(tmp_path: Path) -> None:
+    """A file saved with a BOM was 'not valid TOML: Invalid statement (at line 1, column 1)'."""
+    cfg = tmp_path / "flamed.toml"
+    cfg.write_bytes(b"\xef\xbb\xbf[sampling]\nfrequency = 10\n")
+    with pytest.raises(ConfigError, match="starts with a UTF-8 byte order mark .* without BOM"):
+        load_config(str(cfg))
+
+
+@pytest.mark.parametrize("explicit", [True, False], ids=["--config", "default-path"])
+def test_dangling_config_link_is_an_error_not_defaults(tmp_path: Path, explicit: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config file that is a link to a file gone: the default path read as
+    'no file, all defaults' and the daemon started on defaults, silently."""
+    link = tmp_path / "flamed.toml"
+    link.symlink_to(tmp_path / "moved.toml")
+    if explicit:
+        call = lambda: load_config(str(link))  # noqa: E731
+    else:
+        import flamed.daemon.config as config
+
+        monkeypatch.setattr(config, "DEFAULT_CONFIG_PATH", str(link))
+        call = lambda: load_config(None)  # noqa: E731
+    with pytest.raises(ConfigError, match=rf"flamed\.toml: a symbolic link to '{tmp_path}/moved\.toml', "
+                                          "which does not exist"):
+        call()
+
+
+def test_endless_config_file_is_refused_not_read_to_the_end(tmp_path: Path) -> None:
+    """`--config /dev/zero` read until memory ran out (a MemoryError traceback,
+    or the OOM killer); what is read now stops after 1 MiB."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:  # 1 GiB of address space: reading /dev/zero to the end would exceed it
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    r = subprocess.run([sys.executable, "-m", "flamed", "daemon", "--config", "/dev/zero", "--check-config"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT, preexec_fn=limit, check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "flamed daemon: error: /dev/zero: more than 1 MiB: not a flamed config " \
+                       "(packaging/flamed.toml, every key with its comment, is 8 KiB)\n"
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"# " + b"x" * (1 << 20) + b"\n")
+    with pytest.raises(ConfigError, match="more than 1 MiB"):
+        load_config(str(big))
+    assert (ROOT / "packaging" / "flamed.toml").stat().st_size < 16 << 10
+
+
+def _check(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    cfg = tmp_path / "flamed.toml"
+    cfg.write_text(text)
+    code = main(["daemon", "--config", str(cfg), "--check-config"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_check_config_refuses_paths_the_daemon_would_refuse(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """--check-config said ok, and the daemon then stopped at start with exit 2:
+    a file where state_dir or the socket's directory goes, a dangling link, a
+    file at the socket's path."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    sock = f'\n[control]\nsocket = "{tmp_path}/ok.sock"\n'
+    cases = {
+        f'[output]\nstate_dir = "{tmp_path}/afile/profiles"\n{sock}':
+            f"output.state_dir: {tmp_path}/afile (in the path of {tmp_path}/afile/profiles) is a regular file, "
+            "not a directory",
+        f'[output]\nstate_dir = "{tmp_path}/dangling"\n{sock}':
+            f"output.state_dir: {tmp_path}/dangling is a symbolic link to '{tmp_path}/gone', which does not exist",
+        f'[output]\nstate_dir = "{tmp_path}/s"\n[control]\nsocket = "{tmp_path}/afile"\n':
+            f"control.socket: {tmp_path}/afile exists and is not a socket",
+        f'[output]\nstate_dir = "{tmp_path}/s"\n[control]\nsocket = "{tmp_path}/afile/flamed.sock"\n':
+            f"control.socket: {tmp_path}/afile is a regular file, not a directory",
+    }
+    for text, message in cases.items():
+        code, out, err = _check(tmp_path, text, capsys)
+        assert code == 2, (text, out, err)
+        assert err.count("\n") == 1 and message in err, (text, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "dangling", "flamed.toml"]
+
+
+def test_check_config_creates_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Missing directories are fine (the daemon creates them) but --check-config leaves them missing."""
+    code, out, err = _check(tmp_path, f'[output]\nstate_dir = "{tmp_path}/a/b"\n'
+                                      f'[control]\nsocket = "{tmp_path}/run/flamed.sock"\n', capsys)
+    assert (code, err) == (0, "") and out.endswith(": ok\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flamed.toml"]
+
+
 def test_allowed_users_in_non_ascii_digits_are_names_not_ids() -> None:
     """'²' passes str.isdigit() but not int(): it is looked up as a name (none
     such, ignored as unknown names are), not a traceback at start."""
     from flamed.daemon.control import resolve_ids
 
     assert resolve_ids(["0", "\u00b2", "\u0663"], "user") == frozenset({0})
+
+
+def test_password_file_is_read_by_check_config_and_bad_bytes_are_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--check-config said ok for a password file the start could not read, and a
+    file that was not UTF-8 stopped the start with a UnicodeDecodeError traceback."""
+    from flamed.daemon.pyroscope import read_password
+
+    good = tmp_path / "pw"
+    good.write_bytes(b"s3cret\nignored\n")
+    good.chmod(0o600)
+    binary = tmp_path / "pw.bin"
+    binary.write_bytes(b"\xff\xfes3cret\n")
+    base = f'[output]\nstate_dir = "{tmp_path}/s"\n[control]\nsocket = "{tmp_path}/c.sock"\n' \
+           '[pyroscope]\nserver_address = "http://127.0.0.1:4040"\n'
+    code, out, err = _check(tmp_path, base + f'basic_auth_password_file = "{good}"\n', capsys)
+    assert (code, err) == (0, "") and out.endswith(": ok\n")
+    assert read_password(str(good)) == "s3cret"
+    for path, message in ((tmp_path / "missing", "cannot read"),
+                          (binary, "not UTF-8 text (byte 0xff at offset 0)"),
+                          (Path("/dev/zero"), "first line longer than 64 KiB")):
+        code, out, err = _check(tmp_path, base + f'basic_auth_password_file = "{path}"\n', capsys)
+        assert code == 1 and out == "", (path, err)
+        assert err.startswith("flamed daemon: error: pyroscope.basic_auth_password_file: ") \
+            and str(path) in err and message in err and err.count("\n") == 1, err
+
+
+def test_check_config_refuses_a_state_dir_on_a_read_only_file_system(tmp_path: Path) -> None:
+    """A state_dir to be created on a read-only mount: the start stops with exit 2
+    (EROFS), so --check-config says so too (in a private mount namespace, over a
+    read-only tmpfs)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (util-linux) for a private read-only mount")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    cfg = tmp_path / "flamed.toml"
+    cfg.write_text(f'[output]\nstate_dir = "{ro}/profiles"\n[control]\nsocket = "{tmp_path}/c.sock"\n')
+    script = 'mount -t tmpfs -o ro flamed-ro-test "$0" && exec "$@"'
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(ro),
+                        sys.executable, "-m", "flamed", "daemon", "--config", str(cfg), "--check-config"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"flamed daemon: error: output.state_dir: cannot create directory {ro}/profiles: "
+                               "Read-only file system"), r.stderr
+    assert not (ro / "profiles").exists()
