@@ -105,7 +105,8 @@ class RecordCommand(Command):
                             help="output file, '-' for stdout; checked before recording starts (default: "
                                  "flamed-PID.<ext of the format> with -p, flamed-record.<ext> with a command)")
         parser.add_argument("-f", "--format", default=None,
-                            help=f"output format: {', '.join(outputs.names())} (default: by -o's extension, else folded)")
+                            help=f"output format: {', '.join(n for n in outputs.names() if outputs.get(n).writes_profiles)} "
+                                 "(default: by -o's extension, else folded)")
         parser.add_argument("--subprocesses", action="store_true", help="also record Python descendants")
         parser.add_argument("--mode", choices=MODES, default="cpu",
                             help="cpu: CPU samples (default); offcpu: time off the CPU, in microseconds; "
@@ -167,8 +168,9 @@ class RecordCommand(Command):
         else:
             _check_command(cmd[0])
         # Numbers were checked as they were parsed (_argtypes); the outputs are
-        # checked before anything is recorded, so an unwritable -o does not
-        # cost the whole recording.
+        # checked before anything is recorded, so an unwritable -o (or a format
+        # that cannot hold what record writes) does not cost the whole recording.
+        _check_format(args, outputs.choose(args.format, args.output))
         _check_writable(_output_path(args, outputs.choose(args.format, args.output)), "-o/--output")
         if args.timeline:
             _check_writable(args.timeline, "--timeline")
@@ -647,6 +649,17 @@ def _check_target(pid: int) -> None:
     if not running(f"/proc/{pid}/stat"):
         raise UsageError(f"process {pid} has already exited (a zombie its parent has not reaped): "
                          "nothing to record")
+
+
+def _check_format(args: argparse.Namespace, fmt: outputs.OutputFormat) -> None:
+    """A usage error when ``fmt`` cannot write the aggregated profile record makes (trace: one
+    line per timestamped sample), before the command starts rather than once it has been recorded."""
+    if fmt.writes_profiles:
+        return
+    chosen = f"-f/--format {fmt.name}" if args.format else f"-o/--output {args.output} (the {fmt.name} format)"
+    raise UsageError(f"{chosen}: record writes an aggregated profile, which the {fmt.name} format cannot hold "
+                     "(it needs timestamped samples); write folded or another format, and --timeline FILE "
+                     "for each sample's time (sampling here, without the daemon)")
 
 
 def _check_writable(path: str, option: str) -> None:

@@ -90,6 +90,22 @@ def test_unwritable_output_is_refused_before_recording(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+def test_a_format_that_cannot_hold_a_profile_is_refused_before_recording(tmp_path: Path) -> None:
+    """-f trace (or -o x.trace) needs timestamped samples, which record does not
+    write: the command ran, was recorded, and only then did the write fail (the
+    recording saved as folded text elsewhere).  Now it is refused before the
+    command runs, with or without the daemon."""
+    marker = tmp_path / "ran"
+    cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    for fmt_args, needle in ((["-f", "trace", "-o", str(tmp_path / "x.folded")], "-f/--format trace"),
+                             (["-o", str(tmp_path / "x.trace")], "(the trace format)")):
+        for mode in (["--no-daemon"], ["--socket", NO_SOCKET]):
+            r = flamed(["record", *mode, *fmt_args, *cmd])
+            assert_usage_error(r, needle, "record writes an aggregated profile", "--timeline")
+            assert not marker.exists(), "the command ran though its profile could not be written"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_output_check_leaves_nothing_and_accepts_descriptors(tmp_path: Path) -> None:
     # Past the output check, the daemon is missing: nothing recorded, nothing left in the directory.
     d = tmp_path / "out"
