@@ -321,6 +321,8 @@ class RecordCommand(Command):
         interrupted = False
         pythons: set[int] = set()
         target_exited = False
+        #: Seconds from the start of sampling to the target's exit (when it exited meanwhile).
+        exited_after = 0.0
         watch: record_daemon.TargetWatch | None = None
         timed = args.mode != "cpu"
         #: At the end, how the target's threads all waited ("" unless each one did; --mode offcpu/wall).
@@ -368,10 +370,11 @@ class RecordCommand(Command):
                 try:
                     while True:
                         watch.update()
-                        if child is not None and child.poll() is not None:
-                            break
-                        if child is None and not _alive(target):
+                        if (child.poll() is not None) if child is not None else not _alive(target):
+                            # The command exited (or -p's process): as through the daemon, an
+                            # empty profile then says it exited, not that it stayed off the CPU.
                             target_exited = True
+                            exited_after = time.monotonic() - t_sampling
                             break
                         if deadline is not None and time.monotonic() >= deadline:
                             break
@@ -449,7 +452,7 @@ class RecordCommand(Command):
                 return rc or 1
             hint = watch.child_hint(daemon=False) if watch is not None and not args.subprocesses else ""
             if target_exited:
-                self.warn(f"nothing was recorded: {what} exited {secs:.1f} s after sampling began, "
+                self.warn(f"nothing was recorded: {what} exited {exited_after:.1f} s after sampling began, "
                           f"before it was seen on a CPU{hint}")
             elif hint:
                 self.warn(f"nothing was recorded: {what} was not on a CPU in the {secs:.1f} s sampled{hint}")

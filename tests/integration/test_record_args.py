@@ -9,6 +9,7 @@ that fails at the end anyway leaves the recording saved elsewhere.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -169,6 +170,27 @@ def test_default_output_of_a_command_is_flamed_record(tmp_path: Path, require_bp
     assert r.returncode == 0, r.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["flamed-record.folded"]
     assert "wrote flamed-record.folded" in r.stderr
+
+
+@pytest.mark.bpf
+def test_a_command_that_exits_before_it_is_seen_is_said_to_have_exited(tmp_path: Path, require_bpf: None) -> None:
+    """Without the daemon, a command gone before a sample of it was taken was said
+    to have been "not on a CPU in the 0.5 s sampled (idle, or blocked); record it
+    while it works".  Now, as through the daemon, record says it exited and when;
+    its exit code is kept.  At 1 Hz a shell that sleeps is almost never sampled;
+    the rare run that caught it on a CPU is run again (at most three runs)."""
+    out = tmp_path / "w.folded"
+    for _ in range(3):
+        r = flamed(["record", "--no-daemon", "-r", "1", "-o", str(out), "--", "sh", "-c", "sleep 0.2; exit 7"],
+                   timeout=60)
+        assert r.returncode == 7, r.stderr
+        if out.read_text() == "":
+            break
+    else:
+        pytest.skip("the shell was sampled on a CPU in each of three runs")
+    assert re.search(r"nothing was recorded: sh \(pid \d+\) exited [\d.]+ s after sampling began, before it was "
+                     r"seen on a CPU", r.stderr), r.stderr
+    assert "idle, or blocked" not in r.stderr and "was not on a CPU" not in r.stderr, r.stderr
 
 
 @pytest.mark.bpf
