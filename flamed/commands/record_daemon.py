@@ -104,6 +104,10 @@ class DaemonRecording:
         if self.filtered_out:
             return (f"the daemon at {self.socket} samples only {self.filtered_out}, which leaves out {what}; "
                     "--no-daemon records it here")
+        if self.broken:
+            # The daemon's windows of the target had not come back: it did not see it "on no CPU".
+            return (f"the daemon at {self.socket} went away after {self.windows} window(s), before any "
+                    f"sample of {what} came back; --no-daemon records it here")
         if self.exited_s is not None:
             saw = f"{what} exited {self.exited_s:.1f} s after the record began, before the daemon saw it on a CPU"
         else:

@@ -128,6 +128,34 @@ def test_a_daemon_that_goes_away_leaves_a_partial_profile(
     assert sum(prof.stacks.values()) >= 50, err  # ... with the windows received (~3 s at 99 Hz)
 
 
+def test_a_daemon_gone_before_any_window_came_back_is_not_said_to_have_seen_nothing(
+        daemon_factory: Any, tmp_path: Path) -> None:
+    """The daemon killed before it drained a window of the target: record said
+    "nothing was recorded: the daemon saw python3 (pid N) on no CPU in 1
+    window(s)" (and named a child), as if it had looked.  Now it says the daemon
+    went away before any sample came back; the empty profile is still written."""
+    # No drain before the kill: record's polls do not force one, and the daemon's come every 60 s.
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 60.0},
+                       output={"rotate_interval": 60.0})
+    p = subprocess.Popen(["sleep", "60"])
+    out = tmp_path / "gone.folded"
+    try:
+        rec = subprocess.Popen([sys.executable, "-m", "flamed", "record", "--socket", d.socket_path, "-p",
+                                str(p.pid), "-d", "60", "-o", str(out)], stderr=subprocess.PIPE, text=True)
+        time.sleep(2.5)  # a poll or two (one a second) answered before the kill
+        d.kill9()
+        _, err = rec.communicate(timeout=60)
+    finally:
+        p.kill()
+        p.wait()
+    assert rec.returncode == 1, err
+    assert "went away mid-record" in err, err
+    assert re.search(rf"nothing was recorded: the daemon at {re.escape(d.socket_path)} went away after \d+ "
+                     rf"window\(s\), before any sample of sleep \(pid {p.pid}\) came back", err), err
+    assert "on no CPU" not in err and "does not follow" not in err, err
+    assert out.read_text() == ""
+
+
 ZOMBIE_PARENT = """
 import os, sys, time
 pid = os.fork()
