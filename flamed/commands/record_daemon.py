@@ -168,17 +168,26 @@ class TargetWatch:
     comm: str = ""
     #: The first child process seen, as ``NAME (pid N)`` ("" while none was).
     child: str = ""
+    #: That child's process id (0 while none was seen).
+    child_pid: int = 0
 
     def update(self) -> None:
         name = comm(self.pid)
         if name:
             self.comm = name
-        if not self.child:
-            for kid in child_pids(self.pid):
-                kname = comm(kid)
-                if kname:
-                    self.child = f"{kname} (pid {kid})"
-                    break
+        if self.child_pid:
+            # First seen between its fork and its exec, a child has the wrapper's
+            # name (sh, bash); it is named as what it became while it is still
+            # the target's (its id is not yet another process's).
+            kname = comm(self.child_pid) if self.child_pid in child_pids(self.pid) else ""
+            if kname:
+                self.child = f"{kname} (pid {self.child_pid})"
+            return
+        for kid in child_pids(self.pid):
+            kname = comm(kid)
+            if kname:
+                self.child, self.child_pid = f"{kname} (pid {kid})", kid
+                break
 
     def child_hint(self, *, daemon: bool) -> str:
         """"" when no child was seen, else why it was not recorded and how it would be."""
