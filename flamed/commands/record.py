@@ -102,7 +102,8 @@ class RecordCommand(Command):
                             help="BPF samples per second, 1..999 (default 99; giving it samples here, not "
                                  "through the daemon)")
         parser.add_argument("-o", "--output", default=None,
-                            help="output file, '-' for stdout; checked before recording starts (default: "
+                            help="output file, '-' for stdout (a command's own standard output then goes to standard "
+                                 "error); checked before recording starts (default: "
                                  "flamed-PID.<ext of the format> with -p, flamed-record.<ext> with a command)")
         parser.add_argument("-f", "--format", default=None,
                             help=f"output format: {', '.join(n for n in outputs.names() if outputs.get(n).writes_profiles)} "
@@ -174,6 +175,12 @@ class RecordCommand(Command):
         _check_writable(_output_path(args, outputs.choose(args.format, args.output)), "-o/--output")
         if args.timeline:
             _check_writable(args.timeline, "--timeline")
+        # -o - : the profile goes to standard output, so the command's own output does not.
+        args.command_stdout = None
+        if cmd and _is_stdout(_output_path(args, outputs.choose(args.format, args.output))):
+            args.command_stdout = _stderr_fd()
+            self.warn("the profile goes to standard output (-o -): the command's standard output goes to "
+                      "standard error instead")
         if self._through_daemon(args, cmd):
             return self._via_daemon(args, cmd)
         if args.rate is None:
@@ -251,7 +258,7 @@ class RecordCommand(Command):
         with _signals_interrupt():
             rec, rc, interrupted = record_daemon.record(
                 sock, pid=args.pid, cmd=cmd, duration=args.duration, since_s=args.since or 0.0,
-                root=args.root or "none", warn=self.warn, status=st)
+                root=args.root or "none", warn=self.warn, status=st, stdout=args.command_stdout)
         profile = rec.profile()
         if rec.start_ns is not None and args.since:
             asked = time.time_ns() - int(args.since * 1e9)
@@ -358,7 +365,7 @@ class RecordCommand(Command):
                                       "process, or run the command under flamed record -- COMMAND")
                 if cmd:
                     try:
-                        child = subprocess.Popen(cmd)
+                        child = subprocess.Popen(cmd, stdout=args.command_stdout)
                     except OSError as e:
                         raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
                     target = child.pid
@@ -546,7 +553,7 @@ class RecordCommand(Command):
             try:
                 if cmd:
                     try:
-                        child = subprocess.Popen(cmd)
+                        child = subprocess.Popen(cmd, stdout=args.command_stdout)
                     except OSError as e:
                         raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
                 target = child.pid if child is not None else args.pid
@@ -633,6 +640,25 @@ def _output_path(args: argparse.Namespace, fmt: outputs.OutputFormat) -> str:
         return str(args.output)
     ext = fmt.extensions[0] if fmt.extensions else ".out"
     return f"flamed-{args.pid or 'record'}{ext}"
+
+
+def _is_stdout(path: str) -> bool:
+    """Is ``path`` (-o) this process's standard output: ``-``, or a name of the same file
+    (/dev/stdout, /dev/fd/1)?"""
+    if path == "-":
+        return True
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(1))
+    except OSError:
+        return False
+
+
+def _stderr_fd() -> int:
+    """Standard error's descriptor, for a command's output; DEVNULL when it has none."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # None, or a stream without one (io.UnsupportedOperation)
+        return subprocess.DEVNULL
 
 
 def _check_target(pid: int) -> None:

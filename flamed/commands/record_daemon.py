@@ -257,11 +257,11 @@ def _start_cursor(rec: DaemonRecording, t_start_ns: int, pid: int, root: str) ->
 
 def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float | None, since_s: float,
            root: str, warn: Callable[[str], None],
-           status: dict[str, Any] | None = None) -> tuple[DaemonRecording, int, bool]:
+           status: dict[str, Any] | None = None, stdout: int | None = None) -> tuple[DaemonRecording, int, bool]:
     """Record through the daemon: the recording, the exit code (the command's, for
     ``cmd``) and whether Ctrl-C (or SIGTERM, which the caller turns into
     KeyboardInterrupt) ended it.  ``status``: the daemon's (:func:`probe`), for
-    its sampling filter.  A command that still runs when ``duration`` ended is
+    its sampling filter; ``stdout``: the command's standard output (None: record's).  A command that still runs when ``duration`` ended is
     left running, in ``rec.running``, for the caller to write the profile first
     and then wait for it (the exit code returned is then 0)."""
     rec = DaemonRecording(socket_path)
@@ -271,7 +271,7 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
     child: subprocess.Popen[bytes] | None = None
     if cmd:
         try:
-            child = subprocess.Popen(cmd)
+            child = subprocess.Popen(cmd, stdout=stdout)
         except OSError as e:
             raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
         target = child.pid

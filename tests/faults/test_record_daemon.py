@@ -6,6 +6,7 @@ a valid partial profile."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -330,6 +331,21 @@ def test_a_command_that_exits_before_it_is_seen_is_said_to_have_exited(daemon_fa
     assert re.search(r"nothing was recorded: sh \(pid \d+\) exited [\d.]+ s after the record began, before the "
                      r"daemon saw it on a CPU", r.stderr), r.stderr
     assert "0 window(s)" not in r.stderr, r.stderr
+
+
+def test_a_profile_to_stdout_keeps_the_commands_output_out_of_it(daemon_factory: Any, tmp_path: Path) -> None:
+    """``record -o - -- COMMAND``: the command's standard output was record's, so
+    what it printed came out before the profile, in the same stream (``record -o
+    - -- app > app.folded`` made a file that is no profile).  Now the command's
+    standard output goes to standard error, and record says so."""
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
+    r = _record(["--socket", d.socket_path, "-o", "-", "--", "sh", "-c", "echo printed-by-the-command; exit 3"],
+                timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert "printed-by-the-command" not in r.stdout, r.stdout
+    assert "printed-by-the-command" in r.stderr, r.stderr
+    assert "the command's standard output goes to standard error" in r.stderr, r.stderr
+    read_folded(io.BytesIO(r.stdout.encode()), strict=True)
 
 
 def test_a_command_that_cannot_run_fails_before_anything_is_loaded(tmp_path: Path) -> None:

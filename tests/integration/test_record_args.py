@@ -8,6 +8,7 @@ that fails at the end anyway leaves the recording saved elsewhere.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from flamed.folded import read_folded
 from support import ROOT
 
 FLAMED = [sys.executable, "-m", "flamed"]
@@ -191,6 +193,19 @@ def test_a_command_that_exits_before_it_is_seen_is_said_to_have_exited(tmp_path:
     assert re.search(r"nothing was recorded: sh \(pid \d+\) exited [\d.]+ s after sampling began, before it was "
                      r"seen on a CPU", r.stderr), r.stderr
     assert "idle, or blocked" not in r.stderr and "was not on a CPU" not in r.stderr, r.stderr
+
+
+@pytest.mark.bpf
+def test_a_profile_to_stdout_keeps_the_commands_output_out_of_it(require_bpf: None) -> None:
+    """Without the daemon, ``-o -`` with a command: what the command printed was
+    in the profile's stream, before it; now it goes to standard error."""
+    spin = "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"
+    r = flamed(["record", "--no-daemon", "-o", "-", "--", "sh", "-c", f"echo printed-by-the-command; {spin}"],
+               timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "printed-by-the-command" not in r.stdout and "printed-by-the-command" in r.stderr, (r.stdout, r.stderr)
+    prof = read_folded(io.BytesIO(r.stdout.encode()), strict=True)
+    assert sum(prof.stacks.values()) > 0, r.stderr
 
 
 @pytest.mark.bpf
