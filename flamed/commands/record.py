@@ -78,7 +78,8 @@ class RecordCommand(Command):
 
     With a COMMAND it runs it, stops when it exits and returns its exit code;
     --subprocesses also records its Python descendants.  Ctrl-C (or SIGTERM)
-    writes what was recorded.
+    writes what was recorded; the command gets SIGINT and 10 s to exit before
+    it is killed (Ctrl-C again kills it at once).
 
     examples:
       flamed record -p 1234 -d 10 -o now.svg
@@ -606,7 +607,7 @@ class RecordCommand(Command):
 
     # -- shared -----------------------------------------------------------
     def _finish_child(self, child: subprocess.Popen[bytes], interrupted: bool) -> int:
-        return record_daemon.finish_child(child, interrupted)
+        return record_daemon.finish_child(child, interrupted, self.warn)
 
     def _wait_command(self, child: subprocess.Popen[bytes], cmd: list[str]) -> int:
         """-d ended while the command runs on: its profile is written; its exit code

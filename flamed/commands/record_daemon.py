@@ -38,15 +38,36 @@ POLL_S = 1.0
 #: How long each request may take (a forced drain waits for the daemon's loop).
 REQUEST_TIMEOUT_S = 30.0
 
-def finish_child(child: subprocess.Popen[bytes], interrupted: bool) -> int:
+#: Seconds a command has to exit after record sends it SIGINT, before it is killed.
+CHILD_GRACE_S = 10.0
+
+
+def finish_child(child: subprocess.Popen[bytes], interrupted: bool,
+                 warn: Callable[[str], None] | None = None) -> int:
     """Wait for the recorded command; its exit code (128 + N for signal N).  After
-    Ctrl-C it gets SIGINT (if the terminal did not send it one) and 10 s."""
+    Ctrl-C it gets SIGINT (if the terminal did not send it one) and 10 s, then
+    SIGKILL; Ctrl-C (or SIGTERM) again while it is waited for kills it at once, and
+    the caller goes on to write the profile.  ``warn`` says why record waits."""
     if child.poll() is None and interrupted:
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(signal.SIGINT)
     try:
-        rc = child.wait(timeout=10 if interrupted else None)
+        try:
+            rc = child.wait(timeout=min(1.0, CHILD_GRACE_S) if interrupted else None)
+        except subprocess.TimeoutExpired:
+            # A command that ignores SIGINT (or takes time to stop): said, not a silent wait.
+            if warn is not None:
+                warn(f"pid {child.pid} has not exited after SIGINT: waiting up to {CHILD_GRACE_S:.0f} s before "
+                     "killing it (Ctrl-C again kills it now)")
+            rc = child.wait(timeout=max(0.0, CHILD_GRACE_S - 1.0))
     except subprocess.TimeoutExpired:
+        child.kill()
+        rc = child.wait()
+    except KeyboardInterrupt:
+        if not interrupted:
+            # Ctrl-C while waiting for a command to exit by itself: it is stopped as after Ctrl-C.
+            return finish_child(child, True, warn)
+        # Ctrl-C again: the command is not waited for any longer, nor left running.
         child.kill()
         rc = child.wait()
     return 128 - rc if rc < 0 else rc
@@ -335,7 +356,7 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
     rc = 0
     if child is not None:
         if interrupted or child.poll() is not None or rec.broken:
-            rc = finish_child(child, interrupted)
+            rc = finish_child(child, interrupted, warn)
         else:
             rec.running = child
     if rec.broken:

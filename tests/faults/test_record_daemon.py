@@ -13,9 +13,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from flamed.folded import read_folded
 
@@ -346,6 +349,61 @@ def test_a_profile_to_stdout_keeps_the_commands_output_out_of_it(daemon_factory:
     assert "printed-by-the-command" in r.stderr, r.stderr
     assert "the command's standard output goes to standard error" in r.stderr, r.stderr
     read_folded(io.BytesIO(r.stdout.encode()), strict=True)
+
+
+IGNORES_SIGINT = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(60)
+"""
+
+
+def test_ctrl_c_twice_kills_a_command_that_ignores_it_and_writes_the_profile(
+        daemon_factory: Any, tmp_path: Path) -> None:
+    """Ctrl-C to record, whose command ignores SIGINT: record waited 10 s in
+    silence, and a second Ctrl-C then ended record itself ("interrupted"): no
+    profile written, and the command left running.  Now record says it waits
+    and that Ctrl-C again kills the command; the second one does, and the
+    profile is written."""
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
+    script = tmp_path / "ign.py"
+    script.write_text(IGNORES_SIGINT)
+    ready = tmp_path / "pid"
+    out = tmp_path / "twice.folded"
+    rec = subprocess.Popen([sys.executable, "-m", "flamed", "record", "--socket", d.socket_path, "-o", str(out),
+                            "--", sys.executable, str(script), str(ready)], stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(rec.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    target = 0
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline and rec.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), lines
+        target = int(ready.read_text())
+        rec.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while not any("Ctrl-C again kills it" in ln for ln in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rec.send_signal(signal.SIGINT)
+        rec.wait(timeout=30)
+        reader.join(10)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+        if target and Path(f"/proc/{target}").exists():
+            os.kill(target, signal.SIGKILL)
+            pytest.fail(f"the command (pid {target}) was left running")
+    err = "".join(lines)
+    assert f"pid {target} has not exited after SIGINT" in err, err
+    assert rec.returncode == 128 + signal.SIGKILL, err  # the command's: killed
+    assert out.exists(), err
+    read_folded(out.open("rb"), strict=True)
 
 
 def test_a_command_that_cannot_run_fails_before_anything_is_loaded(tmp_path: Path) -> None:
