@@ -107,8 +107,9 @@ class RecordCommand(Command):
                                  "error); checked before recording starts (default: "
                                  "flamed-PID.<ext of the format> with -p, flamed-record.<ext> with a command)")
         parser.add_argument("-f", "--format", default=None,
-                            help=f"output format: {', '.join(n for n in outputs.names() if outputs.get(n).writes_profiles)} "
-                                 "(default: by -o's extension, else folded)")
+                            help="output format: " + ", ".join(n for n in outputs.names()
+                                                                if outputs.get(n).writes_profiles)
+                                 + " (default: by -o's extension, else folded)")
         parser.add_argument("--subprocesses", action="store_true", help="also record Python descendants")
         parser.add_argument("--mode", choices=MODES, default="cpu",
                             help="cpu: CPU samples (default); offcpu: time off the CPU, in microseconds; "

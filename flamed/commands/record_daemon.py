@@ -282,9 +282,10 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
     """Record through the daemon: the recording, the exit code (the command's, for
     ``cmd``) and whether Ctrl-C (or SIGTERM, which the caller turns into
     KeyboardInterrupt) ended it.  ``status``: the daemon's (:func:`probe`), for
-    its sampling filter; ``stdout``: the command's standard output (None: record's).  A command that still runs when ``duration`` ended is
-    left running, in ``rec.running``, for the caller to write the profile first
-    and then wait for it (the exit code returned is then 0)."""
+    its sampling filter; ``stdout``: the command's standard output (None:
+    record's).  A command that still runs when ``duration`` ended is left
+    running, in ``rec.running``, for the caller to write the profile first and
+    then wait for it (the exit code returned is then 0)."""
     rec = DaemonRecording(socket_path)
     t_start_ns = time.time_ns()
     # Before the command starts, so that none of its samples fall in the window closed.

@@ -375,8 +375,10 @@ def test_ctrl_c_twice_kills_a_command_that_ignores_it_and_writes_the_profile(
     out = tmp_path / "twice.folded"
     rec = subprocess.Popen([sys.executable, "-m", "flamed", "record", "--socket", d.socket_path, "-o", str(out),
                             "--", sys.executable, str(script), str(ready)], stderr=subprocess.PIPE, text=True)
+    assert rec.stderr is not None
+    stderr = rec.stderr
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(rec.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader = threading.Thread(target=lambda: lines.extend(iter(stderr.readline, "")), daemon=True)
     reader.start()
     target = 0
     try:
