@@ -78,7 +78,8 @@ class RecordCommand(Command):
 
     With a COMMAND it runs it, stops when it exits and returns its exit code;
     --subprocesses also records its Python descendants.  Ctrl-C (or SIGTERM)
-    writes what was recorded.
+    writes what was recorded; the command gets SIGINT and 10 s to exit before
+    it is killed (Ctrl-C again kills it at once).
 
     examples:
       flamed record -p 1234 -d 10 -o now.svg
@@ -102,10 +103,13 @@ class RecordCommand(Command):
                             help="BPF samples per second, 1..999 (default 99; giving it samples here, not "
                                  "through the daemon)")
         parser.add_argument("-o", "--output", default=None,
-                            help="output file, '-' for stdout; checked before recording starts (default: "
+                            help="output file, '-' for stdout (a command's own standard output then goes to standard "
+                                 "error); checked before recording starts (default: "
                                  "flamed-PID.<ext of the format> with -p, flamed-record.<ext> with a command)")
         parser.add_argument("-f", "--format", default=None,
-                            help=f"output format: {', '.join(outputs.names())} (default: by -o's extension, else folded)")
+                            help="output format: " + ", ".join(n for n in outputs.names()
+                                                                if outputs.get(n).writes_profiles)
+                                 + " (default: by -o's extension, else folded)")
         parser.add_argument("--subprocesses", action="store_true", help="also record Python descendants")
         parser.add_argument("--mode", choices=MODES, default="cpu",
                             help="cpu: CPU samples (default); offcpu: time off the CPU, in microseconds; "
@@ -167,11 +171,18 @@ class RecordCommand(Command):
         else:
             _check_command(cmd[0])
         # Numbers were checked as they were parsed (_argtypes); the outputs are
-        # checked before anything is recorded, so an unwritable -o does not
-        # cost the whole recording.
+        # checked before anything is recorded, so an unwritable -o (or a format
+        # that cannot hold what record writes) does not cost the whole recording.
+        _check_format(args, outputs.choose(args.format, args.output))
         _check_writable(_output_path(args, outputs.choose(args.format, args.output)), "-o/--output")
         if args.timeline:
             _check_writable(args.timeline, "--timeline")
+        # -o - : the profile goes to standard output, so the command's own output does not.
+        args.command_stdout = None
+        if cmd and _is_stdout(_output_path(args, outputs.choose(args.format, args.output))):
+            args.command_stdout = _stderr_fd()
+            self.warn("the profile goes to standard output (-o -): the command's standard output goes to "
+                      "standard error instead")
         if self._through_daemon(args, cmd):
             return self._via_daemon(args, cmd)
         if args.rate is None:
@@ -249,7 +260,7 @@ class RecordCommand(Command):
         with _signals_interrupt():
             rec, rc, interrupted = record_daemon.record(
                 sock, pid=args.pid, cmd=cmd, duration=args.duration, since_s=args.since or 0.0,
-                root=args.root or "none", warn=self.warn, status=st)
+                root=args.root or "none", warn=self.warn, status=st, stdout=args.command_stdout)
         profile = rec.profile()
         if rec.start_ns is not None and args.since:
             asked = time.time_ns() - int(args.since * 1e9)
@@ -319,6 +330,8 @@ class RecordCommand(Command):
         interrupted = False
         pythons: set[int] = set()
         target_exited = False
+        #: Seconds from the start of sampling to the target's exit (when it exited meanwhile).
+        exited_after = 0.0
         watch: record_daemon.TargetWatch | None = None
         timed = args.mode != "cpu"
         #: At the end, how the target's threads all waited ("" unless each one did; --mode offcpu/wall).
@@ -354,7 +367,7 @@ class RecordCommand(Command):
                                       "process, or run the command under flamed record -- COMMAND")
                 if cmd:
                     try:
-                        child = subprocess.Popen(cmd)
+                        child = subprocess.Popen(cmd, stdout=args.command_stdout)
                     except OSError as e:
                         raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
                     target = child.pid
@@ -366,10 +379,11 @@ class RecordCommand(Command):
                 try:
                     while True:
                         watch.update()
-                        if child is not None and child.poll() is not None:
-                            break
-                        if child is None and not _alive(target):
+                        if (child.poll() is not None) if child is not None else not _alive(target):
+                            # The command exited (or -p's process): as through the daemon, an
+                            # empty profile then says it exited, not that it stayed off the CPU.
                             target_exited = True
+                            exited_after = time.monotonic() - t_sampling
                             break
                         if deadline is not None and time.monotonic() >= deadline:
                             break
@@ -447,7 +461,7 @@ class RecordCommand(Command):
                 return rc or 1
             hint = watch.child_hint(daemon=False) if watch is not None and not args.subprocesses else ""
             if target_exited:
-                self.warn(f"nothing was recorded: {what} exited {secs:.1f} s after sampling began, "
+                self.warn(f"nothing was recorded: {what} exited {exited_after:.1f} s after sampling began, "
                           f"before it was seen on a CPU{hint}")
             elif hint:
                 self.warn(f"nothing was recorded: {what} was not on a CPU in the {secs:.1f} s sampled{hint}")
@@ -541,7 +555,7 @@ class RecordCommand(Command):
             try:
                 if cmd:
                     try:
-                        child = subprocess.Popen(cmd)
+                        child = subprocess.Popen(cmd, stdout=args.command_stdout)
                     except OSError as e:
                         raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
                 target = child.pid if child is not None else args.pid
@@ -594,7 +608,7 @@ class RecordCommand(Command):
 
     # -- shared -----------------------------------------------------------
     def _finish_child(self, child: subprocess.Popen[bytes], interrupted: bool) -> int:
-        return record_daemon.finish_child(child, interrupted)
+        return record_daemon.finish_child(child, interrupted, self.warn)
 
     def _wait_command(self, child: subprocess.Popen[bytes], cmd: list[str]) -> int:
         """-d ended while the command runs on: its profile is written; its exit code
@@ -630,6 +644,25 @@ def _output_path(args: argparse.Namespace, fmt: outputs.OutputFormat) -> str:
     return f"flamed-{args.pid or 'record'}{ext}"
 
 
+def _is_stdout(path: str) -> bool:
+    """Is ``path`` (-o) this process's standard output: ``-``, or a name of the same file
+    (/dev/stdout, /dev/fd/1)?"""
+    if path == "-":
+        return True
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(1))
+    except OSError:
+        return False
+
+
+def _stderr_fd() -> int:
+    """Standard error's descriptor, for a command's output; DEVNULL when it has none."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # None, or a stream without one (io.UnsupportedOperation)
+        return subprocess.DEVNULL
+
+
 def _check_target(pid: int) -> None:
     """-p names a live process (not a thread of one, not a zombie), or a usage error says what it is."""
     try:
@@ -647,6 +680,17 @@ def _check_target(pid: int) -> None:
     if not running(f"/proc/{pid}/stat"):
         raise UsageError(f"process {pid} has already exited (a zombie its parent has not reaped): "
                          "nothing to record")
+
+
+def _check_format(args: argparse.Namespace, fmt: outputs.OutputFormat) -> None:
+    """A usage error when ``fmt`` cannot write the aggregated profile record makes (trace: one
+    line per timestamped sample), before the command starts rather than once it has been recorded."""
+    if fmt.writes_profiles:
+        return
+    chosen = f"-f/--format {fmt.name}" if args.format else f"-o/--output {args.output} (the {fmt.name} format)"
+    raise UsageError(f"{chosen}: record writes an aggregated profile, which the {fmt.name} format cannot hold "
+                     "(it needs timestamped samples); write folded or another format, and --timeline FILE "
+                     "for each sample's time (sampling here, without the daemon)")
 
 
 def _check_writable(path: str, option: str) -> None:

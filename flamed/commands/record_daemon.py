@@ -38,15 +38,36 @@ POLL_S = 1.0
 #: How long each request may take (a forced drain waits for the daemon's loop).
 REQUEST_TIMEOUT_S = 30.0
 
-def finish_child(child: subprocess.Popen[bytes], interrupted: bool) -> int:
+#: Seconds a command has to exit after record sends it SIGINT, before it is killed.
+CHILD_GRACE_S = 10.0
+
+
+def finish_child(child: subprocess.Popen[bytes], interrupted: bool,
+                 warn: Callable[[str], None] | None = None) -> int:
     """Wait for the recorded command; its exit code (128 + N for signal N).  After
-    Ctrl-C it gets SIGINT (if the terminal did not send it one) and 10 s."""
+    Ctrl-C it gets SIGINT (if the terminal did not send it one) and 10 s, then
+    SIGKILL; Ctrl-C (or SIGTERM) again while it is waited for kills it at once, and
+    the caller goes on to write the profile.  ``warn`` says why record waits."""
     if child.poll() is None and interrupted:
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(signal.SIGINT)
     try:
-        rc = child.wait(timeout=10 if interrupted else None)
+        try:
+            rc = child.wait(timeout=min(1.0, CHILD_GRACE_S) if interrupted else None)
+        except subprocess.TimeoutExpired:
+            # A command that ignores SIGINT (or takes time to stop): said, not a silent wait.
+            if warn is not None:
+                warn(f"pid {child.pid} has not exited after SIGINT: waiting up to {CHILD_GRACE_S:.0f} s before "
+                     "killing it (Ctrl-C again kills it now)")
+            rc = child.wait(timeout=max(0.0, CHILD_GRACE_S - 1.0))
     except subprocess.TimeoutExpired:
+        child.kill()
+        rc = child.wait()
+    except KeyboardInterrupt:
+        if not interrupted:
+            # Ctrl-C while waiting for a command to exit by itself: it is stopped as after Ctrl-C.
+            return finish_child(child, True, warn)
+        # Ctrl-C again: the command is not waited for any longer, nor left running.
         child.kill()
         rc = child.wait()
     return 128 - rc if rc < 0 else rc
@@ -104,6 +125,10 @@ class DaemonRecording:
         if self.filtered_out:
             return (f"the daemon at {self.socket} samples only {self.filtered_out}, which leaves out {what}; "
                     "--no-daemon records it here")
+        if self.broken:
+            # The daemon's windows of the target had not come back: it did not see it "on no CPU".
+            return (f"the daemon at {self.socket} went away after {self.windows} window(s), before any "
+                    f"sample of {what} came back; --no-daemon records it here")
         if self.exited_s is not None:
             saw = f"{what} exited {self.exited_s:.1f} s after the record began, before the daemon saw it on a CPU"
         else:
@@ -164,17 +189,26 @@ class TargetWatch:
     comm: str = ""
     #: The first child process seen, as ``NAME (pid N)`` ("" while none was).
     child: str = ""
+    #: That child's process id (0 while none was seen).
+    child_pid: int = 0
 
     def update(self) -> None:
         name = comm(self.pid)
         if name:
             self.comm = name
-        if not self.child:
-            for kid in child_pids(self.pid):
-                kname = comm(kid)
-                if kname:
-                    self.child = f"{kname} (pid {kid})"
-                    break
+        if self.child_pid:
+            # First seen between its fork and its exec, a child has the wrapper's
+            # name (sh, bash); it is named as what it became while it is still
+            # the target's (its id is not yet another process's).
+            kname = comm(self.child_pid) if self.child_pid in child_pids(self.pid) else ""
+            if kname:
+                self.child = f"{kname} (pid {self.child_pid})"
+            return
+        for kid in child_pids(self.pid):
+            kname = comm(kid)
+            if kname:
+                self.child, self.child_pid = f"{kname} (pid {kid})", kid
+                break
 
     def child_hint(self, *, daemon: bool) -> str:
         """"" when no child was seen, else why it was not recorded and how it would be."""
@@ -244,13 +278,14 @@ def _start_cursor(rec: DaemonRecording, t_start_ns: int, pid: int, root: str) ->
 
 def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float | None, since_s: float,
            root: str, warn: Callable[[str], None],
-           status: dict[str, Any] | None = None) -> tuple[DaemonRecording, int, bool]:
+           status: dict[str, Any] | None = None, stdout: int | None = None) -> tuple[DaemonRecording, int, bool]:
     """Record through the daemon: the recording, the exit code (the command's, for
     ``cmd``) and whether Ctrl-C (or SIGTERM, which the caller turns into
     KeyboardInterrupt) ended it.  ``status``: the daemon's (:func:`probe`), for
-    its sampling filter.  A command that still runs when ``duration`` ended is
-    left running, in ``rec.running``, for the caller to write the profile first
-    and then wait for it (the exit code returned is then 0)."""
+    its sampling filter; ``stdout``: the command's standard output (None:
+    record's).  A command that still runs when ``duration`` ended is left
+    running, in ``rec.running``, for the caller to write the profile first and
+    then wait for it (the exit code returned is then 0)."""
     rec = DaemonRecording(socket_path)
     t_start_ns = time.time_ns()
     # Before the command starts, so that none of its samples fall in the window closed.
@@ -258,7 +293,7 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
     child: subprocess.Popen[bytes] | None = None
     if cmd:
         try:
-            child = subprocess.Popen(cmd)
+            child = subprocess.Popen(cmd, stdout=stdout)
         except OSError as e:
             raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
         target = child.pid
@@ -322,7 +357,7 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
     rc = 0
     if child is not None:
         if interrupted or child.poll() is not None or rec.broken:
-            rc = finish_child(child, interrupted)
+            rc = finish_child(child, interrupted, warn)
         else:
             rec.running = child
     if rec.broken:

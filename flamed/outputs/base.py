@@ -67,6 +67,8 @@ class OutputFormat:
     description: ClassVar[str] = ""
     #: True if the format can use a time-ordered sample stream (chrome trace).
     wants_samples: ClassVar[bool] = False
+    #: False if the format needs that stream and cannot write an aggregated Profile (trace).
+    writes_profiles: ClassVar[bool] = True
 
     def write(self, profile: Profile, out: BinaryIO, options: OutputOptions | None = None) -> None:
         raise NotImplementedError

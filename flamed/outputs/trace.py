@@ -42,6 +42,7 @@ class TraceFormat(OutputFormat):
     extensions = (".trace",)
     description = "timestamped trace 'TIMESTAMP STACK COUNT' per sample (flamed merge)"
     wants_samples = True
+    writes_profiles = False
 
     def write(self, profile: Profile, out: BinaryIO, options: OutputOptions | None = None) -> None:
         raise UsageError("a trace needs timestamped samples; this input was aggregated (write folded instead)")

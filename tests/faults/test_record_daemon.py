@@ -6,15 +6,19 @@ a valid partial profile."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from flamed.folded import read_folded
 
@@ -126,6 +130,34 @@ def test_a_daemon_that_goes_away_leaves_a_partial_profile(
     assert "went away mid-record" in err and "the profile holds what was received before" in err, err
     prof = read_folded(out.open("rb"), strict=True)  # a valid folded file ...
     assert sum(prof.stacks.values()) >= 50, err  # ... with the windows received (~3 s at 99 Hz)
+
+
+def test_a_daemon_gone_before_any_window_came_back_is_not_said_to_have_seen_nothing(
+        daemon_factory: Any, tmp_path: Path) -> None:
+    """The daemon killed before it drained a window of the target: record said
+    "nothing was recorded: the daemon saw python3 (pid N) on no CPU in 1
+    window(s)" (and named a child), as if it had looked.  Now it says the daemon
+    went away before any sample came back; the empty profile is still written."""
+    # No drain before the kill: record's polls do not force one, and the daemon's come every 60 s.
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 60.0},
+                       output={"rotate_interval": 60.0})
+    p = subprocess.Popen(["sleep", "60"])
+    out = tmp_path / "gone.folded"
+    try:
+        rec = subprocess.Popen([sys.executable, "-m", "flamed", "record", "--socket", d.socket_path, "-p",
+                                str(p.pid), "-d", "60", "-o", str(out)], stderr=subprocess.PIPE, text=True)
+        time.sleep(2.5)  # a poll or two (one a second) answered before the kill
+        d.kill9()
+        _, err = rec.communicate(timeout=60)
+    finally:
+        p.kill()
+        p.wait()
+    assert rec.returncode == 1, err
+    assert "went away mid-record" in err, err
+    assert re.search(rf"nothing was recorded: the daemon at {re.escape(d.socket_path)} went away after \d+ "
+                     rf"window\(s\), before any sample of sleep \(pid {p.pid}\) came back", err), err
+    assert "on no CPU" not in err and "does not follow" not in err, err
+    assert out.read_text() == ""
 
 
 ZOMBIE_PARENT = """
@@ -302,6 +334,78 @@ def test_a_command_that_exits_before_it_is_seen_is_said_to_have_exited(daemon_fa
     assert re.search(r"nothing was recorded: sh \(pid \d+\) exited [\d.]+ s after the record began, before the "
                      r"daemon saw it on a CPU", r.stderr), r.stderr
     assert "0 window(s)" not in r.stderr, r.stderr
+
+
+def test_a_profile_to_stdout_keeps_the_commands_output_out_of_it(daemon_factory: Any, tmp_path: Path) -> None:
+    """``record -o - -- COMMAND``: the command's standard output was record's, so
+    what it printed came out before the profile, in the same stream (``record -o
+    - -- app > app.folded`` made a file that is no profile).  Now the command's
+    standard output goes to standard error, and record says so."""
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
+    r = _record(["--socket", d.socket_path, "-o", "-", "--", "sh", "-c", "echo printed-by-the-command; exit 3"],
+                timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert "printed-by-the-command" not in r.stdout, r.stdout
+    assert "printed-by-the-command" in r.stderr, r.stderr
+    assert "the command's standard output goes to standard error" in r.stderr, r.stderr
+    read_folded(io.BytesIO(r.stdout.encode()), strict=True)
+
+
+IGNORES_SIGINT = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(60)
+"""
+
+
+def test_ctrl_c_twice_kills_a_command_that_ignores_it_and_writes_the_profile(
+        daemon_factory: Any, tmp_path: Path) -> None:
+    """Ctrl-C to record, whose command ignores SIGINT: record waited 10 s in
+    silence, and a second Ctrl-C then ended record itself ("interrupted"): no
+    profile written, and the command left running.  Now record says it waits
+    and that Ctrl-C again kills the command; the second one does, and the
+    profile is written."""
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
+    script = tmp_path / "ign.py"
+    script.write_text(IGNORES_SIGINT)
+    ready = tmp_path / "pid"
+    out = tmp_path / "twice.folded"
+    rec = subprocess.Popen([sys.executable, "-m", "flamed", "record", "--socket", d.socket_path, "-o", str(out),
+                            "--", sys.executable, str(script), str(ready)], stderr=subprocess.PIPE, text=True)
+    assert rec.stderr is not None
+    stderr = rec.stderr
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(stderr.readline, "")), daemon=True)
+    reader.start()
+    target = 0
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline and rec.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), lines
+        target = int(ready.read_text())
+        rec.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while not any("Ctrl-C again kills it" in ln for ln in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rec.send_signal(signal.SIGINT)
+        rec.wait(timeout=30)
+        reader.join(10)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+        if target and Path(f"/proc/{target}").exists():
+            os.kill(target, signal.SIGKILL)
+            pytest.fail(f"the command (pid {target}) was left running")
+    err = "".join(lines)
+    assert f"pid {target} has not exited after SIGINT" in err, err
+    assert rec.returncode == 128 + signal.SIGKILL, err  # the command's: killed
+    assert out.exists(), err
+    read_folded(out.open("rb"), strict=True)
 
 
 def test_a_command_that_cannot_run_fails_before_anything_is_loaded(tmp_path: Path) -> None:

@@ -8,7 +8,9 @@ that fails at the end anyway leaves the recording saved elsewhere.
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from flamed.folded import read_folded
 from support import ROOT
 
 FLAMED = [sys.executable, "-m", "flamed"]
@@ -90,6 +93,22 @@ def test_unwritable_output_is_refused_before_recording(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+def test_a_format_that_cannot_hold_a_profile_is_refused_before_recording(tmp_path: Path) -> None:
+    """-f trace (or -o x.trace) needs timestamped samples, which record does not
+    write: the command ran, was recorded, and only then did the write fail (the
+    recording saved as folded text elsewhere).  Now it is refused before the
+    command runs, with or without the daemon."""
+    marker = tmp_path / "ran"
+    cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    for fmt_args, needle in ((["-f", "trace", "-o", str(tmp_path / "x.folded")], "-f/--format trace"),
+                             (["-o", str(tmp_path / "x.trace")], "(the trace format)")):
+        for mode in (["--no-daemon"], ["--socket", NO_SOCKET]):
+            r = flamed(["record", *mode, *fmt_args, *cmd])
+            assert_usage_error(r, needle, "record writes an aggregated profile", "--timeline")
+            assert not marker.exists(), "the command ran though its profile could not be written"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_output_check_leaves_nothing_and_accepts_descriptors(tmp_path: Path) -> None:
     # Past the output check, the daemon is missing: nothing recorded, nothing left in the directory.
     d = tmp_path / "out"
@@ -153,6 +172,40 @@ def test_default_output_of_a_command_is_flamed_record(tmp_path: Path, require_bp
     assert r.returncode == 0, r.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["flamed-record.folded"]
     assert "wrote flamed-record.folded" in r.stderr
+
+
+@pytest.mark.bpf
+def test_a_command_that_exits_before_it_is_seen_is_said_to_have_exited(tmp_path: Path, require_bpf: None) -> None:
+    """Without the daemon, a command gone before a sample of it was taken was said
+    to have been "not on a CPU in the 0.5 s sampled (idle, or blocked); record it
+    while it works".  Now, as through the daemon, record says it exited and when;
+    its exit code is kept.  At 1 Hz a shell that sleeps is almost never sampled;
+    the rare run that caught it on a CPU is run again (at most three runs)."""
+    out = tmp_path / "w.folded"
+    for _ in range(3):
+        r = flamed(["record", "--no-daemon", "-r", "1", "-o", str(out), "--", "sh", "-c", "sleep 0.2; exit 7"],
+                   timeout=60)
+        assert r.returncode == 7, r.stderr
+        if out.read_text() == "":
+            break
+    else:
+        pytest.skip("the shell was sampled on a CPU in each of three runs")
+    assert re.search(r"nothing was recorded: sh \(pid \d+\) exited [\d.]+ s after sampling began, before it was "
+                     r"seen on a CPU", r.stderr), r.stderr
+    assert "idle, or blocked" not in r.stderr and "was not on a CPU" not in r.stderr, r.stderr
+
+
+@pytest.mark.bpf
+def test_a_profile_to_stdout_keeps_the_commands_output_out_of_it(require_bpf: None) -> None:
+    """Without the daemon, ``-o -`` with a command: what the command printed was
+    in the profile's stream, before it; now it goes to standard error."""
+    spin = "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"
+    r = flamed(["record", "--no-daemon", "-o", "-", "--", "sh", "-c", f"echo printed-by-the-command; {spin}"],
+               timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "printed-by-the-command" not in r.stdout and "printed-by-the-command" in r.stderr, (r.stdout, r.stderr)
+    prof = read_folded(io.BytesIO(r.stdout.encode()), strict=True)
+    assert sum(prof.stacks.values()) > 0, r.stderr
 
 
 @pytest.mark.bpf
