@@ -20,7 +20,7 @@ from typing import Any
 from flamed import outputs
 from flamed.commands import record_daemon
 from flamed.commands.base import Command
-from flamed.commands._argtypes import PID_MAX, WEEK_S, duration, integer, number
+from flamed.commands._argtypes import PID_MAX, WEEK_S, duration, integer
 from flamed.daemon.client import DEFAULT_SOCKET
 from flamed.errors import CapabilityError, FlamedError, UsageError
 from flamed.fileio import open_output, output_problem
@@ -96,8 +96,9 @@ class RecordCommand(Command):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("-p", "--pid", type=integer(1, PID_MAX, what="a process id"),
                             help="process to record (a process id, not the id of one of its threads)")
-        parser.add_argument("-d", "--duration", type=number(0, WEEK_S, above=True, what="seconds"), default=None,
-                            help="seconds to record (default: until the process exits or Ctrl-C); a command that runs "
+        parser.add_argument("-d", "--duration", type=duration(WEEK_S), default=None,
+                            help="how long to record: seconds (10, 2.5) or 500ms, 30s, 5m, 1h, as --since (default: "
+                                 "until the process exits or Ctrl-C); a command that runs "
                                  "longer gets its profile then, and record waits for its exit code")
         parser.add_argument("-r", "--rate", type=integer(1, 999, what="samples per second"), default=None,
                             help="BPF samples per second, 1..999 (default 99; giving it samples here, not "

@@ -79,6 +79,14 @@ def test_since_accepts_durations() -> None:
         assert r.returncode == 1 and "no daemon to record through" in r.stderr, (since, r.stderr)
 
 
+def test_duration_accepts_the_units_since_does() -> None:
+    # -d 1m was refused ("expected seconds") while --since took 60s or 5m
+    for d in ("90", "2.5", "60s", "5m", "1.5h", "500ms"):
+        r = flamed(["record", "--socket", NO_SOCKET, "-p", str(os.getpid()), "-d", d, "-o", "-"])
+        assert r.returncode == 1 and "no daemon to record through" in r.stderr, (d, r.stderr)
+    assert_usage_error(flamed(["record", "--socket", NO_SOCKET, "-p", "1", "-d", "5x"]), "argument -d/--duration")
+
+
 def test_unwritable_output_is_refused_before_recording(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
