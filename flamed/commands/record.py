@@ -742,14 +742,16 @@ def _failures(mixed: MixedMode) -> str:
 
 def _check_command(name: str) -> None:
     """A COMMAND that cannot run fails before anything is loaded (the BPF
-    program took seconds to compile before the same error came)."""
+    program took seconds to compile before the same error came), with the
+    exit status a shell, env or timeout gives it: 127 when it is not found,
+    126 when it is found but cannot be run."""
     if os.sep in name:
         if not os.path.exists(name):
-            raise UsageError(f"cannot run {name}: No such file or directory")
+            raise FlamedError(f"cannot run {name}: No such file or directory", exit_code=127)
         if os.path.isdir(name) or not os.access(name, os.X_OK):
-            raise UsageError(f"cannot run {name}: Permission denied")
+            raise FlamedError(f"cannot run {name}: Permission denied", exit_code=126)
     elif shutil.which(name) is None:
-        raise UsageError(f"cannot run {name}: not found in PATH")
+        raise FlamedError(f"cannot run {name}: not found in PATH", exit_code=127)
 
 
 def _alive(pid: int) -> bool:

@@ -413,11 +413,17 @@ def test_a_command_that_cannot_run_fails_before_anything_is_loaded(tmp_path: Pat
     the command does not exist; now it says so first, as through the daemon."""
     out = tmp_path / "w.folded"
     r = _record(["--no-daemon", "-o", str(out), "--", "no-such-command-here"], timeout=60)
-    assert r.returncode == 2, r.stderr
+    # The exit status a shell (or env, timeout) gives a command it cannot run.
+    assert r.returncode == 127, r.stderr
     assert "cannot run no-such-command-here: not found in PATH" in r.stderr, r.stderr
     assert "loading the BPF programs" not in r.stderr, r.stderr
     r = _record(["--no-daemon", "-o", str(out), "--", str(tmp_path / "missing")], timeout=60)
-    assert r.returncode == 2 and f"cannot run {tmp_path / 'missing'}: No such file or directory" in r.stderr, r.stderr
+    assert r.returncode == 127 and f"cannot run {tmp_path / 'missing'}: No such file or directory" in r.stderr, r.stderr
+    text = tmp_path / "not-executable"
+    text.write_text("echo hi\n")
+    for path in (text, tmp_path):
+        r = _record(["--no-daemon", "-o", str(out), "--", str(path)], timeout=60)
+        assert r.returncode == 126 and f"cannot run {path}: Permission denied" in r.stderr, r.stderr
 
 
 def test_a_command_that_outlives_the_duration_gets_its_profile_first(daemon_factory: Any, tmp_path: Path) -> None:
