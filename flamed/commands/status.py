@@ -47,8 +47,7 @@ class StatusCommand(Command):
             ("latest", str(files.get("latest") or "-")),
             ("backlog", f"{st['backlog']['files']} files, {st['backlog']['bytes']} bytes in memory"
                         + (f" -- write error: {st['write_error']}" if st.get("write_error") else "")),
-            ("snapshots", f"{st['ring']['windows']} windows ({st['ring']['stacks']} stacks) in memory, "
-                          f"socket {st.get('socket')}"),
+            ("snapshots", f"{_ring_row(st['ring'])}, socket {st.get('socket')}"),
             ("metrics", f"http://{st['metrics']}/metrics" if st.get("metrics") else "off"),
             ("pprof", f"http://{st['metrics']}/debug/pprof/profile?seconds=N" if st.get("pprof") else "off"),
             ("off-cpu", _offcpu_row(st.get("offcpu"), st.get("metrics") if st.get("pprof") else None)),
@@ -63,6 +62,13 @@ class StatusCommand(Command):
         for k, v in rows:
             print(f"{k:<{width}}  {v}", file=self.stdout)
         return 0
+
+
+def _ring_row(ring: dict[str, Any]) -> str:
+    """The windows snapshots can read, by kind: with off-CPU time on a drain adds one of each."""
+    off = ring.get("offcpu_windows") or 0
+    windows = f"{ring['windows']} CPU windows" + (f" and {off} off-CPU windows" if off else "")
+    return f"{windows} ({ring['stacks']} stacks) in memory"
 
 
 def _unwind_row(u: dict[str, Any] | None, pending: bool = False) -> str:

@@ -341,7 +341,8 @@ class Daemon:
         """What ``flamed status`` shows (the control socket's handlers call it from client threads)."""
         cfg = self.config
         loop = self.loop
-        nw, ns = self.ring.stats()
+        _, ns = self.ring.stats()
+        by_kind = self.ring.windows_by_kind()
         files = self.store.list_files()
         return {
             "version": __version__,
@@ -372,7 +373,10 @@ class Daemon:
             "offcpu": {"enabled": loop.offcpu_enabled(), "seconds": round(loop.totals.get("offcpu_ns", 0) / 1e9, 6),
                        "min_us": cfg.sampling.off_cpu_min_us, "every": cfg.sampling.off_cpu_every,
                        "latest": self.store.last_written_offcpu},
-            "ring": {"windows": nw, "stacks": ns, "seconds": cfg.snapshot.ring_seconds},
+            # Windows by kind: with off-CPU time on, each drain adds a CPU and an off-CPU window;
+            # "stacks" are the entries of both (what snapshot.ring_max_stacks bounds).
+            "ring": {"windows": by_kind["cpu"], "offcpu_windows": by_kind.get("offcpu", 0), "stacks": ns,
+                     "seconds": cfg.snapshot.ring_seconds},
             "files": {"count": len(files), "bytes": sum(f[2] for f in files),
                       "latest": self.store.last_written},
             "backlog": {"files": len(self.store.backlog), "bytes": self.store.backlog_bytes},

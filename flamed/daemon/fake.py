@@ -79,7 +79,10 @@ class FakeSampler:
         self.started = True
         self._last_ns = self._clock_ns()
 
-    def drain(self) -> Window:
+    def drain(self, *, close_waits: bool = False) -> Window:
+        """``close_waits``: the daemon's last drain with off-CPU time on (the fake's
+        invented waits are all closed already: nothing more to count)."""
+        del close_waits
         if self.fail_drain is not None:
             raise self.fail_drain
         now = self._clock_ns()

@@ -275,8 +275,12 @@ class DrainLoop:
         window.offcpu = {}
         self.last_drain_seconds = drain_seconds + (time.perf_counter() - t_in)
         m.drain_duration.observe(self.last_drain_seconds)
-        nw, ns = self.ring.stats()
-        m.ring_windows.set(nw)
+        _, ns = self.ring.stats()
+        by_kind = self.ring.windows_by_kind()
+        if self.offcpu_enabled():
+            by_kind.setdefault("offcpu", 0)
+        for kind, n in by_kind.items():
+            m.ring_windows.labels(kind=kind).set(n)
         m.ring_stacks.set(ns)
 
     def _warn_full_maps(self, window: Window) -> None:

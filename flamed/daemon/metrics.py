@@ -177,8 +177,11 @@ class DaemonMetrics:
         self.last_rotation = Gauge(
             "flamed_last_rotation_timestamp_seconds", "Unix time of the last rotation (file closed).", registry=r
         )
-        self.ring_windows = Gauge("flamed_ring_windows", "Windows held in memory for snapshots.", registry=r)
-        self.ring_stacks = Gauge("flamed_ring_stacks", "(task, stack) entries held in memory.", registry=r)
+        self.ring_windows = Gauge("flamed_ring_windows", "Windows held in memory for snapshots, by kind (cpu, offcpu): "
+                                  "with off-CPU time on, each drain adds one of each.", ["kind"], registry=r)
+        self.ring_windows.labels(kind="cpu")  # 0 before the first drain
+        self.ring_stacks = Gauge("flamed_ring_stacks", "(task, stack) entries held in memory, of both kinds "
+                                 "(what snapshot.ring_max_stacks bounds).", registry=r)
         self.requests = Counter(
             "flamed_control_requests",
             "Control-socket requests, by request type and result.",

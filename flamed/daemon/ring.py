@@ -281,6 +281,15 @@ class WindowRing:
             self._cond.notify_all()
 
     def stats(self) -> tuple[int, int]:
-        """(windows, stack entries) held."""
+        """(windows, stack entries) held, of both kinds."""
         with self._cond:
             return len(self._windows), self._stacks
+
+    def windows_by_kind(self) -> dict[str, int]:
+        """Windows held, by kind: ``cpu`` (one per drain) always, ``offcpu`` when any is held
+        (with off-CPU time on every drain adds one of each)."""
+        out = {"cpu": 0}
+        with self._cond:
+            for w in self._windows:
+                out[w.kind] = out.get(w.kind, 0) + 1
+        return out

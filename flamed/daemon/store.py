@@ -84,6 +84,12 @@ def file_kind(m: re.Match[str]) -> str:
     return "offcpu" if m.group("kind") else "cpu"
 
 
+def _kind_of(name: str) -> str:
+    """The kind of a profile file's name (``cpu`` for a name FILE_RE does not match)."""
+    m = FILE_RE.match(name)
+    return file_kind(m) if m is not None else "cpu"
+
+
 def _ns_to_us(ns: Weight) -> int:
     """Nanoseconds to whole microseconds, rounded."""
     return int(ns + 500) // 1000
@@ -723,7 +729,14 @@ class ProfileStore:
         return [(stem, name, size, mtime) for _key, stem, name, size, mtime in out]
 
     def apply_retention(self) -> StoreStats:
-        """Delete the oldest files beyond max_files, max_bytes or max_age; update the disk metrics."""
+        """Delete the oldest files beyond max_files, max_bytes or max_age; update the disk metrics.
+
+        ``max_files`` counts each kind on its own (CPU files, off-CPU files:
+        with ``off_cpu`` on every period writes one of each, and a limit of N
+        keeps N periods of both); ``max_bytes`` is all the files together;
+        ``max_age`` is each file's.  The newest file is never deleted, whatever
+        the limits, and the newest of the other kind only by ``max_age`` (the
+        last off-CPU file, once ``off_cpu`` is turned off, ages out)."""
         r = self.retention
         files = self.list_files()
         present = {f[1] for f in files}
@@ -733,21 +746,34 @@ class ProfileStore:
         total = sum(f[2] for f in files)
         now = self._clock_ns() / 1e9
         count = len(files)
-        # Oldest first; the newest file is never deleted, whatever the limits.  A file that
-        # cannot be deleted stays (and still counts): the next oldest goes in its place.
-        for stem, name, size, mtime in files[:-1]:
-            if r.max_files and count > r.max_files:
+        by_kind: dict[str, int] = {}
+        newest: dict[str, str] = {}
+        for _stem, name, _size, _mtime in files:
+            kind = _kind_of(name)
+            by_kind[kind] = by_kind.get(kind, 0) + 1
+            newest[kind] = name
+        last = files[-1][1] if files else None
+        kinds_newest = set(newest.values())
+        # Oldest first.  A file that cannot be deleted stays (and still counts): the
+        # next oldest goes in its place.
+        for stem, name, size, mtime in files:
+            if name == last:
+                continue
+            kind = _kind_of(name)
+            counted = name not in kinds_newest
+            if counted and r.max_files and by_kind[kind] > r.max_files:
                 reason = "max_files"
-            elif r.max_bytes and total > r.max_bytes:
+            elif counted and r.max_bytes and total > r.max_bytes:
                 reason = "max_bytes"
             elif r.max_age and now - mtime > r.max_age:
                 reason = "max_age"
             else:
-                break
+                continue  # a file of the other kind may still be over its limit
             if not self._delete(stem, name, size, reason):
                 continue
             self.metrics.retention_deletions.labels(reason=reason).inc()
             count -= 1
+            by_kind[kind] -= 1
             total -= size
         self.metrics.disk_bytes.set(total)
         self.metrics.disk_files.set(count)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 from flamed.daemon.config import OutputConfig, RetentionConfig
@@ -61,18 +63,33 @@ def test_offcpu_files_beside_cpu_files_in_microseconds(tmp_path: Path) -> None:
     assert m is not None and file_kind(m) == "offcpu" and m.group("host") == "h1"
 
 
-def test_retention_counts_both_kinds(tmp_path: Path) -> None:
-    st = store(tmp_path, max_files=4)
+def test_retention_counts_each_kind_on_its_own(tmp_path: Path) -> None:
+    """max_files is per kind: with off_cpu on, N keeps the newest N periods of both (the
+    two kinds used to share the count, so max_files = 1 deleted each off-CPU file as
+    soon as the CPU file of its period was written)."""
+    st = store(tmp_path, max_files=2)
     fill(st, 5)
     names = sorted(p.name for p in (tmp_path / "p").glob("*.folded") if not p.is_symlink())
-    # the newest two periods, both kinds: the oldest go first, whatever their kind
     assert names == ["h1-20231114T221620Z.folded", "h1-20231114T221720Z.folded",
                      "offcpu-h1-20231114T221620Z.folded", "offcpu-h1-20231114T221720Z.folded"]
+    one = store(tmp_path / "one", max_files=1)
+    fill(one, 3)
+    names = sorted(p.name for p in (tmp_path / "one" / "p").glob("*.folded") if not p.is_symlink())
+    assert names == ["h1-20231114T221520Z.folded", "offcpu-h1-20231114T221520Z.folded"]
+
+
+def test_max_bytes_counts_both_kinds_and_keeps_the_newest_of_each(tmp_path: Path) -> None:
+    """max_bytes bounds the directory whatever the kinds; the newest file of each kind stays."""
+    st = store(tmp_path, max_bytes=1)
+    fill(st, 3)
+    names = sorted(p.name for p in (tmp_path / "p").glob("*.folded") if not p.is_symlink())
+    assert names == ["h1-20231114T221520Z.folded", "offcpu-h1-20231114T221520Z.folded"]
 
 
 def test_latest_offcpu_links_go_with_the_file_they_name(tmp_path: Path) -> None:
-    """off_cpu turned off: once retention deletes the last off-CPU file, its latest links go
-    too, instead of pointing at nothing (and status no longer names it)."""
+    """off_cpu turned off: the last off-CPU file stays under max_files (one of its kind)
+    until max_age deletes it; then its latest links go too, instead of pointing at
+    nothing (and status no longer names it)."""
     st = store(tmp_path, max_files=2)
     fill(st, 1)
     d = tmp_path / "p"
@@ -80,6 +97,12 @@ def test_latest_offcpu_links_go_with_the_file_they_name(tmp_path: Path) -> None:
     for i in range(1, 4):  # CPU periods only from here on
         st.add(T0 + i * 60 * S, T0 + (i + 1) * 60 * S, dict(CPU), 30, {}, 99.0)
         st.rotate()
+    assert [p.name for p in d.glob("offcpu-*.folded")] == ["offcpu-h1-20231114T221320Z.folded"]
+    # older than max_age (the store's clock is T0 + 600 s)
+    for p in d.glob("offcpu-*"):
+        os.utime(p, (T0 / S - 3600, T0 / S - 3600))
+    st.configure(st.output, RetentionConfig(max_files=2, max_age=600))
+    st.apply_retention()
     assert not list(d.glob("offcpu-*"))
     assert not (d / "latest-offcpu.folded").is_symlink() and not (d / "latest-offcpu.json").is_symlink()
     assert st.last_written_offcpu is None
@@ -123,3 +146,47 @@ def test_serve_shows_offcpu_files_apart_with_their_unit(tmp_path: Path) -> None:
     assert abs(sum(sum(col) for col in tl_cpu["cells"]) - 120) < 1e-6  # type: ignore[union-attr]
     f = Filters.parse({"profile": "offcpu", "include": "read"})
     assert idx.profile(T0, T0 + 120 * S, f).total() == 2 * 2_400_001
+
+
+def _gauge(text: str, name: str, labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{labels}}} "):
+            return float(line.split()[-1])
+    raise AssertionError(f"no {name}{{{labels}}} in\n{text}")
+
+
+def test_daemon_with_off_cpu_and_max_files_1_keeps_a_file_of_each_kind(tmp_path: Path) -> None:
+    """A daemon with off_cpu on and max_files = 1 keeps its newest file of each kind (the
+    off-CPU file of each period was deleted at once: the two kinds shared the count)."""
+    from flamed.daemon.testing import fast_config, running_daemon
+
+    cfg = fast_config(tmp_path, sampling={"off_cpu": True}, retention={"max_files": 1},
+                      output={"rotate_interval": 60.0})
+    with running_daemon(cfg) as d:
+        for _ in range(3):
+            assert d.loop.request_flush(30.0) is not None
+            names = sorted(p.name for p in (tmp_path / "profiles").glob("*.folded") if not p.is_symlink())
+            assert sorted(n.startswith("offcpu-") for n in names) == [False, True], names
+
+
+def test_daemon_with_off_cpu_tells_ring_windows_by_kind(tmp_path: Path) -> None:
+    """The ring's windows are told by kind in the status, its text and the metrics (with
+    off_cpu on a drain adds one of each: the single count read double)."""
+    from prometheus_client import generate_latest
+
+    from flamed.commands.status import _ring_row
+    from flamed.daemon.testing import fast_config, running_daemon
+
+    with running_daemon(fast_config(tmp_path, sampling={"off_cpu": True})) as d:
+        deadline = time.monotonic() + 30
+        while len(d.ring.since(0)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    # stopped: the ring and the metrics hold still
+    cpu, off = len(d.ring.since(0)), len(d.ring.since(0, kind="offcpu"))
+    assert cpu >= 3 and off == cpu
+    ring = d.status()["ring"]
+    assert (ring["windows"], ring["offcpu_windows"]) == (cpu, off)
+    assert _ring_row(ring).startswith(f"{cpu} CPU windows and {off} off-CPU windows (")
+    text = generate_latest(d.registry).decode()
+    assert _gauge(text, "flamed_ring_windows", 'kind="cpu"') == cpu
+    assert _gauge(text, "flamed_ring_windows", 'kind="offcpu"') == off
