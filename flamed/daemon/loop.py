@@ -291,7 +291,10 @@ class DrainLoop:
         sc = self.config.sampling
         settings = {"sampling.python_stack_map_size": sc.python_stack_map_size,
                     "sampling.unwind_stack_map_size": sc.unwind_stack_map_size}
-        for advice in self._losses.advise_maps(full, window.samples, settings):
+        # The Python walker also runs at each switch off the CPU (off-CPU time on): its
+        # map's losses are a share of all its walks, not of the samples alone.
+        walks = self.sampler_stats.new_full_of if self.offcpu_enabled() else None
+        for advice in self._losses.advise_maps(full, window.samples, settings, walks=walks):
             log.log(advice.level, "%s", advice.message)
 
     def _warn_losses(self, window: Window, counts: Mapping[CountKey, int]) -> None:

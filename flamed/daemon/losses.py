@@ -155,15 +155,27 @@ class LossAdvisor:
                                            "pointers)"),
     }
 
-    def advise_maps(self, full: Mapping[str, int], samples: int, settings: Mapping[str, object]) -> list[Advice]:
+    def advise_maps(self, full: Mapping[str, int], samples: int, settings: Mapping[str, object], *,
+                    walks: Mapping[str, int] | None = None) -> list[Advice]:
         """Log lines for maps of the program found full in the last window: ``full`` is
-        samples by the setting that sizes the map, ``settings`` the current values."""
+        samples by the setting that sizes the map, ``settings`` the current values.
+        ``walks``: off-CPU time is on, and a map named here also fills at switches off
+        the CPU (the Python walker runs there too): its count in ``full`` is of samples
+        and switches, and is given as a share of this many walks of both, never of the
+        samples alone (which could read as more than 100 %)."""
         out: list[Advice] = []
         now = self.clock()
         for setting, n in sorted(full.items()):
             if n <= 0 or not self._due(setting, self.options.warn_interval, now):
                 continue
             what, loss = self._MAP_LOSS.get(setting, ("a BPF map", "lost frames"))
+            of = (walks or {}).get(setting)
+            if of is not None:
+                out.append(Advice(logging.WARNING, (
+                    f"{what} is full: {n} Python stack walks ({_share(n, of)} of the last window's {of}, "
+                    f"at samples and at switches off the CPU) {loss}; "
+                    f"raise {setting} (now {settings.get(setting, '?')})")))
+                continue
             out.append(Advice(logging.WARNING, (
                 f"{what} is full: {n} samples ({_share(n, samples)} of the last window's {samples}) {loss}; "
                 f"raise {setting} (now {settings.get(setting, '?')})")))

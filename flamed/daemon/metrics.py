@@ -137,7 +137,9 @@ class DaemonMetrics:
             "frames taken); no_thread (its thread state was not found: a native thread, or one of a long "
             "thread list not reached yet; the stack shows [python: thread not found]); no_frame (no "
             "frame: idle or starting); read_fault; truncated (deeper than sampling.python_depth, outer "
-            "frames cut); stacks_full (sampling.python_stack_map_size reached: no Python frames).",
+            "frames cut); stacks_full (sampling.python_stack_map_size reached: no Python frames). With "
+            "sampling.off_cpu the walker also runs at each switch off the CPU of those processes, counted here "
+            "too: walks, not samples.",
             ["result"], registry=r,
         )
         self.unwind_stacks = Counter(

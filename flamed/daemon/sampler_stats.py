@@ -41,6 +41,10 @@ class SamplerAccounting:
         #: Samples that found a map of the program full since the last drain, by the setting
         #: that sizes that map (Python frames or unwound stacks dropped: flamed/daemon/losses.py).
         self.new_full: dict[str, int] = {}
+        #: What the counts in ``new_full`` are a part of, by the same setting, when it is not
+        #: the window's samples: the Python walker also runs at each switch off the CPU of a
+        #: Python process when off-CPU time is on, and its map fills for both.
+        self.new_full_of: dict[str, int] = {}
         #: Off-CPU waits recorded (counted or carried) in the last drain's window,
         #: each with the stacks it took at its switch off the CPU (off-CPU time on;
         #: ``None`` when it is off).
@@ -50,6 +54,7 @@ class SamplerAccounting:
         """One drain's stats into the metrics; raises AttributeError, TypeError or ValueError on odd ones."""
         self.last = st  # for the status: the sampler's lock is held during drains
         self.new_full = {}
+        self.new_full_of = {}
         self.new_offcpu_waits = None
         m = self.metrics
         m.symbolize_duration.observe(float(st.last_symbolize_seconds))
@@ -78,6 +83,12 @@ class SamplerAccounting:
                               int(totals.get(name, 0)))
             if result == "stacks_full" and n:
                 self.new_full["sampling.python_stack_map_size"] = n
+        # Every walk of the window (samples and, with off-CPU time on, switches off the CPU):
+        # what a full map's count is a share of.
+        walks = int(totals.get("PY_SAMPLES", 0))
+        last = self._seen.get("py:walks", 0)
+        self.new_full_of["sampling.python_stack_map_size"] = walks - last if walks >= last else walks
+        self._seen["py:walks"] = walks
 
     def _count_offcpu(self, st: Any) -> None:
         totals = getattr(st, "offcpu_total", None)

@@ -7,16 +7,19 @@ the files and that the files hold exactly what the BPF program counted.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -388,3 +391,99 @@ enabled = false
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def _wait_for(what: str, cond: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.05)
+
+
+SWITCHY = textwrap.dedent("""
+    import random, sys, threading, time
+
+    def make(i):
+        def f(depth):
+            if depth:
+                return fns[(i + depth) % len(fns)](depth - 1)
+            time.sleep(0.0002)  # off the CPU, at the end of a Python stack of its own
+        f.__name__ = f.__qualname__ = f"switchy_{i}"
+        return f
+
+    fns = [make(i) for i in range(8)]
+    end = time.monotonic() + float(sys.argv[1])
+
+    def run(seed):
+        rnd = random.Random(seed)
+        while time.monotonic() < end:
+            fns[rnd.randrange(8)](rnd.randrange(30))
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+""")
+
+
+def test_python_map_full_with_off_cpu_is_a_share_of_its_walks(tmp_path: Path) -> None:
+    """With off_cpu on, the Python walker runs at each switch off the CPU too, and its full
+    map counts those walks: the log gives them as a share of all the walks (it gave them
+    as a share of the CPU samples alone: "247% of the last window's samples")."""
+    need(have_root(), "root (BPF and perf events need CAP_BPF/CAP_PERFMON)")
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    comm = "flamedswitchy"
+    interp = tmp_path / comm
+    os.symlink(os.path.realpath(sys.executable), interp)
+    script = tmp_path / "switchy.py"
+    script.write_text(SWITCHY)
+    cfg = tmp_path / "flamed.toml"
+    sock = str(tmp_path / "flamed.sock")
+    cfg.write_text(f"""
+[sampling]
+frequency = 99
+drain_interval = 0.5
+comms = ["{comm}"]
+off_cpu = true
+off_cpu_min_us = 0
+python_stack_map_size = 16
+unwind_cache_dir = "{tmp_path / 'uw'}"
+[output]
+state_dir = "{tmp_path / 'profiles'}"
+rotate_interval = 60.0
+fsync = false
+[metrics]
+address = "127.0.0.1:0"
+[control]
+socket = "{sock}"
+[log]
+target = "stderr"
+[processors.python]
+enabled = false
+""")
+    log_path = tmp_path / "daemon.log"
+    with log_path.open("w") as log:
+        p = subprocess.Popen([sys.executable, "-m", "flamed", "daemon", "--config", str(cfg)],
+                             stderr=log, text=True, cwd=ROOT)
+        try:
+            wait_daemon_answers(sock, p, 120)
+            work = subprocess.run([str(interp), str(script), "4"], timeout=120)
+            assert work.returncode == 0
+            _wait_for("the map-full warning", lambda: "Python stacks is full" in log_path.read_text(), 30)
+        finally:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=60)
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(timeout=30)
+    lines = [ln for ln in log_path.read_text().splitlines() if "Python stacks is full" in ln]
+    assert lines
+    for ln in lines:
+        m = re.search(r"full: (\d+) Python stack walks \(([\d.]+)% of the last window's (\d+), at samples and "
+                      r"at switches off the CPU\)", ln)
+        assert m, ln
+        n, share, walks = int(m.group(1)), float(m.group(2)), int(m.group(3))
+        assert 0 < n <= walks and share <= 100.0, ln

@@ -219,3 +219,17 @@ def test_stack_failures_of_short_waits_are_not_counted_as_lost() -> None:
     acc.take(st.copy())
     assert value("flamed_offcpu_stacks_lost_total", {"reason": "user_stack_eexist"}) == 7
     assert value("flamed_offcpu_switch_stack_failures_total", {"reason": "eexist"}) == 3500
+
+
+def test_a_full_python_map_with_off_cpu_is_a_share_of_the_walks() -> None:
+    """Off-CPU time on: the Python walker also runs at switches off the CPU, so its full
+    map is a share of all its walks, never of the samples alone (1504 of 8 samples: 18800%)."""
+    a, _ = advisor()
+    settings = {"sampling.python_stack_map_size": 16, "sampling.unwind_stack_map_size": 8192}
+    out = a.advise_maps({"sampling.python_stack_map_size": 1504, "sampling.unwind_stack_map_size": 2}, 8, settings,
+                        walks={"sampling.python_stack_map_size": 1600})
+    by_map = {x.message.split(" is full")[0]: x.message for x in out}
+    assert ("1504 Python stack walks (94.0% of the last window's 1600, at samples and at switches off the CPU)"
+            in by_map["the BPF map of Python stacks"])
+    # the unwinder runs at samples only: a share of the samples, as before
+    assert "2 samples (25.0% of the last window's 8)" in by_map["the BPF map of unwound native stacks"]
