@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _HANDLER_ATTR = "_flamed_daemon_handler"
@@ -43,3 +46,34 @@ def setup_logging(level: str = "info", target: str = "auto") -> str:
     logger.setLevel(LEVELS.get(level, logging.INFO))
     logger.propagate = False
     return use
+
+
+@contextlib.contextmanager
+def logs_past_fd2() -> Iterator[None]:
+    """While this lasts, the ``flamed`` logger's handlers that write to fd 2 write to a
+    duplicate of it instead.  The BPF program's load captures fd 2 (clang and libbpf
+    report there) in a thread of its own during a reload, while the main loop goes on
+    draining and logging: its lines must reach the log, not that capture."""
+    moved: list[tuple[logging.StreamHandler[Any], Any]] = []
+    dup: TextIO | None = None
+    try:
+        for h in logging.getLogger("flamed").handlers:
+            if not isinstance(h, logging.StreamHandler):
+                continue
+            try:
+                fd = h.stream.fileno()
+            except (AttributeError, OSError, ValueError):
+                continue
+            if fd != 2:
+                continue
+            if dup is None:
+                h.flush()
+                dup = os.fdopen(os.dup(2), "w", encoding=getattr(h.stream, "encoding", None) or "utf-8",
+                                errors="backslashreplace", buffering=1)
+            moved.append((h, h.setStream(dup)))
+        yield
+    finally:
+        for h, old in moved:
+            h.setStream(old)
+        if dup is not None:
+            dup.close()

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flamed.daemon.config import DaemonConfig
+from flamed.daemon.logs import logs_past_fd2
 from flamed.daemon.losses import LossAdvisor, placeholder_stacks
 from flamed.daemon.metrics import DaemonMetrics
 from flamed.daemon.notify import Notifier, watchdog_interval
@@ -78,6 +79,10 @@ class DrainLoop:
         self._flush_waiters: list[_FlushWaiter] = []
         self.last_drain_ns = 0
         self.last_drain_seconds = 0.0
+        # The loop's schedule (run() sets them; a reload's wait for a new sampler serves on them).
+        self._wd: float | None = None
+        self._next_ping = 0.0
+        self._next_drain = 0
         self.totals = {"windows": 0, "samples": 0, "weight": 0}
         self.lost_totals: dict[str, int] = {}
         self._losses = LossAdvisor()
@@ -121,53 +126,60 @@ class DrainLoop:
     # -- the loop --------------------------------------------------------
     def run(self, reload: Callable[[], None]) -> None:
         """Drain until a stop is requested; ``reload`` runs here, between drains, when one is asked for."""
-        wd = watchdog_interval()
-        next_ping = time.monotonic()
-        next_drain = self._next_grid(self.clock_ns())
+        self._wd = watchdog_interval()
+        self._next_ping = time.monotonic()
+        self._next_drain = self._next_grid(self.clock_ns())
         while True:
-            now_mono = time.monotonic()
-            if wd is not None and now_mono >= next_ping:
-                self.notifier.watchdog()
-                next_ping = now_mono + wd
+            self._ping()
             if self._stop:
                 return
             if self._reload:
                 self._reload = False
                 reload()
-                next_drain = self._next_grid(self.clock_ns())
-            now = self.clock_ns()
-            if next_drain - now > self._step_ns():
-                # The wall clock went back (an NTP step, date -s): the grid point
-                # planned before would be that far away, with no drain meanwhile.
-                log.warning("the wall clock went back %.3f s; drains follow it", (next_drain - now) / 1e9
-                            - self.config.sampling.drain_interval)
-                next_drain = self._next_grid(now)
-            with self._lock:
-                flushes = self._flush_waiters
-                self._flush_waiters = []
-            scheduled = now >= next_drain
-            forced = bool(flushes) or (
-                self._drain_wanted and now - self.last_drain_ns >= MIN_DRAIN_SPACING * 1e9
-            )
-            if scheduled or forced:
-                self._drain_wanted = False
-                if scheduled:
-                    self.metrics.drain_lateness.observe(max(0, now - next_drain) / 1e9)
-                written_before = self.store.files_written
-                self.drain_once(rotate_now=bool(flushes))
-                if scheduled:
-                    next_drain = self._next_grid(self.clock_ns())
-                for ev, holder in flushes:
-                    # None when this flush wrote nothing (e.g. the disk refuses writes)
-                    holder[0] = self.store.last_written if self.store.files_written != written_before else None
-                    ev.set()
-            wait = (next_drain - self.clock_ns()) / 1e9
-            if self._drain_wanted:
-                wait = min(wait, MIN_DRAIN_SPACING)
-            if wd is not None:
-                wait = min(wait, next_ping - time.monotonic())
-            self._wake.wait(max(0.0, wait))
-            self._wake.clear()
+                self._next_drain = self._next_grid(self.clock_ns())
+            self._serve_once()
+
+    def _ping(self) -> None:
+        now_mono = time.monotonic()
+        if self._wd is not None and now_mono >= self._next_ping:
+            self.notifier.watchdog()
+            self._next_ping = now_mono + self._wd
+
+    def _serve_once(self) -> None:
+        """One turn of the loop: the drain (and flushes) due now, then sleep until the next is due."""
+        now = self.clock_ns()
+        if self._next_drain - now > self._step_ns():
+            # The wall clock went back (an NTP step, date -s): the grid point
+            # planned before would be that far away, with no drain meanwhile.
+            log.warning("the wall clock went back %.3f s; drains follow it", (self._next_drain - now) / 1e9
+                        - self.config.sampling.drain_interval)
+            self._next_drain = self._next_grid(now)
+        with self._lock:
+            flushes = self._flush_waiters
+            self._flush_waiters = []
+        scheduled = now >= self._next_drain
+        forced = bool(flushes) or (
+            self._drain_wanted and now - self.last_drain_ns >= MIN_DRAIN_SPACING * 1e9
+        )
+        if scheduled or forced:
+            self._drain_wanted = False
+            if scheduled:
+                self.metrics.drain_lateness.observe(max(0, now - self._next_drain) / 1e9)
+            written_before = self.store.files_written
+            self.drain_once(rotate_now=bool(flushes))
+            if scheduled:
+                self._next_drain = self._next_grid(self.clock_ns())
+            for ev, holder in flushes:
+                # None when this flush wrote nothing (e.g. the disk refuses writes)
+                holder[0] = self.store.last_written if self.store.files_written != written_before else None
+                ev.set()
+        wait = (self._next_drain - self.clock_ns()) / 1e9
+        if self._drain_wanted:
+            wait = min(wait, MIN_DRAIN_SPACING)
+        if self._wd is not None:
+            wait = min(wait, self._next_ping - time.monotonic())
+        self._wake.wait(max(0.0, wait))
+        self._wake.clear()
 
     def _step_ns(self) -> int:
         return int(self.config.sampling.drain_interval * 1e9)
@@ -336,6 +348,43 @@ class DrainLoop:
         return self.sampler.drain()
 
     # -- the sampler -----------------------------------------------------
+    def prepare_sampler(self, fresh: Sampler) -> None:
+        """Compile and load ``fresh`` (its ``prepare()``, if it has one) in a thread of its own
+        while this loop keeps draining the running sampler on its grid: windows, files,
+        flushes and snapshots go on during a reload's compile, which takes seconds (tens
+        of seconds on a loaded host).  Raises what the preparation raised."""
+        prepare = getattr(fresh, "prepare", None)
+        if not callable(prepare):
+            return
+        if self.sampler is None or self._next_drain == 0:
+            prepare()  # no loop running yet (start-up, a test): nothing to keep draining
+            return
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                prepare()
+            except BaseException as e:  # handed to the loop's thread below
+                failed.append(e)
+            finally:
+                done.set()
+                self._wake.set()
+
+        t0 = time.monotonic()
+        drains = self.totals["windows"]
+        with logs_past_fd2():  # the load captures fd 2 meanwhile: the drains' log lines go past it
+            t = threading.Thread(target=run, name="flamed-reload-prepare", daemon=True)
+            t.start()
+            while not done.is_set():
+                self._ping()
+                self._serve_once()
+            t.join()
+        log.info("reload: the new sampler was ready after %.2f s; the old one drained meanwhile (%d drains)",
+                 time.monotonic() - t0, self.totals["windows"] - drains)
+        if failed:
+            raise failed[0]
+
     def replace_sampler(self, fresh: Sampler) -> None:
         """Hand over to ``fresh`` (started): the old sampler's last window goes into the current period."""
         assert self.sampler is not None

@@ -126,7 +126,11 @@ def _apply(d: Reloadable, new: DaemonConfig, procs: ProcessorOptions, new_contro
     if new.sampling != old.sampling:
         # Start the new sampler before retiring the old one: no gap in sampling,
         # and the old one's last window is drained into the current period.
+        # The old one keeps being drained on its grid while the new one compiles
+        # (seconds; tens of seconds on a loaded host); attached only once ready, the
+        # two sample together for the moment between its attach and the old one's detach.
         fresh = d.sampler_factory(new)
+        d.loop.prepare_sampler(fresh)  # a failure tears the new one down and refuses the reload
         fresh.start()
         d.loop.replace_sampler(fresh)
     d.store.configure(new.output, new.retention)

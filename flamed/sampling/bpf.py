@@ -122,9 +122,28 @@ class BpfSampler:
         self._numbering: Numbering | None = None
         self._cgroup_filter: _FollowedCgroups | None = None
         self._started = False
+        self._prepared = False  # compiled and loaded, not attached (prepare())
+        self._t_prepare = 0.0
         self._no_cgroups = False  # looked for a cgroup v2 hierarchy and found none
 
     # -- Sampler protocol -------------------------------------------------
+    def prepare(self) -> None:
+        """Everything :meth:`start` does before the program is attached: the compile
+        (or the cached image), the maps, the verifier.  Takes seconds, and samples
+        nothing yet: the daemon runs it beside the sampler it replaces on reload
+        (which keeps draining meanwhile), then :meth:`start` attaches in milliseconds."""
+        with self._lock:
+            if self._prepared or self._started:
+                return
+            if self._processes.closed:
+                raise FlamedError("sampler already closed; make a new one")
+            try:
+                self._prepare()
+            except BaseException:
+                self._teardown()
+                raise
+            self._prepared = True
+
     def start(self) -> None:
         with self._lock:
             if self._started:
@@ -132,7 +151,10 @@ class BpfSampler:
             if self._processes.closed:
                 raise FlamedError("sampler already closed; make a new one")
             try:
-                self._start()
+                if not self._prepared:
+                    self._prepare()
+                    self._prepared = True
+                self._attach()
             except BaseException:
                 self._teardown()
                 raise
@@ -249,10 +271,11 @@ class BpfSampler:
         return self._python_feed.claim(tgid)
 
     # -- start and teardown ------------------------------------------------
-    def _start(self) -> None:
+    def _prepare(self) -> None:
         program = self._program
         startup = self._stats.startup
         t0 = time.perf_counter()
+        self._t_prepare = t0
         # Before the compile: a typo in a cgroup filter fails in milliseconds.
         followed = self._follow_cgroups()
         # The kernel's symbols are read while the program compiles: the first
@@ -276,10 +299,15 @@ class BpfSampler:
                                 clock=self._clock, settle=self._settle, cgroups=self.cgroup_resolver,
                                 sampled=self._processes.sampled)
         self._drainer.numbering = self._numbering
+
+    def _attach(self) -> None:
+        program = self._program
+        startup = self._stats.startup
         t2 = time.perf_counter()
         program.attach()
         startup["attach_s"] = round(time.perf_counter() - t2, 3)  # perf events per CPU, tracepoints, uprobes
-        startup["sampler_s"] = round(time.perf_counter() - t0, 3)
+        # From the prepare's start: a sampler prepared beside another (reload) counts its wait too.
+        startup["sampler_s"] = round(time.perf_counter() - self._t_prepare, 3)
         self._stats.event = program.event_name
         self._stats.cpus = program.cpus
 
