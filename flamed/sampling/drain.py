@@ -246,7 +246,8 @@ class Drainer:
         ids = keys.stack_ids()
         for e in raw_events:
             ids.add(e[5])
-            ids.add(e[6])
+            if not e[8]:  # an unwound stack stands in for the frame-pointer walk (see CountRows.stack_ids)
+                ids.add(e[6])
         if off is not None:
             ids |= off.stack_ids()
         ids = {i for i in ids if i >= 0}

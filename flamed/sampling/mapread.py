@@ -65,9 +65,15 @@ class CountRows:
         return set(memoryview(self._raw).cast("I")[0::16]) | {r[0] for r in self._extra}
 
     def stack_ids(self) -> set[int]:
-        """Kernel and frame-pointer user stack ids (negative ones included)."""
+        """Kernel and frame-pointer user stack ids (negative ones included).  A row
+        with an unwound stack took no frame-pointer walk: its user stack id is
+        the key's unset 0, not a stack, and is left out (read, it was a stack
+        'lost' in every window)."""
         col = memoryview(self._raw).cast("i")
-        return set(col[2::16]) | set(col[3::16]) | {r[2] for r in self._extra} | {r[3] for r in self._extra}
+        native = memoryview(self._raw).cast("Q")[5::8]
+        users = {u for u, nid in zip(col[3::16], native) if not nid}
+        return (set(col[2::16]) | users | {r[2] for r in self._extra}
+                | {r[3] for r in self._extra if not r[6]})
 
     def native_tgids(self) -> set[int]:
         """The processes with a stack unwound from tables in these rows."""

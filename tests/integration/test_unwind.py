@@ -141,6 +141,9 @@ def _record(s: BpfSampler, argv: list[str], seconds: float = 1.5, *,
         p.kill()
         p.wait(timeout=10)
         s.remove_pid(p.pid)
+    # Every stack id the window's keys name was read (an unwound sample's unset
+    # user stack id 0 was counted as a lost stack in every window).
+    assert w.lost.get("stack_read_failed", 0) == 0, w.lost
     stacks: Stacks = collections.Counter()
     for (tgid, _tid, _comm, stack), n in w.counts.items():
         if tgid == p.pid:

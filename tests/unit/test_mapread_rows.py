@@ -29,7 +29,8 @@ def test_count_rows_and_their_columns_match_the_rows_they_were_read_from() -> No
     c = CountRows(b"".join(KEY.pack(*x[:9]) for x in rows), [x[9] for x in rows], extra)
     assert len(c) == 2003 and list(c) == rows + extra and list(c) == rows + extra  # iterable again
     assert c.tgids() == {x[0] for x in rows + extra}
-    assert c.stack_ids() == {x[2] for x in rows + extra} | {x[3] for x in rows + extra}
+    # A row with an unwound stack (x[6]) took no frame-pointer walk: its user stack id is not a stack.
+    assert c.stack_ids() == {x[2] for x in rows + extra} | {x[3] for x in rows + extra if not x[6]}
     assert c.native_tgids() == {x[0] for x in rows + extra if x[6]}
 
 
@@ -104,3 +105,14 @@ def test_a_stack_cut_to_what_it_uses_reads_as_the_whole_value(depth: int) -> Non
         uoffs = array("Q", [0])
         cut_ustacks(uwhole, len(uwhole), ucut, uoffs)
         assert list(uoffs) == [0, len(ucut)] and len(ucut) == 8 + 8 * k and parse_ustack(bytes(ucut)) == parse_ustack(uwhole) == (ips[:k], parse_ustack(uwhole)[1])
+
+
+def test_the_unset_user_stack_id_of_an_unwound_sample_is_not_read_as_a_stack() -> None:
+    """An unwound sample's key keeps user_stack_id 0 (the BPF program takes no
+    frame-pointer walk for it). Read as a stack id, 0 was missing from the
+    stack map in every window and counted as a lost stack (stack_read_failed)."""
+    comm = b"python".ljust(16, b"\0")
+    rows = [(10, 10, -14, 0, comm, 0, 0xABCDEF, 1, 0x401000, 5),  # unwound: user id 0 unset
+            (11, 11, 7, 9, comm, 0, 0, 1, 0, 3)]  # frame pointers: user stack 9
+    c = CountRows(b"".join(KEY.pack(*x[:9]) for x in rows), [x[9] for x in rows], [])
+    assert c.stack_ids() == {-14, 7, 9}
