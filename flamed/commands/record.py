@@ -77,7 +77,9 @@ class RecordCommand(Command):
     instead.  See docs/daemon.md.
 
     With a COMMAND it runs it, stops when it exits and returns its exit code;
-    --subprocesses also records its Python descendants.  Ctrl-C (or SIGTERM)
+    --subprocesses also records its Python descendants, and what it leaves
+    running when it exits (a daemon, `app &`) until that exits too (without
+    it, record names that process: record it with -p).  Ctrl-C (or SIGTERM)
     writes what was recorded; the command gets SIGINT and 10 s to exit before
     it is killed (Ctrl-C again kills it at once).
 
@@ -111,7 +113,8 @@ class RecordCommand(Command):
                             help="output format: " + ", ".join(n for n in outputs.names()
                                                                 if outputs.get(n).writes_profiles)
                                  + " (default: by -o's extension, else folded)")
-        parser.add_argument("--subprocesses", action="store_true", help="also record Python descendants")
+        parser.add_argument("--subprocesses", action="store_true", help="also record Python descendants, and follow what the command leaves running when "
+                                 "it exits (a daemon) until that exits or -d ends")
         parser.add_argument("--mode", choices=MODES, default="cpu",
                             help="cpu: CPU samples (default); offcpu: time off the CPU, in microseconds; "
                                  "wall: CPU samples as time plus off-CPU time, in microseconds")
@@ -287,7 +290,8 @@ class RecordCommand(Command):
                       + record_daemon.TargetWatch(rec.target, child=rec.child).child_hint(daemon=True))
         total = int(sum(rec.stacks.values()))
         named = int(sum(w for stack, w in rec.stacks.items() if any(_PY_FRAME.search(f) for f in stack)))
-        if named < 0.9 * total or not total:
+        python_on = bool((st.get("processors") or {}).get("python", {}).get("active"))
+        if python_on and (named < 0.9 * total or not total):
             # CPython 2.7-3.7: the daemon's py-spy starts late, and a short run gets few or no Python frames.
             late = record_daemon.late_python_hint(rec.comm or "process", rec.target, rec.version,
                                                   st.get("drain_interval"), named, total)
