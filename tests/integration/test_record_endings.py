@@ -43,6 +43,9 @@ spin_in_parent(0.5)
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
+        null = os.open(os.devnull, os.O_RDWR)  # as a daemon does: record's reader gets its EOF
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
         with open(sys.argv[1] + ".tmp", "w") as f:
             f.write(str(os.getpid()))
         os.rename(sys.argv[1] + ".tmp", sys.argv[1])
