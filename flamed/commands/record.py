@@ -113,8 +113,9 @@ class RecordCommand(Command):
                             help="output format: " + ", ".join(n for n in outputs.names()
                                                                 if outputs.get(n).writes_profiles)
                                  + " (default: by -o's extension, else folded)")
-        parser.add_argument("--subprocesses", action="store_true", help="also record Python descendants, and follow what the command leaves running when "
-                                 "it exits (a daemon) until that exits or -d ends")
+        parser.add_argument("--subprocesses", action="store_true",
+                            help="also record Python descendants, and follow what the command leaves running "
+                                 "when it exits (a daemon) until that exits or -d ends")
         parser.add_argument("--mode", choices=MODES, default="cpu",
                             help="cpu: CPU samples (default); offcpu: time off the CPU, in microseconds; "
                                  "wall: CPU samples as time plus off-CPU time, in microseconds")
