@@ -77,7 +77,9 @@ class RecordCommand(Command):
     instead.  See docs/daemon.md.
 
     With a COMMAND it runs it, stops when it exits and returns its exit code;
-    --subprocesses also records its Python descendants.  Ctrl-C (or SIGTERM)
+    --subprocesses also records its Python descendants, and what it leaves
+    running when it exits (a daemon, `app &`) until that exits too (without
+    it, record names that process: record it with -p).  Ctrl-C (or SIGTERM)
     writes what was recorded; the command gets SIGINT and 10 s to exit before
     it is killed (Ctrl-C again kills it at once).
 
@@ -111,7 +113,9 @@ class RecordCommand(Command):
                             help="output format: " + ", ".join(n for n in outputs.names()
                                                                 if outputs.get(n).writes_profiles)
                                  + " (default: by -o's extension, else folded)")
-        parser.add_argument("--subprocesses", action="store_true", help="also record Python descendants")
+        parser.add_argument("--subprocesses", action="store_true",
+                            help="also record Python descendants, and follow what the command leaves running "
+                                 "when it exits (a daemon) until that exits or -d ends")
         parser.add_argument("--mode", choices=MODES, default="cpu",
                             help="cpu: CPU samples (default); offcpu: time off the CPU, in microseconds; "
                                  "wall: CPU samples as time plus off-CPU time, in microseconds")
@@ -184,6 +188,16 @@ class RecordCommand(Command):
             args.command_stdout = _stderr_fd()
             self.warn("the profile goes to standard output (-o -): the command's standard output goes to "
                       "standard error instead")
+        # What the command leaves running when it exits (a daemon, `app &`) becomes
+        # record's child, to be named, and followed by --subprocesses (Survivors).
+        self._survivors: record_daemon.Survivors | None = record_daemon.Survivors() if cmd else None
+        try:
+            return self._record(args, cmd)
+        finally:
+            if self._survivors is not None:
+                self._survivors.close()
+
+    def _record(self, args: argparse.Namespace, cmd: list[str]) -> int:
         if self._through_daemon(args, cmd):
             return self._via_daemon(args, cmd)
         if args.rate is None:
@@ -275,9 +289,31 @@ class RecordCommand(Command):
             # samples came back, not those of the Python child it left the work to.
             self.warn(f"no Python frames were recorded, only samples of {rec.comm or 'process'} (pid {rec.target})"
                       + record_daemon.TargetWatch(rec.target, child=rec.child).child_hint(daemon=True))
-        self._write(args, fmt, profile)
+        total = int(sum(rec.stacks.values()))
+        named = int(sum(w for stack, w in rec.stacks.items() if any(_PY_FRAME.search(f) for f in stack)))
+        python_on = bool((st.get("processors") or {}).get("python", {}).get("active"))
+        if python_on and (named < 0.9 * total or not total):
+            # CPython 2.7-3.7: the daemon's py-spy starts late, and a short run gets few or no Python frames.
+            late = record_daemon.late_python_hint(rec.comm or "process", rec.target, rec.version,
+                                                  st.get("drain_interval"), named, total)
+            if late:
+                self.warn(late)
+        left = self._left_running(*([rec.running.pid] if rec.running is not None else []))
+        if left and cmd:
+            self.warn(record_daemon.survivors_hint(left, os.path.basename(cmd[0]), subprocesses=False, daemon=True))
+        try:
+            with self._interrupts_deferred() as late_interrupts:
+                self._write(args, fmt, profile)
+        except FlamedError as e:
+            if rec.running is None:
+                raise
+            # The profile could not be written where asked (saved elsewhere, said in e):
+            # the command that outlived -d is still waited for, not left behind.
+            self.warn(f"error: {e}")
+            rc = self._wait_command(rec.running, cmd, stop=bool(late_interrupts))
+            return rc or e.exit_code
         if rec.running is not None:
-            rc = self._wait_command(rec.running, cmd)
+            rc = self._wait_command(rec.running, cmd, stop=bool(late_interrupts))
         if rec.broken:
             return rc if cmd and rc else 1
         if interrupted and not cmd:
@@ -334,6 +370,12 @@ class RecordCommand(Command):
         #: Seconds from the start of sampling to the target's exit (when it exited meanwhile).
         exited_after = 0.0
         watch: record_daemon.TargetWatch | None = None
+        #: What the command left running that --subprocesses follows (pid set).
+        followed: set[int] = set()
+        #: SIGINT/SIGTERM received while the sampler stopped (deferred, then acted on).
+        late_interrupts: list[int] = []
+        #: An error that ended the sampling loop (the profile is still written, then it is raised).
+        failure: Exception | None = None
         timed = args.mode != "cpu"
         #: At the end, how the target's threads all waited ("" unless each one did; --mode offcpu/wall).
         waiting_since_before = ""
@@ -383,9 +425,15 @@ class RecordCommand(Command):
                         if (child.poll() is not None) if child is not None else not _alive(target):
                             # The command exited (or -p's process): as through the daemon, an
                             # empty profile then says it exited, not that it stayed off the CPU.
-                            target_exited = True
-                            exited_after = time.monotonic() - t_sampling
-                            break
+                            if not target_exited:
+                                target_exited = True
+                                exited_after = time.monotonic() - t_sampling
+                            # --subprocesses: what it left running (a daemon, `app &`) is
+                            # followed until it exits too, or -d ends.
+                            left = self._left_running() if args.subprocesses else []
+                            if not left:
+                                break
+                            self._follow_survivors(mixed, left, followed, cmd)
                         if deadline is not None and time.monotonic() >= deadline:
                             break
                         time.sleep(min(DRAIN_S, max(0.0, deadline - time.monotonic())) if deadline else DRAIN_S)
@@ -394,18 +442,45 @@ class RecordCommand(Command):
                     interrupted = True
                 if timed and target is not None:
                     waiting_since_before = _waiting(target)
-                self._drain(sampler, mixed, samples, counts, last=True)
+                with self._interrupts_deferred() as late:
+                    self._drain(sampler, mixed, samples, counts, last=True)
+                late_interrupts += late
             except KeyboardInterrupt:
                 # Ctrl-C before or between drains: still write what was recorded.
                 interrupted = True
+            except Exception as e:  # noqa: BLE001 - said below; what was recorded is still written
+                if child is None and not samples and not counts:
+                    raise
+                failure = e
         finally:
-            if mixed is not None:
-                samples.extend(mixed.close())
-            sampler.close()
+            # A second Ctrl-C while the sampler and py-spy stop does not cut the stop short
+            # (nor skip the profile): it is said, and the command is stopped at once after.
+            with self._interrupts_deferred() as late:
+                if mixed is not None:
+                    samples.extend(mixed.close())
+                sampler.close()
+            late_interrupts += late
+            if child is not None and failure is not None and child.poll() is None:
+                # The recording failed while the command runs: it is stopped as by Ctrl-C
+                # (SIGINT, then SIGKILL after the grace time), not waited for without end.
+                self.warn(f"the recording failed ({_describe(failure)}): stopping the "
+                          f"{os.path.basename(cmd[0])} command (pid {child.pid}); what was recorded is written")
+                rc = self._finish_child(child, True)
+                child = None
+            elif child is not None and late_interrupts and child.poll() is None:
+                # Ctrl-C again (after the first, or after -d ended): as while it is waited for.
+                if interrupted:
+                    child.kill()
+                    child.wait()
+                    rc = 128 + signal.SIGKILL
+                else:
+                    rc = self._finish_child(child, True)
+                child = None
             # A command still running when -d ended is waited for once its profile is written.
-            if child is not None and (interrupted or child.poll() is not None or sys.exc_info()[0] is not None):
+            elif child is not None and (interrupted or child.poll() is not None or sys.exc_info()[0] is not None):
                 rc = self._finish_child(child, interrupted)
                 child = None
+            interrupted = interrupted or bool(late_interrupts)
         by_bpf = {pid for pid, (src, _) in mixed.decided.items() if src == "bpf"} if mixed is not None else set()
         by_pyspy = pythons - by_bpf
         if mixed is not None and by_bpf:
@@ -440,15 +515,35 @@ class RecordCommand(Command):
                 hint = (watch.child_hint(daemon=False) if watch is not None and not args.subprocesses and counts
                         else "")
                 self.warn("no Python process was found: native and kernel stacks only" + hint)
+        left = [p for p in self._left_running(*([child.pid] if child is not None else [])) if p not in followed]
+        if left and cmd and target_exited:
+            self.warn(record_daemon.survivors_hint(left, os.path.basename(cmd[0]),
+                                                   subprocesses=args.subprocesses, daemon=False))
+        elif followed and (left := self._left_running(*([child.pid] if child is not None else []))):
+            self.warn(f"{record_daemon.Survivors.describe(left)}, left running by the command, still runs: "
+                      "the recording ended (-d or Ctrl-C); record does not stop it")
         profile = self._profile(args, samples, counts, sampler)
-        self._write(args, fmt, profile)
-        if args.timeline:
-            self._write_timeline(args.timeline, samples)
+        try:
+            with self._interrupts_deferred() as late:
+                self._write(args, fmt, profile)
+                if args.timeline:
+                    self._write_timeline(args.timeline, samples)
+        except FlamedError as e:
+            if child is None:
+                raise
+            # Not written where asked (saved elsewhere when it could be, as e says): the
+            # command that outlived -d is still waited for, not left behind.
+            self.warn(f"error: {e}")
+            rc = self._wait_command(child, cmd, stop=bool(late))
+            return rc or e.exit_code
+        if failure is not None:
+            raise FlamedError(f"the recording failed: {_describe(failure)} (what was recorded until then "
+                              "is written)") from failure
         if interrupted and not cmd:
             return 130
         secs = time.monotonic() - t_sampling  # sampled (not the wait below)
         if child is not None:
-            rc = self._wait_command(child, cmd)
+            rc = self._wait_command(child, cmd, stop=bool(late))
         if not profile.total():
             what = f"process {args.pid}" if args.pid is not None else f"{cmd[0]} (pid {target})"
             if args.mode != "cpu" and waiting_since_before:
@@ -471,6 +566,20 @@ class RecordCommand(Command):
                           "(idle, or blocked); record it while it works")
             return rc or 1
         return rc
+
+    def _follow_survivors(self, mixed: MixedMode, left: list[int], followed: set[int], cmd: list[str]) -> None:
+        """--subprocesses, once the command exited: what it left running is followed
+        (as its Python descendants are) until it exits or -d ends."""
+        new = [p for p in left if p not in followed]
+        if not new:
+            return
+        if not followed:
+            self.warn(f"{os.path.basename(cmd[0])} exited, leaving {record_daemon.Survivors.describe(new)} running "
+                      "(started in the background, or a daemon): following it until it exits or -d ends "
+                      "(Ctrl-C stops the recording, not it)")
+        for pid in new:
+            followed.add(pid)
+            mixed.follow(pid)
 
     def _drain(self, sampler: Any, mixed: MixedMode, samples: list[tuple[SampleEvent, Stack]],
                counts: dict[tuple[int, int, str, Stack], int], last: bool = False) -> None:
@@ -579,13 +688,16 @@ class RecordCommand(Command):
                         time.sleep(0.1)
                 except KeyboardInterrupt:
                     interrupted = True
-                if spy.poll() is None:
-                    spy.send_signal(signal.SIGINT)
-                try:
-                    _, err = spy.communicate(timeout=30)
-                except subprocess.TimeoutExpired:
-                    spy.kill()
-                    _, err = spy.communicate()
+                # Ctrl-C again while py-spy writes its profile does not lose it (nor leave py-spy running).
+                with self._interrupts_deferred() as late:
+                    if spy.poll() is None:
+                        spy.send_signal(signal.SIGINT)
+                    try:
+                        _, err = spy.communicate(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        spy.kill()
+                        _, err = spy.communicate()
+                interrupted = interrupted or bool(late)
             finally:
                 if child is not None:
                     rc = self._finish_child(child, interrupted)
@@ -611,9 +723,44 @@ class RecordCommand(Command):
     def _finish_child(self, child: subprocess.Popen[bytes], interrupted: bool) -> int:
         return record_daemon.finish_child(child, interrupted, self.warn)
 
-    def _wait_command(self, child: subprocess.Popen[bytes], cmd: list[str]) -> int:
+    def _left_running(self, *exclude: int) -> list[int]:
+        """What the command left running when it exited (record's adopted children)."""
+        s = getattr(self, "_survivors", None)
+        return [p for p in s.running() if p not in exclude] if s is not None else []
+
+    @contextlib.contextmanager
+    def _interrupts_deferred(self) -> Iterator[list[int]]:
+        """While record stops its sampler and py-spy and writes the profile (seconds at
+        most: each step is bounded), Ctrl-C and SIGTERM do not cut that short, which
+        left no profile (and, before, a traceback): they are said at once, counted in
+        the list yielded, and acted on after (the command stopped)."""
+        got: list[int] = []
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if not got:
+                # Not print(): the main thread may be inside a write to the same stream.
+                with contextlib.suppress(AttributeError, OSError, ValueError):
+                    os.write(self.stderr.fileno(), f"flamed {self.name}: stopping: the sampler stops and the "
+                             "profile is written first (a few seconds at most)\n".encode())
+            got.append(signum)
+
+        try:
+            old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        except ValueError:  # not the main thread
+            yield got
+            return
+        try:
+            yield got
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+
+    def _wait_command(self, child: subprocess.Popen[bytes], cmd: list[str], *, stop: bool = False) -> int:
         """-d ended while the command runs on: its profile is written; its exit code
-        is still record's, so it is waited for (Ctrl-C stops it, as while recording)."""
+        is still record's, so it is waited for (Ctrl-C stops it, as while recording).
+        ``stop``: Ctrl-C came while the profile was written: it is stopped now."""
+        if stop:
+            return self._finish_child(child, True)
         if child.poll() is None:
             self.warn(f"the {os.path.basename(cmd[0])} command (pid {child.pid}) still runs after the -d "
                       "recorded: waiting for it to exit, as record returns its exit code (Ctrl-C stops it)")
@@ -752,6 +899,11 @@ def _check_command(name: str) -> None:
             raise FlamedError(f"cannot run {name}: Permission denied", exit_code=126)
     elif shutil.which(name) is None:
         raise FlamedError(f"cannot run {name}: not found in PATH", exit_code=127)
+
+
+def _describe(e: BaseException) -> str:
+    """An error in a message: a FlamedError's own words, else its type and words."""
+    return str(e) if isinstance(e, FlamedError) else f"{type(e).__name__}: {e}"
 
 
 def _alive(pid: int) -> bool:

@@ -17,8 +17,10 @@ written holds the windows received until then and says so.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import os
+import re
 import signal
 import subprocess
 import time
@@ -31,6 +33,7 @@ from flamed.errors import FlamedError, UsageError
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack
 from flamed.procstat import child_pids, comm, running
+from flamed.pyspy.watcher import SUPPORTED as PYSPY_READS, ProcReader, python_identity
 
 
 #: Seconds between two requests for what the daemon drained meanwhile (no drain is forced).
@@ -40,6 +43,99 @@ REQUEST_TIMEOUT_S = 30.0
 
 #: Seconds a command has to exit after record sends it SIGINT, before it is killed.
 CHILD_GRACE_S = 10.0
+
+#: The CPython versions the BPF walker reads itself (flamed/sampling/cpython/layout.py);
+#: the daemon gives the others py-spy's frames, late (see :func:`late_python_hint`).
+WALKER_READS = re.compile(r"^3\.(?:[89]|1[0-3])$")
+
+#: prctl(2) options (linux/prctl.h).
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+def _prctl(option: int, arg: int | ctypes.c_int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(option, arg if isinstance(arg, int) else ctypes.byref(arg), 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+class Survivors:
+    """What a command left running when it exited: a process it started in the
+    background (``sh -c 'app & exit 0'``) or a daemon (a double fork), whose
+    parent exited before it.
+
+    While it lives, record is a *subreaper* (``PR_SET_CHILD_SUBREAPER``): a
+    descendant of the command whose parent exits is re-parented to record
+    instead of init, so that once the command has exited, the processes it
+    left running are record's own children (:meth:`running`), whatever their
+    session.  The ones that exited are reaped by :meth:`close`."""
+
+    def __init__(self) -> None:
+        before = ctypes.c_int(0)
+        self._was = bool(before.value) if _prctl(_PR_GET_CHILD_SUBREAPER, before) else False
+        self.enabled = _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        #: Children record started itself (its command), never survivors.
+        self.own: set[int] = set()
+
+    def running(self) -> list[int]:
+        """Record's children still running that it did not start itself: what the
+        command left behind (py-spy, which record starts too, is left out by name)."""
+        if not self.enabled:
+            return []
+        out = []
+        for pid in child_pids(os.getpid()):
+            if pid in self.own or not running(f"/proc/{pid}/stat"):
+                continue
+            name = comm(pid)
+            if name and not name.startswith("py-spy"):
+                out.append(pid)
+        return sorted(out)
+
+    @staticmethod
+    def describe(pids: list[int]) -> str:
+        """``python3 (pid N)``, or ``python3 (pid N), sh (pid M)``: the first three named."""
+        named = [f"{comm(p) or 'process'} (pid {p})" for p in pids[:3]]
+        return ", ".join(named) + (f" and {len(pids) - 3} more" if len(pids) > 3 else "")
+
+    def close(self) -> None:
+        """Reap the survivors that exited meanwhile (record's own children were waited
+        for), and stop being a subreaper (unless this process was one before)."""
+        if not self.enabled:
+            return
+        for pid in child_pids(os.getpid()):
+            if pid not in self.own and not running(f"/proc/{pid}/stat"):
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(pid, os.WNOHANG)
+        if not self._was:
+            _prctl(_PR_SET_CHILD_SUBREAPER, 0)
+        self.enabled = False
+
+
+def survivors_hint(pids: list[int], cmd: str, *, subprocesses: bool, daemon: bool) -> str:
+    """The warning naming what a command left running, and how to record it."""
+    what = Survivors.describe(pids)
+    first = pids[0]
+    follow = ("" if subprocesses else
+              "; --subprocesses follows what the command leaves running until it exits or -d ends"
+              + (" (sampling here, not through the daemon)" if daemon else ""))
+    return (f"{cmd} exited, leaving {what} running (started in the background, or a daemon): the recording "
+            f"stopped with {cmd}; record it with flamed record -p {first}{follow}")
+
+
+def late_python_hint(comm_: str, pid: int, version: str | None, drain_s: Any, named: int, total: int) -> str:
+    """"" unless ``version`` is one the daemon reads only through py-spy: then why
+    few (or none) of the ``total`` samples came back with Python frames, and what
+    to do."""
+    if not version or WALKER_READS.match(version) or not PYSPY_READS.match(version):
+        return ""
+    drain = f"drain_interval = {drain_s:g} s" if isinstance(drain_s, (int, float)) else "its drain_interval"
+    return (f"{comm_} (pid {pid}) runs CPython {version}, which the daemon's BPF walker does not read "
+            f"(it reads 3.8-3.13): the daemon gives it py-spy's Python frames, starting py-spy only once a "
+            f"drained window has seen it on a CPU ({drain}) and adding them a py-spy window later; "
+            f"{named} of {total} samples came back with Python frames. --no-daemon records it here "
+            "with py-spy from its start")
 
 
 def finish_child(child: subprocess.Popen[bytes], interrupted: bool,
@@ -99,6 +195,8 @@ class DaemonRecording:
     comm: str = ""
     #: The first process the target started, as ``NAME (pid N)`` ("" when none was seen).
     child: str = ""
+    #: The CPython version the target runs (None: not Python, or not seen as such).
+    version: str | None = None
     #: Seconds from the start of the record to the target's exit (None: it did not exit meanwhile).
     exited_s: float | None = None
     #: The command, still running when the duration ended: to be waited for once the profile is written.
@@ -191,11 +289,24 @@ class TargetWatch:
     child: str = ""
     #: That child's process id (0 while none was seen).
     child_pid: int = 0
+    #: The CPython version the target runs (after any exec), None when it is not Python.
+    version: str | None = None
+    _seen: str = field(default="", repr=False)
 
     def update(self) -> None:
         name = comm(self.pid)
         if name:
             self.comm = name
+            try:
+                exe = os.readlink(f"/proc/{self.pid}/exe")
+            except OSError:
+                exe = ""
+            if exe and exe != self._seen:
+                # Looked up again only when the executable changes (an exec: a
+                # wrapper, or this process between fork and exec, becoming python3.7).
+                self._seen = exe
+                ident = python_identity(ProcReader(), self.pid)
+                self.version = ident[1] if ident is not None else None
         if self.child_pid:
             # First seen between its fork and its exec, a child has the wrapper's
             # name (sh, bash); it is named as what it became while it is still
@@ -345,7 +456,7 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
         interrupted = True
     if not checked:
         check_filter(say=False)
-    rec.comm, rec.child = watch.comm, watch.child
+    rec.comm, rec.child, rec.version = watch.comm, watch.child, watch.version
     if not rec.broken:
         # The end: a drain puts the last samples into the ring, then they are read.
         try:

@@ -6,6 +6,7 @@ a valid partial profile."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -437,3 +438,49 @@ def test_a_command_that_outlives_the_duration_gets_its_profile_first(daemon_fact
     r = _record(["--socket", d.socket_path, "-d", "1", "-o", str(out), "--", "sh", "-c", script], timeout=60)
     assert r.returncode == 5, r.stderr
     assert "still runs after the -d recorded: waiting for it to exit" in r.stderr, r.stderr
+
+
+def test_old_cpython_through_the_daemon_says_why_its_python_frames_are_missing(
+        require_bpf: None, daemon_factory: Any, tmp_path: Path) -> None:
+    """A 2 s run of CPython 3.7 through the daemon: the BPF walker does not read
+    3.7, and the daemon's py-spy for it starts only once a drained window (10 s
+    here, the default) has seen it, so no Python frame came back, and record said
+    nothing.  Now it names the version, why, and --no-daemon."""
+    from cpython_support import pyenv_python  # noqa: PLC0415
+
+    python = pyenv_python("3.7")
+    d = daemon_factory(sampling={"frequency": 99, "drain_interval": 10.0}, output={"rotate_interval": 10.0},
+                       processors__python={"enabled": True, "source": "auto"})
+    script = tmp_path / "w.py"
+    script.write_text(WORKLOAD)
+    out = tmp_path / "old.folded"
+    r = _record(["--socket", d.socket_path, "-o", str(out), "--", str(python), str(script), "2", "0"], timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"python3\.7 \(pid \d+\) runs CPython 3\.7, which the daemon's BPF walker does not read "
+                     r"\(it reads 3\.8-3\.13\).*drain_interval = 10 s.*\d+ of \d+ samples came back with Python "
+                     r"frames\. --no-daemon records it here with py-spy from its start", r.stderr), r.stderr
+
+
+def test_a_process_the_command_leaves_running_is_named_through_the_daemon(daemon_factory: Any,
+                                                                          tmp_path: Path) -> None:
+    """``sh -c 'python3 app.py & exit 0'`` through the daemon: the recording ends
+    with sh, and record said nothing of the Python process still running.  Now
+    it names it and how to record it."""
+    d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
+    pid_file = tmp_path / "child.pid"
+    out = tmp_path / "bg.folded"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(20)"
+    try:
+        r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c",
+                     f"'{sys.executable}' -c \"{code}\" >/dev/null 2>&1 & exit 0"], timeout=60)
+        end = time.monotonic() + 10
+        while not pid_file.exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        pid = int(pid_file.read_text())
+    finally:
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert "sh exited, leaving" in r.stderr and f"(pid {pid}) running" in r.stderr, r.stderr
+    assert f"record it with flamed record -p {pid}; --subprocesses follows" in r.stderr, r.stderr
+    assert "(sampling here, not through the daemon)" in r.stderr, r.stderr
