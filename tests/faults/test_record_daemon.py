@@ -234,11 +234,19 @@ def test_nothing_recorded_fails_as_without_the_daemon(
     out = tmp_path / "n.folded"
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
+        # Asleep already: on a loaded host its start (exec, the loader) could
+        # otherwise run inside the recorded second and be sampled.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{sleeper.pid}/syscall").read_text().split()[0] in ("35", "230"):
+                    break  # nanosleep, clock_nanosleep
+            time.sleep(0.01)
         r = _record(["--socket", d.socket_path, "-p", str(sleeper.pid), "-d", "1", "-o", str(out)])
     finally:
         sleeper.kill()
         sleeper.wait()
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 1, (r.stderr, out.read_text() if out.exists() else None)
     assert "nothing was recorded" in r.stderr, r.stderr
     # A command started by record: a real sampler may catch it on a CPU while
     # it starts (a millisecond or so: ~1 chance in 10 at 99 Hz), so a daemon
