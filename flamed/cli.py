@@ -15,6 +15,7 @@ from typing import TextIO
 
 from flamed import __version__
 from flamed.errors import FlamedError
+from flamed.fileio import StdoutError, StdoutWriter
 
 
 class _Parser(argparse.ArgumentParser):
@@ -160,11 +161,7 @@ def _parse_and_run(
         return 0, name
 
 
-class StdoutError(FlamedError):
-    """Standard output refused what a command printed (a full disk, EIO): exit 1, one line."""
-
-
-class _CheckedStdout(io.BufferedWriter):
+class _CheckedStdout(StdoutWriter):
     """The process's standard output under ``sys.stdout``: a failed write is a
     :class:`StdoutError` naming standard output, where Python would print a
     traceback (or, at exit, "Exception ignored"); a reader gone away stays a
@@ -174,23 +171,10 @@ class _CheckedStdout(io.BufferedWriter):
     unbuffered = False
 
     def write(self, data: bytes) -> int:  # type: ignore[override]
-        try:
-            n = super().write(data)
-            if self.unbuffered:
-                super().flush()
-            return n
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise StdoutError(f"cannot write to standard output: {e.strerror or e}") from None
-
-    def flush(self) -> None:
-        try:
-            super().flush()
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise StdoutError(f"cannot write to standard output: {e.strerror or e}") from None
+        n = super().write(data)
+        if self.unbuffered:
+            self.flush()
+        return n
 
 
 def _check_stdout() -> None:

@@ -341,10 +341,14 @@ def _write_descriptor(fd: int) -> Iterator[BinaryIO]:
         yield f
 
 
-class _StdoutWriter(io.BufferedWriter):
+class StdoutError(FlamedError):
+    """Standard output refused what a command wrote (a full disk, EIO, EFBIG): exit 1, one line."""
+
+
+class StdoutWriter(io.BufferedWriter):
     """Standard output, buffered: every byte written or an error that says so.
 
-    A failed write (a full disk, EIO, EFBIG) is a :class:`FlamedError` naming
+    A failed write (a full disk, EIO, EFBIG) is a :class:`StdoutError` naming
     standard output instead of a traceback; a reader gone away stays a
     ``BrokenPipeError`` (quiet, see :func:`open_output`)."""
 
@@ -354,7 +358,7 @@ class _StdoutWriter(io.BufferedWriter):
         except BrokenPipeError:
             raise
         except OSError as e:
-            raise FlamedError(f"cannot write to standard output: {e.strerror or e}") from None
+            raise StdoutError(f"cannot write to standard output: {e.strerror or e}") from None
 
     def flush(self) -> None:
         try:
@@ -362,7 +366,7 @@ class _StdoutWriter(io.BufferedWriter):
         except BrokenPipeError:
             raise
         except OSError as e:
-            raise FlamedError(f"cannot write to standard output: {e.strerror or e}") from None
+            raise StdoutError(f"cannot write to standard output: {e.strerror or e}") from None
 
 
 def write_text(stream: TextIO, text: str) -> None:
@@ -482,7 +486,7 @@ def open_output(path: str | os.PathLike[str] | None) -> Iterator[BinaryIO]:
                 for std in (sys.stdout, sys.stderr):
                     if std is not None and _fileno(std) == fd:
                         std.flush()  # what flamed printed there goes first
-                with _StdoutWriter(io.FileIO(fd, "wb", closefd=False)) as f:
+                with StdoutWriter(io.FileIO(fd, "wb", closefd=False)) as f:
                     yield f
         except BrokenPipeError:
             # The reader went away (e.g. `| head`): not an error of ours, but
