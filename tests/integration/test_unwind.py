@@ -48,13 +48,14 @@ def bins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("unwind")
     gcc, gxx = _tool("gcc"), _tool("g++")
     rustc = _tool("rustc", Path.home() / ".cargo" / "bin" / "rustc")
-    out = {name: d / name for name in ("chain", "throw", "chainrs", "recurse", "jit")}
+    out = {name: d / name for name in ("chain", "throw", "chainrs", "recurse", "jit", "nocfi")}
     builds = [
         [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["chain"]), str(SRC / "chain.c")],
         [gxx, "-O2", "-fomit-frame-pointer", "-o", str(out["throw"]), str(SRC / "throw.cpp")],
         [rustc, "-O", "-C", "force-frame-pointers=no", "-o", str(out["chainrs"]), str(SRC / "chain.rs")],
         [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["recurse"]), str(SRC / "recurse.c")],
         [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["jit"]), str(SRC / "jit.c")],
+        [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["nocfi"]), str(SRC / "nocfi.c")],
     ]
     for cmd in builds:
         subprocess.run(cmd, check=True, timeout=300, cwd=d, capture_output=True)
@@ -228,6 +229,22 @@ def test_jit_code_by_its_frame_pointer_and_perf_map(sampler: tuple[BpfSampler, R
     share, total = _share(stacks, "jitted_spin", ["main", "level_a", "level_b", "call_jit", "jitted_spin"])
     assert total >= 100 and share >= 0.95, stacks.most_common(3)
     assert s.stats().unwind_total["UW_FP_FRAMES"] - fp_before >= total
+
+
+def test_rbp_zero_in_code_without_cfi_is_not_the_outermost_frame(
+        sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path]) -> None:
+    """A routine without CFI in a binary that has tables (OpenBLAS's kernels in
+    numpy's wheel, or any of its code before its large table is loaded) that
+    uses rbp as a plain register: reached with rbp == 0, the walk cannot go on
+    and says so, instead of calling ``no_cfi;spin`` a complete stack."""
+    s, _ = sampler
+    _pid, stacks, _ = _record(s, [str(bins["nocfi"]), "15"])
+    with_leaf = {st: n for st, n in stacks.items() if st and st[-1] == "spin"}
+    total = sum(with_leaf.values())
+    said = sum(n for st, n in with_leaf.items() if st[0] == "[truncated: no table]" and st[1:] == ("no_cfi", "spin"))
+    complete_looking = sum(n for st, n in with_leaf.items() if st[0] == "no_cfi")
+    assert total >= 100, stacks.most_common(3)
+    assert complete_looking == 0 and said / total >= 0.95, with_leaf
 
 
 def test_depth_limit_is_said(sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path]) -> None:
