@@ -48,7 +48,7 @@ def bins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("unwind")
     gcc, gxx = _tool("gcc"), _tool("g++")
     rustc = _tool("rustc", Path.home() / ".cargo" / "bin" / "rustc")
-    out = {name: d / name for name in ("chain", "throw", "chainrs", "recurse", "jit", "nocfi")}
+    out = {name: d / name for name in ("chain", "throw", "chainrs", "recurse", "jit", "nocfi", "lost")}
     builds = [
         [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["chain"]), str(SRC / "chain.c")],
         [gxx, "-O2", "-fomit-frame-pointer", "-o", str(out["throw"]), str(SRC / "throw.cpp")],
@@ -56,6 +56,7 @@ def bins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["recurse"]), str(SRC / "recurse.c")],
         [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["jit"]), str(SRC / "jit.c")],
         [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["nocfi"]), str(SRC / "nocfi.c")],
+        [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["lost"]), str(SRC / "lost.c")],
     ]
     for cmd in builds:
         subprocess.run(cmd, check=True, timeout=300, cwd=d, capture_output=True)
@@ -245,6 +246,19 @@ def test_rbp_zero_in_code_without_cfi_is_not_the_outermost_frame(
     complete_looking = sum(n for st, n in with_leaf.items() if st[0] == "no_cfi")
     assert total >= 100, stacks.most_common(3)
     assert complete_looking == 0 and said / total >= 0.95, with_leaf
+
+
+def test_a_walk_lost_outside_every_mapping_is_not_complete(
+        sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path]) -> None:
+    """A return address outside every mapping with rbp == 0 (gevent's
+    greenlets: the C stack above greenlet's g_switch) read as a complete
+    ``[unknown];spin``; it is a walk that lost its way."""
+    s, _ = sampler
+    _pid, stacks, _ = _record(s, [str(bins["lost"]), "15"])
+    with_leaf = {st: n for st, n in stacks.items() if st and st[-1] == "spin"}
+    total = sum(with_leaf.values())
+    said = sum(n for st, n in with_leaf.items() if st == ("[truncated: no table]", "[unknown]", "spin"))
+    assert total >= 100 and said / total >= 0.95, with_leaf
 
 
 def test_depth_limit_is_said(sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path]) -> None:
