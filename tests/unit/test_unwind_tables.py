@@ -321,3 +321,18 @@ def test_free_rows_broken_into_ranges_too_small_are_joined_by_a_reload(tmp_path:
     assert u.described(10) and u.described(12)
     assert u.describe(13, sampled)  # its next sample in it asks again
     assert u.stats.rows_used == n_a + n_c + n_d and u.stats.resets == 1
+
+
+def test_a_table_taken_by_the_same_description_is_not_taken_for_garbage(tmp_path: Path) -> None:
+    """A process that runs two large binaries (a bcc tool: libLLVM and
+    libclang-cpp) where the rows hold only the first: the first is its own,
+    live, not rows of exited processes to reload (which dropped every table
+    of the host and refused the second again, at each of its misses)."""
+    _u, _maps, proc, _sampled, n_libc, n_py = _two_tables(tmp_path)  # the tables in the disk cache
+    u, _ = make(tmp_path, proc, rows=n_py + n_libc - 1000)
+    fake_process(proc, 20, [Path("/usr/bin/python3.11"), Path("/usr/lib/x86_64-linux-gnu/libc.so.6")])
+    both = {0x7F0000000000 + 0x100, 0x7F0010000000 + 0x100}
+    assert u.describe(20, both) and u.stats.rows_used == n_py and u.stats.skipped["rows_full"] == 1
+    assert not u._reset_due
+    u._run_reset_if_due()
+    assert u.stats.resets == 0 and u.described(20)

@@ -605,7 +605,10 @@ class Unwinder:
         if slot is None and self._evict_for(n + k):
             slot = self._alloc(n + k)
         if slot is None:
-            live = self._live_rows()
+            # Live: the tables of described processes, and those the
+            # description in progress took (a reload would drop them too).
+            live = self._live_rows() + sum(e.slots for key, e in self._by_key.items() if key in self._picking
+                                           and not any(key in keys for keys in self._uses.values()))
             garbage = self._next - live
             # Free rows in ranges each too small, though the tables in use
             # leave room enough once loaded one after the other: a reload,
