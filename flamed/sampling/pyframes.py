@@ -471,6 +471,9 @@ class SpliceParts(Generic[P]):
     #: every native frame up to there, the outer evaluation-loop frames kept
     #: as they are; None without such a frame.
     greenlet: list[P] | None = None
+    #: The native walk stopped short (its root frame is a ``[truncated: …]``
+    #: marker): the outermost evaluation-loop frames may be missing from it.
+    cut: bool = False
 
 
 def splice_parts(user_stack: Stack, encode: Callable[[Stack], P]) -> SpliceParts[P]:
@@ -498,7 +501,8 @@ def splice_parts(user_stack: Stack, encode: Callable[[Stack], P]) -> SpliceParts
                 greenlet.append(encode(user_stack[prev:i]))
                 prev = i + 1
             greenlet.append(encode(user_stack[prev:]))
-    return SpliceParts(between, encode(below), greenlet)
+    cut = bool(user_stack) and user_stack[0].startswith("[truncated")
+    return SpliceParts(between, encode(below), greenlet, cut)
 
 
 #: The frame a greenlet's own C stack begins with (greenlet 2+ in C++,
@@ -528,6 +532,17 @@ def splice_into(parts: SpliceParts[P], runs: Sequence[P], join: Callable[[list[P
             pieces.append(run)
             pieces.append(after)
         return join(pieces)
+    if parts.cut and 1 < len(between) < len(runs) + 1:
+        # The walk stopped before the outer loops (depth limit, no table):
+        # the loops it found ran the innermost runs; the outer runs go on
+        # top, above the marker of the cut.
+        outer = len(runs) + 1 - len(between)
+        pieces = list(runs[:outer])
+        pieces.append(between[0])
+        for run, after in zip(runs[outer:], between[1:]):
+            pieces.append(run)
+            pieces.append(after)
+        return join(pieces)
     return join(list(runs) + [parts.below])
 
 
@@ -552,7 +567,10 @@ def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:
     evaluation-loop frames leafward of the innermost one) the runs replace
     those, and the outer evaluation-loop frames, which ran another
     greenlet's Python frames that the thread state no longer holds, stay as
-    they are.  Otherwise (the native
+    they are.  A native stack cut short (its root a ``[truncated: …]``
+    marker) with fewer such frames than runs has its frames replaced by the
+    innermost runs, and the outer runs go on top, above the marker.
+    Otherwise (the native
     walk did not reach the interpreter's frames: no frame pointers) the
     Python frames go on top and the native frames below the innermost
     evaluation frame, or the whole native stack, below them

@@ -544,3 +544,44 @@ def test_python_frames_spliced_at_the_evaluation_loops(sampler: tuple[BpfSampler
 
     good = sum(n for st, n in stacks.items() if interleaved(st))
     assert total >= 100 and good / total >= 0.9, stacks.most_common(3)
+
+
+def test_python_frames_of_a_stack_deeper_than_the_unwind_depth(sampler: tuple[BpfSampler, RecordingSymbolizer]) -> None:
+    """Python -> C -> Python 25 levels deep: the native walk stops at
+    unwind_depth (64) with the outer evaluation loops missing, while the
+    Python walk has every run.  The loops found take the innermost runs, so
+    the C frames between them stay (sorted's list_sort under each lambda),
+    and the outer runs go on top of the cut.  Before, the runs did not match
+    the loops, and every Python frame went on top of the native frames below
+    the innermost loop: no list_sort anywhere between Python frames."""
+    from cpython_support import pyenv_python
+
+    py = pyenv_python("3.12")
+    code = ("import time\n"
+            "def leaf():\n"
+            "    s = 0\n"
+            "    for i in range(20000): s += i\n"
+            "    return s\n"
+            "def level(n):\n"
+            "    if n == 0:\n"
+            "        return leaf()\n"
+            "    return sorted([n], key=lambda x: level(n - 1))[0]\n"
+            "end = time.time() + 15\n"
+            "while time.time() < end:\n"
+            "    level(25)\n")
+    s, _ = sampler
+    _pid, stacks, _ = _record(s, [str(py), "-c", code])
+    deep = {st: n for st, n in stacks.items() if "leaf (<string>:4)" in st}
+    total = sum(deep.values())
+    lam = re.compile(r"^level\.<locals>\.<lambda> \(<string>:\d+\)$")
+
+    def spliced(st: tuple[str, ...]) -> bool:
+        # <module> on top, the cut below some Python frames, and above the
+        # leaf at least five lambdas each right after sorted's C frames.
+        if not st or not st[0].startswith("<module>") or "[truncated: depth limit]" not in st:
+            return False
+        after_sort = sum(1 for a, b in zip(st, st[1:]) if a == "PyObject_CallOneArg" and lam.match(b))
+        return after_sort >= 5 and st.index("[truncated: depth limit]") > 10
+
+    good = sum(n for st, n in deep.items() if spliced(st))
+    assert total >= 30 and good / total >= 0.9, sorted(deep.items(), key=lambda kv: -kv[1])[:2]

@@ -134,6 +134,20 @@ def test_splice_in_a_greenlet_keeps_its_native_frames_and_the_outer_loop() -> No
     assert splice(native, runs4) == ("a (g.py:1)", "b (g.py:2)", "c (g.py:3)", "d (g.py:4)", "leaf")
 
 
+def test_splice_of_a_native_stack_cut_short_keeps_the_c_frames_between_inner_runs() -> None:
+    native = ("[truncated: depth limit]", "builtin_sorted", "list_sort", "_PyEval_EvalFrameDefault",
+              "builtin_sorted", "list_sort", "_PyEval_EvalFrameDefault", "_PyLong_Add")
+    runs = [("<module> (d.py:12)", "level (d.py:9)"), ("lambda (d.py:9)", "level (d.py:9)"),
+            ("lambda (d.py:9)", "level (d.py:9)"), ("lambda (d.py:9)", "leaf (d.py:4)")]
+    assert splice(native, runs) == (
+        "<module> (d.py:12)", "level (d.py:9)", "lambda (d.py:9)", "level (d.py:9)",
+        "[truncated: depth limit]", "builtin_sorted", "list_sort", "lambda (d.py:9)", "level (d.py:9)",
+        "builtin_sorted", "list_sort", "lambda (d.py:9)", "leaf (d.py:4)", "_PyLong_Add")
+    # not cut: the loops that do not match go, Python on top as before
+    assert splice(native[1:], runs)[-2:] == ("leaf (d.py:4)", "_PyLong_Add")
+    assert "list_sort" not in splice(native[1:], runs)
+
+
 def _splice_reference(native: tuple[str, ...], runs: list[tuple[str, ...]]) -> tuple[str, ...]:
     """splice as its docstring says it, frame by frame."""
     from flamed.sampling.pystack import EVAL_FRAME, native_below_interpreter
