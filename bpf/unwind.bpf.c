@@ -361,9 +361,14 @@ static __always_inline int uw_step(struct flamed_uw_scratch *sc, struct flamed_u
         break;
     case FLAMED_UW_NONE:
         /* The frame pointer chain: [rbp] = caller's rbp, [rbp + 8] = return
-         * address.  It ends at rbp == 0 (set by _start and the thread entry). */
+         * address.  It ends at rbp == 0 (set by _start and the thread entry)
+         * only in code of a binary without tables (JIT code, a binary built
+         * without CFI), whose frames are all chained so.  In a binary with
+         * tables (a routine without CFI, or a large table not loaded yet) the
+         * outermost frame has a stop row: there rbp == 0 is a register used
+         * for something else, and the callers are unknown. */
         if (!s->bp) {
-            s->end = n ? FLAMED_UW_END_COMPLETE : FLAMED_UW_END_NO_TABLE;
+            s->end = (n && !m) ? FLAMED_UW_END_COMPLETE : FLAMED_UW_END_NO_TABLE;
             return 0;
         }
         cfa = s->bp + 16;

@@ -66,7 +66,7 @@ from flamed.sampling.stats import (
     UW_STATS,
     SamplerStats,
 )
-from flamed.sampling.symbols import Symbolizer
+from flamed.sampling.symbols import UNKNOWN, Symbolizer
 from flamed.sampling.unwind import is_outermost, parse_ustack, truncated_frame
 from flamed.sampling.unwind.tables import Unwinder
 
@@ -542,6 +542,12 @@ class Drainer:
                 else:
                     ips, end = got
                     s = sym.user_stack(tgid, [leaf, *ips[1:]] if ips else [])
+                    if end == "complete" and s and s[0] == UNKNOWN:
+                        # A frame-pointer chain ended at rbp == 0 after a
+                        # return address outside every mapping: the walk
+                        # had lost its way before (the symbolizer cuts the
+                        # stack there), it did not reach the outermost frame.
+                        end = "no_table"
                     if end != "complete":
                         s = (truncated_frame(end),) + s
                 if keep:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import struct
 import threading
 import time
@@ -465,6 +466,14 @@ class SpliceParts(Generic[P]):
     #: What stays below Python frames put on top (when the runs do not match
     #: the evaluation-loop frames one to one).
     below: P
+    #: A greenlet's stack: the parts of the evaluation-loop frames from the
+    #: innermost greenlet entry frame on (leafward), the first of them holding
+    #: every native frame up to there, the outer evaluation-loop frames kept
+    #: as they are; None without such a frame.
+    greenlet: list[P] | None = None
+    #: The native walk stopped short (its root frame is a ``[truncated: …]``
+    #: marker): the outermost evaluation-loop frames may be missing from it.
+    cut: bool = False
 
 
 def splice_parts(user_stack: Stack, encode: Callable[[Stack], P]) -> SpliceParts[P]:
@@ -481,15 +490,56 @@ def splice_parts(user_stack: Stack, encode: Callable[[Stack], P]) -> SpliceParts
         below = user_stack[max(itertools.compress(range(len(kinds)), kinds)) + 1:]
     else:
         below = native_below_interpreter(user_stack)
-    return SpliceParts(between, encode(below))
+    greenlet: list[P] | None = None
+    entry = _innermost_greenlet_entry(user_stack)
+    if entry >= 0:
+        loops = [i for i in range(entry + 1, len(kinds)) if kinds[i] == 2]
+        if loops and len(loops) < len(between) - 1:
+            greenlet = []
+            prev = 0
+            for i in loops:
+                greenlet.append(encode(user_stack[prev:i]))
+                prev = i + 1
+            greenlet.append(encode(user_stack[prev:]))
+    cut = bool(user_stack) and user_stack[0].startswith("[truncated")
+    return SpliceParts(between, encode(below), greenlet, cut)
+
+
+#: The frame a greenlet's own C stack begins with (greenlet 2+ in C++,
+#: greenlet 0.4-1.x in C): the thread state's Python frames, which greenlet
+#: swaps at each switch, are this greenlet's only, while the native stack
+#: still holds, above that frame, the evaluation loops of the greenlet that
+#: started it (gevent's hub, the main greenlet).
+_GREENLET_ENTRY = re.compile(r"(?:^|::)(?:inner_bootstrap|g_initialstub)\b")
+
+
+def _innermost_greenlet_entry(user_stack: Stack) -> int:
+    for i in range(len(user_stack) - 1, -1, -1):
+        f = user_stack[i]
+        if ("bootstrap" in f or "initialstub" in f) and _GREENLET_ENTRY.search(f):
+            return i
+    return -1
 
 
 def splice_into(parts: SpliceParts[P], runs: Sequence[P], join: Callable[[list[P]], P]) -> P:
     """The native stack of ``parts`` with the Python ``runs`` put in (see :func:`splice`); ``runs`` not empty."""
     between = parts.between
+    if len(between) != len(runs) + 1 and parts.greenlet is not None and len(parts.greenlet) == len(runs) + 1:
+        between = parts.greenlet
     if len(between) == len(runs) + 1:
         pieces = [between[0]]
         for run, after in zip(runs, between[1:]):
+            pieces.append(run)
+            pieces.append(after)
+        return join(pieces)
+    if parts.cut and 1 < len(between) < len(runs) + 1:
+        # The walk stopped before the outer loops (depth limit, no table):
+        # the loops it found ran the innermost runs; the outer runs go on
+        # top, above the marker of the cut.
+        outer = len(runs) + 1 - len(between)
+        pieces = list(runs[:outer])
+        pieces.append(between[0])
+        for run, after in zip(runs[outer:], between[1:]):
             pieces.append(run)
             pieces.append(after)
         return join(pieces)
@@ -512,7 +562,15 @@ def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:
 
     Where the native stack shows one evaluation-loop frame per run, each is
     replaced by its run's Python frames (so a C extension called from Python,
-    and Python called back from C, read in order).  Otherwise (the native
+    and Python called back from C, read in order).  In a greenlet (the
+    native stack has a greenlet entry frame, and the runs match the
+    evaluation-loop frames leafward of the innermost one) the runs replace
+    those, and the outer evaluation-loop frames, which ran another
+    greenlet's Python frames that the thread state no longer holds, stay as
+    they are.  A native stack cut short (its root a ``[truncated: …]``
+    marker) with fewer such frames than runs has its frames replaced by the
+    innermost runs, and the outer runs go on top, above the marker.
+    Otherwise (the native
     walk did not reach the interpreter's frames: no frame pointers) the
     Python frames go on top and the native frames below the innermost
     evaluation frame, or the whole native stack, below them

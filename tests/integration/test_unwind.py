@@ -48,13 +48,15 @@ def bins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("unwind")
     gcc, gxx = _tool("gcc"), _tool("g++")
     rustc = _tool("rustc", Path.home() / ".cargo" / "bin" / "rustc")
-    out = {name: d / name for name in ("chain", "throw", "chainrs", "recurse", "jit")}
+    out = {name: d / name for name in ("chain", "throw", "chainrs", "recurse", "jit", "nocfi", "lost")}
     builds = [
         [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["chain"]), str(SRC / "chain.c")],
         [gxx, "-O2", "-fomit-frame-pointer", "-o", str(out["throw"]), str(SRC / "throw.cpp")],
         [rustc, "-O", "-C", "force-frame-pointers=no", "-o", str(out["chainrs"]), str(SRC / "chain.rs")],
         [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["recurse"]), str(SRC / "recurse.c")],
         [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["jit"]), str(SRC / "jit.c")],
+        [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["nocfi"]), str(SRC / "nocfi.c")],
+        [gcc, "-O2", "-fomit-frame-pointer", "-o", str(out["lost"]), str(SRC / "lost.c")],
     ]
     for cmd in builds:
         subprocess.run(cmd, check=True, timeout=300, cwd=d, capture_output=True)
@@ -231,6 +233,35 @@ def test_jit_code_by_its_frame_pointer_and_perf_map(sampler: tuple[BpfSampler, R
     share, total = _share(stacks, "jitted_spin", ["main", "level_a", "level_b", "call_jit", "jitted_spin"])
     assert total >= 100 and share >= 0.95, stacks.most_common(3)
     assert s.stats().unwind_total["UW_FP_FRAMES"] - fp_before >= total
+
+
+def test_rbp_zero_in_code_without_cfi_is_not_the_outermost_frame(
+        sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path]) -> None:
+    """A routine without CFI in a binary that has tables (OpenBLAS's kernels in
+    numpy's wheel, or any of its code before its large table is loaded) that
+    uses rbp as a plain register: reached with rbp == 0, the walk cannot go on
+    and says so, instead of calling ``no_cfi;spin`` a complete stack."""
+    s, _ = sampler
+    _pid, stacks, _ = _record(s, [str(bins["nocfi"]), "15"])
+    with_leaf = {st: n for st, n in stacks.items() if st and st[-1] == "spin"}
+    total = sum(with_leaf.values())
+    said = sum(n for st, n in with_leaf.items() if st[0] == "[truncated: no table]" and st[1:] == ("no_cfi", "spin"))
+    complete_looking = sum(n for st, n in with_leaf.items() if st[0] == "no_cfi")
+    assert total >= 30, stacks.most_common(3)  # 1.5 s at 199 Hz, on a loaded host
+    assert complete_looking == 0 and said / total >= 0.95, with_leaf
+
+
+def test_a_walk_lost_outside_every_mapping_is_not_complete(
+        sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path]) -> None:
+    """A return address outside every mapping with rbp == 0 (gevent's
+    greenlets: the C stack above greenlet's g_switch) read as a complete
+    ``[unknown];spin``; it is a walk that lost its way."""
+    s, _ = sampler
+    _pid, stacks, _ = _record(s, [str(bins["lost"]), "15"])
+    with_leaf = {st: n for st, n in stacks.items() if st and st[-1] == "spin"}
+    total = sum(with_leaf.values())
+    said = sum(n for st, n in with_leaf.items() if st == ("[truncated: no table]", "[unknown]", "spin"))
+    assert total >= 30 and said / total >= 0.95, with_leaf
 
 
 def test_depth_limit_is_said(sampler: tuple[BpfSampler, RecordingSymbolizer], bins: dict[str, Path]) -> None:
@@ -516,3 +547,44 @@ def test_python_frames_spliced_at_the_evaluation_loops(sampler: tuple[BpfSampler
 
     good = sum(n for st, n in stacks.items() if interleaved(st))
     assert total >= 100 and good / total >= 0.9, stacks.most_common(3)
+
+
+def test_python_frames_of_a_stack_deeper_than_the_unwind_depth(sampler: tuple[BpfSampler, RecordingSymbolizer]) -> None:
+    """Python -> C -> Python 25 levels deep: the native walk stops at
+    unwind_depth (64) with the outer evaluation loops missing, while the
+    Python walk has every run.  The loops found take the innermost runs, so
+    the C frames between them stay (sorted's list_sort under each lambda),
+    and the outer runs go on top of the cut.  Before, the runs did not match
+    the loops, and every Python frame went on top of the native frames below
+    the innermost loop: no list_sort anywhere between Python frames."""
+    from cpython_support import pyenv_python
+
+    py = pyenv_python("3.12")
+    code = ("import time\n"
+            "def leaf():\n"
+            "    s = 0\n"
+            "    for i in range(20000): s += i\n"
+            "    return s\n"
+            "def level(n):\n"
+            "    if n == 0:\n"
+            "        return leaf()\n"
+            "    return sorted([n], key=lambda x: level(n - 1))[0]\n"
+            "end = time.time() + 15\n"
+            "while time.time() < end:\n"
+            "    level(25)\n")
+    s, _ = sampler
+    _pid, stacks, _ = _record(s, [str(py), "-c", code])
+    deep = {st: n for st, n in stacks.items() if "leaf (<string>:4)" in st}
+    total = sum(deep.values())
+    lam = re.compile(r"^level\.<locals>\.<lambda> \(<string>:\d+\)$")
+
+    def spliced(st: tuple[str, ...]) -> bool:
+        # <module> on top, the cut below some Python frames, and above the
+        # leaf at least five lambdas each right after sorted's C frames.
+        if not st or not st[0].startswith("<module>") or "[truncated: depth limit]" not in st:
+            return False
+        after_sort = sum(1 for a, b in zip(st, st[1:]) if a == "PyObject_CallOneArg" and lam.match(b))
+        return after_sort >= 5 and st.index("[truncated: depth limit]") > 10
+
+    good = sum(n for st, n in deep.items() if spliced(st))
+    assert total >= 30 and good / total >= 0.9, sorted(deep.items(), key=lambda kv: -kv[1])[:2]

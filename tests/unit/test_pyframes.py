@@ -103,6 +103,51 @@ def test_splice_without_eval_frames_puts_python_on_top_of_the_leaf() -> None:
     assert splice(native, []) == native
 
 
+#: A sample of greenlet 3.5 on pyenv 3.12 (a greenlet started by the main
+#: greenlet's switch, running work_a), as the unwinder named it: the C stack
+#: still holds the main greenlet's evaluation loop above the greenlet's entry,
+#: while the thread state holds only the running greenlet's Python frames.
+GREENLET_NATIVE = (
+    "_start", "__libc_start_main", "Py_BytesMain", "Py_RunMain", "PyEval_EvalCode", "_PyEval_EvalFrameDefault",
+    "PyObject_Vectorcall", "method_vectorcall_VARARGS_KEYWORDS", "green_switch(_greenlet*, _object*, _object*)",
+    "greenlet::UserGreenlet::g_switch()", "greenlet::UserGreenlet::g_initialstub(void*)",
+    "greenlet::UserGreenlet::inner_bootstrap(_greenlet*, _object*)", "_PyEval_EvalFrameDefault", "_PyLong_Add",
+    "_PyObject_Malloc")
+
+
+def test_splice_in_a_greenlet_keeps_its_native_frames_and_the_outer_loop() -> None:
+    runs = [("run_a (g.py:12)", "work_a (g.py:4)")]
+    assert splice(GREENLET_NATIVE, runs) == (
+        *GREENLET_NATIVE[:-3], "run_a (g.py:12)", "work_a (g.py:4)", "_PyLong_Add", "_PyObject_Malloc")
+    # greenlet 0.4-1.x, in C
+    native = ("_start", "_PyEval_EvalFrameDefault", "green_switch", "g_switch", "g_initialstub",
+              "PyObject_Call", "_PyEval_EvalFrameDefault", "PyObject_Call", "cext", "_PyEval_EvalFrameDefault",
+              "leaf")
+    runs = [("run (g.py:1)",), ("cb (g.py:9)",)]
+    assert splice(native, runs) == ("_start", "_PyEval_EvalFrameDefault", "green_switch", "g_switch",
+                                    "g_initialstub", "PyObject_Call", "run (g.py:1)", "PyObject_Call", "cext",
+                                    "cb (g.py:9)", "leaf")
+    # as many runs as loops: the plain splice; runs matching neither: Python on top
+    runs3 = [("a (g.py:1)",), ("b (g.py:2)",), ("c (g.py:3)",)]
+    assert splice(native, runs3)[1] == "a (g.py:1)"
+    runs4 = runs3 + [("d (g.py:4)",)]
+    assert splice(native, runs4) == ("a (g.py:1)", "b (g.py:2)", "c (g.py:3)", "d (g.py:4)", "leaf")
+
+
+def test_splice_of_a_native_stack_cut_short_keeps_the_c_frames_between_inner_runs() -> None:
+    native = ("[truncated: depth limit]", "builtin_sorted", "list_sort", "_PyEval_EvalFrameDefault",
+              "builtin_sorted", "list_sort", "_PyEval_EvalFrameDefault", "_PyLong_Add")
+    runs = [("<module> (d.py:12)", "level (d.py:9)"), ("lambda (d.py:9)", "level (d.py:9)"),
+            ("lambda (d.py:9)", "level (d.py:9)"), ("lambda (d.py:9)", "leaf (d.py:4)")]
+    assert splice(native, runs) == (
+        "<module> (d.py:12)", "level (d.py:9)", "lambda (d.py:9)", "level (d.py:9)",
+        "[truncated: depth limit]", "builtin_sorted", "list_sort", "lambda (d.py:9)", "level (d.py:9)",
+        "builtin_sorted", "list_sort", "lambda (d.py:9)", "leaf (d.py:4)", "_PyLong_Add")
+    # not cut: the loops that do not match go, Python on top as before
+    assert splice(native[1:], runs)[-2:] == ("leaf (d.py:4)", "_PyLong_Add")
+    assert "list_sort" not in splice(native[1:], runs)
+
+
 def _splice_reference(native: tuple[str, ...], runs: list[tuple[str, ...]]) -> tuple[str, ...]:
     """splice as its docstring says it, frame by frame."""
     from flamed.sampling.pystack import EVAL_FRAME, native_below_interpreter

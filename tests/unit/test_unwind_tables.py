@@ -280,3 +280,59 @@ def test_stop_does_not_wait_for_a_large_table_being_built(tmp_path: Path, monkey
     while not list((tmp_path / "cache").glob("*.uwt")) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert list((tmp_path / "cache").glob("*.uwt"))
+
+
+def test_free_rows_broken_into_ranges_too_small_are_joined_by_a_reload(tmp_path: Path) -> None:
+    """Tables come and go in a long-running daemon, and the free rows end up
+    in ranges none of which holds a new large table, though together they
+    do (numpy's OpenBLAS, 410,000 rows, refused as rows_full with half of
+    2 Mi rows free): the tables in use are loaded again from the disk cache,
+    one after the other, and the new one fits after them."""
+    libc = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
+    py = Path("/usr/bin/python3.11")
+    gcc = shutil.which("gcc")
+    need(libc.exists() and py.exists() and gcc is not None, "Debian's libc.so.6 and python3.11, gcc")
+    assert gcc is not None
+    small = []
+    for name in ("chain", "recurse"):  # two build ids: two tables
+        exe = tmp_path / name
+        subprocess.run([gcc, "-O2", "-o", str(exe), str(ROOT / "tests" / "workloads" / "unwind" / f"{name}.c")],
+                       check=True, timeout=120)
+        small.append(exe)
+    n_a, n_b, n_c, n_d = slots(small[0]), slots(libc), slots(small[1]), slots(py)
+    assert n_b < n_d
+    tail = n_d - n_b // 2  # room left after a, b, c: less than d, and less than d once b is freed
+    proc = tmp_path / "proc"
+    u, maps = make(tmp_path, proc, rows=n_a + n_b + n_c + tail)
+    for b in (*small, libc, py):
+        TableCache(tmp_path / "cache").rows(str(b), ehframe.read_elf_info(str(b)))
+    now = [1000.0]
+    u._clock = lambda: now[0]
+    sampled = {0x7F0000000000 + 0x100}
+    for pid, binary in ((10, small[0]), (11, libc), (12, small[1])):
+        fake_process(proc, pid, [binary])
+        assert u.describe(pid, sampled)
+    u.forget(11)  # exited: libc's rows, between the other two, are free
+    u.note_sampled({10, 12})  # both busy: never evicted
+    fake_process(proc, 13, [py])
+    assert not u.describe(13, sampled)
+    assert u.stats.skipped["rows_full"] == 1
+    u._run_reset_if_due()  # what the worker does after each description
+    assert u.described(10) and u.described(12)
+    assert u.describe(13, sampled)  # its next sample in it asks again
+    assert u.stats.rows_used == n_a + n_c + n_d and u.stats.resets == 1
+
+
+def test_a_table_taken_by_the_same_description_is_not_taken_for_garbage(tmp_path: Path) -> None:
+    """A process that runs two large binaries (a bcc tool: libLLVM and
+    libclang-cpp) where the rows hold only the first: the first is its own,
+    live, not rows of exited processes to reload (which dropped every table
+    of the host and refused the second again, at each of its misses)."""
+    _u, _maps, proc, _sampled, n_libc, n_py = _two_tables(tmp_path)  # the tables in the disk cache
+    u, _ = make(tmp_path, proc, rows=n_py + n_libc - 1000)
+    fake_process(proc, 20, [Path("/usr/bin/python3.11"), Path("/usr/lib/x86_64-linux-gnu/libc.so.6")])
+    both = {0x7F0000000000 + 0x100, 0x7F0010000000 + 0x100}
+    assert u.describe(20, both) and u.stats.rows_used == n_py and u.stats.skipped["rows_full"] == 1
+    assert not u._reset_due
+    u._run_reset_if_due()
+    assert u.stats.resets == 0 and u.described(20)

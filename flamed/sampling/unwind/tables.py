@@ -283,6 +283,7 @@ class Unwinder:
         self._stopping = threading.Event()
         self._full_warned = False
         self._reset_due = False
+        self._last_compact = -float("inf")  # clock of the last reload for scattered free rows
         self._builder: threading.Thread | None = None
         self._builds: queue.Queue[tuple[str, ehframe.ElfInfo, str] | None] = queue.Queue()
         self._building: set[str] = set()  # keys of large tables being built
@@ -529,9 +530,11 @@ class Unwinder:
 
     def _reset(self) -> None:
         """Rows are full and binaries no live process uses hold a good part
-        of them: drop every table and describe the live processes again
-        (their tables come back from the disk cache in milliseconds).  Their
-        samples use frame pointers meanwhile."""
+        of them, or the free rows are scattered in ranges too small for a
+        table that fits beside the live ones: drop every table and describe
+        the live processes again (their tables come back from the disk cache
+        in milliseconds, one after the other).  Their samples use frame
+        pointers meanwhile."""
         self._reset_due = False
         live = list(self._described)
         log.info("unwind tables: %d of %d rows in use, %d by binaries of exited processes: reloading the "
@@ -602,9 +605,20 @@ class Unwinder:
         if slot is None and self._evict_for(n + k):
             slot = self._alloc(n + k)
         if slot is None:
-            garbage = self._next - self._live_rows()
-            if garbage >= max(n + k, self.stats.rows_capacity // 4) and not self._reset_due:
+            # Live: the tables of described processes, and those the
+            # description in progress took (a reload would drop them too).
+            live = self._live_rows() + sum(e.slots for key, e in self._by_key.items() if key in self._picking
+                                           and not any(key in keys for keys in self._uses.values()))
+            garbage = self._next - live
+            # Free rows in ranges each too small, though the tables in use
+            # leave room enough once loaded one after the other: a reload,
+            # at most once per EVICT_IDLE_S (it costs every process its
+            # tables for the milliseconds of the reload).
+            scattered = (self.stats.rows_capacity - live >= n + k
+                         and self._clock() - self._last_compact >= EVICT_IDLE_S)
+            if (garbage >= max(n + k, self.stats.rows_capacity // 4) or scattered) and not self._reset_due:
                 self._reset_due = True  # after this description: see _reset
+                self._last_compact = self._clock()
             self.stats.skipped["rows_full"] += 1
             if not self._full_warned:
                 self._full_warned = True
