@@ -229,7 +229,8 @@ def test_slow_server_never_delays_a_drain(tmp_path: Path, daemon_factory: Any) -
         d.wait_for(lambda: srv.count() >= 1, 30, "the first push")
         before = d.metrics_text()
         w0 = d.status()["windows"]
-        d.wait_for(lambda: d.status()["windows"] >= w0 + 12, 60, "twelve more windows")
+        # 8 windows: the first push holds the server 10 s, the queue (3) fills and one is dropped
+        d.wait_for(lambda: d.status()["windows"] >= w0 + 8, 60, "eight more windows")
         after = d.metrics_text()
         st = d.status()["push"]
         assert st["queue"] <= 3 and st["dropped"] >= 1, st

@@ -157,6 +157,8 @@ def run_with(tmp: Path, name: str, argv_prefix: list[str], observe: float = 8.0,
                 break
             if any(v for k, v in py.items() if k.startswith("pyspy_failed_")) and time.monotonic() > t_end - 20:
                 break
+            if time.monotonic() > t_end - 20 and "no CAP_" in d.log():
+                break  # the daemon named a capability it lacks and starts no py-spy: nothing more will come
             time.sleep(0.5)
         head, payload = d.request({"request": "snapshot", "seconds": 30, "pid": wl.pid, "format": "folded"})
         res.update(started=True, status=st, python=st.get("processors", {}).get("python", {}),
