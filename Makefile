@@ -27,4 +27,4 @@ reliability: setup-test
 	$(PY) bench/fuzz.py -n 100000 -j 2
 
 clean:
-	rm -rf $(VENV) var build *.egg-info
+	rm -rf $(VENV) var build *.egg-info tests/.node
