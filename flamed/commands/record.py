@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -282,15 +282,17 @@ class RecordCommand(Command):
             if rec.start_ns > asked + 2_000_000_000:
                 self.warn(f"the daemon's ring began {(rec.start_ns - asked) / 1e9:.0f} s after the --since asked: "
                           "older samples were no longer held")
+        # The weights of the stacks with Python frames (each stack searched once).
+        python_weights = [w for stack, w in rec.stacks.items() if any(_PY_FRAME.search(f) for f in stack)]
         if not rec.stacks:
             self.warn(f"nothing was recorded: {rec.nothing_reason()}")
-        elif rec.child and not any(_PY_FRAME.search(f) for stack in rec.stacks for f in stack):
+        elif rec.child and not python_weights:
             # A wrapper that forks (sh -c without exec, timeout, unshare --fork): its own
             # samples came back, not those of the Python child it left the work to.
             self.warn(f"no Python frames were recorded, only samples of {rec.comm or 'process'} (pid {rec.target})"
                       + record_daemon.TargetWatch(rec.target, child=rec.child).child_hint(daemon=True))
         total = int(sum(rec.stacks.values()))
-        named = int(sum(w for stack, w in rec.stacks.items() if any(_PY_FRAME.search(f) for f in stack)))
+        named = int(sum(python_weights))
         python_on = bool((st.get("processors") or {}).get("python", {}).get("active"))
         if python_on and (named < 0.9 * total or not total):
             # CPython 2.7-3.7: the daemon's py-spy starts late, and a short run gets few or no Python frames.
@@ -301,17 +303,9 @@ class RecordCommand(Command):
         left = self._left_running(*([rec.running.pid] if rec.running is not None else []))
         if left and cmd:
             self.warn(record_daemon.survivors_hint(left, os.path.basename(cmd[0]), subprocesses=False, daemon=True))
-        try:
-            with self._interrupts_deferred() as late_interrupts:
-                self._write(args, fmt, profile)
-        except FlamedError as e:
-            if rec.running is None:
-                raise
-            # The profile could not be written where asked (saved elsewhere, said in e):
-            # the command that outlived -d is still waited for, not left behind.
-            self.warn(f"error: {e}")
-            rc = self._wait_command(rec.running, cmd, stop=bool(late_interrupts))
-            return rc or e.exit_code
+        failed_rc, late_interrupts = self._write_or_wait(lambda: self._write(args, fmt, profile), rec.running, cmd)
+        if failed_rc is not None:
+            return failed_rc
         if rec.running is not None:
             rc = self._wait_command(rec.running, cmd, stop=bool(late_interrupts))
         if rec.broken:
@@ -515,27 +509,24 @@ class RecordCommand(Command):
                 hint = (watch.child_hint(daemon=False) if watch is not None and not args.subprocesses and counts
                         else "")
                 self.warn("no Python process was found: native and kernel stacks only" + hint)
-        left = [p for p in self._left_running(*([child.pid] if child is not None else [])) if p not in followed]
+        running = self._left_running(*([child.pid] if child is not None else []))
+        left = [p for p in running if p not in followed]
         if left and cmd and target_exited:
             self.warn(record_daemon.survivors_hint(left, os.path.basename(cmd[0]),
                                                    subprocesses=args.subprocesses, daemon=False))
-        elif followed and (left := self._left_running(*([child.pid] if child is not None else []))):
-            self.warn(f"{record_daemon.Survivors.describe(left)}, left running by the command, still runs: "
+        elif followed and running:
+            self.warn(f"{record_daemon.Survivors.describe(running)}, left running by the command, still runs: "
                       "the recording ended (-d or Ctrl-C); record does not stop it")
         profile = self._profile(args, samples, counts, sampler)
-        try:
-            with self._interrupts_deferred() as late:
-                self._write(args, fmt, profile)
-                if args.timeline:
-                    self._write_timeline(args.timeline, samples)
-        except FlamedError as e:
-            if child is None:
-                raise
-            # Not written where asked (saved elsewhere when it could be, as e says): the
-            # command that outlived -d is still waited for, not left behind.
-            self.warn(f"error: {e}")
-            rc = self._wait_command(child, cmd, stop=bool(late))
-            return rc or e.exit_code
+
+        def write() -> None:
+            self._write(args, fmt, profile)
+            if args.timeline:
+                self._write_timeline(args.timeline, samples)
+
+        failed_rc, late = self._write_or_wait(write, child, cmd)
+        if failed_rc is not None:
+            return failed_rc
         if failure is not None:
             raise FlamedError(f"the recording failed: {_describe(failure)} (what was recorded until then "
                               "is written)") from failure
@@ -754,6 +745,23 @@ class RecordCommand(Command):
         finally:
             for sig, h in old.items():
                 signal.signal(sig, h)
+
+    def _write_or_wait(self, write: Callable[[], None], running: subprocess.Popen[bytes] | None,
+                       cmd: list[str]) -> tuple[int | None, list[int]]:
+        """``write()`` the profile with Ctrl-C deferred (the signals that came meanwhile are
+        returned).  When it fails while a command that outlived -d still runs, the profile was
+        saved elsewhere where it could be (as the error says) and the command is still waited
+        for, not left behind: its exit code, else the error's, is returned first, else None."""
+        try:
+            with self._interrupts_deferred() as late:
+                write()
+        except FlamedError as e:
+            if running is None:
+                raise
+            self.warn(f"error: {e}")
+            rc = self._wait_command(running, cmd, stop=bool(late))
+            return rc or e.exit_code, late
+        return None, late
 
     def _wait_command(self, child: subprocess.Popen[bytes], cmd: list[str], *, stop: bool = False) -> int:
         """-d ended while the command runs on: its profile is written; its exit code
