@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args, get_origin, get_type_hints
 
 from flamed.errors import ConfigError
+from flamed.fileio import UTF8_BOM
 from flamed.sampling.contract import canonical_root
 
 DEFAULT_CONFIG_PATH = "/etc/flamed/flamed.toml"
@@ -553,7 +554,7 @@ def config_from_dict(raw: Mapping[str, Any], *, source: str | None = None) -> Da
 
 def _decode_toml(file: str, data: bytes) -> str:
     """The file's text; TOML is UTF-8, and tomllib's own decode error would be a bare traceback."""
-    if data.startswith(b"\xef\xbb\xbf"):
+    if data.startswith(UTF8_BOM):
         # What some editors put first; tomllib's "Invalid statement (at line 1, column 1)" does not say it.
         raise ConfigError(f"{file}: starts with a UTF-8 byte order mark (bytes ef bb bf), which TOML does not "
                           "allow: re-save the file as UTF-8 without BOM")
