@@ -554,8 +554,9 @@ class Unwinder:
         self.stats.rows_used = self._next
         self.stats.binaries = len(self._by_key)
 
-    def _live_rows(self) -> int:
-        live = set().union(*self._uses.values()) if self._uses else set()
+    def _live_rows(self, also: set[str] | frozenset[str] = frozenset()) -> int:
+        """Rows of the tables described processes use (and of the tables ``also`` names)."""
+        live = set(also).union(*self._uses.values())
         return sum(e.slots for k, e in self._by_key.items() if k in live)
 
     def _readable(self, tgid: int, m: ExecMap) -> str | None:
@@ -607,8 +608,7 @@ class Unwinder:
         if slot is None:
             # Live: the tables of described processes, and those the
             # description in progress took (a reload would drop them too).
-            live = self._live_rows() + sum(e.slots for key, e in self._by_key.items() if key in self._picking
-                                           and not any(key in keys for keys in self._uses.values()))
+            live = self._live_rows(also=self._picking)
             garbage = self._next - live
             # Free rows in ranges each too small, though the tables in use
             # leave room enough once loaded one after the other: a reload,
