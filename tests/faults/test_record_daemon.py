@@ -45,6 +45,17 @@ def _record(argv: list[str], timeout: float = 120, **kw: Any) -> subprocess.Comp
                           timeout=timeout, **kw)
 
 
+def _record_until_the_daemon_is_killed(d: Any, pid: int, out: Path, *, after_s: float) -> tuple[int, str]:
+    """``record -p PID -d 60`` through ``d``, which is killed (SIGKILL) ``after_s`` in:
+    record's exit code and standard error."""
+    rec = subprocess.Popen([sys.executable, "-m", "flamed", "record", "--socket", d.socket_path, "-p",
+                            str(pid), "-d", "60", "-o", str(out)], stderr=subprocess.PIPE, text=True)
+    time.sleep(after_s)
+    d.kill9()
+    _, err = rec.communicate(timeout=60)
+    return rec.returncode, err
+
+
 def test_record_through_the_daemon_gets_python_frames_and_the_exit_code(
         require_bpf: None, daemon_factory: Any, tmp_path: Path) -> None:
     d = _daemon(daemon_factory, tmp_path)
@@ -118,16 +129,12 @@ def test_a_daemon_that_goes_away_leaves_a_partial_profile(
     p = subprocess.Popen([sys.executable, str(script), "60", "0"])
     out = tmp_path / "partial.folded"
     try:
-        rec = subprocess.Popen([sys.executable, "-m", "flamed", "record", "--socket", d.socket_path, "-p",
-                                str(p.pid), "-d", "60", "-o", str(out)], stderr=subprocess.PIPE, text=True)
         # Windows of 1 s reach the record (it asks every second) before the daemon dies.
-        time.sleep(4.0)
-        d.kill9()
-        _, err = rec.communicate(timeout=60)
+        rc, err = _record_until_the_daemon_is_killed(d, p.pid, out, after_s=4.0)
     finally:
         p.kill()
         p.wait()
-    assert rec.returncode == 1, err
+    assert rc == 1, err
     assert "went away mid-record" in err and "the profile holds what was received before" in err, err
     prof = read_folded(out.open("rb"), strict=True)  # a valid folded file ...
     assert sum(prof.stacks.values()) >= 50, err  # ... with the windows received (~3 s at 99 Hz)
@@ -145,15 +152,12 @@ def test_a_daemon_gone_before_any_window_came_back_is_not_said_to_have_seen_noth
     p = subprocess.Popen(["sleep", "60"])
     out = tmp_path / "gone.folded"
     try:
-        rec = subprocess.Popen([sys.executable, "-m", "flamed", "record", "--socket", d.socket_path, "-p",
-                                str(p.pid), "-d", "60", "-o", str(out)], stderr=subprocess.PIPE, text=True)
-        time.sleep(2.5)  # a poll or two (one a second) answered before the kill
-        d.kill9()
-        _, err = rec.communicate(timeout=60)
+        # A poll or two (one a second) answered before the kill.
+        rc, err = _record_until_the_daemon_is_killed(d, p.pid, out, after_s=2.5)
     finally:
         p.kill()
         p.wait()
-    assert rec.returncode == 1, err
+    assert rc == 1, err
     assert "went away mid-record" in err, err
     assert re.search(rf"nothing was recorded: the daemon at {re.escape(d.socket_path)} went away after \d+ "
                      rf"window\(s\), before any sample of sleep \(pid {p.pid}\) came back", err), err
