@@ -192,9 +192,17 @@ static __always_inline void report_new_image(struct bpf_perf_event_data *ctx, st
         return;
     u8 one = 1;
     seen.update(&t, &one);
-    /* Lost when user space falls behind (counted there): the drain still
-     * reads the maps of whatever is alive then. */
-    new_images.perf_submit(ctx, &t, sizeof(t));
+    /* Not delivered (the buffer full, counted by user space as lost, or
+     * busy with a nested output on this CPU, counted nowhere): the image is
+     * unmarked, so that the process's next sample reports it again.  Marked
+     * for good, a short process was never read while it ran: no Python frames
+     * and no unwinding for its whole life.  (The drain still reads the maps
+     * of whatever is alive then.) */
+    if (new_images.perf_submit(ctx, &t, sizeof(t)) != 0) {
+        seen.delete(&t);
+        if (last)
+            last->tgid = 0;
+    }
 }
 #endif
 

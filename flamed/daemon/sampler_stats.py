@@ -29,7 +29,8 @@ _OFFCPU_DROPPED = (("start_full", "OFF_START_FULL"), ("map_full", "OFF_MAP_FULL"
                    ("carry_expired", "CARRY_EXPIRED"))
 _PRIMING_RESULTS = (("primed", "primed_total"), ("gone", "prime_missed_total"),
                     ("lost", "prime_lost_total"), ("throttled", "prime_throttled_total"),
-                    ("late", "prime_late_total"), ("renamed", "prime_renamed_total"))
+                    ("late", "prime_late_total"), ("renamed", "prime_renamed_total"),
+                    ("failed", "prime_failed_total"))
 
 
 class SamplerAccounting:

@@ -545,18 +545,25 @@ class ProcessManager:
         for tgid in dict.fromkeys(tasks):
             if self.stopping.is_set():
                 break
-            exec_id = execs.get(tgid, 0)
-            if self._renamed(tgid, exec_id):
-                self._handed[tgid] = self._drains
-                self._stats.prime_renamed_total += 1
-                continue
-            before = self._read_images.get(tgid)
-            self._prime_first(tgid, 0)
-            read = self._read_images.get(tgid)
-            if exec_id and read is not None and read is not before:
-                self._read_exec[tgid] = exec_id
-            elif read is not before:
-                self._read_exec.pop(tgid, None)
+            try:
+                self._prime_reported_one(tgid, execs.get(tgid, 0))
+            except Exception as e:  # noqa: BLE001 -- one process's failure must not drop the batch's others
+                self._stats.prime_failed_total += 1
+                if self._stats.prime_failed_total in (1, 100):
+                    log.warning("reading the new process %d failed: %s", tgid, e)
+
+    def _prime_reported_one(self, tgid: int, exec_id: int) -> None:
+        if self._renamed(tgid, exec_id):
+            self._handed[tgid] = self._drains
+            self._stats.prime_renamed_total += 1
+            return
+        before = self._read_images.get(tgid)
+        self._prime_first(tgid, 0)
+        read = self._read_images.get(tgid)
+        if exec_id and read is not None and read is not before:
+            self._read_exec[tgid] = exec_id
+        elif read is not before:
+            self._read_exec.pop(tgid, None)
 
     def _renamed(self, tgid: int, exec_id: int) -> bool:
         """Is this report of an image read already?  The program reports an

@@ -128,6 +128,8 @@ class SamplerStats:
     prime_late_total: int = 0
     #: Reports of an image read already, for another thread name (not read again).
     prime_renamed_total: int = 0
+    #: Reports whose first read or hand-over raised (logged): the batch's others are still read.
+    prime_failed_total: int = 0
     #: FLAMED_STAT_PY_* summed over drains (PY_SAMPLES, PY_STACKS, PY_NO_THREAD...).
     python_total: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PY_STATS, 0))
     #: FLAMED_STAT_UW_* summed over drains (UW_SAMPLES, UW_COMPLETE, UW_NO_TABLE...).

@@ -92,6 +92,38 @@ def test_retries_are_bounded_and_then_counted_as_missed(child: subprocess.Popen[
     assert probed == []
 
 
+def test_a_process_whose_hand_over_raises_does_not_drop_the_others_of_its_batch() -> None:
+    """The reports read in one wake-up are a batch: a handler raising for one
+    process must leave the processes reported after it read and handed on.
+    Before, the exception left the loop and the rest of the batch was dropped
+    (a short process then got no Python frames for its whole life)."""
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(3)]
+    try:
+        sym, probed = FlakySymbolizer(fail=0), []
+        bad = kids[0].pid
+
+        s = _sampler(sym, probed)
+        m = s._processes
+        feed = m._handlers[0]
+        real = feed.attach
+
+        def attach(tgid: int) -> None:
+            if tgid == bad:
+                raise RuntimeError("a hand-over that raises")
+            real(tgid)
+
+        feed.attach = attach  # type: ignore[method-assign]
+        m._new_images.extend(k.pid for k in kids)
+        m._prime_reported()
+        assert probed == [k.pid for k in kids[1:]], "the processes reported after the failed one were dropped"
+        assert s._stats.prime_failed_total == 1
+        assert s._stats.primed_total == 3
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
+
+
 def test_an_exited_process_is_not_tried_again() -> None:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
