@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, cast
 
 from flamed.errors import FlamedError
+from flamed.procstat import EXITED, read_stat
 from flamed.sampling.stats import SamplerStats
 from flamed.sampling.program import BpfSamplerOptions, KernelProgram
 from flamed.sampling.symbols import ProcessIdentity, Symbolizer, read_identity
@@ -52,12 +53,25 @@ def _age_s(ident: ProcessIdentity) -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME) - ident.start_time / _CLK_TCK
 
 
+#: PF_KTHREAD of the task flags (/proc/PID/stat field 9): a kernel thread.
+_PF_KTHREAD = 0x00200000
+
+
 def _alive(pid: int) -> bool:
-    """Is ``pid`` a user process that has not exited?  (``read_identity``
-    says None for an exited one or a zombie; a kernel thread has no code
-    mapped, start_code 0, and no maps to read.)"""
-    ident = read_identity(pid)
-    return ident is not None and ident.start_code != 0
+    """Is ``pid`` a user process that has not exited?  Not a zombie, not a
+    kernel thread (no maps to read, ever).  A process in the middle of exec
+    is one: its new memory has no code mapped yet (start_code 0, no
+    executable mapping) for a moment.  Taken for a kernel thread there, its
+    failed first read was not tried again; the program reports an image once,
+    so a short process was then never read while it ran (1 in ~500 short
+    CPython processes had no Python frame)."""
+    fields = read_stat(f"/proc/{pid}/stat")
+    if not fields or len(fields) < 7 or fields[0] in EXITED:
+        return False
+    try:
+        return not int(fields[6]) & _PF_KTHREAD
+    except ValueError:
+        return False
 
 
 # ---------------------------------------------------------------------------
@@ -595,6 +609,11 @@ class ProcessManager:
         if not self._may_read():
             return False
         ident = self._read_and_prime(tgid, first=True, tries=tries)
+        if ident is None and tries + 1 >= self.PRIME_FIRST_TRIES and _alive(tgid):
+            # Every try failed and it still runs: not handed, so the next
+            # drain that samples it has it read (its image is reported once).
+            self._handed.pop(tgid, None)
+            return True
         self._handed[tgid] = self._drains  # read, gone, or to be read again soon: not a late one
         if ident is None:
             return True

@@ -116,8 +116,9 @@ class SamplerStats:
     stack_buckets: int = 0
     symbol_processes: int = 0  # processes with a live symbol cache
     symbol_addresses: int = 0  # cached address -> frame results
-    #: Process images whose maps were read when first sampled; those already
-    #: gone by then; reports the perf buffer lost (user space fell behind).
+    #: Process images whose maps were read when first sampled; those whose
+    #: first read failed for good (gone by then, or still in exec after every
+    #: try); reports the perf buffer lost (user space fell behind).
     #: The user frames of the last two are named only if alive at the drain.
     primed_total: int = 0
     prime_missed_total: int = 0

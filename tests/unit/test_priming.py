@@ -9,6 +9,7 @@ had no Python frame at all."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -90,6 +91,9 @@ def test_retries_are_bounded_and_then_counted_as_missed(child: subprocess.Popen[
     assert not s._processes._reprime
     assert (s._stats.primed_total, s._stats.prime_missed_total) == (0, 1)
     assert probed == []
+    # Still running: the next drain that samples it has it read (no report comes again).
+    s._processes.sampled({child.pid})
+    assert list(s._processes._late) == [child.pid]
 
 
 def test_a_process_whose_hand_over_raises_does_not_drop_the_others_of_its_batch() -> None:
@@ -122,6 +126,48 @@ def test_a_process_whose_hand_over_raises_does_not_drop_the_others_of_its_batch(
         for k in kids:
             k.kill()
             k.wait()
+
+
+def test_a_process_in_the_middle_of_exec_is_alive_and_its_read_is_tried_again() -> None:
+    """While exec replaces a process's memory, its stat shows start_code 0 and
+    its maps no code, as a kernel thread's do.  A first read made then fails;
+    taken for a kernel thread, the process was never read again (the program
+    reports an image once) and a short CPython process had no Python frame
+    for its whole life.  Caught here on real execs: the window is a fraction
+    of a millisecond, polled from the parent right after fork."""
+    from flamed.procstat import EXITED, read_stat
+    from flamed.sampling import processes
+
+    caught, wrong = 0, 0
+    for _ in range(60):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover -- the child only sleeps and execs
+            try:
+                time.sleep(0.002)
+                os.execv(sys.executable, [sys.executable, "-S", "-c", "pass"])
+            finally:
+                os._exit(127)
+        try:
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                f = read_stat(f"/proc/{pid}/stat")
+                if not f or f[0] in EXITED:
+                    break
+                if int(f[23]) != 0:
+                    continue
+                alive = processes._alive(pid)
+                g = read_stat(f"/proc/{pid}/stat")
+                if g and g[0] not in EXITED and int(g[23]) == 0 and int(g[19]) == int(f[19]):
+                    caught += 1  # still in the window after the check: it was asked then
+                    wrong += not alive
+        finally:
+            os.waitpid(pid, 0)
+        if caught >= 20:
+            break
+    if not caught:
+        pytest.skip("no exec was caught in the middle (start_code 0) in 60 tries")
+    assert wrong == 0, f"{wrong} of {caught} checks in the middle of exec took the process for gone or a kernel thread"
+
 
 
 def test_an_exited_process_is_not_tried_again() -> None:
