@@ -19,22 +19,31 @@ from flamed.errors import CapabilityError
 from flamed.model import Stack
 from flamed.sampling.contract import CountKey, SampleEvent, Window
 
+#: The invented tasks' ids are above PID_MAX_LIMIT (2^22), which no process of
+#: any Linux host can have: with small ones, a real process given the same pid
+#: (on a host just booted, pids are small) was taken for the invented one, so
+#: ``flamed record`` of it through a fake daemon got the invented samples.
+FAKE_PID_BASE = 1 << 22
+#: The busy process (two threads: itself and BUSY_PID + 1) and the idle one.
+BUSY_PID = FAKE_PID_BASE + 4242
+IDLE_PID = FAKE_PID_BASE + 777
+
 #: (tgid, tid, comm, stack) the fake sampler cycles through, root first.
 DEFAULT_STACKS: tuple[CountKey, ...] = (
-    (4242, 4242, "fake-busy", ("_start", "main", "busy_loop", "spin")),
-    (4242, 4243, "fake-busy", ("_start", "main", "busy_loop", "hash_block")),
-    (4242, 4243, "fake-busy", ("_start", "main", "write_out", "write", "entry_SYSCALL_64_[k]",
-                                "ksys_write_[k]", "vfs_write_[k]")),
-    (777, 777, "fake-idle", ("_start", "poll", "entry_SYSCALL_64_[k]", "do_sys_poll_[k]")),
+    (BUSY_PID, BUSY_PID, "fake-busy", ("_start", "main", "busy_loop", "spin")),
+    (BUSY_PID, BUSY_PID + 1, "fake-busy", ("_start", "main", "busy_loop", "hash_block")),
+    (BUSY_PID, BUSY_PID + 1, "fake-busy", ("_start", "main", "write_out", "write", "entry_SYSCALL_64_[k]",
+                                            "ksys_write_[k]", "vfs_write_[k]")),
+    (IDLE_PID, IDLE_PID, "fake-idle", ("_start", "poll", "entry_SYSCALL_64_[k]", "do_sys_poll_[k]")),
 )
 
 
 #: (task and stack, share of the window's wall time spent off the CPU there).
 OFFCPU_STACKS: tuple[tuple[CountKey, float], ...] = (
-    ((777, 777, "fake-idle", ("_start", "poll", "entry_SYSCALL_64_[k]", "do_sys_poll_[k]", "schedule_[k]",
-                              "[off-cpu: blocked]")), 0.75),
-    ((4242, 4243, "fake-busy", ("_start", "main", "write_out", "write", "entry_SYSCALL_64_[k]",
-                                "[off-cpu: preempted]")), 0.125),
+    ((IDLE_PID, IDLE_PID, "fake-idle", ("_start", "poll", "entry_SYSCALL_64_[k]", "do_sys_poll_[k]",
+                                        "schedule_[k]", "[off-cpu: blocked]")), 0.75),
+    ((BUSY_PID, BUSY_PID + 1, "fake-busy", ("_start", "main", "write_out", "write", "entry_SYSCALL_64_[k]",
+                                            "[off-cpu: preempted]")), 0.125),
 )
 
 

@@ -118,9 +118,15 @@ class DaemonProc:
                 raise AssertionError(f"daemon exited with {self.proc.returncode} before it was ready:\n{self.log()[-3000:]}")
             if os.path.exists(self.socket_path):
                 try:
-                    return self.status(timeout=5)
+                    st = self.status(timeout=5)
                 except Exception as e:  # noqa: BLE001 - not ready yet
                     last = e
+                else:
+                    # Another daemon on the same socket is not this one ready (a
+                    # wrapper in argv_prefix may run the daemon under another pid).
+                    if self.argv_prefix or st.get("pid") == self.proc.pid:
+                        return st
+                    last = AssertionError(f"the socket is answered by pid {st.get('pid')}, not this daemon")
             time.sleep(0.05)
         raise AssertionError(f"daemon not ready within {timeout:g} s ({last}):\n{self.log()[-3000:]}")
 

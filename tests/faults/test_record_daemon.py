@@ -246,6 +246,10 @@ def test_nothing_recorded_fails_as_without_the_daemon(
                 if Path(f"/proc/{sleeper.pid}/syscall").read_text().split()[0] in ("35", "230"):
                     break  # nanosleep, clock_nanosleep
             time.sleep(0.01)
+        # And the window holding its start drained: record takes the windows
+        # that end after it begins, the one in progress then included.
+        drains = d.metric("flamed_drains_total")
+        d.wait_for(lambda: d.metric("flamed_drains_total") >= drains + 2, 30, "two drains after the sleeper slept")
         r = _record(["--socket", d.socket_path, "-p", str(sleeper.pid), "-d", "1", "-o", str(out)])
     finally:
         sleeper.kill()
@@ -255,7 +259,11 @@ def test_nothing_recorded_fails_as_without_the_daemon(
     # A command started by record: a real sampler may catch it on a CPU while
     # it starts (a millisecond or so: ~1 chance in 10 at 99 Hz), so a daemon
     # whose fake sampler samples no real process stands in for one that saw nothing.
-    fake = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
+    # Its own socket and state directory: on the first daemon's, it was refused
+    # (the state directory is locked) and record asked the real one.
+    fake = daemon_factory(name="fake", sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0},
+                          output={"state_dir": str(tmp_path / "fake-state")},
+                          control={"socket": str(tmp_path / "fake-run" / "flamed.sock")})
     r = _record(["--socket", fake.socket_path, "-o", str(out), "--", "sleep", "0.5"])
     assert r.returncode == 1, r.stderr
     assert "nothing was recorded" in r.stderr, r.stderr

@@ -19,7 +19,7 @@ import pytest
 from flamed import outputs
 from flamed.daemon.client import DaemonError, request
 from flamed.daemon.core import Daemon
-from flamed.daemon.fake import FakeSampler
+from flamed.daemon.fake import BUSY_PID, FakeSampler
 from flamed.daemon.processors import WindowProcessor
 from flamed.daemon.testing import fast_config, running_daemon
 from flamed.errors import CapabilityError
@@ -105,14 +105,14 @@ def test_snapshot_every_registered_format(tmp_path: Path) -> None:
             served += 1
             out = tmp_path / f"snap.{fmt}"
             with open(out, "wb") as f:
-                head = request(sock, {"request": "snapshot", "seconds": 30, "format": fmt, "pid": 4242}, f)
+                head = request(sock, {"request": "snapshot", "seconds": 30, "format": fmt, "pid": BUSY_PID}, f)
             data = out.read_bytes()
             assert head["ok"] and head["format"] == fmt and head["length"] == len(data) > 0, fmt
             assert head["stacks"] == 3 and head["weight"] > 0, fmt
         with open(tmp_path / "snap.folded", "rb") as f:
             p = read_folded(f)
-        assert {s[0] for s in p.stacks} == {"fake-busy-4242"}
-        assert ("fake-busy-4242", "_start", "main", "busy_loop", "spin") in p.stacks
+        assert {s[0] for s in p.stacks} == {f"fake-busy-{BUSY_PID}"}
+        assert (f"fake-busy-{BUSY_PID}", "_start", "main", "busy_loop", "spin") in p.stacks
         # root and frame filters are applied by the daemon
         import io
 
@@ -343,6 +343,19 @@ def test_metrics_over_http_pass_promtool_and_match_files(tmp_path: Path) -> None
         assert name in values, name
 
 
+def test_the_fake_samplers_tasks_are_no_real_process() -> None:
+    """The fake sampler's invented tasks must never be a real process: with
+    pids under pid_max, ``flamed record`` of a command that got one of them
+    (a host just booted gives small pids) wrote the invented samples as the
+    command's."""
+    from flamed.daemon.fake import DEFAULT_STACKS, OFFCPU_STACKS
+
+    ids = {i for tgid, tid, _c, _s in DEFAULT_STACKS for i in (tgid, tid)}
+    ids |= {i for (tgid, tid, _c, _s), _share in OFFCPU_STACKS for i in (tgid, tid)}
+    pid_max_limit = 1 << 22  # PID_MAX_LIMIT: the largest pid_max any 64-bit kernel takes
+    assert min(ids) > pid_max_limit >= int(Path("/proc/sys/kernel/pid_max").read_text())
+
+
 class TagPython(WindowProcessor):
     """Turns the events of watched pids into stacks with a Python frame on top."""
 
@@ -350,13 +363,13 @@ class TagPython(WindowProcessor):
 
     def __init__(self, ctx, options) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx, options)
-        ctx.sampler.watch(4242)
+        ctx.sampler.watch(BUSY_PID)
         self.seen = 0
 
     def process(self, window: Window) -> None:
         keep = []
         for ev in window.events:
-            if ev.tid == 4242:
+            if ev.tid == BUSY_PID:
                 key = (ev.tgid, ev.tid, ev.comm, ev.user_stack + ("work (app.py:3)",) + ev.kernel_stack)
                 window.counts[key] = window.counts.get(key, 0) + 1
                 self.seen += 1
@@ -379,8 +392,8 @@ def test_processor_hook_and_leftover_events(tmp_path: Path) -> None:
         with open(f, "rb") as fh:
             read_folded(fh, profile=None).stacks and stacks.update(read_folded(open(f, "rb")).stacks)
     assert any("work (app.py:3)" in s for s in stacks)
-    # tid 4243's events were not claimed: still there, with their native frames
-    assert ("fake-busy-4242", "_start", "main", "busy_loop", "hash_block") in stacks
+    # the second thread's events were not claimed: still there, with their native frames
+    assert (f"fake-busy-{BUSY_PID}", "_start", "main", "busy_loop", "hash_block") in stacks
 
 
 def test_capability_error_refuses_to_start(tmp_path: Path) -> None:
