@@ -547,6 +547,34 @@ def _with_captured_stderr(fn: Callable[[], Any]) -> tuple[Any, str, BaseExceptio
     return result, text, error
 
 
+#: The BPF maps whose size a setting gives, by name without the generation
+#: digit: (the daemon's setting, the BpfSamplerOptions field it sets).
+MAP_SIZE_SETTINGS = {
+    "counts": ("sampling.counts_map_size", "max_entries"),
+    "stacks": ("sampling.stack_map_size", "stack_storage_size"),
+    "pystacks": ("sampling.python_stack_map_size", "python_stack_entries"),
+    "ustacks": ("sampling.unwind_stack_map_size", "unwind_stack_entries"),
+}
+#: bcc's words when the kernel refuses to create a map of the program.
+_MAP_REFUSED = re.compile(r"could not open bpf map: (\w+), error: ([^\n]+)")
+
+
+def map_refused(text: str, options: BpfSamplerOptions) -> str:
+    """What bcc's output ``text`` says of a map the kernel would not create, with
+    the setting that sizes it; "" when it says nothing of the kind.  (bcc
+    reports it as a failed compile, which sent users to the kernel headers.)"""
+    m = _MAP_REFUSED.search(text)
+    if m is None:
+        return ""
+    name, why = m.group(1), m.group(2).strip()
+    known = MAP_SIZE_SETTINGS.get(name.rstrip("01"))
+    if known is None:
+        return f"the kernel would not create the BPF map {name}: {why}"
+    setting, field = known
+    return (f"the kernel would not create the BPF map {name} of {getattr(options, field)} entries: {why}; "
+            f"{setting} sizes it (two such maps, one per generation): set it smaller")
+
+
 def _tail(text: str, lines: int = 12) -> str:
     kept = [ln for ln in text.strip().splitlines() if ln.strip()]
     return "\n  ".join(kept[-lines:])
@@ -626,6 +654,9 @@ class KernelProgram:
                              isolated=self.options.bpf_compile_isolated)
         )
         if err is not None or made is None:
+            refused = map_refused(f"{err}\n{text}", self.options)
+            if refused:
+                raise CapabilityError(f"cannot load {prog.path}: {refused}")
             if isinstance(err, ChildOutputError):  # the child's image did not arrive whole, twice: not final
                 raise FlamedError(f"cannot compile {prog.path}: {err}; the program is not at fault (a restart "
                                   "compiles it again)")

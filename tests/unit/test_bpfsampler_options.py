@@ -117,3 +117,24 @@ def test_prime_rate_is_validated() -> None:
 
     with pytest.raises(ConfigError, match="prime_rate"):
         BpfSamplerOptions(prime_rate=0).validate()
+
+
+def test_a_map_the_kernel_refuses_is_named_with_the_setting_that_sizes_it() -> None:
+    """bcc reports a map it could not create as a failed compile; flamed said
+    "bcc could not compile ... (kernel headers from ...)", which sent the user
+    to the headers.  What bcc printed for ``stack_map_size = 16777216`` (17 GB
+    of stack traces) on the 24 GiB development VM:"""
+    from flamed.sampling.program import map_refused
+
+    bcc_said = ("the compiler process exited with 1:\n"
+                "could not open bpf map: stacks0, error: Cannot allocate memory\n"
+                "flamed: compile failed: Failed to compile BPF module <text>")
+    msg = map_refused(bcc_said, BpfSamplerOptions(stack_storage_size=1 << 24))
+    assert "stacks0 of 16777216 entries: Cannot allocate memory" in msg, msg
+    assert "sampling.stack_map_size sizes it" in msg, msg
+    assert "sampling.python_stack_map_size sizes it" in map_refused(
+        "could not open bpf map: pystacks1, error: Operation not permitted", BpfSamplerOptions())
+    # A map no setting sizes is still named; other failures are not taken for one.
+    assert map_refused("could not open bpf map: seen, error: Invalid argument", BpfSamplerOptions()) == (
+        "the kernel would not create the BPF map seen: Invalid argument")
+    assert map_refused("error: use of undeclared identifier 'x'", BpfSamplerOptions()) == ""
