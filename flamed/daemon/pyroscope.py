@@ -52,7 +52,7 @@ from flamed.daemon.config import PyroscopeConfig
 from flamed.daemon.fleet import windows_folded, windows_pprof
 from flamed.daemon.metrics import DaemonMetrics
 from flamed.daemon.ring import RingWindow
-from flamed.errors import FlamedError
+from flamed.errors import ConfigError, FlamedError
 
 log = logging.getLogger("flamed.daemon")
 
@@ -106,13 +106,16 @@ def read_password(path: str) -> str:
     except OSError as e:
         raise FlamedError(f"pyroscope.basic_auth_password_file: cannot read {path}: {e.strerror or e}; "
                           f"{what}") from None
+    # What the file holds is a configuration error (exit 2: systemd does not
+    # restart into it again, RestartPreventExitStatus); a file that cannot be
+    # read yet (a secret not provisioned yet) is not, and a restart may find it.
     if len(line) > MAX_PASSWORD_LINE:
-        raise FlamedError(f"pyroscope.basic_auth_password_file: {path}: first line longer than "
+        raise ConfigError(f"pyroscope.basic_auth_password_file: {path}: first line longer than "
                           f"{MAX_PASSWORD_LINE >> 10} KiB; {what}")
     try:
         first = line.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise FlamedError(f"pyroscope.basic_auth_password_file: {path}: not UTF-8 text (byte 0x{line[e.start]:02x} "
+        raise ConfigError(f"pyroscope.basic_auth_password_file: {path}: not UTF-8 text (byte 0x{line[e.start]:02x} "
                           f"at offset {e.start}); {what}") from None
     with contextlib.suppress(OSError):
         if os.stat(path).st_mode & 0o004:
