@@ -63,8 +63,8 @@ def _alive(pid: int) -> bool:
     is one: its new memory has no code mapped yet (start_code 0, no
     executable mapping) for a moment.  Taken for a kernel thread there, its
     failed first read was not tried again; the program reports an image once,
-    so a short process was then never read while it ran (1 in ~500 short
-    CPython processes had no Python frame)."""
+    so the process was then never read while it ran (about 1 CPython process
+    in 300 had no Python frame at all)."""
     fields = read_stat(f"/proc/{pid}/stat")
     if not fields or len(fields) < 7 or fields[0] in EXITED:
         return False
