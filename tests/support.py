@@ -10,6 +10,7 @@ test instead of skipping it, so CI cannot pass by skipping.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -30,6 +31,29 @@ BLESS = os.environ.get("FLAMED_BLESS") == "1"
 #: Scale of the fault runs: 1.0 is the issue's figure (20 kills, 1,000 churn
 #: processes...); CI uses the default, a bench run raises it.
 SCALE = float(os.environ.get("FLAMED_FAULT_SCALE", "0.25"))
+
+
+def toml_value(v: Any) -> str:
+    """``v`` (bool, number, string or a list of them) as a TOML value."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise TypeError(v)
+
+
+def write_config(path: Path, tables: dict[str, dict[str, Any]]) -> None:
+    """A daemon config file of ``tables`` (``{"sampling": {...}, "processors.python": {...}}``)."""
+    lines: list[str] = []
+    for table, kv in tables.items():
+        lines.append(f"[{table}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in kv.items()]
+        lines.append("")
+    path.write_text("\n".join(lines))
 
 
 def need(condition: bool, what: str) -> None:

@@ -25,31 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from flamed.folded import read_folded
+from support import write_config  # the fault tests take it from here too
 
 ROOT = Path(__file__).resolve().parents[2]
 #: How long a BPF daemon may take to compile its program and answer (2 shared cores).
 START_TIMEOUT = 90.0
-
-
-def toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    raise TypeError(v)
-
-
-def write_config(path: Path, tables: dict[str, dict[str, Any]]) -> None:
-    lines: list[str] = []
-    for table, kv in tables.items():
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {toml_value(v)}" for k, v in kv.items()]
-        lines.append("")
-    path.write_text("\n".join(lines))
 
 
 def base_config(tmp: Path, **over: dict[str, Any]) -> dict[str, dict[str, Any]]:

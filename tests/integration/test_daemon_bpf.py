@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,8 @@ from flamed.errors import FlamedError
 from flamed.fileio import open_input
 from flamed.folded import read_folded
 from flamed.model import Profile
-from support import ROOT, have_bcc, have_root, need, wait_daemon_answers
+from flamed.procstat import child_pids
+from support import ROOT, have_bcc, have_root, need, wait_daemon_answers, write_config
 
 pytestmark = pytest.mark.bpf
 
@@ -393,19 +395,23 @@ enabled = false
             proc.wait(timeout=30)
 
 
+def _daemon_tables(sock: str, sampling: dict[str, Any], output: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A daemon's config: ``sampling`` and ``output``, metrics on an ephemeral port,
+    the control socket at ``sock``, the log on stderr, mixed mode off."""
+    return {"sampling": sampling, "output": output, "metrics": {"address": "127.0.0.1:0"},
+            "control": {"socket": sock}, "log": {"target": "stderr"}, "processors.python": {"enabled": False}}
+
+
 def _compiler_children(pid: int) -> list[int]:
     """Processes of ``pid`` running the BPF compile (python -m flamed.sampling.bpfimage)."""
     out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
+    for child in child_pids(pid):
         try:
-            stat = (d / "stat").read_text()
-            cmd = (d / "cmdline").read_bytes()
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"flamed.sampling.bpfimage" in cmd:
-            out.append(int(d.name))
+        if b"flamed.sampling.bpfimage" in cmd:
+            out.append(child)
     return out
 
 
@@ -428,26 +434,10 @@ def test_sampling_reload_keeps_draining_the_old_sampler_while_the_new_one_compil
 
     def write(freq: int) -> None:
         # bpf_cache_dir empty: every program is compiled, in a child process
-        cfg.write_text(f"""
-[sampling]
-frequency = {freq}
-drain_interval = 0.5
-bpf_cache_dir = ""
-unwind_cache_dir = "{tmp_path / 'uw'}"
-[output]
-state_dir = "{state}"
-rotate_interval = 60.0
-host = "reload"
-fsync = false
-[metrics]
-address = "127.0.0.1:0"
-[control]
-socket = "{sock}"
-[log]
-target = "stderr"
-[processors.python]
-enabled = false
-""")
+        write_config(cfg, _daemon_tables(
+            sock, {"frequency": freq, "drain_interval": 0.5, "bpf_cache_dir": "",
+                   "unwind_cache_dir": str(tmp_path / "uw")},
+            {"state_dir": str(state), "rotate_interval": 60.0, "host": "reload", "fsync": False}))
 
     write(99)
     log = (tmp_path / "daemon.log").open("w+")
@@ -556,28 +546,10 @@ def test_python_map_full_with_off_cpu_is_a_share_of_its_walks(tmp_path: Path) ->
     script.write_text(SWITCHY)
     cfg = tmp_path / "flamed.toml"
     sock = str(tmp_path / "flamed.sock")
-    cfg.write_text(f"""
-[sampling]
-frequency = 99
-drain_interval = 0.5
-comms = ["{comm}"]
-off_cpu = true
-off_cpu_min_us = 0
-python_stack_map_size = 16
-unwind_cache_dir = "{tmp_path / 'uw'}"
-[output]
-state_dir = "{tmp_path / 'profiles'}"
-rotate_interval = 60.0
-fsync = false
-[metrics]
-address = "127.0.0.1:0"
-[control]
-socket = "{sock}"
-[log]
-target = "stderr"
-[processors.python]
-enabled = false
-""")
+    write_config(cfg, _daemon_tables(
+        sock, {"frequency": 99, "drain_interval": 0.5, "comms": [comm], "off_cpu": True, "off_cpu_min_us": 0,
+               "python_stack_map_size": 16, "unwind_cache_dir": str(tmp_path / "uw")},
+        {"state_dir": str(tmp_path / "profiles"), "rotate_interval": 60.0, "fsync": False}))
     log_path = tmp_path / "daemon.log"
     with log_path.open("w") as log:
         p = subprocess.Popen([sys.executable, "-m", "flamed", "daemon", "--config", str(cfg)],
