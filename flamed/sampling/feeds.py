@@ -24,6 +24,7 @@ from flamed.sampling import pysource
 from flamed.sampling.processes import Process, ProcessHandler, ProcessManager, ProcessTable, Slot
 from flamed.sampling.program import KernelProgram
 from flamed.sampling.pyframes import PythonFrames, parse_pystack
+from flamed.sampling.symbols import ProcessIdentity, read_identity
 from flamed.sampling.unwind.tables import TableCache, Unwinder
 
 log = logging.getLogger("flamed.bpf")
@@ -38,6 +39,9 @@ class _PyProc:
 
     #: Its flamed_pyproc is in the program's pyprocs map.
     described: bool = False
+    #: The image that description is of: the process's identity read just
+    #: before the probe (an exec during the probe leaves the old one here).
+    image: ProcessIdentity | None = None
     #: Found exited at the last drain: forgotten at the next one.
     gone: bool = False
 
@@ -62,10 +66,20 @@ class PythonFeed(ProcessHandler):
 
     def attach(self, tgid: int) -> None:
         if self.described(tgid):
+            m = self._m
+            with m.lock:
+                st = self._slot.get(m.table.get(tgid))
+                image = st.image if st is not None else None
+            if image is not None and read_identity(tgid) == image:
+                # Described already, as the image it runs now: the walker's
+                # claim (python_claim) probed it before the priming thread
+                # read its report.  Taking the description out to probe again
+                # would leave every sample and wait meanwhile without Python
+                # frames.
+                return
             # A new image of a process described before (it exec'd): until the
             # new one is probed, the old description would walk the new
             # memory at the old addresses.
-            m = self._m
             with m.lock:
                 if m.program.bpf is not None and not m.closed:
                     m.program.map_del("pyprocs", tgid, ct.c_uint32)
@@ -97,6 +111,7 @@ class PythonFeed(ProcessHandler):
 
     def _describe(self, tgid: int, delay: float) -> None:
         """Probe ``tgid``; install its flamed_pyproc, or probe again later."""
+        image = read_identity(tgid)
         res = self.frames.describe(tgid)
         if res is True:
             # Gently growing: the interpreter of a new process is ready
@@ -118,7 +133,9 @@ class PythonFeed(ProcessHandler):
                     return
                 ct.memmove(ct.byref(leaf), res, len(res))
                 t[ct.c_uint32(tgid)] = leaf
-                self._slot.of(m.table.ensure(tgid)).described = True
+                st = self._slot.of(m.table.ensure(tgid))
+                st.described = True
+                st.image = image
             elif self.described(tgid):
                 m.program.map_del("pyprocs", tgid, ct.c_uint32)
                 self._undescribe(tgid)
@@ -146,6 +163,7 @@ class PythonFeed(ProcessHandler):
         st = self._slot.get(proc)
         if proc is not None and st is not None:
             st.described = False
+            st.image = None
             self._tidy(proc)
 
     def _retry_due(self) -> None:
@@ -212,6 +230,7 @@ class PythonFeed(ProcessHandler):
             if st is not None and st.described:
                 self._m.program.map_del("pyprocs", pid, ct.c_uint32)
                 st.described = False
+                st.image = None
             proc = table.get(pid)
             if proc is not None:
                 self._tidy(proc)

@@ -246,6 +246,64 @@ def test_exited_processes_leave_no_description_behind(sampler: Any) -> None:
     assert not (pids & in_map), "exited processes still in the program's pyprocs map"
 
 
+def test_a_report_of_the_image_described_keeps_its_description(sampler: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walker's claim (python_claim) may probe a process before the
+    priming thread hands over the program's report of it.  That hand-over
+    must not take the description out to probe again: every sample and every
+    wait of the process in between would lose its Python frames (a 3 s sleep
+    taken just then came out without its Python function).  After an exec it
+    must: the old description would walk the new image at the old addresses."""
+    from flamed.sampling.symbols import read_identity
+
+    exe = _interpreter("3.11")
+    code = ("import os, select, sys\n"
+            "while not select.select([sys.stdin], [], [], 0)[0]: pass\n"  # on a CPU: sampled, reported
+            "os.execv(sys.executable, [sys.executable, '-c', 'while True: pass'])\n")
+    feed = sampler._python_feed
+    deleted: list[int] = []
+    program = sampler._program
+    real_del = program.map_del
+
+    def spy(name: str, key: int, ktype: Any) -> None:
+        if name == "pyprocs":
+            deleted.append(key)
+        real_del(name, key, ktype)
+
+    child = subprocess.Popen([str(exe), "-c", code], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (
+                sampler.python_claim(child.pid)[0] is True
+                and sampler._processes._read_images.get(child.pid) == read_identity(child.pid)):
+            sampler.drain()
+            time.sleep(0.1)
+        assert sampler.python_claim(child.pid)[0] is True
+        time.sleep(0.2)  # the priming thread's hand-overs of the reports done
+        monkeypatch.setattr(program, "map_del", spy)
+        before = read_identity(child.pid)
+        feed.attach(child.pid)  # as the priming thread does with a report
+        assert child.pid not in deleted, "the description of the image it runs was taken out"
+        assert feed.described(child.pid)
+
+        assert child.stdin is not None
+        child.stdin.write(b"exec\n")
+        child.stdin.flush()
+        while time.monotonic() < deadline and read_identity(child.pid) == before:
+            time.sleep(0.01)
+        assert read_identity(child.pid) != before, "the child did not exec"
+        # Its first sample reports the new image: the old description goes, the new one comes.
+        while time.monotonic() < deadline and not (
+                child.pid in deleted and feed.described(child.pid)
+                and feed._slot.get(sampler._processes.table.get(child.pid)).image == read_identity(child.pid)):
+            sampler.drain()
+            time.sleep(0.1)
+        assert child.pid in deleted, "the exec'd image kept the old image's description"
+        assert feed.described(child.pid), "the exec'd image was not described"
+    finally:
+        child.kill()
+        child.wait(10)
+
+
 def test_a_refused_process_falls_back_to_pyspy_and_says_why(require_pyspy: str) -> None:
     """The walker refuses a layout that does not validate; mixed mode then gives
     that process a py-spy (real BPF, real py-spy), and says why."""
