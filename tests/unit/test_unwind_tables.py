@@ -246,6 +246,45 @@ def test_a_large_table_is_built_aside_and_loaded_when_ready(tmp_path: Path) -> N
         u.stop()
 
 
+def test_a_miss_reported_while_the_process_is_described_is_not_dropped(tmp_path: Path) -> None:
+    """A sample can land outside the tables while the process's description is
+    still being written (its uw_procs entry comes before the description
+    ends): that miss is the one report the program sends for a second.  It
+    must be acted on when the description ends, not wait for the next report
+    (a second later at best)."""
+    py = Path("/usr/bin/python3.11")
+    need(py.exists(), "Debian's python3.11")
+    proc = tmp_path / "proc"
+    fake_process(proc, 10, [py])
+    u, _maps = make(tmp_path, proc, rows=70000)  # python3.11 is large here: loaded on a miss only
+    inside, release = threading.Event(), threading.Event()
+    real_describe = u.describe
+    calls: list[set[int]] = []
+
+    def held_describe(tgid: int, want: set[int] | None = None, want_keys: set[str] | None = None) -> bool:
+        calls.append(set(want or ()))
+        if len(calls) == 1:
+            inside.set()
+            assert release.wait(30), "never released"
+        return real_describe(tgid, want, want_keys)
+
+    u.describe = held_describe  # type: ignore[method-assign]
+    u.start()
+    try:
+        u.submit(10)  # its first description: no sample in python3.11 yet
+        assert inside.wait(30), "the first description never began"
+        u.submit(10, 0x7F0000000000 + 0x100)  # the miss, while that description runs
+        release.set()
+        deadline = time.monotonic() + 60
+        while u.stats.rows_used != slots(py) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert u.stats.rows_used == slots(py), (calls, u.stats)
+        assert calls[0] == set() and 0x7F0000000100 in calls[1], calls
+    finally:
+        release.set()
+        u.stop()
+
+
 def test_stop_does_not_wait_for_a_large_table_being_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reload stops the old sampler's unwinder while it may be building a large
     table (libclang-cpp: seconds, tens of seconds on a loaded host): stop returns

@@ -351,7 +351,16 @@ class Unwinder:
                 log.warning("describing pid %d to the unwinder failed: %s", tgid, e)
             finally:
                 with self._lock:
-                    self._pending.discard(tgid)
+                    # A miss or a built table that came while it was being
+                    # described (submit found it pending, so did not queue
+                    # it): described again now.  Left for the next submit,
+                    # the table waited for the next miss report, a second
+                    # later at best (FLAMED_UW_MISS_NS), or for good.
+                    again = tgid in self._wanted or tgid in self._want_keys
+                    if not again:
+                        self._pending.discard(tgid)
+                if again:
+                    self._queue.put(tgid)
 
     def idle(self) -> bool:
         """No process is waiting to be described (nor being described) now."""
