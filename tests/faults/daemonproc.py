@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from flamed.folded import read_folded
-from support import write_config  # the fault tests take it from here too
+from support import write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 #: How long a BPF daemon may take to compile its program and answer (2 shared cores).

@@ -31,7 +31,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from daemonproc import ROOT, DaemonProc, check_state_dir, unix_request_raw, write_config
+from daemonproc import ROOT, DaemonProc, check_state_dir, unix_request_raw
+from support import write_config
 from test_daemon_faults import record_figure
 
 FAKE = {"sampler": "fake", "drain_interval": 0.5}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import scaled
+from support import scaled, write_config
 from daemonproc import BUSY, check_state_dir, metric_value, profile_files, tmpfs, workload
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
@@ -408,7 +408,6 @@ def test_a_full_python_stack_map_names_its_setting(require_bpf: None, daemon_fac
 
 
 def test_invalid_config_on_sighup_keeps_running_config(require_bpf: None, daemon_factory: Any) -> None:
-    from daemonproc import write_config
 
     d = daemon_factory(sampling={"frequency": 49, "drain_interval": 1.0})
     good = d.status()

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemonproc import ROOT, check_state_dir, write_config
+from daemonproc import ROOT, check_state_dir
+from support import write_config
 from test_fleet_push import Ingest
 
 from flamed.daemon.client import DaemonError

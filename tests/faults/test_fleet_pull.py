@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from daemonproc import metric_value
-from support import need
+from support import need, write_config
 
 from flamed.outputs.pprof import read_pprof, top_functions
 
@@ -201,7 +201,6 @@ def test_pull_request_checks(tmp_path: Path, daemon_factory: Any) -> None:
     assert held and held[0][0] == 200 and read_pprof(held[0][1]).total() > 0
     # off by config (and on again) on reload
     d.config["metrics"]["pprof"] = False
-    from daemonproc import write_config
 
     write_config(d.cfg_path, d.config)
     d.signal(signal.SIGHUP)

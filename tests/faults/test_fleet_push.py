@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from daemonproc import check_state_dir, metric_value
-from support import SCALE
+from support import SCALE, write_config
 
 from flamed.folded import read_folded
 from flamed.outputs import profile_pb2 as pb
@@ -284,7 +284,6 @@ def test_reload_changes_the_push_and_a_bad_password_file_changes_nothing(tmp_pat
     """A reload applies a new [pyroscope] table; one whose password file cannot
     be read is refused as a whole: the sampler's new frequency is not applied
     either (the ingest server checks every request's sampleRate is 99)."""
-    from daemonproc import write_config
 
     srv = Ingest()
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import SCALE, need, scaled
+from support import SCALE, need, scaled, write_config
 from daemonproc import check_state_dir
 from test_daemon_faults import record_figure
 
@@ -627,7 +627,7 @@ def test_reload_of_every_section_keeps_python_frames(require_bpf: None, require_
                                                      daemon_factory: Any, cgroup: str, source: str) -> None:
     """Both sources: py-spy children are reconfigured; the BPF walker's
     descriptions must survive a [sampling] reload that replaces the program."""
-    from daemonproc import BUSY, write_config
+    from daemonproc import BUSY
 
     # Python samples are stored one py-spy window after they were taken: a short window.
     d = _mixed_daemon(daemon_factory, cgroup, window_s=1.0, source=source)
