@@ -124,6 +124,7 @@ class MixedMode:
         self.candidates: dict[int, PyProcess] = {}  # found, not yet seen on a CPU (active_only)
         self._idle: dict[int, int] = {}  # watched pid -> windows without a sample
         self.loop_lag_max_ns = 0
+        self._next_track_ns = 0
 
     # -- lifecycle --------------------------------------------------------
     def start(self, *, clock_now: bool = False) -> None:
@@ -197,6 +198,9 @@ class MixedMode:
 
     #: How often the loop ticks while py-spy has work (children to start, watch or stop).
     TICK_S = 0.05
+    #: How often the threads of processes under py-spy are mapped while they run
+    #: (:meth:`ThreadIds.track`: a listing of /proc/PID/task, and two syscalls per new thread).
+    TRACK_S = 0.2
 
     def _kick(self) -> None:
         if self._wake_fd >= 0:
@@ -247,6 +251,9 @@ class MixedMode:
                 runs = self.supervisor.tick()
                 if runs:
                     self._add_runs(runs)
+                if now >= self._next_track_ns:
+                    self._next_track_ns = now + int(self.TRACK_S * 1e9)
+                    self._track_threads()
             # The wait happens outside the lock so process() never waits long.
             waited = self._wait()
         with self._lock:
@@ -369,6 +376,20 @@ class MixedMode:
             self.sampler.unwatch(pid)
         if self._on_exit_cb is not None:
             self._on_exit_cb(pid)
+
+    def _track_threads(self) -> None:
+        """Map the threads of the processes py-spy records while they run: its
+        trace comes at the end of a run, when a process that exited meanwhile
+        can no longer be read (interpreters before 3.11 name pthread ids, and
+        any in a PID namespace names that namespace's tids)."""
+        for pid in self.supervisor.pids():
+            proc = self.processes.get(pid)
+            version = proc.version if proc is not None else None
+            if version is not None and _minor(version) >= (3, 11):
+                # Named by OS tid: only a PID namespace needs a map, which this learns.
+                self.thread_ids.namespaced(pid)
+                continue
+            self.counters["threads_tracked"] += self.thread_ids.track(pid)
 
     def _add_runs(self, runs: list[CompletedRun]) -> None:
         if self.clock is not None and runs:
@@ -500,3 +521,12 @@ class MixedMode:
                 for k, v in self.clock.stats().items():
                     m[f"clock_hits_{k}"] = v
             return m
+
+
+def _minor(version: str) -> tuple[int, int]:
+    """``"3.11"`` -> (3, 11); (0, 0) when it does not read as one."""
+    try:
+        major, minor = version.split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return 0, 0

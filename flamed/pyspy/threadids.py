@@ -11,12 +11,26 @@ which every known pthread id's struct holds a distinct tid of that process
 (``/proc/PID/task``), or 0 for a thread that has exited, and kept for the process's later threads.  A process
 whose memory cannot be read, or where no slot fits, is reported with the
 reason; its samples keep native and kernel frames.
+
+That needs the process alive when py-spy's trace arrives, which is at the
+end of a py-spy run: the threads of a process that exits before (a short
+command, threads started after the last run ended) would all be lost.  So
+:meth:`ThreadIds.track` maps every live thread while the process runs,
+without py-spy: ``get_robust_list(tid)`` gives the address of the robust
+mutex list head inside the thread's ``struct pthread`` (glibc registers one
+for every thread as it starts), and on x86-64 that struct begins with its
+thread control block, whose first word and third word (``tcb``, ``self``)
+hold the struct's own address.  The nearest such address below the head is
+the pthread id; nothing is guessed and the thread is not stopped.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import logging
 import os
+import platform
 import struct
 from collections import Counter
 from collections.abc import Iterable
@@ -40,12 +54,23 @@ def pid_max(proc_root: str = "/proc") -> int:
         return 1 << 22  # the kernel's limit
 
 
+#: get_robust_list(2) where :meth:`ThreadIds.track` knows the thread control
+#: block's layout (x86-64: ``tcb`` and ``self`` at 0 and 16 point to the block).
+_GET_ROBUST_LIST = {"x86_64": 274}.get(platform.machine())
+_libc = ctypes.CDLL(None, use_errno=True)
+#: A thread's first get_robust_list calls may come before glibc registered its
+#: head (the thread is that new): it is asked again at the next track, this often.
+TRACK_TRIES = 3
+
+
 @dataclass
 class _Process:
     offset: int | None = None
     tids: dict[int, int] = field(default_factory=dict)  # pthread id -> OS tid (host)
     #: tid in the process's own PID namespace -> host tid ({} on the host)
     ns_tids: dict[int, int] = field(default_factory=dict)
+    #: host tid -> tracks that tried it (TRACK_TRIES: mapped, or given up); live threads only
+    tracked: dict[int, int] = field(default_factory=dict)
 
 
 class ThreadIds:
@@ -85,6 +110,8 @@ class ThreadIds:
         try:
             fd = os.open(f"{self.proc_root}/{pid}/mem", os.O_RDONLY)
         except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ESRCH):
+                return f"pid {pid} exited before its threads could be mapped"
             return f"cannot read the memory of pid {pid} ({e.strerror}); run as root or grant CAP_SYS_PTRACE"
         try:
             for p in want:
@@ -115,6 +142,56 @@ class ThreadIds:
                 proc.tids[p] = ns.get(tid, tid) if ns else tid
         missing = len(want) - sum(1 for p in want if p in proc.tids)
         return f"{missing} thread(s) of pid {pid} had exited before they could be mapped" if missing else None
+
+    def track(self, pid: int) -> int:
+        """Map the pthread id of each thread of the live ``pid`` not mapped yet
+        (module doc: get_robust_list, no py-spy needed), so that a trace that
+        arrives after the process or the thread exited still finds it.  Call
+        it often while py-spy records a process older than 3.11; a thread
+        that starts and exits between two calls is left to :meth:`learn`.
+        Returns how many threads it mapped; 0 where the method is not known
+        (another architecture, a libc that registers no robust list, such as
+        musl): :meth:`learn` does it then, as before."""
+        if _GET_ROBUST_LIST is None:
+            return 0
+        proc = self._procs.setdefault(pid, _Process())
+        root = self.proc_root
+        try:
+            tids = [int(t) for t in os.listdir(f"{root}/{pid}/task")]
+        except OSError:
+            return 0
+        live = set(tids)
+        for gone in [t for t in proc.tracked if t not in live]:
+            del proc.tracked[gone]
+        new = [t for t in tids if proc.tracked.get(t, 0) < TRACK_TRIES]
+        if not new:
+            return 0
+        # In a PID namespace py-spy names the namespace's tids (3.11+): learnt while they live, too.
+        self._learn_namespace(pid, proc, new)
+        try:
+            fd = os.open(f"{root}/{pid}/mem", os.O_RDONLY)
+        except OSError:
+            return 0
+        mapped = 0
+        try:
+            for tid in new:
+                proc.tracked[tid] = proc.tracked.get(tid, 0) + 1
+                head = _robust_list_head(tid)
+                if not head or head < SEARCH_BYTES:
+                    continue
+                try:
+                    block = os.pread(fd, SEARCH_BYTES + 8, head - SEARCH_BYTES)
+                except OSError:
+                    continue
+                ptid = _tcb_below(block, head - SEARCH_BYTES)
+                if ptid is None:
+                    continue
+                proc.tids[ptid] = tid
+                proc.tracked[tid] = TRACK_TRIES
+                mapped += 1
+        finally:
+            os.close(fd)
+        return mapped
 
     def _learn_namespace(self, pid: int, proc: _Process, tids: Iterable[int]) -> dict[int, int]:
         """Namespace tid -> host tid of ``pid``'s threads ({} on the host), from ``NSpid:``."""
@@ -185,9 +262,35 @@ class ThreadIds:
         trace.pthread_ids = set()
         return why
 
+    #: Reasons kept for processes forgotten already (``flamed record``'s summary names them).
+    MAX_REASONS = 256
+
     def forget(self, pid: int) -> None:
         self._procs.pop(pid, None)
-        self.reasons.pop(pid, None)
+        # The reason stays for the summary, the oldest going once there are MAX_REASONS.
+        while len(self.reasons) > self.MAX_REASONS:
+            del self.reasons[next(iter(self.reasons))]
+
+
+def _robust_list_head(tid: int) -> int:
+    """get_robust_list(tid): the address of the thread's robust list head, 0 if none or unreadable."""
+    head = ctypes.c_void_p()
+    size = ctypes.c_size_t()
+    if _libc.syscall(_GET_ROBUST_LIST, ctypes.c_long(tid), ctypes.byref(head), ctypes.byref(size)) != 0:
+        return 0
+    return int(head.value or 0)
+
+
+def _tcb_below(block: bytes, base: int) -> int | None:
+    """The highest address ``a`` in ``block`` (read at ``base``) whose words at
+    ``a`` and ``a + 16`` both hold ``a``: an x86-64 thread control block,
+    the start of glibc's ``struct pthread``."""
+    words = struct.unpack(f"<{len(block) // 8}Q", block[:len(block) // 8 * 8])
+    for i in range(len(words) - 3, -1, -1):
+        a = base + 8 * i
+        if words[i] == a and words[i + 2] == a:
+            return a
+    return None
 
 
 def _fits(blocks: dict[int, bytes], k: int, tids: set[int]) -> bool:

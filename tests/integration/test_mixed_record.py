@@ -307,6 +307,54 @@ def test_record_python_before_311_maps_pthread_ids(tmp_path: Path, require_bpf: 
     assert "not matched to an OS thread" not in r.stderr, r.stderr
 
 
+LATE_THREADS = """\
+import threading, time
+def main_spin(t):
+    end = time.time() + t
+    while time.time() < end:
+        sum(i * i for i in range(2000))
+def late_worker(t):
+    end = time.time() + t
+    while time.time() < end:
+        sum(i * i for i in range(2000))
+main_spin(2.5)
+threads = [threading.Thread(target=late_worker, args=(2.0,)) for _ in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def test_threads_that_start_late_in_a_short_process_keep_python_frames(tmp_path: Path, require_bpf: None,
+                                                                        require_pyspy: str) -> None:
+    """py-spy's trace comes when its run ends, and a 3.7 thread is named by its
+    pthread id, which only the live process's memory maps to an OS thread:
+    threads started after py-spy's first run, in a process that exits before
+    the next one ends, lost every Python frame (main_spin kept its frames,
+    late_worker had none).  Their ids are now mapped while they run."""
+    from support import need
+
+    interp = _pyenv_python("7")
+    need(interp is not None, "a pyenv python3.7 ($(pyenv root)/versions/3.7.*)")
+    assert interp is not None
+    work = tmp_path / "late.py"
+    work.write_text(LATE_THREADS)
+    out = tmp_path / "late.folded"
+    r = run_record(["-o", str(out), "--", str(interp), str(work)])
+    assert r.returncode == 0, r.stderr
+    assert "by py-spy" in r.stderr, r.stderr  # 3.7: the BPF walker leaves it to py-spy
+    lines = [ln.rsplit(" ", 1) for ln in out.read_text().splitlines()]
+    total = sum(int(n) for _, n in lines)
+    python = sum(int(n) for s, n in lines if ".py:" in s)
+    late = sum(int(n) for s, n in lines if "late_worker (" in s)
+    early = sum(int(n) for s, n in lines if "main_spin (" in s)
+    # 2.5 s of main_spin, then 2 s of two GIL-bound late workers: ~55 % and ~45 % of the samples.
+    assert total > 150 and python >= 0.9 * total, (python, total, r.stderr)
+    assert late >= 0.25 * total and early >= 0.25 * total, (late, early, total)
+    assert "not matched to an OS thread" not in r.stderr, r.stderr
+
+
 SUBINTERPRETER_SPIN = """\
 import os, sys, time
 try:

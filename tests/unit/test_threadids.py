@@ -68,3 +68,41 @@ def test_host_process_is_not_namespaced(tmp_path: Path) -> None:
     d.mkdir(parents=True)
     (d / "status").write_text("Name:\tpython3\nNSpid:\t77\n")
     assert not ThreadIds(proc_root=str(tmp_path)).namespaced(77)
+
+
+CHILD = """\
+import sys, threading
+stop = threading.Event()
+threads = [threading.Thread(target=stop.wait, args=(60,)) for _ in range(3)]
+for t in threads:
+    t.start()
+ids = [(threading.get_ident(), threading.get_native_id())] + [(t.ident, t.native_id) for t in threads]
+print(" ".join(f"{a}:{b}" for a, b in ids), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_threads_tracked_while_the_process_runs_are_mapped_after_it_exits() -> None:
+    """``track`` maps each live thread's pthread id (get_robust_list, then the
+    thread control block below it) without py-spy's ids: a trace that
+    arrives once the process has exited still finds its threads."""
+    import platform
+    import subprocess
+    import sys
+
+    from support import need
+
+    need(platform.machine() == "x86_64", "x86-64 (the thread control block's layout is known there)")
+    p = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        want = {int(a): int(b) for a, b in (pair.split(":") for pair in p.stdout.readline().split())}
+        ids = ThreadIds()
+        assert ids.track(p.pid) == len(want)
+        assert ids.track(p.pid) == 0  # nothing new: nothing read again
+    finally:
+        p.kill()
+        p.wait(10)
+    got, why = ids.resolve(p.pid, list(want))
+    assert why is None and got == want
+    assert ids.counters["mapped"] == len(want) and ids.counters["unmapped"] == 0
