@@ -3,7 +3,9 @@
 Per task (/proc/PID/task/TID): its name, scheduler state, wait channel and,
 when readable (root), its kernel stack; for a CPython process each thread's
 Python frames, read from user space with the frame walker's layouts
-(:mod:`flamed.sampling.cpython`).  Nothing attaches to the process: it is not
+(:mod:`flamed.sampling.cpython`); for a CPython the walker has no layout
+for (2.7, 3.6, 3.7), ``py-spy dump --nonblocking`` when a py-spy is found.
+Nothing attaches to the process: it is not
 stopped, so a thread that runs while it is read may show a torn stack (a
 hung process, the case this is for, holds still).  Native frames are not
 read: that would need ptrace or an unwinder over the process's stacks.
@@ -14,8 +16,10 @@ read: that would need ptrace or an unwinder over the process's stacks.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +39,8 @@ MAX_DEPTH = 1024
 #: A layout check races running threads (a frame freed while it is read):
 #: it is retried before the frames are given up.
 VALIDATE_TRIES = 3
+#: How long ``py-spy dump`` may take (versions the walker cannot read).
+PYSPY_TIMEOUT_S = 20.0
 
 STATE_NAMES = {
     "R": "running", "S": "sleeping", "D": "disk sleep", "T": "stopped", "t": "tracing stop",
@@ -119,6 +125,8 @@ class ProcessDump:
     unmatched: list[PyThread] = field(default_factory=list)
     #: why some thread states are unmatched
     unmatched_reason: str | None = None
+    #: who read the Python frames: "flamed" (the walker's layouts) or "py-spy"
+    python_reader: str | None = None
 
 
 # ---- /proc --------------------------------------------------------------
@@ -224,9 +232,10 @@ def _reader(dump: ProcessDump) -> int:
     return live[0] if live else dump.pid
 
 
-def _add_python(dump: ProcessDump, proc: Path, reader: int) -> None:
+def _add_python(dump: ProcessDump, proc: Path, reader: int, pyspy: str | None) -> None:
     """Python frames of every thread, matched to its task; else ``python_error``.
-    ``reader``: the task whose memory is read (:func:`_reader`)."""
+    ``reader``: the task whose memory is read (:func:`_reader`); ``pyspy``:
+    the py-spy for versions the walker has no layout for (None: not found)."""
     from flamed.sampling.cpython.process import Refusal, probe
     from flamed.sampling.cpython.symbolize import CodeSymbolizer
     from flamed.sampling.cpython.walk import walk_memory
@@ -234,9 +243,12 @@ def _add_python(dump: ProcessDump, proc: Path, reader: int) -> None:
     target = probe(reader, proc)
     if isinstance(target, Refusal):
         dump.python_error = target.reason
+        if target.version is not None:
+            _add_pyspy(dump, proc, reader, target.version, pyspy)
         return
     dump.python_version = _version_text(target.version, target.hexversion)
     dump.interpreter = target.interpreter
+    dump.python_reader = "flamed"
     mem = target.memory()
     if mem.read(target.interp_addr, 8) is None and mem.last_errno == errno.EPERM:
         raise NotPermitted(f"cannot read the memory of pid {dump.pid}: run as root or grant CAP_SYS_PTRACE")
@@ -260,16 +272,68 @@ def _add_python(dump: ProcessDump, proc: Path, reader: int) -> None:
     sym.begin_batch()
     pythreads = [PyThread(t.thread_id, t.native_thread_id, [PyFrame.parse(f) for f in sym.symbolize(t.frames)],
                           t.truncated or t.deep) for t in walk.threads]
-    tids = _match_threads(dump, proc, pythreads, reader, namespaced=target.in_pid_namespace)
+    _place(dump, proc, reader, pythreads, namespaced=target.in_pid_namespace)
+    if walk.bounded:
+        bound = f"more than {MAX_THREADS} Python threads: the oldest are not shown"
+        dump.unmatched_reason = f"{dump.unmatched_reason}; {bound}" if dump.unmatched_reason else bound
+
+
+def _place(dump: ProcessDump, proc: Path, reader: int, pythreads: list[PyThread], *, namespaced: bool) -> None:
+    """Each Python thread under its task, or in ``unmatched``."""
+    tids = _match_threads(dump, proc, pythreads, reader, namespaced=namespaced)
     by_tid = {t.tid: t for t in dump.threads}
     for pt, tid in zip(pythreads, tids):
         if tid is not None and tid in by_tid and by_tid[tid].python is None:
             by_tid[tid].python = pt
         else:
             dump.unmatched.append(pt)
-    if walk.bounded:
-        bound = f"more than {MAX_THREADS} Python threads: the oldest are not shown"
-        dump.unmatched_reason = f"{dump.unmatched_reason}; {bound}" if dump.unmatched_reason else bound
+
+
+def _add_pyspy(dump: ProcessDump, proc: Path, reader: int, version: tuple[int, int], pyspy: str | None) -> None:
+    """The Python frames of a CPython the walker has no layout for, from
+    ``py-spy dump --json --nonblocking`` (it reads 2.7 and 3.3 on); the
+    walker's refusal stays in ``python_error`` when py-spy is missing or fails."""
+    refused = dump.python_error or f"CPython {version[0]}.{version[1]}: no frame layout"
+    if pyspy is None:
+        dump.python_error = f"{refused}; py-spy, which reads it, was not found (install it, or put it on PATH)"
+        return
+    cmd = [pyspy, "dump", "--pid", str(reader), "--json", "--nonblocking"]
+    try:
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=PYSPY_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        dump.python_error = f"{refused}; py-spy dump did not answer in {PYSPY_TIMEOUT_S:g} s"
+        return
+    except OSError as e:
+        dump.python_error = f"{refused}; cannot run {pyspy}: {e.strerror}"
+        return
+    try:
+        doc = json.loads(r.stdout) if r.returncode == 0 else None
+        pythreads = [_pyspy_thread(t) for t in doc] if isinstance(doc, list) else None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        pythreads = None
+    if pythreads is None:
+        err = r.stderr.decode("utf-8", "replace").strip().splitlines()
+        said = err[-1] if err else f"exit {r.returncode}, no thread list on its output"
+        dump.python_error = f"{refused}; py-spy dump failed: {said}"
+        return
+    dump.python_error = None
+    dump.python_version = f"{version[0]}.{version[1]}"
+    try:
+        dump.interpreter = os.readlink(proc / str(reader) / "exe")
+    except OSError:
+        dump.interpreter = None
+    dump.python_reader = "py-spy"
+    raw = _read(proc / str(dump.pid) / "status") or b""
+    nspid = next((ln.split()[1:] for ln in raw.splitlines() if ln.startswith(b"NSpid:")), [])
+    _place(dump, proc, reader, pythreads, namespaced=len(nspid) > 1)
+
+
+def _pyspy_thread(t: dict[str, Any]) -> PyThread:
+    """One thread of ``py-spy dump --json``: its ids and frames (innermost first, as py-spy lists them)."""
+    frames = [PyFrame(str(f["name"]), str(f["filename"]) if f.get("filename") is not None else None,
+                      int(f["line"]) if isinstance(f.get("line"), int) else None) for f in t["frames"]]
+    os_tid = t.get("os_thread_id")
+    return PyThread(int(t["thread_id"]), int(os_tid) if isinstance(os_tid, int) else None, frames)
 
 
 def _match_threads(dump: ProcessDump, proc: Path, threads: list[PyThread], reader: int, *,
@@ -302,9 +366,10 @@ def _cmdline(proc: Path, task: int) -> list[str]:
     return [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]]
 
 
-def dump_process(pid: int, proc: Path = Path("/proc")) -> ProcessDump:
+def dump_process(pid: int, proc: Path = Path("/proc"), *, pyspy: str | None = None) -> ProcessDump:
     """Every thread of ``pid`` now; raises NoSuchProcess, NotPermitted, or
-    UsageError (``pid`` is a thread of another process)."""
+    UsageError (``pid`` is a thread of another process).  ``pyspy``: the
+    py-spy for interpreters the walker cannot read (None: none)."""
     if pid <= 0:
         raise NoSuchProcess(f"no such process: {pid}")
     _check_process(proc, pid)
@@ -314,7 +379,7 @@ def dump_process(pid: int, proc: Path = Path("/proc")) -> ProcessDump:
     reader = _reader(dump)
     if not dump.cmdline and reader != pid:  # the exited main thread's command line reads as empty
         dump.cmdline = _cmdline(proc, reader)
-    _add_python(dump, proc, reader)
+    _add_python(dump, proc, reader, pyspy)
     return dump
 
 
@@ -337,7 +402,8 @@ def to_json(dump: ProcessDump) -> dict[str, Any]:
         "pid": dump.pid,
         "cmdline": dump.cmdline,
         "python": None if dump.python_version is None else {"version": dump.python_version,
-                                                             "interpreter": dump.interpreter},
+                                                             "interpreter": dump.interpreter,
+                                                             "read_by": dump.python_reader},
         "python_error": dump.python_error,
         "kernel_error": dump.kernel_error,
         "threads": [
@@ -367,7 +433,8 @@ def format_text(dump: ProcessDump) -> str:
     """py-spy dump's layout: a process header, then each thread, innermost frame first."""
     lines = [f"Process {dump.pid}: {' '.join(dump.cmdline) or '[no command line]'}"]
     if dump.python_version is not None:
-        lines.append(f"Python {dump.python_version} ({dump.interpreter})")
+        by = ", frames read by py-spy" if dump.python_reader == "py-spy" else ""
+        lines.append(f"Python {dump.python_version} ({dump.interpreter}{by})")
     if dump.python_error is not None:
         lines.append(f"no Python frames: {dump.python_error}")
     if dump.kernel_error is not None:

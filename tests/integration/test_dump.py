@@ -354,6 +354,63 @@ def test_dump_names_a_function_whose_name_is_longer_than_the_read_limit(which: s
     assert wide_frame == {"function": LONG_WIDE[:256] + "...", "file": str(script), "line": wide_line}
 
 
+OLD_SCRIPT = """\
+import os, sys, threading, time
+
+def nap():
+    time.sleep(1000)  # NAP_LINE
+
+def stuck_handler():
+    threading.Event().wait()  # STUCK_LINE
+
+t = threading.Thread(target=nap, name="sleeper")
+t.daemon = True
+t.start()
+open(sys.argv[1] + ".tmp", "w").close()
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+stuck_handler()
+"""
+
+
+@pytest.mark.parametrize("which", ["2.7", "3.7"])
+def test_dump_of_an_interpreter_flamed_cannot_read_uses_pyspy(which: str, tmp_path: Path,
+                                                               require_pyspy: str) -> None:
+    """No layout for 2.7 or 3.7: their frames come from py-spy's dump, matched to
+    the tasks through their pthread ids; without py-spy, the reason says so."""
+    need(have_root(), "root (py-spy reads another process)")
+    exe = _exe(which)
+    script = tmp_path / "old target.py"
+    script.write_text(OLD_SCRIPT)
+    ready = tmp_path / "ready"
+    lines = OLD_SCRIPT.splitlines()
+    stuck = f"stuck_handler ({script}:{next(i for i, ln in enumerate(lines, 1) if '# STUCK_LINE' in ln)})"
+    nap = f"nap ({script}:{next(i for i, ln in enumerate(lines, 1) if '# NAP_LINE' in ln)})"
+    with running(str(exe), str(script), str(ready)) as proc:
+        _wait_for(lambda: ready.exists() or proc.poll() is not None, "the target to start its thread")
+        assert proc.poll() is None, "the target exited"
+        sleeper = next(t for t in sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task")) if t != proc.pid)
+
+        def parked() -> str | None:
+            rc, text, err = dump(proc.pid)
+            assert rc == 0, err
+            blocks = thread_blocks(text)
+            return text if stuck in blocks.get(proc.pid, "") and nap in blocks.get(sleeper, "") else None
+
+        text = _wait_for(parked, "stuck_handler and nap in the dump")
+        rc, raw, err = dump(proc.pid, "--json")
+        rc2, without, err2 = dump(proc.pid, "--pyspy-binary", str(tmp_path / "no-py-spy"))
+    assert rc == 0 and rc2 == 0, err + err2
+    assert f"\nPython {which} (" in text and "frames read by py-spy)" in text
+    doc = json.loads(raw)
+    assert doc["python"]["version"] == which and doc["python"]["read_by"] == "py-spy"
+    assert doc["python_error"] is None and doc["unmatched_python_threads"] == []
+    by_tid = {t["tid"]: t for t in doc["threads"]}
+    assert [f["function"] for f in by_tid[sleeper]["python"]["frames"]][0] == "nap"
+    assert by_tid[proc.pid]["python"]["frames"][-1]["function"] == "<module>"
+    assert f"CPython {which}: no frame layout" in without and "py-spy, which reads it, was not found" in without
+    assert "stuck_handler" not in without
+
+
 def test_dump_of_a_thread_id_names_its_process(script: Path, tmp_path: Path) -> None:
     """/proc/TID exists for every thread: -p TID is refused (exit 2) with the
     process to give, rather than the whole process shown as "Process TID"."""

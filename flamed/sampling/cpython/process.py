@@ -91,6 +91,8 @@ class Refusal:
     pid: int
     reason: str
     not_yet: bool = False
+    #: A CPython whose version the walker has no layout for (2.7, 3.7...): the version
+    version: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,7 +422,7 @@ def _no_table(pid: int, version: tuple[int, int], path: str, detail: str) -> Ref
     try:
         layout_for(version)
     except CPythonError as e:
-        return Refusal(pid, f"{path}: {e}")
+        return Refusal(pid, f"{path}: {e}", version=version)
     return Refusal(pid, f"{path}: CPython {version[0]}.{version[1]} but {detail}")
 
 
@@ -449,7 +451,10 @@ def _target(pid: int, proc_root: Path, path: str, facts: elf.ElfFacts, maps: lis
                 return Refusal(pid, f"{path}: _Py_DebugOffsets says another version than Py_Version")
             layout = layout_from_debug_offsets(data)
         else:
-            layout = layout_for(version)
+            try:
+                layout = layout_for(version)
+            except CPythonError as e:
+                return Refusal(pid, f"{path}: {e}", version=version)  # no layout for this version
             layout.check()
     except CPythonError as e:
         return Refusal(pid, f"{path}: {e}")
