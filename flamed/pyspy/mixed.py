@@ -104,7 +104,7 @@ class MixedMode:
                                           on_spawn=self._spawned, ready=self._pyspy_sampling,
                                           on_discard=self._discarded)
         self.watcher = ProcessWatcher(self.options.watch, on_start=self._started, on_exit=self._exited,
-                                      proc_root=proc_root, clock=clock)
+                                      on_thread=self._new_thread, proc_root=proc_root, clock=clock)
         self.thread_ids = ThreadIds(proc_root)
         self._gone: set[int] = set()  # exited pids whose thread-id maps the last runs may still need
         self.clock: PySpyClock | None = None
@@ -125,6 +125,7 @@ class MixedMode:
         self._idle: dict[int, int] = {}  # watched pid -> windows without a sample
         self.loop_lag_max_ns = 0
         self._next_track_ns = 0
+        self._track_now: set[int] = set()  # processes under py-spy that started a thread
 
     # -- lifecycle --------------------------------------------------------
     def start(self, *, clock_now: bool = False) -> None:
@@ -253,7 +254,9 @@ class MixedMode:
                     self._add_runs(runs)
                 if now >= self._next_track_ns:
                     self._next_track_ns = now + int(self.TRACK_S * 1e9)
-                    self._track_threads()
+                    self._track_threads(self.supervisor.pids())
+                elif self._track_now:
+                    self._track_threads(list(self._track_now))
             # The wait happens outside the lock so process() never waits long.
             waited = self._wait()
         with self._lock:
@@ -377,12 +380,23 @@ class MixedMode:
         if self._on_exit_cb is not None:
             self._on_exit_cb(pid)
 
-    def _track_threads(self) -> None:
+    def _new_thread(self, tgid: int) -> None:
+        # (watcher callback, mixed thread) Mapped at this loop's turn, while the
+        # thread surely runs: a thread of a request may live for milliseconds.
+        if tgid in self.processes:
+            self._track_now.add(tgid)
+
+    def _track_threads(self, pids: list[int]) -> None:
         """Map the threads of the processes py-spy records while they run: its
-        trace comes at the end of a run, when a process that exited meanwhile
-        can no longer be read (interpreters before 3.11 name pthread ids, and
-        any in a PID namespace names that namespace's tids)."""
-        for pid in self.supervisor.pids():
+        trace comes at the end of a run, when a process or thread that exited
+        meanwhile can no longer be read (interpreters before 3.11 name pthread
+        ids, and any in a PID namespace names that namespace's tids).  Every
+        TRACK_S, and as soon as the proc connector says a thread started (then
+        again at the next turns, TICK_S apart, while it is too new to map)."""
+        self._track_now.clear()
+        for pid in pids:
+            if pid not in self.processes:
+                continue
             proc = self.processes.get(pid)
             version = proc.version if proc is not None else None
             if version is not None and _minor(version) >= (3, 11):
@@ -390,6 +404,8 @@ class MixedMode:
                 self.thread_ids.namespaced(pid)
                 continue
             self.counters["threads_tracked"] += self.thread_ids.track(pid)
+            if self.thread_ids.pending(pid):
+                self._track_now.add(pid)
 
     def _add_runs(self, runs: list[CompletedRun]) -> None:
         if self.clock is not None and runs:

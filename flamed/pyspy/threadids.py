@@ -61,6 +61,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 #: A thread's first get_robust_list calls may come before glibc registered its
 #: head (the thread is that new): it is asked again at the next track, this often.
 TRACK_TRIES = 3
+#: Threads remembered per process with the pthread id they had (exited ones
+#: included, until a trace that covers them arrives): a process that starts
+#: 20 threads a second keeps ~200 s of them.
+MAX_HISTORY = 4096
 
 
 @dataclass
@@ -71,6 +75,10 @@ class _Process:
     ns_tids: dict[int, int] = field(default_factory=dict)
     #: host tid -> tracks that tried it (TRACK_TRIES: mapped, or given up); live threads only
     tracked: dict[int, int] = field(default_factory=dict)
+    #: host tid -> the pthread id it had, for every thread tracked (exited ones too, the
+    #: oldest dropped past MAX_HISTORY): glibc gives a new thread the struct pthread (and
+    #: so the pthread id) of one that exited, so one id of py-spy's names many threads in turn.
+    history: dict[int, int] = field(default_factory=dict)
 
 
 class ThreadIds:
@@ -188,10 +196,20 @@ class ThreadIds:
                     continue
                 proc.tids[ptid] = tid
                 proc.tracked[tid] = TRACK_TRIES
+                proc.history.pop(tid, None)
+                proc.history[tid] = ptid
+                if len(proc.history) > MAX_HISTORY:
+                    del proc.history[next(iter(proc.history))]
                 mapped += 1
         finally:
             os.close(fd)
         return mapped
+
+    def pending(self, pid: int) -> bool:
+        """Has ``pid`` a thread :meth:`track` found but could not map yet (too new
+        to have registered its robust list), which a later track will try again?"""
+        proc = self._procs.get(pid)
+        return proc is not None and any(n < TRACK_TRIES for n in proc.tracked.values())
 
     def _learn_namespace(self, pid: int, proc: _Process, tids: Iterable[int]) -> dict[int, int]:
         """Namespace tid -> host tid of ``pid``'s threads ({} on the host), from ``NSpid:``."""
@@ -244,20 +262,34 @@ class ThreadIds:
         ``unmapped``); returns why some were, None when all were mapped.
         """
         mapping, why = self.resolve(pid, trace.pthread_ids) if trace.pthread_ids else ({}, None)
+        proc = self._procs.get(pid, _Process())
         # 3.11+ in a PID namespace: py-spy names the namespace's OS tids.
-        ns = self._procs.get(pid, _Process()).ns_tids
+        ns = proc.ns_tids
         for key in set(trace.threads) - trace.pthread_ids:
             if ns and key in ns:
                 mapping[key] = ns[key]
+        # The other threads that had one of these pthread ids (one after another: a
+        # thread per request) get the same changes; each has samples only while it
+        # lived, when the id's stack was its own.
+        earlier: dict[int, list[int]] = {}
+        for tid, ptid in proc.history.items():
+            if ptid in mapping and ptid in trace.pthread_ids and mapping[ptid] != tid:
+                earlier.setdefault(ptid, []).append(tid)
         threads: dict[int, list[tuple[int, Stack]]] = {}
+        names: dict[int, str] = {}
         for key, changes in trace.threads.items():
             if key in trace.pthread_ids:
                 if key not in mapping:
                     trace.unmapped += 1
                     continue
+                for tid in earlier.get(key, ()):
+                    threads[tid] = changes
+                    if key in trace.thread_names:
+                        names[tid] = trace.thread_names[key]
             threads[mapping.get(key, key)] = changes
-        trace.thread_names = {mapping.get(k, k): v for k, v in trace.thread_names.items()
-                              if k not in trace.pthread_ids or k in mapping}
+        names.update({mapping.get(k, k): v for k, v in trace.thread_names.items()
+                      if k not in trace.pthread_ids or k in mapping})
+        trace.thread_names = names
         trace.threads = threads
         trace.pthread_ids = set()
         return why

@@ -276,12 +276,15 @@ class ProcessWatcher:
     def __init__(self, options: WatchOptions | None = None, *,
                  on_start: Callable[[PyProcess], bool | None] | None = None,
                  on_exit: Callable[[int], None] | None = None,
+                 on_thread: Callable[[int], None] | None = None,
                  proc_root: str = "/proc",
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
+        """``on_thread(tgid)``: a watched process started a thread (proc connector only)."""
         self.options = options or WatchOptions()
         self.reader = ProcReader(proc_root)
         self.on_start = on_start
         self.on_exit = on_exit
+        self.on_thread = on_thread
         self._now = clock
         self.watched: dict[int, PyProcess] = {}
         self.stats = WatcherStats()
@@ -433,7 +436,10 @@ class ProcessWatcher:
             child, child_pid = int(m["child_tgid"]), int(m["child_pid"])
             parent = int(m["parent_tgid"])
             if child != child_pid or child == parent:
-                return  # a new thread
+                # A new thread.
+                if self.on_thread is not None and child in self.watched:
+                    self.on_thread(child)
+                return
             if self._family is not None and self.options.descendants and parent in self._family:
                 self._family.add(child)
             if parent in self.watched:

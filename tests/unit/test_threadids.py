@@ -106,3 +106,54 @@ def test_threads_tracked_while_the_process_runs_are_mapped_after_it_exits() -> N
     got, why = ids.resolve(p.pid, list(want))
     assert why is None and got == want
     assert ids.counters["mapped"] == len(want) and ids.counters["unmapped"] == 0
+
+
+SUCCESSIVE = """\
+import sys, threading
+def one():
+    print(threading.get_ident(), threading.get_native_id(), flush=True)
+    sys.stdin.readline()
+for _ in range(2):
+    t = threading.Thread(target=one)
+    t.start()
+    t.join()
+sys.stdin.readline()
+"""
+
+
+def test_threads_that_had_one_pthread_id_in_turn_all_get_its_changes() -> None:
+    """glibc gives a new thread the struct pthread of one that was joined: two
+    threads one after the other have one pthread id.  A py-spy trace names
+    that id once, and both threads (each tracked while it ran) get its changes."""
+    import platform
+    import subprocess
+    import sys
+
+    from flamed.pyspy.chrometrace import PyTrace
+    from support import need
+
+    need(platform.machine() == "x86_64", "x86-64 (the thread control block's layout is known there)")
+    p = subprocess.Popen([sys.executable, "-c", SUCCESSIVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    ids = ThreadIds()
+    seen: list[tuple[int, int]] = []
+    try:
+        assert p.stdin is not None and p.stdout is not None
+        for _ in range(2):
+            ident, native = (int(x) for x in p.stdout.readline().split())
+            seen.append((ident, native))
+            assert ids.track(p.pid) >= 1
+            p.stdin.write("\n")
+            p.stdin.flush()
+        assert seen[0][0] == seen[1][0] and seen[0][1] != seen[1][1], seen  # one id, two threads
+        trace = PyTrace()
+        ptid = seen[0][0]
+        trace.threads = {ptid: [(0, ("one",))]}
+        trace.thread_names = {ptid: "Thread-1"}
+        trace.pthread_ids = {ptid}
+        assert ids.rekey(p.pid, trace) is None
+    finally:
+        p.kill()
+        p.wait(10)
+    assert set(trace.threads) == {seen[0][1], seen[1][1]}
+    assert trace.thread_names == {seen[0][1]: "Thread-1", seen[1][1]: "Thread-1"}
+    assert trace.unmapped == 0
