@@ -385,7 +385,8 @@ def test_pyspy_failures_keep_native_stacks_count_and_back_off(require_bpf: None,
     # Unsupported interpreter: a native program whose name says Python (the watcher takes it, py-spy cannot).
     unsupported = tmp_path / "python3.11"
     shutil.copy("/usr/bin/yes", unsupported)
-    d = _mixed_daemon(daemon_factory, cgroup, pyspy=str(fake), log_level="debug")  # retries log at debug
+    # retries log at debug; the py-spy that hangs is killed (a timeout) 2 s after it is told to stop
+    d = _mixed_daemon(daemon_factory, cgroup, pyspy=str(fake), log_level="debug", stop_timeout_s=2.0)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     killer_stop = threading.Event()
     kills = [0]

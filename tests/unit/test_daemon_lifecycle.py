@@ -300,6 +300,7 @@ def test_check_config_validates_processor_tables(tmp_path: Path) -> None:
     for extra, key in (("[processors.python]\nrate = 1000\n", "processors.python.rate"),
                        ("[processors.python]\ninclude_comm = \"(\"\n", "processors.python.include_comm"),
                        ("[processors.python]\nwindow_s = 0\n", "processors.python.window_s"),
+                       ("[processors.python]\nstop_timeout_s = -1.0\n", "processors.python.stop_timeout_s"),
                        ("[processors.nosuch]\n", "processors.nosuch")):
         cfg = tmp_path / "flamed.toml"
         write_config(cfg, tmp_path, extra)

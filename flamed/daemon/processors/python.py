@@ -45,6 +45,8 @@ class PythonProcessorOptions:
     idle: py-spy reports idle threads too, which keeps its sample times exact (default true).
     native: py-spy's own native frames; implies blocking (default false).
     window_s: one py-spy run; Python samples are delayed by about this much (default 10).
+    stop_timeout_s: how long a py-spy told to stop (SIGINT) has to write its trace
+        before it is killed and counted as a timeout (default 10).
     max_processes: Python processes watched at once, a py-spy each (default 32).
     include_comm / exclude_comm: regexes on the comm ("" = none).
     include_cgroup / exclude_cgroup: regexes on the cgroup v2 path ("" = none).
@@ -68,6 +70,7 @@ class PythonProcessorOptions:
     idle: bool = True
     native: bool = False
     window_s: float = 10.0
+    stop_timeout_s: float = 10.0
     max_processes: int = 32
     include_comm: str = ""
     exclude_comm: str = ""
@@ -94,6 +97,8 @@ class PythonProcessorOptions:
             raise bad("rate", f"is out of range: py-spy samples 1..{MAX_RATE} times a second")
         if self.window_s <= 0:
             raise bad("window_s", "must be > 0 seconds (one py-spy run)")
+        if not self.stop_timeout_s > 0:  # also false for nan
+            raise bad("stop_timeout_s", "must be > 0 seconds")
         if self.scan_interval <= 0:
             raise bad("scan_interval", "must be > 0 seconds")
         for key in ("max_processes", "active_min_samples", "idle_windows"):
@@ -114,7 +119,7 @@ class PythonProcessorOptions:
             pyspy=PySpyOptions(binary=self.pyspy or None, rate=self.rate, nonblocking=self.nonblocking,
                                idle=self.idle, native=self.native, window_s=self.window_s,
                                first_window_s=min(1.0, self.window_s),
-                               max_children=self.max_processes),
+                               stop_timeout_s=self.stop_timeout_s, max_children=self.max_processes),
             watch=WatchOptions(include_comm=self.include_comm or None, exclude_comm=self.exclude_comm or None,
                                include_cgroup=self.include_cgroup or None,
                                exclude_cgroup=self.exclude_cgroup or None,
