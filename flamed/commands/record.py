@@ -493,6 +493,13 @@ class RecordCommand(Command):
                       f"frames, {st.unmatched} without; {calib} py-spy run(s) calibrated by uprobe "
                       f"({mixed.counters.get('runs_read_times', 0)} with read times); "
                       f"py-spy failures: {_failures(mixed)}")
+            waited = sum(n for (tgid, _t, _c, _s), n in self._offcpu.items() if tgid in by_pyspy)
+            if waited and args.mode != "cpu":
+                # py-spy's stacks are joined with CPU samples by time; the waits are
+                # counted in BPF maps, without the times a join would need.
+                self.warn(f"{waited / 1e9:.2f} s of waits of the process(es) read by py-spy have native and "
+                          "kernel frames only: py-spy's Python frames are joined with CPU samples, not with "
+                          "waits (docs/offcpu.md)")
             unmapped = mixed.thread_ids.counters["unmapped"]
             if unmapped:
                 reasons = "; ".join(sorted(set(mixed.thread_ids.reasons.values())))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import re
 import subprocess
 import sys
 import time
@@ -295,6 +296,22 @@ def test_a_wait_still_open_at_the_end_is_counted_up_to_it(tmp_path: Path) -> Non
                 if any(f.startswith("stuck_at_the_end (") for f in s)) / 1e6
     # Began within the first second of the 3 s recording, ended with it.
     assert 1.8 <= stuck <= 3.05, (stuck, elapsed, r.stderr)
+
+
+def test_waits_of_a_process_read_by_pyspy_are_said_to_lack_python_frames(tmp_path: Path,
+                                                                          require_pyspy: str) -> None:
+    """py-spy's Python frames are joined with CPU samples by time; waits are
+    summed in maps: the waits of a 3.7 process keep native and kernel frames
+    only, and record says how much time that is instead of leaving it unsaid."""
+    py37 = pyenv_python("3.7")
+    out = tmp_path / "old.folded"
+    code = "import time\ndef nap():\n    time.sleep(1.5)\nnap()\n"
+    r = _record(["--mode", "offcpu", "-o", str(out), "--", str(py37), "-c", code])
+    assert r.returncode == 0, r.stderr
+    waited = sum(float(w) for w in read_folded(out.open("rb")).stacks.values()) / 1e6
+    said = re.search(r"([0-9.]+) s of waits of the process\(es\) read by py-spy have native and kernel frames only",
+                     r.stderr)
+    assert said is not None and 1.4 <= float(said.group(1)) <= waited + 0.01, (waited, r.stderr)
 
 
 def test_a_process_that_waits_since_before_the_recording_is_said_to(tmp_path: Path) -> None:
