@@ -395,11 +395,10 @@ class MixedMode:
         again at the next turns, TICK_S apart, while it is too new to map)."""
         self._track_now.clear()
         for pid in pids:
-            if pid not in self.processes:
-                continue
             proc = self.processes.get(pid)
-            version = proc.version if proc is not None else None
-            if version is not None and _minor(version) >= (3, 11):
+            if proc is None:
+                continue
+            if proc.version is not None and _minor(proc.version) >= (3, 11):
                 # Named by OS tid: only a PID namespace needs a map, which this learns.
                 self.thread_ids.namespaced(pid)
                 continue
@@ -540,7 +539,7 @@ class MixedMode:
 
 
 def _minor(version: str) -> tuple[int, int]:
-    """``"3.11"`` -> (3, 11); (0, 0) when it does not read as one."""
+    """``"3.11"`` -> (3, 11); (0, 0) when it does not read as one (``"3"``, of a ``python3`` executable)."""
     try:
         major, minor = version.split(".")[:2]
         return int(major), int(minor)
