@@ -323,9 +323,9 @@ def _add_pyspy(dump: ProcessDump, proc: Path, reader: int, version: tuple[int, i
     except OSError:
         dump.interpreter = None
     dump.python_reader = "py-spy"
-    raw = _read(proc / str(dump.pid) / "status") or b""
-    nspid = next((ln.split()[1:] for ln in raw.splitlines() if ln.startswith(b"NSpid:")), [])
-    _place(dump, proc, reader, pythreads, namespaced=len(nspid) > 1)
+    from flamed.sampling.cpython.process import nspids
+
+    _place(dump, proc, reader, pythreads, namespaced=len(nspids(proc / str(reader) / "status")) > 1)
 
 
 def _pyspy_thread(t: dict[str, Any]) -> PyThread:
