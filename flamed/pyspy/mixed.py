@@ -210,13 +210,16 @@ class MixedMode:
 
     def _wait(self) -> int:
         """Until a process event, a kick, or the next job: a py-spy tick while
-        the supervisor has targets, else the watcher's next recheck or scan --
+        the supervisor has targets or a claim is undecided, else the watcher's next recheck or scan --
         with no Python process this thread wakes once per scan, not 20 times a second.
 
         Returns the nanoseconds it waited, at most the planned time (what
         is beyond is lag)."""
         with self._lock:
-            timeout = self.watcher.next_due_s() if self.supervisor.idle() else self.TICK_S
+            # A process the walker has not decided on yet is asked again at each tick:
+            # waiting for the watcher's next recheck (up to a second) held its py-spy back.
+            idle = self.supervisor.idle() and not self._deferred
+            timeout = self.watcher.next_due_s() if idle else self.TICK_S
             fds = [self._wake_fd] + ([self.watcher.fileno()] if self.watcher.fileno() >= 0 else [])
         t0 = self._now()
         try:
