@@ -269,7 +269,8 @@ class PythonFrames:
         key = (interpreter, code)
         if key not in self._said:
             self._said.add(key)
-            log.info("Python frames of pid %d (%s) are not read in BPF: %s", tgid, interpreter or "?", reason)
+            log.info("Python frames of pid %d (%s) are not read in BPF (its native and kernel stacks are): %s",
+                     tgid, interpreter or "?", reason)
         if self._on_refused is not None:
             self._on_refused(tgid, code, reason)
 

@@ -411,6 +411,38 @@ def test_dump_of_an_interpreter_flamed_cannot_read_uses_pyspy(which: str, tmp_pa
     assert "stuck_handler" not in without
 
 
+def test_dump_of_a_37_process_in_a_pid_namespace_uses_pyspy(tmp_path: Path, require_pyspy: str) -> None:
+    """py-spy reads a 3.7 process inside its own PID namespace by its host pid;
+    its threads, named by pthread id, land on their host tasks."""
+    need(have_root(), "root (unshare --pid, py-spy)")
+    need(shutil.which("unshare") is not None, "unshare (util-linux)")
+    exe = _exe("3.7")
+    script = tmp_path / "old target.py"
+    script.write_text(OLD_SCRIPT)
+    ready = tmp_path / "ready"
+    with running("unshare", "--pid", "--fork", "--kill-child", "--mount-proc", str(exe), str(script),
+                 str(ready)) as outer:
+        _wait_for(lambda: ready.exists() or outer.poll() is not None, "the target to start its thread")
+        assert outer.poll() is None, "the target exited"
+        children = Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()
+        assert len(children) == 1, children
+        pid = int(children[0])
+        sleeper = next(t for t in sorted(int(t) for t in os.listdir(f"/proc/{pid}/task")) if t != pid)
+
+        def parked() -> dict[str, Any] | None:
+            rc, raw, err = dump(pid, "--json")
+            assert rc == 0, err
+            doc: dict[str, Any] = json.loads(raw)
+            by_tid = {t["tid"]: t for t in doc["threads"]}
+            frames = [f["function"] for f in (by_tid.get(sleeper, {}).get("python") or {}).get("frames", [])]
+            return doc if frames[:1] == ["nap"] else None
+
+        doc = _wait_for(parked, "nap under the sleeper's host tid")
+    assert doc["python"]["read_by"] == "py-spy" and doc["unmatched_python_threads"] == []
+    by_tid = {t["tid"]: t for t in doc["threads"]}
+    assert "stuck_handler" in [f["function"] for f in by_tid[pid]["python"]["frames"]]
+
+
 def test_dump_of_a_thread_id_names_its_process(script: Path, tmp_path: Path) -> None:
     """/proc/TID exists for every thread: -p TID is refused (exit 2) with the
     process to give, rather than the whole process shown as "Process TID"."""

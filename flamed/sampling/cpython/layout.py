@@ -350,8 +350,7 @@ def layout_for(version: tuple[int, int]) -> Layout:
         )
     supported = ", ".join(f"{a}.{b}" for a, b in TABLE_VERSIONS + DEBUG_OFFSETS_VERSIONS)
     raise UnsupportedVersion(
-        f"CPython {shown}: no frame layout for this version (supported: {supported}); "
-        "its Python frames are not read, the native stack is still sampled"
+        f"CPython {shown}: no frame layout for this version (supported: {supported})"
     )
 
 
