@@ -109,7 +109,7 @@ def test_threads_tracked_while_the_process_runs_are_mapped_after_it_exits() -> N
 
 
 SUCCESSIVE = """\
-import sys, threading
+import os, sys, threading, time
 def one():
     print(threading.get_ident(), threading.get_native_id(), flush=True)
     sys.stdin.readline()
@@ -117,6 +117,11 @@ for _ in range(2):
     t = threading.Thread(target=one)
     t.start()
     t.join()
+    # join() returns before the (detached) thread has left the kernel; glibc reuses its
+    # stack, and so its pthread id, only once it has.
+    end = time.monotonic() + 10
+    while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < end:
+        time.sleep(0.01)
 sys.stdin.readline()
 """
 
