@@ -52,6 +52,7 @@ from typing import Any, NamedTuple, Protocol
 
 from flamed.model import KERNEL_SUFFIX, sanitize_frame
 from flamed.procstat import EXITED, read_stat
+from flamed.sampling.mappedfile import DELETED, mapped_file
 
 log = logging.getLogger("flamed.sampling.symbols")
 
@@ -106,15 +107,6 @@ def read_maps(pid: int, proc: Path = Path("/proc")) -> list[_Mapping]:
             continue
     ranges.sort()
     return ranges
-
-
-def _same_file(path: str, dev: str, inode: int) -> bool:
-    """Is ``path`` the file a mapping shows as ``dev`` (``fd:01``) and ``inode``?"""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return st.st_ino == inode and f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}" == dev
 
 
 def _kallsyms_hidden(proc: Path) -> bool:
@@ -559,8 +551,13 @@ class Symbolizer:
     ) -> None:
         self._factory = resolver_factory or default_resolver
         self._elf_loader = elf_loader or ElfSymbols
-        #: (device, inode) -> the file's symbols (None: unreadable, use bcc).
-        self._elves: dict[tuple[str, int], ElfSymbols | None] = {}
+        #: (device, inode) -> the file's symbols.
+        self._elves: dict[tuple[str, int], ElfSymbols] = {}
+        #: (device, inode, pid): the file could not be opened through that
+        #: process this drain.  Another process (or the next drain) tries
+        #: again: one process's view (a chroot, an exited process) must not
+        #: leave a file every other process maps unnamed.
+        self._elf_unreachable: set[tuple[str, int, int]] = set()
         self._proc = proc
         self._unknown_ttl = unknown_ttl
         self._unknown_max = unknown_max
@@ -580,6 +577,7 @@ class Symbolizer:
     # -- lifecycle -------------------------------------------------------
     def begin_drain(self) -> None:
         self._checked.clear()
+        self._elf_unreachable.clear()
         self._drains += 1
         for p in self._procs.values():
             if p.cut:
@@ -785,30 +783,22 @@ class Symbolizer:
         """The frame from the mapped file's own symbol table; ``None`` when the
         file cannot be read here (then bcc's per-process cache decides)."""
         key = (m.dev, m.inode)
-        if key in self._elves:
-            elf = self._elves[key]
-        else:
-            if m.path.endswith(" (deleted)"):
-                # Replaced on disk (an upgrade): the mapped copy is still there.
-                path = str(self._proc / str(pid) / "map_files" / f"{m.start:x}-{m.end:x}")
-            elif m.path.startswith("/"):
-                # Through the process's root: right inside containers too.
-                path = str(self._proc / str(pid) / "root") + m.path
-            else:
-                path = ""
-            elf = self._load_elf(path) if path else None
-            if (elf is None and m.path.startswith("/") and not m.path.endswith(" (deleted)")
-                    and _same_file(m.path, m.dev, m.inode)):
-                # The process is gone (a primed short-lived one) and with it
-                # /proc/PID/root; the host's file at that path is the same inode.
-                elf = self._load_elf(m.path)
-            self._elves[key] = elf
+        elf = self._elves.get(key)
         if elf is None:
-            return None
+            if (m.dev, m.inode, pid) in self._elf_unreachable:
+                return None
+            path = mapped_file(pid, m.path, m.inode, m.start, m.end, dev=m.dev, proc=self._proc)
+            loaded = self._load_elf(path) if path else None
+            if loaded is None:
+                # Not cached for the file: the failure may be this process's
+                # (its view, or its exit mid-read), not the file's.
+                self._elf_unreachable.add((m.dev, m.inode, pid))
+                return None
+            elf = self._elves[key] = loaded
         name = elf.lookup(file_offset)
         if name:
             return sanitize_frame(demangle(name).decode("utf-8", "surrogateescape"))
-        return _frame(None, m.path.removesuffix(" (deleted)").encode("utf-8", "surrogateescape"))
+        return _frame(None, m.path.removesuffix(DELETED).encode("utf-8", "surrogateescape"))
 
     def _load_elf(self, path: str) -> ElfSymbols | None:
         try:
@@ -855,7 +845,9 @@ class Symbolizer:
             f = _frame(name, module)
             if name or module:
                 p.known[addr] = f
-                if mkey is not None:
+                if mkey is not None and name:
+                    # Shared only when named: "[unknown] (module)" may be this
+                    # process's view of the file failing, not the file.
                     self._module_known[mkey] = f
                 return f
         p.unknown[addr] = f

@@ -6,6 +6,7 @@ interpreters (pyenv 3.8-3.13 and Debian's static 3.11).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -134,6 +135,91 @@ def test_pid_namespace_keeps_python_frames(sampler: Any, version: str) -> None:
     assert named / total >= 0.95, f"{version}: {named}/{total} samples with Python frames in a PID namespace"
     stacks = [s for (tgid, _t, _c, s) in w.counts if tgid == inner]
     assert any("busy_in_container (<string>:4)" in s for s in stacks), stacks[:3]
+
+
+def _in_chroot(root: Path, exe: Path, args: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    """``exe args`` chrooted into ``root``, whose system directories (and the
+    interpreter's prefix, at /opt/py) are bind mounts that exist only in a new
+    mount namespace, as in a systemd unit's RootDirectory= with BindPaths=:
+    the host sees the mapped files under paths such as ROOT/usr/lib/..., where
+    it has nothing.  (the unshare process, the interpreter's pid)."""
+    prefix = exe.parents[1]
+    binds = [(d, d) for d in ("/usr", "/lib", "/lib64", "/bin", "/etc", "/dev") if os.path.isdir(d)
+             and not os.path.islink(d)]
+    inside = str(exe)
+    if not str(exe).startswith("/usr/"):
+        binds.append((str(prefix), "/opt/py"))
+        inside = "/opt/py/" + str(exe.relative_to(prefix))
+    for _src, dst in binds:
+        (root / dst.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    for link in ("/bin", "/lib", "/lib64"):
+        if os.path.islink(link):
+            (root / link.lstrip("/")).symlink_to(os.readlink(link))
+    mounts = "; ".join(f"mount --bind {src} {root}{dst}" for src, dst in binds)
+    script = f"{mounts}; LD_LIBRARY_PATH=/opt/py/lib exec chroot {root} \"$@\""
+    return _in_namespace(["--mount", "sh", "-c", script, "sh", inside, *args])
+
+
+def _wait_for_chroot(pid: int, root: Path) -> str:
+    """The interpreter's path as the host sees it, once ``pid`` is past its mounts and exec."""
+    exe_seen = ""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not exe_seen.startswith(f"{root}/"):
+        with contextlib.suppress(OSError):
+            exe_seen = os.readlink(f"/proc/{pid}/exe")
+        time.sleep(0.02)
+    assert exe_seen.startswith(f"{root}/"), f"the host does not see the interpreter inside the chroot: {exe_seen!r}"
+    assert not os.path.exists(exe_seen), f"{exe_seen} exists on the host: not the case under test"
+    return exe_seen
+
+
+def test_chroot_of_bind_mounts_keeps_python_frames(sampler: Any, tmp_path: Path) -> None:
+    """A chrooted interpreter whose files the host sees under paths where it
+    has nothing: the walker opens them through the process's root.  Before, it
+    found no interpreter there: no Python frames at all."""
+    exe = _interpreter("3.12")
+    root = tmp_path / "root"
+    sampler.drain()
+    p, inner = _in_chroot(root, exe, ["-c", BUSY.format(seconds=2.5)])
+    try:
+        _wait_for_chroot(inner, root)
+    except AssertionError:
+        p.kill()
+        p.wait()
+        raise
+    w = _drained_around(sampler, p)
+    total, named = _share(w, {inner})
+    assert total >= 100, f"only {total} samples of the chrooted workload"
+    assert named / total >= 0.95, f"{named}/{total} samples with Python frames in a chroot"
+    stacks = [s for (tgid, _t, _c, s) in w.counts if tgid == inner]
+    assert any("busy_in_container (<string>:4)" in s for s in stacks), stacks[:3]
+
+
+def test_record_pid_of_a_chrooted_process_names_its_native_frames(tmp_path: Path) -> None:
+    """``flamed record -p`` of a chrooted Debian 3.11 (static, no frame
+    pointers): unwound from the .eh_frame of the file behind the mapping, and
+    libc's frames named from libc's own symbol table.  Before, both files were
+    looked up at the host's path, where there is nothing: no Python frames,
+    and libc's frames ``[unknown] (libc.so.6)``."""
+    need(have_root(), "root")
+    exe = _interpreter("debian-3.11")
+    root = tmp_path / "root"
+    p, inner = _in_chroot(root, exe, ["-c", BUSY.format(seconds=30)])
+    out = tmp_path / "chroot.folded"
+    try:
+        _wait_for_chroot(inner, root)
+        r = subprocess.run(FLAMED + ["record", "-p", str(inner), "-d", "2", "-r", "99", "-o", str(out)],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 0, r.stderr
+    lines = out.read_text().splitlines()
+    total = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines)
+    # The native root of the main thread, then Python, in one stack.
+    whole = [ln for ln in lines if "__libc_start_main" in ln and "busy_in_container (<string>:4)" in ln]
+    named = sum(int(ln.rsplit(" ", 1)[1]) for ln in whole)
+    assert total >= 50 and named / total >= 0.9, (named, total, lines[:3])
 
 
 @pytest.mark.parametrize("version", ["3.12", "debian-3.11"])

@@ -362,3 +362,57 @@ def test_bcc_cache_of_an_exited_process_is_refused_without_printing() -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "refused"
     assert r.stderr == ""
+
+
+def _file_map(path: Path | str, real: Path, at: str = "00400000-00500000") -> str:
+    import os
+
+    st = os.stat(real)
+    return f"{at} r-xp 00000000 {os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x} {st.st_ino} {path}\n"
+
+
+def test_chrooted_process_file_is_opened_through_its_root(proc: Path, tmp_path: Path) -> None:
+    """A chroot (RootDirectory=): maps name the file by the host's path to the
+    root plus the path inside; files bind-mounted into the root exist only in
+    the process's mount namespace, so only /proc/PID/root + the inside path
+    opens them."""
+    import os
+
+    croot = tmp_path / "croot"
+    (croot / "lib").mkdir(parents=True)
+    (croot / "lib" / "app").write_bytes(b"code")
+    view = tmp_path / "srv"  # the root as the host names it
+    os.symlink(croot, view)
+    write_proc(proc, 10, start=1, maps=_file_map(f"{view}/lib/app", croot / "lib" / "app"))
+    os.symlink(view, proc / "10" / "root")
+    StubElf.opened.clear()
+    s = Symbolizer(resolver_factory=FakeResolver, proc=proc, elf_loader=StubElf)
+    s.begin_drain()
+    assert s.user_stack(10, [0x400100]) == ("stub_fn_100",)
+    assert StubElf.opened == [f"{proc}/10/root/lib/app"]
+
+
+def test_a_file_one_process_cannot_reach_is_still_read_for_others(proc: Path, tmp_path: Path) -> None:
+    """A process whose view of a file fails (a chroot, an exit mid-read) must
+    not leave that file unnamed for every other process mapping it: before,
+    the failure was cached for the file, and a daemon named no frame of the
+    host's libc once a chrooted process had been sampled first."""
+    import os
+
+    lib = tmp_path / "libc.so"
+    lib.write_bytes(b"code")
+    empty = tmp_path / "empty-root"
+    empty.mkdir()
+    at = "7f0000000000-7f0000100000"
+    write_proc(proc, 10, start=1, maps=_file_map("/srv/gone/lib/libc.so", lib, at))
+    os.symlink(empty, proc / "10" / "root")
+    write_proc(proc, 11, start=2, maps=_file_map(lib, lib, at))
+    os.symlink("/", proc / "11" / "root")
+    StubElf.opened.clear()
+    s = Symbolizer(resolver_factory=FakeResolver, proc=proc, elf_loader=StubElf)
+    s.begin_drain()
+    # bcc's resolver, the fallback, cannot name it either: only its module.
+    assert s.user_stack(10, [0x7F0000080100]) == ("[unknown] (libc.so.6)",)
+    assert s.user_stack(11, [0x7F0000080100]) == ("stub_fn_80100",)
+    assert StubElf.opened == [f"{proc}/11/root{lib}"]
+    s.end_drain()

@@ -34,6 +34,7 @@ from flamed.sampling.cpython.layout import (
 from flamed.sampling.cpython.memory import ProcessMemory
 from flamed.sampling.cpython.objects import read_unicode
 from flamed.sampling.cpython.walk import MAX_DEPTH, MAX_THREADS, Frame, Walk, walk_memory
+from flamed.sampling.mappedfile import mapped_file
 
 #: Thread states validation reads (the newest ones)
 VALIDATE_THREADS = 64
@@ -343,10 +344,10 @@ def _version_from_name(path: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def _open_path(proc: Path, pid: int, path: str) -> str:
-    # The process may live in another mount namespace: its root shows the file it mapped.
-    rooted = proc / str(pid) / "root" / path.lstrip("/")
-    return str(rooted) if os.path.exists(rooted) else path
+def _open_path(proc: Path, pid: int, path: str, maps: list[Mapping]) -> str:
+    # The process may live in another mount namespace or a chroot (mappedfile.py).
+    m = maps[0]
+    return mapped_file(pid, path, m.inode, m.start, m.end, proc=proc) or path
 
 
 def _load_bias(facts: elf.ElfFacts, maps: list[Mapping]) -> int | None:
@@ -386,7 +387,7 @@ def probe(
     exe_facts: elf.ElfFacts | None = None
     for path in candidates:
         try:
-            facts = cache.get(_open_path(proc_root, pid, path))
+            facts = cache.get(_open_path(proc_root, pid, path, by_path[path]))
         except (OSError, CPythonError):
             continue
         if path == exe:
@@ -436,7 +437,7 @@ def _target(pid: int, proc_root: Path, path: str, facts: elf.ElfFacts, maps: lis
     runtime = facts.symbols[b"_PyRuntime"][0] + bias
     hexversion = None
     if b"Py_Version" in facts.symbols:
-        raw = facts.read(facts.symbols[b"Py_Version"][0], 4, _open_path(proc_root, pid, path))
+        raw = facts.read(facts.symbols[b"Py_Version"][0], 4, _open_path(proc_root, pid, path, maps))
         if raw is not None:
             hexversion = struct.unpack("<I", raw)[0]
     version = ((hexversion >> 24) & 0xFF, (hexversion >> 16) & 0xFF) if hexversion else _version_from_name(path)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from flamed.sampling.mappedfile import mapped_file
 from flamed.sampling.unwind import ehframe
 
 log = logging.getLogger("flamed.unwind")
@@ -569,16 +570,7 @@ class Unwinder:
         return sum(e.slots for k, e in self._by_key.items() if k in live)
 
     def _readable(self, tgid: int, m: ExecMap) -> str | None:
-        # The process's own view of the path (containers), else the mapping itself
-        # (a file replaced or deleted since it was mapped).
-        for p in (f"{self._proc}/{tgid}/root{m.path}", f"{self._proc}/{tgid}/map_files/{m.start:x}-{m.end:x}"):
-            try:
-                st = os.stat(p)
-            except OSError:
-                continue
-            if st.st_ino == m.inode:
-                return p
-        return None
+        return mapped_file(tgid, m.path, m.inode, m.start, m.end, dev=m.dev, proc=self._proc)
 
     def _load(self, path: str, info: ehframe.ElfInfo, name: str, large: bool = False) -> TableEntry | None:
         try:
