@@ -53,6 +53,7 @@ from typing import Any, NamedTuple, Protocol
 from flamed.model import KERNEL_SUFFIX, sanitize_frame
 from flamed.procstat import EXITED, read_stat
 from flamed.sampling.mappedfile import DELETED, mapped_file
+from flamed.sampling.plt import plt_symbols
 
 log = logging.getLogger("flamed.sampling.symbols")
 
@@ -434,10 +435,13 @@ def demangle(name: bytes) -> bytes:
         free(out)
 
 
-def _alias_rank(name: bytes) -> tuple[int, int, bytes]:
+def _alias_rank(name: bytes) -> tuple[bool, int, int, bytes]:
     """Among symbols at one address prefer the plain name (``read`` over
-    ``__GI___libc_read``): fewest leading underscores, then shortest."""
-    return (len(name) - len(name.lstrip(b"_")), len(name), name)
+    ``__GI___libc_read``): fewest leading underscores, then shortest.  A PLT
+    stub's name first: an executable's import whose address is taken has its
+    stub's address as its value (``acosh`` at ``acosh@plt``), and the time
+    there is the stub's."""
+    return (not name.endswith(b"@plt"), len(name) - len(name.lstrip(b"_")), len(name), name)
 
 
 class ElfSymbols:
@@ -479,6 +483,17 @@ class ElfSymbols:
             raise OSError(f"{path}: not an ELF file with executable segments")
         lib.bcc_elf_foreach_sym(bpath, ct.cast(sym_cb, ct.c_void_p), ct.byref(opt), None)
         self.segments = sorted(segs)
+        # The PLT stubs, in no symbol table (flamed/sampling/plt.py).
+        exact: dict[int, bytes] = {}
+
+        def name_at(addr: int) -> bytes | None:
+            if not exact:
+                for start, _size, name in raw:
+                    if start not in exact or _alias_rank(name) < _alias_rank(exact[start]):
+                        exact[start] = name
+            return exact.get(addr)
+
+        raw.extend(plt_symbols(path, name_at))
         # One entry per address: the largest size of its symbols (sorted by
         # size, the last one), the plainest of their names (_alias_rank).
         raw.sort()

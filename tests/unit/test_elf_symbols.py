@@ -34,11 +34,20 @@ def _reference_all(path: str) -> list[tuple[int, tuple[int, bytes]]]:
 
 
 def _reference(path: str) -> dict[int, tuple[int, bytes]]:
-    """address -> (largest size, plainest name), one symbol at a time."""
+    """address -> (largest size, plainest name), one symbol at a time; the
+    PLT stubs too (``name@plt``: tests/unit/test_plt.py checks those against objdump)."""
+    from flamed.sampling.plt import plt_symbols
     from flamed.sampling.symbols import _alias_rank
 
     ref: dict[int, tuple[int, bytes]] = {}
-    for start, (size, name) in _reference_all(path):
+    every = _reference_all(path)
+    exact: dict[int, bytes] = {}
+    for start, (_size, name) in every:
+        if start not in exact or _alias_rank(name) < _alias_rank(exact[start]):
+            exact[start] = name
+    stubs = [(a, (size, name)) for a, size, name in plt_symbols(path, exact.get)]
+    assert len(stubs) > 10
+    for start, (size, name) in every + stubs:
         old = ref.get(start)
         if old is None:
             ref[start] = (size, name)
