@@ -32,7 +32,7 @@ from flamed.pyspy.align import JoinOptions
 from flamed.pyspy.mixed import MixedMode, MixedOptions
 from flamed.pyspy.supervisor import MAX_RATE, PySpyOptions, find_pyspy
 from flamed.pyspy.watcher import PyProcess, WatchOptions, unsupported_reason
-from flamed.sampling import pysource
+from flamed.sampling import mappedfile, pysource
 from flamed.commands.snapshot import root_spec
 from flamed.sampling.cgroups import CgroupIdentity
 from flamed.sampling.contract import SampleEvent, parse_root, root_frames
@@ -515,6 +515,10 @@ class RecordCommand(Command):
                 # (an empty one says it below, with the same hint).
                 hint = (watch.child_hint(daemon=False) if watch is not None and not args.subprocesses and counts
                         else "")
+                if mappedfile.refused:
+                    # The interpreter may be one of them: "no Python" would be too sure.
+                    hint += (f" (or none could be recognised: {len(mappedfile.refused)} mapped file(s) could not "
+                             "be opened, as said above)")
                 self.warn("no Python process was found: native and kernel stacks only" + hint)
         running = self._left_running(*([child.pid] if child is not None else []))
         left = [p for p in running if p not in followed]

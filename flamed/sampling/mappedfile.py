@@ -10,8 +10,8 @@ it, which is not always a path this process can open:
   while files bind-mounted into that root exist only in the unit's namespace:
   openable as ``/proc/PID/root`` + the rest of the path;
 - a file deleted or replaced since it was mapped (a package upgrade): only
-  ``/proc/PID/map_files/START-END`` still opens it (CAP_SYS_ADMIN, or
-  CAP_CHECKPOINT_RESTORE since Linux 5.9);
+  ``/proc/PID/map_files/START-END`` still opens it (CAP_CHECKPOINT_RESTORE
+  since Linux 5.9, or CAP_SYS_ADMIN; the unit grants the first);
 - a process that has exited: its ``/proc/PID/root`` is gone, and the path
   here is right only if it is still the same file.
 
@@ -23,10 +23,12 @@ mapping shows the device of the layer below, ``stat`` the overlay's.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 DELETED = " (deleted)"
+log = logging.getLogger("flamed.bpf")
 
 
 def _inode_is(path: str, inode: int, dev: str | None = None) -> bool:
@@ -61,4 +63,29 @@ def mapped_file(pid: int, path: str, inode: int, start: int, end: int, *,
         if _inode_is(path, inode, dev):
             return path
     mapped = f"{base}/map_files/{start:x}-{end:x}"
-    return mapped if _inode_is(mapped, inode) else None
+    try:
+        st = os.stat(mapped)
+    except PermissionError:
+        _refused(pid, path)
+        return None
+    except OSError:
+        return None
+    return mapped if st.st_ino == inode else None
+
+
+_warned = False
+#: Files a missing capability kept closed, since this process started (``record`` says so).
+refused: set[str] = set()
+
+
+def _refused(pid: int, path: str) -> None:
+    """Said once per process (then at debug level): which capability would have opened it."""
+    global _warned
+    level = logging.DEBUG if _warned else logging.WARNING
+    _warned = True
+    if len(refused) < 1024:
+        refused.add(path)
+    why = ("it was deleted or replaced since it was mapped (an upgrade?)" if path.endswith(DELETED)
+           else "no path to it opens here")
+    log.log(level, "cannot open %s of pid %d: %s, and /proc/PID/map_files needs CAP_CHECKPOINT_RESTORE "
+            "(or CAP_SYS_ADMIN): its symbols, unwind table and Python frames are lost", path, pid, why)

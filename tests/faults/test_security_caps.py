@@ -301,3 +301,60 @@ def test_systemd_analyze_security_exposure_and_every_exposed_item_justified(tmp_
         dict(e, reason=EXPOSURE_REASONS.get(e["item"], "?")) for e in exposed]})
     assert exposure <= 5.0, out[-3000:]
     assert not unexplained, f"exposed items without a documented reason: {unexplained}"
+
+
+# ---------------------------------------------------------------------------
+# CAP_CHECKPOINT_RESTORE: an interpreter replaced while it runs
+
+
+@contextlib.contextmanager
+def _replaced_interpreter(tmp: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The capwork workload run from a copy of this interpreter, deleted once
+    it runs, as a package upgrade replaces a running service's binaries: its
+    maps then name ``... (deleted)``, which only /proc/PID/map_files opens."""
+    exe = tmp / "python3-replaced"
+    shutil.copy2(os.path.realpath(sys.executable), exe)
+    env = dict(os.environ, PYTHONHOME=sys.base_prefix)
+    wl = subprocess.Popen([str(exe), "-c", WORK], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "capwork" not in Path(f"/proc/{wl.pid}/comm").read_text():
+            time.sleep(0.02)
+        exe.unlink()
+        assert os.readlink(f"/proc/{wl.pid}/exe").endswith(" (deleted)")
+        yield wl
+    finally:
+        os.killpg(wl.pid, 9)
+        wl.wait(10)
+
+
+def _record_under(argv_prefix: list[str], pid: int, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*argv_prefix, sys.executable, "-m", "flamed", "record", "--no-daemon", "-p", str(pid),
+                           "-d", "2", "-r", "99", "-o", str(out)],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT)
+
+
+def test_unit_capabilities_read_an_interpreter_replaced_while_it_runs(tmp_path: Path) -> None:
+    """With the unit's capabilities, a process whose interpreter was replaced
+    on disk keeps its Python frames (the file is read through
+    /proc/PID/map_files); without CAP_CHECKPOINT_RESTORE it has none, and a
+    warning names the capability."""
+    need(os.geteuid() == 0, "root")
+    need(shutil.which("setpriv") is not None, "setpriv (util-linux)")
+    settings = unit_settings()
+    assert "checkpoint_restore" in _cap_names(settings.get("CapabilityBoundingSet", []))
+    with _replaced_interpreter(tmp_path) as wl:
+        full = _record_under(setpriv_argv(settings), wl.pid, tmp_path / "full.folded")
+        without = _record_under(setpriv_argv(settings, drop="checkpoint_restore"), wl.pid, tmp_path / "without.folded")
+    assert full.returncode == 0, full.stderr
+    lines = (tmp_path / "full.folded").read_text().splitlines()
+    total = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines)
+    hot = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "capwork_hot (<string>:" in ln)
+    assert total >= 50 and hot / total >= 0.8, (hot, total, lines[:3], full.stderr[-1500:])
+    assert "CAP_CHECKPOINT_RESTORE" not in full.stderr, full.stderr
+    assert without.returncode == 0, without.stderr
+    text = (tmp_path / "without.folded").read_text()
+    assert "capwork_hot" not in text, text[:500]
+    assert re.search(r"cannot open \S+ \(deleted\) of pid \d+: it was deleted or replaced since it was mapped .*"
+                     r"needs CAP_CHECKPOINT_RESTORE", without.stderr), without.stderr[-2000:]
+    assert "1 mapped file(s) could not be opened" in without.stderr, without.stderr[-2000:]

@@ -332,7 +332,7 @@ def test_runs_with_exactly_the_units_capabilities(tmp_path: Path) -> None:
         ours = int(re.search(r"^CapBnd:\s*([0-9a-f]+)$", Path("/proc/self/status").read_text(), re.M)
                    .group(1), 16)  # type: ignore[union-attr]
         bits = {"CAP_CHOWN": 0, "CAP_SYS_PTRACE": 19, "CAP_SYS_RESOURCE": 24, "CAP_SYSLOG": 34, "CAP_PERFMON": 38,
-                "CAP_BPF": 39}
+                "CAP_BPF": 39, "CAP_CHECKPOINT_RESTORE": 40}
         # exactly the unit's set (minus what this machine's own bounding set lacks)
         assert bnd == sum(1 << bits[c] for c in m.group(1).split()) & ours
         prof = _wait_samples(str(tmp_path / "flamed.sock"), busy.pid, 50)

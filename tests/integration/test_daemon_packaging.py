@@ -50,7 +50,8 @@ def test_security_exposure_at_most_5(tmp_path: Path) -> None:
     unit = (UNITS / "flamed.service").read_text()
     caps = re.search(r"^CapabilityBoundingSet=(.*)$", unit, re.M)
     assert caps is not None
-    assert set(caps.group(1).split()) == {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_PTRACE", "CAP_SYSLOG", "CAP_CHOWN"}
+    assert set(caps.group(1).split()) == {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_PTRACE", "CAP_SYSLOG", "CAP_CHOWN",
+                                         "CAP_CHECKPOINT_RESTORE"}
     assert "Type=notify" in unit and "WatchdogSec=" in unit and "Restart=on-failure" in unit
 
 
