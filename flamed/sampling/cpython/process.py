@@ -34,7 +34,7 @@ from flamed.sampling.cpython.layout import (
 from flamed.sampling.cpython.memory import ProcessMemory
 from flamed.sampling.cpython.objects import read_unicode
 from flamed.sampling.cpython.walk import MAX_DEPTH, MAX_THREADS, Frame, Walk, walk_memory
-from flamed.sampling.mappedfile import mapped_file
+from flamed.sampling.mappedfile import DELETED, mapped_file
 
 #: Thread states validation reads (the newest ones)
 VALIDATE_THREADS = 64
@@ -242,7 +242,7 @@ class Target:
                     return f"frame object 0x{code:x} has type 0x{ob_type:x}, not the code type 0x{code_type:x}"
         # The first thread state created (the main thread's) is last in the list.
         main = result.threads[-1]
-        if main.frames and not main.deep and not result.bounded and _EXE_RE.search(_exe(self.proc_root, self.pid)):
+        if main.frames and not main.deep and not result.bounded and _EXE_RE.search(_exe(self.proc_root, self.pid).removesuffix(DELETED)):
             # Only that it names something: during start-up (site, the
             # importer) and in embedded interpreters the outermost frame is
             # not the main module's, so '<module>' cannot be required.
@@ -339,7 +339,7 @@ def _code_name(mem: ProcessMemory, layout: Layout, code: int) -> str | None:
 
 
 def _version_from_name(path: str) -> tuple[int, int] | None:
-    base = os.path.basename(path)
+    base = os.path.basename(path.removesuffix(DELETED))
     m = _LIB_RE.search(base) or _EXE_RE.search(base)
     return (int(m.group(1)), int(m.group(2))) if m else None
 

@@ -1,0 +1,48 @@
+"""probe() of an interpreter replaced on disk while it runs (a package
+upgrade): its maps name ``libpython3.X.so.1.0 (deleted)``, which opens only
+through /proc/PID/map_files, and whose version (3.8-3.10 have no Py_Version)
+comes from the name without the suffix."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from cpython_support import need_pyenv
+
+from flamed.sampling.cpython.process import Target, _version_from_name, probe
+from support import need
+
+
+def test_version_from_a_deleted_files_name() -> None:
+    assert _version_from_name("/usr/bin/python3.9 (deleted)") == (3, 9)
+    assert _version_from_name("/usr/lib/libpython3.10.so.1.0 (deleted)") == (3, 10)
+    assert _version_from_name("/usr/bin/python3.9") == (3, 9)
+    assert _version_from_name("/usr/bin/sh (deleted)") is None
+
+
+def test_probe_of_a_process_whose_libpython_was_replaced(tmp_path: Path) -> None:
+    need(os.geteuid() == 0, "root (/proc/PID/map_files needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN)")
+    prefix = need_pyenv("3.10")
+    lib = tmp_path / "libpython3.10.so.1.0"
+    shutil.copy2(prefix / "lib" / lib.name, lib)
+    p = subprocess.Popen([str(prefix / "bin" / "python3.10"), "-c", "import time; time.sleep(30)"],
+                         env=dict(os.environ, LD_LIBRARY_PATH=str(tmp_path)))
+    try:
+        maps = Path(f"/proc/{p.pid}/maps")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and str(lib) not in maps.read_text():
+            time.sleep(0.02)
+        lib.unlink()
+        lib.write_bytes(b"an upgrade's new file")  # another inode at the same path
+        text = maps.read_text()
+        assert f"{lib} (deleted)" in text, text
+        r = probe(p.pid)
+        assert isinstance(r, Target), r
+        assert r.version == (3, 10) and r.interpreter == f"{lib} (deleted)"
+    finally:
+        p.kill()
+        p.wait()
