@@ -119,7 +119,8 @@ def test_a_sample_in_a_stub_is_named_after_its_function() -> None:
     sec_addr, sec_off, _sec_size = next(v for v in sections.values() if v[0] <= addr < v[0] + v[2])
     file_off = sec_off + (addr - sec_addr)
     st = os.stat(exe)
-    maps = [m for m in read_maps(os.getpid()) if m.inode == st.st_ino and m.offset <= file_off < m.offset + m.end - m.start]
+    maps = [m for m in read_maps(os.getpid())
+            if m.inode == st.st_ino and m.offset <= file_off < m.offset + m.end - m.start]
     assert maps, "the stub's page is not mapped"
     runtime = maps[0].start + (file_off - maps[0].offset) + 2
     s = Symbolizer()

@@ -242,7 +242,8 @@ class Target:
                     return f"frame object 0x{code:x} has type 0x{ob_type:x}, not the code type 0x{code_type:x}"
         # The first thread state created (the main thread's) is last in the list.
         main = result.threads[-1]
-        if main.frames and not main.deep and not result.bounded and _EXE_RE.search(_exe(self.proc_root, self.pid).removesuffix(DELETED)):
+        if (main.frames and not main.deep and not result.bounded
+                and _EXE_RE.search(_exe(self.proc_root, self.pid).removesuffix(DELETED))):
             # Only that it names something: during start-up (site, the
             # importer) and in embedded interpreters the outermost frame is
             # not the main module's, so '<module>' cannot be required.
