@@ -79,6 +79,9 @@ class _Process:
     #: oldest dropped past MAX_HISTORY): glibc gives a new thread the struct pthread (and
     #: so the pthread id) of one that exited, so one id of py-spy's names many threads in turn.
     history: dict[int, int] = field(default_factory=dict)
+    #: in a PID namespace of its own? (None: not known yet; settled once, from one task:
+    #: a process never changes namespace, so no other task's status is read on the host)
+    in_namespace: bool | None = None
 
 
 class ThreadIds:
@@ -211,17 +214,26 @@ class ThreadIds:
         proc = self._procs.get(pid)
         return proc is not None and any(n < TRACK_TRIES for n in proc.tracked.values())
 
+    def _nspid(self, pid: int, tid: int) -> list[str] | None:
+        """The ``NSpid:`` ids of one task (host first), None when it cannot be read."""
+        try:
+            with open(f"{self.proc_root}/{pid}/task/{tid}/status", encoding="ascii", errors="replace") as f:
+                return next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+        except OSError:
+            return None
+
     def _learn_namespace(self, pid: int, proc: _Process, tids: Iterable[int]) -> dict[int, int]:
         """Namespace tid -> host tid of ``pid``'s threads ({} on the host), from ``NSpid:``."""
         for tid in tids:
+            if proc.in_namespace is False:
+                break
             if tid in proc.ns_tids.values():
                 continue
-            try:
-                with open(f"{self.proc_root}/{pid}/task/{tid}/status", encoding="ascii", errors="replace") as f:
-                    ids = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
-            except OSError:
+            ids = self._nspid(pid, tid)
+            if ids is None:
                 continue
-            if len(ids) > 1:
+            proc.in_namespace = len(ids) > 1
+            if proc.in_namespace:
                 proc.ns_tids[int(ids[-1])] = tid
         return proc.ns_tids
 
@@ -232,9 +244,7 @@ class ThreadIds:
             tids = [int(t) for t in os.listdir(f"{self.proc_root}/{pid}/task")]
         except OSError:
             return bool(proc.ns_tids)
-        # One task tells whether the process is namespaced; then all are mapped.
-        if not proc.ns_tids and not self._learn_namespace(pid, proc, tids[:1]):
-            return False
+        # The first task read tells whether the process is namespaced; then all are mapped.
         return bool(self._learn_namespace(pid, proc, tids))
 
     def resolve(self, pid: int, ptids: Iterable[int]) -> tuple[dict[int, int], str | None]:

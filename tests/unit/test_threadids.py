@@ -98,8 +98,14 @@ def test_threads_tracked_while_the_process_runs_are_mapped_after_it_exits() -> N
         assert p.stdout is not None
         want = {int(a): int(b) for a, b in (pair.split(":") for pair in p.stdout.readline().split())}
         ids = ThreadIds()
+        reads: list[int] = []
+        nspid = ids._nspid
+        ids._nspid = lambda pid, tid: reads.append(tid) or nspid(pid, tid)  # type: ignore[method-assign]
         assert ids.track(p.pid) == len(want)
         assert ids.track(p.pid) == 0  # nothing new: nothing read again
+        assert not ids.namespaced(p.pid)
+        # A host process: one task's status settles that, for good (not one read per new thread).
+        assert len(reads) == 1, reads
     finally:
         p.kill()
         p.wait(10)
