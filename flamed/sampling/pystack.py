@@ -13,9 +13,10 @@ import re
 from flamed.model import Stack
 
 #: Interpreter frames that Python frames replace (py-spy --native does the same).
+#: Not their PLT stubs (``_PyEval_EvalFrameDefault@plt``, a leaf about to enter one).
 EVAL_FRAME = re.compile(
     r"^(_PyEval_EvalFrameDefault|_PyEval_EvalFrame|PyEval_EvalFrameEx|PyEval_EvalFrame|"
-    r"_PyEval_Vector|PyEval_EvalCode|_PyEval_EvalCode|_PyEval_EvalCodeWithName)(\b|$)"
+    r"_PyEval_Vector|PyEval_EvalCode|_PyEval_EvalCode|_PyEval_EvalCodeWithName)(?=$|[^\w@])"
 )
 _LIB_PREFIX = re.compile(r"^.*/(?:site|dist)-packages/|^.*/lib/python3\.\d+t?/")
 

@@ -250,6 +250,9 @@ def test_mixed_stack_replaces_eval_frames() -> None:
         "_PyTime_AsSecondsDouble",)
     assert native_below_interpreter(("[unknown]",)) == ("[unknown]",)
     assert native_below_interpreter(("_PyEval_EvalFrameDefault",)) == ()
+    # A PLT stub about to enter the eval loop is below it, not one of it.
+    assert native_below_interpreter(("_PyEval_EvalFrameDefault", "PyObject_Call", "_PyEval_EvalFrameDefault@plt")) == (
+        "PyObject_Call", "_PyEval_EvalFrameDefault@plt")
 
 
 def test_observed_times_pair_read_bursts_with_increments() -> None:
