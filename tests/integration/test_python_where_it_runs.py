@@ -470,7 +470,7 @@ _NO_PYTHON_PHASE = re.compile(r"^(_dl_|dl_main|Py_InitializeFromConfig|pymain_in
 
 @pytest.mark.parametrize("version", ["debian-3.11", "3.12"])
 def test_short_lived_processes_under_load(sampler: Any, version: str) -> None:
-    """40 jobs of 0.3 s with two busy loops beside them on this 2-CPU host:
+    """25 jobs of 0.3 s with two busy loops beside them on this 2-CPU host:
     the jobs' samples have Python frames from the first ones on (the
     describing thread runs late under load)."""
     exe = _interpreter(version)
@@ -485,7 +485,7 @@ def test_short_lived_processes_under_load(sampler: Any, version: str) -> None:
     pids = set()
     try:
         sampler.drain()
-        for _ in range(40):
+        for _ in range(25):
             p = subprocess.Popen([str(exe), "-S", "-c", code])
             pids.add(p.pid)
             assert p.wait(timeout=30) == 0
@@ -503,7 +503,7 @@ def test_short_lived_processes_under_load(sampler: Any, version: str) -> None:
             named += n
         elif not any(_NO_PYTHON_PHASE.match(f) for f in stack):
             working += n  # the job ran (or the interpreter did) but no Python frame was read
-    assert working >= 400, f"{version}: only {working} samples of the jobs"
+    assert working >= 250, f"{version}: only {working} samples of the jobs"
     # The issue's goal is 0.95; measured 0.92-0.96 depending on the host's
     # other load (two CI runs and hand runs): not met everywhere, see docs/mixed-mode.md.
     assert named / working >= 0.90, f"{version}: {named}/{working} samples with Python frames under load"
