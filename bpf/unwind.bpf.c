@@ -360,6 +360,20 @@ static __always_inline int uw_step(struct flamed_uw_scratch *sc, struct flamed_u
         row.rbp = 0;
         break;
     case FLAMED_UW_NONE:
+        /* CPython's perf trampolines (3.12+, run with -X perf or
+         * PYTHONPERFSUPPORT=1): copies of `sub $8,%rsp; call *%rcx;
+         * add $8,%rsp; ret` in an anonymous mapping, with no table and no
+         * frame pointer.  A return address there is the `add` right after
+         * the `call`: the frame is 16 bytes (the 8 subtracted and the
+         * return address) and rbp is the caller's. */
+        if (n && !m) {
+            u64 code = 0;
+            if (bpf_probe_read_user(&code, 8, (void *)(s->ip - 2)) == 0
+                && (code & 0x00FFFFFFFFFFFFFFULL) == 0x00C308C48348D1FFULL) {
+                cfa = s->sp + 16;
+                break;
+            }
+        }
         /* The frame pointer chain: [rbp] = caller's rbp, [rbp + 8] = return
          * address.  It ends at rbp == 0 (set by _start and the thread entry)
          * only in code of a binary without tables (JIT code, a binary built

@@ -427,7 +427,11 @@ def runs_root_first(frames: RawFrames, names: Sequence[str], flags: int) -> list
 
 #: Frame -> 0 (not the interpreter's), 1 (an evaluation entry point: what
 #: native_below_interpreter cuts below), 2 (an evaluation-loop frame, which a
-#: run of Python frames replaces).  Native stacks of Python processes are
+#: run of Python frames replaces), 3 (a perf trampoline of 3.12+ run with -X
+#: perf: its ``py::function:file`` frame, named from the process's perf map,
+#: and ``py_trampoline_evaluator``, which calls it; left out where Python
+#: frames are put in, which name the same function with its line).
+#: Native stacks of Python processes are
 #: nearly all distinct (the leaf is wherever the interpreter was), their
 #: frames are not: one regex match per frame name, not per frame seen.
 _FRAME_KIND: dict[str, int] = {}
@@ -445,7 +449,10 @@ def _frame_kinds(user_stack: Stack) -> list[int]:
     for f in user_stack:
         k = _FRAME_KIND.get(f)
         if k is None:
-            k = (2 if f.startswith("_PyEval_EvalFrame") else 1) if EVAL_FRAME.match(f) else 0
+            if f.startswith("py::") or f == "py_trampoline_evaluator":
+                k = 3
+            else:
+                k = (2 if f.startswith("_PyEval_EvalFrame") else 1) if EVAL_FRAME.match(f) else 0
             _FRAME_KIND[f] = k
         out.append(k)
     return out
@@ -480,6 +487,9 @@ class SpliceParts(Generic[P]):
 def splice_parts(user_stack: Stack, encode: Callable[[Stack], P]) -> SpliceParts[P]:
     """``user_stack``'s parts for :func:`splice_into`, each ``encode``d."""
     kinds = _frame_kinds(user_stack)
+    if 3 in kinds:
+        user_stack = tuple(f for f, k in zip(user_stack, kinds) if k != 3)
+        kinds = [k for k in kinds if k != 3]
     between: list[P] = []
     prev = 0
     for i, k in enumerate(kinds):
