@@ -38,7 +38,7 @@ from typing import Any, Generic, TypeVar
 from flamed.model import Stack
 from flamed.sampling.pysource import refusal_code
 from flamed.sampling.pystack import EVAL_FRAME, native_below_interpreter
-from flamed.sampling.symbols import read_identity
+from flamed.sampling.symbols import UNKNOWN, read_identity
 
 log = logging.getLogger("flamed.python.bpf")
 
@@ -487,6 +487,11 @@ class SpliceParts(Generic[P]):
 def splice_parts(user_stack: Stack, encode: Callable[[Stack], P]) -> SpliceParts[P]:
     """``user_stack``'s parts for :func:`splice_into`, each ``encode``d."""
     kinds = _frame_kinds(user_stack)
+    # A perf trampoline without a perf map (3.13's -X perf_jit writes a jitdump
+    # instead) is a bare "[unknown]" (anonymous code) calling an evaluation loop.
+    for i in range(1, len(kinds)):
+        if kinds[i] == 2 and kinds[i - 1] == 0 and user_stack[i - 1] == UNKNOWN:
+            kinds[i - 1] = 3
     if 3 in kinds:
         user_stack = tuple(f for f, k in zip(user_stack, kinds) if k != 3)
         kinds = [k for k in kinds if k != 3]
@@ -586,6 +591,9 @@ def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:
     Python frames go on top and the native frames below the innermost
     evaluation frame, or the whole native stack, below them
     (:func:`~flamed.sampling.pystack.native_below_interpreter`).
+    The frames of CPython's perf trampolines (``-X perf``: ``py::…`` and
+    ``py_trampoline_evaluator``; ``-X perf_jit``: a bare ``[unknown]``
+    calling an evaluation loop) are left out: the Python frames name them.
     """
     if not runs:
         return user_stack
