@@ -502,6 +502,30 @@ def _check_privileges() -> None:
     )
 
 
+def _check_pid_namespace(proc: str = "/proc") -> None:
+    """Refuse a /proc that does not show the host's pids: the kernel names
+    every sampled process by its pid in the initial PID namespace, so in a
+    container with a PID namespace (and /proc) of its own no sample would be
+    attributed, and a pid could name another process there."""
+    from flamed.sampling.cpython.process import INIT_PID_NS_INO
+
+    try:
+        # The namespace of the /proc mounted here is its pid 1's.
+        ino = os.stat(f"{proc}/1/ns/pid").st_ino
+    except OSError:
+        try:
+            ino = os.stat(f"{proc}/self/ns/pid").st_ino
+        except OSError:
+            return
+    if ino != INIT_PID_NS_INO:
+        raise CapabilityError(
+            f"{proc} here shows the processes of a PID namespace other than the host's (a container "
+            "without the host's PID namespace?): the kernel names sampled processes by their host pids, "
+            "which it does not show, so no sample could be attributed; run flamed in the host's PID "
+            "namespace (docker run --pid=host, Kubernetes hostPID: true)"
+        )
+
+
 def _import_bcc() -> Any:
     try:
         import bcc
@@ -646,6 +670,7 @@ class KernelProgram:
         privileges are known to be there); raise CapabilityError saying why not."""
         bcc = _import_bcc()
         _check_privileges()
+        _check_pid_namespace()
         pid_off = task_pid_offset() if self.options.offcpu else -1
         prog = bpf_program(self.options, fsbase_offset=fsbase_offset(), pid_offset=pid_off)
         self.stat_idx = stat_indices(prog.path.parent / "flamed.h")

@@ -250,6 +250,25 @@ def test_record_pid_of_a_chrooted_process_names_its_native_frames(tmp_path: Path
     assert total >= 50 and named / total >= 0.9, (named, total, lines[:3])
 
 
+def test_record_inside_a_pid_namespace_says_why_bpf_cannot_and_uses_pyspy(tmp_path: Path,
+                                                                          require_pyspy: str) -> None:
+    """flamed itself in a container without the host's PID namespace: the
+    kernel names samples by host pids, which its /proc does not show.
+    Before, record sampled in vain and said the target "exited ... before it
+    was seen on a CPU"; now it says why and records with py-spy alone."""
+    need(have_root(), "root")
+    exe = _interpreter("3.12")
+    out = tmp_path / "inside.folded"
+    r = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *FLAMED, "record",
+                        "--no-daemon", "--pyspy-binary", require_pyspy, "-r", "99", "-o", str(out), "--", str(exe),
+                        "-c", BUSY.format(seconds=2)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "PID namespace other than the host's" in r.stderr and "hostPID" in r.stderr, r.stderr
+    assert "py-spy alone" in r.stderr, r.stderr
+    lines = out.read_text().splitlines()
+    assert sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "busy_in_container (<string>:4)" in ln) >= 50, lines
+
+
 @pytest.mark.parametrize("version", ["3.12", "debian-3.11"])
 def test_record_pid_of_a_namespaced_process(tmp_path: Path, version: str) -> None:
     """``flamed record -p HOSTPID`` of a process in a PID namespace: read in BPF."""

@@ -46,3 +46,19 @@ def test_probe_of_a_process_whose_libpython_was_replaced(tmp_path: Path) -> None
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_proc_of_another_pid_namespace_is_refused(tmp_path: Path) -> None:
+    """flamed inside a container with a PID namespace of its own: the kernel's
+    host pids are not what its /proc shows; the sampler says so and how to
+    run it, instead of attributing nothing (or to the wrong processes)."""
+    import pytest
+
+    from flamed.errors import CapabilityError
+    from flamed.sampling.program import _check_pid_namespace
+
+    (tmp_path / "1" / "ns").mkdir(parents=True)
+    (tmp_path / "1" / "ns" / "pid").write_text("")  # its inode is not the initial namespace's
+    with pytest.raises(CapabilityError, match=r"PID namespace other than the host's .*hostPID"):
+        _check_pid_namespace(str(tmp_path))
+    _check_pid_namespace("/proc")  # this machine: the host's
