@@ -158,7 +158,8 @@ def _splice_reference(native: tuple[str, ...], runs: list[tuple[str, ...]]) -> t
     native = tuple(f for i, f in enumerate(native)
                    if not (f.startswith("py::") or f == "py_trampoline_evaluator"
                            or (f == "[unknown]" and i + 1 < len(native)
-                               and native[i + 1].startswith("_PyEval_EvalFrame"))))
+                               and native[i + 1].startswith("_PyEval_EvalFrame")
+                                   and EVAL_FRAME.match(native[i + 1]) is not None)))
     loops = [i for i, f in enumerate(native) if EVAL_FRAME.match(f) and f.startswith("_PyEval_EvalFrame")]
     if len(loops) == len(runs):
         out: list[str] = []
