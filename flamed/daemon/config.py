@@ -102,6 +102,11 @@ class SamplingConfig:
     unwind_rows: int = 2_097_152
     #: Distinct unwound stacks per drain interval (preallocated, ~0.5 KiB each at depth 64, twice).
     unwind_stack_map_size: int = 8192
+    #: Executable mappings with a table per process (a power of 2, 8..256; 32 bytes
+    #: each for each of 4096 processes, preallocated).  A process with more (a
+    #: scientific stack's many extension modules) keeps the largest; the others'
+    #: frames use frame pointers (logged once, with this setting).
+    unwind_maps: int = 64
     #: Where built tables are kept by build id, shared by every flamed on the host
     #: (a table is rebuilt when missing).
     unwind_cache_dir: str = "/var/cache/flamed/unwind"
@@ -323,6 +328,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "sampling.unwind_depth": (8, 127),
     "sampling.unwind_rows": (1024, 1 << 26),
     "sampling.unwind_stack_map_size": (16, 1 << 20),
+    "sampling.unwind_maps": (8, 256),
     "sampling.off_cpu_min_us": (0, 3_600_000_000),
     "sampling.off_cpu_every": (1, 1 << 22),
     "output.rotate_interval": (0.05, 86400),

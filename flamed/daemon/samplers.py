@@ -43,6 +43,7 @@ def bpf_options(cfg: SamplingConfig, state_dir: str | None = None) -> Any:
         unwind_depth=cfg.unwind_depth,
         unwind_rows=cfg.unwind_rows,
         unwind_stack_entries=cfg.unwind_stack_map_size,
+        unwind_maps=cfg.unwind_maps,
         unwind_cache_dir=unwind_cache_dir(cfg, state_dir),
         bpf_cache_dir=Path(cfg.bpf_cache_dir).absolute() if cfg.bpf_cache_dir else None,
         # LLVM's heap (tens of MB after a compile) never stays in the daemon

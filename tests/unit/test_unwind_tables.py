@@ -375,3 +375,24 @@ def test_a_table_taken_by_the_same_description_is_not_taken_for_garbage(tmp_path
     assert not u._reset_due
     u._run_reset_if_due()
     assert u.stats.resets == 0 and u.described(20)
+
+
+def test_a_process_with_more_mappings_than_unwind_maps_keeps_some_and_says_so(
+        tmp_path: Path, binaries: list[Path], caplog: pytest.LogCaptureFixture) -> None:
+    """More executable mappings with a table than unwind_maps (8 here): the
+    process keeps that many, the others' frames use frame pointers, and one
+    warning names the setting to raise (before, only a counter no metric
+    showed knew it)."""
+    import logging
+
+    proc = tmp_path / "proc"
+    fake_process(proc, 10, binaries * 3)  # 9 mappings
+    fake_process(proc, 11, binaries * 3)
+    u, maps = make(tmp_path, proc, rows=4096)
+    with caplog.at_level(logging.WARNING, logger="flamed.unwind"):
+        assert u.describe(10)
+        assert u.describe(11)
+    assert proc_entry(maps, 10)[1] == 8 and proc_entry(maps, 11)[1] == 8
+    assert u.stats.mappings_dropped == 2
+    said = [r.getMessage() for r in caplog.records if "unwind_maps" in r.getMessage()]
+    assert len(said) == 1 and "pid 10 has 9 executable mappings" in said[0] and "sampling.unwind_maps (8)" in said[0]

@@ -420,6 +420,12 @@ class Unwinder:
         if len(entries) > self._max_maps:
             # Keep the largest code: the main program, the interpreter, libc
             # before a small extension module.
+            if not self.stats.mappings_dropped:
+                log.warning("pid %d has %d executable mappings with unwind tables, more than sampling.unwind_maps "
+                            "(%d): the %d smallest keep frame-pointer stacks (cut at their first frame where "
+                            "built without frame pointers); raise sampling.unwind_maps (a power of 2, up to 256) "
+                            "for processes with many extension modules", tgid, len(entries), self._max_maps,
+                            len(entries) - self._max_maps)
             self.stats.mappings_dropped += len(entries) - self._max_maps
             entries = sorted(entries, key=lambda e: -e[4])[: self._max_maps]
         entries.sort(key=lambda e: e[0])
