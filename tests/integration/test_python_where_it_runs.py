@@ -93,6 +93,27 @@ def _share(window: Any, pids: set[int], tids: set[int] | None = None) -> tuple[i
     return total, named
 
 
+def _weight(lines: list[str], *needles: str) -> int:
+    """Samples of the folded ``lines`` that hold every one of ``needles``."""
+    return sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if all(n in ln for n in needles))
+
+
+def _record_pid(p: subprocess.Popen[Any], pid: int, out: Path, *args: str,
+                ready: Any = None) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """``flamed record -p PID ARGS -r 99 -o OUT`` (after ``ready()``), then ``p`` killed;
+    the run and the folded lines, once it exited 0."""
+    try:
+        if ready is not None:
+            ready()
+        r = subprocess.run(FLAMED + ["record", *args, "-p", str(pid), "-r", "99", "-o", str(out)],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 0, r.stderr
+    return r, out.read_text().splitlines()
+
+
 def _nspid(pid: int) -> list[int]:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -101,19 +122,22 @@ def _nspid(pid: int) -> list[int]:
     return []
 
 
-def _drained_around(sampler: Any, p: subprocess.Popen[Any], at: float = 1.5) -> Any:
-    """The window of ``p``'s run, which must exit 0: a drain ``at`` seconds in,
-    while it runs, as the daemon's are (code objects named early are re-checked,
-    for freed and reused addresses, only while the process lives), and one
-    after it exited, merged.  ``p`` is killed if it outlives the check."""
+def _drained_around(sampler: Any, *ps: subprocess.Popen[Any], at: float = 1.5) -> Any:
+    """The window of the runs of ``ps``, which must exit 0: a drain ``at``
+    seconds in, while they run, as the daemon's are (code objects named early
+    are re-checked, for freed and reused addresses, only while the process
+    lives), and one after they exited, merged.  Any that outlives the check
+    is killed."""
     try:
         time.sleep(at)
         w0 = sampler.drain()
-        assert p.wait(timeout=60) == 0
+        for p in ps:
+            assert p.wait(timeout=60) == 0, f"{p.args!r} failed"
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     w = sampler.drain()
     for k, n in w0.counts.items():
         w.counts[k] = w.counts.get(k, 0) + n
@@ -136,18 +160,12 @@ def namespace_runs(sampler: Any) -> dict[str, tuple[int, bool, Any]]:
         for v, exe in found.items():
             runs[v] = _in_namespace([str(exe), "-c", BUSY.format(seconds=4)])
         nested = {v: len(_nspid(inner)) == 2 for v, (_p, inner) in runs.items()}  # while they run
-        time.sleep(1.5)
-        w0 = sampler.drain()  # one drain while they run, as the daemon's (see _drained_around)
-        for v, (p, _inner) in runs.items():
-            assert p.wait(timeout=60) == 0, f"{v}: the namespaced workload failed"
-    finally:
+    except BaseException:
         for p, _inner in runs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    w = sampler.drain()
-    for k, n in w0.counts.items():
-        w.counts[k] = w.counts.get(k, 0) + n
+            p.kill()
+            p.wait()
+        raise
+    w = _drained_around(sampler, *(p for p, _inner in runs.values()))
     return {v: (inner, nested[v], w) for v, (_p, inner) in runs.items()}
 
 
@@ -233,20 +251,11 @@ def test_record_pid_of_a_chrooted_process_names_its_native_frames(tmp_path: Path
     exe = _interpreter("debian-3.11")
     root = tmp_path / "root"
     p, inner = _in_chroot(root, exe, ["-c", BUSY.format(seconds=30)])
-    out = tmp_path / "chroot.folded"
-    try:
-        _wait_for_chroot(inner, root)
-        r = subprocess.run(FLAMED + ["record", "-p", str(inner), "-d", "2", "-r", "99", "-o", str(out)],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT)
-    finally:
-        p.kill()
-        p.wait()
-    assert r.returncode == 0, r.stderr
-    lines = out.read_text().splitlines()
-    total = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines)
+    _r, lines = _record_pid(p, inner, tmp_path / "chroot.folded", "-d", "2",
+                            ready=lambda: _wait_for_chroot(inner, root))
+    total = _weight(lines)
     # The native root of the main thread, then Python, in one stack.
-    whole = [ln for ln in lines if "__libc_start_main" in ln and "busy_in_container (<string>:4)" in ln]
-    named = sum(int(ln.rsplit(" ", 1)[1]) for ln in whole)
+    named = _weight(lines, "__libc_start_main", "busy_in_container (<string>:4)")
     assert total >= 50 and named / total >= 0.9, (named, total, lines[:3])
 
 
@@ -266,7 +275,7 @@ def test_record_inside_a_pid_namespace_says_why_bpf_cannot_and_uses_pyspy(tmp_pa
     assert "PID namespace other than the host's" in r.stderr and "hostPID" in r.stderr, r.stderr
     assert "py-spy alone" in r.stderr, r.stderr
     lines = out.read_text().splitlines()
-    assert sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "busy_in_container (<string>:4)" in ln) >= 50, lines
+    assert _weight(lines, "busy_in_container (<string>:4)") >= 50, lines
 
 
 @pytest.mark.parametrize("version", ["3.12", "debian-3.11"])
@@ -275,18 +284,10 @@ def test_record_pid_of_a_namespaced_process(tmp_path: Path, version: str) -> Non
     need(have_root(), "root")
     exe = _interpreter(version)
     p, inner = _in_namespace([str(exe), "-c", BUSY.format(seconds=30)])
-    out = tmp_path / "ns.folded"
-    try:
-        r = subprocess.run(FLAMED + ["record", "-p", str(inner), "-d", "3", "-r", "99", "-o", str(out)],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT)
-    finally:
-        p.kill()
-        p.wait()
-    assert r.returncode == 0, r.stderr
+    r, lines = _record_pid(p, inner, tmp_path / "ns.folded", "-d", "3")
     assert "read in BPF" in r.stderr and "py-spy" not in r.stderr, r.stderr
-    lines = out.read_text().splitlines()
-    total = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines)
-    named = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "busy_in_container (<string>:4)" in ln)
+    total = _weight(lines)
+    named = _weight(lines, "busy_in_container (<string>:4)")
     assert total >= 50 and named / total >= 0.95, (named, total, lines[:3])
 
 
@@ -409,9 +410,9 @@ def test_deep_at_first_sight_is_walked_and_marked(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "read in BPF" in r.stderr and "py-spy" not in r.stderr, r.stderr
     lines = out.read_text().splitlines()
-    total = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines)
-    deep = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "deep (<string>" in ln)
-    marked = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "truncated python stack" in ln)
+    total = _weight(lines)
+    deep = _weight(lines, "deep (<string>")
+    marked = _weight(lines, "truncated python stack")
     assert total >= 50 and deep / total >= 0.9, (deep, total, lines[:2])
     assert marked / total >= 0.9, (marked, total)
 
@@ -437,7 +438,7 @@ def test_record_through_an_exec_wrapper_reads_python_in_bpf(tmp_path: Path) -> N
     assert r.returncode == 0, r.stderr
     assert "read in BPF" in r.stderr and "py-spy" not in r.stderr, r.stderr
     lines = out.read_text().splitlines()
-    named = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "busy_in_container (<string>:4)" in ln)
+    named = _weight(lines, "busy_in_container (<string>:4)")
     assert named >= 100, lines[:5]
 
 
@@ -485,7 +486,7 @@ def test_a_python_that_execs_itself_is_read_as_its_new_image(tmp_path: Path) -> 
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     lines = out.read_text().splitlines()
-    after = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "busy_in_container (<string>:4)" in ln)
+    after = _weight(lines, "busy_in_container (<string>:4)")
     # 2 s at 99 Hz: ~200 samples on a free CPU, over 50 with a share of a loaded one.
     assert after >= 50, (after, r.stderr, lines[:8])
 
@@ -496,17 +497,9 @@ def test_pyspy_fallback_maps_namespace_tids(tmp_path: Path, require_pyspy: str) 
     need(have_root(), "root")
     exe = _interpreter("3.12")
     p, inner = _in_namespace([str(exe), "-c", BUSY.format(seconds=30)])
-    out = tmp_path / "pyspy-ns.folded"
-    try:
-        r = subprocess.run(FLAMED + ["record", "--pyspy", "-p", str(inner), "-d", "3", "-r", "99", "-o", str(out)],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT)
-    finally:
-        p.kill()
-        p.wait()
-    assert r.returncode == 0, r.stderr
-    lines = out.read_text().splitlines()
-    total = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines)
-    named = sum(int(ln.rsplit(" ", 1)[1]) for ln in lines if "busy_in_container (<string>:4)" in ln)
+    r, lines = _record_pid(p, inner, tmp_path / "pyspy-ns.folded", "--pyspy", "-d", "3")
+    total = _weight(lines)
+    named = _weight(lines, "busy_in_container (<string>:4)")
     assert total >= 50 and named / total >= 0.9, (named, total, r.stderr)
 
 
