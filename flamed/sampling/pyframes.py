@@ -489,9 +489,10 @@ def splice_parts(user_stack: Stack, encode: Callable[[Stack], P]) -> SpliceParts
     kinds = _frame_kinds(user_stack)
     # A perf trampoline without a perf map (3.13's -X perf_jit writes a jitdump
     # instead) is a bare "[unknown]" (anonymous code) calling an evaluation loop.
-    for i in range(1, len(kinds)):
-        if kinds[i] == 2 and kinds[i - 1] == 0 and user_stack[i - 1] == UNKNOWN:
-            kinds[i - 1] = 3
+    if UNKNOWN in user_stack:  # (a C-level scan: most stacks have none)
+        for i in range(1, len(kinds)):
+            if kinds[i] == 2 and kinds[i - 1] == 0 and user_stack[i - 1] == UNKNOWN:
+                kinds[i - 1] = 3
     if 3 in kinds:
         user_stack = tuple(f for f, k in zip(user_stack, kinds) if k != 3)
         kinds = [k for k in kinds if k != 3]
