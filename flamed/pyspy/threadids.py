@@ -35,9 +35,11 @@ import struct
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from flamed.model import Stack
 from flamed.pyspy.chrometrace import PyTrace
+from flamed.sampling.cpython.process import nspids
 
 log = logging.getLogger(__name__)
 
@@ -214,13 +216,9 @@ class ThreadIds:
         proc = self._procs.get(pid)
         return proc is not None and any(n < TRACK_TRIES for n in proc.tracked.values())
 
-    def _nspid(self, pid: int, tid: int) -> list[str] | None:
-        """The ``NSpid:`` ids of one task (host first), None when it cannot be read."""
-        try:
-            with open(f"{self.proc_root}/{pid}/task/{tid}/status", encoding="ascii", errors="replace") as f:
-                return next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
-        except OSError:
-            return None
+    def _nspid(self, pid: int, tid: int) -> list[int]:
+        """The ``NSpid:`` ids of one task (host first); [] when it cannot be read."""
+        return nspids(Path(self.proc_root) / str(pid) / "task" / str(tid) / "status")
 
     def _learn_namespace(self, pid: int, proc: _Process, tids: Iterable[int]) -> dict[int, int]:
         """Namespace tid -> host tid of ``pid``'s threads ({} on the host), from ``NSpid:``."""
@@ -230,11 +228,11 @@ class ThreadIds:
             if tid in proc.ns_tids.values():
                 continue
             ids = self._nspid(pid, tid)
-            if ids is None:
+            if not ids:  # unreadable (the thread exited): nothing settled
                 continue
             proc.in_namespace = len(ids) > 1
             if proc.in_namespace:
-                proc.ns_tids[int(ids[-1])] = tid
+                proc.ns_tids[ids[-1]] = tid
         return proc.ns_tids
 
     def namespaced(self, pid: int) -> bool:

@@ -507,17 +507,11 @@ def _check_pid_namespace(proc: str = "/proc") -> None:
     every sampled process by its pid in the initial PID namespace, so in a
     container with a PID namespace (and /proc) of its own no sample would be
     attributed, and a pid could name another process there."""
-    from flamed.sampling.cpython.process import INIT_PID_NS_INO
+    from flamed.sampling.cpython.process import pid_namespace
 
-    try:
-        # The namespace of the /proc mounted here is its pid 1's.
-        ino = os.stat(f"{proc}/1/ns/pid").st_ino
-    except OSError:
-        try:
-            ino = os.stat(f"{proc}/self/ns/pid").st_ino
-        except OSError:
-            return
-    if ino != INIT_PID_NS_INO:
+    # The namespace of the /proc mounted here is its pid 1's (else, unreadable, our own).
+    ns = pid_namespace(Path(proc), 1) or pid_namespace(Path(proc), "self")
+    if ns is not None and ns != (0, 0):
         raise CapabilityError(
             f"{proc} here shows the processes of a PID namespace other than the host's (a container "
             "without the host's PID namespace?): the kernel names sampled processes by their host pids, "

@@ -288,7 +288,7 @@ def nspids(status: Path) -> list[int]:
     return []
 
 
-def pid_namespace(proc: Path, pid: int) -> tuple[int, int] | None:
+def pid_namespace(proc: Path, pid: int | Literal["self"]) -> tuple[int, int] | None:
     """(kernel dev_t, inode) of ``pid``'s PID namespace, (0, 0) for the initial
     one, None when it cannot be read (the process is gone, or no permission)."""
     try:

@@ -472,7 +472,7 @@ class Unwinder:
     def _table_for(self, tgid: int, m: ExecMap, load: bool, want_keys: set[str]) -> tuple[TableEntry, int] | None:
         """The binary's rows (loaded on first need; a large binary only when
         ``load``: else an entry with no rows) and the mapping's bias."""
-        path = self._readable(tgid, m)
+        path = mapped_file(tgid, m.path, m.inode, m.start, m.end, dev=m.dev, proc=self._proc)
         if path is None:
             return None
         try:
@@ -574,9 +574,6 @@ class Unwinder:
         """Rows of the tables described processes use (and of the tables ``also`` names)."""
         live = set(also).union(*self._uses.values())
         return sum(e.slots for k, e in self._by_key.items() if k in live)
-
-    def _readable(self, tgid: int, m: ExecMap) -> str | None:
-        return mapped_file(tgid, m.path, m.inode, m.start, m.end, dev=m.dev, proc=self._proc)
 
     def _load(self, path: str, info: ehframe.ElfInfo, name: str, large: bool = False) -> TableEntry | None:
         try:
