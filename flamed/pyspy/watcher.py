@@ -3,8 +3,11 @@
 Events come from the kernel's proc connector (pyroute2's ``ProcEventSocket``,
 needs CAP_NET_ADMIN): fork, exec and exit, each with a CLOCK_MONOTONIC
 timestamp.  A process is Python when its executable is an interpreter
-(``python3.12``, ``python3``, ``python``) or when it maps a ``libpython3.X``
-(uwsgi, gunicorn under an embedding binary, mod_wsgi...).  On exec the dynamic
+(``python3.12``, ``python3``, ``python``), when it maps a ``libpython3.X``
+(uwsgi, gunicorn under an embedding binary, mod_wsgi...), or when its
+executable, whatever its name, defines CPython's own symbols (a statically
+linked interpreter copied or renamed, an application that links libpython
+statically).  On exec the dynamic
 loader has not mapped any library yet, so a process whose executable does not
 say "Python" is looked at again a little later.  A Python process that forks
 without exec (prefork servers, multiprocessing) has a Python child.
@@ -20,6 +23,7 @@ scan when a slot frees.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -35,6 +39,7 @@ from typing import Any
 from flamed.errors import ConfigError
 from flamed.procstat import stat_fields, status_tgid
 from flamed.pyspy.supervisor import have_cap_sys_ptrace
+from flamed.sampling.cpython import elf
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +266,56 @@ def python_identity(reader: ProcReader, pid: int) -> tuple[str, str | None] | No
     lm = LIBPYTHON.search(reader.maps(pid))
     if lm is not None:
         return "libpython", lm.group("ver").decode()
-    return None
+    return _static_interpreter(reader, pid)
+
+
+#: Symbols only a CPython interpreter defines: ``_PyRuntime`` (3.7 and later;
+#: what the BPF walker starts from) or ``Py_InitializeEx`` (every version).
+_CPYTHON_SYMBOLS = (b"_PyRuntime", b"Py_InitializeEx")
+#: Executables already looked at, by file identity: True when they define
+#: CPython, with the version their ``Py_Version`` gives (None before 3.11).
+#: Every scan looks at every process that is not Python, so this answers
+#: the common case with one stat; bounded, oldest first out.
+_EXE_VERDICTS: dict[tuple[int, int, int, int], tuple[bool, str | None]] = {}
+_EXE_VERDICTS_MAX = 4096
+
+
+def _static_interpreter(reader: ProcReader, pid: int) -> tuple[str, str | None] | None:
+    """``("exe", version)`` when the executable of ``pid`` defines CPython itself.
+
+    A statically linked interpreter under another name (Debian's python3.11
+    copied as ``myservice``, an application built with a static libpython)
+    maps no libpython and is named otherwise; the BPF walker reads it all the
+    same (it looks for ``_PyRuntime``), so the watcher must know it is Python.
+    ``/proc/PID/exe`` opens the file even in another mount namespace or when it
+    was replaced on disk.
+    """
+    path = f"{reader.root}/{pid}/exe"
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    verdict = _EXE_VERDICTS.get(key)
+    if verdict is None:
+        verdict = (False, None)
+        try:
+            facts = elf.CACHE.get(path, st)
+        except (OSError, elf.ElfError):
+            facts = None
+        if facts is not None and any(s in facts.symbols for s in _CPYTHON_SYMBOLS):
+            version = None
+            if b"Py_Version" in facts.symbols:
+                raw = facts.read(facts.symbols[b"Py_Version"][0], 4, path)
+                if raw is not None and len(raw) == 4:
+                    hexversion = struct.unpack("<I", raw)[0]
+                    version = f"{hexversion >> 24 & 0xFF}.{hexversion >> 16 & 0xFF}"
+            verdict = (True, version)
+        if len(_EXE_VERDICTS) >= _EXE_VERDICTS_MAX:
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):  # another thread's eviction
+                del _EXE_VERDICTS[next(iter(_EXE_VERDICTS))]
+        _EXE_VERDICTS[key] = verdict
+    return ("exe", verdict[1]) if verdict[0] else None
 
 
 class ProcessWatcher:

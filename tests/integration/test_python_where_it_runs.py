@@ -503,6 +503,24 @@ def test_pyspy_fallback_maps_namespace_tids(tmp_path: Path, require_pyspy: str) 
     assert total >= 50 and named / total >= 0.9, (named, total, r.stderr)
 
 
+def test_record_of_a_static_interpreter_under_another_name(tmp_path: Path, require_pyspy: str) -> None:
+    """An application that links CPython statically (here Debian's static
+    python3.11 copied as ``myservice``) is Python to the watcher too, so py-spy
+    is run on it and record does not say "no Python process was found"."""
+    need(have_root(), "root")
+    exe = tmp_path / "myservice"
+    shutil.copy(_interpreter("debian-3.11"), exe)
+    out = tmp_path / "renamed.folded"
+    r = subprocess.run(FLAMED + ["record", "--pyspy", "-r", "99", "-o", str(out), "--", str(exe), "-c",
+                                 BUSY.format(seconds=2)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "by py-spy" in r.stderr and "no Python process" not in r.stderr, r.stderr
+    lines = out.read_text().splitlines()
+    total = _weight(lines)
+    named = _weight(lines, "busy_in_container (<string>:4)")
+    assert total >= 100 and named / total >= 0.8, (named, total, r.stderr)
+
+
 #: Phases of an interpreter's life that have no Python frame to show: the
 #: dynamic loader, start-up before the first frame, finalization.
 _NO_PYTHON_PHASE = re.compile(r"^(_dl_|dl_main|Py_InitializeFromConfig|pymain_init|Py_FinalizeEx|_Py_Finalize)")

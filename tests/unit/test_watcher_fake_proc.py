@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from cpython_support import need_debian_311
 
 from flamed.errors import ConfigError
 from flamed.pyspy.watcher import ProcessWatcher, ProcReader, PyProcess, WatchOptions, python_identity
+from flamed.sampling.cpython import elf
 
 LIBPY = "7f0000000000-7f0000100000 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libpython{ver}.so.1.0\n"
 
@@ -191,3 +196,44 @@ def test_exec_event_after_follow_of_the_same_image_keeps_the_process(proc: Path)
     (proc / "100" / "auxv").write_bytes(b"\x21\0\0\0\0\0\0\0\x00\x90\xaa\xf1\xff\x7f\0\0")  # exec'd again
     w._event({"event": "PROC_EVENT_EXEC", "process_tgid": 100, "timestamp_ns": 2_000})
     assert exits == [100] and 100 in w.watched and len(found) == 2
+
+
+def _started(cmd: list[str]) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE)
+    for _ in range(200):  # its exe names the new image once exec is done
+        if os.readlink(f"/proc/{p.pid}/exe") == cmd[0]:
+            break
+        time.sleep(0.01)
+    return p
+
+
+def test_a_static_interpreter_under_another_name_is_python(tmp_path: Path) -> None:
+    """Debian's python3.11 is one static executable: copied as ``myservice``
+    (as an application that links libpython statically is), neither its name
+    nor a mapped libpython says Python; CPython's symbols in it do."""
+    static = need_debian_311()
+    renamed = tmp_path / "myservice"
+    shutil.copy(static, renamed)
+    plain = tmp_path / "mytool"
+    shutil.copy("/bin/cat", plain)  # an executable without CPython in it
+    procs = [_started([str(renamed), "-c", "import sys; sys.stdin.read()"]), _started([str(plain)])]
+    try:
+        r = ProcReader()
+        assert python_identity(r, procs[0].pid) == ("exe", "3.11")
+        assert python_identity(r, procs[1].pid) is None
+        parses = elf.CACHE.parses
+        for _ in range(3):  # what every scan does for every process: no file is parsed again
+            assert python_identity(r, procs[0].pid) == ("exe", "3.11")
+            assert python_identity(r, procs[1].pid) is None
+        assert elf.CACHE.parses == parses
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    # A file that is not ELF (or no longer readable) is not Python, and raises nothing.
+    junk = tmp_path / "proc" / "7"
+    junk.mkdir(parents=True)
+    os.symlink(tmp_path / "not-elf", junk / "exe")
+    (tmp_path / "not-elf").write_bytes(b"\x7fELF" + b"\xff" * 100)
+    (junk / "maps").write_text("")
+    assert python_identity(ProcReader(str(tmp_path / "proc")), 7) is None

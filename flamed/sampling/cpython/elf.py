@@ -30,7 +30,9 @@ SHT_DYNAMIC = 6
 DT_NEEDED = 1
 
 #: Symbols probing looks up; everything else in the tables is skipped.
-WANTED = (b"_PyRuntime", b"Py_Version")
+#: (``Py_InitializeEx``, defined by every CPython, tells the process watcher
+#: that an executable of any name is an interpreter, flamed/pyspy/watcher.py.)
+WANTED = (b"_PyRuntime", b"Py_Version", b"Py_InitializeEx")
 #: A symbol table larger than this is not read (a libpython's is a few MiB).
 MAX_TABLE_BYTES = 64 << 20
 
@@ -119,6 +121,8 @@ def _parse(f: BinaryIO, path: str) -> ElfFacts:
     symbols: dict[bytes, tuple[int, int]] = {}
     # .dynsym first: stripped executables (Debian's python3.11) keep only it.
     for wanted_type in (SHT_DYNSYM, SHT_SYMTAB):
+        if len(symbols) == len(WANTED):
+            break  # all in .dynsym: the (larger) .symtab is not read
         for sec in sections:
             if sec[1] != wanted_type or sec[9] != 24:
                 continue
