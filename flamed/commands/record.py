@@ -290,7 +290,9 @@ class RecordCommand(Command):
             # A wrapper that forks (sh -c without exec, timeout, unshare --fork): its own
             # samples came back, not those of the Python child it left the work to.
             self.warn(f"no Python frames were recorded, only samples of {rec.comm or 'process'} (pid {rec.target})"
-                      + record_daemon.TargetWatch(rec.target, child=rec.child).child_hint(daemon=True))
+                      + (rec.watch or record_daemon.TargetWatch(rec.target, child=rec.child)).child_hint(daemon=True))
+        elif rec.watch is not None and rec.watch.unrecorded_children(daemon=True):
+            self.warn(rec.watch.unrecorded_children(daemon=True))
         total = int(sum(rec.stacks.values()))
         named = int(sum(python_weights))
         python_on = bool((st.get("processors") or {}).get("python", {}).get("active"))
@@ -415,7 +417,7 @@ class RecordCommand(Command):
                 deadline = time.monotonic() + args.duration if args.duration else None
                 try:
                     while True:
-                        watch.update()
+                        watch.update(child)
                         if (child.poll() is not None) if child is not None else not _alive(target):
                             # The command exited (or -p's process): as through the daemon, an
                             # empty profile then says it exited, not that it stayed off the CPU.
@@ -520,6 +522,11 @@ class RecordCommand(Command):
                     hint += (f" (or none could be recognised: {len(mappedfile.refused)} mapped file(s) could not "
                              "be opened, as said above)")
                 self.warn("no Python process was found: native and kernel stacks only" + hint)
+        if pythons and counts and watch is not None and not args.subprocesses:
+            # A multiprocessing pool, a prefork server: the target's own profile
+            # says nothing of the work its children did.
+            if missed := watch.unrecorded_children(daemon=False):
+                self.warn(missed)
         running = self._left_running(*([child.pid] if child is not None else []))
         left = [p for p in running if p not in followed]
         if left and cmd and target_exited:

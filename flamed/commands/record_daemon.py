@@ -32,12 +32,14 @@ from flamed.daemon.client import DaemonError, request
 from flamed.errors import FlamedError, UsageError
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack
-from flamed.procstat import child_pids, comm, running
+from flamed.procstat import child_pids, comm, descendants_cpu, running
 from flamed.pyspy.watcher import SUPPORTED as PYSPY_READS, ProcReader, python_identity
 
 
 #: Seconds between two requests for what the daemon drained meanwhile (no drain is forced).
 POLL_S = 1.0
+#: CPU seconds of a target's descendants from which record says that its profile leaves them out.
+MISSED_CHILDREN_CPU_S = 0.5
 #: How long each request may take (a forced drain waits for the daemon's loop).
 REQUEST_TIMEOUT_S = 30.0
 
@@ -197,6 +199,8 @@ class DaemonRecording:
     child: str = ""
     #: The CPython version the target runs (None: not Python, or not seen as such).
     version: str | None = None
+    #: What was learnt of the target while it ran (its name, children, their CPU time).
+    watch: TargetWatch | None = None
     #: Seconds from the start of the record to the target's exit (None: it did not exit meanwhile).
     exited_s: float | None = None
     #: The command, still running when the duration ended: to be waited for once the profile is written.
@@ -233,7 +237,7 @@ class DaemonRecording:
             saw = f"the daemon saw {what} on no CPU in {self.windows} window(s)"
         if self.maybe_filtered:
             saw += f"; it samples only {self.maybe_filtered}, which may leave it out (--no-daemon records it here)"
-        return saw + TargetWatch(self.target, child=self.child).child_hint(daemon=True)
+        return saw + (self.watch or TargetWatch(self.target, child=self.child)).child_hint(daemon=True)
 
     def profile(self) -> Profile:
         return Profile(dict(self.stacks), start_ns=self.start_ns, end_ns=self.end_ns, sample_rate=self.sample_rate,
@@ -291,9 +295,21 @@ class TargetWatch:
     child_pid: int = 0
     #: The CPython version the target runs (after any exec), None when it is not Python.
     version: str | None = None
+    #: CPU seconds its descendants had used at the last look (``procstat.descendants_cpu``),
+    #: and the most of them seen running at once: the work record does not
+    #: sample without --subprocesses.
+    children_cpu_s: float = 0.0
+    children_max: int = 0
     _seen: str = field(default="", repr=False)
+    _next_cpu: float = field(default=0.0, repr=False)
 
-    def update(self) -> None:
+    def update(self, child: subprocess.Popen[bytes] | None = None) -> None:
+        """Look again (each turn of record's loop).  With ``child`` (the target,
+        a process record started), a target that has exited but is not reaped yet
+        is read once more: as a zombie it still holds the CPU time of the
+        children it waited for, which the reaping (``child.poll()``) loses."""
+        if child is not None and _exited_unreaped(child.pid):
+            self._next_cpu = 0.0
         name = comm(self.pid)
         if name:
             self.comm = name
@@ -307,6 +323,13 @@ class TargetWatch:
                 self._seen = exe
                 ident = python_identity(ProcReader(), self.pid)
                 self.version = ident[1] if ident is not None else None
+        now = time.monotonic()
+        if now >= self._next_cpu:
+            # Twice a second at most: a tree of a hundred workers is a few hundred reads.
+            self._next_cpu = now + 0.5
+            cpu, live = descendants_cpu(self.pid)
+            self.children_cpu_s = max(self.children_cpu_s, cpu)
+            self.children_max = max(self.children_max, live)
         if self.child_pid:
             # First seen between its fork and its exec, a child has the wrapper's
             # name (sh, bash); it is named as what it became while it is still
@@ -325,8 +348,31 @@ class TargetWatch:
         """"" when no child was seen, else why it was not recorded and how it would be."""
         if not self.child:
             return ""
-        return (f"; it started {self.child}, which record does not follow: --subprocesses also records "
+        used = (f" (at least {self.children_cpu_s:.1f} s of CPU used by the processes it started)"
+                if self.children_cpu_s >= 0.05 else "")
+        return (f"; it started {self.child}, which record does not follow{used}: --subprocesses also records "
                 "a command's Python descendants" + (" (sampling here, not through the daemon)" if daemon else ""))
+
+    def unrecorded_children(self, *, daemon: bool) -> str:
+        """What the target's descendants used that record did not sample, when
+        it is worth saying (0.5 s of CPU or more); "" otherwise.  For a profile
+        of the target alone: a multiprocessing pool, a prefork server or a
+        build whose work ran in processes it started."""
+        if self.children_cpu_s < MISSED_CHILDREN_CPU_S or not self.child:
+            return ""
+        first = f"{self.child} first, up to {self.children_max} at once" if self.children_max > 1 else self.child
+        return (f"the processes that {self.comm or 'the target'} (pid {self.pid}) started ({first}) used "
+                f"at least {self.children_cpu_s:.1f} s of CPU, which this profile does not hold: --subprocesses also "
+                "records a command's Python descendants" + (" (sampling here, not through the daemon)" if daemon
+                                                            else ""))
+
+
+def _exited_unreaped(pid: int) -> bool:
+    """Has our child ``pid`` exited (a zombie until it is waited for)?  It is not reaped here."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return False
 
 
 def filter_excludes(status: dict[str, Any], tgid: int, comm: str) -> str:
@@ -412,7 +458,7 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
         assert pid is not None
         target = pid
     rec.target = target
-    watch = TargetWatch(target, os.path.basename(cmd[0])[:15] if cmd else "")
+    watch = rec.watch = TargetWatch(target, os.path.basename(cmd[0])[:15] if cmd else "")
     watch.update()
     rec.maybe_filtered = filter_unchecked(status or {})
 
@@ -433,7 +479,7 @@ def record(socket_path: str, *, pid: int | None, cmd: list[str], duration: float
     try:
         next_poll = time.monotonic() + POLL_S
         while True:
-            watch.update()
+            watch.update(child)
             # A zombie has exited too: its /proc entry stays until its parent reaps it.
             if (child.poll() is not None) if child is not None else not running(f"/proc/{target}/stat"):
                 rec.exited_s = time.monotonic() - began

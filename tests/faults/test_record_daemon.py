@@ -335,7 +335,8 @@ def test_a_wrapper_that_forks_python_says_its_profile_has_no_python(require_bpf:
     prof = read_folded(out.open("rb"))
     assert prof.stacks and not any(PY_FRAME.fullmatch(f) for s in prof.stacks for f in s), prof.stacks
     assert re.search(r"no Python frames were recorded, only samples of sh \(pid \d+\); it started \S+ \(pid \d+\), "
-                     r"which record does not follow: --subprocesses", r.stderr), r.stderr
+                     r"which record does not follow \(at least [\d.]+ s of CPU used by the processes it started\): "
+                     r"--subprocesses", r.stderr), r.stderr
 
     r = _record(["--socket", d.socket_path, "-o", str(out), "--", "sh", "-c",
                  f"{spin}; exec '{sys.executable}' '{script}' 1 0"], timeout=60)

@@ -460,8 +460,43 @@ def test_record_through_a_forking_wrapper_names_the_child_it_did_not_follow(tmp_
     assert r.returncode == 0, r.stderr
     lines = out.read_text().splitlines()
     assert lines and not any("busy_in_container" in ln for ln in lines), lines[:5]
+    # ... and how much CPU it used (read from the shell's zombie: the child was reaped by then).
     assert re.search(r"no Python process was found: native and kernel stacks only; it started python3\.12 "
-                     r"\(pid \d+\), which record does not follow: --subprocesses", r.stderr), r.stderr
+                     r"\(pid \d+\), which record does not follow \(at least [\d.]+ s of CPU used by the "
+                     r"processes it started\): --subprocesses", r.stderr), r.stderr
+
+
+POOL = ("import os, time\n"
+        "def pool_worker(seconds):\n"
+        "    end = time.process_time() + seconds\n"
+        "    while time.process_time() < end:\n"
+        "        pass\n"
+        "kids = []\n"
+        "for _ in range(2):\n"
+        "    kids.append(os.fork())\n"
+        "    if kids[-1] == 0:\n"
+        "        pool_worker(0.6)\n"
+        "        os._exit(0)\n"
+        "for k in kids:\n"
+        "    os.waitpid(k, 0)\n")
+
+
+def test_record_of_a_python_whose_children_did_the_work_says_so(tmp_path: Path) -> None:
+    """A Python program whose work runs in worker processes (multiprocessing,
+    a prefork server), recorded without --subprocesses: its own profile is a
+    few samples of waiting, and record says how much CPU its children used
+    and that --subprocesses records them.  Before, it said nothing."""
+    need(have_root(), "root")
+    out = tmp_path / "pool.folded"
+    r = subprocess.run(FLAMED + ["record", "--no-daemon", "-r", "99", "-o", str(out), "--",
+                                 str(_interpreter("3.12")), "-c", POOL],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode in (0, 1), r.stderr  # 1: the parent, waiting, may not have been seen on a CPU
+    m = re.search(r"the processes that python3\.12 \(pid \d+\) started \(python3\.12 \(pid \d+\) first, up to 2 "
+                  r"at once\) used at least ([\d.]+) s of CPU, which this profile does not hold: --subprocesses",
+                  r.stderr)
+    assert m is not None and 1.0 <= float(m.group(1)) <= 1.6, r.stderr
+    assert not any("pool_worker" in ln for ln in out.read_text().splitlines())
 
 
 def test_a_python_that_execs_itself_is_read_as_its_new_image(tmp_path: Path) -> None:

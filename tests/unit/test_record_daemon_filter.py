@@ -78,3 +78,65 @@ def test_a_child_seen_before_its_exec_is_named_as_what_it_became() -> None:
                 os.kill(kid, signal.SIGKILL)
         parent.kill()
         parent.wait(10)
+
+
+POOL = """
+import os, sys, time
+def burn(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        burn(0.4)
+        if os.fork() == 0:  # a grandchild, reaped by its parent
+            burn(0.2)
+            os._exit(0)
+        os.wait()
+        os._exit(0)
+    kids.append(pid)
+print("started", flush=True)
+for pid in kids:
+    os.waitpid(pid, 0)
+print("reaped", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_cpu_time_of_children_record_does_not_sample_is_counted() -> None:
+    """A pool of worker processes (multiprocessing, a prefork server): record
+    samples the target alone, so it says how much CPU the processes the
+    target started used (1.2 s here: two children, each with a grandchild),
+    counted through their exits and reaping, and, once the target has exited
+    but is not reaped, from the zombie it leaves."""
+    parent = subprocess.Popen([sys.executable, "-c", POOL], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None and parent.stdin is not None
+        assert parent.stdout.readline() == b"started\n"
+        watch = TargetWatch(parent.pid, "python3")
+        watch.update()
+        assert watch.children_max == 2 and watch.child.endswith(")"), watch
+        assert parent.stdout.readline() == b"reaped\n"
+        watch._next_cpu = 0.0  # the next update reads again (it reads twice a second)
+        watch.update()
+        assert 1.1 <= watch.children_cpu_s <= 1.6, watch.children_cpu_s
+        said = watch.unrecorded_children(daemon=False)
+        assert said.startswith(f"the processes that {watch.comm} (pid {parent.pid}) started (") and \
+            "up to 2 at once) used at least 1." in said and "--subprocesses" in said, said
+        # Exited, not yet reaped: its CPU time is read from the zombie, not lost by the reaping.
+        parent.stdin.close()
+        deadline = time.monotonic() + 15
+        while os.waitid(os.P_PID, parent.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        fresh = TargetWatch(parent.pid, "python3")
+        fresh._next_cpu = time.monotonic() + 60  # throttled: only the exit makes it read
+        fresh.update(parent)  # type: ignore[arg-type]
+        assert 1.1 <= fresh.children_cpu_s <= 1.6, fresh.children_cpu_s
+    finally:
+        parent.kill()
+        parent.wait(10)
+    idle = TargetWatch(os.getpid())
+    assert idle.unrecorded_children(daemon=True) == ""  # no child: nothing to say
