@@ -55,6 +55,12 @@ struct flamed_event {
     char comm[FLAMED_COMM_LEN];
     __u64 native_stack_id; /* as in struct flamed_key */
     __u64 native_leaf;     /* as in struct flamed_key */
+    __u64 py_stack_id;     /* as in struct flamed_key (0 in a watched task's event) */
+    /* 0: a watched task's sample, sent instead of counted.  1: a copy of a
+     * sample also counted, sent only for its time (FLAMED_TIMELINE: `flamed
+     * record --timeline`), which user space must not count again. */
+    __u32 timeline;
+    __u32 pad;
 };
 
 /* A process image as the program can tell it without reading kernel

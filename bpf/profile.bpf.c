@@ -30,6 +30,8 @@
  *   FLAMED_MAX_ENTRIES    count map entries per generation (default 65536)
  *   FLAMED_RINGBUF_PAGES  ring buffer size in pages, a power of 2 (default 256)
  *   FLAMED_MAX_WATCHED    watched processes (default 1024)
+ *   FLAMED_TIMELINE       1: also send every counted sample's time and stack
+ *                         ids through the ring buffer (record --timeline)
  *   FLAMED_FILTER_MAX     entries of each filter map (default 1024)
  *   FLAMED_INCLUDE_IDLE   1: also sample the idle task (pid 0)
  *   FLAMED_PRIME          1: report each process image the first time it is
@@ -74,6 +76,9 @@ struct bpf_perf_event_data {
 #endif
 #ifndef FLAMED_MAX_WATCHED
 #define FLAMED_MAX_WATCHED 1024
+#endif
+#ifndef FLAMED_TIMELINE
+#define FLAMED_TIMELINE 0
 #endif
 #ifndef FLAMED_FILTER_MAX
 #define FLAMED_FILTER_MAX 1024
@@ -292,8 +297,9 @@ static __always_inline void stack_errors(u32 block, int user_mode, s32 *kidp, s3
     }
 }
 
-/* Send a watched task's sample to user space; 0 on success. */
-static __always_inline int emit_event(u32 gen, struct flamed_key *key)
+/* Send a sample to user space with its time: a watched task's (instead of
+ * counting it), or, with `timeline`, a copy of a counted one; 0 on success. */
+static __always_inline int emit_event(u32 gen, struct flamed_key *key, u32 timeline)
 {
     struct flamed_event *e = events.ringbuf_reserve(sizeof(struct flamed_event));
     if (!e)
@@ -308,6 +314,9 @@ static __always_inline int emit_event(u32 gen, struct flamed_key *key)
     __builtin_memcpy(e->comm, key->comm, FLAMED_COMM_LEN);
     e->native_stack_id = key->native_stack_id;
     e->native_leaf = key->native_leaf;
+    e->py_stack_id = key->py_stack_id;
+    e->timeline = timeline;
+    e->pad = 0;
     events.ringbuf_submit(e, 0);
     return 0;
 }
@@ -327,7 +336,7 @@ static __always_inline void take_gen0(struct bpf_perf_event_data *ctx, struct fl
     s32 unwound = 0; /* stands in for the user stack id when the tables gave the stack */
     stack_errors(0, user_mode, &key->kernel_stack_id, key->native_stack_id ? &unwound : &key->user_stack_id);
     if (is_watched) {
-        if (emit_event(0, key) == 0) {
+        if (emit_event(0, key, 0) == 0) {
             stat_inc(0, FLAMED_STAT_EVENTS);
             return;
         }
@@ -364,7 +373,7 @@ static __always_inline void take_gen1(struct bpf_perf_event_data *ctx, struct fl
     s32 unwound = 0; /* stands in for the user stack id when the tables gave the stack */
     stack_errors(1, user_mode, &key->kernel_stack_id, key->native_stack_id ? &unwound : &key->user_stack_id);
     if (is_watched) {
-        if (emit_event(1, key) == 0) {
+        if (emit_event(1, key, 0) == 0) {
             stat_inc(1, FLAMED_STAT_EVENTS);
             return;
         }
@@ -402,6 +411,14 @@ static __always_inline void finish_sample(struct bpf_perf_event_data *ctx, struc
         take_gen1(ctx, key, is_watched);
     else
         take_gen0(ctx, key, is_watched);
+#if FLAMED_TIMELINE
+    /* Each counted sample's time too (`flamed record --timeline`): a copy
+     * through the ring buffer, after the stack ids are in the key.  One that
+     * finds the buffer full is missing from the timeline only (user space
+     * counts those by difference with the samples counted). */
+    if (!is_watched)
+        emit_event(gen, key, 1);
+#endif
 #if FLAMED_PYTHON
     /* A new Python stack's guards: flamed_pyguard ends the sample (returns
      * here only when there was nothing to do, or the tail call failed). */

@@ -153,7 +153,8 @@ class RecordCommand(Command):
                             help="frame-pointer user stacks instead of unwinding them from .eh_frame tables "
                                  "(tables are kept in $XDG_CACHE_HOME/flamed/unwind)")
         parser.add_argument("--timeline", metavar="FILE",
-                            help="also write every mixed sample as 'MONOTONIC_NS PID TID STACK' lines")
+                            help="also write every sample of the profile with its time, as 'MONOTONIC_NS PID "
+                                 "TID STACK' lines")
         parser.add_argument("--title", default=None, help="graph title for image formats")
         parser.add_argument("--socket", metavar="PATH", default=None,
                             help=f"record through the daemon on this control socket (default: {DEFAULT_SOCKET} "
@@ -226,7 +227,8 @@ class RecordCommand(Command):
                     self.warn("loading the BPF programs (compiling takes a second or two)")
                 sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(
                     args.rate, pysource.walker_wanted(policy), not args.no_unwind,
-                    offcpu_min_us=args.min_block_us if timed else None, offcpu_every=args.offcpu_every)
+                    offcpu_min_us=args.min_block_us if timed else None, offcpu_every=args.offcpu_every,
+                    timeline=args.timeline is not None)
             except KeyboardInterrupt:
                 # Nothing recorded yet: the output says so rather than not existing.
                 self._write(args, fmt, Profile(labels={**_mode_labels(args.mode), "source": "flamed record"}))
@@ -319,7 +321,8 @@ class RecordCommand(Command):
 
     # -- mixed mode ---------------------------------------------------------
     def _bpf_sampler(self, rate: int, python: bool, unwind: bool = True, *,
-                     offcpu_min_us: int | None = None, offcpu_every: int = 1) -> tuple[Any, str]:
+                     offcpu_min_us: int | None = None, offcpu_every: int = 1,
+                     timeline: bool = False) -> tuple[Any, str]:
         try:
             from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: PLC0415
             from flamed import cli  # noqa: PLC0415
@@ -332,7 +335,7 @@ class RecordCommand(Command):
                                      unwind_cache_dir=_cache_dir() if unwind else None,
                                      bpf_cache_dir=_cache_dir("bpf"),
                                      offcpu=offcpu_min_us is not None, offcpu_min_us=offcpu_min_us or 0,
-                                     offcpu_every=offcpu_every)
+                                     offcpu_every=offcpu_every, timeline=timeline)
             if cli.STANDALONE and program_is_cached(opts):
                 # Compiled before: bcc without clang and LLVM (0.2 s and ~65 MB less)
                 runtime_only()
@@ -359,6 +362,9 @@ class RecordCommand(Command):
         counts: dict[tuple[int, int, str, Stack], int] = {}
         self._identities: dict[int, CgroupIdentity] = {}  # tgid -> its cgroup's owner, for --root
         self._offcpu: dict[tuple[int, int, str, Stack], int] = {}  # ns, --mode offcpu/wall
+        #: --timeline: the counted samples (those of processes whose Python frames are read
+        #: in BPF, and native ones) with their times; ``samples`` holds py-spy's joined ones.
+        self._timeline: list[tuple[SampleEvent, Stack]] = []
         rc = 0
         interrupted = False
         pythons: set[int] = set()
@@ -540,7 +546,11 @@ class RecordCommand(Command):
         def write() -> None:
             self._write(args, fmt, profile)
             if args.timeline:
-                self._write_timeline(args.timeline, samples)
+                self._write_timeline(args.timeline, samples + self._timeline)
+                missing = sum(counts.values()) - len(self._timeline) if args.mode != "offcpu" else 0
+                if missing > 0:
+                    self.warn(f"--timeline: {missing} of {sum(counts.values()) + len(samples)} samples are in the "
+                              "profile but not in the timeline (the ring buffer of sample times was full)")
 
         failed_rc, late = self._write_or_wait(write, child, cmd)
         if failed_rc is not None:
@@ -604,6 +614,7 @@ class RecordCommand(Command):
         for k, n in w.offcpu.items():
             off[k] = off.get(k, 0) + n
         samples.extend(mixed.process(w.events))
+        self._timeline.extend(w.timeline)
 
     def _warn_offcpu_losses(self, st: dict[str, int]) -> None:
         """Say what off-CPU lost, and which option to raise (docs/offcpu.md)."""

@@ -135,6 +135,10 @@ class Window:
     #: failed for waits shorter than the threshold are not losses: nothing
     #: was recorded for them.
     offcpu_lost: dict[str, int] = field(default_factory=dict)
+    #: Every counted sample with its time (CLOCK_MONOTONIC ns) and its whole
+    #: stack, as in ``counts`` (samplers asked for it:
+    #: ``BpfSamplerOptions.timeline``); a sample is in ``counts`` as well.
+    timeline: list[tuple[SampleEvent, Stack]] = field(default_factory=list)
 
     def to_profile(self, root: str = "comm", labels: dict[str, str] | None = None) -> Profile:
         """Counts (not events) as a Profile whose root frames name the task (see :func:`counts_to_profile`)."""

@@ -240,6 +240,10 @@ class Drainer:
         self._program.bpf.ring_buffer_consume()
         raw_events = [e for e in self._raw_events if e[4] == old]
         self._raw_events = [e for e in self._raw_events if e[4] != old]
+        # Copies of counted samples (BpfSamplerOptions.timeline) give times only.
+        timeline_rows = [e for e in raw_events if e[11]]
+        if timeline_rows:
+            raw_events = [e for e in raw_events if not e[11]]
         if self._sampled is not None:  # processes never handed on: read now
             self._sampled(keys.tgids() | {e[1] for e in raw_events})
 
@@ -267,8 +271,10 @@ class Drainer:
         offcpu_lost = ({reason: counters.get(name, 0) for name, reason in OFF_LOST_TO_REASON.items()}
                        if off is not None else {})
         cgroups = task_cgroups(keys)  # the rows are read in place: before release()
+        timeline: list[tuple[SampleEvent, Stack]] = []
         try:
-            counts, events = self._symbolize_all(keys, raw_events, stacks, pystacks, ustacks)
+            counts, events = self._symbolize_all(keys, raw_events, stacks, pystacks, ustacks,
+                                                 timeline_rows, timeline)
             offcpu: dict[CountKey, int] = {}
             if off is not None:
                 offcpu = self._offcpu(off, stacks, pystacks, counters)
@@ -300,16 +306,21 @@ class Drainer:
             identities=identities,
             offcpu=offcpu,
             offcpu_lost=offcpu_lost,
+            timeline=timeline,
         )
 
     def _symbolize_all(self, keys: Iterable[CountRow], raw_events: list[EventRow],
-                       stacks: Mapping[int, Sequence[int]], pystacks: RawStacks, ustacks: RawStacks) -> tuple[MutableMapping[CountKey, int], list[SampleEvent]]:
+                       stacks: Mapping[int, Sequence[int]], pystacks: RawStacks, ustacks: RawStacks,
+                       timeline_rows: Sequence[EventRow] = (),
+                       timeline: list[tuple[SampleEvent, Stack]] | None = None,
+                       ) -> tuple[MutableMapping[CountKey, int], list[SampleEvent]]:
         """The window's counts and events, numbered in :attr:`numbering`'s table when there is one.
 
-        A table out of 2-byte frame numbers is widened and the window named again (once in a daemon's life)."""
+        A table out of 2-byte frame numbers is widened and the window named again (once in a daemon's life).
+        ``timeline_rows`` (copies of counted samples) are named into ``timeline``, without a table only."""
         numbering = self.numbering
         if numbering is None:
-            return self._symbolize(keys, raw_events, stacks, pystacks, ustacks)
+            return self._symbolize(keys, raw_events, stacks, pystacks, ustacks, None, timeline_rows, timeline)
         for _attempt in range(2):
             with numbering.numbering() as table:
                 try:
@@ -484,12 +495,19 @@ class Drainer:
         pystacks: RawStacks | None = None,
         ustacks: RawStacks | None = None,
         table: StackTable | None = None,
+        timeline_rows: Sequence[EventRow] = (),
+        timeline: list[tuple[SampleEvent, Stack]] | None = None,
     ) -> tuple[MutableMapping[CountKey, int], list[SampleEvent]]:
         """The rows' counts by (tgid, tid, comm, stack), and the events named.
 
         With ``table`` (under the numbering's hold), the counts are a
         :class:`~flamed.sampling.packed.PackedBuilder` numbered in it
-        (OverflowError: the table needs 4-byte frame numbers)."""
+        (OverflowError: the table needs 4-byte frame numbers).
+
+        ``timeline_rows``, copies of counted samples sent for their times
+        (without a table only), are appended to ``timeline`` with the stack
+        their count key was given; one whose key was not counted (the count
+        map was full) is left out."""
         sym = self._symbolizer
         kmemo: dict[int, Stack] = {}
         umemo: dict[tuple[int, int], Stack] = {}
@@ -593,6 +611,9 @@ class Drainer:
         counts: dict[Any, int] = {}
         tasks: dict[tuple[int, int, bytes], int] = {}
         comm = self._comm
+        # The stacks of the keys the timeline's samples were counted under.
+        by_key: dict[tuple[int, int, int, int, bytes, int, int, int], Stack] | None = (
+            {} if timeline_rows and table is None else None)
         for tgid, tid, kid, uid, rc, pyid, nid, _cg, leaf, n in keys:
             uk = ((nid << 64 | leaf) << 32 | tgid) if nid else (tgid << 32 | (uid & 0xFFFFFFFF))
             whole = uwhole.get(uk)
@@ -621,6 +642,8 @@ class Drainer:
             ck: Any
             if table is None:
                 ck = (tgid, tid, comm(rc), stack)
+                if by_key is not None:
+                    by_key[(tgid, tid, kid, uid, rc, pyid, nid, leaf)] = stack
             else:
                 ti = tasks.get((tgid, tid, rc))
                 if ti is None:
@@ -633,8 +656,14 @@ class Drainer:
                 user_stack=nstack(tgid, nid, leaf) if nid else ustack(tgid, uid), kernel_stack=kstack(kid),
                 cpu=cpu,
             )
-            for kt, tgid, tid, cpu, _gen, kid, uid, rc, nid, leaf in raw_events
+            for kt, tgid, tid, cpu, _gen, kid, uid, rc, nid, leaf, *_py in raw_events
         ]
         events.sort(key=lambda e: (e.ktime_ns, e.cpu, e.tid))
+        if by_key is not None and timeline is not None:
+            for kt, tgid, tid, cpu, _gen, kid, uid, rc, nid, leaf, pyid, *_flags in timeline_rows:
+                got = by_key.get((tgid, tid, kid, uid, rc, pyid, nid, leaf))
+                if got is not None:
+                    timeline.append((SampleEvent(ktime_ns=kt, tgid=tgid, tid=tid, comm=comm(rc), user_stack=(),
+                                                 kernel_stack=(), cpu=cpu), got))
         return (counts if table is None else PackedBuilder(table, counts)), events
 

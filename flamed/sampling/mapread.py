@@ -35,8 +35,9 @@ _NO_LOOKUP_AND_DELETE = (errno.EINVAL, 524, errno.EOPNOTSUPP)
 CountRow = tuple[int, int, int, int, bytes, int, int, int, int, int]
 #: One ring-buffer event (struct flamed_event): ktime, tgid, tid, cpu,
 #: generation, kernel stack id, user stack id, raw comm, unwound stack id,
-#: unwound stack's leaf address.
-EventRow = tuple[int, int, int, int, int, int, int, bytes, int, int]
+#: unwound stack's leaf address, Python stack id, timeline flag (1: a copy
+#: of a counted sample, for its time only), padding.
+EventRow = tuple[int, int, int, int, int, int, int, bytes, int, int, int, int, int]
 
 
 class CountRows:

@@ -42,7 +42,7 @@ EVENTS = {"cycles": (PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES), "cpu-clock":
 
 # struct flamed_key and struct flamed_event of bpf/flamed.h.
 KEY = struct.Struct("<IIii16sQQQQ")
-EVENT = struct.Struct("<QIIIIii16sQQ")
+EVENT = struct.Struct("<QIIIIii16sQQQII")
 _COMM_LEN = 16
 
 _CAP_SYS_ADMIN, _CAP_PERFMON, _CAP_BPF = 21, 38, 39
@@ -101,6 +101,10 @@ class BpfSamplerOptions:
     #: ``ringbuf_full``, or call :meth:`BpfSampler.poll_events` more often.
     ringbuf_pages: int = 1024
     max_watched: int = 1024
+    #: Also send every counted sample's time through the ring buffer, so that
+    #: the window's ``timeline`` holds each sample with its time and stack
+    #: (``flamed record --timeline``); the counts are unchanged.
+    timeline: bool = False
     #: Entries of each filter map.
     filter_max: int = 1024
     #: Directory holding profile.bpf.c and flamed.h (``None``: :func:`default_bpf_dir`).
@@ -333,6 +337,7 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
         "FLAMED_MAX_ENTRIES": options.max_entries,
         "FLAMED_RINGBUF_PAGES": options.ringbuf_pages,
         "FLAMED_MAX_WATCHED": options.max_watched,
+        "FLAMED_TIMELINE": int(options.timeline),
         "FLAMED_FILTER_MAX": options.filter_max,
         "FLAMED_INCLUDE_IDLE": int(options.include_idle),
         "FLAMED_FILTER_PIDS": int(options.pids is not None),

@@ -39,12 +39,18 @@ def run_record(args: list[str], timeout: float = 120) -> subprocess.CompletedPro
                           cwd=ROOT)
 
 
-def test_record_command_attributes_phases(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
+@pytest.mark.parametrize("path", ["pyspy", "bpf"])
+def test_record_command_attributes_phases(tmp_path: Path, require_bpf: None, require_pyspy: str,
+                                          path: str) -> None:
+    """Each sample in --timeline with its time, scored against the phases the
+    workload logged: py-spy's samples (joined by time), and those whose Python
+    frames the BPF program read (counted in maps, their times sent beside).
+    Before, the BPF path, record's default, wrote an empty timeline."""
     log, tl, out = tmp_path / "phases.log", tmp_path / "timeline.txt", tmp_path / "out.folded"
-    # The py-spy path (--pyspy): its samples keep their times (--timeline).
-    r = run_record(["--pyspy", "-r", "199", "-o", str(out), "--timeline", str(tl), "--",
-                    sys.executable, PHASES, str(log), "200", "10"])
+    r = run_record([*(["--pyspy"] if path == "pyspy" else []), "-r", "199", "-o", str(out), "--timeline", str(tl),
+                    "--", sys.executable, PHASES, str(log), "200", "10"])
     assert r.returncode == 0, r.stderr
+    assert ("read in BPF" in r.stderr) == (path == "bpf"), r.stderr
     acc = accuracy(str(log), str(tl))
     # enough samples to mean something, few enough for a loaded CI host
     assert acc.syscall_samples >= 10 and acc.compute_samples >= 30, acc
@@ -60,9 +66,13 @@ def test_record_command_attributes_phases(tmp_path: Path, require_bpf: None, req
     py = max(i for i, f in enumerate(frames) if f.startswith("syscall_phase ("))
     k = min(i for i, f in enumerate(frames) if f.endswith("_[k]"))
     assert py < k
-    # weights are BPF samples: the folded total equals the timeline's samples plus counted ones
-    total = sum(int(ln.rsplit(" ", 1)[1]) for ln in text.splitlines())
-    assert total >= len(tl.read_text().splitlines())
+    # Weights are BPF samples, and every one is on the timeline, with the stack it has in the profile.
+    weights: dict[str, int] = {}
+    for ln in tl.read_text().splitlines():
+        stack = ln.split(" ", 3)[3]
+        weights[stack] = weights.get(stack, 0) + 1
+    assert weights == {ln.rsplit(" ", 1)[0]: int(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()}
+    assert "not in the timeline" not in r.stderr, r.stderr
 
 
 def test_record_returns_command_exit_code(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
