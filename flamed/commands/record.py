@@ -25,7 +25,7 @@ from flamed.daemon.client import DEFAULT_SOCKET
 from flamed.errors import CapabilityError, FlamedError, UsageError
 from flamed.fileio import open_output, output_problem
 from flamed.folded import read_folded
-from flamed.model import Profile, Stack
+from flamed.model import Profile, Sample, Stack, task_frame
 from flamed.outputs.base import OutputOptions
 from flamed.procstat import running, status_tgid, thread_states
 from flamed.pyspy.align import JoinOptions
@@ -110,9 +110,10 @@ class RecordCommand(Command):
                                  "error); checked before recording starts (default: "
                                  "flamed-PID.<ext of the format> with -p, flamed-record.<ext> with a command)")
         parser.add_argument("-f", "--format", default=None,
-                            help="output format: " + ", ".join(n for n in outputs.names()
-                                                                if outputs.get(n).writes_profiles)
-                                 + " (default: by -o's extension, else folded)")
+                            help="output format: " + ", ".join(outputs.names())
+                                 + " (default: by -o's extension, else folded); trace, chrometrace and "
+                                   "speedscope get each sample at its time, per thread (--mode cpu, "
+                                   "sampling here, not through the daemon)")
         parser.add_argument("--subprocesses", action="store_true",
                             help="also record Python descendants, and follow what the command leaves running "
                                  "when it exits (a daemon) until that exits or -d ends")
@@ -199,6 +200,7 @@ class RecordCommand(Command):
                 self._survivors.close()
 
     def _record(self, args: argparse.Namespace, cmd: list[str]) -> int:
+        self._fmt = outputs.choose(args.format, args.output)
         if self._through_daemon(args, cmd):
             return self._via_daemon(args, cmd)
         if args.rate is None:
@@ -228,13 +230,19 @@ class RecordCommand(Command):
                 sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(
                     args.rate, pysource.walker_wanted(policy), not args.no_unwind,
                     offcpu_min_us=args.min_block_us if timed else None, offcpu_every=args.offcpu_every,
-                    timeline=args.timeline is not None)
+                    timeline=args.timeline is not None or _timed_output(args, fmt))
             except KeyboardInterrupt:
                 # Nothing recorded yet: the output says so rather than not existing.
                 self._write(args, fmt, Profile(labels={**_mode_labels(args.mode), "source": "flamed record"}))
                 return 130
             if sampler is None and timed:
                 raise CapabilityError(f"--mode {args.mode} needs the BPF sampler, which is unavailable: {why}")
+            if sampler is None and _timed_output(args, fmt):
+                if not fmt.writes_profiles:
+                    raise CapabilityError(f"the {fmt.name} format needs each sample's time, which only the BPF "
+                                          f"sampler gives; it is unavailable: {why}")
+                self.warn(f"without the BPF sampler ({why}) there is no sample time: the {fmt.name} output is "
+                          "the aggregated profile, not a timeline")
             if sampler is None:
                 self.warn(f"BPF unavailable ({why}); recording Python stacks with py-spy alone")
                 return self._pyspy_only(args, cmd, pyspy_opts, fmt)
@@ -248,7 +256,9 @@ class RecordCommand(Command):
                                           (f"--mode {args.mode}", args.mode != "cpu"),
                                           ("--pyspy", args.pyspy is not None), ("--no-bpf", args.no_bpf),
                                           ("--timeline", args.timeline is not None),
-                                          ("--subprocesses", args.subprocesses)) if on]
+                                          ("--subprocesses", args.subprocesses),
+                                          (f"the {self._fmt.name} format (a timeline of each sample)",
+                                           _timed_output(args, self._fmt))) if on]
         wanted = args.socket is not None or args.since is not None
         if local_only:
             if args.since is not None:
@@ -544,13 +554,16 @@ class RecordCommand(Command):
         profile = self._profile(args, samples, counts, sampler)
 
         def write() -> None:
-            self._write(args, fmt, profile)
+            if _timed_output(args, fmt) and sampler is not None:
+                self._write_samples(args, fmt, samples + self._timeline, profile)
+            else:
+                self._write(args, fmt, profile)
             if args.timeline:
                 self._write_timeline(args.timeline, samples + self._timeline)
-                missing = sum(counts.values()) - len(self._timeline) if args.mode != "offcpu" else 0
-                if missing > 0:
-                    self.warn(f"--timeline: {missing} of {sum(counts.values()) + len(samples)} samples are in the "
-                              "profile but not in the timeline (the ring buffer of sample times was full)")
+            missing = sum(counts.values()) - len(self._timeline) if args.mode != "offcpu" else 0
+            if missing > 0 and (args.timeline or _timed_output(args, fmt)):
+                self.warn(f"{missing} of {sum(counts.values()) + len(samples)} samples are in the profile but not "
+                          "in the timeline (the ring buffer of sample times was full)")
 
         failed_rc, late = self._write_or_wait(write, child, cmd)
         if failed_rc is not None:
@@ -664,6 +677,24 @@ class RecordCommand(Command):
             p.start_ns = min(ev.ktime_ns for ev, _ in samples) + off
             p.end_ns = max(ev.ktime_ns for ev, _ in samples) + off
         return p
+
+    def _write_samples(self, args: argparse.Namespace, fmt: outputs.OutputFormat,
+                       samples: list[tuple[SampleEvent, Stack]], profile: Profile) -> None:
+        """A format of timed samples (trace, chrometrace, speedscope): each sample at its
+        time (wall clock), under a ``comm-PID/TID`` root frame, in time order."""
+        path = _output_path(args, fmt)
+        off = time.time_ns() - time.monotonic_ns()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
+        ordered = sorted(samples, key=lambda s: (s[0].ktime_ns, s[0].tid))
+        stream = (Sample(ev.ktime_ns + off, (task_frame(ev.comm, ev.tgid, ev.tid), *stack), 1, ev.tgid, ev.tid)
+                  for ev, stack in ordered)
+        opts = OutputOptions(title=args.title, extra={"sample_rate": str(args.rate)})
+        try:
+            with open_output(path) as out:
+                fmt.write_samples(stream, out, opts)
+        except FlamedError as e:
+            raise FlamedError(f"{e}; {_save_elsewhere(path, profile)}") from None
+        if path != "-":
+            self.warn(f"wrote {path} ({len(ordered)} samples in time order, {len(profile)} stacks)")
 
     def _write_timeline(self, path: str, samples: list[tuple[SampleEvent, Stack]]) -> None:
         with open_output(path) as f:
@@ -867,15 +898,24 @@ def _check_target(pid: int) -> None:
                          "nothing to record")
 
 
+def _timed_output(args: argparse.Namespace, fmt: outputs.OutputFormat) -> bool:
+    """Does ``fmt`` get record's samples in time order (trace, chrometrace,
+    speedscope: a per-thread timeline) rather than the aggregated profile?
+    In CPU mode only: off-CPU and wall-clock weights are waits summed in BPF,
+    without a time per sample."""
+    return fmt.wants_samples and args.mode == "cpu"
+
+
 def _check_format(args: argparse.Namespace, fmt: outputs.OutputFormat) -> None:
-    """A usage error when ``fmt`` cannot write the aggregated profile record makes (trace: one
-    line per timestamped sample), before the command starts rather than once it has been recorded."""
-    if fmt.writes_profiles:
+    """A usage error when ``fmt`` cannot write what record makes (trace: one line per
+    timestamped sample, which --mode offcpu/wall do not have), before the command starts
+    rather than once it has been recorded."""
+    if fmt.writes_profiles or _timed_output(args, fmt):
         return
     chosen = f"-f/--format {fmt.name}" if args.format else f"-o/--output {args.output} (the {fmt.name} format)"
-    raise UsageError(f"{chosen}: record writes an aggregated profile, which the {fmt.name} format cannot hold "
-                     "(it needs timestamped samples); write folded or another format, and --timeline FILE "
-                     "for each sample's time (sampling here, without the daemon)")
+    raise UsageError(f"{chosen}: with --mode {args.mode} record writes waits summed per stack, which the "
+                     f"{fmt.name} format cannot hold (it needs each sample's time, which --mode cpu has); write "
+                     "folded or another format")
 
 
 def _check_writable(path: str, option: str) -> None:

@@ -436,3 +436,60 @@ def test_record_pid_of_a_process_with_a_subinterpreter(tmp_path: Path, require_b
     spun = sum(n for s, n in stacks if f"spin_main ({script}:" in s)
     assert total >= 20, r.stderr
     assert spun >= 0.8 * total, (spun, total, r.stderr, stacks[:5])
+
+
+TWO_THREADS = """
+import threading, time
+def spin_here(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+def in_the_thread():
+    for _ in range(4):
+        spin_here(0.2)
+        time.sleep(0.2)
+t = threading.Thread(target=in_the_thread)
+t.start()
+spin_here(0.6)
+time.sleep(0.6)
+t.join()
+"""
+
+
+def test_record_writes_each_sample_at_its_time(tmp_path: Path, require_bpf: None) -> None:
+    """``flamed record -o run.trace`` (and chrometrace, speedscope): every
+    sample at its wall-clock time under its thread's root frame, Python frames
+    read in BPF.  Before, record refused the trace format and wrote the
+    others as the aggregated profile (no time order)."""
+    out = tmp_path / "run.trace"
+    t0 = time.time_ns()
+    r = run_record(["-r", "99", "-o", str(out), "--", sys.executable, "-c", TWO_THREADS])
+    t1 = time.time_ns()
+    assert r.returncode == 0, r.stderr
+    assert "samples in time order" in r.stderr and "not in the timeline" not in r.stderr, r.stderr
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("# flamed trace")
+    rows = [ln.split(" ", 1) for ln in lines[1:]]
+    times = [int(t) for t, _ in rows]
+    assert times == sorted(times) and t0 <= times[0] and times[-1] <= t1, (t0, times[:3], times[-3:], t1)
+    threads: dict[str, list[int]] = {}
+    for (t, rest) in rows:
+        stack, count = rest.rsplit(" ", 1)
+        assert count == "1"
+        threads.setdefault(stack.split(";", 1)[0], []).append(int(t))
+        if "in_the_thread (<string>" in stack:
+            assert "spin_here (<string>" in stack or "[" in stack, stack
+    assert len(threads) == 2, list(threads)
+    spun = [int(t) for (t, rest) in rows if "in_the_thread (<string>:" in rest and "spin_here (<string>:" in rest]
+    # The thread spins 4 x 0.2 s with sleeps between: its spinning samples come in bursts.
+    assert len(spun) >= 30, len(spun)
+    gaps = sum(1 for a, b in zip(spun, spun[1:]) if b - a > 150_000_000)
+    assert gaps >= 2, (gaps, spun)
+    # flamed's own tools read it as a timeline: one speedscope track per thread.
+    ss = tmp_path / "run.speedscope.json"
+    e = subprocess.run(FLAMED + ["export", "-o", str(ss), str(out)], capture_output=True, text=True, timeout=60)
+    assert e.returncode == 0, e.stderr
+    import json
+
+    doc = json.loads(ss.read_text())
+    assert sorted(p["type"] for p in doc["profiles"]) == ["evented", "evented"], doc["profiles"][0]["type"]

@@ -102,18 +102,23 @@ def test_unwritable_output_is_refused_before_recording(tmp_path: Path) -> None:
 
 
 def test_a_format_that_cannot_hold_a_profile_is_refused_before_recording(tmp_path: Path) -> None:
-    """-f trace (or -o x.trace) needs timestamped samples, which record does not
-    write: the command ran, was recorded, and only then did the write fail (the
-    recording saved as folded text elsewhere).  Now it is refused before the
-    command runs, with or without the daemon."""
+    """-f trace (or -o x.trace) needs each sample's time: --mode offcpu and wall
+    sum waits per stack in BPF, without one.  Once, the command ran, was
+    recorded, and only then did the write fail; it is refused before the
+    command runs.  In CPU mode a trace is written (sampling here): through
+    the daemon, whose windows are summed, it is refused as well."""
     marker = tmp_path / "ran"
     cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
     for fmt_args, needle in ((["-f", "trace", "-o", str(tmp_path / "x.folded")], "-f/--format trace"),
                              (["-o", str(tmp_path / "x.trace")], "(the trace format)")):
-        for mode in (["--no-daemon"], ["--socket", NO_SOCKET]):
-            r = flamed(["record", *mode, *fmt_args, *cmd])
-            assert_usage_error(r, needle, "record writes an aggregated profile", "--timeline")
+        for mode in ("offcpu", "wall"):
+            r = flamed(["record", "--no-daemon", "--mode", mode, *fmt_args, *cmd])
+            assert_usage_error(r, needle, f"with --mode {mode} record writes waits summed per stack",
+                               "cannot hold")
             assert not marker.exists(), "the command ran though its profile could not be written"
+        r = flamed(["record", "--socket", NO_SOCKET, *fmt_args, *cmd])
+        assert_usage_error(r, "--socket records through the daemon: it cannot go with the trace format")
+        assert not marker.exists(), "the command ran though its profile could not be written"
     assert list(tmp_path.iterdir()) == []
 
 
