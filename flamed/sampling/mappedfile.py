@@ -9,9 +9,11 @@ it, which is not always a path this process can open:
   the process's root directory as seen from here (``/srv/app/usr/lib/...``),
   while files bind-mounted into that root exist only in the unit's namespace:
   openable as ``/proc/PID/root`` + the rest of the path;
-- a file deleted or replaced since it was mapped (a package upgrade): only
-  ``/proc/PID/map_files/START-END`` still opens it (CAP_CHECKPOINT_RESTORE
-  since Linux 5.9, or CAP_SYS_ADMIN; the unit grants the first);
+- a file deleted or replaced since it was mapped (a package upgrade): the
+  process's executable still opens as ``/proc/PID/exe`` (ptrace read access,
+  as for the rest of /proc/PID), any other file only as
+  ``/proc/PID/map_files/START-END`` (CAP_CHECKPOINT_RESTORE since Linux 5.9,
+  or CAP_SYS_ADMIN; the unit grants the first);
 - a process that has exited: its ``/proc/PID/root`` is gone, and the path
   here is right only if it is still the same file.
 
@@ -62,6 +64,15 @@ def mapped_file(pid: int, path: str, inode: int, start: int, end: int, *,
                 return inside
         if _inode_is(path, inode, dev):
             return path
+    # The executable, even deleted, without the capability map_files needs
+    # (named as the mapping is: its inode alone could be another device's).
+    exe = f"{base}/exe"
+    try:
+        is_exe = os.readlink(exe) == path
+    except OSError:
+        is_exe = False
+    if is_exe and _inode_is(exe, inode):
+        return exe
     mapped = f"{base}/map_files/{start:x}-{end:x}"
     try:
         st = os.stat(mapped)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cpython_support import need_pyenv
 from support import SCALE, need
 from daemonproc import DaemonProc, base_config
 from test_daemon_faults import record_figure
@@ -309,19 +310,22 @@ def test_systemd_analyze_security_exposure_and_every_exposed_item_justified(tmp_
 
 @contextlib.contextmanager
 def _replaced_interpreter(tmp: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """The capwork workload run from a copy of this interpreter, deleted once
-    it runs, as a package upgrade replaces a running service's binaries: its
-    maps then name ``... (deleted)``, which only /proc/PID/map_files opens."""
-    exe = tmp / "python3-replaced"
-    shutil.copy2(os.path.realpath(sys.executable), exe)
-    env = dict(os.environ, PYTHONHOME=sys.base_prefix)
-    wl = subprocess.Popen([str(exe), "-c", WORK], env=env, start_new_session=True)
+    """The capwork workload run by pyenv's 3.12 from a copy of its libpython,
+    deleted once it runs, as a package upgrade replaces a running service's
+    libraries: its maps then name ``libpython3.12.so.1.0 (deleted)``, which
+    only /proc/PID/map_files opens.  (A replaced executable opens as
+    /proc/PID/exe, without the capability: tests/unit/test_probe_replaced.py.)"""
+    prefix = need_pyenv("3.12")
+    lib = tmp / "libpython3.12.so.1.0"
+    shutil.copy2(prefix / "lib" / lib.name, lib)
+    wl = subprocess.Popen([str(prefix / "bin" / "python3.12"), "-c", WORK],
+                          env=dict(os.environ, LD_LIBRARY_PATH=str(tmp)), start_new_session=True)
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and "capwork" not in Path(f"/proc/{wl.pid}/comm").read_text():
             time.sleep(0.02)
-        exe.unlink()
-        assert os.readlink(f"/proc/{wl.pid}/exe").endswith(" (deleted)")
+        lib.unlink()
+        assert f"{lib} (deleted)" in Path(f"/proc/{wl.pid}/maps").read_text()
         yield wl
     finally:
         os.killpg(wl.pid, 9)

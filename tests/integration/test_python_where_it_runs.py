@@ -466,7 +466,7 @@ def test_record_through_a_forking_wrapper_names_the_child_it_did_not_follow(tmp_
                      r"processes it started\): --subprocesses", r.stderr), r.stderr
 
 
-POOL = ("import os, time\n"
+WORKER_PROCESSES = ("import os, time\n"
         "def pool_worker(seconds):\n"
         "    end = time.process_time() + seconds\n"
         "    while time.process_time() < end:\n"
@@ -489,7 +489,7 @@ def test_record_of_a_python_whose_children_did_the_work_says_so(tmp_path: Path) 
     need(have_root(), "root")
     out = tmp_path / "pool.folded"
     r = subprocess.run(FLAMED + ["record", "--no-daemon", "-r", "99", "-o", str(out), "--",
-                                 str(_interpreter("3.12")), "-c", POOL],
+                                 str(_interpreter("3.12")), "-c", WORKER_PROCESSES],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode in (0, 1), r.stderr  # 1: the parent, waiting, may not have been seen on a CPU
     m = re.search(r"the processes that python3\.12 \(pid \d+\) started \(python3\.12 \(pid \d+\) first, up to 2 "

@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-from cpython_support import need_pyenv
+from cpython_support import need_debian_311, need_pyenv
 
 from flamed.sampling.cpython.process import Target, _version_from_name, probe
-from support import need
+from support import ROOT, need
 
 
 def test_version_from_a_deleted_files_name() -> None:
@@ -62,3 +63,45 @@ def test_a_proc_of_another_pid_namespace_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CapabilityError, match=r"PID namespace other than the host's .*hostPID"):
         _check_pid_namespace(str(tmp_path))
     _check_pid_namespace("/proc")  # this machine: the host's
+
+
+PROBE_WITHOUT_CAPS = """
+import os, sys
+from flamed.sampling.cpython.process import Target, probe
+from flamed.sampling.mappedfile import mapped_file
+pid = int(sys.argv[1])
+m = next(ln.split() for ln in open(f"/proc/{pid}/maps") if ln.rstrip().endswith("(deleted)"))
+start, end = (int(x, 16) for x in m[0].split("-"))
+try:
+    os.stat(f"/proc/{pid}/map_files/{start:x}-{end:x}")
+    print("map_files opens")
+except PermissionError:
+    print("map_files refused")
+print(mapped_file(pid, " ".join(m[5:]), int(m[4]), start, end))
+r = probe(pid)
+print(isinstance(r, Target) and r.version == (3, 11), getattr(r, "reason", ""))
+"""
+
+
+def test_a_replaced_executable_opens_as_proc_exe_without_the_capability(tmp_path: Path) -> None:
+    """A static interpreter (Debian's python3.11) deleted while it runs: its
+    file opens as /proc/PID/exe, which needs no more than the rest of
+    /proc/PID; /proc/PID/map_files needs CAP_CHECKPOINT_RESTORE (or
+    CAP_SYS_ADMIN).  Probed by a process without either, it is read all the same."""
+    need(os.geteuid() == 0, "root")
+    need(shutil.which("setpriv") is not None, "setpriv (util-linux)")
+    exe = tmp_path / "python3.11-replaced"
+    shutil.copy2(need_debian_311(), exe)
+    p = subprocess.Popen([str(exe), "-c", "import time; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and str(exe) not in Path(f"/proc/{p.pid}/maps").read_text():
+            time.sleep(0.02)
+        exe.unlink()
+        r = subprocess.run(["setpriv", "--bounding-set=-checkpoint_restore,-sys_admin", sys.executable, "-c",
+                            PROBE_WITHOUT_CAPS, str(p.pid)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["map_files refused", f"/proc/{p.pid}/exe", "True "], r.stdout
