@@ -34,9 +34,10 @@ def _ctrl_c_deliverable() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run_record(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_record(args: list[str], timeout: float = 120,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(FLAMED + ["record", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
+                          cwd=ROOT, env=env)
 
 
 @pytest.mark.parametrize("path", ["pyspy", "bpf"])
@@ -47,8 +48,10 @@ def test_record_command_attributes_phases(tmp_path: Path, require_bpf: None, req
     frames the BPF program read (counted in maps, their times sent beside).
     Before, the BPF path, record's default, wrote an empty timeline."""
     log, tl, out = tmp_path / "phases.log", tmp_path / "timeline.txt", tmp_path / "out.folded"
+    # The BPF path samples from the command's first instruction: no warm-up, half the cycles.
+    cycles, env = ("10", None) if path == "pyspy" else ("5", dict(os.environ, PHASES_WARMUP_S="0"))
     r = run_record([*(["--pyspy"] if path == "pyspy" else []), "-r", "199", "-o", str(out), "--timeline", str(tl),
-                    "--", sys.executable, PHASES, str(log), "200", "10"])
+                    "--", sys.executable, PHASES, str(log), "200", cycles], env=env)
     assert r.returncode == 0, r.stderr
     assert ("read in BPF" in r.stderr) == (path == "bpf"), r.stderr
     acc = accuracy(str(log), str(tl))
