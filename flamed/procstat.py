@@ -90,20 +90,20 @@ def _tids(pid: int) -> list[str]:
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def descendants_cpu(pid: int, limit: int = 512) -> tuple[float, int]:
-    """CPU seconds used by the processes process ``pid`` started, and how many
-    of them run now: each live descendant's own time (utime + stime) plus the
-    time of the children it has waited for (cutime + cstime), and ``pid``'s
-    own waited-for children's.  A child that exited and was reaped counts in
-    its parent's cutime; one not yet reaped still has its own stat.  At most
-    ``limit`` descendants are read; (0.0, 0) when ``pid`` is gone."""
+def descendants_cpu(pid: int, limit: int = 512) -> tuple[float, list[int]]:
+    """CPU seconds used by the processes process ``pid`` started, and those of
+    them that run now: each live descendant's own time (utime + stime) plus
+    the time of the children it has waited for (cutime + cstime), and
+    ``pid``'s own waited-for children's.  A child that exited and was reaped
+    counts in its parent's cutime; one not yet reaped still has its own stat.
+    At most ``limit`` descendants are read; (0.0, []) when ``pid`` is gone."""
     own = read_stat(f"/proc/{pid}/stat")
     if not own or len(own) < 15:
-        return 0.0, 0
+        return 0.0, []
     ticks = int(own[13]) + int(own[14])
     seen = {pid}
     todo = child_pids(pid)
-    live = 0
+    live: list[int] = []
     while todo and len(seen) <= limit:
         kid = todo.pop()
         if kid in seen:
@@ -112,7 +112,7 @@ def descendants_cpu(pid: int, limit: int = 512) -> tuple[float, int]:
         f = read_stat(f"/proc/{kid}/stat")
         if not f or len(f) < 15:
             continue
-        live += 1
+        live.append(kid)
         ticks += sum(int(x) for x in f[11:15])
         todo.extend(child_pids(kid))
     return ticks / _CLK_TCK, live

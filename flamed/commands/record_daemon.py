@@ -300,8 +300,12 @@ class TargetWatch:
     #: sample without --subprocesses.
     children_cpu_s: float = 0.0
     children_max: int = 0
+    #: Was one of them seen running Python (what --subprocesses would record)?
+    python_children: bool = False
     _seen: str = field(default="", repr=False)
     _next_cpu: float = field(default=0.0, repr=False)
+    #: Descendant pid -> the executable it was last seen to run.
+    _kid_exes: dict[int, str] = field(default_factory=dict, repr=False)
 
     def update(self, child: subprocess.Popen[bytes] | None = None) -> None:
         """Look again (each turn of record's loop).  With ``child`` (the target,
@@ -329,7 +333,8 @@ class TargetWatch:
             self._next_cpu = now + 0.5
             cpu, live = descendants_cpu(self.pid)
             self.children_cpu_s = max(self.children_cpu_s, cpu)
-            self.children_max = max(self.children_max, live)
+            self.children_max = max(self.children_max, len(live))
+            self._classify(live)
         if self.child_pid:
             # First seen between its fork and its exec, a child has the wrapper's
             # name (sh, bash); it is named as what it became while it is still
@@ -337,6 +342,7 @@ class TargetWatch:
             kname = comm(self.child_pid) if self.child_pid in child_pids(self.pid) else ""
             if kname:
                 self.child = f"{kname} (pid {self.child_pid})"
+                self._classify([self.child_pid])
             return
         for kid in child_pids(self.pid):
             kname = comm(kid)
@@ -344,14 +350,40 @@ class TargetWatch:
                 self.child, self.child_pid = f"{kname} (pid {kid})", kid
                 break
 
+    def _classify(self, live: list[int]) -> None:
+        """Is any of the ``live`` descendants Python?  Each is looked at again only
+        when its executable changed (its exec), so a build's compilers are read once."""
+        exes = self._kid_exes
+        for kid in live:
+            try:
+                exe = os.readlink(f"/proc/{kid}/exe")
+            except OSError:
+                continue
+            if exes.get(kid) == exe:
+                continue
+            exes[kid] = exe
+            if not self.python_children and python_identity(ProcReader(), kid) is not None:
+                self.python_children = True
+        if len(exes) > 4 * len(live) + 64:  # forget the exited ones
+            keep = set(live)
+            self._kid_exes = {k: v for k, v in exes.items() if k in keep}
+
+    def _subprocesses_hint(self, daemon: bool) -> str:
+        """What --subprocesses would do about the descendants: record them when one
+        was seen running Python; else it would not, and -p records any one process."""
+        if not self.python_children:
+            return ("none of them was seen running Python, and --subprocesses follows only Python "
+                    "descendants (flamed record -p PID records any one process)")
+        return ("--subprocesses also records a command's Python descendants"
+                + (" (sampling here, not through the daemon)" if daemon else ""))
+
     def child_hint(self, *, daemon: bool) -> str:
         """"" when no child was seen, else why it was not recorded and how it would be."""
         if not self.child:
             return ""
         used = (f" (at least {self.children_cpu_s:.1f} s of CPU used by the processes it started)"
                 if self.children_cpu_s >= 0.05 else "")
-        return (f"; it started {self.child}, which record does not follow{used}: --subprocesses also records "
-                "a command's Python descendants" + (" (sampling here, not through the daemon)" if daemon else ""))
+        return f"; it started {self.child}, which record does not follow{used}: " + self._subprocesses_hint(daemon)
 
     def unrecorded_children(self, *, daemon: bool) -> str:
         """What the target's descendants used that record did not sample, when
@@ -362,9 +394,8 @@ class TargetWatch:
             return ""
         first = f"{self.child} first, up to {self.children_max} at once" if self.children_max > 1 else self.child
         return (f"the processes that {self.comm or 'the target'} (pid {self.pid}) started ({first}) used "
-                f"at least {self.children_cpu_s:.1f} s of CPU, which this profile does not hold: --subprocesses also "
-                "records a command's Python descendants" + (" (sampling here, not through the daemon)" if daemon
-                                                            else ""))
+                f"at least {self.children_cpu_s:.1f} s of CPU, which this profile does not hold: "
+                + self._subprocesses_hint(daemon))
 
 
 def _exited_unreaped(pid: int) -> bool:

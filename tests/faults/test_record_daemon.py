@@ -295,14 +295,16 @@ def test_an_exec_wrapper_is_checked_against_the_filter_as_what_it_became(
 
 def test_a_wrapper_that_forks_names_the_child_it_left_the_work_to(daemon_factory: Any, tmp_path: Path) -> None:
     """``timeout 5 sleep 1.5`` runs ``sleep`` as a child, which record does not
-    follow: when nothing comes back, the message names that child and
-    --subprocesses instead of only saying the wrapper was not on a CPU."""
+    follow: when nothing comes back, the message names that child instead of
+    only saying the wrapper was not on a CPU, and says that --subprocesses
+    would not follow it either (it is not Python; it said it would, once)."""
     d = daemon_factory(sampling={"sampler": "fake", "frequency": 99, "drain_interval": 1.0})
     out = tmp_path / "w.folded"
     r = _record(["--socket", d.socket_path, "-o", str(out), "--", "timeout", "5", "sleep", "1.5"], timeout=60)
     assert r.returncode == 1, r.stderr
     assert re.search(r"timeout \(pid \d+\) exited [\d.]+ s after the record began, before the daemon saw it on "
-                     r"a CPU; it started sleep \(pid \d+\), which record does not follow: --subprocesses",
+                     r"a CPU; it started sleep \(pid \d+\), which record does not follow: none of them was seen "
+                     r"running Python, and --subprocesses follows only Python descendants \(flamed record -p PID",
                      r.stderr), r.stderr
     # Waiting for it with -p: the same child named while the wrapper still runs.
     wrapper = subprocess.Popen(["timeout", "30", "sleep", "20"])

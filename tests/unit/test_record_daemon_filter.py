@@ -118,6 +118,7 @@ def test_the_cpu_time_of_children_record_does_not_sample_is_counted() -> None:
         watch = TargetWatch(parent.pid, "python3")
         watch.update()
         assert watch.children_max == 2 and watch.child.endswith(")"), watch
+        assert watch.python_children  # forks of a Python process: what --subprocesses follows
         assert parent.stdout.readline() == b"reaped\n"
         watch._next_cpu = 0.0  # the next update reads again (it reads twice a second)
         watch.update()
