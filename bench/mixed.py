@@ -4,14 +4,16 @@ Accuracy: tests/workloads/phases.py alternates a syscall-heavy and a compute
 Python function in phases of 20, 50 and 200 ms; `flamed record -r 199`
 (py-spy non-blocking, 100 Hz) records it R times per phase length with each
 placement method, and tests/workloads/accuracy.py scores the timeline:
-  likelihood  -- the default (uprobe clock, signature likelihood)
+  bpf         -- record's default: Python frames read by the BPF program
+  likelihood  -- py-spy (--pyspy): uprobe clock, signature likelihood
   read-times  -- the same, samples timed by py-spy's process_vm_readv (--read-times)
   midpoint    -- --no-refine (uprobe clock, change at the gap's midpoint)
   no-uprobe   -- --no-clock-uprobe --no-refine (py-spy's start guessed from its spawn)
 
 Overhead: a fixed amount of work (compute + os.stat) timed alone, under
 `flamed record` without py-spy (BPF sampler, clock programs and flamed's own
-drains only), with py-spy non-blocking, and with --blocking; py-spy's CPU
+drains only), with the Python walker in BPF (record's default), with py-spy
+non-blocking, and with --blocking; py-spy's CPU
 (utime+stime over its lifetime) and peak RSS are read from /proc.  On a 2-CPU
 host flamed's own CPU competes with the workload, so "BPF only" is the line
 to compare the py-spy modes with.
@@ -40,8 +42,11 @@ from tests.workloads.accuracy import accuracy  # noqa: E402
 PY = sys.executable
 FLAMED = [PY, "-m", "flamed", "record"]
 PHASES = str(ROOT / "tests" / "workloads" / "phases.py")
-METHODS = {"likelihood": [], "read-times": ["--read-times"], "midpoint": ["--no-refine"],
-           "no-uprobe": ["--no-clock-uprobe", "--no-refine"]}
+#: How each sample gets its Python frames: read in BPF (record's default for
+#: CPython 3.8-3.13), or py-spy's stacks joined by time with each placement
+#: method (--pyspy: without it these would be the BPF walker's too).
+METHODS = {"bpf": [], "likelihood": ["--pyspy"], "read-times": ["--pyspy", "--read-times"],
+           "midpoint": ["--pyspy", "--no-refine"], "no-uprobe": ["--pyspy", "--no-clock-uprobe", "--no-refine"]}
 
 WORK = r"""
 import os, sys, time
@@ -139,9 +144,12 @@ def bench_overhead(repeat: int, iters: int, tmp: Path, raw: dict[str, object]) -
     print(f"# overhead: {iters} work units, {repeat} interleaved rounds (median); load {os.getloadavg()[0]:.1f}")
     print("# wall: elapsed seconds; cpu: the workload's own CPU seconds (less sensitive to the host's load)")
     print(f"{'mode':>28} {'wall s':>8} {'slowdown':>9} {'cpu s':>7} {'cpu +':>7} {'py-spy cpu':>11} {'py-spy rss':>11}")
+    # record's default reads Python frames in BPF; the py-spy modes need --pyspy
+    # (without it they were the walker's too), and "BPF only" a py-spy that is not there.
     modes = {"alone": None, "record, BPF only": ["--pyspy", "/nonexistent/py-spy"],
-             "record non-blocking": [], "non-blocking + read times": ["--read-times"],
-             "record --blocking": ["--blocking"]}
+             "record, walker in BPF": [],
+             "py-spy non-blocking": ["--pyspy"], "non-blocking + read times": ["--pyspy", "--read-times"],
+             "py-spy --blocking": ["--pyspy", "--blocking"]}
     results: dict[str, list[tuple[tuple[float, float], dict[str, float]]]] = {m: [] for m in modes}
     # Round-robin, so that the host's load drifts over every mode alike.
     for _ in range(repeat):
