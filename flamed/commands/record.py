@@ -258,7 +258,9 @@ class RecordCommand(Command):
                                           ("--timeline", args.timeline is not None),
                                           ("--subprocesses", args.subprocesses),
                                           (f"the {self._fmt.name} format (a timeline of each sample)",
-                                           _timed_output(args, self._fmt))) if on]
+                                           _timed_output(args, self._fmt) and (
+                                               not self._fmt.writes_profiles
+                                               or (args.socket is None and args.since is None)))) if on]
         wanted = args.socket is not None or args.since is not None
         if local_only:
             if args.since is not None:
@@ -284,6 +286,10 @@ class RecordCommand(Command):
         st = self._daemon_status
         self.warn(f"recording through the daemon at {sock} ({st.get('frequency', '?')} Hz, its rate; -r or "
                   "--no-daemon samples here)")
+        if fmt.wants_samples:
+            # --socket or --since asked for the daemon, whose windows are summed.
+            self.warn(f"the daemon's samples have no time each: the {fmt.name} output is the aggregated profile, "
+                      "not a timeline (--no-daemon records one)")
         with _signals_interrupt():
             rec, rc, interrupted = record_daemon.record(
                 sock, pid=args.pid, cmd=cmd, duration=args.duration, since_s=args.since or 0.0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import signal
@@ -309,13 +310,17 @@ def test_a_wrapper_that_forks_names_the_child_it_left_the_work_to(daemon_factory
     # Waiting for it with -p: the same child named while the wrapper still runs.
     wrapper = subprocess.Popen(["timeout", "30", "sleep", "20"])
     try:
-        r = _record(["--socket", d.socket_path, "-p", str(wrapper.pid), "-d", "1.5", "-o", str(out)], timeout=60)
+        # (in speedscope: through the daemon, which --socket asks for, that is the summed profile, said so)
+        ss = tmp_path / "w.speedscope.json"
+        r = _record(["--socket", d.socket_path, "-p", str(wrapper.pid), "-d", "1.5", "-o", str(ss)], timeout=60)
     finally:
         wrapper.kill()
         wrapper.wait()
     assert r.returncode == 1, r.stderr
     assert re.search(r"the daemon saw timeout \(pid \d+\) on no CPU in \d+ window\(s\); it started sleep "
                      r"\(pid \d+\), which record does not follow", r.stderr), r.stderr
+    assert "the speedscope output is the aggregated profile, not a timeline (--no-daemon records one)" in r.stderr
+    assert json.loads(ss.read_text())["$schema"].endswith("file-format-schema.json")
 
 
 def test_a_wrapper_that_forks_python_says_its_profile_has_no_python(require_bpf: None, daemon_factory: Any,
