@@ -561,7 +561,7 @@ class RecordCommand(Command):
 
         def write() -> None:
             if _timed_output(args, fmt) and sampler is not None:
-                self._write_samples(args, fmt, samples + self._timeline, profile)
+                self._write(args, fmt, profile, samples + self._timeline)
             else:
                 self._write(args, fmt, profile)
             if args.timeline:
@@ -683,24 +683,6 @@ class RecordCommand(Command):
             p.start_ns = min(ev.ktime_ns for ev, _ in samples) + off
             p.end_ns = max(ev.ktime_ns for ev, _ in samples) + off
         return p
-
-    def _write_samples(self, args: argparse.Namespace, fmt: outputs.OutputFormat,
-                       samples: list[tuple[SampleEvent, Stack]], profile: Profile) -> None:
-        """A format of timed samples (trace, chrometrace, speedscope): each sample at its
-        time (wall clock), under a ``comm-PID/TID`` root frame, in time order."""
-        path = _output_path(args, fmt)
-        off = time.time_ns() - time.monotonic_ns()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
-        ordered = sorted(samples, key=lambda s: (s[0].ktime_ns, s[0].tid))
-        stream = (Sample(ev.ktime_ns + off, (task_frame(ev.comm, ev.tgid, ev.tid), *stack), 1, ev.tgid, ev.tid)
-                  for ev, stack in ordered)
-        opts = OutputOptions(title=args.title, extra={"sample_rate": str(args.rate)})
-        try:
-            with open_output(path) as out:
-                fmt.write_samples(stream, out, opts)
-        except FlamedError as e:
-            raise FlamedError(f"{e}; {_save_elsewhere(path, profile)}") from None
-        if path != "-":
-            self.warn(f"wrote {path} ({len(ordered)} samples in time order, {len(profile)} stacks)")
 
     def _write_timeline(self, path: str, samples: list[tuple[SampleEvent, Stack]]) -> None:
         with open_output(path) as f:
@@ -843,19 +825,35 @@ class RecordCommand(Command):
         except KeyboardInterrupt:
             return self._finish_child(child, True)
 
-    def _write(self, args: argparse.Namespace, fmt: outputs.OutputFormat, profile: Profile) -> None:
+    def _write(self, args: argparse.Namespace, fmt: outputs.OutputFormat, profile: Profile,
+               samples: list[tuple[SampleEvent, Stack]] | None = None) -> None:
+        """The profile, or with ``samples`` (a format of timed samples: trace,
+        chrometrace, speedscope) each sample at its time (wall clock), under a
+        ``comm-PID/TID`` root frame, in time order."""
         path = _output_path(args, fmt)
-        opts = OutputOptions(title=args.title, palette="mixed" if "mixed" in _palettes() else "hot")
+        if samples is None:
+            opts = OutputOptions(title=args.title, palette="mixed" if "mixed" in _palettes() else "hot")
+            unit = "us" if profile.labels.get("unit") == "microseconds" else "samples"
+            said = f"{int(profile.total())} {unit}, {len(profile)} stacks"
+        else:
+            opts = OutputOptions(title=args.title, extra={"sample_rate": str(args.rate)})
+            said = f"{len(samples)} samples in time order, {len(profile)} stacks"
         try:
             with open_output(path) as out:
-                fmt.write(profile, out, opts)
+                if samples is None:
+                    fmt.write(profile, out, opts)
+                else:
+                    off = time.time_ns() - time.monotonic_ns()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
+                    fmt.write_samples((Sample(ev.ktime_ns + off, (task_frame(ev.comm, ev.tgid, ev.tid), *stack), 1,
+                                              ev.tgid, ev.tid)
+                                       for ev, stack in sorted(samples, key=lambda s: (s[0].ktime_ns, s[0].tid))),
+                                      out, opts)
         except FlamedError as e:
             # Checked writable before recording, failing now (a full disk, the
             # directory removed meanwhile): the recording is not thrown away.
             raise FlamedError(f"{e}; {_save_elsewhere(path, profile)}") from None
         if path != "-":
-            unit = "us" if profile.labels.get("unit") == "microseconds" else "samples"
-            self.warn(f"wrote {path} ({int(profile.total())} {unit}, {len(profile)} stacks)")
+            self.warn(f"wrote {path} ({said})")
 
 
 def _output_path(args: argparse.Namespace, fmt: outputs.OutputFormat) -> str:
