@@ -263,45 +263,57 @@ def python_identity(reader: ProcReader, pid: int) -> tuple[str, str | None] | No
             lm = LIBPYTHON.search(reader.maps(pid))
             ver = lm.group("ver").decode() if lm else None
         return "exe", ver
-    lm = LIBPYTHON.search(reader.maps(pid))
+    maps = reader.maps(pid)
+    lm = LIBPYTHON.search(maps)
     if lm is not None:
         return "libpython", lm.group("ver").decode()
-    return _static_interpreter(reader, pid)
+    return _static_interpreter(reader, pid, exe, maps)
 
 
 #: Symbols only a CPython interpreter defines: ``_PyRuntime`` (3.7 and later;
 #: what the BPF walker starts from) or ``Py_InitializeEx`` (every version).
 _CPYTHON_SYMBOLS = (b"_PyRuntime", b"Py_InitializeEx")
-#: Executables already looked at, by file identity: True when they define
-#: CPython, with the version their ``Py_Version`` gives (None before 3.11).
-#: Every scan looks at every process that is not Python, so this answers
-#: the common case with one stat; bounded, oldest first out.
-_EXE_VERDICTS: dict[tuple[int, int, int, int], tuple[bool, str | None]] = {}
+#: Executables already looked at, by the device and inode their mapping
+#: shows: True when they define CPython, with the version their
+#: ``Py_Version`` gives (None before 3.11).  Every scan looks at every process
+#: that is not Python; this answers it from the maps already read, without
+#: touching the file (a binary on a network mount that hangs would hang the
+#: watcher); bounded, oldest first out.
+_EXE_VERDICTS: dict[bytes, tuple[bool, str | None]] = {}
 _EXE_VERDICTS_MAX = 4096
 
 
-def _static_interpreter(reader: ProcReader, pid: int) -> tuple[str, str | None] | None:
+def _static_interpreter(reader: ProcReader, pid: int, exe: str, maps: bytes) -> tuple[str, str | None] | None:
     """``("exe", version)`` when the executable of ``pid`` defines CPython itself.
 
     A statically linked interpreter under another name (Debian's python3.11
     copied as ``myservice``, an application built with a static libpython)
     maps no libpython and is named otherwise; the BPF walker reads it all the
     same (it looks for ``_PyRuntime``), so the watcher must know it is Python.
-    ``/proc/PID/exe`` opens the file even in another mount namespace or when it
-    was replaced on disk.
+    The file is read once per device and inode, through ``/proc/PID/exe``,
+    which opens it even in another mount namespace or when it was replaced
+    on disk.
     """
-    path = f"{reader.root}/{pid}/exe"
-    try:
-        st = os.stat(path)
-    except OSError:
+    if not exe:
         return None
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    # "start-end perms offset dev inode path": the executable's first mapping.
+    tail = b" " + os.fsencode(exe) + b"\n"
+    at = maps.find(tail)
+    if at < 0:
+        return None  # not mapped yet (exec in progress), or gone
+    line = maps[maps.rfind(b"\n", 0, at) + 1 : at].split()
+    if len(line) < 5:
+        return None
+    key = line[3] + b" " + line[4]
     verdict = _EXE_VERDICTS.get(key)
     if verdict is None:
+        path = f"{reader.root}/{pid}/exe"
         verdict = (False, None)
         try:
-            facts = elf.CACHE.get(path, st)
-        except (OSError, elf.ElfError):
+            facts = elf.CACHE.get(path)
+        except OSError:
+            return None  # unreadable now (gone, refused): not a verdict to keep
+        except elf.ElfError:
             facts = None
         if facts is not None and any(s in facts.symbols for s in _CPYTHON_SYMBOLS):
             version = None
