@@ -89,6 +89,7 @@ class RecordCommand(Command):
       flamed record --subprocesses --format folded -o - -- gunicorn app:wsgi
       sudo flamed record --mode wall -o wall.svg -- python service.py
       flamed record -p 1234 --since 60s -d 5 -o last.svg     # through the daemon
+      sudo flamed record -o run.speedscope.json -- python job.py   # each thread's samples in time order
     """
 
     name = "record"
