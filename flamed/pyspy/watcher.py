@@ -316,13 +316,8 @@ def _static_interpreter(reader: ProcReader, pid: int, exe: str, maps: bytes) -> 
         except elf.ElfError:
             facts = None
         if facts is not None and any(s in facts.symbols for s in _CPYTHON_SYMBOLS):
-            version = None
-            if b"Py_Version" in facts.symbols:
-                raw = facts.read(facts.symbols[b"Py_Version"][0], 4, path)
-                if raw is not None and len(raw) == 4:
-                    hexversion = struct.unpack("<I", raw)[0]
-                    version = f"{hexversion >> 24 & 0xFF}.{hexversion >> 16 & 0xFF}"
-            verdict = (True, version)
+            hexversion = facts.hexversion(path)
+            verdict = (True, f"{hexversion >> 24 & 0xFF}.{hexversion >> 16 & 0xFF}" if hexversion else None)
         if len(_EXE_VERDICTS) >= _EXE_VERDICTS_MAX:
             with contextlib.suppress(KeyError, RuntimeError, StopIteration):  # another thread's eviction
                 del _EXE_VERDICTS[next(iter(_EXE_VERDICTS))]

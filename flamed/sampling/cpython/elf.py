@@ -83,6 +83,14 @@ class ElfFacts:
             return None
         return data if len(data) == size else None
 
+    def hexversion(self, path: str | None = None) -> int | None:
+        """``Py_Version`` (CPython 3.11+: ``PY_VERSION_HEX``) as stored in the file,
+        None without it; ``path`` as for :meth:`read`."""
+        if b"Py_Version" not in self.symbols:
+            return None
+        raw = self.read(self.symbols[b"Py_Version"][0], 4, path)
+        return struct.unpack("<I", raw)[0] if raw is not None else None
+
 
 def parse(path: str) -> ElfFacts:
     """Read the headers and symbol tables of ``path``."""

@@ -436,11 +436,7 @@ def _target(pid: int, proc_root: Path, path: str, facts: elf.ElfFacts, maps: lis
     if bias is None:
         return Refusal(pid, f"{path}: cannot tell its load address from the mappings", not_yet=True)
     runtime = facts.symbols[b"_PyRuntime"][0] + bias
-    hexversion = None
-    if b"Py_Version" in facts.symbols:
-        raw = facts.read(facts.symbols[b"Py_Version"][0], 4, _open_path(proc_root, pid, path, maps))
-        if raw is not None:
-            hexversion = struct.unpack("<I", raw)[0]
+    hexversion = facts.hexversion(_open_path(proc_root, pid, path, maps))
     version = ((hexversion >> 24) & 0xFF, (hexversion >> 16) & 0xFF) if hexversion else _version_from_name(path)
     if version is None:
         return Refusal(pid, f"{path}: has _PyRuntime but no Py_Version and no version in its name")
