@@ -211,6 +211,40 @@ static __always_inline void report_new_image(struct bpf_perf_event_data *ctx, st
 }
 #endif
 
+#if FLAMED_PRIME
+/* Code mapped after a process was read (dlopen: an extension module and what
+ * it links) is reported through `new_code`, so that user space reads the
+ * maps again while the process runs: one that exits before the drain still
+ * has those frames named.  The raw tracepoint mmap_lock_released fires as
+ * mmap(2) lets go of the memory map, the new mapping in place; the program
+ * reports it when that mmap maps a file with PROT_EXEC (the dynamic loader
+ * maps each library's text so), from the syscall's own registers.  Only
+ * processes user space has read (`read_tgids`, written by it) are looked at:
+ * every program that starts maps its libraries before its first read. */
+/* x86-64's mmap(2), and PROT_EXEC. */
+#define FLAMED_NR_MMAP 9
+#define FLAMED_PROT_EXEC 4
+BPF_TABLE("lru_hash", u32, u8, read_tgids, FLAMED_SEEN_MAX);
+BPF_PERF_OUTPUT(new_code);
+
+int flamed_code_mapped(struct bpf_raw_tracepoint_args *ctx)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!read_tgids.lookup(&tgid))
+        return 0;
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+    u64 nr = 0, prot = 0, fd = 0;
+    if (bpf_probe_read_kernel(&nr, sizeof(nr), &regs->orig_ax) ||
+        bpf_probe_read_kernel(&prot, sizeof(prot), &regs->dx) ||
+        bpf_probe_read_kernel(&fd, sizeof(fd), &regs->r8))
+        return 0;
+    if (nr != FLAMED_NR_MMAP || !(prot & FLAMED_PROT_EXEC) || (int)fd < 0)
+        return 0;
+    new_code.perf_submit(ctx, &tgid, sizeof(tgid));
+    return 0;
+}
+#endif
+
 /* The 64-bit hash that names a stack built by the program (Python frames,
  * unwound user stacks) in its per-generation map. */
 static __always_inline u64 flamed_mix(u64 h, u64 v)

@@ -247,7 +247,7 @@ class UnwindFeed(ProcessHandler):
         o = program.options
         self.unwinder = Unwinder(program.bpf, program.lib, rows_capacity=o.unwind_rows, max_maps=o.unwind_maps,
                                  max_procs=o.unwind_max_procs, cache=TableCache(o.unwind_cache_dir),
-                                 skip=frozenset({os.getpid()}))
+                                 skip=frozenset({os.getpid()}), on_described=self._m.remap)
         self.unwinder.start()
         program.bpf["uw_miss"].open_perf_buffer(self._on_miss, page_cnt=o.prime_pages, lost_cb=lambda _n: None)
 
@@ -257,6 +257,7 @@ class UnwindFeed(ProcessHandler):
         if size >= 16 and self.unwinder is not None:
             tgid, _pad, addr = struct.unpack("<IIQ", ct.string_at(data, 16))
             self.unwinder.submit(tgid, addr)
+            self._m.remap(tgid, (addr,))
 
     def attach(self, tgid: int) -> None:
         if self.unwinder is not None:

@@ -26,7 +26,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, cast
 
@@ -256,6 +256,11 @@ class ProcessManager:
         #: the drain queues it in ``_late``.
         self._handed: dict[int, int] = {}
         self._late: deque[int] = deque()
+        #: tgid -> addresses of its code the symbolizer may not know of
+        #: (:meth:`remap`), or None: read its maps again whatever they hold
+        self._remaps: dict[int, set[int] | None] = {}
+        self._remaps_lock = threading.Lock()
+        self._new_code_reports = False  # the program's reports of new code are read (see open)
         #: The identity of the image each first read read, by tgid: a process
         #: said to have exec'd that runs it still was read after its exec.
         self._read_images: dict[int, ProcessIdentity] = {}
@@ -280,6 +285,10 @@ class ProcessManager:
             self.program.bpf["new_images"].open_perf_buffer(
                 self._on_new_image, page_cnt=self.options.prime_pages, lost_cb=self._on_new_image_lost
             )
+            self.program.bpf["new_code"].open_perf_buffer(
+                self._on_new_code, page_cnt=self.options.prime_pages, lost_cb=self._on_new_code_lost
+            )
+            self._new_code_reports = True
         for h in self._handlers:
             h.open(self.program)
 
@@ -484,6 +493,7 @@ class ProcessManager:
                 # Reads every buffer's pending records and calls their callbacks.
                 self.program.lib.perf_reader_consume(len(readers), arr)
                 self._prime_reported()
+                self._prime_remapped()
                 self._prime_late()
                 self._prime_again()
                 for h in self._handlers:
@@ -502,6 +512,51 @@ class ProcessManager:
             self._new_images.append(tgid)
             if size >= _IMAGE.size:
                 self._reported_exec[tgid] = _IMAGE.unpack(ct.string_at(data, _IMAGE.size))[2]
+
+    def remap(self, tgid: int, addrs: Sequence[int]) -> None:
+        """``tgid`` has code at ``addrs`` (any thread): the unwinder found
+        these mappings, or a stack met one of these addresses outside every
+        mapping it was told of.  Unless the symbolizer's mappings of ``tgid``
+        hold them all, the priming thread reads them again
+        (:meth:`_prime_remapped`).  Without this, a library loaded after the
+        second read (an extension module and what it links: ``import
+        hashlib`` brings libcrypto) stayed unknown to the symbolizer until a
+        drain found the process alive; one that exited first had every stack
+        through that library cut to ``[unknown]``."""
+        with self._remaps_lock:
+            known = self._remaps.setdefault(tgid, set())
+            if known is not None:
+                known.update(addrs)
+        self.wake()
+
+    def _on_new_code(self, _cpu: int, data: Any, size: int) -> None:
+        # A process read before mapped code (bpf/profile.bpf.c,
+        # flamed_code_mapped): read its maps again.
+        if size >= 4:
+            tgid = ct.cast(data, ct.POINTER(ct.c_uint32))[0]
+            with self._remaps_lock:
+                self._remaps[tgid] = None
+
+    def _prime_remapped(self) -> None:
+        """Second reads asked for by :meth:`remap` and the program's reports
+        of new code: of processes read before, whose mappings read so far
+        lack an address named (or any address, for a report of new code)."""
+        with self._remaps_lock:
+            remaps, self._remaps = self._remaps, {}
+        sym = self.symbolizer
+        for tgid, addrs in remaps.items():
+            if sym is None or self.stopping.is_set():
+                return
+            with self.lock:
+                if self.closed or not sym.primed(tgid):
+                    continue
+                if addrs is not None and not any(sym.maps_lack(tgid, a) for a in addrs):
+                    continue
+            if self._may_read() and self._read_and_prime(tgid, first=False) is not None:
+                self._stats.prime_remapped_total += 1
+
+    def _on_new_code_lost(self, lost: int) -> None:
+        self._stats.new_code_lost_total += int(lost)
 
     def _on_new_image_lost(self, lost: int) -> None:
         self._stats.prime_lost_total += int(lost)
@@ -549,6 +604,8 @@ class ProcessManager:
             if first:
                 self._stats.primed_total += 1
                 self._read_images[tgid] = prepared[0]
+                if self._new_code_reports:  # its code mapped from now on is reported
+                    self.program.map_set("read_tgids", tgid, ct.c_uint32)
         return prepared[0]
 
     def _prime_reported(self) -> None:

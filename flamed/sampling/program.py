@@ -656,6 +656,7 @@ class KernelProgram:
         self.stopped = False
         self._perf_fds: dict[int, int] = {}
         self._offcpu_attached = False
+        self._code_mapped_attached = False
         #: How :meth:`load` got the program: from the cache, or compiled.
         self.load_info: LoadInfo | None = None
 
@@ -705,6 +706,8 @@ class KernelProgram:
                        for n in (b"flamed_unwind", b"flamed_finish")]
         if self.options.python:  # tail-called at the end of a sample that stored a new Python stack
             wanted.append((b"flamed_pyguard", bcc.BPF.PERF_EVENT, "the Python guard program (verifier)"))
+        if self.options.prime:  # attached with the perf events
+            wanted.append((b"flamed_code_mapped", bcc.BPF.RAW_TRACEPOINT, "the new-code program (verifier)"))
         if self.options.offcpu:  # loaded (verified) now, attached with the perf events
             wanted.append((b"flamed_offcpu", bcc.BPF.RAW_TRACEPOINT, "the off-CPU program (verifier)"))
         loaded, text, err = _with_captured_stderr(lambda: _load_funcs(b, wanted))
@@ -751,6 +754,7 @@ class KernelProgram:
             if ok:
                 self.event_name = name
                 self._attach_offcpu()
+                self._attach_code_mapped()
                 if "cycles" in errors:
                     log.info(
                         "hardware event cpu-cycles unavailable (%s); sampling with the software cpu-clock",
@@ -779,6 +783,21 @@ class KernelProgram:
             raise CapabilityError(f"cannot attach the off-CPU program to the sched_switch raw tracepoint "
                                   f"(needs BTF raw tracepoints, kernel >= 4.17): {_tail(text) or err}")
         self._offcpu_attached = True
+
+    def _attach_code_mapped(self) -> None:
+        """The report of code mapped after a process was read (bpf/profile.bpf.c,
+        flamed_code_mapped): without it sampling goes on, and libraries loaded
+        late are named only for processes alive at the drain."""
+        if not self.options.prime or self._code_mapped_attached:
+            return
+        _, text, err = _with_captured_stderr(
+            lambda: self.bpf.attach_raw_tracepoint(tp=b"mmap_lock_released", fn_name=b"flamed_code_mapped"))
+        if err is not None:
+            log.warning("no report of code mapped after start (the mmap_lock_released raw tracepoint: %s): "
+                        "libraries that processes load later are named only if they live until a drain",
+                        _tail(text) or err)
+            return
+        self._code_mapped_attached = True
 
     def _attach_event(self, name: str, cpus: Iterable[int]) -> tuple[bool, int]:
         ev_type, ev_config = EVENTS[name]
@@ -836,6 +855,12 @@ class KernelProgram:
                 self.bpf.detach_raw_tracepoint(tp=b"sched_switch")
             except Exception as e:  # noqa: BLE001 -- bcc raises plain Exception; detaching must not fail a stop
                 log.debug("detaching the off-CPU program: %s", e)
+        if self._code_mapped_attached:
+            self._code_mapped_attached = False
+            try:
+                self.bpf.detach_raw_tracepoint(tp=b"mmap_lock_released")
+            except Exception as e:  # noqa: BLE001 -- as above
+                log.debug("detaching the new-code program: %s", e)
 
     def stop(self) -> None:
         """Detach for good (a last drain may still read the maps)."""

@@ -774,6 +774,7 @@ class Symbolizer:
                 # after exec, so the first read may hold only the executable.
                 if ranges != p.ranges:
                     p.set_ranges(ranges)
+                    p.unknown.clear()  # addresses outside the old mappings may be in the new ones
                 return
             self.stats.invalidations += 1
             self._drop(pid)
@@ -781,6 +782,19 @@ class Symbolizer:
         p.set_ranges(ranges)
         self._procs[pid] = p
         self.stats.primed += 1
+
+    def primed(self, pid: int) -> bool:
+        """Are mappings of ``pid`` kept (read when first sampled, or at a drain)?"""
+        return pid in self._procs
+
+    def maps_lack(self, pid: int, addr: int) -> bool:
+        """Was ``pid`` primed, and does no executable mapping read for it so
+        far hold ``addr`` (a library it loaded since)?"""
+        p = self._procs.get(pid)
+        if p is None:
+            return False
+        i = bisect.bisect_right(p.starts, addr) - 1
+        return not (i >= 0 and addr < p.ranges[i].end)
 
     def _mapping(self, p: _ProcessSymbols, pid: int, addr: int) -> _Mapping | None:
         """The executable mapping holding ``addr``, if any."""

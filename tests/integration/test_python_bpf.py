@@ -202,6 +202,32 @@ def test_short_lived_processes_have_python_frames(sampler: Any, version: str) ->
     assert named / total >= 0.9, f"{named}/{total} samples of the short processes under short_job"
 
 
+def _in_libbz2(stacks: list[tuple[tuple[str, ...], int]]) -> tuple[int, int]:
+    """(samples with a libbz2 frame, all samples) of ``stacks``."""
+    total = sum(n for _s, n in stacks)
+    return sum(n for s, n in stacks if any("libbz2" in f or f.startswith("BZ2_") for f in s)), total
+
+
+def test_a_library_loaded_late_is_named_after_its_process_exits(sampler: Any) -> None:
+    """ctypes and libbz2 are loaded half a second after start (after the
+    sampler's reads of the new process) and run until the exit; the window is
+    drained only then, with /proc/PID/maps gone.  The program's report of
+    code mapped (libbz2's text) had the maps read again.  Before it, every stack
+    through libbz2 was cut to a lone ``[unknown]`` (frame-pointer walks, as
+    here; the unwinder had the same hole for libraries its misses did not
+    report: tests/integration/test_unwind.py)."""
+    st0 = sampler.stats()
+    sampler.drain()
+    p = subprocess.Popen([sys.executable, str(WORKLOADS / "late_library.py"), "0.5", "1.5"])
+    assert p.wait(timeout=60) == 0
+    stacks = _stacks_of(sampler.drain(), {p.pid})
+    named, total = _in_libbz2(stacks)
+    st = sampler.stats()
+    assert total >= 100, stacks
+    assert named / total >= 0.5, f"{named}/{total} samples name libbz2: {sorted(stacks, key=lambda x: -x[1])[:5]}"
+    assert st.prime_remapped_total > st0.prime_remapped_total, st
+
+
 def test_deep_recursion_is_cut_visibly(sampler: Any) -> None:
     exe = _interpreter("3.12")
     code = ("import sys, time\nsys.setrecursionlimit(5000)\n"

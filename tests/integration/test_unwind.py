@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -610,3 +611,35 @@ def test_python_frames_of_a_stack_deeper_than_the_unwind_depth(sampler: tuple[Bp
 
     good = sum(n for st, n in deep.items() if spliced(st))
     assert total >= 30 and good / total >= 0.9, sorted(deep.items(), key=lambda kv: -kv[1])[:2]
+
+
+def test_a_library_the_unwinder_found_is_named_after_its_process_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the program's reports of new code (switched off here: a
+    kernel that refuses the raw tracepoint), the unwinder's own reading of
+    the maps, after its miss in libbz2 (loaded half a second after start),
+    is passed to the symbolizer: the stacks through libbz2 are named after
+    the process is gone.  Before, the unwinder walked through libbz2 while
+    the symbolizer cut every such stack to a lone ``[unknown]``
+    (tests/integration/test_python_bpf.py has the program's side)."""
+    need(have_root(), "root (BPF and perf events)")
+    need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
+    from flamed.sampling.processes import ProcessManager
+
+    monkeypatch.setattr(ProcessManager, "_on_new_code", lambda *_a: None)
+    with BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), python=True, unwind=True)) as s:
+        p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "workloads" / "late_library.py"), "0.5", "1.5"])
+        try:
+            s.add_pid(p.pid)
+            assert p.wait(timeout=60) == 0
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+        w = s.drain()
+        st = s.stats()
+    stacks = collections.Counter({stack: n for (tgid, _t, _c, stack), n in w.counts.items() if tgid == p.pid})
+    total = sum(stacks.values())
+    named = sum(n for stack, n in stacks.items() if any("libbz2" in f or f.startswith("BZ2_") for f in stack))
+    assert total >= 100, stacks.most_common(5)
+    assert named / total >= 0.5, f"{named}/{total} samples name libbz2: {stacks.most_common(5)}"
+    assert st.prime_remapped_total >= 1, st

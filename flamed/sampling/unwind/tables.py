@@ -28,6 +28,7 @@ import struct
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -248,7 +249,8 @@ class Unwinder:
     """Keeps ``uw_rows`` and ``uw_procs`` of a loaded program filled (see the module doc)."""
 
     def __init__(self, bpf: Any, lib: Any, *, rows_capacity: int, max_maps: int, max_procs: int,
-                 cache: TableCache, proc: Path = Path("/proc"), skip: frozenset[int] = frozenset()) -> None:
+                 cache: TableCache, proc: Path = Path("/proc"), skip: frozenset[int] = frozenset(),
+                 on_described: Callable[[int, Sequence[int]], None] | None = None) -> None:
         self._bpf = bpf
         self._lib = lib
         self._rows = bpf["uw_rows"]
@@ -258,6 +260,7 @@ class Unwinder:
         self._max_maps = max_maps
         self._max_procs = max_procs
         self._cache = cache
+        self._on_described = on_described
         self._proc = proc
         #: Processes never described: the sampler's own (bcc maps libLLVM and
         #: libclang-cpp into it, 2 M rows that would crowd out the host's).
@@ -455,6 +458,11 @@ class Unwinder:
         self._described[tgid] = sig
         self._uses[tgid] = keys
         self.stats.processes = len(self._described)
+        if self._on_described is not None:
+            # The symbolizer must know every mapping the unwinder walks
+            # through: a process that exits before the next drain is named
+            # from the mappings it was told of.
+            self._on_described(tgid, [e[0] for e in entries])
         return True
 
     def forget(self, tgid: int) -> None:
