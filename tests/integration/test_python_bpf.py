@@ -100,8 +100,12 @@ def truth_runs(sampler: Any) -> dict[str, tuple[int, list[tuple[tuple[str, ...],
     """py_truth.py (8 s, 2 threads) on every interpreter here at once, in one
     window: version -> (its pid, its stacks).  At once, not one after the
     other: 7 x 5 s of the suite's 20 minutes became 8 s.  Each process gets
-    a seventh of the CPUs, ~500 samples, 45-220 with a signature, still
-    well above the bounds below (on its own it had 1,270)."""
+    a seventh of the CPUs, ~450 samples, 220-257 with a signature (on its
+    own it had 1,270).  All are drained after they exit: the libraries they
+    load after start (libcrypto, libz) are named only because their maps
+    were read again when those were mapped (docs/bpf.md); without that,
+    55-75 had a signature, and the bound below failed now and then on a
+    loaded CI host."""
     exes = {v: exe for v in INTERPRETERS if (exe := _found(v)) is not None}
     sampler.drain()
     children = {v: subprocess.Popen([str(exe), str(WORKLOADS / "py_truth.py"), "8", "2"]) for v, exe in exes.items()}
@@ -126,7 +130,7 @@ def test_ground_truth_attribution(truth_runs: dict[str, tuple[int, list[tuple[tu
     wrong = misattributed(stacks)
     # Bounds low enough for a loaded CI host (the workload gets less CPU, so fewer samples).
     assert sc.samples >= 100, f"{version}: only {sc.samples} samples of the workload"
-    assert sc.signature >= 20, f"{version}: only {sc.signature} samples with a signature: {sc}"
+    assert sc.signature >= 80, f"{version}: only {sc.signature} samples with a signature: {sc}"
     assert sc.attributed_accuracy >= 0.995, f"{version}: {sc.right}/{sc.signature - sc.lost} signature samples with Python frames under the right step: {wrong}"
     assert sc.lost_share <= 0.02, f"{version}: {sc.lost}/{sc.signature} signature samples without Python frames: {wrong}"
     assert sc.python_share >= 0.95, f"{version}: {sc.with_python}/{sc.samples} samples with Python frames"
