@@ -121,7 +121,8 @@ class DaemonMetrics:
             "Processes whose memory map was read when first sampled, by result: primed; gone (exited "
             "before it could be read); lost (the report was dropped, the daemon fell behind); "
             "throttled (over sampling.prime_rate reads per second); late (read by a drain); renamed (a report "
-            "of an image read already); remapped (read again after a library was loaded); failed.",
+            "of an image read already); remapped (read again after a library was loaded); remap_lost (reports of code mapped that were "
+            "dropped: that library may stay unnamed if its process exits before the drain); failed.",
             ["result"], registry=r,
         )
         self.cgroup_filter_ids = Gauge(

@@ -30,7 +30,8 @@ _OFFCPU_DROPPED = (("start_full", "OFF_START_FULL"), ("map_full", "OFF_MAP_FULL"
 _PRIMING_RESULTS = (("primed", "primed_total"), ("gone", "prime_missed_total"),
                     ("lost", "prime_lost_total"), ("throttled", "prime_throttled_total"),
                     ("late", "prime_late_total"), ("renamed", "prime_renamed_total"),
-                    ("remapped", "prime_remapped_total"), ("failed", "prime_failed_total"))
+                    ("remapped", "prime_remapped_total"), ("remap_lost", "new_code_lost_total"),
+                    ("failed", "prime_failed_total"))
 
 
 class SamplerAccounting:

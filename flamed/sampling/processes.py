@@ -260,6 +260,10 @@ class ProcessManager:
         #: (:meth:`remap`), or None: read its maps again whatever they hold
         self._remaps: dict[int, set[int] | None] = {}
         self._remaps_lock = threading.Lock()
+        #: (due, tgid) of the second reads :meth:`_prime_remapped` will make, in due
+        #: order, and the requests waiting in each (a tgid is in at most one entry)
+        self._remap_due: deque[tuple[float, int]] = deque()
+        self._remap_wanted: dict[int, set[int] | None] = {}
         self._new_code_reports = False  # the program's reports of new code are read (see open)
         #: The identity of the image each first read read, by tgid: a process
         #: said to have exec'd that runs it still was read after its exec.
@@ -483,6 +487,7 @@ class ProcessManager:
         while not self.stopping.is_set():
             try:
                 due = [d for d in (self._reprime[0][0] if self._reprime else None,
+                                   self._remap_due[0][0] if self._remap_due else None,
                                    *(h.due() for h in self._handlers)) if d is not None]
                 wait = max(0.0, min(due) - time.monotonic()) if due else -1.0
                 if ep.poll(wait) and not self.stopping.is_set():
@@ -537,22 +542,55 @@ class ProcessManager:
             with self._remaps_lock:
                 self._remaps[tgid] = None
 
+    #: A second read is made REMAP_DELAY_S after the report that asks for
+    #: it: the dynamic loader maps a library and those it links one after
+    #: the other (a process start, an ``import``), and one read then sees
+    #: them all.  7 interpreters starting at once asked for ~30 reads each
+    #: without the wait, enough to take the whole prime_rate budget from the
+    #: first reads of other processes (which then had no Python frames).
+    REMAP_DELAY_S = 0.01
+    #: Second reads leave this share of prime_rate to first reads: they wait
+    #: (REMAP_RETRY_S) while fewer tokens than that are left.
+    REMAP_RESERVE = 0.5
+    REMAP_RETRY_S = 0.05
+
     def _prime_remapped(self) -> None:
         """Second reads asked for by :meth:`remap` and the program's reports
-        of new code: of processes read before, whose mappings read so far
-        lack an address named (or any address, for a report of new code)."""
+        of new code, once due: of processes read before, whose mappings read
+        so far lack an address named (or any address, for a report of new
+        code)."""
         with self._remaps_lock:
             remaps, self._remaps = self._remaps, {}
-        sym = self.symbolizer
+        now = time.monotonic()
         for tgid, addrs in remaps.items():
-            if sym is None or self.stopping.is_set():
-                return
+            if tgid in self._remap_wanted:
+                known = self._remap_wanted[tgid]
+                if known is not None:
+                    if addrs is None:
+                        self._remap_wanted[tgid] = None
+                    else:
+                        known.update(addrs)
+            else:
+                self._remap_wanted[tgid] = addrs
+                self._remap_due.append((now + self.REMAP_DELAY_S, tgid))
+        sym = self.symbolizer
+        while self._remap_due and self._remap_due[0][0] <= now and not self.stopping.is_set():
+            _due, tgid = self._remap_due.popleft()
+            addrs = self._remap_wanted.pop(tgid, None)
+            if sym is None:
+                continue
             with self.lock:
                 if self.closed or not sym.primed(tgid):
                     continue
                 if addrs is not None and not any(sym.maps_lack(tgid, a) for a in addrs):
                     continue
-            if self._may_read() and self._read_and_prime(tgid, first=False) is not None:
+            rate = self.options.prime_rate
+            if not self._prime_token(reserve=max(0.0, min(self.REMAP_RESERVE * rate, rate - 1.0))):
+                if _alive(tgid):  # asked again later, behind the first reads
+                    self._remap_wanted[tgid] = addrs
+                    self._remap_due.append((now + self.REMAP_RETRY_S, tgid))
+                continue
+            if self._read_and_prime(tgid, first=False) is not None:
                 self._stats.prime_remapped_total += 1
 
     def _on_new_code_lost(self, lost: int) -> None:
@@ -561,16 +599,19 @@ class ProcessManager:
     def _on_new_image_lost(self, lost: int) -> None:
         self._stats.prime_lost_total += int(lost)
 
-    def _prime_token(self) -> bool:
-        """May the priming thread read /proc once more now (prime_rate)?"""
+    def _prime_token(self, reserve: float = 0.0) -> bool:
+        """May the priming thread read /proc once more now (prime_rate),
+        leaving ``reserve`` tokens?  Refusals are counted as throttled only
+        without a reserve (a read that waits for its turn is not refused)."""
         now = time.monotonic()
         rate = self.options.prime_rate
         self._prime_tokens = min(float(rate), self._prime_tokens + (now - self._prime_refill) * rate)
         self._prime_refill = now
-        if self._prime_tokens >= 1.0:
+        if self._prime_tokens >= 1.0 + reserve:
             self._prime_tokens -= 1.0
             return True
-        self._stats.prime_throttled_total += 1
+        if not reserve:
+            self._stats.prime_throttled_total += 1
         return False
 
     def _may_read(self) -> bool:

@@ -243,11 +243,14 @@ def test_deep_recursion_is_cut_visibly(sampler: Any) -> None:
             "    down(n - 1)\n"
             "down(300)\n")
     stacks = _stacks_of_run(sampler, exe, code)
-    deep = [(s, n) for s, n in stacks if sum(1 for f in s if f.startswith("down (")) > 100]
-    assert deep, "no deep stack sampled"
+    # 128 frames (python_depth) or more of down(): 300 deep at the busy loop.  A
+    # sample on the way down or back up (tens of microseconds) may be shallower
+    # and whole: a CI run sampled one with 101-127 under its <module>.
+    deep = [(s, n) for s, n in stacks if sum(1 for f in s if f.startswith("down (")) >= 128]
+    assert sum(n for _s, n in deep) >= 100, "too few deep stacks sampled"
     for s, _n in deep:
         assert s[0] == "[truncated python stack]", s[:3]
-        assert sum(1 for f in s if f.startswith("down (")) == 128
+    assert max(sum(1 for f in s if f.startswith("down (")) for s, _n in stacks) == 128
     assert sampler.stats().python_total["PY_TRUNCATED"] > 0
 
 

@@ -145,11 +145,12 @@ def _drained_around(sampler: Any, *ps: subprocess.Popen[Any], at: float = 1.5) -
 
 
 @pytest.fixture(scope="module")
-def namespace_runs(sampler: Any) -> dict[str, tuple[int, bool, Any]]:
+def namespace_runs(sampler: Any) -> dict[str, tuple[int, bool, Any, str]]:
     """A busy interpreter as PID 1 of its own namespace, for every interpreter
     here at once (4 s, each on a seventh of the CPUs: ~220 samples; one after
     the other they took 7 x 2.6 s of the suite): version -> (its host pid,
-    whether it was seen in a nested namespace, the window)."""
+    whether it was seen in a nested namespace, the window, what the
+    sampler says of it)."""
     found = {}
     for v in INTERPRETERS:
         with contextlib.suppress(BaseException):  # a missing one: its test skips (or fails) on its own
@@ -166,19 +167,25 @@ def namespace_runs(sampler: Any) -> dict[str, tuple[int, bool, Any]]:
             p.wait()
         raise
     w = _drained_around(sampler, *(p for p, _inner in runs.values()))
-    return {v: (inner, nested[v], w) for v, (_p, inner) in runs.items()}
+    # For a failure's message: how the priming thread fared, and the walker's verdict of each.
+    st = sampler.stats()
+    priming = " ".join(f"{k}={getattr(st, k)}" for k in ("primed_total", "prime_missed_total", "prime_lost_total",
+                                                         "prime_throttled_total", "prime_late_total",
+                                                         "prime_remapped_total", "prime_failed_total"))
+    return {v: (inner, nested[v], w, f"{priming}; verdict {sampler.python_frames.verdict(inner)}")
+            for v, (_p, inner) in runs.items()}
 
 
 @pytest.mark.parametrize("version", INTERPRETERS)
-def test_pid_namespace_keeps_python_frames(namespace_runs: dict[str, tuple[int, bool, Any]], version: str) -> None:
+def test_pid_namespace_keeps_python_frames(namespace_runs: dict[str, tuple[int, bool, Any, str]], version: str) -> None:
     """A busy interpreter as PID 1 of its own namespace: its 3.11+ thread
     states hold namespace tids, which the walker matches."""
     _interpreter(version)  # skips (or fails under FLAMED_REQUIRE_BPF=1) when missing
-    inner, nested, w = namespace_runs[version]
+    inner, nested, w, said = namespace_runs[version]
     assert nested, "the workload is not in a nested PID namespace"
     total, named = _share(w, {inner})
     assert total >= 100, f"{version}: only {total} samples of the namespaced workload"
-    assert named / total >= 0.95, f"{version}: {named}/{total} samples with Python frames in a PID namespace"
+    assert named / total >= 0.95, f"{version}: {named}/{total} samples with Python frames in a PID namespace ({said})"
     stacks = [s for (tgid, _t, _c, s) in w.counts if tgid == inner]
     assert any("busy_in_container (<string>:4)" in s for s in stacks), stacks[:3]
 
