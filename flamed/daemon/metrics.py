@@ -120,9 +120,10 @@ class DaemonMetrics:
             "flamed_processes_primed",
             "Processes whose memory map was read when first sampled, by result: primed; gone (exited "
             "before it could be read); lost (the report was dropped, the daemon fell behind); "
-            "throttled (over sampling.prime_rate reads per second); late (read by a drain); renamed (a report "
-            "of an image read already); remapped (read again after a library was loaded); remap_lost (reports of code mapped that were "
-            "dropped: that library may stay unnamed if its process exits before the drain); failed.",
+            "throttled (over sampling.prime_rate reads per second); late (read by a drain); renamed (a "
+            "report of an image read already); remapped (read again after a library was loaded); "
+            "remap_lost (reports of code mapped that were dropped: that library may stay unnamed if its "
+            "process exits before the drain); failed.",
             ["result"], registry=r,
         )
         self.cgroup_filter_ids = Gauge(

@@ -129,8 +129,9 @@ class SamplerStats:
     prime_late_total: int = 0
     #: Reports of an image read already, for another thread name (not read again).
     prime_renamed_total: int = 0
-    #: Second reads of a process's maps after the unwinder met an address
-    #: outside them (a library loaded since: dlopen, an extension module).
+    #: Second reads of a process's maps, made while it runs, after it mapped
+    #: code (the program's report) or the unwinder met an address outside
+    #: them (a library loaded since: dlopen, an extension module).
     prime_remapped_total: int = 0
     #: Reports of code mapped after a process was read, lost (perf buffer overrun).
     new_code_lost_total: int = 0
