@@ -7,7 +7,7 @@ when its process exits before the drain.  The tracepoint fires at every
 release of any process's memory-map lock.  This runs, with the sampler at
 99 Hz (frame-pointer stacks: the unwinder, which also has the maps read
 again after a miss, would hide what the report gains) and the report on,
-then off (the same program, the tracepoint not attached), in alternating
+then off (``new_code``, the daemon's ``reread_new_code``), in alternating
 rounds:
 
 - fork+exec: a shell starting /bin/true 300 times (per exec);
@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: E402
-from flamed.sampling.program import KernelProgram  # noqa: E402
 
 EXECS = 300
 MMAP = ("import time\nt = time.perf_counter()\nfor i in range(20000): b = bytearray(1 << 20)\n"
@@ -43,24 +42,18 @@ MMAP = ("import time\nt = time.perf_counter()\nfor i in range(20000): b = bytear
 
 
 def one_round(report: bool) -> tuple[float, float, float]:
-    attach = KernelProgram._attach_code_mapped
-    if not report:
-        KernelProgram._attach_code_mapped = lambda self: None  # type: ignore[method-assign]
-    try:
-        with BpfSampler(BpfSamplerOptions(frequency=99, python=True)) as s:
-            time.sleep(0.5)
-            t = time.perf_counter()
-            subprocess.run(["/bin/sh", "-c", f"i=0; while [ $i -lt {EXECS} ]; do /bin/true; i=$((i+1)); done"],
-                           check=True)
-            per_exec = (time.perf_counter() - t) / EXECS * 1e6
-            per_mmap = float(subprocess.run([sys.executable, "-c", MMAP], capture_output=True, text=True,
-                                            check=True).stdout)
-            s.drain()
-            subprocess.run([sys.executable, str(ROOT / "tests" / "workloads" / "late_library.py"), "0.5", "1.5"],
-                           check=True)
-            w = s.drain()
-    finally:
-        KernelProgram._attach_code_mapped = attach  # type: ignore[method-assign]
+    with BpfSampler(BpfSamplerOptions(frequency=99, python=True, new_code=report)) as s:
+        time.sleep(0.5)
+        t = time.perf_counter()
+        subprocess.run(["/bin/sh", "-c", f"i=0; while [ $i -lt {EXECS} ]; do /bin/true; i=$((i+1)); done"],
+                       check=True)
+        per_exec = (time.perf_counter() - t) / EXECS * 1e6
+        per_mmap = float(subprocess.run([sys.executable, "-c", MMAP], capture_output=True, text=True,
+                                        check=True).stdout)
+        s.drain()
+        subprocess.run([sys.executable, str(ROOT / "tests" / "workloads" / "late_library.py"), "0.5", "1.5"],
+                       check=True)
+        w = s.drain()
     # late_library.py's samples: those under its module's frames
     total = named = 0
     for (_tgid, _tid, _comm, stack), n in w.counts.items():

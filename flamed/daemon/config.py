@@ -81,6 +81,12 @@ class SamplingConfig:
     prime_new_processes: bool = True
     #: At most this many of those reads per second (~90 us of CPU each).
     prime_rate: int = 200
+    #: Read a process's memory map again when it maps code after the first read
+    #: (a library loaded late: dlopen, an extension module), so that those frames
+    #: are named even if it exits before the drain (needs prime_new_processes).
+    #: Costs every process on the host a hash lookup in BPF per release of its
+    #: memory-map lock: 0-3 % of a fork+exec here (bench/new_code_cost.py).
+    reread_new_code: bool = True
     #: Read the Python frames of CPython 3.8-3.13 processes in the BPF program
     #: at every sample (needs prime_new_processes).  Processes it cannot read
     #: (other versions, a layout that fails validation) go to py-spy when

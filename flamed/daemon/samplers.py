@@ -36,6 +36,7 @@ def bpf_options(cfg: SamplingConfig, state_dir: str | None = None) -> Any:
         max_entries=cfg.counts_map_size,
         prime=cfg.prime_new_processes,
         prime_rate=cfg.prime_rate,
+        new_code=cfg.reread_new_code,
         python=cfg.python_frames and cfg.prime_new_processes,
         python_depth=cfg.python_depth,
         python_stack_entries=cfg.python_stack_map_size,

@@ -438,6 +438,7 @@ def options_from_config(cfg: Any) -> BpfSamplerOptions:
         ringbuf_pages=int(get("ringbuf_pages", d.ringbuf_pages)),
         prime=bool(get("prime_new_processes", get("prime", d.prime))),
         prime_rate=int(get("prime_rate", d.prime_rate)),
+        new_code=bool(get("reread_new_code", d.new_code)),
         bpf_dir=Path(bpf_dir) if bpf_dir else None,
     )
 

@@ -289,10 +289,11 @@ class ProcessManager:
             self.program.bpf["new_images"].open_perf_buffer(
                 self._on_new_image, page_cnt=self.options.prime_pages, lost_cb=self._on_new_image_lost
             )
-            self.program.bpf["new_code"].open_perf_buffer(
-                self._on_new_code, page_cnt=self.options.prime_pages, lost_cb=self._on_new_code_lost
-            )
-            self._new_code_reports = True
+            if self.options.new_code:
+                self.program.bpf["new_code"].open_perf_buffer(
+                    self._on_new_code, page_cnt=self.options.prime_pages, lost_cb=self._on_new_code_lost
+                )
+                self._new_code_reports = True
         for h in self._handlers:
             h.open(self.program)
 

@@ -117,6 +117,12 @@ class BpfSamplerOptions:
     #: processes that exit before the next drain still get their user frames
     #: named.  Off: maps are read at the drain, for the processes alive then.
     prime: bool = True
+    #: With ``prime``: have the program report code a process maps after it
+    #: was read (an mmap of a file with PROT_EXEC: a library loaded late), and
+    #: read its maps again then, so that those frames are named even if it
+    #: exits before the drain.  Costs every process on the host a hash lookup
+    #: per release of its memory-map lock (0-3 % of a fork+exec here).
+    new_code: bool = True
     #: Process images remembered as already reported (LRU).
     seen_max: int = 16384
     #: Per-CPU perf buffer of those reports, in pages (a power of 2).
@@ -706,7 +712,7 @@ class KernelProgram:
                        for n in (b"flamed_unwind", b"flamed_finish")]
         if self.options.python:  # tail-called at the end of a sample that stored a new Python stack
             wanted.append((b"flamed_pyguard", bcc.BPF.PERF_EVENT, "the Python guard program (verifier)"))
-        if self.options.prime:  # attached with the perf events
+        if self.options.prime and self.options.new_code:  # attached with the perf events
             wanted.append((b"flamed_code_mapped", bcc.BPF.RAW_TRACEPOINT, "the new-code program (verifier)"))
         if self.options.offcpu:  # loaded (verified) now, attached with the perf events
             wanted.append((b"flamed_offcpu", bcc.BPF.RAW_TRACEPOINT, "the off-CPU program (verifier)"))
@@ -788,7 +794,7 @@ class KernelProgram:
         """The report of code mapped after a process was read (bpf/profile.bpf.c,
         flamed_code_mapped): without it sampling goes on, and libraries loaded
         late are named only for processes alive at the drain."""
-        if not self.options.prime or self._code_mapped_attached:
+        if not (self.options.prime and self.options.new_code) or self._code_mapped_attached:
             return
         _, text, err = _with_captured_stderr(
             lambda: self.bpf.attach_raw_tracepoint(tp=b"mmap_lock_released", fn_name=b"flamed_code_mapped"))

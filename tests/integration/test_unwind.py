@@ -613,9 +613,10 @@ def test_python_frames_of_a_stack_deeper_than_the_unwind_depth(sampler: tuple[Bp
     assert total >= 30 and good / total >= 0.9, sorted(deep.items(), key=lambda kv: -kv[1])[:2]
 
 
-def test_a_library_the_unwinder_found_is_named_after_its_process_exits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the program's reports of new code (switched off here: a
-    kernel that refuses the raw tracepoint), the unwinder's own reading of
+def test_a_library_the_unwinder_found_is_named_after_its_process_exits() -> None:
+    """Without the program's reports of new code (``new_code`` off, as
+    ``reread_new_code = false`` or a kernel that refuses the raw tracepoint
+    leaves it), the unwinder's own reading of
     the maps, after its miss in libbz2 (loaded half a second after start),
     is passed to the symbolizer: the stacks through libbz2 are named after
     the process is gone.  Before, the unwinder walked through libbz2 while
@@ -623,10 +624,8 @@ def test_a_library_the_unwinder_found_is_named_after_its_process_exits(monkeypat
     (tests/integration/test_python_bpf.py has the program's side)."""
     need(have_root(), "root (BPF and perf events)")
     need(have_bcc(), "bcc Python binding (Debian python3-bpfcc, under /usr/bin/python3)")
-    from flamed.sampling.processes import ProcessManager
-
-    monkeypatch.setattr(ProcessManager, "_on_new_code", lambda *_a: None)
-    with BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), python=True, unwind=True)) as s:
+    with BpfSampler(BpfSamplerOptions(frequency=199, pids=frozenset(), python=True, unwind=True,
+                                      new_code=False)) as s:
         p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "workloads" / "late_library.py"), "0.5", "1.5"])
         try:
             s.add_pid(p.pid)

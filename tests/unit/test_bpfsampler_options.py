@@ -138,3 +138,11 @@ def test_a_map_the_kernel_refuses_is_named_with_the_setting_that_sizes_it() -> N
     assert map_refused("could not open bpf map: seen, error: Invalid argument", BpfSamplerOptions()) == (
         "the kernel would not create the BPF map seen: Invalid argument")
     assert map_refused("error: use of undeclared identifier 'x'", BpfSamplerOptions()) == ""
+
+
+def test_rereading_for_new_code_follows_the_daemon_config() -> None:
+    from flamed.daemon.config import SamplingConfig
+    from flamed.daemon.samplers import bpf_options
+
+    assert bpf_options(SamplingConfig()).new_code is True
+    assert bpf_options(SamplingConfig(reread_new_code=False)).new_code is False
