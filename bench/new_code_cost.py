@@ -34,7 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "tests" / "workloads"))
+
 from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: E402
+from late_library import names_libbz2  # noqa: E402
 
 EXECS = 300
 MMAP = ("import time\nt = time.perf_counter()\nfor i in range(20000): b = bytearray(1 << 20)\n"
@@ -59,7 +62,7 @@ def one_round(report: bool) -> tuple[float, float, float]:
     for (_tgid, _tid, _comm, stack), n in w.counts.items():
         if any("late_library.py" in f for f in stack):
             total += n
-            named += n if any("libbz2" in f or f.startswith("BZ2_") for f in stack) else 0
+            named += n if names_libbz2(stack) else 0
     return per_exec, per_mmap, (named / total if total else 0.0)
 
 

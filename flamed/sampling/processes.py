@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
+import heapq
 import logging
 import os
 import select
@@ -256,14 +257,13 @@ class ProcessManager:
         #: the drain queues it in ``_late``.
         self._handed: dict[int, int] = {}
         self._late: deque[int] = deque()
-        #: tgid -> addresses of its code the symbolizer may not know of
-        #: (:meth:`remap`), or None: read its maps again whatever they hold
-        self._remaps: dict[int, set[int] | None] = {}
-        self._remaps_lock = threading.Lock()
-        #: (due, tgid) of the second reads :meth:`_prime_remapped` will make, in due
-        #: order, and the requests waiting in each (a tgid is in at most one entry)
-        self._remap_due: deque[tuple[float, int]] = deque()
+        #: The second reads :meth:`_prime_remapped` will make: (due, tgid), a
+        #: heap, and what each asks, by tgid (in at most one entry): addresses
+        #: of its code the symbolizer may not know of, or None (read its maps
+        #: again whatever they hold).  Under ``_remaps_lock``: any thread asks.
+        self._remap_due: list[tuple[float, int]] = []
         self._remap_wanted: dict[int, set[int] | None] = {}
+        self._remaps_lock = threading.Lock()
         self._new_code_reports = False  # the program's reports of new code are read (see open)
         #: The identity of the image each first read read, by tgid: a process
         #: said to have exec'd that runs it still was read after its exec.
@@ -487,8 +487,7 @@ class ProcessManager:
         arr = (ct.c_void_p * len(readers))(*readers)
         while not self.stopping.is_set():
             try:
-                due = [d for d in (self._reprime[0][0] if self._reprime else None,
-                                   self._remap_due[0][0] if self._remap_due else None,
+                due = [d for d in (self._reprime[0][0] if self._reprime else None, self._remap_next(),
                                    *(h.due() for h in self._handlers)) if d is not None]
                 wait = max(0.0, min(due) - time.monotonic()) if due else -1.0
                 if ep.poll(wait) and not self.stopping.is_set():
@@ -529,10 +528,7 @@ class ProcessManager:
         hashlib`` brings libcrypto) stayed unknown to the symbolizer until a
         drain found the process alive; one that exited first had every stack
         through that library cut to ``[unknown]``."""
-        with self._remaps_lock:
-            known = self._remaps.setdefault(tgid, set())
-            if known is not None:
-                known.update(addrs)
+        self._ask_remap(tgid, set(addrs), time.monotonic() + self.REMAP_DELAY_S)
         self.wake()
 
     def _on_new_code(self, _cpu: int, data: Any, size: int) -> None:
@@ -540,8 +536,26 @@ class ProcessManager:
         # flamed_code_mapped): read its maps again.
         if size >= 4:
             tgid = ct.cast(data, ct.POINTER(ct.c_uint32))[0]
-            with self._remaps_lock:
-                self._remaps[tgid] = None
+            self._ask_remap(tgid, None, time.monotonic() + self.REMAP_DELAY_S)
+
+    def _remap_next(self) -> float | None:
+        """When the next second read is due, if any."""
+        with self._remaps_lock:
+            return self._remap_due[0][0] if self._remap_due else None
+
+    def _ask_remap(self, tgid: int, addrs: set[int] | None, due: float) -> None:
+        """A second read of ``tgid`` at ``due``, merged into the one it waits
+        for if any (None, read whatever the maps hold, takes over addresses)."""
+        with self._remaps_lock:
+            if tgid not in self._remap_wanted:
+                self._remap_wanted[tgid] = addrs
+                heapq.heappush(self._remap_due, (due, tgid))
+            elif addrs is None:
+                self._remap_wanted[tgid] = None
+            else:
+                known = self._remap_wanted[tgid]
+                if known is not None:
+                    known.update(addrs)
 
     #: A second read is made REMAP_DELAY_S after the report that asks for
     #: it: the dynamic loader maps a library and those it links one after
@@ -560,24 +574,14 @@ class ProcessManager:
         of new code, once due: of processes read before, whose mappings read
         so far lack an address named (or any address, for a report of new
         code)."""
-        with self._remaps_lock:
-            remaps, self._remaps = self._remaps, {}
         now = time.monotonic()
-        for tgid, addrs in remaps.items():
-            if tgid in self._remap_wanted:
-                known = self._remap_wanted[tgid]
-                if known is not None:
-                    if addrs is None:
-                        self._remap_wanted[tgid] = None
-                    else:
-                        known.update(addrs)
-            else:
-                self._remap_wanted[tgid] = addrs
-                self._remap_due.append((now + self.REMAP_DELAY_S, tgid))
         sym = self.symbolizer
-        while self._remap_due and self._remap_due[0][0] <= now and not self.stopping.is_set():
-            _due, tgid = self._remap_due.popleft()
-            addrs = self._remap_wanted.pop(tgid, None)
+        while not self.stopping.is_set():
+            with self._remaps_lock:
+                if not self._remap_due or self._remap_due[0][0] > now:
+                    return
+                _due, tgid = heapq.heappop(self._remap_due)
+                addrs = self._remap_wanted.pop(tgid, None)
             if sym is None:
                 continue
             with self.lock:
@@ -588,8 +592,7 @@ class ProcessManager:
             rate = self.options.prime_rate
             if not self._prime_token(reserve=max(0.0, min(self.REMAP_RESERVE * rate, rate - 1.0))):
                 if _alive(tgid):  # asked again later, behind the first reads
-                    self._remap_wanted[tgid] = addrs
-                    self._remap_due.append((now + self.REMAP_RETRY_S, tgid))
+                    self._ask_remap(tgid, addrs, now + self.REMAP_RETRY_S)
                 continue
             if self._read_and_prime(tgid, first=False) is not None:
                 self._stats.prime_remapped_total += 1

@@ -661,8 +661,8 @@ class KernelProgram:
         #: Set by :meth:`stop`: CPUs coming online then stay unattached.
         self.stopped = False
         self._perf_fds: dict[int, int] = {}
-        self._offcpu_attached = False
-        self._code_mapped_attached = False
+        #: Raw tracepoints with a program attached (off-CPU, new code).
+        self._raw_attached: list[bytes] = []
         #: How :meth:`load` got the program: from the cache, or compiled.
         self.load_info: LoadInfo | None = None
 
@@ -779,31 +779,36 @@ class KernelProgram:
             f"{os.strerror(last_err) if last_err else 'error'}; {hint}"
         )
 
+    def _attach_raw(self, tp: bytes, fn_name: bytes) -> str | None:
+        """Attach ``fn_name`` to the raw tracepoint ``tp`` (then in
+        :attr:`_raw_attached`, for :meth:`detach`): None, or why not."""
+        if tp in self._raw_attached:
+            return None
+        _, text, err = _with_captured_stderr(lambda: self.bpf.attach_raw_tracepoint(tp=tp, fn_name=fn_name))
+        if err is not None:
+            return _tail(text) or str(err)
+        self._raw_attached.append(tp)
+        return None
+
     def _attach_offcpu(self) -> None:
-        if not self.options.offcpu or self._offcpu_attached:
+        if not self.options.offcpu:
             return
-        _, text, err = _with_captured_stderr(
-            lambda: self.bpf.attach_raw_tracepoint(tp=b"sched_switch", fn_name=b"flamed_offcpu"))
+        err = self._attach_raw(b"sched_switch", b"flamed_offcpu")
         if err is not None:
             self.detach()
             raise CapabilityError(f"cannot attach the off-CPU program to the sched_switch raw tracepoint "
-                                  f"(needs BTF raw tracepoints, kernel >= 4.17): {_tail(text) or err}")
-        self._offcpu_attached = True
+                                  f"(needs BTF raw tracepoints, kernel >= 4.17): {err}")
 
     def _attach_code_mapped(self) -> None:
         """The report of code mapped after a process was read (bpf/profile.bpf.c,
         flamed_code_mapped): without it sampling goes on, and libraries loaded
         late are named only for processes alive at the drain."""
-        if not (self.options.prime and self.options.new_code) or self._code_mapped_attached:
+        if not (self.options.prime and self.options.new_code):
             return
-        _, text, err = _with_captured_stderr(
-            lambda: self.bpf.attach_raw_tracepoint(tp=b"mmap_lock_released", fn_name=b"flamed_code_mapped"))
+        err = self._attach_raw(b"mmap_lock_released", b"flamed_code_mapped")
         if err is not None:
             log.warning("no report of code mapped after start (the mmap_lock_released raw tracepoint: %s): "
-                        "libraries that processes load later are named only if they live until a drain",
-                        _tail(text) or err)
-            return
-        self._code_mapped_attached = True
+                        "libraries that processes load later are named only if they live until a drain", err)
 
     def _attach_event(self, name: str, cpus: Iterable[int]) -> tuple[bool, int]:
         ev_type, ev_config = EVENTS[name]
@@ -855,18 +860,12 @@ class KernelProgram:
         for fd in self._perf_fds.values():
             self.lib.bpf_close_perf_event_fd(fd)
         self._perf_fds.clear()
-        if self._offcpu_attached:
-            self._offcpu_attached = False
+        while self._raw_attached:
+            tp = self._raw_attached.pop()
             try:
-                self.bpf.detach_raw_tracepoint(tp=b"sched_switch")
+                self.bpf.detach_raw_tracepoint(tp=tp)
             except Exception as e:  # noqa: BLE001 -- bcc raises plain Exception; detaching must not fail a stop
-                log.debug("detaching the off-CPU program: %s", e)
-        if self._code_mapped_attached:
-            self._code_mapped_attached = False
-            try:
-                self.bpf.detach_raw_tracepoint(tp=b"mmap_lock_released")
-            except Exception as e:  # noqa: BLE001 -- as above
-                log.debug("detaching the new-code program: %s", e)
+                log.debug("detaching the program of the raw tracepoint %s: %s", tp.decode(), e)
 
     def stop(self) -> None:
         """Detach for good (a last drain may still read the maps)."""

@@ -396,6 +396,11 @@ class _ProcessSymbols:
         self.ranges = ranges
         self.starts = [r[0] for r in ranges]
 
+    def holding(self, addr: int) -> _Mapping | None:
+        """The executable mapping read so far that holds ``addr``, if any."""
+        i = bisect.bisect_right(self.starts, addr) - 1
+        return self.ranges[i] if i >= 0 and addr < self.ranges[i].end else None
+
 
 # ---------------------------------------------------------------------------
 # Function symbols of one ELF file, shared by every process that maps it
@@ -791,22 +796,15 @@ class Symbolizer:
         """Was ``pid`` primed, and does no executable mapping read for it so
         far hold ``addr`` (a library it loaded since)?"""
         p = self._procs.get(pid)
-        if p is None:
-            return False
-        i = bisect.bisect_right(p.starts, addr) - 1
-        return not (i >= 0 and addr < p.ranges[i].end)
+        return p is not None and p.holding(addr) is None
 
     def _mapping(self, p: _ProcessSymbols, pid: int, addr: int) -> _Mapping | None:
         """The executable mapping holding ``addr``, if any."""
-        i = bisect.bisect_right(p.starts, addr) - 1
-        if i >= 0 and addr < p.ranges[i].end:
-            return p.ranges[i]
-        if p.maps_drain != self._drains:
+        m = p.holding(addr)
+        if m is None and p.maps_drain != self._drains:
             self._read_maps(p, pid)
-            i = bisect.bisect_right(p.starts, addr) - 1
-            if i >= 0 and addr < p.ranges[i].end:
-                return p.ranges[i]
-        return None
+            m = p.holding(addr)
+        return m
 
     def _from_elf(self, m: _Mapping, pid: int, file_offset: int) -> str | None:
         """The frame from the mapped file's own symbol table; ``None`` when the

@@ -21,12 +21,13 @@ from typing import Any
 import pytest
 from cpython_support import DEBIAN_311, VERSIONS, pyenv_prefix, pyenv_python
 
-from support import have_bcc, have_root, need
+from support import have_bcc, have_root, need, priming_counters
 
 HERE = Path(__file__).resolve().parent.parent
 WORKLOADS = HERE / "workloads"
 sys.path.insert(0, str(WORKLOADS))
 
+from late_library import names_libbz2  # noqa: E402
 from py_truth_score import misattributed, score  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("require_bpf")
@@ -199,17 +200,8 @@ def test_short_lived_processes_have_python_frames(sampler: Any, version: str) ->
     # A process never described (verdict None) was never handed to the walker
     # while it ran: the priming counters say which way its report went.
     st = sampler.stats()
-    priming = {k: getattr(st, k) for k in ("primed_total", "prime_missed_total", "prime_lost_total",
-                                           "prime_throttled_total", "prime_late_total", "prime_renamed_total",
-                                           "prime_failed_total")}
-    assert python / total >= 0.95, f"{priming} {python}/{total} samples of the short processes with Python frames: {per_pid}"
+    assert python / total >= 0.95, f"{priming_counters(st)} {python}/{total} samples of the short processes with Python frames: {per_pid}"
     assert named / total >= 0.9, f"{named}/{total} samples of the short processes under short_job"
-
-
-def _in_libbz2(stacks: list[tuple[tuple[str, ...], int]]) -> tuple[int, int]:
-    """(samples with a libbz2 frame, all samples) of ``stacks``."""
-    total = sum(n for _s, n in stacks)
-    return sum(n for s, n in stacks if any("libbz2" in f or f.startswith("BZ2_") for f in s)), total
 
 
 def test_a_library_loaded_late_is_named_after_its_process_exits(sampler: Any) -> None:
@@ -225,7 +217,8 @@ def test_a_library_loaded_late_is_named_after_its_process_exits(sampler: Any) ->
     p = subprocess.Popen([sys.executable, str(WORKLOADS / "late_library.py"), "0.5", "1.5"])
     assert p.wait(timeout=60) == 0
     stacks = _stacks_of(sampler.drain(), {p.pid})
-    named, total = _in_libbz2(stacks)
+    total = sum(n for _s, n in stacks)
+    named = sum(n for s, n in stacks if names_libbz2(s))
     st = sampler.stats()
     assert total >= 100, stacks
     assert named / total >= 0.5, f"{named}/{total} samples name libbz2: {sorted(stacks, key=lambda x: -x[1])[:5]}"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from cpython_support import DEBIAN_311, VERSIONS, pyenv_python
 
-from support import ROOT, have_bcc, have_root, need
+from support import ROOT, have_bcc, have_root, need, priming_counters
 
 pytestmark = pytest.mark.usefixtures("require_bpf")
 
@@ -168,10 +168,7 @@ def namespace_runs(sampler: Any) -> dict[str, tuple[int, bool, Any, str]]:
         raise
     w = _drained_around(sampler, *(p for p, _inner in runs.values()))
     # For a failure's message: how the priming thread fared, and the walker's verdict of each.
-    st = sampler.stats()
-    priming = " ".join(f"{k}={getattr(st, k)}" for k in ("primed_total", "prime_missed_total", "prime_lost_total",
-                                                         "prime_throttled_total", "prime_late_total",
-                                                         "prime_remapped_total", "prime_failed_total"))
+    priming = priming_counters(sampler.stats())
     return {v: (inner, nested[v], w, f"{priming}; verdict {sampler.python_frames.verdict(inner)}")
             for v, (_p, inner) in runs.items()}
 
