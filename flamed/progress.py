@@ -127,13 +127,16 @@ class Progress:
         self._write(f"{self.label}: {ph.text()}")
 
     def _write(self, text: str) -> None:
+        # Marked drawn before the write: a Ctrl-C that lands inside the write (or
+        # between it and the flush) must still have finish() clear the line, or the
+        # message that ends the run is printed after the bar.
+        self._drawn = True
         try:
             # Clear to the end of the line: a shorter text must not keep the tail of a longer one.
             self.stream.write("\r" + text + "\x1b[K")
             self.stream.flush()
         except (OSError, ValueError):
             return  # the terminal went away: the job goes on without its progress line
-        self._drawn = True
 
     def phase(self, name: str, total: int | None = None, unit: str = "") -> Phase:
         return Phase(self, name, total, unit)

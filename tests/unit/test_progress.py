@@ -75,3 +75,33 @@ def test_small_inputs_draw_nothing(folded: Path, tmp_path: Path) -> None:
     term = Terminal()
     assert main(["svg", str(folded), "-o", str(tmp_path / "o.svg")], stderr=term) == 0
     assert term.getvalue() == ""  # under PROGRESS_MIN_BYTES: no line, even on a terminal
+
+
+class InterruptedTerminal(Terminal):
+    """A terminal whose n-th flush is where Ctrl-C lands: the bar's text is already
+    in the stream, the write has not returned."""
+
+    def __init__(self, on_flush: int) -> None:
+        super().__init__()
+        self.flushes = 0
+        self.on_flush = on_flush
+
+    def flush(self) -> None:
+        self.flushes += 1
+        if self.flushes == self.on_flush:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("on_flush", [1, 2, 3])
+def test_ctrl_c_inside_a_redraw_still_clears_the_line(
+    on_flush: int, folded: Path, tmp_path: Path, eager: None
+) -> None:
+    term = InterruptedTerminal(on_flush)
+    out = tmp_path / "out.svg"
+    assert main(["svg", str(folded), "-o", str(out)], stderr=term) == 130
+    text = term.getvalue()
+    # The bar was drawn, then cleared, then the one message on a line of its own.
+    assert "svg: [" in text
+    assert text.endswith("\r\x1b[Kflamed svg: interrupted\n"), text[-200:]
+    assert not out.exists()
+    assert progress.active() is None
