@@ -147,8 +147,8 @@ class Daemon:
         return self.loop.totals
 
     # -- requests from other threads and signal handlers -----------------
-    def request_stop(self) -> None:
-        self.loop.request_stop()
+    def request_stop(self, reason: str = "") -> None:
+        self.loop.request_stop(reason)
 
     def request_reload(self) -> None:
         self.loop.request_reload()
@@ -178,9 +178,11 @@ class Daemon:
         log.warning("state directory %s: its lock file was removed; locked it again", lock.directory)
 
     def install_signals(self) -> None:
+        # A handler runs in the main thread between any two bytecodes, possibly in
+        # the middle of a write to the log's stream or inside a lock: it only sets
+        # flags and wakes the loop (an eventfd), which logs and acts.
         def on_stop(signum: int, frame: FrameType | None) -> None:
-            log.info("%s: draining and writing the last window", signal.Signals(signum).name)
-            self.request_stop()
+            self.request_stop(signal.Signals(signum).name)
 
         def on_hup(signum: int, frame: FrameType | None) -> None:
             self.request_reload()

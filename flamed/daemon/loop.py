@@ -19,8 +19,11 @@ or the files themselves, so a slow client cannot delay a drain.
 from __future__ import annotations
 
 import logging
+import os
+import select
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -58,6 +61,41 @@ def detach(sampler: Sampler, context: str) -> None:
             log.warning("%s: %s", context, e)
 
 
+class Wakeup:
+    """What the loop sleeps on between drains: an eventfd, where a
+    :class:`threading.Event` was.  Signal handlers set it, and a Python signal
+    handler runs in the main thread between any two bytecodes, the loop's own
+    sleep included: an ``Event.set()`` there, landing while the loop held the
+    Event's lock (entering or leaving its wait, or clearing it), waited on that
+    lock forever, and the daemon stopped draining (a burst of SIGHUPs hung it
+    within a few hundred).  Writing to an eventfd takes no Python lock."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        weakref.finalize(self, os.close, self.fd)
+
+    def set(self) -> None:
+        """Wake the loop (any thread, or a signal handler)."""
+        try:
+            os.eventfd_write(self.fd, 1)
+        except OSError:
+            pass  # the counter at its maximum is set all the same
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds unless set; was it set?"""
+        r, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
+        return bool(r)
+
+    def is_set(self) -> bool:
+        return self.wait(0.0)
+
+    def clear(self) -> None:
+        try:
+            os.eventfd_read(self.fd)
+        except BlockingIOError:
+            pass
+
+
 class DrainLoop:
     def __init__(self, config: DaemonConfig, *, store: ProfileStore, ring: WindowRing, metrics: DaemonMetrics,
                  notifier: Notifier, clock_ns: Callable[[], int]) -> None:
@@ -71,9 +109,10 @@ class DrainLoop:
         self.processors: list[WindowProcessor] = []
         self.pusher: Pusher | None = None
         self.sampler_stats = SamplerAccounting(metrics)
-        self._wake = threading.Event()
+        self._wake = Wakeup()
         self._lock = threading.Lock()
         self._stop = False
+        self._stop_reason = ""
         self._reload = False
         self._drain_wanted = False
         self._flush_waiters: list[_FlushWaiter] = []
@@ -88,7 +127,10 @@ class DrainLoop:
         self._losses = LossAdvisor()
 
     # -- requests from other threads and signal handlers -----------------
-    def request_stop(self) -> None:
+    def request_stop(self, reason: str = "") -> None:
+        """Stop after the drain under way (any thread, or a signal handler: ``reason``
+        names the signal, logged by the loop)."""
+        self._stop_reason = self._stop_reason or reason
         self._stop = True
         self._wake.set()
 
@@ -132,6 +174,8 @@ class DrainLoop:
         while True:
             self._ping()
             if self._stop:
+                if self._stop_reason:
+                    log.info("%s: draining and writing the last window", self._stop_reason)
                 return
             if self._reload:
                 self._reload = False

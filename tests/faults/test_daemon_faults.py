@@ -448,3 +448,39 @@ def test_invalid_config_on_sighup_keeps_running_config(require_bpf: None, daemon
     assert d.wait_exit(60) == 0
     tot = check_state_dir(d.state_dir)
     assert tot["samples"] == tot["weight"] + tot["lost"].get("map_full", 0)
+
+
+def test_a_burst_of_signals_never_hangs_the_loop(require_bpf: None, daemon_factory: Any) -> None:
+    """SIGHUPs sent as fast as a script can (a config tool in a loop, a flapping
+    reload unit): every one lands between two bytecodes of the main loop, its
+    sleep included.  The handler once set a threading.Event there; landing while
+    the loop held that Event's lock, it waited on it forever, and the daemon
+    stopped draining (within 600 and 2,000 signals in two runs).  Now the loop
+    keeps answering, and a SIGTERM at the end stops it cleanly."""
+    d = daemon_factory(sampling={"frequency": 19, "drain_interval": 1.0})
+    import copy
+
+    cfg = copy.deepcopy(d.config)
+    cfg["sampling"]["frequency"] = 100000  # refused: each reload is quick and logs one line
+    write_config(d.cfg_path, cfg)
+    rng = random.Random(7)
+
+    def refused() -> int:
+        return d.log().count("keeping the running one")
+
+    sent = 0
+    for _ in range(12):
+        for _ in range(250):
+            d.signal(signal.SIGHUP)
+            sent += 1
+            time.sleep(rng.random() * 0.003)
+        # The loop still turns: one more reload is logged (the burst's own may coalesce).
+        n0 = refused()
+        d.signal(signal.SIGHUP)
+        d.wait_for(lambda: refused() > n0, 15, f"a reload after {sent} SIGHUPs (the main loop hung)")
+    assert d.alive()
+    w0 = d.status()["windows"]
+    d.wait_for(lambda: d.status()["windows"] > w0, 15, "a drain after the burst")
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit(60) == 0
+    assert "SIGTERM: draining and writing the last window" in d.log()
