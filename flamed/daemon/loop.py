@@ -19,6 +19,7 @@ or the files themselves, so a slow client cannot delay a drain.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import threading
@@ -73,6 +74,10 @@ class Wakeup:
     def __init__(self) -> None:
         self.fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         weakref.finalize(self, os.close, self.fd)
+        # poll, not select: on a host with hundreds of CPUs the perf events' fds
+        # can take this one past select's 1,024.
+        self._poll = select.poll()
+        self._poll.register(self.fd, select.POLLIN)
 
     def set(self) -> None:
         """Wake the loop (any thread, or a signal handler)."""
@@ -82,12 +87,8 @@ class Wakeup:
             pass  # the counter at its maximum is set all the same
 
     def wait(self, timeout: float) -> bool:
-        """Sleep up to ``timeout`` seconds unless set; was it set?"""
-        r, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
-        return bool(r)
-
-    def is_set(self) -> bool:
-        return self.wait(0.0)
+        """Sleep up to ``timeout`` seconds unless set; was it set?  (One thread waits: the loop's.)"""
+        return bool(self._poll.poll(max(0, math.ceil(timeout * 1000))))
 
     def clear(self) -> None:
         try:
