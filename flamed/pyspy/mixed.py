@@ -14,7 +14,9 @@ py-spy window late.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import math
 import os
 import select
 import threading
@@ -223,7 +225,14 @@ class MixedMode:
             fds = [self._wake_fd] + ([self.watcher.fileno()] if self.watcher.fileno() >= 0 else [])
         t0 = self._now()
         try:
-            ready, _, _ = select.select(fds, [], [], timeout)
+            # poll, not select: a host with hundreds of CPUs can hold fds past select's 1,024.
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            events = poller.poll(math.ceil(timeout * 1000))
+            if any(ev & select.POLLNVAL for _, ev in events):
+                raise OSError(errno.EBADF, "closed")
+            ready = [fd for fd, ev in events if ev & select.POLLIN]
         except (OSError, ValueError):  # the connector closed meanwhile: tick as before
             self._stop.wait(self.TICK_S)
             ready = []

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import re
 import select
@@ -412,7 +413,11 @@ class ProcessWatcher:
         """Handle pending events (waiting up to ``timeout_s``), due rechecks and scans."""
         if self._sock is not None:
             try:
-                select.select([self._fd], [], [], timeout_s)
+                # poll, not select: this fd may be past select's 1,024 on a large host.
+                poller = select.poll()
+                poller.register(self._fd, select.POLLIN)
+                if any(ev & select.POLLNVAL for _, ev in poller.poll(math.ceil(timeout_s * 1000))):
+                    time.sleep(timeout_s)  # closed meanwhile: no busy loop
             except (OSError, ValueError):
                 pass
             self._read_events()
