@@ -232,9 +232,13 @@ def check_state_dir(state: Path, *, allow_orphans: bool = False) -> dict[str, An
     for f in files:
         stem = re.sub(r"\.folded(\.gz)?$", "", f.name)
         side = state / (stem + ".json")
-        assert side.exists(), f"{f.name} has no sidecar"
-        meta = json.loads(side.read_text())
-        raw = f.read_bytes()
+        try:
+            meta = json.loads(side.read_text())
+            raw = f.read_bytes()
+        except FileNotFoundError:
+            if not f.exists():
+                continue  # a running daemon's retention deleted it since the listing
+            raise AssertionError(f"{f.name} has no sidecar") from None
         assert meta["bytes"] == len(raw), f"{f.name}: {len(raw)} bytes, sidecar says {meta['bytes']}"
         assert meta["sha256"] == hashlib.sha256(raw).hexdigest(), f"{f.name}: content differs from its sidecar's sha256"
         data = gzip.decompress(raw) if f.name.endswith(".gz") else raw
@@ -258,6 +262,12 @@ def check_state_dir(state: Path, *, allow_orphans: bool = False) -> dict[str, An
             stem = n[: -len(".json")]
             if (stem + ".folded") not in names and (stem + ".folded.gz") not in names:
                 orphans.append(n)
+    if orphans and not allow_orphans:
+        # A running daemon's retention deletes a file, then its sidecar: a listing
+        # between the two sees an orphan for a moment.  One still there a moment later is not that.
+        time.sleep(0.3)
+        orphans = [n for n in orphans if (state / n).exists() and not (state / (n[: -len(".json")] + ".folded")).exists()
+                   and not (state / (n[: -len(".json")] + ".folded.gz")).exists()]
     # A crash between the sidecar's rename and the file's leaves an orphan sidecar, which recovery removes.
     assert allow_orphans or not orphans, f"orphan sidecars {orphans}"
     totals["temps"] = temps
