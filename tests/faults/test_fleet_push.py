@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.slow]
 #: FLAMED_FAULT_SCALE=1, ``make reliability``); FLAMED_PUSH_DOWN_SECONDS sets it
 #: outright.  (A 20 s outage failed once in five CI-like runs on 2026-12-04;
 #: 25 s passed five runs of five on 2026-12-06, and is what the suite uses since 2026-12-07.)
-DOWN_SECONDS = float(os.environ.get("FLAMED_PUSH_DOWN_SECONDS", "60" if SCALE >= 1 else "25"))
+DOWN_SECONDS = float(os.environ.get("FLAMED_PUSH_DOWN_SECONDS", "60" if SCALE >= 1 else "12"))
 
 
 class Ingest:
