@@ -233,9 +233,8 @@ class RecordCommand(Command):
                     offcpu_min_us=args.min_block_us if timed else None, offcpu_every=args.offcpu_every,
                     timeline=args.timeline is not None or _timed_output(args, fmt))
             except KeyboardInterrupt:
-                # Nothing recorded yet: the output says so rather than not existing.
-                self._write(args, fmt, Profile(labels={**_mode_labels(args.mode), "source": "flamed record"}))
-                return 130
+                return self._interrupted_before_sampling(
+                    args, fmt, "the command was not started" if cmd else f"process {args.pid} was not sampled")
             if sampler is None and timed:
                 raise CapabilityError(f"--mode {args.mode} needs the BPF sampler, which is unavailable: {why}")
             if sampler is None and _timed_output(args, fmt):
@@ -399,6 +398,8 @@ class RecordCommand(Command):
         #: At the end, how the target's threads all waited ("" unless each one did; --mode offcpu/wall).
         waiting_since_before = ""
         target: int | None = None
+        #: Sampling of the target began (its command started, or -p's process added).
+        began = False
         t_sampling = time.monotonic()
         try:
             try:
@@ -435,6 +436,7 @@ class RecordCommand(Command):
                     target = child.pid
                 sampler.add_pid(target)
                 t_sampling = time.monotonic()
+                began = True
                 mixed.follow(target)
                 watch = record_daemon.TargetWatch(target)
                 deadline = time.monotonic() + args.duration if args.duration else None
@@ -500,6 +502,10 @@ class RecordCommand(Command):
                 rc = self._finish_child(child, interrupted)
                 child = None
             interrupted = interrupted or bool(late_interrupts)
+        if interrupted and not began and failure is None:
+            return rc or self._interrupted_before_sampling(
+                args, fmt, "the command was not started" if cmd and child is None else
+                f"{'the command' if cmd else f'process {args.pid}'} was not sampled yet")
         by_bpf = {pid for pid, (src, _) in mixed.decided.items() if src == "bpf"} if mixed is not None else set()
         by_pyspy = pythons - by_bpf
         if mixed is not None and by_bpf:
@@ -760,6 +766,15 @@ class RecordCommand(Command):
         return rc
 
     # -- shared -----------------------------------------------------------
+    def _interrupted_before_sampling(self, args: argparse.Namespace, fmt: outputs.OutputFormat, what: str) -> int:
+        """Ctrl-C while the BPF programs loaded: nothing was recorded, and nothing is
+        written (an empty profile would replace the output of an earlier run there)."""
+        path = _output_path(args, fmt)
+        kept = "nothing was written" if _is_stdout(path) else (
+            f"{path} was not written" + (" (the earlier file there is kept)" if os.path.exists(path) else ""))
+        self.warn(f"interrupted while the BPF programs loaded: {what}; nothing was recorded, and {kept}")
+        return 130
+
     def _finish_child(self, child: subprocess.Popen[bytes], interrupted: bool) -> int:
         return record_daemon.finish_child(child, interrupted, self.warn)
 

@@ -134,11 +134,15 @@ def test_record_subprocesses_follows_python_children(tmp_path: Path, require_bpf
     assert roots["child_work"].isdisjoint(roots["parent_work"]), roots
 
 
-def test_record_interrupted_early_still_writes(tmp_path: Path, require_bpf: None, require_pyspy: str) -> None:
-    # Ctrl-C while BPF is still compiling: an (empty) profile is written, no traceback
+def test_record_interrupted_while_loading_keeps_the_earlier_output(tmp_path: Path, require_bpf: None,
+                                                                   require_pyspy: str) -> None:
+    """Ctrl-C while BPF is still compiling: nothing was recorded, so nothing is
+    written; an output left there by an earlier run is kept (it used to be
+    replaced by an empty profile).  Exit 130, no traceback, and the message says it."""
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         out = tmp_path / "e.folded"
+        out.write_text("earlier;run 7\n")
         rec = subprocess.Popen(FLAMED + ["record", "-p", str(target.pid), "-o", str(out)], cwd=ROOT,
                                stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_deliverable)
         assert rec.stderr is not None
@@ -148,7 +152,11 @@ def test_record_interrupted_early_still_writes(tmp_path: Path, require_bpf: None
         _, err = rec.communicate(timeout=60)
         err = first + err
         assert rec.returncode == 130, err
-        assert "Traceback" not in err and out.exists(), err
+        assert "Traceback" not in err, err
+        assert (f"interrupted while the BPF programs loaded: process {target.pid} was not sampled") in err, err
+        assert f"{out} was not written (the earlier file there is kept)" in err, err
+        assert out.read_text() == "earlier;run 7\n"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["e.folded"]
     finally:
         target.kill()
         target.wait()
