@@ -503,9 +503,10 @@ class RecordCommand(Command):
                 child = None
             interrupted = interrupted or bool(late_interrupts)
         if interrupted and not began and failure is None:
-            return rc or self._interrupted_before_sampling(
-                args, fmt, "the command was not started" if cmd and child is None else
+            said = self._interrupted_before_sampling(
+                args, fmt, "the command was not started" if cmd and target is None else
                 f"{'the command' if cmd else f'process {args.pid}'} was not sampled yet")
+            return rc or said
         by_bpf = {pid for pid, (src, _) in mixed.decided.items() if src == "bpf"} if mixed is not None else set()
         by_pyspy = pythons - by_bpf
         if mixed is not None and by_bpf:
