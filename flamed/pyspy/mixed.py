@@ -14,11 +14,8 @@ py-spy window late.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
-import math
 import os
-import select
 import threading
 import time
 from collections import Counter
@@ -32,7 +29,7 @@ from flamed.pyspy.clock import PySpyClock
 from flamed.pyspy.clockfit import fit_clock, observed_times, sample_times
 from flamed.pyspy.supervisor import CompletedRun, Failure, PySpyOptions, PySpySupervisor
 from flamed.pyspy.threadids import ThreadIds
-from flamed.pyspy.watcher import ProcessWatcher, PyProcess, WatchOptions
+from flamed.pyspy.watcher import ProcessWatcher, PyProcess, WatchOptions, wait_readable
 from flamed.sampling.contract import Sampler, SampleEvent, Window
 from flamed.sampling.pysource import Claim, ClaimFn, Decision, decide, decide_late
 from flamed.sampling.packed import weight_by_tgid
@@ -225,14 +222,7 @@ class MixedMode:
             fds = [self._wake_fd] + ([self.watcher.fileno()] if self.watcher.fileno() >= 0 else [])
         t0 = self._now()
         try:
-            # poll, not select: a host with hundreds of CPUs can hold fds past select's 1,024.
-            poller = select.poll()
-            for fd in fds:
-                poller.register(fd, select.POLLIN)
-            events = poller.poll(math.ceil(timeout * 1000))
-            if any(ev & select.POLLNVAL for _, ev in events):
-                raise OSError(errno.EBADF, "closed")
-            ready = [fd for fd, ev in events if ev & select.POLLIN]
+            ready = wait_readable(fds, timeout)
         except (OSError, ValueError):  # the connector closed meanwhile: tick as before
             self._stop.wait(self.TICK_S)
             ready = []

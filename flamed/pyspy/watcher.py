@@ -326,6 +326,20 @@ def _static_interpreter(reader: ProcReader, pid: int, exe: str, maps: bytes) -> 
     return ("exe", verdict[1]) if verdict[0] else None
 
 
+def wait_readable(fds: list[int], timeout_s: float) -> list[int]:
+    """Wait up to ``timeout_s`` for any of ``fds`` to be readable; those that are.
+    With poll, not select: on a host with hundreds of CPUs (their perf events'
+    fds) these may be past select's 1,024.  Raises OSError (EBADF) when one of
+    them was closed meanwhile, as select did, rather than returning at once."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    events = poller.poll(math.ceil(timeout_s * 1000))
+    if any(ev & select.POLLNVAL for _, ev in events):
+        raise OSError(errno.EBADF, "closed")
+    return [fd for fd, ev in events if ev & select.POLLIN]
+
+
 class ProcessWatcher:
     """Finds Python processes and reports starts and exits through callbacks.
 
@@ -413,13 +427,9 @@ class ProcessWatcher:
         """Handle pending events (waiting up to ``timeout_s``), due rechecks and scans."""
         if self._sock is not None:
             try:
-                # poll, not select: this fd may be past select's 1,024 on a large host.
-                poller = select.poll()
-                poller.register(self._fd, select.POLLIN)
-                if any(ev & select.POLLNVAL for _, ev in poller.poll(math.ceil(timeout_s * 1000))):
-                    time.sleep(timeout_s)  # closed meanwhile: no busy loop
+                wait_readable([self._fd], timeout_s)
             except (OSError, ValueError):
-                pass
+                time.sleep(timeout_s)  # closed meanwhile: no busy loop
             self._read_events()
         elif timeout_s > 0:
             time.sleep(timeout_s)

@@ -1,5 +1,6 @@
 """The drain loop's wake-up: an eventfd that signal handlers may set (no lock), polled
-(so an fd past select's 1,024, on a host with many CPUs' perf events, still works)."""
+(so an fd past select's 1,024, on a host with many CPUs' perf events, still works);
+and the watchers' wait on the proc connector, polled too."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 import pytest
 
 from flamed.daemon.loop import Wakeup
+from flamed.pyspy.watcher import wait_readable
 
 
 def test_set_wakes_a_wait_and_clear_resets_it() -> None:
@@ -60,3 +62,18 @@ def test_an_fd_past_1024_still_waits() -> None:
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_watchers_wait_names_the_readable_fds_and_refuses_a_closed_one() -> None:
+    r, w = os.pipe()
+    r2, w2 = os.pipe()
+    try:
+        assert wait_readable([r, r2], 0.01) == []
+        os.write(w2, b"x")
+        assert wait_readable([r, r2], 1.0) == [r2]
+    finally:
+        for fd in (r, w, r2, w2):
+            os.close(fd)
+    # A closed fd is an error, as select made it (the caller then ticks), not an instant return.
+    with pytest.raises(OSError):
+        wait_readable([r], 1.0)
