@@ -56,15 +56,13 @@ def write_config(path: Path, tables: dict[str, dict[str, Any]]) -> None:
     path.write_text("\n".join(lines))
 
 
-#: The sampler's counters of its reads of new processes (flamed.sampling.stats.SamplerStats).
-PRIMING_COUNTERS = ("primed_total", "prime_missed_total", "prime_lost_total", "prime_throttled_total",
-                    "prime_late_total", "prime_renamed_total", "prime_remapped_total", "prime_failed_total")
-
-
 def priming_counters(stats: Any) -> str:
-    """How the sampler's reads of new processes went, for a failure's message: a process
-    that was never read has no Python frames and no unwinding."""
-    return " ".join(f"{k}={getattr(stats, k)}" for k in PRIMING_COUNTERS)
+    """How the sampler's reads of new processes went (the counters of the daemon's
+    priming metric), for a failure's message: a process that was never read has no
+    Python frames and no unwinding."""
+    from flamed.daemon.sampler_stats import PRIMING_RESULTS
+
+    return " ".join(f"{k}={getattr(stats, k)}" for _, k in PRIMING_RESULTS)
 
 
 def need(condition: bool, what: str) -> None:

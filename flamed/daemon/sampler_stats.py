@@ -27,11 +27,12 @@ _OFFCPU_WAITS = (("recorded", "OFF_COUNTED"), ("carried", "OFF_CARRIED"), ("belo
 _OFFCPU_DROPPED = (("start_full", "OFF_START_FULL"), ("map_full", "OFF_MAP_FULL"), ("carry_full", "OFF_CARRY_FULL"),
                    ("carry_overflow", "CARRY_OVERFLOW"), ("carry_missing", "CARRY_MISSING"),
                    ("carry_expired", "CARRY_EXPIRED"))
-_PRIMING_RESULTS = (("primed", "primed_total"), ("gone", "prime_missed_total"),
-                    ("lost", "prime_lost_total"), ("throttled", "prime_throttled_total"),
-                    ("late", "prime_late_total"), ("renamed", "prime_renamed_total"),
-                    ("remapped", "prime_remapped_total"), ("remap_lost", "new_code_lost_total"),
-                    ("failed", "prime_failed_total"))
+#: The priming metric's results, by the sampler's counter of each.
+PRIMING_RESULTS = (("primed", "primed_total"), ("gone", "prime_missed_total"),
+                   ("lost", "prime_lost_total"), ("throttled", "prime_throttled_total"),
+                   ("late", "prime_late_total"), ("renamed", "prime_renamed_total"),
+                   ("remapped", "prime_remapped_total"), ("remap_lost", "new_code_lost_total"),
+                   ("failed", "prime_failed_total"))
 
 
 class SamplerAccounting:
@@ -62,7 +63,7 @@ class SamplerAccounting:
         m.symbolize_duration.observe(float(st.last_symbolize_seconds))
         m.map_fill.labels(map="counts").set(float(st.count_map_fill))
         m.map_fill.labels(map="stacks").set(float(st.stack_map_fill))
-        for result, attr in _PRIMING_RESULTS:
+        for result, attr in PRIMING_RESULTS:
             self._advance(m.processes_primed.labels(result=result), result, int(getattr(st, attr, 0)))
         m.cgroup_filter_ids.set(int(getattr(st, "cgroup_filter_ids", 0)))
         self._advance(m.cgroup_filter_changes, "cgroup_filter", int(getattr(st, "cgroup_filter_changes_total", 0)))

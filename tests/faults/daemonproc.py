@@ -256,18 +256,17 @@ def check_state_dir(state: Path, *, allow_orphans: bool = False) -> dict[str, An
         totals["samples"] += meta["samples"]
         for r, n in meta.get("lost", {}).items():
             totals["lost"][r] = totals["lost"].get(r, 0) + n
-    orphans = []
-    for n in names:
-        if n.endswith(".json") and not n.startswith("latest"):
-            stem = n[: -len(".json")]
-            if (stem + ".folded") not in names and (stem + ".folded.gz") not in names:
-                orphans.append(n)
+    def orphaned(names: set[str]) -> list[str]:
+        """The sidecars in ``names`` without their file."""
+        return [n for n in names if n.endswith(".json") and not n.startswith("latest")
+                and not {n[: -len(".json")] + ".folded", n[: -len(".json")] + ".folded.gz"} & names]
+
+    orphans = orphaned(names)
     if orphans and not allow_orphans:
         # A running daemon's retention deletes a file, then its sidecar: a listing
         # between the two sees an orphan for a moment.  One still there a moment later is not that.
         time.sleep(0.3)
-        orphans = [n for n in orphans if (state / n).exists() and not (state / (n[: -len(".json")] + ".folded")).exists()
-                   and not (state / (n[: -len(".json")] + ".folded.gz")).exists()]
+        orphans = [n for n in orphaned(set(os.listdir(state))) if n in orphans]
     # A crash between the sidecar's rename and the file's leaves an orphan sidecar, which recovery removes.
     assert allow_orphans or not orphans, f"orphan sidecars {orphans}"
     totals["temps"] = temps
