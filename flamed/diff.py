@@ -124,8 +124,11 @@ def changes(diff: DiffProfile) -> list[Change]:
 
 def format_table(diff: DiffProfile, *, limit: int = 20, countname: str = "samples") -> str:
     """The biggest changes as an aligned text table (percentages of the AFTER total,
-    or of the BEFORE total when AFTER is empty: everything went, -100% in all)."""
-    rows = [c for c in changes(diff) if c.self_delta or c.total_delta][: max(0, limit)]
+    or of the BEFORE total when AFTER is empty: everything went, -100% in all);
+    ``limit`` rows, every changed function when it is 0 (as ``top``'s)."""
+    rows = [c for c in changes(diff) if c.self_delta or c.total_delta]
+    if limit > 0:
+        rows = rows[:limit]
     total = float(diff.after_total) or float(diff.before_total) or 1.0
     of_before = " (after is empty: Δ% of before)" if not diff.after_total and diff.before_total else ""
     head = (

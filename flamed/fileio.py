@@ -50,11 +50,18 @@ def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
     if path is None or str(path) == "-":
         raw: BinaryIO = stdin_binary()
         name = "<stdin>"
+        if raw.closed:
+            # A reader before this one read it to its end and closed it.
+            raise InputError("standard input was already read: '-' can be given once", source=name)
     else:
         name = str(path)
         try:
-            # Unbuffered under a progress line: the counting layer's buffer is the only one.
-            raw = open(path, "rb", buffering=0 if progress.active() is not None else -1)  # noqa: SIM115 - returned to the caller
+            once = _once_input(name)
+            if once is not None:
+                raw = cast(BinaryIO, once)
+            else:
+                # Unbuffered under a progress line: the counting layer's buffer is the only one.
+                raw = open(path, "rb", buffering=0 if progress.active() is not None else -1)  # noqa: SIM115 - returned to the caller
         except FileNotFoundError:
             raise InputError("no such file", source=name) from None
         except IsADirectoryError:
@@ -79,6 +86,71 @@ def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
         return cast(BinaryIO, gz)
     skip_bom(buffered)
     return buffered
+
+
+class _Once:
+    """A named input that can be read only once: a pipe (``<(cmd)``, ``/dev/stdin``
+    on a pipe), a FIFO, a character device.  Opening its path again does not
+    start it over, it goes on where the last reader stopped; so what readers
+    have taken from it (up to ``KEEP`` bytes: the heads that tell its format)
+    is kept here, and every open of the path reads that again first.  A reader
+    that needs bytes another reader took past ``KEEP`` gets an InputError,
+    never a stream with a hole in it."""
+
+    KEEP = 1 << 20
+
+    def __init__(self, fd: int, name: str) -> None:
+        self.fd = fd
+        self.name = name
+        self.kept = bytearray()
+        #: bytes read from the descriptor; more than ``kept`` once keeping stopped
+        self.taken = 0
+
+
+#: The inputs that read once, by (device, inode) of what the path opens.
+_ONCE: dict[tuple[int, int], _Once] = {}
+
+
+def _once_input(path: str) -> _OnceReader | None:
+    """A reader of ``path`` from its start when it names a pipe, FIFO or device
+    (the same source for every open); ``None`` for a regular file."""
+    st = os.stat(path)
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return None
+    key = (st.st_dev, st.st_ino)
+    once = _ONCE.get(key)
+    if once is None:
+        once = _ONCE[key] = _Once(os.open(path, os.O_RDONLY | os.O_CLOEXEC), path)
+    return _OnceReader(once)
+
+
+class _OnceReader(io.RawIOBase):
+    """One open of a :class:`_Once` input: its kept bytes, then the descriptor."""
+
+    def __init__(self, once: _Once) -> None:
+        self._once = once
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        o = self._once
+        if self._pos < len(o.kept):
+            n = min(len(b), len(o.kept) - self._pos)
+            b[:n] = o.kept[self._pos : self._pos + n]
+            self._pos += n
+            return n
+        if self._pos != o.taken:
+            raise InputError("is a pipe (or FIFO, or device) that was already read past this point: it can be "
+                             "read only once; save it to a file and give that", source=o.name)
+        d = os.read(o.fd, len(b))
+        if d and len(o.kept) == o.taken and o.taken + len(d) <= _Once.KEEP:
+            o.kept += d
+        o.taken += len(d)
+        self._pos += len(d)
+        b[: len(d)] = d
+        return len(d)
 
 
 class _CountingRaw(io.RawIOBase):

@@ -53,7 +53,7 @@ class DiffCommand(Command):
             help="svg (default), table, or folded (difffolded.pl's 3-column lines); default from -o's extension",
         )
         parser.add_argument("--normalize", action="store_true", help="scale BEFORE to AFTER's total first")
-        parser.add_argument("--limit", type=int, default=20, help="rows of the table (default 20)")
+        parser.add_argument("--limit", type=int, default=20, help="rows of the table, 0 for every changed function (default 20)")
         parser.add_argument("--strict", action="store_true", help="fail on the first malformed line")
         add_render_arguments(parser, chart=False, colors=False)
         add_delta_arguments(parser)

@@ -46,6 +46,10 @@ def test_changes_rank_by_self_delta() -> None:
     assert (parse.total_before, parse.total_after, parse.total_delta) == (15, 22, 7)
     text = format_table(d, limit=2)
     assert "+10" in text and "lex" in text and "gone" not in text
+    # 0 is every changed function (as top's --limit 0), never "no changes"
+    every = format_table(d, limit=0)
+    assert "no changes" not in every
+    assert all(f" {c.function}\n" in every for c in ch if c.self_delta or c.total_delta), every
 
 
 def _rgb(fill: str) -> tuple[int, int, int]:
