@@ -80,6 +80,20 @@ def sanitize_frame(name: str) -> str:
     return name if name else "[unknown]"
 
 
+def fold_safe(name: str) -> str:
+    """``name`` as one frame of folded text, changed no more than that needs:
+    ``;`` becomes ``:`` and LF a space.  Unlike :func:`sanitize_frame` it keeps
+    a CR (it cannot end a record inside a line) and an empty name (``a;;b``),
+    as folded text itself does: for names read from formats whose frames are
+    not folded text (pprof, speedscope), so that a round trip through them is
+    exact for every stack folded text can hold."""
+    if ";" in name:
+        name = name.replace(";", SEMICOLON_REPLACEMENT)
+    if "\n" in name:
+        name = name.replace("\n", " ")
+    return name
+
+
 def is_kernel_frame(frame: str) -> bool:
     return frame.endswith(KERNEL_SUFFIX)
 

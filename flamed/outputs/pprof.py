@@ -56,6 +56,7 @@ from flamed.model import (
     Weight,
     normalize_weight,
     parse_task_frame,
+    fold_safe,
     stack_excerpt,
     time_unit_ns,
 )
@@ -297,14 +298,15 @@ def _frames_of_location(msg: pb.Profile, loc: pb.Location, funcs: dict[int, pb.F
         fn = funcs.get(line.function_id)
         if fn is None:
             raise InputError(f"location {loc.id} names missing function {line.function_id}")
-        name = table[fn.name] if 0 <= fn.name < len(table) else ""
-        filename = table[fn.filename] if 0 <= fn.filename < len(table) else ""
+        if not (0 <= fn.name < len(table) and 0 <= fn.filename < len(table)):
+            raise InputError(f"function {fn.id} names string {fn.name if not 0 <= fn.name < len(table) else fn.filename}, "
+                             f"past the string table's {len(table)}")
+        name, filename = table[fn.name], table[fn.filename]
         if kernel:
-            out.append(name + KERNEL_SUFFIX)
+            name += KERNEL_SUFFIX
         elif filename and line.line > 0 and re.search(r"\.pyx?$", filename):
-            out.append(f"{name} ({filename}:{line.line})")
-        else:
-            out.append(name)
+            name = f"{name} ({filename}:{line.line})"
+        out.append(fold_safe(name))  # any program's names: no ; or newline in a frame
     if not out:
         mapping = maps.get(loc.mapping_id, "")
         out.append(f"[{mapping}]" if mapping else f"[unknown {loc.address:#x}]")

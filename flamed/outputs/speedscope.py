@@ -24,7 +24,17 @@ from typing import Any, BinaryIO
 from flamed import __version__
 from flamed.errors import InputError
 from flamed.folded import ReadStats
-from flamed.model import INT64_MAX, Profile, Sample, Stack, Weight, is_task, normalize_weight, parse_task_frame
+from flamed.model import (
+    INT64_MAX,
+    Profile,
+    Sample,
+    Stack,
+    Weight,
+    is_task,
+    normalize_weight,
+    parse_task_frame,
+    fold_safe,
+)
 from flamed.outputs._timeline import group_by_thread, intervals, thread_names, typical_interval
 from flamed.outputs.base import OutputFormat, OutputOptions
 from flamed.progress import counted
@@ -154,8 +164,8 @@ def _frame_text(f: Any, source: str) -> str:
     name: str = f["name"]
     file, line = f.get("file"), f.get("line")
     if isinstance(file, str) and isinstance(line, int) and line > 0 and re.search(r"\.pyx?$", file):
-        return f"{name} ({file}:{line})"
-    return name
+        name = f"{name} ({file}:{line})"
+    return fold_safe(name)  # any program's names: no ; or newline in a frame
 
 
 def _bad_number(x: float, what: str) -> str | None:
@@ -244,6 +254,11 @@ def read_speedscope(
                     # time around it, which cannot be measured, is left out.
                     malformed(f"profile {pi}, event {ei}", why)
                     last = None
+                elif last is not None and at < last:
+                    # Time went back: the span cannot be measured, and counting from
+                    # here would count what lies between twice.  The event's open or
+                    # close still counts; the clock stays where it was.
+                    malformed(f"profile {pi}, event {ei}", f"time {at} is before the previous event's ({last})")
                 else:
                     st.records += 1
                     if stack and last is not None and at > last:
@@ -258,6 +273,10 @@ def read_speedscope(
                     stack.pop()
                 else:
                     raise InputError(f"evented profile: unknown event type {ev.get('type')!r}", source=source)
+            if stack:
+                # Frames never closed: their time after the last event is not in the file.
+                malformed(f"profile {pi}", f"{len(stack)} frame(s) still open at the last event "
+                          f"({stack[-1]!r} innermost): their time after it is not counted")
         else:
             raise InputError(f"unsupported speedscope profile type {kind!r}", source=source)
     units.discard("none")

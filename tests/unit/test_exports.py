@@ -90,11 +90,14 @@ def test_pprof_rejects_garbage() -> None:
         read_pprof(b"\x1f\x8b\x08\x00broken", source="x.pb.gz")
 
 
+# What a frame of folded text can be: anything but ; and LF (the readers of
+# pprof and speedscope make any other name one, docs/collapse.md "The ; rule").
+_names = st.text(max_size=8).filter(lambda f: ";" not in f and "\n" not in f)
 _frames = st.one_of(
-    st.text(min_size=0, max_size=8).filter(lambda f: ";" not in f and "\n" not in f),
-    st.builds(lambda n, f, ln: f"{n} ({f}.py:{ln})", st.text(max_size=5), st.text(alphabet="abc/_", max_size=6),
+    _names,
+    st.builds(lambda n, f, ln: f"{n} ({f}.py:{ln})", _names, st.text(alphabet="abc/_", max_size=6),
               st.integers(1, 10**6)),
-    st.builds(lambda n: f"{n}_[k]", st.text(max_size=6)),
+    st.builds(lambda n: f"{n}_[k]", _names),
     st.sampled_from(["[unknown]", "[libc.so.6]", "libc.so.6`malloc", "x (a.py)", "y (b.py:0)", "app-1/2"]),
 )
 _profiles = st.builds(
@@ -414,6 +417,65 @@ def test_speedscope_bad_weights_are_skipped_and_counted_as_folded_counts_are(tmp
         err = io.StringIO()
         assert main(["export", "--strict", "--format", "folded", str(path)], stdout=out, stderr=err) == 1
         assert f"flamed export: error: {first}" in err.getvalue()
+
+
+def test_speedscope_events_whose_time_goes_back_or_never_close_are_counted_not_inflated() -> None:
+    from flamed.folded import ReadStats
+
+    frames = [{"name": "a"}, {"name": "b"}]
+
+    def doc(events: list[tuple[str, int, float]]) -> bytes:
+        return json.dumps({"shared": {"frames": frames}, "profiles": [{
+            "type": "evented", "name": "e", "unit": "none", "startValue": 0, "endValue": 10,
+            "events": [{"type": t, "frame": f, "at": at} for t, f, at in events]}]}).encode()
+
+    # b closes at 3, before it opened (8): the span 3..8 was counted a second time
+    # (a 15 over a profile 10 long).  Now that event's time is skipped and counted.
+    stats = ReadStats()
+    p = read_speedscope(doc([("O", 0, 0), ("O", 1, 8), ("C", 1, 3), ("C", 0, 10)]), source="e.json", stats=stats)
+    assert sum(p.stacks.values()) == 10, p.stacks
+    assert p.stacks == {("a",): 10}
+    assert stats.first_errors == ["e.json: profile 0, event 2: time 3 is before the previous event's (8)"]
+    with pytest.raises(InputError, match="before the previous event"):
+        read_speedscope(doc([("O", 0, 0), ("O", 1, 8), ("C", 1, 3), ("C", 0, 10)]), source="e.json", strict=True)
+    # a frame never closed: what came before its last event counts, and the loss is said
+    stats = ReadStats()
+    p = read_speedscope(doc([("O", 0, 0), ("O", 1, 4), ("C", 1, 6)]), source="u.json", stats=stats)
+    assert p.stacks == {("a",): 4, ("a", "b"): 2}
+    assert stats.skipped == 1 and "1 frame(s) still open at the last event ('a' innermost)" in stats.first_errors[0]
+
+
+def test_foreign_names_with_separators_stay_one_frame(tmp_path: Path) -> None:
+    """A pprof or speedscope name holding ; or a newline (any program names its
+    functions) is one frame: ; becomes :, LF a space; the folded output stays
+    one record per line and reads back whole."""
+    prof = pb.Profile()
+    prof.string_table.extend(["", "samples", "count", "a;b\nc", "main"])
+    t = prof.sample_type.add()
+    t.type, t.unit = 1, 2
+    for fid, name in ((1, 3), (2, 4)):
+        f = prof.function.add()
+        f.id, f.name = fid, name
+        loc = prof.location.add()
+        loc.id = fid
+        loc.line.add().function_id = fid
+    smp = prof.sample.add()
+    smp.location_id.extend([1, 2])
+    smp.value.append(5)
+    assert read_pprof(prof.SerializeToString(), source="p.pb").stacks == {("main", "a:b c"): 5}
+    ss = json.dumps({"shared": {"frames": [{"name": "x;y\nz"}, {"name": "q", "file": "f.py", "line": 3}]},
+                     "profiles": [{"type": "sampled", "name": "s", "unit": "none", "startValue": 0, "endValue": 4,
+                                   "samples": [[0, 1]], "weights": [4]}]}).encode()
+    assert read_speedscope(ss, source="s.json").stacks == {("x:y z", "q (f.py:3)"): 4}
+    pp = tmp_path / "p.pb"
+    pp.write_bytes(prof.SerializeToString())
+    out = tmp_path / "p.folded"
+    assert main(["export", "-f", "folded", str(pp), "-o", str(out)], stdout=io.StringIO(), stderr=io.StringIO()) == 0
+    assert out.read_text() == "main;a:b c 5\n"
+    # a name's string index past the table is corrupt data naming the file, not an empty frame
+    prof.function[0].name = 99
+    with pytest.raises(InputError, match=r"p\.pb.*function 1 names string 99, past the string table's 5"):
+        read_pprof(prof.SerializeToString(), source="p.pb")
 
 
 @settings(max_examples=300, deadline=None)
