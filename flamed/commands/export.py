@@ -14,6 +14,7 @@ from flamed.inputs import load_profile, open_sample_streams
 from flamed.model import INT64_MAX
 from flamed.outputs import choose, names
 from flamed.outputs.base import OutputOptions
+from flamed.outputs.trace import TraceFormat, with_task_roots
 
 
 #: --sample-rate's range: a period (1e9 / rate ns, pprof's int64) from 1 ns to 1e18 ns (31 years).
@@ -73,6 +74,8 @@ class ExportCommand(Command):
             with contextlib.ExitStack() as files:
                 stream = open_sample_streams(args.inputs, files, strict=args.strict, stats=stats)
                 if stream is not None:
+                    if isinstance(fmt, TraceFormat):
+                        stream = with_task_roots(stream)
                     with open_output(args.output) as out:
                         fmt.write_samples(stream, out, options)
                     for note in stats.notes:

@@ -26,24 +26,35 @@ class Interval:
     end_ns: int
 
 
-def thread_key(s: Sample) -> tuple[int, int]:
-    """(pid, tid) of a sample; from its fields, else from a ``comm-PID/TID`` root frame.
+#: A thread's key: (pid, tid, command).  The command is there only when the
+#: capture gives neither id (a trace or folded timeline whose root frames are
+#: bare commands): then each command is a lane of its own, rather than every
+#: command of the capture drawn as one thread 0.
+ThreadKey = tuple[int, int, str]
+
+
+def thread_key(s: Sample) -> ThreadKey:
+    """(pid, tid, "") of a sample; from its fields, else from a ``comm-PID/TID`` root frame.
 
     When the capture has no pid (perf script's default prints only the thread
     id) the pid is -1: the thread is its own group, not a member of process 0.
+    When it has neither id, the key is (-1, 0, command).
     """
-    pid, tid, _ = _ids(s)
+    pid, tid, comm = _ids(s)
+    if tid is None and pid is None:
+        return -1, 0, comm
     if tid is None:
-        tid = pid if pid is not None else 0
-    return (pid if pid is not None else -1), tid
+        tid = pid
+    assert tid is not None
+    return (pid if pid is not None else -1), tid, ""
 
 
-def group_by_thread(samples: Iterable[Sample]) -> dict[tuple[int, int], list[Sample]]:
-    """Samples per (pid, tid), each list in time order; threads sorted."""
-    groups: dict[tuple[int, int], list[Sample]] = {}
+def group_by_thread(samples: Iterable[Sample]) -> dict[ThreadKey, list[Sample]]:
+    """Samples per thread (:func:`thread_key`), each list in time order; threads sorted."""
+    groups: dict[ThreadKey, list[Sample]] = {}
     for s in samples:
         groups.setdefault(thread_key(s), []).append(s)
-    out: dict[tuple[int, int], list[Sample]] = {}
+    out: dict[ThreadKey, list[Sample]] = {}
     for k in sorted(groups):
         lst = groups[k]
         lst.sort(key=lambda s: s.time_ns)  # stable: equal times keep input order
@@ -56,12 +67,14 @@ class ThreadNames:
     """What the capture says about one thread: its command and its process's."""
 
     pid: int | None  # None: the capture printed only the thread id (perf script's default)
-    tid: int
+    tid: int | None  # None: nor that (a timeline whose root frames are bare commands)
     comm: str
     process: str  # command of the process's main thread when seen, else of its first thread
 
     @property
     def label(self) -> str:
+        if self.tid is None:
+            return f"{self.comm} (no thread id in the capture)"
         ids = f"pid {self.pid}, tid {self.tid}" if self.pid is not None else f"tid {self.tid}"
         return f"{self.comm} ({ids})" if self.comm else ids
 
@@ -75,23 +88,24 @@ def _ids(s: Sample) -> tuple[int | None, int | None, str]:
     return pid, tid, task.comm
 
 
-def thread_names(groups: dict[tuple[int, int], list[Sample]]) -> dict[tuple[int, int], ThreadNames]:
+def thread_names(groups: dict[ThreadKey, list[Sample]]) -> dict[ThreadKey, ThreadNames]:
     """Names of the threads of :func:`group_by_thread`'s groups, from their samples."""
-    known: dict[tuple[int, int], tuple[int | None, str]] = {}
+    known: dict[ThreadKey, tuple[int | None, str]] = {}
     for key, lst in groups.items():
         pid, _, comm = _ids(lst[0]) if lst else (None, None, "")
         known[key] = (pid, comm)
     # A process is named after its main thread (tid == pid), as ps does; else its first thread.
     process: dict[int, str] = {}
-    for (_, tid), (pid, comm) in known.items():
+    for (_, tid, _), (pid, comm) in known.items():
         if pid is not None and tid == pid:
             process[pid] = comm
-    for (_, tid), (pid, comm) in known.items():
+    for pid, comm in known.values():
         if pid is not None:
             process.setdefault(pid, comm)
-    out: dict[tuple[int, int], ThreadNames] = {}
-    for (kpid, tid), (pid, comm) in known.items():
-        out[(kpid, tid)] = ThreadNames(pid, tid, comm, process.get(pid, comm) if pid is not None else comm)
+    out: dict[ThreadKey, ThreadNames] = {}
+    for key, (pid, comm) in known.items():
+        out[key] = ThreadNames(pid, None if key[2] else key[1], comm,
+                               process.get(pid, comm) if pid is not None else comm)
     return out
 
 
@@ -111,6 +125,9 @@ def lanes(samples: Iterable[Sample]) -> list[tuple[Stack, Weight]]:
     # Lanes in the order the threads first ran.
     for key in sorted(groups, key=lambda k: (groups[k][0].time_ns if groups[k] else 0, k)):
         n = names[key]
+        if n.tid is None:  # bare commands: each its own lane already, under its own root
+            out.extend((s.stack, s.weight) for s in groups[key])
+            continue
         root = task_frame(n.comm, n.pid, n.tid)
         for s in groups[key]:
             stack = s.stack

@@ -43,14 +43,24 @@ def samples_trace(samples: Iterable[Sample], *, rate_hz: float | None = None) ->
     events: list[dict[str, Any]] = []
     named_pids: set[int] = set()
     names = thread_names(groups)
-    for (kpid, tid), lst in counted(groups.items(), "timelines", len(groups), "threads"):
-        n = names[(kpid, tid)]
+    # Ids for the lanes of a capture without any (each command its own): past every real one.
+    spare = max((max(k[0], k[1]) for k in groups), default=0) + 1
+    for key, lst in counted(groups.items(), "timelines", len(groups), "threads"):
+        n = names[key]
+        tid = key[1]
+        if n.tid is None:
+            tid, spare = spare, spare + 1
         # Without a pid in the capture each thread is shown as its own process
         # (under its tid) rather than all of them under one made-up process 0.
         pid = n.pid if n.pid is not None else tid
         if pid not in named_pids:
             named_pids.add(pid)
-            pname = f"{n.process} ({pid})" if n.pid is not None else f"{n.comm} (tid {tid}; no pid in the capture)"
+            if n.pid is not None:
+                pname = f"{n.process} ({pid})"
+            elif n.tid is not None:
+                pname = f"{n.comm} (tid {tid}; no pid in the capture)"
+            else:
+                pname = f"{n.comm} (no ids in the capture)"
             events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": tid, "args": {"name": pname}})
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": n.label}})
         interval = typical_interval(lst, rate_hz)

@@ -9,13 +9,35 @@ sample times cannot be written as a trace.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 from flamed.collapse.trace import TRACE_MAGIC, format_timestamp
 from flamed.errors import UsageError
-from flamed.model import Profile, Sample, encode_frame, format_weight
+from flamed.model import Profile, Sample, encode_frame, format_weight, parse_task_frame, task_frame
 from flamed.outputs.base import OutputFormat, OutputOptions
+
+
+def with_task_roots(samples: Iterable[Sample]) -> Iterator[Sample]:
+    """``samples`` with each one's task in its root frame (``comm-PID/TID``, as
+    ``flamed merge`` writes it) where the root is its bare command (perf
+    script's): a trace keeps a task nowhere else, and a timeline drawn from a
+    trace without it shows every thread of a command as one."""
+    roots: dict[tuple[str, int | None, int | None], str] = {}
+    for s in samples:
+        stack = s.stack
+        if (s.pid is not None or s.tid is not None) and stack:
+            key = (stack[0], s.pid, s.tid)
+            root = roots.get(key)
+            if root is None:
+                task = parse_task_frame(stack[0])
+                root = stack[0] if (task.pid, task.tid) == (s.pid, s.tid) else task_frame(stack[0], s.pid, s.tid)
+                if len(roots) < 100_000:
+                    roots[key] = root
+            if root != stack[0]:
+                s = dataclasses.replace(s, stack=(root, *stack[1:]))
+        yield s
 
 
 def write_trace(samples: Iterable[Sample], out: BinaryIO, *, time_format: str = "ns") -> int:

@@ -550,6 +550,46 @@ def test_flamechart_lanes_per_thread() -> None:
     assert [st[1:] for st, _ in items if st[0] == "worker 0-?/11168"] == lane
 
 
+def test_a_timeline_without_ids_has_a_lane_per_command(tmp_path: Path) -> None:
+    """A trace whose root frames are bare commands: each command is a lane of
+    its own in chrometrace and speedscope (every sample was drawn as one thread
+    0, nginx's and postgres's interleaved in one lane)."""
+    trace = tmp_path / "comm.trace"
+    trace.write_text("".join(f"{t} {c};{f} 1\n" for t, c, f in
+                             [(100, "nginx", "x"), (200, "postgres", "y"), (300, "nginx", "x"), (400, "postgres", "y")]))
+    out = tmp_path / "t.json"
+    assert main(["export", "-f", "chrometrace", str(trace), "-o", str(out)], stderr=io.StringIO()) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    lanes = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert sorted(lanes.values()) == ["nginx (no thread id in the capture)", "postgres (no thread id in the capture)"]
+    by_lane = {tid: {e["name"] for e in events if e["ph"] == "X" and e["tid"] == tid} for tid in lanes}
+    assert sorted(map(sorted, by_lane.values())) == [["nginx", "x"], ["postgres", "y"]]
+    assert main(["export", "-f", "speedscope", str(trace), "-o", str(out)], stderr=io.StringIO()) == 0
+    assert [p["name"] for p in json.loads(out.read_text())["profiles"]] == [
+        "nginx (no thread id in the capture)", "postgres (no thread id in the capture)"]
+
+
+def test_a_trace_exported_from_perf_script_keeps_its_threads(tmp_path: Path) -> None:
+    """export -f trace writes each sample's task in its root frame, as merge
+    does: a timeline drawn from the trace has the capture's threads (it had
+    one lane per command, the samples of all a command's threads in it)."""
+    perf = DATA / "perf" / "c-pid-tid.txt.gz"
+    trace = tmp_path / "x.trace"
+    assert main(["export", "-f", "trace", str(perf), "-o", str(trace)], stderr=io.StringIO()) == 0
+    roots = {line.split(" ", 1)[1].split(";", 1)[0] for line in trace.read_text().splitlines()[1:]}
+    assert roots == {"hot-11166/11166", "worker 0-11166/11168", "worker 1-11166/11169", "job:2-11166/11170"}
+
+    def threads(src: Path) -> list[str]:
+        out = tmp_path / "t.json"
+        assert main(["export", "-f", "chrometrace", str(src), "-o", str(out)], stderr=io.StringIO()) == 0
+        return sorted(e["args"]["name"] for e in json.loads(out.read_text())["traceEvents"]
+                      if e["ph"] == "M" and e["name"] == "thread_name")
+
+    assert threads(trace) == threads(perf) == [
+        "hot (pid 11166, tid 11166)", "job:2 (pid 11166, tid 11170)",
+        "worker 0 (pid 11166, tid 11168)", "worker 1 (pid 11166, tid 11169)"]
+
+
 def test_pprof_values_past_int64_are_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """pprof's readers sum values in int64: a total past it would wrap (go tool pprof: 2014%, negative cum)."""
     src = tmp_path / "two.folded"
