@@ -11,7 +11,7 @@ from flamed.commands._argtypes import jobs as jobs_type
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import open_output
-from flamed.outputs import choose
+from flamed.outputs import choose, get
 from flamed.outputs import names as output_formats
 from flamed.outputs.base import OutputOptions
 
@@ -122,12 +122,16 @@ class CollapseCommand(Command):
         parser.add_argument("-o", "--output", help="output file (default stdout), written atomically")
         parser.add_argument(
             "--output-format",
-            choices=output_formats(),
+            # collapse sums the samples: a format of single samples (trace) is not one it can write
+            choices=[n for n in output_formats() if get(n).writes_profiles],
             help="output format (default: from the -o extension, else folded)",
         )
 
     def run(self, args: argparse.Namespace) -> int:
         fmt = choose(args.output_format, args.output)
+        if not fmt.writes_profiles:  # -o x.trace: said before the input is read, not after
+            raise UsageError(f"collapse sums the samples into stacks, and {fmt.name} output keeps each sample "
+                             f"with its time: use 'flamed export --format {fmt.name}' or 'flamed merge'")
         res = run_collapse(self, args)
         with open_output(args.output) as out:
             fmt.write(res.profile, out, OutputOptions())

@@ -79,3 +79,16 @@ def test_jobs_out_of_range_is_a_usage_error(tmp_path: Path, command: str, value:
     ok = io.StringIO()
     assert main([command, "-j", "2", str(folded), "-o", str(out)], stderr=ok) == 0, ok.getvalue()
     assert out.exists()
+
+
+def test_collapse_to_a_trace_is_refused_before_the_input_is_read(tmp_path: Path) -> None:
+    """collapse sums samples; a trace keeps each one.  ``-o x.trace`` was refused
+    only after the whole input had been collapsed, and --help offered ``trace``."""
+    err = io.StringIO()
+    big = tmp_path / "never-read.txt"  # does not exist: a refusal after reading would say "no such file"
+    assert main(["collapse", str(big), "-o", str(tmp_path / "x.trace")], stderr=err) == 2
+    assert "use 'flamed export --format trace' or 'flamed merge'" in err.getvalue()
+    assert not (tmp_path / "x.trace").exists()
+    err = io.StringIO()
+    assert main(["collapse", "--output-format", "trace", str(big)], stderr=err) == 2
+    assert "invalid choice: 'trace'" in err.getvalue()
