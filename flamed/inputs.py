@@ -161,29 +161,43 @@ def load_profile(
 
 
 def open_sample_streams(
-    paths: Sequence[str], stack: contextlib.ExitStack, *, strict: bool = False, stats: ReadStats | None = None
+    paths: Sequence[str], stack: contextlib.ExitStack, *, strict: bool = False, stats: ReadStats | None = None,
+    mixed: list[str] | None = None,
 ) -> Iterator[Sample] | None:
     """One time-ordered stream of all inputs' samples, when every input keeps time
-    (perf script, timestamped traces); ``None`` otherwise. Files stay open in ``stack``.
-    Malformed lines are counted in ``stats`` as the stream is read (or raise under ``strict``)."""
+    (perf script, timestamped traces); ``None`` otherwise.  When some inputs keep
+    time and others do not, ``mixed`` (when given) gets the names of those that
+    do not.  Files stay open in ``stack``.  Malformed lines are counted in
+    ``stats`` as the stream is read (or raise under ``strict``)."""
     try:
         base = importlib.import_module("flamed.collapse.base")
     except ImportError:
         return None
     streams = []
+    untimed: list[str] = []
     for path in paths:
         if path == "-":
-            return None
+            return None  # stdin can be read once: not looked at for this
         f = stack.enter_context(open_input(path))
         head = _head(f)
-        if sniff(head) != "other":
-            return None
-        c = _collapse_guess(head, input_name(path))
+        c = _collapse_guess(head, input_name(path)) if sniff(head) == "other" else None
         if c is None or not getattr(c, "timestamped", False) or not callable(getattr(c, "samples", None)):
-            return None
+            untimed.append(input_name(path))
+            continue
         opts = base.CollapseOptions(strict=strict) if strict else base.CollapseOptions()
         streams.append(c.samples(f, opts, source=input_name(path), stats=stats))
+    if untimed:
+        if streams and mixed is not None:
+            mixed.extend(untimed)
+        return None
     return merge_streams(streams) if streams else None
+
+
+def untimed_note(untimed: Sequence[str], what: str) -> str:
+    """What to say when a timeline was asked of inputs some of which (``untimed``) keep no time."""
+    more = f" (and {len(untimed) - 1} more)" if len(untimed) > 1 else ""
+    return (f"{untimed[0]}{more} keeps no sample times, so {what} is the summed profile of all the inputs, "
+            "not a timeline: a timeline needs every input to keep time (perf script, traces)")
 
 
 def differential_inputs(paths: Sequence[str]) -> bool:

@@ -10,7 +10,7 @@ from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import open_output
 from flamed.folded import ReadStats
-from flamed.inputs import load_profile, open_sample_streams
+from flamed.inputs import load_profile, open_sample_streams, untimed_note
 from flamed.model import INT64_MAX
 from flamed.outputs import choose, names
 from flamed.outputs.base import OutputOptions
@@ -72,7 +72,10 @@ class ExportCommand(Command):
         if fmt.wants_samples and not args.aggregate and args.inputs:
             # Inputs with timestamps (perf script, traces) become a timeline.
             with contextlib.ExitStack() as files:
-                stream = open_sample_streams(args.inputs, files, strict=args.strict, stats=stats)
+                mixed: list[str] = []
+                stream = open_sample_streams(args.inputs, files, strict=args.strict, stats=stats, mixed=mixed)
+                if mixed:
+                    self.warn(untimed_note(mixed, f"the {fmt.name} output"))
                 if stream is not None:
                     if isinstance(fmt, TraceFormat):
                         stream = with_task_roots(stream)

@@ -24,7 +24,7 @@ from flamed.errors import UsageError
 from flamed.fileio import open_output
 from flamed.folded import ReadStats
 from flamed.diff import read_differential
-from flamed.inputs import all_folded, differential_inputs, load_profile, open_sample_streams
+from flamed.inputs import all_folded, differential_inputs, load_profile, open_sample_streams, untimed_note
 from flamed.layout import StackTable, table_from_keyed, table_from_profile
 from flamed.model import Weight
 from flamed.outputs.base import OutputOptions
@@ -92,7 +92,10 @@ class SvgCommand(Command):
             else:
                 with contextlib.ExitStack() as files:
                     # Inputs with timestamps (perf script, traces): their samples in time order.
-                    stream = open_sample_streams(args.inputs, files, strict=args.strict, stats=stats)
+                    mixed: list[str] = []
+                    stream = open_sample_streams(args.inputs, files, strict=args.strict, stats=stats, mixed=mixed)
+                    if mixed:
+                        self.warn(untimed_note(mixed, "the flame chart"))
                     items = lanes(stream) if stream is not None else []  # one lane per thread
                 if stream is None:
                     items = list(load_profile(args.inputs, strict=args.strict, stats=stats).stacks.items())

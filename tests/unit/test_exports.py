@@ -634,3 +634,21 @@ def test_timeline_outputs_report_skipped_lines(tmp_path: Path, cmd: list[str]) -
     err = io.StringIO()
     assert main([*cmd, "--strict", str(bad), "-o", str(tmp_path / "strict")], stderr=err) != 0
     assert f"{bad}:20:" in err.getvalue() and not (tmp_path / "strict").exists()
+
+
+def test_a_timeline_of_inputs_not_all_timed_says_it_is_the_summed_profile(tmp_path: Path) -> None:
+    """A timeline asked of a perf script and a folded file was written as the
+    summed profile without a word; now stderr says which input keeps no time.
+    Inputs that all keep no time (a folded file to speedscope) are summed, as
+    documented, without a note."""
+    folded = tmp_path / "x.folded"
+    folded.write_text("main;work 3\n")
+    perf = str(DATA / "perf" / "c-pid-tid.txt.gz")
+    for args in (["export", "-f", "speedscope", "-o", str(tmp_path / "o.json")],
+                 ["svg", "--flamechart", "-o", str(tmp_path / "o.svg")]):
+        err = io.StringIO()
+        assert main([*args, perf, str(folded)], stderr=err) == 0
+        assert f"{folded} keeps no sample times" in err.getvalue() and "not a timeline" in err.getvalue()
+        err = io.StringIO()
+        assert main([*args, str(folded), str(folded)], stderr=err) == 0
+        assert "keeps no sample times" not in err.getvalue()
