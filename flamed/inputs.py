@@ -137,7 +137,7 @@ def load_profile(
             if kind == "pprof":
                 from flamed.outputs.pprof import read_pprof
 
-                profiles.append(read_pprof(f.read(), source=source))
+                profiles.append(read_pprof(f.read(), source=source, strict=strict, stats=st))
                 continue
             if kind == "speedscope":
                 from flamed.outputs.speedscope import read_speedscope

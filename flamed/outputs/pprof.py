@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from flamed.errors import FlamedError, InputError
 from flamed.fileio import GZIP_MAGIC
+from flamed.folded import ReadStats
 from flamed.model import (
     EMPTY_STACK_FRAME,
     INT64_MAX,
@@ -313,12 +314,18 @@ def _frames_of_location(msg: pb.Profile, loc: pb.Location, funcs: dict[int, pb.F
     return out
 
 
-def read_pprof(stream: BinaryIO | bytes, *, source: str = "<input>", sample_type: str | None = None) -> Profile:
+def read_pprof(stream: BinaryIO | bytes, *, source: str = "<input>", sample_type: str | None = None,
+               strict: bool = False, stats: ReadStats | None = None) -> Profile:
     """A Profile from pprof bytes (gzipped or not).
 
     The weight is the ``samples`` value when the file has one (else the
     default sample type, else the first); ``sample_type`` picks another by name.
+    A sample with a negative weight (a profile of differences: flamed's weigh
+    0 or more) is malformed, as a folded line of a negative count is: skipped
+    and counted in ``stats``, or an error with ``strict``.  A sample with more
+    or fewer values than the file has sample types is corrupt data (an error).
     """
+    st_ = stats if stats is not None else ReadStats()
     data = stream if isinstance(stream, bytes) else stream.read()
     if data[:2] == GZIP_MAGIC:
         try:
@@ -395,11 +402,19 @@ def read_pprof(stream: BinaryIO | bytes, *, source: str = "<input>", sample_type
         p.start_ns = msg.time_nanos
         p.end_ns = msg.time_nanos + msg.duration_nanos
     stacks = p.stacks
-    for sample in msg.sample:
-        if index >= len(sample.value):
-            continue
+    for si, sample in enumerate(msg.sample):
+        if len(sample.value) != len(types):
+            raise InputError(f"sample {si} has {len(sample.value)} value(s) for {len(types)} sample type(s)",
+                             source=source)
         w: Weight = sample.value[index]
-        if w <= 0:
+        if w < 0:
+            why = f"value {w} is negative (a profile of differences?): a weight is 0 or more"
+            if strict:
+                raise InputError(f"sample {si}: {why}", source=source)
+            st_.skip_sample(source, f"sample {si}", why)
+            continue
+        st_.records += 1
+        if w == 0:
             continue
         if time_div > 1:
             w = normalize_weight(w / time_div)

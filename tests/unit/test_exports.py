@@ -652,3 +652,44 @@ def test_a_timeline_of_inputs_not_all_timed_says_it_is_the_summed_profile(tmp_pa
         err = io.StringIO()
         assert main([*args, str(folded), str(folded)], stderr=err) == 0
         assert "keeps no sample times" not in err.getvalue()
+
+
+def test_pprof_negative_and_mismatched_values_are_not_dropped_silently(tmp_path: Path) -> None:
+    """A negative value (a profile of differences) was dropped without a word, and
+    a sample with fewer values than the file's sample types was skipped; now the
+    first is skipped and counted as a folded file's negative count is, the second
+    is corrupt data naming the file (go tool pprof refuses it too)."""
+    from flamed.folded import ReadStats
+
+    def profile(values: list[list[int]]) -> bytes:
+        prof = pb.Profile()
+        prof.string_table.extend(["", "samples", "count", "cpu", "nanoseconds", "main"])
+        for t, u in ((1, 2), (3, 4)):
+            vt = prof.sample_type.add()
+            vt.type, vt.unit = t, u
+        f = prof.function.add()
+        f.id, f.name = 1, 5
+        loc = prof.location.add()
+        loc.id = 1
+        loc.line.add().function_id = 1
+        for v in values:
+            smp = prof.sample.add()
+            smp.location_id.append(1)
+            smp.value.extend(v)
+        return prof.SerializeToString()
+
+    stats = ReadStats()
+    p = read_pprof(profile([[-5, -500], [5, 500], [0, 0]]), source="d.pb", stats=stats)
+    assert p.stacks == {("main",): 5}
+    assert stats.skipped == 1 and stats.records == 2
+    assert stats.first_errors == ["d.pb: sample 0: value -5 is negative (a profile of differences?): a weight is 0 or more"]
+    with pytest.raises(InputError, match="sample 0: value -5 is negative"):
+        read_pprof(profile([[-5, -500]]), source="d.pb", strict=True)
+    with pytest.raises(InputError, match=r"s\.pb.*sample 1 has 1 value\(s\) for 2 sample type\(s\)"):
+        read_pprof(profile([[1, 1], [1]]), source="s.pb")
+    # and the commands say it
+    path = tmp_path / "d.pb"
+    path.write_bytes(profile([[-5, -500], [5, 500]]))
+    err = io.StringIO()
+    assert main(["export", "-f", "folded", str(path), "-o", str(tmp_path / "o.folded")], stderr=err) == 0
+    assert "skipped 1 malformed sample" in err.getvalue() and (tmp_path / "o.folded").read_text() == "main 5\n"
