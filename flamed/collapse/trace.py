@@ -26,6 +26,8 @@ from flamed.model import EMPTY_STACK_FRAME, Sample, Stack, Weight, parse_task_fr
 TRACE_MAGIC = b"# flamed trace"
 _TRACE_LINE = re.compile(rb"^[0-9]+(?:\.[0-9]{1,9})?[ \t]+\S")
 _COUNT = re.compile(r"^[0-9]+(?:\.[0-9]*)?$")
+#: What is a number but not a count: negative, or in exponent notation.
+_BAD_COUNT = re.compile(r"^(?:-[0-9]+(?:\.[0-9]*)?|[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+)$")
 #: Guessing tolerates one bad line in 20 (at least one) among at least 4 good ones.
 _GUESS_BAD_SHARE = 20
 _GUESS_MIN_GOOD = 4
@@ -64,7 +66,10 @@ def parse_trace_line(line: str) -> tuple[int, Stack, Weight] | None:
     if not rest:
         return None
     weight: Weight = 1
-    head, sp, cnt = rest.rpartition(" ")
+    cut = max(rest.rfind(" "), rest.rfind("\t"))  # the count after a space or a tab, as in folded text
+    head, sp, cnt = (rest[:cut], rest[cut], rest[cut + 1:]) if cut >= 0 else ("", "", rest)
+    if sp and _BAD_COUNT.match(cnt) and head.strip():
+        return None  # -3, 1e3: a count, and not one a weight can be (folded text refuses them too)
     if sp and _COUNT.match(cnt) and head.strip():
         if len(cnt.partition(".")[0]) > 19:
             return None

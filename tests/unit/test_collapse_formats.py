@@ -116,6 +116,12 @@ def test_trace_lines() -> None:
     assert parse_trace_line("1.5 worker 0;run 1") == (1_500_000_000, ("worker 0", "run"), 1)
     assert parse_trace_line("x a;b 1") is None
     assert parse_trace_line("5") is None
+    # The count as folded text reads it: after a tab too; a negative or exponent
+    # count is a malformed line (both once became part of the leaf's name, weight 1).
+    assert parse_trace_line("5 a;b\t4") == (5, ("a", "b"), 4)
+    assert parse_trace_line("5 a;d -3") is None
+    assert parse_trace_line("5 a;b 1e3") is None
+    assert parse_trace_line("5 a;lib 1.2.3") == (5, ("a", "lib 1.2.3"), 1)  # not a number: a name
 
 
 def test_trace_collapse_time_range(tmp_path: Path) -> None:
