@@ -68,6 +68,8 @@ def open_input(path: str | os.PathLike[str] | None) -> BinaryIO:
             raise InputError("is a directory, expected a file", source=name) from None
         except PermissionError:
             raise InputError("permission denied", source=name) from None
+        except OSError as e:  # a socket (ENXIO), a file name too long, an I/O error, ...
+            raise InputError(f"cannot open: {e.strerror or e}", source=name) from None
     prog = progress.active()
     if prog is not None:
         # A progress line is drawn: count what is read of this input (its bytes

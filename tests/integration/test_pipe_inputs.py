@@ -149,3 +149,22 @@ def test_stdin_given_twice_is_a_clear_error(inputs: dict[str, Path], command: st
     err = r.stderr.decode()
     assert r.returncode != 0 and "Traceback" not in err, err
     assert "'-' can be given once" in err, err
+
+
+@pytest.mark.parametrize("command", ["collapse", "svg", "merge", "top", "diff"])
+def test_a_socket_or_an_unopenable_name_is_a_clear_error(tmp_path: Path, command: str) -> None:
+    import socket
+
+    sock_path = tmp_path / "s.sock"
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(sock_path))
+        for bad, why in ((sock_path, "cannot open: No such device or address"),
+                         (tmp_path / ("x" * 300), "cannot open: File name too long")):
+            args = [str(bad), str(bad)] if command == "diff" else [str(bad)]
+            r = subprocess.run([*FLAMED, command, *args], capture_output=True, timeout=60)
+            err = r.stderr.decode()
+            assert r.returncode != 0 and "Traceback" not in err, err
+            assert f"{bad}: {why}" in err, err
+    finally:
+        s.close()
