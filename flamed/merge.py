@@ -399,7 +399,7 @@ def _trace_lines(
             sep
             and sp
             and ts.isdigit()
-            and len(ts) <= 19
+            and len(ts) <= 18  # 19 digits may pass int64: parse_trace_line says
             and cnt.isdigit()
             and len(cnt) <= 18
             and (cnt[0] != 48 or len(cnt) == 1)

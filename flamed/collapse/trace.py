@@ -21,7 +21,7 @@ from typing import BinaryIO
 from flamed.collapse.base import ChunkParser, ChunkResult, CollapseOptions, Collapser, first_lines, text_lines
 from flamed.errors import InputError
 from flamed.folded import MAX_COUNT, ReadStats
-from flamed.model import EMPTY_STACK_FRAME, Sample, Stack, Weight, parse_task_frame
+from flamed.model import EMPTY_STACK_FRAME, INT64_MAX, Sample, Stack, Weight, parse_task_frame
 
 TRACE_MAGIC = b"# flamed trace"
 _TRACE_LINE = re.compile(rb"^[0-9]+(?:\.[0-9]{1,9})?[ \t]+\S")
@@ -39,10 +39,12 @@ def parse_timestamp(tok: str) -> int | None:
     if not sec.isascii() or not sec.isdigit() or len(sec) > 19:
         return None
     if not dot:
-        return int(sec)
-    if not frac or len(frac) > 9 or not frac.isascii() or not frac.isdigit():
+        ns = int(sec)
+    elif not frac or len(frac) > 9 or not frac.isascii() or not frac.isdigit():
         return None
-    return int(sec) * 1_000_000_000 + int(frac.ljust(9, "0"))
+    else:
+        ns = int(sec) * 1_000_000_000 + int(frac.ljust(9, "0"))
+    return ns if ns <= INT64_MAX else None  # past 2262: no time any output (pprof, the viewer) can hold
 
 
 def format_timestamp(ns: int, style: str = "ns") -> str:

@@ -17,6 +17,7 @@ import json
 import sys
 import os
 import re
+import stat
 import threading
 import time
 from array import array
@@ -280,6 +281,8 @@ class Index:
         self.parses = 0
         #: Inputs given but not indexed: those without time among inputs with time (from_files).
         self.left_out: list[str] = []
+        #: Files of the state directory not indexed, and why (not a regular file, no time).
+        self.skipped: dict[str, str] = {}
 
     # -- building ----------------------------------------------------------
     @classmethod
@@ -291,8 +294,10 @@ class Index:
         except OSError as e:
             raise UsageError(f"cannot read the state directory {state_dir}: {e.strerror or e}; "
                              "give the daemon's output.state_dir") from None
-        index = cls(_scan(state_dir, names, {}), Trace(), kind="store", source=os.path.abspath(state_dir),
+        skipped: dict[str, str] = {}
+        index = cls(_scan(state_dir, names, {}, skipped), Trace(), kind="store", source=os.path.abspath(state_dir),
                     state_dir=state_dir, cache_bytes=cache_bytes)
+        index.skipped = skipped
         index._dir_mtime = mtime
         return index
 
@@ -322,9 +327,12 @@ class Index:
             except OSError:
                 return False  # gone or unreadable for now: keep what is known
             self.rescans += 1
-            self._dir_mtime = mtime
             known = {e.name: e for e in self.entries}
-            entries = sorted(_scan(self.state_dir, names, known), key=lambda e: (e.start_ns, e.name))
+            skipped: dict[str, str] = {}
+            entries = sorted(_scan(self.state_dir, names, known, skipped), key=lambda e: (e.start_ns, e.name))
+            # Only now: a listing that failed half-way is tried again at the next look.
+            self._dir_mtime = mtime
+            self.skipped = skipped
             if [id(e) for e in entries] == [id(e) for e in self.entries]:
                 return False
             kept = {e.path for e in entries}
@@ -416,6 +424,7 @@ class Index:
             "timestamped": bool(self.trace.times),
             "timed": all(e.timed for e in self.entries),
             "left_out": self.left_out,
+            "skipped": dict(sorted(self.skipped.items())[:100]),
         }
 
     def status(self) -> dict[str, object]:
@@ -468,6 +477,14 @@ class Index:
                     self._cache_bytes += c.nbytes
                 while self._cache and self._cache_bytes + self._table.nbytes > self.cache_limit:
                     self._cache_bytes -= self._cache.popitem(last=False)[1].nbytes
+                if self._table.nbytes > self.cache_limit:
+                    # The names of this one file alone pass the bound: keep none of
+                    # them (this request still holds its table, until it is answered).
+                    self._table = FrameTable()
+                    self._cache.clear()
+                    self._cache_bytes = 0
+                if not e.sidecar and e.weight == 0:
+                    e.weight = normalize_weight(sum(c.weights))  # known now that it is read
         return c
 
     def overlapping(self, start_ns: int, end_ns: int, kind: str = "cpu") -> list[Entry]:
@@ -577,8 +594,12 @@ class Index:
         if view == "auto":
             view = "heatmap" if span // col_ns <= 720 and (self.trace.times or any(e.windows for e in self.entries)) else "histogram"
         if view == "heatmap":
+            # At most HEATMAP_COLS columns: a longer range gets wider columns (a whole
+            # multiple of the layout's, rows as many), never a heatmap of its start only.
+            need = -(-(end_ns - start_ns // col_ns * col_ns) // col_ns)
+            col_ns *= max(1, -(-need // HEATMAP_COLS))
             c0 = start_ns // col_ns * col_ns
-            cols = min(4000, -(-(end_ns - c0) // col_ns))
+            cols = max(1, -(-(end_ns - c0) // col_ns))
             cells = [[0.0] * rows for _ in range(cols)]
             row_ns = col_ns // rows
             for ts, w in self.points(start_ns, end_ns, filters):
@@ -613,13 +634,40 @@ def _mtime_ns(path: str | None) -> int | None:
         return None
 
 
-def _scan(state_dir: str, names: list[str], known: dict[str, Entry]) -> list[Entry]:
-    """The entries of a listing; ``known`` entries are reused (rotated files do not change)."""
+#: Most columns of a heatmap (a longer range gets wider columns).
+HEATMAP_COLS = 4000
+#: Latest time a file may be placed at: what the API's times (ms) and int64 ns hold.
+_MAX_NS = 2**63 - 1
+#: Bytes of files without a sidecar a listing parses to know their weight
+#: (beyond it they weigh 0 on the timeline until a range that opens them).
+WEIGH_BYTES = 64 << 20
+
+
+def _scan(state_dir: str, names: list[str], known: dict[str, Entry],
+          skipped: dict[str, str] | None = None) -> list[Entry]:
+    """The entries of a listing; ``known`` entries are reused (rotated files do not change).
+
+    Only regular files are entries (a FIFO or a directory under a file's name
+    would block or fail every range over it, and a symlink may lead anywhere);
+    a file that cannot be placed in time (a name that is no date, a sidecar
+    that is no object or times outside 1970..2262) is left out, and why goes
+    in ``skipped``.  Nothing a file or sidecar holds stops the listing.
+    """
     present = set(names)
     entries: list[Entry] = []
+    budget = WEIGH_BYTES
     for name in names:
         m = FILE_RE.match(name)
         if m is None:
+            continue
+        path = os.path.join(state_dir, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue  # gone since the listing
+        if not stat.S_ISREG(st.st_mode):
+            if skipped is not None:
+                skipped[name] = "not a regular file"
             continue
         stem = m.group("stem")
         has_sidecar = stem + ".json" in present and SIDECAR_RE.match(stem + ".json") is not None
@@ -631,37 +679,72 @@ def _scan(state_dir: str, names: list[str], known: dict[str, Entry]) -> list[Ent
         if has_sidecar:
             try:
                 with open(os.path.join(state_dir, stem + ".json"), "rb") as fh:
-                    meta = json.load(fh)
-            except (OSError, ValueError):
+                    loaded = json.load(fh)
+                meta = loaded if isinstance(loaded, dict) else {}
+            except (OSError, ValueError, RecursionError):
                 meta = {}
-        e = _entry_from_sidecar(name, os.path.join(state_dir, name), m.group("ts"), meta)
+        try:
+            e = _entry_from_sidecar(name, path, m.group("ts"), meta)
+        except ValueError as err:
+            if skipped is not None:
+                skipped[name] = str(err)
+            continue
         e.sidecar = bool(meta)
         e.kind = str(meta.get("kind") or file_kind(m))
+        if not e.sidecar and budget >= st.st_size:
+            # No sidecar (a file copied without it): its weight from the file itself,
+            # so that its bar has a height; within a bound per listing.
+            budget -= st.st_size
+            e.weight = _file_weight(path)
         entries.append(e)
     return entries
 
 
+def _file_weight(path: str) -> Weight:
+    from flamed.inputs import load_profile
+
+    try:
+        return load_profile([path]).total()
+    except Exception:  # noqa: BLE001 - any input error: it is said when a range opens the file
+        return 0
+
+
 def _entry_from_sidecar(name: str, path: str, ts: str, meta: dict[str, object]) -> Entry:
+    """The entry of a file: its time, weight and windows from the sidecar
+    ``meta`` where they make sense, else from the time in its name.  ValueError
+    (the reason) when it cannot be placed in time."""
     import calendar
 
     start = meta.get("start_ns")
     end = meta.get("end_ns")
-    if not isinstance(start, int):
-        start = calendar.timegm(time.strptime(ts, "%Y%m%dT%H%M%SZ")) * NS
-    if not isinstance(end, int) or end <= start:
+    if not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= _MAX_NS:
+        try:
+            start = calendar.timegm(time.strptime(ts, "%Y%m%dT%H%M%SZ")) * NS
+        except (ValueError, OverflowError):
+            raise ValueError(f"its name's time {ts} is no date, and no sidecar gives one") from None
+    if not 0 <= start <= _MAX_NS - 60 * NS:
+        raise ValueError(f"its time ({ts}) is outside the times flamed places (1970 to 2262)")
+    if not isinstance(end, int) or isinstance(end, bool) or not start < end <= _MAX_NS:
         end = start + 60 * NS
     weight = meta.get("weight")
-    if not isinstance(weight, (int, float)):
-        weight = meta.get("samples") if isinstance(meta.get("samples"), (int, float)) else 0
+    if not _is_weight(weight):
+        weight = meta.get("samples") if _is_weight(meta.get("samples")) else 0
     assert isinstance(weight, (int, float))
     windows: list[tuple[int, int, int]] = []
     raw = meta.get("window_samples")
     if isinstance(raw, list):
         for w in raw:
-            if isinstance(w, list) and len(w) == 3 and all(isinstance(x, int) for x in w):
+            # A window inside the file's time and a count: anything else is not the daemon's.
+            if (isinstance(w, list) and len(w) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in w)
+                    and start - 60 * NS <= w[0] < w[1] <= end + 60 * NS and w[2] >= 0):
                 windows.append((w[0], w[1], w[2]))
     return Entry(name, path, start, end, weight, windows, identities=_identities(meta),
                  task_at=_task_at(meta.get("root_frame", "pid")))
+
+
+def _is_weight(x: object) -> bool:
+    """A weight a sidecar may give: a finite number, 0 or more (NaN is no JSON the page reads)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < float("inf")
 
 
 def _identities(meta: dict[str, object]) -> dict[int, CgroupIdentity]:

@@ -101,6 +101,8 @@ class ServeServer(ThreadingHTTPServer):
         self._lingering: collections.deque[tuple[float, socket.socket]] = collections.deque()
         #: Connections refused for want of a thread since start (503).
         self.refused = 0
+        if ":" in address[0]:  # [::1]:8080: an IPv6 address (the base class listens on IPv4)
+            self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
 
     @property
@@ -232,6 +234,14 @@ class Handler(BaseHTTPRequestHandler):
         self._send(405, b"flamed serve is read-only\n", "text/plain", {"Allow": "GET, HEAD"})
 
     do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
+
+    def __getattr__(self, name: str) -> Any:
+        # Any other method (OPTIONS, TRACE, CONNECT, made-up ones) is refused the
+        # same way: the request handler looks up do_<METHOD>, and answers 501 when
+        # there is none.
+        if name.startswith("do_"):
+            return self._refuse
+        raise AttributeError(name)
 
     def _host_ok(self) -> bool:
         """On a loopback address, only requests naming a loopback host: a web

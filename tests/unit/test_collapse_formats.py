@@ -122,6 +122,10 @@ def test_trace_lines() -> None:
     assert parse_trace_line("5 a;d -3") is None
     assert parse_trace_line("5 a;b 1e3") is None
     assert parse_trace_line("5 a;lib 1.2.3") == (5, ("a", "lib 1.2.3"), 1)  # not a number: a name
+    # a time past int64 ns (the year 2262) fits no output and no viewer range: malformed
+    assert parse_trace_line("9223372036.854775807 a 1") == (2**63 - 1, ("a",), 1)
+    assert parse_trace_line("99999999999.5 a 1") is None
+    assert parse_trace_line("9999999999999999999 a 1") is None
 
 
 def test_trace_collapse_time_range(tmp_path: Path) -> None:
