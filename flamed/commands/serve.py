@@ -61,9 +61,9 @@ class ServeCommand(Command):
             self.warn(f"left out, they carry no time while the other inputs do: {', '.join(index.left_out)}; "
                       "serve them on their own (flamed serve FILE) or compare with flamed diff")
         if index.skipped:
-            shown = sorted(index.skipped.items())
-            more = f" (and {len(shown) - 5} more; /api/index lists them)" if len(shown) > 5 else ""
-            self.warn("left out: " + "; ".join(f"{name}: {why}" for name, why in shown[:5]) + more)
+            skipped = sorted(index.skipped.items())
+            more = f" (and {len(skipped) - 5} more; /api/index lists them)" if len(skipped) > 5 else ""
+            self.warn("left out: " + "; ".join(f"{name}: {why}" for name, why in skipped[:5]) + more)
         if not index.entries:
             self.warn(f"nothing to show yet in {index.source}; the page updates when restarted")
         if not is_loopback_address(host):
