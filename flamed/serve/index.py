@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from flamed.daemon.protocol import IdentityQuery
 from flamed.daemon.fleet import OFFCPU_LABELS as _OFFCPU_NS
 from flamed.daemon.store import FILE_RE, KIND_UNIT, SIDECAR_RE, file_kind
-from flamed.errors import UsageError
+from flamed.errors import InputError, UsageError
 from flamed.model import Profile, Stack, Weight, frame_kind, normalize_weight, parse_task_frame
 from flamed.sampling.cgroups import CgroupError, CgroupIdentity, identity_from_path, parse_cgroup_spec
 from flamed.sampling.contract import CGROUP_ROOTS, parse_root, root_frames
@@ -457,7 +457,17 @@ class Index:
                 c = self._cache.get(e.path)
                 if c is not None:
                     return c
-            p = load_profile([e.path])
+            try:
+                p = load_profile([e.path])
+            except InputError:
+                if self.state_dir is None or os.path.lexists(e.path):
+                    raise
+                # Retention removed it since the last listing: nothing to add, and
+                # the next request lists the directory again.
+                with self._lock:
+                    self._parsing.pop(e.path, None)
+                    self._next_check = 0.0
+                return Compact(self._table, [], [], None, None, 0)
             with self._lock:
                 self.parses += 1
                 if self._table.nbytes > self.cache_limit // 2:

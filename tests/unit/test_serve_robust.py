@@ -185,3 +185,20 @@ def test_every_other_method_gets_405_and_an_ipv6_loopback_serves(tmp_path: Path)
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_file_retention_removed_since_the_listing_is_left_out_not_an_error(tmp_path: Path) -> None:
+    """A range over a file deleted since the last listing was a 400 ('no such
+    file') until the next look; now the file adds nothing and the next request
+    lists the directory again."""
+    state = tmp_path / "state"
+    paths = write_state_dir(state, 3)
+    idx = Index.from_state_dir(str(state))
+    whole = sum(idx.profile(idx.start_ns, idx.end_ns).stacks.values())
+    gone = paths[0]
+    gone.unlink()
+    (state / (gone.stem + ".json")).unlink()
+    idx._cache.clear()  # as if the range had not been read before  # noqa: SLF001
+    assert sum(idx.profile(idx.start_ns, idx.end_ns).stacks.values()) == whole * 2 // 3
+    # the directory changed since the index's listing: the next look lists it again
+    assert idx.refresh() and len(idx.entries) == 2
