@@ -129,6 +129,10 @@ class WatcherStats:
     overruns: int = 0  # proc connector socket overflowed (ENOBUFS)
     scans: int = 0
     connector: bool = False
+    #: the connector was asked for fork, exec and exit events only (Linux 6.6+)
+    connector_filtered: bool = False
+    #: datagrams read from the connector (one event each): what the events cost
+    datagrams: int = 0
 
 
 def _read(path: str) -> bytes | None:
@@ -152,6 +156,29 @@ _BODY = {
     "PROC_EVENT_EXEC": (struct.Struct("=II"), ("process_pid", "process_tgid")),
     "PROC_EVENT_EXIT": (struct.Struct("=IIII"), ("process_pid", "process_tgid", "exit_code", "exit_signal")),
 }
+
+
+#: The events the watcher acts on: what the kernel is asked for, where it can filter.
+_WANTED_EVENTS = 0x1 | 0x2 | 0x80000000
+_PROC_CN_MCAST_LISTEN = 1
+_CN_IDX_PROC = _CN_VAL_PROC = 1
+_NLMSG_DONE = 3
+
+
+def connector_filters(release: str | None = None) -> bool:
+    """Does this kernel take a listen message with an event mask (``struct
+    proc_input``, Linux 6.6)?  An older one ignores such a message whole: it
+    would send no events at all, so it gets the plain one."""
+    m = re.match(r"(\d+)\.(\d+)", release if release is not None else os.uname().release)
+    return m is not None and (int(m.group(1)), int(m.group(2))) >= (6, 6)
+
+
+def listen_message(events: int) -> bytes:
+    """The netlink datagram that subscribes a bound proc connector socket to ``events``
+    (a mask of PROC_EVENT_* values): nlmsghdr, cn_msg, proc_input {mcast_op, event_type}."""
+    payload = struct.pack("=II", _PROC_CN_MCAST_LISTEN, events)
+    cn = struct.pack("=IIIIHH", _CN_IDX_PROC, _CN_VAL_PROC, 0, 0, len(payload), 0) + payload
+    return _NLMSG.pack(_NLMSG.size + len(cn), _NLMSG_DONE, 0, 0, 0) + cn
 
 
 def parse_proc_events(data: bytes) -> Iterator[dict[str, Any]]:
@@ -392,7 +419,14 @@ class ProcessWatcher:
 
                 sock = ProcEventSocket()
                 sock.bind()
-                sock.control(listen=True)
+                if connector_filters():
+                    # Only fork, exec and exit: a process renaming its threads
+                    # (prctl(PR_SET_NAME) in a loop) sent tens of thousands of comm
+                    # events a second, each one read and thrown away here.
+                    os.write(sock.fileno(), listen_message(_WANTED_EVENTS))
+                    self.stats.connector_filtered = True
+                else:
+                    sock.control(listen=True)
                 # From here on the datagrams are read straight from the fd and
                 # parsed by pyroute2's marshal: its own reader queues them
                 # behind the fd's back, so select() would miss queued events.
@@ -457,6 +491,7 @@ class ProcessWatcher:
                     self._next_scan = 0
                     continue
                 raise
+            self.stats.datagrams += 1
             for m in parse_proc_events(data):
                 try:
                     self._event(m)
