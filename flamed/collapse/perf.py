@@ -711,7 +711,9 @@ def _records(chunk: bytes) -> Iterator[tuple[bytes, bytes, int]]:
         pos += len(header) + 1
         in_stack = False
         for ln in body.split(b"\n"):
-            if not ln or not _starts_sample(ln, in_stack):
+            # A blank line of CRLF text is "\r" (blocks split on "\n\n" only): a
+            # blank, never another sample's header.
+            if not ln or ln == b"\r" or not _starts_sample(ln, in_stack):
                 cur_body.append(ln)
                 in_stack = in_stack or _is_frame_line(ln)
             else:

@@ -506,3 +506,22 @@ def test_capture_missing_only_its_final_newline_keeps_its_last_sample(tmp_path: 
     assert main(["collapse", "--jobs", jobs, "--chunk-size", "4096", str(bare), "-o", str(out)], stderr=err) == 0
     assert out.read_text() == expected
     assert "cut short" not in err.getvalue()
+
+
+@pytest.mark.parametrize("command", [["merge"], ["export", "-f", "trace"]])
+def test_a_crlf_perf_script_streams_as_its_lf_twin(tmp_path: Path, command: list[str]) -> None:
+    """merge and export read perf script sample by sample (with times): there a
+    blank line of CRLF text ("\\r") was taken for another sample's header, so
+    every blank line was a malformed line and --strict refused a valid file."""
+    lf = "".join(f"app {i} [000] 1.{i:06d}: 1 cpu-clock:\n\t4005d0 f{i} (/bin/app)\n\t400600 main (/bin/app)\n\n"
+                 for i in range(1, 6))
+    for name, text in (("lf.txt", lf), ("crlf.txt", lf.replace("\n", "\r\n"))):
+        (tmp_path / name).write_bytes(text.encode())
+    outs = []
+    for name in ("lf.txt", "crlf.txt"):
+        err = io.StringIO()
+        out = tmp_path / f"{name}.trace"
+        assert main([*command, "--strict", str(tmp_path / name), "-o", str(out)], stderr=err) == 0, err.getvalue()
+        assert "malformed" not in err.getvalue()
+        outs.append(out.read_text().splitlines()[1:])
+    assert outs[0] == outs[1] and len(outs[0]) == 5
