@@ -26,6 +26,8 @@ from flamed.model import EMPTY_STACK_FRAME, INT64_MAX, Sample, Stack, Weight, pa
 TRACE_MAGIC = b"# flamed trace"
 _TRACE_LINE = re.compile(rb"^[0-9]+(?:\.[0-9]{1,9})?[ \t]+\S")
 _COUNT = re.compile(r"^[0-9]+(?:\.[0-9]*)?$")
+#: What bytes.strip() takes away (str.strip() also takes Unicode spaces and \x1c-\x1f).
+_ASCII_SPACE = " \t\n\r\x0b\x0c"
 #: What is a number but not a count: negative, or in exponent notation.
 _BAD_COUNT = re.compile(r"^(?:-[0-9]+(?:\.[0-9]*)?|[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+)$")
 #: Guessing tolerates one bad line in 20 (at least one) among at least 4 good ones.
@@ -64,21 +66,23 @@ def parse_trace_line(line: str) -> tuple[int, Stack, Weight] | None:
     t = parse_timestamp(ts)
     if t is None:
         return None
-    rest = rest.strip()
+    # ASCII white space only, as the merge's line-level path (bytes.strip) takes it:
+    # a frame ending in a no-break space or U+3000 keeps it on either path.
+    rest = rest.strip(_ASCII_SPACE)
     if not rest:
         return None
     weight: Weight = 1
     cut = max(rest.rfind(" "), rest.rfind("\t"))  # the count after a space or a tab, as in folded text
     head, sp, cnt = (rest[:cut], rest[cut], rest[cut + 1:]) if cut >= 0 else ("", "", rest)
-    if sp and _BAD_COUNT.match(cnt) and head.strip():
+    if sp and _BAD_COUNT.match(cnt) and head.strip(_ASCII_SPACE):
         return None  # -3, 1e3: a count, and not one a weight can be (folded text refuses them too)
-    if sp and _COUNT.match(cnt) and head.strip():
+    if sp and _COUNT.match(cnt) and head.strip(_ASCII_SPACE):
         if len(cnt.partition(".")[0]) > 19:
             return None
         weight = float(cnt) if "." in cnt else int(cnt)
         if weight > MAX_COUNT:
             return None
-        rest = head.rstrip()
+        rest = head.rstrip(_ASCII_SPACE)
     return t, tuple(rest.split(";")) if rest else (EMPTY_STACK_FRAME,), weight
 
 

@@ -126,6 +126,11 @@ def test_trace_lines() -> None:
     assert parse_trace_line("9223372036.854775807 a 1") == (2**63 - 1, ("a",), 1)
     assert parse_trace_line("99999999999.5 a 1") is None
     assert parse_trace_line("9999999999999999999 a 1") is None
+    # only ASCII white space is taken off, as merge's line-level path does: a name
+    # ending in a no-break space, U+3000 or \x1f keeps it (merge --sort and collapse
+    # once wrote "leaf" for all three, and summed them)
+    for end in ("\u00a0", "\u3000", "\x1f"):
+        assert parse_trace_line(f"5 a;leaf{end} 3") == (5, ("a", f"leaf{end}"), 3)
 
 
 def test_trace_collapse_time_range(tmp_path: Path) -> None:
