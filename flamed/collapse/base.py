@@ -108,6 +108,9 @@ class ChunkParser:
 
     def __init__(self, options: CollapseOptions) -> None:
         self.options = options
+        #: While a parser parses text it rebuilt from the input's lines: the
+        #: input's line number of a line number in that text.
+        self.line_remap: Callable[[int], int] | None = None
 
     def parse(self, data: bytes, *, source: str, first_line: int) -> ChunkResult:
         raise NotImplementedError
@@ -121,6 +124,8 @@ class ChunkParser:
         st = result.stats
         if self.options.strict or len(st.first_errors) < st.max_errors_kept:
             n = line() if callable(line) else line
+            if self.line_remap is not None:
+                n = self.line_remap(n)
             if self.options.strict:
                 raise InputError(why, source=source, line=n)
             st.skip(source, n, why)

@@ -365,24 +365,43 @@ class PerfParser(ChunkParser):
         """
         records: list[bytes] = []
         cur: list[bytes] = []
+        # The index in ``lines`` of each line of the rebuilt text (None: a blank
+        # between records), so that an error in it names the input's own line.
+        where: list[int | None] = []
         in_stack = False
-        for ln in lines:
-            if not ln or ln.startswith(b"#"):
+        for j, ln in enumerate(lines):
+            if not ln or ln == b"\r" or ln.startswith(b"#"):  # "\r": a blank line of CRLF text
                 continue
             if not _starts_sample(ln, in_stack):
                 if cur:
                     cur.append(ln)
+                    where.append(j)
                     in_stack = in_stack or _is_frame_line(ln)
                 continue
             if cur:
                 records.append(b"\n".join(cur))
+                where.append(None)
             cur = [ln]
+            where.append(j)
             in_stack = False
         if cur:
             records.append(b"\n".join(cur))
-        # (Line numbers of errors in here are approximate: the blocks are rebuilt.)
-        # Ended by a newline, as every line of the input is: a text that is not is an input cut short.
-        part = self.parse(b"\n\n".join(records) + b"\n", source=source, first_line=_line_at(data, start, first_line) + skip)
+        base = _line_at(data, start, first_line) + skip  # the input's line of lines[0]
+        outer = self.line_remap
+
+        def remap(n: int) -> int:
+            k = n - base
+            j = where[k] if 0 <= k < len(where) else None
+            if j is None:  # not a line of a record: the nearest one before it
+                j = next((w for w in reversed(where[: max(0, min(k, len(where)))]) if w is not None), 0)
+            return outer(base + j) if outer is not None else base + j
+
+        self.line_remap = remap
+        try:
+            # Ended by a newline, as every line of the input is: a text that is not is an input cut short.
+            part = self.parse(b"\n\n".join(records) + b"\n", source=source, first_line=base)
+        finally:
+            self.line_remap = outer
         for ev in part.order:
             g = res.group(ev)
             for k, w in part.groups[ev].items():

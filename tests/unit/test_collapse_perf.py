@@ -525,3 +525,33 @@ def test_a_crlf_perf_script_streams_as_its_lf_twin(tmp_path: Path, command: list
         assert "malformed" not in err.getvalue()
         outs.append(out.read_text().splitlines()[1:])
     assert outs[0] == outs[1] and len(outs[0]) == 5
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+@pytest.mark.parametrize("callchains", [False, True])
+def test_a_malformed_line_is_named_by_its_own_line_number(tmp_path: Path, crlf: bool, callchains: bool) -> None:
+    """Samples that run into each other (perf script without -g; CRLF text, whose
+    blank lines do not split blocks) are parsed from rebuilt text: an error in
+    them was reported at the rebuilt text's line (10 for the 6th line of 8,
+    13 for the 10th), and under --chunk-size at yet another."""
+    lines: list[str] = []
+    bad = 0
+    for i in range(1, 40):
+        if i == 23:
+            lines.append("!!! not a header")
+            bad = len(lines)
+        lines.append(f"app {i}/{i} [000] 1.{i:06d}: 10 cpu-clock:")
+        if callchains:
+            lines += [f"\t4005d0 f{i} (/bin/app)", "\t400600 main (/bin/app)", ""]
+    text = "\n".join(lines) + "\n"
+    path = tmp_path / "p.txt"
+    path.write_bytes((text.replace("\n", "\r\n") if crlf else text).encode())
+    for extra in ([], ["--jobs", "2", "--chunk-size", "1024"]):
+        err = io.StringIO()
+        assert main(["collapse", "--format", "perf", *extra, str(path), "-o", str(tmp_path / "o.folded")],
+                    stderr=err) == 0
+        assert f"(first: {path}:{bad}: unrecognised perf script header)" in err.getvalue(), (extra, err.getvalue())
+        err = io.StringIO()
+        assert main(["collapse", "--format", "perf", "--strict", *extra, str(path)], stdout=io.StringIO(),
+                    stderr=err) == 1
+        assert f"error: {path}:{bad}: unrecognised perf script header" in err.getvalue(), (extra, err.getvalue())
