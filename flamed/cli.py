@@ -154,6 +154,7 @@ def _parse_and_run(
             _discard_stdout()
         return e.exit_code, name
     except KeyboardInterrupt:
+        _sigint_ends_the_process()
         print(f"{name}: interrupted", file=err)
         return 130, name
     except BrokenPipeError:
@@ -232,10 +233,30 @@ def _reserve_std_fds() -> None:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
 
 
+def _sigint_ends_the_process() -> None:
+    """Once a command has ended (or been interrupted), another Ctrl-C ends the
+    process at once, by the signal, as a shell expects: raised as
+    KeyboardInterrupt it landed in the output's last flush or the interpreter's
+    shutdown and printed a traceback (two Ctrl-C 10 ms apart).  Only in the
+    ``flamed`` process itself, not in a caller's."""
+    if not STANDALONE:
+        return
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def entry() -> None:
     _reserve_std_fds()
     _check_stdout()
-    sys.exit(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        code = 130  # a second Ctrl-C before the first had been handled
+    _sigint_ends_the_process()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -200,3 +200,33 @@ def test_ctrl_c_while_the_line_is_drawn_leaves_no_output_file(inputs: dict[str, 
     # No output file: the previous one untouched, no temporary file left.
     assert out.read_bytes() == b"the previous output\n"
     assert sorted(f.name for f in tmp_path.iterdir()) == ["merged.trace"]
+
+
+def test_a_second_ctrl_c_never_prints_a_traceback(inputs: dict[str, Path], tmp_path: Path) -> None:
+    """Ctrl-C twice, 10 ms apart: the second came as a KeyboardInterrupt while
+    the first was being handled (the output's last flush, the interpreter's
+    shutdown) and printed a 15-line traceback, 2 runs in 6 here.  Once the first
+    is handled, another one ends the process by the signal, as a shell expects.
+    Its timing is the user's: several runs, each of which must end cleanly."""
+    out = tmp_path / "merged.trace"
+    for _ in range(6):
+        # the two traces three times over: a run of a few seconds
+        p = subprocess.Popen([*FLAMED, "merge", "--sort", *[str(inputs[k]) for k in "ababab"], "-o", str(out)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            time.sleep(0.6)  # the sort is under way
+            p.send_signal(signal.SIGINT)
+            time.sleep(0.01)
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+            rc = p.wait(timeout=WAIT)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=WAIT)
+        err = p.stderr.read().decode("utf-8", "replace") if p.stderr else ""
+        assert "Traceback" not in err and "Exception ignored" not in err, err
+        assert rc in (130, -signal.SIGINT), (rc, err)
+        assert not out.exists()  # interrupted: no output
+        assert not [f for f in tmp_path.iterdir() if f.name.startswith(".merged")]
