@@ -82,8 +82,8 @@ def daemon_children(pid: int) -> dict[str, int]:
     return out
 
 
-def steady(d: Any, samples: int = 12, every: float = 0.25) -> dict[str, Any]:
-    """:func:`resources` at its lowest over a few seconds.
+def steady(d: Any, samples: int = 8, every: float = 0.25) -> dict[str, Any]:
+    """:func:`resources` at its lowest over two seconds (two py-spy windows).
 
     py-spy runs in windows: the run that ends overlaps the next one for a moment
     (two children, their pipes), so one reading can be high; a leak raises the floor.

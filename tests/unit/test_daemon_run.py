@@ -528,11 +528,13 @@ def test_metrics_refuse_dns_rebinding_but_prometheus_scrapes(tmp_path: Path) -> 
     with running_daemon(cfg, sampler_factory=fake_factory(samplers)) as d:
         port = d.metrics_server.port
         assert port is not None
+        allowed = (f"127.0.0.1:{port}", f"localhost:{port}", "localhost.", f"[::1]:{port}")
         for path in ("/metrics", "/debug/pprof/profile?seconds=1", "/debug/pprof/heap"):
+            # (a profile takes its second: one loopback name asks for it, every other path is asked by each)
+            ok_hosts = allowed[:1] if "profile" in path else allowed
             for host, want in (("evil.example", 403), (f"evil.example:{port}", 403),
                                (f"127.0.0.1.evil.example:{port}", 403), (f"127.evil.example:{port}", 403),
-                               (f"[::1.evil.example]:{port}", 403), (f"127.0.0.1:{port}", None),
-                               (f"localhost:{port}", None), ("localhost.", None), (f"[::1]:{port}", None)):
+                               (f"[::1.evil.example]:{port}", 403), *((h, None) for h in ok_hosts)):
                 c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
                 c.request("GET", path, headers={"Host": host})
                 r = c.getresponse()
