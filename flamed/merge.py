@@ -49,6 +49,7 @@ from flamed.model import (
     parse_task_frame,
     sanitize_frame,
     task_frame,
+    task_root,
 )
 
 #: First id handed out on a collision: above Linux's PID_MAX_LIMIT (2**22), so never a real id.
@@ -265,14 +266,7 @@ def _relabel(
             hit = roots.get(key)
             if hit is None:
                 npid, ntid = remap.task(index, pid, tid) if remap is not None else (pid, tid)
-                task = parse_task_frame(stack[0])
-                if task.pid == pid and task.tid == tid:
-                    # The root frame names this task (a trace, perf collapsed with --tid).
-                    root = stack[0] if (npid, ntid) == (pid, tid) else task_frame(task.comm, npid, ntid)
-                else:
-                    # The root frame is the command only (perf script): name the task.
-                    root = task_frame(stack[0], npid, ntid)
-                hit = (root, npid, ntid)
+                hit = (task_root(stack[0], pid, tid, npid, ntid), npid, ntid)
                 if len(roots) < 100_000:
                     roots[key] = hit
             root, pid, tid = hit

@@ -151,6 +151,16 @@ def task_frame(comm: str, pid: int | None = None, tid: int | None = None) -> str
     return f"{comm}-{pid}/{tid}"
 
 
+def task_root(root: str, pid: int | None, tid: int | None, as_pid: int | None, as_tid: int | None) -> str:
+    """The root frame that names task ``(pid, tid)`` as ``(as_pid, as_tid)``,
+    for a sample whose stack starts with ``root``: the task's bare command
+    (perf script's) or a ``comm-PID/TID`` frame of that same task (a trace's)."""
+    task = parse_task_frame(root)
+    if task.pid == pid and task.tid == tid:
+        return root if (as_pid, as_tid) == (pid, tid) else task_frame(task.comm, as_pid, as_tid)
+    return task_frame(root, as_pid, as_tid)
+
+
 #: The largest int64: counts and times the formats carry (folded counts, pprof values).
 INT64_MAX = 2**63 - 1
 

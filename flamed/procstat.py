@@ -15,6 +15,12 @@ EXITED = (b"Z", b"X")
 _TGID = re.compile(rb"^Tgid:\s*(\d+)", re.M)
 
 
+def kernel_at_least(major: int, minor: int) -> bool:
+    """Is the running kernel ``major.minor`` or later (by ``uname -r``)?"""
+    m = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return m is not None and (int(m.group(1)), int(m.group(2))) >= (major, minor)
+
+
 def stat_fields(raw: bytes) -> list[bytes]:
     """Fields 3 onward of a stat line, so that field N is at index N - 3
     (the state is at 0, the start time at 19); [] for a malformed line."""

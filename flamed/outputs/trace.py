@@ -15,7 +15,7 @@ from typing import BinaryIO
 
 from flamed.collapse.trace import TRACE_MAGIC, format_timestamp
 from flamed.errors import UsageError
-from flamed.model import Profile, Sample, encode_frame, format_weight, parse_task_frame, task_frame
+from flamed.model import Profile, Sample, encode_frame, format_weight, task_root
 from flamed.outputs.base import OutputFormat, OutputOptions
 
 
@@ -31,8 +31,7 @@ def with_task_roots(samples: Iterable[Sample]) -> Iterator[Sample]:
             key = (stack[0], s.pid, s.tid)
             root = roots.get(key)
             if root is None:
-                task = parse_task_frame(stack[0])
-                root = stack[0] if (task.pid, task.tid) == (s.pid, s.tid) else task_frame(stack[0], s.pid, s.tid)
+                root = task_root(stack[0], s.pid, s.tid, s.pid, s.tid)
                 if len(roots) < 100_000:
                     roots[key] = root
             if root != stack[0]:

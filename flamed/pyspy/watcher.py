@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flamed.errors import ConfigError
-from flamed.procstat import stat_fields, status_tgid
+from flamed.procstat import kernel_at_least, stat_fields, status_tgid
 from flamed.pyspy.supervisor import have_cap_sys_ptrace
 from flamed.sampling.cpython import elf
 
@@ -158,19 +158,19 @@ _BODY = {
 }
 
 
-#: The events the watcher acts on: what the kernel is asked for, where it can filter.
-_WANTED_EVENTS = 0x1 | 0x2 | 0x80000000
+#: The events the watcher acts on (those parse_proc_events decodes): what the
+#: kernel is asked for, where it can filter.
+_WANTED_EVENTS = sum(_WHAT)
 _PROC_CN_MCAST_LISTEN = 1
 _CN_IDX_PROC = _CN_VAL_PROC = 1
 _NLMSG_DONE = 3
 
 
-def connector_filters(release: str | None = None) -> bool:
+def connector_filters() -> bool:
     """Does this kernel take a listen message with an event mask (``struct
     proc_input``, Linux 6.6)?  An older one ignores such a message whole: it
     would send no events at all, so it gets the plain one."""
-    m = re.match(r"(\d+)\.(\d+)", release if release is not None else os.uname().release)
-    return m is not None and (int(m.group(1)), int(m.group(2))) >= (6, 6)
+    return kernel_at_least(6, 6)
 
 
 def listen_message(events: int) -> bytes:

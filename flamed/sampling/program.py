@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from flamed.errors import CapabilityError, ConfigError, FlamedError
+from flamed.procstat import kernel_at_least
 from flamed.sampling.bpfimage import ChildOutputError, CompileError, ImageCache, ImageError, LoadInfo, image_key, load_bpf
 from flamed.sampling.bpfload import adopt, close_bpf, find_bpf_dir
 from flamed.sampling.cgroups import CgroupError, CgroupSpec, Hierarchy, parse_cgroup_spec
@@ -393,13 +394,7 @@ def gil_wait_supported() -> bool:
     """Can the off-CPU program tell GIL waits (docs/offcpu.md)?  It reads the
     futex(2) number and address from x86-64 user registers through
     bpf_task_pt_regs(), which kernels have from 5.15."""
-    if platform.machine() != "x86_64":
-        return False
-    try:
-        major, minor = (int(x) for x in platform.release().split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (5, 15)
+    return platform.machine() == "x86_64" and kernel_at_least(5, 15)
 
 
 @functools.cache
