@@ -53,8 +53,12 @@ while True:
     try:
         c = s.recv(65536)
     except ConnectionResetError:
-        print("RESET")
-        sys.exit(0)
+        # The daemon refuses without waiting for the request; when the request lands after
+        # its last read, closing resets the connection -- after the answer, which stays readable.
+        if not data:
+            print("RESET")
+            sys.exit(0)
+        break
     if not c:
         break
     data += c

@@ -113,13 +113,13 @@ def _snapshot(r: Running, **req: object) -> tuple[dict, bytes]:
     return head, buf.getvalue()
 
 
-def _wait_samples(sock: str, pid: int, least: int, timeout: float = 60.0) -> Profile:
-    """Snapshot the last 60 s of ``pid`` until it has ``least`` samples (a loaded CI machine
-    gives the workload only a slice of a CPU)."""
+def _wait_samples(sock: str, pid: int, least: int, timeout: float = 60.0, seconds: float = 60) -> Profile:
+    """Snapshot the last ``seconds`` of ``pid`` until it has ``least`` samples (a loaded CI
+    machine gives the workload only a slice of a CPU)."""
     deadline = time.monotonic() + timeout
     while True:
         buf = io.BytesIO()
-        request(sock, {"request": "snapshot", "seconds": 60, "pid": pid}, buf, timeout=60)
+        request(sock, {"request": "snapshot", "seconds": seconds, "pid": pid}, buf, timeout=60)
         prof = read_folded(io.BytesIO(buf.getvalue()))
         if prof.total() >= least or time.monotonic() > deadline:
             return prof
@@ -135,7 +135,9 @@ def _writes_profiles(fmt: str) -> bool:
 
 
 def test_busy_workload_in_a_snapshot_in_every_format(daemon: Running) -> None:
-    _wait_samples(daemon.sock, daemon.busy_pid, 50)
+    # Wait on the window asked for next, for as many samples as asserted: one drain on a
+    # loaded machine can hold exactly the number waited for, and no later one may have come.
+    _wait_samples(daemon.sock, daemon.busy_pid, 51, seconds=30)
     head, data = _snapshot(daemon, seconds=30, pid=daemon.busy_pid)
     p = read_folded(io.BytesIO(data))
     task = f"flamed_busy-{daemon.busy_pid}"

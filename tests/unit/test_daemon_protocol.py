@@ -148,3 +148,58 @@ def test_frames_filters_keep_the_off_cpu_reason() -> None:
     assert out == {(10, 10, "py", ("main", "nap", "[off-cpu: blocked]")): 900,
                    (10, 10, "py", ("main", "nap", "[off-cpu: preempted]")): 50,
                    (10, 11, "py", ("main", "spin", "[gil wait]")): 70}
+
+
+
+@pytest.mark.parametrize("request_lands", ["before the close", "after the close"])
+def test_a_refusal_is_read_whichever_side_goes_first(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                     request_lands: str) -> None:
+    """The daemon refuses (denied, busy) without waiting for the request.  Closing a Unix
+    socket with the request unread resets the connection, and a request sent after the
+    close fails with EPIPE: in both orders the refusal sent first is what the client reads."""
+    import socket
+    import threading
+
+    import flamed.daemon.client as client
+    from flamed.daemon.protocol import error_header
+
+    path = str(tmp_path / "s")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    closed = threading.Event()
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        conn.send(error_header("permission denied for uid 1", "denied"))
+        if request_lands == "before the close":
+            conn.settimeout(5)
+            conn.recv(1, socket.MSG_PEEK)  # the request is queued, unread
+        conn.close()
+        closed.set()
+
+    if request_lands == "after the close":
+        real = client._connect
+
+        def connect_then_wait(p: str, timeout: float) -> socket.socket:
+            s = real(p, timeout)
+            assert closed.wait(5)
+            return s
+
+        monkeypatch.setattr(client, "_connect", connect_then_wait)
+    real_read = client._read_header
+
+    def read_after_the_close(f: object, p: str) -> object:
+        assert closed.wait(5)  # the reset (or the EPIPE) has happened: the answer must still be there
+        return real_read(f, p)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(client, "_read_header", read_after_the_close)
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(client.DaemonError) as e:
+            client.request(path, {"request": "status"}, timeout=5)
+        assert e.value.code == "denied" and "uid 1" in str(e.value)
+    finally:
+        t.join(5)
+        srv.close()
