@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -43,6 +44,31 @@ MODES = ("cpu", "offcpu", "wall")
 #: A Python frame, ``name (file:line)`` (``<string>`` for ``python -c``).
 _PY_FRAME = re.compile(r" \(.*:\d+\)$")
 
+
+
+class _ExitWait:
+    """Sleeps between drains, ended early by the target's exit (a pidfd turns readable
+    when the process exits), so that a command of 50 ms is not waited on for a drain's
+    0.5 s.  Where pidfds are refused (pid gone, kernel older than 5.3), a plain sleep."""
+
+    def __init__(self, pid: int) -> None:
+        self.fd = -1
+        with contextlib.suppress(OSError, AttributeError):
+            self.fd = os.pidfd_open(pid)
+
+    def wait(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        if self.fd < 0:
+            time.sleep(seconds)
+            return
+        if select.select([self.fd], [], [], seconds)[0]:
+            self.close()  # it exited: later waits (if the loop goes on) are plain sleeps
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 class RecordCommand(Command):
     """Record a Python (or any) process: Python, native and kernel frames in one profile.
@@ -440,6 +466,7 @@ class RecordCommand(Command):
                 mixed.follow(target)
                 watch = record_daemon.TargetWatch(target)
                 deadline = time.monotonic() + args.duration if args.duration else None
+                exit_wait = _ExitWait(target)
                 try:
                     while True:
                         watch.update(child)
@@ -457,10 +484,16 @@ class RecordCommand(Command):
                             self._follow_survivors(mixed, left, followed, cmd)
                         if deadline is not None and time.monotonic() >= deadline:
                             break
-                        time.sleep(min(DRAIN_S, max(0.0, deadline - time.monotonic())) if deadline else DRAIN_S)
+                        step = min(DRAIN_S, max(0.0, deadline - time.monotonic())) if deadline else DRAIN_S
+                        if target_exited:
+                            time.sleep(step)  # --subprocesses: what the command left running
+                        else:
+                            exit_wait.wait(step)  # back at once when the target exits
                         self._drain(sampler, mixed, samples, counts)
                 except KeyboardInterrupt:
                     interrupted = True
+                finally:
+                    exit_wait.close()
                 if timed and target is not None:
                     waiting_since_before = _waiting(target)
                 with self._interrupts_deferred() as late:
