@@ -9,6 +9,7 @@ import re
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -198,8 +199,10 @@ class RecordCommand(Command):
         cmd = list(args.command)
         if cmd and cmd[0] == "--":
             cmd = cmd[1:]
-        if (args.pid is None) == (not cmd):
-            raise UsageError("give either -p PID or -- COMMAND ARGS... (not both)")
+        if args.pid is not None and cmd:
+            raise UsageError("give either -p PID or -- COMMAND ARGS..., not both")
+        if args.pid is None and not cmd:
+            raise UsageError("nothing to record: give -p PID or -- COMMAND ARGS...")
         if args.pid is not None:
             _check_target(args.pid)
         else:
@@ -211,6 +214,9 @@ class RecordCommand(Command):
         _check_writable(_output_path(args, outputs.choose(args.format, args.output)), "-o/--output")
         if args.timeline:
             _check_writable(args.timeline, "--timeline")
+            if _same_destination(args.timeline, _output_path(args, outputs.choose(args.format, args.output))):
+                raise UsageError(f"--timeline {args.timeline} is where the profile goes (-o): one would "
+                                 "overwrite or mix into the other; give them different files")
         # -o - : the profile goes to standard output, so the command's own output does not.
         args.command_stdout = None
         if cmd and _is_stdout(_output_path(args, outputs.choose(args.format, args.output))):
@@ -912,6 +918,18 @@ def _output_path(args: argparse.Namespace, fmt: outputs.OutputFormat) -> str:
         return str(args.output)
     ext = fmt.extensions[0] if fmt.extensions else ".out"
     return f"flamed-{args.pid or 'record'}{ext}"
+
+
+def _same_destination(a: str, b: str) -> bool:
+    """Would writing ``a`` and ``b`` land in one file (or both on standard output)?
+    A device other than standard output (/dev/null) may take both."""
+    if _is_stdout(a) or _is_stdout(b):
+        return _is_stdout(a) and _is_stdout(b)
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+    return os.path.samestat(sa, sb) and stat.S_ISREG(sa.st_mode)
 
 
 def _is_stdout(path: str) -> bool:

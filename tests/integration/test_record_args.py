@@ -101,6 +101,26 @@ def test_unwritable_output_is_refused_before_recording(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+def test_the_timeline_and_the_profile_must_be_two_files(tmp_path: Path) -> None:
+    """Once, -o and --timeline naming one file wrote the profile and then the
+    timeline over it (with '-', both into one stream), and said it wrote the profile."""
+    marker = tmp_path / "ran"
+    cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    same = tmp_path / "same.txt"
+    os.symlink(same, tmp_path / "alias.txt")
+    for tl, out in ((same, same), (same, tmp_path / "." / "same.txt"), (tmp_path / "alias.txt", same),
+                    ("-", "-"), ("/dev/stdout", "-")):
+        r = flamed(["record", "--no-daemon", "--timeline", str(tl), "-o", str(out), *cmd])
+        assert_usage_error(r, f"--timeline {tl} is where the profile goes (-o)")
+        assert not marker.exists(), "the command ran though its outputs collide"
+    assert not same.exists()
+
+
+def test_neither_a_pid_nor_a_command_is_said_as_such() -> None:
+    assert_usage_error(flamed(["record", "--no-daemon", "-o", "/dev/null"]), "nothing to record")
+    assert_usage_error(flamed(["record", "--no-daemon", "-p", "1", "--", "true"]), "not both")
+
+
 def test_a_format_that_cannot_hold_a_profile_is_refused_before_recording(tmp_path: Path) -> None:
     """-f trace (or -o x.trace) needs each sample's time: --mode offcpu and wall
     sum waits per stack in BPF, without one.  Once, the command ran, was
