@@ -282,11 +282,24 @@ def _place(dump: ProcessDump, proc: Path, reader: int, pythreads: list[PyThread]
     """Each Python thread under its task, or in ``unmatched``."""
     tids = _match_threads(dump, proc, pythreads, reader, namespaced=namespaced)
     by_tid = {t.tid: t for t in dump.threads}
+    why: list[str] = []
     for pt, tid in zip(pythreads, tids):
         if tid is not None and tid in by_tid and by_tid[tid].python is None:
             by_tid[tid].python = pt
+            continue
+        dump.unmatched.append(pt)
+        if tid is None and dump.unmatched_reason:
+            continue  # _match_threads said why
+        if tid is None or tid not in by_tid:
+            said = ("a thread's task was not among those listed (it started or ended between the listing "
+                    "of tasks and the read of the interpreter)")
         else:
-            dump.unmatched.append(pt)
+            said = f"task {tid} holds more than one Python thread state (a subinterpreter's?)"
+        if said not in why:
+            why.append(said)
+    if why:
+        extra = "; ".join(why)
+        dump.unmatched_reason = f"{dump.unmatched_reason}; {extra}" if dump.unmatched_reason else extra
 
 
 def _add_pyspy(dump: ProcessDump, proc: Path, reader: int, version: tuple[int, int], pyspy: str | None) -> None:

@@ -44,3 +44,21 @@ def test_a_thread_id_is_not_taken_for_its_process(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"501 is a thread of process 500, not a process; give -p 500") as e:
         dump_process(501, tmp_path)
     assert e.value.exit_code == 2
+
+
+def test_every_unmatched_python_thread_has_a_reason(tmp_path: Path) -> None:
+    """A thread that started between the listing of tasks and the read of the
+    interpreter was left unmatched with unmatched_reason null."""
+    from flamed.dump import PyFrame, PyThread, _place
+
+    _process(tmp_path, 500, [500, 501])
+    dump = dump_process(500, tmp_path)
+    frames = [PyFrame("work", "w.py", 1)]
+    late, twice = PyThread(2, 777, frames), PyThread(3, 501, frames)
+    _place(dump, tmp_path, 500, [PyThread(1, 500, frames), PyThread(4, 501, frames), late, twice],
+           namespaced=False)
+    assert [t.python is not None for t in dump.threads] == [True, True]
+    assert dump.unmatched == [late, twice]
+    assert dump.unmatched_reason is not None
+    assert "not among those listed" in dump.unmatched_reason
+    assert "task 501 holds more than one Python thread state" in dump.unmatched_reason
