@@ -482,6 +482,9 @@ class SpliceParts(Generic[P]):
     #: The native walk stopped short (its root frame is a ``[truncated: …]``
     #: marker): the outermost evaluation-loop frames may be missing from it.
     cut: bool = False
+    #: That marker, when ``below`` would begin with it: put at the root, above
+    #: Python frames put on top, where every cut stack has it.
+    mark: P | None = None
 
 
 def splice_parts(user_stack: Stack, encode: Callable[[Stack], P]) -> SpliceParts[P]:
@@ -519,7 +522,10 @@ def splice_parts(user_stack: Stack, encode: Callable[[Stack], P]) -> SpliceParts
                 prev = i + 1
             greenlet.append(encode(user_stack[prev:]))
     cut = bool(user_stack) and user_stack[0].startswith("[truncated")
-    return SpliceParts(between, encode(below), greenlet, cut)
+    mark = None
+    if cut and below and below[0] == user_stack[0]:
+        mark, below = encode(below[:1]), below[1:]
+    return SpliceParts(between, encode(below), greenlet, cut, mark)
 
 
 #: The frame a greenlet's own C stack begins with (greenlet 2+ in C++,
@@ -560,6 +566,8 @@ def splice_into(parts: SpliceParts[P], runs: Sequence[P], join: Callable[[list[P
             pieces.append(run)
             pieces.append(after)
         return join(pieces)
+    if parts.mark is not None:
+        return join([parts.mark, *runs, parts.below])
     return join(list(runs) + [parts.below])
 
 
@@ -591,7 +599,9 @@ def splice(user_stack: Stack, runs: Sequence[Stack]) -> Stack:
     walk did not reach the interpreter's frames: no frame pointers) the
     Python frames go on top and the native frames below the innermost
     evaluation frame, or the whole native stack, below them
-    (:func:`~flamed.sampling.pystack.native_below_interpreter`).
+    (:func:`~flamed.sampling.pystack.native_below_interpreter`); a cut
+    stack's marker stays at the root, above the Python frames, so that a
+    Python path reads the same under every cut stack.
     The frames of CPython's perf trampolines (``-X perf``: ``py::…`` and
     ``py_trampoline_evaluator``; ``-X perf_jit``: a bare ``[unknown]``
     calling an evaluation loop) are left out: the Python frames name them.

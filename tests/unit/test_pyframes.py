@@ -103,6 +103,22 @@ def test_splice_without_eval_frames_puts_python_on_top_of_the_leaf() -> None:
     assert splice(native, []) == native
 
 
+def test_a_cut_stack_keeps_its_marker_at_the_root_whichever_way_python_goes_in() -> None:
+    """A frame-pointer stack where tables are expected (off-CPU waits, a process
+    not described yet) is marked at its root.  Once, when the walk had not reached
+    an evaluation loop, the Python frames went on top of the marker, so one Python
+    path was drawn under the root in some stacks and under the marker in others."""
+    mark = "[truncated: no table]"
+    runs = [("<module> (w.py:9)", "main (w.py:8)", "sleep_a_while (w.py:6)")]
+    reached = splice((mark, "_PyEval_EvalFrameDefault", "time_sleep", "clock_nanosleep"), runs)
+    short = splice((mark, "clock_nanosleep"), runs)
+    assert reached == (mark, *runs[0], "time_sleep", "clock_nanosleep")
+    assert short == (mark, *runs[0], "clock_nanosleep")
+    assert splice((mark,), runs) == (mark, *runs[0])
+    # Uncut stacks are as before: no marker appears.
+    assert splice(("clock_nanosleep",), runs) == (*runs[0], "clock_nanosleep")
+
+
 #: A sample of greenlet 3.5 on pyenv 3.12 (a greenlet started by the main
 #: greenlet's switch, running work_a), as the unwinder named it: the C stack
 #: still holds the main greenlet's evaluation loop above the greenlet's entry,
