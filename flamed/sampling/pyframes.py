@@ -567,7 +567,10 @@ def splice_into(parts: SpliceParts[P], runs: Sequence[P], join: Callable[[list[P
             pieces.append(after)
         return join(pieces)
     if parts.mark is not None:
-        return join([parts.mark, *runs, parts.below])
+        marked: list[P] = [parts.mark]
+        marked.extend(runs)
+        marked.append(parts.below)
+        return join(marked)
     return join(list(runs) + [parts.below])
 
 
