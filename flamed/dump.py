@@ -27,7 +27,7 @@ from typing import Any
 
 from flamed.errors import CapabilityError, FlamedError, UsageError
 from flamed.model import printable
-from flamed.procstat import read_stat, status_tgid
+from flamed.procstat import ptrace_advice, read_stat, status_tgid
 from flamed.sampling.pystack import short_filename
 
 #: Version of the ``--json`` document (see docs/dump.md); a change of a
@@ -202,7 +202,7 @@ def _check_readable(proc: Path, pid: int) -> None:
     except FileNotFoundError:
         raise NoSuchProcess(f"no such process: {pid}") from None
     except PermissionError:
-        raise NotPermitted(f"cannot read the memory maps of pid {pid}: run as root or grant CAP_SYS_PTRACE") from None
+        raise NotPermitted(f"cannot read the memory maps of pid {pid}: {ptrace_advice(pid)}") from None
     except OSError:
         pass  # a zombie's maps read as empty or fail: its threads are still dumped
 
@@ -251,7 +251,7 @@ def _add_python(dump: ProcessDump, proc: Path, reader: int, pyspy: str | None) -
     dump.python_reader = "flamed"
     mem = target.memory()
     if mem.read(target.interp_addr, 8) is None and mem.last_errno == errno.EPERM:
-        raise NotPermitted(f"cannot read the memory of pid {dump.pid}: run as root or grant CAP_SYS_PTRACE")
+        raise NotPermitted(f"cannot read the memory of pid {dump.pid}: {ptrace_advice(dump.pid)}")
     st = target.state(mem)
     for attempt in range(VALIDATE_TRIES):
         if st.kind != "ready":

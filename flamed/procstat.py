@@ -122,3 +122,31 @@ def descendants_cpu(pid: int, limit: int = 512) -> tuple[float, list[int]]:
         ticks += sum(int(x) for x in f[11:15])
         todo.extend(child_pids(kid))
     return ticks / _CLK_TCK, live
+
+
+#: capability(7) number of CAP_SYS_PTRACE.
+CAP_SYS_PTRACE = 19
+
+
+def ptrace_advice(pid: int) -> str:
+    """What to do when reading process ``pid``'s memory (or maps) was refused:
+    "run as root" helps only someone without CAP_SYS_PTRACE; with it, what may
+    still refuse (Yama's scope 3, a user namespace, a security module)."""
+    eff = None
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"CapEff:"):
+                    eff = int(line.split(b":", 1)[1].strip(), 16)
+    except (OSError, ValueError):
+        pass
+    if eff is None or not eff >> CAP_SYS_PTRACE & 1:
+        return "run as root or grant CAP_SYS_PTRACE"
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope", "rb") as f:
+            if f.read().strip() == b"3":
+                return "refused even with CAP_SYS_PTRACE: kernel.yama.ptrace_scope is 3 (no process may be read)"
+    except OSError:
+        pass
+    return (f"refused even with CAP_SYS_PTRACE: process {pid} is in a user namespace this one does not own, "
+            "or a security module forbids reading it")

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flamed.model import Stack
+from flamed.procstat import ptrace_advice
 from flamed.pyspy.chrometrace import PyTrace
 from flamed.sampling.cpython.process import nspids
 
@@ -125,7 +126,7 @@ class ThreadIds:
         except OSError as e:
             if e.errno in (errno.ENOENT, errno.ESRCH):
                 return f"pid {pid} exited before its threads could be mapped"
-            return f"cannot read the memory of pid {pid} ({e.strerror}); run as root or grant CAP_SYS_PTRACE"
+            return f"cannot read the memory of pid {pid} ({e.strerror}); {ptrace_advice(pid)}"
         try:
             for p in want:
                 try:

@@ -499,6 +499,22 @@ def test_dump_not_permitted() -> None:
     assert "run as root or grant CAP_SYS_PTRACE" in res.stderr
 
 
+
+def test_dump_refused_despite_cap_sys_ptrace_does_not_say_run_as_root() -> None:
+    """Root in a user namespace of its own holds CAP_SYS_PTRACE there, and not over
+    a process outside it: "run as root" was the advice given to root."""
+    need(have_root(), "root (unshare --user)")
+    unshare = shutil.which("unshare")
+    need(unshare is not None, "unshare (util-linux)")
+    assert unshare is not None
+    with running("sleep", "1000") as proc:
+        res = subprocess.run([unshare, "--user", "--map-root-user", sys.executable, "-m", "flamed", "dump",
+                              "-p", str(proc.pid)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 3, res.stderr
+    assert "refused even with CAP_SYS_PTRACE" in res.stderr and "user namespace" in res.stderr, res.stderr
+    assert "run as root" not in res.stderr
+
+
 HOSTILE = """\
 import ctypes, json, os, sys, threading
 libc = ctypes.CDLL(None)
