@@ -124,6 +124,21 @@ def descendants_cpu(pid: int, limit: int = 512) -> tuple[float, list[int]]:
     return ticks / _CLK_TCK, live
 
 
+#: PF_KTHREAD of linux/sched.h, in /proc/PID/stat's flags.
+PF_KTHREAD = 0x00200000
+
+
+def is_kernel_thread(pid: int) -> bool:
+    """Is ``pid`` a kernel thread (False when it is gone or unreadable)?"""
+    f = read_stat(f"/proc/{pid}/stat")
+    if not f or len(f) < 7:
+        return False
+    try:
+        return bool(int(f[6]) & PF_KTHREAD)  # field 9, flags
+    except ValueError:
+        return False
+
+
 #: capability(7) number of CAP_SYS_PTRACE.
 CAP_SYS_PTRACE = 19
 

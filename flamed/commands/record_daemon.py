@@ -32,7 +32,7 @@ from flamed.daemon.client import DaemonError, request
 from flamed.errors import FlamedError, UsageError
 from flamed.folded import read_folded
 from flamed.model import Profile, Stack
-from flamed.procstat import child_pids, comm, descendants_cpu, running
+from flamed.procstat import child_pids, comm, descendants_cpu, is_kernel_thread, running
 from flamed.pyspy.watcher import SUPPORTED as PYSPY_READS, ProcReader, python_identity
 
 
@@ -306,6 +306,8 @@ class TargetWatch:
     _next_cpu: float = field(default=0.0, repr=False)
     #: Descendant pid -> the executable it was last seen to run.
     _kid_exes: dict[int, str] = field(default_factory=dict, repr=False)
+    #: A kernel thread (kthreadd's "children" are kernel threads, not work it left to them).
+    _kthread: bool | None = field(default=None, repr=False)
 
     def update(self, child: subprocess.Popen[bytes] | None = None) -> None:
         """Look again (each turn of record's loop).  With ``child`` (the target,
@@ -327,6 +329,10 @@ class TargetWatch:
                 self._seen = exe
                 ident = python_identity(ProcReader(), self.pid)
                 self.version = ident[1] if ident is not None else None
+        if self._kthread is None:
+            self._kthread = is_kernel_thread(self.pid)
+        if self._kthread:
+            return
         now = time.monotonic()
         if now >= self._next_cpu:
             # Twice a second at most: a tree of a hundred workers is a few hundred reads.

@@ -61,3 +61,45 @@ def test_the_thread_group_of_a_process_and_of_one_of_its_threads() -> None:
         stop.set()
         worker.join(10)
     assert status_tgid(b"Name:\tx\nPid:\t5\n") is None
+
+
+def _kernel_thread_with_children() -> int | None:
+    """kthreadd (the parent of every kernel thread), where /proc shows it."""
+    for pid in (2,):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "kthreadd":
+                return pid
+        except OSError:
+            pass
+    return None
+
+
+def test_a_kernel_thread_is_told_and_its_children_are_not_called_the_work_it_left() -> None:
+    """`record -p 2` said kthreadd "started pool_workqueue_release, which record does
+    not follow (... s of CPU used by the processes it started)"."""
+    from flamed.commands.record_daemon import TargetWatch
+    from flamed.procstat import is_kernel_thread
+
+    assert not is_kernel_thread(os.getpid())
+    assert not is_kernel_thread(2 ** 22 + 1)  # no such pid
+    kthreadd = _kernel_thread_with_children()
+    if kthreadd is None:
+        import pytest
+
+        pytest.skip("no kthreadd in this PID namespace (pid 2)")
+    assert is_kernel_thread(kthreadd)
+    w = TargetWatch(kthreadd)
+    w.update()
+    assert (w.child, w.children_cpu_s, w.child_hint(daemon=False)) == ("", 0.0, "")
+    # A user process's child is still named.
+    kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        me = TargetWatch(os.getpid())
+        deadline = time.monotonic() + 10
+        while not me.child and time.monotonic() < deadline:
+            me.update()
+            time.sleep(0.05)
+        assert me.child, "a user process's child is named"
+    finally:
+        kid.kill()
+        kid.wait()
