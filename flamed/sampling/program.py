@@ -552,9 +552,14 @@ def _headers_hint() -> str:
 
 
 def _with_captured_stderr(fn: Callable[[], Any]) -> tuple[Any, str, BaseException | None]:
-    """Run ``fn`` with fd 2 captured: clang and libbpf report there, not in exceptions."""
+    """Run ``fn`` with fd 2 captured: clang and libbpf report there, not in exceptions.
+    The log's lines (a stderr handler of the ``flamed`` logger: the daemon's, off
+    systemd) go past the capture meanwhile, not into it: a warning said during the
+    load (an untrusted compiled-program cache) was lost with the captured text."""
+    from flamed.daemon.logs import logs_past_fd2
+
     sys.stderr.flush()
-    with tempfile.TemporaryFile() as tmp:
+    with tempfile.TemporaryFile() as tmp, logs_past_fd2():
         saved = os.dup(2)
         os.dup2(tmp.fileno(), 2)
         result: Any = None
