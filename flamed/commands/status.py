@@ -39,7 +39,7 @@ class StatusCommand(Command):
         rows = [
             ("daemon", f"flamed {st.get('version')} pid {st.get('pid')}, up {up:.0f} s, config {st.get('config') or 'defaults'}"),
             ("sampling", f"{st.get('sampler')} at {st.get('frequency')} Hz, drain every {st.get('drain_interval')} s "
-                         f"(last took {st.get('last_drain_seconds')} s)"),
+                         f"(last took {st.get('last_drain_seconds')} s)" + _late(st)),
             ("samples", f"{st.get('samples')} in {st.get('windows')} windows"),
             ("lost", ", ".join(f"{k}={v}" for k, v in sorted(lost.items()) if v) or "none"),
             ("files", f"{files.get('count')} files, {files.get('bytes')} bytes in {st.get('state_dir')}, "
@@ -62,6 +62,19 @@ class StatusCommand(Command):
         for k, v in rows:
             print(f"{k:<{width}}  {v}", file=self.stdout)
         return 0
+
+
+def _late(st: dict[str, Any]) -> str:
+    """Said when the last drain is far older than the drain interval: the control socket
+    answers from a thread of its own, so a main loop that hangs still looks alive here."""
+    last = int(st.get("last_drain_ns") or 0)
+    every = float(st.get("drain_interval") or 0)
+    if not last or every <= 0:
+        return ""
+    age = (time.time_ns() - last) / 1e9
+    if age <= 3 * every + 5:
+        return ""
+    return f" -- LATE: the last drain was {age:.0f} s ago (the main loop may be stuck; see the daemon's log)"
 
 
 def _ring_row(ring: dict[str, Any]) -> str:

@@ -374,13 +374,13 @@ class Daemon:
             "lost": dict(sorted(loop.lost_totals.items())),
             "offcpu": {"enabled": loop.offcpu_enabled(), "seconds": round(loop.totals.get("offcpu_ns", 0) / 1e9, 6),
                        "min_us": cfg.sampling.off_cpu_min_us, "every": cfg.sampling.off_cpu_every,
-                       "latest": self.store.last_written_offcpu},
+                       "latest": _still_there(self.store.last_written_offcpu)},
             # Windows by kind: with off-CPU time on, each drain adds a CPU and an off-CPU window;
             # "stacks" are the entries of both (what snapshot.ring_max_stacks bounds).
             "ring": {"windows": by_kind["cpu"], "offcpu_windows": by_kind.get("offcpu", 0), "stacks": ns,
                      "seconds": cfg.snapshot.ring_seconds},
             "files": {"count": len(files), "bytes": sum(f[2] for f in files),
-                      "latest": self.store.last_written},
+                      "latest": _still_there(self.store.last_written)},
             "backlog": {"files": len(self.store.backlog), "bytes": self.store.backlog_bytes},
             "write_error": self.store.last_error,
             "metrics": self.metrics_server.bound,
@@ -417,3 +417,8 @@ def _safe_status(p: WindowProcessor) -> dict[str, Any]:
 def replace_config(cfg: DaemonConfig, **sections: Any) -> DaemonConfig:
     """``cfg`` with whole sections replaced (tests and the CLI use it)."""
     return dataclasses.replace(cfg, **sections)
+
+
+def _still_there(path: str | None) -> str | None:
+    """The last file written, while it exists (not after its directory was removed or replaced)."""
+    return path if path is not None and os.path.isfile(path) else None

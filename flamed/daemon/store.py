@@ -311,6 +311,10 @@ class ProfileStore:
         :attr:`on_dir_made` called: the daemon takes its lock in the new directory)."""
         if os.path.isdir(self.dir):
             return
+        if os.path.lexists(self.dir):
+            # makedirs would say "File exists", which names neither the path nor what is wrong.
+            what = "a dangling symbolic link" if not os.path.exists(self.dir) else "not a directory"
+            raise NotADirectoryError(errno.ENOTDIR, f"the state directory {self.dir} is {what} (was it replaced?)")
         os.makedirs(self.dir, mode=0o755, exist_ok=True)
         log.warning("state directory %s was removed while the daemon ran; made it again (the files that were "
                     "in it are gone)", self.dir)
@@ -534,10 +538,10 @@ class ProfileStore:
                           self.output.backlog_max_bytes, len(self.backlog) - (f in self.backlog),
                           self.backlog_bytes - (f.size if f in self.backlog else 0))
             self.last_error = msg
-            if self._full_episode is not None:
-                # Files were deleted to make room, and still no file was written (so no
-                # retention pass follows): the disk gauges say what is left, as status does.
-                self._set_disk_metrics(self.list_files())
+            # No file was written, so no retention pass follows: the disk gauges say what
+            # is left (files deleted to make room, a directory removed or replaced), as
+            # status does.
+            self._set_disk_metrics(self.list_files())
             return None
         self.samples_written += f.samples
         self.metrics.samples_written.inc(f.samples)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flamed.daemon.client import request
+from flamed.daemon.client import DaemonError, request
 from flamed.fileio import open_input
 from flamed.folded import read_folded
 from support import wait_daemon_answers
@@ -539,3 +540,60 @@ def test_a_state_dir_removed_while_running_is_made_and_locked_again(tmp_path: Pa
         err_a = stop(a)
     assert a.returncode == 0, err_a
     assert f"state directory {state} was removed while the daemon ran; made it again" in err_a, err_a
+
+
+def test_a_state_dir_replaced_by_a_file_is_said_and_nothing_stale_is_shown(tmp_path: Path) -> None:
+    """The state directory replaced by a regular file under a running daemon: the
+    write error read "File exists"; status named a latest file that was gone, and
+    the disk gauges kept the files that had been there."""
+    import urllib.request
+
+    cfg = tmp_path / "d.toml"
+    write_config(cfg, tmp_path)
+    cfg.write_text(cfg.read_text().replace('address = ""', 'address = "127.0.0.1:0"'))
+    state = tmp_path / "profiles"
+    sock = str(tmp_path / "flamed.sock")
+    d = start(cfg)
+    try:
+        wait_socket(tmp_path / "flamed.sock", d)
+        first = request(sock, {"request": "flush"})["file"]
+        assert first is not None and Path(first).is_file()
+        st = request(sock, {"request": "status"})["status"]
+        assert st["files"]["latest"] == first
+
+        def gauge(name: str) -> float:
+            text = urllib.request.urlopen(f"http://{st['metrics']}/metrics", timeout=10).read().decode()
+            return float(next(ln.split()[-1] for ln in text.splitlines() if ln.startswith(name + " ")))
+
+        assert gauge("flamed_disk_files") >= 1
+        shutil.rmtree(state)
+        state.write_text("not a directory\n")
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(DaemonError):
+                request(sock, {"request": "flush"})
+            st = request(sock, {"request": "status"})["status"]
+            if st["write_error"]:
+                break
+            assert time.monotonic() < deadline, st
+            time.sleep(0.1)
+        assert f"the state directory {state} is not a directory" in st["write_error"], st["write_error"]
+        assert "File exists" not in st["write_error"]
+        assert st["files"]["latest"] is None and st["files"]["count"] == 0, st["files"]
+        assert gauge("flamed_disk_files") == 0 and gauge("flamed_disk_bytes") == 0
+    finally:
+        err = stop(d)
+    assert d.returncode == 0, err
+
+
+def test_status_says_when_the_last_drain_is_far_older_than_the_interval() -> None:
+    """The control socket answers from a thread of its own: a main loop stuck for
+    minutes showed "drain every 1.0 s (last took 0.0003 s)" and nothing else."""
+    from flamed.commands.status import _late
+
+    now = time.time_ns()
+    assert _late({"last_drain_ns": now - 1_000_000_000, "drain_interval": 1.0}) == ""
+    assert _late({"last_drain_ns": 0, "drain_interval": 1.0}) == ""  # no drain yet
+    said = _late({"last_drain_ns": now - 60_000_000_000, "drain_interval": 1.0})
+    assert "LATE: the last drain was 60 s ago" in said and "stuck" in said
+    assert _late({"last_drain_ns": now - 60_000_000_000, "drain_interval": 30.0}) == ""
