@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import selectors
 import socket
 import threading
@@ -285,6 +286,8 @@ class _QuietHandler(WSGIRequestHandler):
 
 #: ``seconds`` when a profile request gives none (as Go's net/http/pprof).
 DEFAULT_PROFILE_SECONDS = 30.0
+METRICS_PATH = "/metrics"
+_SECONDS = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,9})?", re.ASCII)
 PROFILE_PATH = "/debug/pprof/profile"
 #: Off-CPU time of the next N seconds (``[sampling] off_cpu``), pprof sample type off_cpu/nanoseconds.
 OFFCPU_PATH = "/debug/pprof/offcpu"
@@ -378,6 +381,12 @@ class MetricsServer:
                 start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8"),
                                                  ("Content-Length", str(len(data)))])
                 return [data]
+            if path not in (METRICS_PATH, "/"):
+                # The metrics at any path (/METRICS, /foo) hid a scrape configured wrongly.
+                data = f"{path[:200]}: not found; the metrics are at {METRICS_PATH}\n".encode("utf-8", "replace")
+                start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8"),
+                                                 ("Content-Length", str(len(data)))])
+                return [data]
             return metrics_app(environ, start_response)
 
         return app
@@ -399,15 +408,15 @@ class MetricsServer:
         source = self.profile_source
         if not opts.pprof or source is None:
             return text("404 Not Found", "profiles are off on this host (metrics.pprof = false)", "off")
-        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
-            return text("405 Method Not Allowed", "use GET", "bad_request")
+        if environ.get("REQUEST_METHOD", "GET") != "GET":
+            # HEAD too: its headers would cost the profile's whole wait, for nothing.
+            return text("405 Method Not Allowed", "use GET (each request takes a profile of its seconds)",
+                        "bad_request")
         raw = parse_qs(environ.get("QUERY_STRING", "")).get("seconds", [""])[-1]
-        try:
-            seconds = float(raw) if raw else DEFAULT_PROFILE_SECONDS
-        except ValueError:
-            seconds = float("nan")
+        # Plain decimal only: float() also takes "1_0", "+1", " 1" and other scripts' digits.
+        seconds = float(raw) if _SECONDS.fullmatch(raw) else float("nan") if raw else DEFAULT_PROFILE_SECONDS
         if not 0 < seconds <= opts.pprof_max_seconds:  # also false for nan
-            return text("400 Bad Request", f"seconds={raw}: expected a number of seconds in (0, "
+            return text("400 Bad Request", f"seconds={raw[:40]!r}: expected a number of seconds in (0, "
                         f"{opts.pprof_max_seconds:g}] (metrics.pprof_max_seconds)", "bad_request")
         with self._plock:
             if self._profiles >= opts.pprof_max_requests:

@@ -191,6 +191,27 @@ def test_pull_request_checks(tmp_path: Path, daemon_factory: Any) -> None:
     assert code == 400 and b"metrics.pprof_max_seconds" in body
     assert get("?seconds=abc")[0] == 400
     assert get("?seconds=-1")[0] == 400
+    # Plain decimals only (float() took "1_0" for 10 s, "+1", " 1", other scripts' digits).
+    for q in ("1_0", "%2B1", "%201", "%D9%A1", "1%00", "1e1", "inf", "nan", "0"):
+        code, body = get(f"?seconds={q}")
+        assert code == 400 and b"metrics.pprof_max_seconds" in body, (q, code, body)
+    assert b"\\x00" in get("?seconds=1%00")[1]  # said so that it can be seen
+    # HEAD would wait the whole profile for its headers: refused like other methods.
+    req = urllib.request.Request(f"http://{addr}/debug/pprof/profile?seconds=1", method="HEAD")
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        raise AssertionError("HEAD took a profile")
+    except urllib.error.HTTPError as e:
+        assert e.code == 405
+    # The metrics at /metrics (and /), not at any path: a misconfigured scrape gets a 404.
+    for path, want in (("/metrics", 200), ("/", 200), ("/METRICS", 404), ("/foo", 404)):
+        try:
+            with urllib.request.urlopen(f"http://{addr}{path}", timeout=10) as r:
+                code, body = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            code, body = e.code, e.read()
+        assert code == want, (path, code)
+        assert (b"flamed_build_info" in body) == (want == 200), path
     held: list[Any] = []
     t = threading.Thread(target=_scrape, args=(addr, 3, held))
     t.start()
