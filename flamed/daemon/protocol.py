@@ -121,7 +121,7 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
     since_ns = obj.get("since_ns")
     if since_ns is not None and (isinstance(since_ns, bool) or not isinstance(since_ns, int)
                                  or not 0 <= since_ns < 1 << 63):
-        raise ProtocolError("field 'since_ns' must be an integer: nanoseconds since the epoch")
+        raise ProtocolError("field 'since_ns' must be an integer from 0 to 2**63 - 1: nanoseconds since the epoch")
     drain = obj.get("drain", True)
     if not isinstance(drain, bool):
         raise ProtocolError("field 'drain' must be true or false")

@@ -50,6 +50,8 @@ def test_valid_snapshot() -> None:
         ({"request": "snapshot", "since_ns": 1, "seconds": 1}, "give one of"),
         ({"request": "snapshot", "since_ns": -1}, "nanoseconds since the epoch"),
         ({"request": "snapshot", "since_ns": 1.5}, "nanoseconds since the epoch"),
+        # an integer, too large: the message gives the range, not "must be an integer"
+        ({"request": "snapshot", "since_ns": 99999999999999999999}, "from 0 to 2**63 - 1"),
         ({"request": "snapshot", "since_ns": 1, "drain": "yes"}, "true or false"),
         ({"request": "snapshot", "seconds": 5, "drain": False}, "goes with 'since_ns' only"),
         ({"request": "snapshot", "next": 61}, "at most 60"),
