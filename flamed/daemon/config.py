@@ -307,6 +307,18 @@ class DaemonConfig:
                 f"snapshot.ring_seconds ({self.snapshot.ring_seconds:g} s) must be at least "
                 f"sampling.drain_interval ({self.sampling.drain_interval:g} s)"
             )
+        for key, names in (("control.allowed_users", self.control.allowed_users),
+                           ("control.allowed_groups", self.control.allowed_groups),
+                           ("control.socket_group", (self.control.socket_group,) if self.control.socket_group else ())):
+            for i, n in enumerate(names):
+                if not _ID_OR_NAME.fullmatch(n) or (n.isascii() and n.isdigit() and int(n) > MAX_ID):
+                    raise ConfigError(f"{key}: {n!r} is neither a name nor an id from 0 to {MAX_ID}")
+
+
+#: A user or group name (not starting with '-', without ':', '/', blanks or control
+#: characters; at most 256 characters), or a numeric id; (uid_t)-1 is no id.
+_ID_OR_NAME = re.compile(r"[^\s:/\x00-\x1f\x7f-][^\s:/\x00-\x1f\x7f]{0,255}")
+MAX_ID = 4294967294
 
 
 _SECTIONS: dict[str, type[Any]] = {

@@ -90,7 +90,10 @@ def resolve_ids(names: Iterable[str], kind: str) -> frozenset[int]:
         try:
             out.add(pwd.getpwnam(n).pw_uid if kind == "user" else grp.getgrnam(n).gr_gid)
         except KeyError:
-            log.info("control.allowed_%ss: no %s named %r on this system; ignored", kind, kind, n)
+            # The default group is made by the package: without it, only root is let in.
+            # Any other name was written by someone, for someone now refused: a warning.
+            say = log.info if (kind, n) == ("group", "flamed") else log.warning
+            say("control.allowed_%ss: no %s named %r on this system; ignored", kind, kind, n)
     return frozenset(out)
 
 

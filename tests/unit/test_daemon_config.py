@@ -316,3 +316,42 @@ def test_check_config_refuses_a_state_dir_on_a_read_only_file_system(tmp_path: P
     assert r.stderr.startswith(f"flamed daemon: error: output.state_dir: cannot create directory {ro}/profiles: "
                                "Read-only file system"), r.stderr
     assert not (ro / "profiles").exists()
+
+
+@pytest.mark.parametrize("entry", ['"-1"', "-1", "99999999999", '"4294967295"', '""', '"a:b"', '"two words"',
+                                   '"a/b"'])
+def test_allowed_ids_that_name_no_one_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   entry: str) -> None:
+    """[-1], [99999999999] and the like passed --check-config and were ignored at
+    start with an INFO line: the user meant to be let in was refused silently."""
+    base = f'[output]\nstate_dir = "{tmp_path}/s"\n[control]\nsocket = "{tmp_path}/c.sock"\n'
+    for key in ("allowed_users", "allowed_groups"):
+        code, _out, err = _check(tmp_path, base + f"{key} = [{entry}]\n", capsys)
+        assert code == 2 and f"control.{key}" in err and "neither a name nor an id" in err, (key, entry, err)
+    code, out, err = _check(tmp_path, base + 'allowed_users = [0, "4294967294", "alice", "web-1", "\u00b2"]\n',
+                            capsys)
+    assert (code, err) == (0, ""), err
+
+
+def test_an_unknown_name_is_a_warning_the_default_group_missing_is_not() -> None:
+    import logging
+
+    from flamed.daemon.control import resolve_ids
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("flamed.daemon")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        assert resolve_ids(["nosuchuser-xyz"], "user") == frozenset()
+        resolve_ids(["flamed"], "group")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    levels = {r.getMessage().split("named ")[1].split(" ")[0]: r.levelname for r in records
+              if "on this system" in r.getMessage()}
+    assert levels.get("'nosuchuser-xyz'") == "WARNING", levels
+    assert levels.get("'flamed'", "INFO") == "INFO"  # absent here, or the package's group exists
