@@ -539,3 +539,28 @@ def test_a_state_dir_removed_while_running_is_made_and_locked_again(tmp_path: Pa
         err_a = stop(a)
     assert a.returncode == 0, err_a
     assert f"state directory {state} was removed while the daemon ran; made it again" in err_a, err_a
+
+
+def test_a_config_replaced_by_a_fifo_is_a_refused_reload_not_a_hang(tmp_path: Path) -> None:
+    """The config file replaced by a FIFO, then SIGHUP: the main loop waited in
+    open() for a writer for ever (no drains, no answers, SIGTERM ignored).  Now
+    the reload is refused at once and the running configuration stays."""
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)
+    sock = tmp_path / "flamed.sock"
+    n = Notifications(tmp_path / "notify")
+    p = start(cfg, {"NOTIFY_SOCKET": n.path})
+    try:
+        n.wait_for("READY=1")
+        wait_socket(sock, p)
+        cfg.unlink()
+        os.mkfifo(cfg)
+        _reload_and_wait(p, n)
+        st = request(str(sock), {"request": "status"}, timeout=10)["status"]
+        assert st["frequency"] == 100 and st["config"] == str(cfg)
+    finally:
+        err = stop(p)
+        n.close()
+    assert p.returncode == 0, err
+    assert (f"reload: invalid configuration, keeping the running one: {cfg}: a pipe (FIFO), "
+            "not a regular file") in err, err
