@@ -564,3 +564,55 @@ def test_a_config_replaced_by_a_fifo_is_a_refused_reload_not_a_hang(tmp_path: Pa
     assert p.returncode == 0, err
     assert (f"reload: invalid configuration, keeping the running one: {cfg}: a pipe (FIFO), "
             "not a regular file") in err, err
+
+
+def _scrape(bound: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{bound}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def test_a_metrics_address_that_cannot_be_bound_refuses_the_reload_and_the_next_one_retries(
+        tmp_path: Path) -> None:
+    """A reload to a metrics port in use closed the running listener, applied the
+    rest and counted result="ok": metrics were off, and a second SIGHUP with the
+    same file did not try again (the failed address was the running config's).
+    Now the new address is bound first: a refused reload keeps the listener and
+    the running config, and the next SIGHUP binds it once it is free."""
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)
+    text = cfg.read_text().replace('address = ""', 'address = "127.0.0.1:0"')
+    cfg.write_text(text)
+    sock = tmp_path / "flamed.sock"
+    blocker = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port2 = blocker.getsockname()[1]
+    n = Notifications(tmp_path / "notify")
+    p = start(cfg, {"NOTIFY_SOCKET": n.path})
+    try:
+        n.wait_for("READY=1")
+        wait_socket(sock, p)
+        first = request(str(sock), {"request": "status"}, timeout=10)["status"]["metrics"]
+        assert first is not None
+        cfg.write_text(text.replace("127.0.0.1:0", f"127.0.0.1:{port2}").replace("frequency = 100",
+                                                                                  "frequency = 50"))
+        _reload_and_wait(p, n)
+        st = request(str(sock), {"request": "status"}, timeout=10)["status"]
+        assert st["metrics"] == first and st["frequency"] == 100  # nothing of the refused reload applied
+        scraped = _scrape(first)  # the running listener still serves
+        assert 'flamed_config_reloads_total{result="error"} 1.0' in scraped, scraped
+        blocker.close()
+        _reload_and_wait(p, n)  # the same file: tried again
+        st = request(str(sock), {"request": "status"}, timeout=10)["status"]
+        assert st["metrics"] == f"127.0.0.1:{port2}" and st["frequency"] == 50
+        scraped = _scrape(st["metrics"])
+        assert 'flamed_config_reloads_total{result="ok"} 1.0' in scraped, scraped
+    finally:
+        blocker.close()
+        err = stop(p)
+        n.close()
+    assert p.returncode == 0, err
+    assert (f"reload: cannot serve metrics on 127.0.0.1:{port2}: Address already in use; keeping the running "
+            "configuration") in err, err
