@@ -55,6 +55,9 @@ class Reloadable(Protocol):
     control: ControlServer
     state_lock: StateDirLock
     notifier: Notifier
+    clock_ns: Callable[[], int]
+    #: The last reload's outcome (status "last_reload"); None until the first.
+    last_reload: dict[str, Any] | None
 
 
 def reload(d: Reloadable) -> None:
@@ -63,13 +66,13 @@ def reload(d: Reloadable) -> None:
         new = load_config(d.config_path, overrides=d.overrides)
         procs = processor_options(new.processors, d.processor_classes)
     except ConfigError as e:
-        d.metrics.reloads.labels(result="error").inc()
+        _outcome(d, f"invalid configuration: {e}")
         log.error("reload: invalid configuration, keeping the running one: %s", e)
         d.notifier.ready(d.loop.status_line())
         return
-    except Exception:
+    except Exception as e:
         # A bug in reading the file must not take a running daemon down with it.
-        d.metrics.reloads.labels(result="error").inc()
+        _outcome(d, f"reading the configuration failed: {type(e).__name__}: {e}")
         log.exception("reload: reading the configuration failed, keeping the running one")
         d.notifier.ready(d.loop.status_line())
         return
@@ -106,15 +109,21 @@ def reload(d: Reloadable) -> None:
             new_control.stop()
         if new_metrics is not None and not d.metrics_server.serves(new_metrics):
             d.metrics_server.discard(new_metrics)
-        d.metrics.reloads.labels(result="error").inc()
+        _outcome(d, str(e))
         log.error("reload: %s; keeping the running configuration", e)
     else:
         if new_lock is not None:
             d.state_lock.release()
             d.state_lock = new_lock
-        d.metrics.reloads.labels(result="ok").inc()
+        _outcome(d, None)
         log.info("reloaded configuration from %s", new.source or "defaults")
     d.notifier.ready(d.loop.status_line())
+
+
+def _outcome(d: Reloadable, error: str | None) -> None:
+    """Count the reload and keep its outcome for the status answer (``error``: why it was refused)."""
+    d.metrics.reloads.labels(result="error" if error else "ok").inc()
+    d.last_reload = {"time_ns": d.clock_ns(), "result": "error" if error else "ok", "error": error}
 
 
 def _socket_moves(d: Reloadable, new: DaemonConfig) -> bool:

@@ -601,6 +601,8 @@ def test_a_metrics_address_that_cannot_be_bound_refuses_the_reload_and_the_next_
         _reload_and_wait(p, n)
         st = request(str(sock), {"request": "status"}, timeout=10)["status"]
         assert st["metrics"] == first and st["frequency"] == 100  # nothing of the refused reload applied
+        assert st["last_reload"]["result"] == "error"
+        assert f"cannot serve metrics on 127.0.0.1:{port2}" in st["last_reload"]["error"], st["last_reload"]
         scraped = _scrape(first)  # the running listener still serves
         assert 'flamed_config_reloads_total{result="error"} 1.0' in scraped, scraped
         blocker.close()
@@ -616,3 +618,46 @@ def test_a_metrics_address_that_cannot_be_bound_refuses_the_reload_and_the_next_
     assert p.returncode == 0, err
     assert (f"reload: cannot serve metrics on 127.0.0.1:{port2}: Address already in use; keeping the running "
             "configuration") in err, err
+
+
+def test_status_names_a_refused_last_reload_until_one_succeeds(tmp_path: Path) -> None:
+    """After a refused reload `flamed status` showed nothing of it, and its
+    'config PATH' named a file whose content was not what ran.  The status answer
+    now holds the last reload's outcome, and the text says when it failed."""
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)
+    text = cfg.read_text()
+    sock = tmp_path / "flamed.sock"
+    n = Notifications(tmp_path / "notify")
+    p = start(cfg, {"NOTIFY_SOCKET": n.path})
+
+    def status_text() -> str:
+        r = subprocess.run([*FLAMED, "status", "--socket", str(sock)], capture_output=True, text=True,
+                           timeout=60, check=False)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    try:
+        n.wait_for("READY=1")
+        wait_socket(sock, p)
+        assert request(str(sock), {"request": "status"}, timeout=10)["status"]["last_reload"] is None
+        assert not [line for line in status_text().splitlines() if line.startswith("reload ")]
+        t0 = time.time_ns()
+        cfg.write_text(text.replace("frequency = 100", "frequency = 100\nfrequncy = 50"))
+        _reload_and_wait(p, n)
+        last = request(str(sock), {"request": "status"}, timeout=10)["status"]["last_reload"]
+        assert last["result"] == "error" and last["time_ns"] >= t0, last
+        assert "sampling.frequncy: unknown key" in last["error"], last
+        out = status_text()
+        row = next((line for line in out.splitlines() if line.startswith("reload ")), "")
+        assert "last reload FAILED" in row and "sampling.frequncy: unknown key" in row, out
+        cfg.write_text(text.replace("frequency = 100", "frequency = 50"))
+        _reload_and_wait(p, n)
+        st = request(str(sock), {"request": "status"}, timeout=10)["status"]
+        assert st["frequency"] == 50
+        assert st["last_reload"]["result"] == "ok" and st["last_reload"]["error"] is None, st["last_reload"]
+        assert "last reload" not in status_text()  # an ok reload: no row
+    finally:
+        err = stop(p)
+        n.close()
+    assert p.returncode == 0, err
