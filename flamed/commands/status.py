@@ -56,6 +56,9 @@ class StatusCommand(Command):
             ("start-up", _startup_row(st.get("startup"), st.get("program_from"))),
             ("memory", _memory_row(st.get("memory"))),
         ]
+        reload_row = _reload_row(st.get("last_reload"))
+        if reload_row:
+            rows.insert(1, ("reload", reload_row))
         for name, p in sorted((st.get("processors") or {}).items()):
             rows.append((f"processor {name}", json.dumps(p, sort_keys=True)))
         width = max(len(r[0]) for r in rows)
@@ -147,3 +150,12 @@ def _push_row(push: dict[str, Any] | None) -> str:
         ago = (time.time_ns() - int(push.get("last_error_ns") or 0)) / 1e9
         row += f" -- last error {ago:.0f} s ago: {push['last_error']}"
     return row
+
+
+def _reload_row(last: dict[str, Any] | None) -> str:
+    """A refused last reload: the config file named above is not what runs.  "" otherwise."""
+    if not last or last.get("result") != "error":
+        return ""
+    ago = (time.time_ns() - int(last.get("time_ns") or 0)) / 1e9
+    return (f"last reload FAILED {ago:.0f} s ago, the configuration read before still runs "
+            f"(the file is not what runs): {last.get('error')}")

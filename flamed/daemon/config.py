@@ -13,10 +13,13 @@ options dataclass each processor declares (see
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import math
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -592,6 +595,55 @@ def _decode_toml(file: str, data: bytes) -> str:
                           "as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
 
 
+def _file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    return f"not a regular file (file type {stat.S_IFMT(mode):#o})"
+
+
+def _not_regular(file: str, mode: int) -> ConfigError:
+    return ConfigError(f"{file}: {_file_kind(mode)}, not a regular file; the config must be a regular file "
+                       "(it is read again at every reload, SIGHUP)")
+
+
+def _read_regular_file(file: str) -> bytes:
+    """The first ``MAX_CONFIG_BYTES + 1`` bytes of ``file``, which must be a regular file.
+
+    Never blocks: a FIFO with no writer, a pipe (``--config <(...)``, read empty the
+    second time), a socket or a device is refused, not waited on or read.  The stat
+    before the open keeps devices from being opened at all (opening some has side
+    effects); the check that counts is the fstat of the descriptor opened with
+    O_NONBLOCK, since the path may be replaced between the two.
+    """
+    st = os.stat(file)
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(file, st.st_mode)
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # a socket put there since the stat: open() cannot open one
+            mode = 0
+            with contextlib.suppress(OSError):
+                mode = os.stat(file).st_mode
+            if mode and not stat.S_ISREG(mode):
+                raise _not_regular(file, mode) from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(file, mode)
+        return f.read(MAX_CONFIG_BYTES + 1)  # bounded: a file still being written must not take all memory
+
+
 def load_config(path: str | None = None, *, overrides: Mapping[str, Any] | None = None,
                 missing_ok: bool | None = None) -> DaemonConfig:
     """Read and validate the config file, then apply ``overrides``.
@@ -604,8 +656,7 @@ def load_config(path: str | None = None, *, overrides: Mapping[str, Any] | None 
     if missing_ok is None:
         missing_ok = not explicit
     try:
-        with open(file, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)  # bounded: --config /dev/zero must not take all memory
+        data = _read_regular_file(file)
         if len(data) > MAX_CONFIG_BYTES:
             raise ConfigError(f"{file}: more than {MAX_CONFIG_BYTES >> 20} MiB: not a flamed config "
                               "(packaging/flamed.toml, every key with its comment, is 8 KiB)")
@@ -620,7 +671,7 @@ def load_config(path: str | None = None, *, overrides: Mapping[str, Any] | None 
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{file}: not valid TOML: {e}") from None
     except OSError as e:
-        # Any read error (EACCES, EISDIR, EIO...) is a config error: exit 2 at start
+        # Any read error (EACCES, ELOOP, EIO...) is a config error: exit 2 at start
         # (a restart would not help), running config kept on reload.
         raise ConfigError(f"{file}: cannot read: {e.strerror or e}") from None
     else:

@@ -117,6 +117,8 @@ class Daemon:
         self.program_from = ""
         #: Seconds of each start-up phase (status "startup", flamed_startup_seconds).
         self.startup: dict[str, float] = {}
+        #: The last reload's outcome: time_ns, result ("ok" or "error"), error (why it was refused).
+        self.last_reload: dict[str, Any] | None = None
         self.handlers = RequestHandlers(self.loop, ring=self.ring, store=self.store, metrics=self.metrics,
                                         clock_ns=clock_ns, stopping=self.stopping, status=self.status,
                                         min_drain_spacing=MIN_DRAIN_SPACING, wait_timeout=LOOP_WAIT_TIMEOUT)
@@ -351,6 +353,8 @@ class Daemon:
             "pid": os.getpid(),
             "started_ns": self.started_ns,
             "config": cfg.source,
+            # After a refused reload the file may hold what does not run: "error" says why.
+            "last_reload": None if self.last_reload is None else dict(self.last_reload),
             "sampler": cfg.sampling.sampler,
             "frequency": cfg.sampling.frequency,
             "drain_interval": cfg.sampling.drain_interval,

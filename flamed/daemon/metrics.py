@@ -11,6 +11,7 @@ Names follow the Prometheus conventions: ``flamed_`` prefix, base units
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -18,6 +19,7 @@ import selectors
 import socket
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -299,6 +301,25 @@ class NotRecordedError(FlamedError):
     """A profile of a kind the daemon does not record (off-CPU with ``off_cpu = false``)."""
 
 
+@dataclass(frozen=True)
+class PendingListener:
+    """What :meth:`MetricsServer.listen` bound, to serve on by :meth:`MetricsServer.switch`."""
+
+    address: str
+    #: The listening server; None when the running listener already has that socket address.
+    server: Any
+    #: The address of the running listener closed to bind this one (the same port), "" if none.
+    replaced: str = ""
+
+
+def _resolve(address: str) -> tuple[socket.AddressFamily, str, int]:
+    """The family, host and port ``address`` binds (HTTPServer alone binds IPv4 only)."""
+    host, port = parse_address(address)
+    family, _, _, _, sockaddr = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                  flags=socket.AI_PASSIVE)[0]
+    return family, str(sockaddr[0]), port
+
+
 class MetricsServer:
     """The /metrics HTTP endpoint on HOST:PORT, restartable on reload.
 
@@ -339,23 +360,76 @@ class MetricsServer:
             return
         self.stop()
         if address:
-            host, port = parse_address(address)
-            # The family of the address asked for (HTTPServer alone binds IPv4 only).
-            family, _, _, _, sockaddr = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                                          flags=socket.AI_PASSIVE)[0]
-
-            class _Server(ThreadingWSGIServer):
-                address_family = family
-
-            self._server = make_server(str(sockaddr[0]), port, self._app(make_wsgi_app(self.registry), str(sockaddr[0])),
-                                       _Server, handler_class=_QuietHandler)
-            self._server.timeout = 0  # handle_request() is only called when a connection waits
-            self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            self._thread = threading.Thread(target=self._serve, args=(self._server, self._wake_fd),
-                                            name="flamed-metrics", daemon=True)
-            self._thread.start()
-            log.info("metrics on http://%s:%d/metrics", host if ":" not in host else f"[{host}]", self.port)
+            self._serve_on(self._listen(*_resolve(address)))
         self.address = address
+
+    def listen(self, address: str) -> PendingListener:
+        """Bind ``address`` for :meth:`switch` while the running listener keeps serving
+        (a reload binds first, so that an address it cannot bind refuses the reload
+        and leaves the running one alone).  Raises OSError when the bind fails;
+        :meth:`discard` undoes it.
+        """
+        family, host, port = _resolve(address)
+        if self._server is not None and (family, host, port) == (
+                self._server.address_family, *self._server.server_address[:2]):
+            return PendingListener(address, None)  # the same socket address spelled otherwise: keep it
+        try:
+            return PendingListener(address, self._listen(family, host, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE or self._server is None or port != self.port:
+                raise
+        # The same port on another host (127.0.0.1:P -> 0.0.0.0:P): the running
+        # listener is in the way; closed for the bind, bound again if the bind fails.
+        running = self.address
+        self.stop()
+        try:
+            return PendingListener(address, self._listen(family, host, port), replaced=running)
+        except OSError:
+            self._restart(running)
+            raise
+
+    def switch(self, pending: PendingListener) -> None:
+        """Serve on what :meth:`listen` bound (the running listener, if any, is closed)."""
+        if pending.server is not None:
+            self.stop()
+            self._serve_on(pending.server)
+        self.address = pending.address
+
+    def serves(self, pending: PendingListener) -> bool:
+        """:meth:`switch` to ``pending`` was done (or had nothing to do)."""
+        return pending.server is None or pending.server is self._server
+
+    def discard(self, pending: PendingListener) -> None:
+        """Undo :meth:`listen`: close what it bound, and serve again where a closed listener served."""
+        if pending.server is not None:
+            pending.server.server_close()
+        if pending.replaced:
+            self._restart(pending.replaced)
+
+    def _restart(self, address: str) -> None:
+        try:
+            self.start(address)
+        except OSError as e:
+            log.error("cannot serve metrics on %s again: %s; metrics are off until a reload binds them",
+                      address, e.strerror)
+
+    def _listen(self, family: socket.AddressFamily, host: str, port: int) -> Any:
+        """A listening server on ``(host, port)``, not serving yet."""
+        class _Server(ThreadingWSGIServer):
+            address_family = family
+
+        server = make_server(host, port, self._app(make_wsgi_app(self.registry), host), _Server,
+                             handler_class=_QuietHandler)
+        server.timeout = 0  # handle_request() is only called when a connection waits
+        return server
+
+    def _serve_on(self, server: Any) -> None:
+        self._server = server
+        self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self._thread = threading.Thread(target=self._serve, args=(self._server, self._wake_fd),
+                                        name="flamed-metrics", daemon=True)
+        self._thread.start()
+        log.info("metrics on http://%s/metrics", self.bound)
 
     def configure(self, options: MetricsConfig) -> None:
         """pprof settings (the address is :meth:`start`'s); applies to the next request."""

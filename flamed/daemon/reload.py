@@ -2,7 +2,7 @@
 
 Runs in the main loop's thread, between drains.  Everything that can refuse
 (the file, the [processors.*] values, the push password file, a new state
-directory's lock) is checked before anything changes: a refused reload
+directory's lock, a new control socket or metrics address that must be bound) is checked before anything changes: a refused reload
 leaves the whole running configuration alone.
 """
 
@@ -19,7 +19,7 @@ from flamed.daemon.config import DaemonConfig, load_config
 from flamed.daemon.control import ControlServer
 from flamed.daemon.logs import setup_logging
 from flamed.daemon.loop import DrainLoop
-from flamed.daemon.metrics import DaemonMetrics, MetricsServer
+from flamed.daemon.metrics import DaemonMetrics, MetricsServer, PendingListener
 from flamed.daemon.notify import Notifier
 from flamed.daemon.paths import ensure_directory
 from flamed.daemon.processors import ProcessorContext, WindowProcessor, processor_options
@@ -55,6 +55,9 @@ class Reloadable(Protocol):
     control: ControlServer
     state_lock: StateDirLock
     notifier: Notifier
+    clock_ns: Callable[[], int]
+    #: The last reload's outcome (status "last_reload"); None until the first.
+    last_reload: dict[str, Any] | None
 
 
 def reload(d: Reloadable) -> None:
@@ -63,18 +66,19 @@ def reload(d: Reloadable) -> None:
         new = load_config(d.config_path, overrides=d.overrides)
         procs = processor_options(new.processors, d.processor_classes)
     except ConfigError as e:
-        d.metrics.reloads.labels(result="error").inc()
+        _outcome(d, f"invalid configuration: {e}")
         log.error("reload: invalid configuration, keeping the running one: %s", e)
         d.notifier.ready(d.loop.status_line())
         return
-    except Exception:
+    except Exception as e:
         # A bug in reading the file must not take a running daemon down with it.
-        d.metrics.reloads.labels(result="error").inc()
+        _outcome(d, f"reading the configuration failed: {type(e).__name__}: {e}")
         log.exception("reload: reading the configuration failed, keeping the running one")
         d.notifier.ready(d.loop.status_line())
         return
     new_lock: StateDirLock | None = None
     new_control: ControlServer | None = None
+    new_metrics: PendingListener | None = None
     try:
         if new.pyroscope.server_address:
             # Read the password file before anything changes: a reload it
@@ -90,21 +94,36 @@ def reload(d: Reloadable) -> None:
             # reload, and the running socket keeps answering.
             new_control = ControlServer(new.control, d.control.handler, d.metrics)
             new_control.start()
-        _apply(d, new, procs, new_control)
+        if _metrics_moves(d, new):
+            # The same rule for the metrics address: bound first, or the reload is refused
+            # and the running listener keeps serving.
+            try:
+                new_metrics = d.metrics_server.listen(new.metrics.address)
+            except OSError as e:
+                raise FlamedError(f"cannot serve metrics on {new.metrics.address}: {e.strerror or e}") from None
+        _apply(d, new, procs, new_control, new_metrics)
     except FlamedError as e:
         if new_lock is not None:
             new_lock.release()
         if new_control is not None and new_control is not d.control:
             new_control.stop()
-        d.metrics.reloads.labels(result="error").inc()
+        if new_metrics is not None and not d.metrics_server.serves(new_metrics):
+            d.metrics_server.discard(new_metrics)
+        _outcome(d, str(e))
         log.error("reload: %s; keeping the running configuration", e)
     else:
         if new_lock is not None:
             d.state_lock.release()
             d.state_lock = new_lock
-        d.metrics.reloads.labels(result="ok").inc()
+        _outcome(d, None)
         log.info("reloaded configuration from %s", new.source or "defaults")
     d.notifier.ready(d.loop.status_line())
+
+
+def _outcome(d: Reloadable, error: str | None) -> None:
+    """Count the reload and keep its outcome for the status answer (``error``: why it was refused)."""
+    d.metrics.reloads.labels(result="error" if error else "ok").inc()
+    d.last_reload = {"time_ns": d.clock_ns(), "result": "error" if error else "ok", "error": error}
 
 
 def _socket_moves(d: Reloadable, new: DaemonConfig) -> bool:
@@ -119,7 +138,14 @@ def _socket_moves(d: Reloadable, new: DaemonConfig) -> bool:
     return False
 
 
-def _apply(d: Reloadable, new: DaemonConfig, procs: ProcessorOptions, new_control: ControlServer | None) -> None:
+def _metrics_moves(d: Reloadable, new: DaemonConfig) -> bool:
+    """Bind the metrics address anew: it changed (to another address, not to ""), or nothing serves it."""
+    address = new.metrics.address
+    return bool(address) and (address != d.metrics_server.address or d.metrics_server.bound is None)
+
+
+def _apply(d: Reloadable, new: DaemonConfig, procs: ProcessorOptions, new_control: ControlServer | None,
+           new_metrics: PendingListener | None) -> None:
     old = d.loop.config
     if d.manage_logging and new.log != old.log:
         setup_logging(new.log.level, new.log.target)
@@ -139,7 +165,7 @@ def _apply(d: Reloadable, new: DaemonConfig, procs: ProcessorOptions, new_contro
         d.store.recover()
     d.store.apply_retention()
     d.ring.configure(new.snapshot.ring_seconds, new.snapshot.ring_max_stacks)
-    _apply_metrics(d, new, old)
+    _apply_metrics(d, new, new_metrics)
     _apply_push(d, new, old)
     _apply_control(d, new, new_control)
     _apply_processors(d, new, procs)
@@ -147,14 +173,12 @@ def _apply(d: Reloadable, new: DaemonConfig, procs: ProcessorOptions, new_contro
     release_compiler_memory()  # a new sampler or processor may have compiled a program
 
 
-def _apply_metrics(d: Reloadable, new: DaemonConfig, old: DaemonConfig) -> None:
+def _apply_metrics(d: Reloadable, new: DaemonConfig, new_metrics: PendingListener | None) -> None:
     d.metrics_server.configure(new.metrics)
-    if new.metrics.address != old.metrics.address:
-        try:
-            d.metrics_server.start(new.metrics.address)
-        except OSError as e:
-            log.error("reload: cannot serve metrics on %s: %s; metrics are off until the next reload",
-                      new.metrics.address, e.strerror)
+    if new_metrics is not None:
+        d.metrics_server.switch(new_metrics)  # bound already (reload)
+    elif not new.metrics.address:
+        d.metrics_server.stop()  # turned off
 
 
 def _apply_push(d: Reloadable, new: DaemonConfig, old: DaemonConfig) -> None:

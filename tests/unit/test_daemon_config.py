@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from pathlib import Path
 
@@ -195,7 +196,8 @@ def test_dangling_config_link_is_an_error_not_defaults(tmp_path: Path, explicit:
 
 def test_endless_config_file_is_refused_not_read_to_the_end(tmp_path: Path) -> None:
     """`--config /dev/zero` read until memory ran out (a MemoryError traceback,
-    or the OOM killer); what is read now stops after 1 MiB."""
+    or the OOM killer); a device is refused now, and what is read of a regular
+    file stops after 1 MiB."""
     import resource
     import subprocess
     import sys
@@ -206,13 +208,62 @@ def test_endless_config_file_is_refused_not_read_to_the_end(tmp_path: Path) -> N
     r = subprocess.run([sys.executable, "-m", "flamed", "daemon", "--config", "/dev/zero", "--check-config"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT, preexec_fn=limit, check=False)
     assert r.returncode == 2, r.stderr
-    assert r.stderr == "flamed daemon: error: /dev/zero: more than 1 MiB: not a flamed config " \
-                       "(packaging/flamed.toml, every key with its comment, is 8 KiB)\n"
+    assert r.stderr == "flamed daemon: error: /dev/zero: a character device, not a regular file; the config " \
+                       "must be a regular file (it is read again at every reload, SIGHUP)\n"
     big = tmp_path / "big.toml"
     big.write_bytes(b"# " + b"x" * (1 << 20) + b"\n")
     with pytest.raises(ConfigError, match="more than 1 MiB"):
         load_config(str(big))
     assert (ROOT / "packaging" / "flamed.toml").stat().st_size < 16 << 10
+
+
+def test_a_fifo_config_is_refused_at_once_not_waited_on(tmp_path: Path) -> None:
+    """`--config fifo.toml --check-config` waited for ever in open() for a writer
+    (and a reload did the same in the daemon's main loop, deaf to SIGTERM)."""
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    try:
+        r = subprocess.run([sys.executable, "-m", "flamed", "daemon", "--config", str(fifo), "--check-config"],
+                           capture_output=True, text=True, timeout=30, cwd=ROOT, check=False)
+    except subprocess.TimeoutExpired:  # run() has killed it
+        pytest.fail("--check-config on a FIFO did not return")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == (f"flamed daemon: error: {fifo}: a pipe (FIFO), not a regular file; the config must be "
+                        "a regular file (it is read again at every reload, SIGHUP)\n")
+
+
+def test_a_pipe_config_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--config <(printf ...)` started, and the first SIGHUP read the pipe again,
+    found it empty and reloaded every default (state dir, socket, metrics port)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, b"[sampling]\nfrequency = 49\nsampler = \"fake\"\n")
+        os.close(w)
+        w = -1
+        path = f"/proc/self/fd/{r}"
+        with pytest.raises(ConfigError, match=rf"^{path}: a pipe \(FIFO\), not a regular file;"):
+            load_config(path)
+        assert main(["daemon", "--config", path, "--check-config"]) == 2
+        assert "a pipe (FIFO), not a regular file" in capsys.readouterr().err
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+def test_a_config_that_is_a_device_socket_or_directory_is_named_as_such(tmp_path: Path) -> None:
+    import socket
+
+    sock = tmp_path / "s.toml"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(sock))
+        for path, kind in [("/dev/null", "a character device"), (str(sock), "a socket"),
+                           (str(tmp_path), "a directory")]:
+            with pytest.raises(ConfigError, match=rf"^{path}: {kind}, not a regular file;"):
+                load_config(path)
 
 
 def _check(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -597,3 +597,125 @@ def test_status_says_when_the_last_drain_is_far_older_than_the_interval() -> Non
     said = _late({"last_drain_ns": now - 60_000_000_000, "drain_interval": 1.0})
     assert "LATE: the last drain was 60 s ago" in said and "stuck" in said
     assert _late({"last_drain_ns": now - 60_000_000_000, "drain_interval": 30.0}) == ""
+
+
+def test_a_config_replaced_by_a_fifo_is_a_refused_reload_not_a_hang(tmp_path: Path) -> None:
+    """The config file replaced by a FIFO, then SIGHUP: the main loop waited in
+    open() for a writer for ever (no drains, no answers, SIGTERM ignored).  Now
+    the reload is refused at once and the running configuration stays."""
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)
+    sock = tmp_path / "flamed.sock"
+    n = Notifications(tmp_path / "notify")
+    p = start(cfg, {"NOTIFY_SOCKET": n.path})
+    try:
+        n.wait_for("READY=1")
+        wait_socket(sock, p)
+        cfg.unlink()
+        os.mkfifo(cfg)
+        _reload_and_wait(p, n)
+        st = request(str(sock), {"request": "status"}, timeout=10)["status"]
+        assert st["frequency"] == 100 and st["config"] == str(cfg)
+    finally:
+        err = stop(p)
+        n.close()
+    assert p.returncode == 0, err
+    assert (f"reload: invalid configuration, keeping the running one: {cfg}: a pipe (FIFO), "
+            "not a regular file") in err, err
+
+
+def _scrape(bound: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{bound}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def test_a_metrics_address_that_cannot_be_bound_refuses_the_reload_and_the_next_one_retries(
+        tmp_path: Path) -> None:
+    """A reload to a metrics port in use closed the running listener, applied the
+    rest and counted result="ok": metrics were off, and a second SIGHUP with the
+    same file did not try again (the failed address was the running config's).
+    Now the new address is bound first: a refused reload keeps the listener and
+    the running config, and the next SIGHUP binds it once it is free."""
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)
+    text = cfg.read_text().replace('address = ""', 'address = "127.0.0.1:0"')
+    cfg.write_text(text)
+    sock = tmp_path / "flamed.sock"
+    blocker = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port2 = blocker.getsockname()[1]
+    n = Notifications(tmp_path / "notify")
+    p = start(cfg, {"NOTIFY_SOCKET": n.path})
+    try:
+        n.wait_for("READY=1")
+        wait_socket(sock, p)
+        first = request(str(sock), {"request": "status"}, timeout=10)["status"]["metrics"]
+        assert first is not None
+        cfg.write_text(text.replace("127.0.0.1:0", f"127.0.0.1:{port2}").replace("frequency = 100",
+                                                                                  "frequency = 50"))
+        _reload_and_wait(p, n)
+        st = request(str(sock), {"request": "status"}, timeout=10)["status"]
+        assert st["metrics"] == first and st["frequency"] == 100  # nothing of the refused reload applied
+        assert st["last_reload"]["result"] == "error"
+        assert f"cannot serve metrics on 127.0.0.1:{port2}" in st["last_reload"]["error"], st["last_reload"]
+        scraped = _scrape(first)  # the running listener still serves
+        assert 'flamed_config_reloads_total{result="error"} 1.0' in scraped, scraped
+        blocker.close()
+        _reload_and_wait(p, n)  # the same file: tried again
+        st = request(str(sock), {"request": "status"}, timeout=10)["status"]
+        assert st["metrics"] == f"127.0.0.1:{port2}" and st["frequency"] == 50
+        scraped = _scrape(st["metrics"])
+        assert 'flamed_config_reloads_total{result="ok"} 1.0' in scraped, scraped
+    finally:
+        blocker.close()
+        err = stop(p)
+        n.close()
+    assert p.returncode == 0, err
+    assert (f"reload: cannot serve metrics on 127.0.0.1:{port2}: Address already in use; keeping the running "
+            "configuration") in err, err
+
+
+def test_status_names_a_refused_last_reload_until_one_succeeds(tmp_path: Path) -> None:
+    """After a refused reload `flamed status` showed nothing of it, and its
+    'config PATH' named a file whose content was not what ran.  The status answer
+    now holds the last reload's outcome, and the text says when it failed."""
+    cfg = tmp_path / "flamed.toml"
+    write_config(cfg, tmp_path)
+    text = cfg.read_text()
+    sock = tmp_path / "flamed.sock"
+    n = Notifications(tmp_path / "notify")
+    p = start(cfg, {"NOTIFY_SOCKET": n.path})
+
+    def status_text() -> str:
+        r = subprocess.run([*FLAMED, "status", "--socket", str(sock)], capture_output=True, text=True,
+                           timeout=60, check=False)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    try:
+        n.wait_for("READY=1")
+        wait_socket(sock, p)
+        assert request(str(sock), {"request": "status"}, timeout=10)["status"]["last_reload"] is None
+        assert not [line for line in status_text().splitlines() if line.startswith("reload ")]
+        t0 = time.time_ns()
+        cfg.write_text(text.replace("frequency = 100", "frequency = 100\nfrequncy = 50"))
+        _reload_and_wait(p, n)
+        last = request(str(sock), {"request": "status"}, timeout=10)["status"]["last_reload"]
+        assert last["result"] == "error" and last["time_ns"] >= t0, last
+        assert "sampling.frequncy: unknown key" in last["error"], last
+        out = status_text()
+        row = next((line for line in out.splitlines() if line.startswith("reload ")), "")
+        assert "last reload FAILED" in row and "sampling.frequncy: unknown key" in row, out
+        cfg.write_text(text.replace("frequency = 100", "frequency = 50"))
+        _reload_and_wait(p, n)
+        st = request(str(sock), {"request": "status"}, timeout=10)["status"]
+        assert st["frequency"] == 50
+        assert st["last_reload"]["result"] == "ok" and st["last_reload"]["error"] is None, st["last_reload"]
+        assert "last reload" not in status_text()  # an ok reload: no row
+    finally:
+        err = stop(p)
+        n.close()
+    assert p.returncode == 0, err

@@ -577,3 +577,39 @@ def test_metrics_refuse_dns_rebinding_but_prometheus_scrapes(tmp_path: Path) -> 
                 proc.kill()
                 proc.wait(10)
     assert health == {f"127.0.0.1:{port}": ("up", ""), f"localhost:{port}": ("up", "")}, health
+
+
+def test_metrics_listen_binds_beside_the_running_listener_and_takes_over_its_port_on_another_host() -> None:
+    """A reload binds the new metrics address before closing the running one; the
+    same port on another host (127.0.0.1:P -> 0.0.0.0:P) cannot be bound beside it,
+    so the running listener gives it up, and gets it back if that bind fails."""
+    from prometheus_client import CollectorRegistry
+
+    from flamed.daemon.metrics import MetricsServer
+
+    server = MetricsServer(CollectorRegistry())
+    blocker = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        server.start("127.0.0.1:0")
+        port = server.port
+        same = server.listen(f"127.1:{port}")  # the same socket address: nothing to bind
+        assert same.server is None and server.serves(same)
+        server.switch(same)
+        assert server.bound == f"127.0.0.1:{port}" and server.address == f"127.1:{port}"
+        other = server.listen(f"0.0.0.0:{port}")  # the running listener gave its port up for it
+        assert other.replaced == f"127.1:{port}" and server.bound is None
+        server.discard(other)  # a refused reload: served again where it was
+        assert server.bound == f"127.0.0.1:{port}" and server.address == f"127.1:{port}"
+        other = server.listen(f"0.0.0.0:{port}")
+        server.switch(other)
+        assert server.bound == f"0.0.0.0:{port}" and server.serves(other)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            assert r.status == 200
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        with pytest.raises(OSError):
+            server.listen(f"127.0.0.1:{blocker.getsockname()[1]}")  # in use: the running one untouched
+        assert server.bound == f"0.0.0.0:{port}"
+    finally:
+        blocker.close()
+        server.stop()
