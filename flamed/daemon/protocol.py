@@ -43,11 +43,13 @@ KINDS = ("cpu", "offcpu")
 
 
 class ProtocolError(Exception):
-    """A request the daemon refuses; ``code`` is machine-readable."""
+    """A request the daemon refuses; ``code`` is machine-readable; ``request``: its kind
+    (``snapshot``...), when the request got as far as naming a known one."""
 
-    def __init__(self, message: str, code: str = "bad_request") -> None:
+    def __init__(self, message: str, code: str = "bad_request", request: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.request = request
 
 
 @dataclass(frozen=True)
@@ -112,10 +114,19 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
         raise ProtocolError(f"field 'request' must be one of {', '.join(REQUESTS)}")
     unknown = sorted(set(obj) - _FIELDS[kind])
     if unknown:
-        raise ProtocolError(f"unknown field(s) for {kind!r}: {', '.join(unknown)[:200]}")
+        raise ProtocolError(f"unknown field(s) for {kind!r}: {', '.join(unknown)[:200]}", request=kind)
     if kind != "snapshot":
         return Request(kind)
+    try:
+        return _snapshot_request(obj, formats=formats, max_next=max_next, default_seconds=default_seconds,
+                                 default_root=default_root)
+    except ProtocolError as e:
+        e.request = kind
+        raise
 
+
+def _snapshot_request(obj: dict[str, Any], *, formats: list[str], max_next: float, default_seconds: float,
+                      default_root: str) -> Request:
     seconds = _number(obj, "seconds")
     nxt = _number(obj, "next")
     since_ns = obj.get("since_ns")
