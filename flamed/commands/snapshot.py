@@ -103,7 +103,31 @@ class SnapshotCommand(Command):
         if head.get("stacks") == 0:
             what = "no off-CPU time" if args.kind == "offcpu" else "no samples"
             self.warn(f"{what} matched (check the filters, or wait for the first drain)")
+        if head.get("partial"):
+            return self._partial(args, head)
         return 0
+
+    def _partial(self, args: argparse.Namespace, head: dict[str, Any]) -> int:
+        """Say that the profile (written) covers less than asked, and why.  Exit 1 when a
+        ``--next`` span was cut short, 0 when ``--seconds`` reaches past the daemon's memory."""
+        asked = args.next if args.next is not None else args.seconds if args.seconds is not None else 60.0
+        start, end = head.get("start_ns"), head.get("end_ns")
+        covers = (f"covers {(end - start) / 1e9:.1f} s of the {asked:g} s asked"
+                  if isinstance(start, int) and isinstance(end, int) else f"is empty ({asked:g} s asked)")
+        reason = head.get("partial_reason")
+        if reason == "stopping":
+            why = "the daemon stopped before the span ended"
+        elif reason == "ring" and args.next is not None:
+            why = "the daemon evicted the span's oldest windows before it ended (snapshot.ring_max_stacks)"
+        elif reason == "ring":
+            why = ("the daemon holds no older windows in memory (it keeps snapshot.ring_seconds of them, "
+                   "and only since it started)")
+        elif reason == "drain_timeout":
+            why = "the daemon did not drain at the end of the span in time"
+        else:
+            why = f"the daemon says: {reason}"
+        self.warn(f"the profile {covers}: {why}")
+        return 1 if args.next is not None else 0
 
 
 def root_spec(text: str) -> str:

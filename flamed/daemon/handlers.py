@@ -86,6 +86,7 @@ class RequestHandlers:
                 line,
                 formats=outputs.names(),
                 max_next=cfg.snapshot.max_next_seconds,
+                ring_seconds=cfg.snapshot.ring_seconds,
                 default_root=cfg.output.root_frame,
             )
             client.request = req.request
@@ -143,8 +144,15 @@ class RequestHandlers:
         offcpu = req.kind == "offcpu"
         if offcpu and not self.loop.offcpu_enabled():
             raise ProtocolError(_NOT_RECORDED, "not_recorded")
+        # Why the profile covers less than the span asked for (None: it covers it all).
+        partial: str | None = None
         if req.next is not None:
-            windows, _t0, _t1 = self._next_windows(req.next, req.kind, client)
+            windows, t0, t1 = self._next_windows(req.next, req.kind, client)
+            if not windows or windows[-1].end_ns < t1 - _SLACK_NS:
+                # The span's last drain did not come: the daemon stopped (or its loop is stuck).
+                partial = "stopping" if self._stop_seen() else "drain_timeout"
+            elif windows[0].start_ns > t0 + _SLACK_NS:
+                partial = "ring"  # its oldest windows were evicted (ring_max_stacks) before the end
         else:
             now = self.clock_ns()
             if req.drain and now - self.loop.last_drain_ns > self.spacing_ns:
@@ -158,7 +166,11 @@ class RequestHandlers:
                 # the spacing before it) ends: counted from when the request came, not from when
                 # that drain was done, which may take longer than N on a busy host.
                 upto = min(now, self._newest_end(now))
-                windows = self.ring.since(upto - int(req.seconds * 1e9), kind=req.kind)
+                start = upto - int(req.seconds * 1e9)
+                windows = self.ring.since(start, kind=req.kind)
+                if windows and windows[0].start_ns > start + _SLACK_NS:
+                    # What the ring no longer holds (or never did: the daemon started later).
+                    partial = "ring"
         flt = SnapshotFilter(req)
         samples = 0
         lost: dict[str, int] = {}
@@ -204,6 +216,9 @@ class RequestHandlers:
             "sample_rate": profile.sample_rate,
             # Where the ring begins now: a since_ns before it lost what was evicted.
             "ring_start_ns": self.ring.oldest_start_ns(req.kind),
+            # Covering less than asked: why (docs/protocol.md).
+            "partial": partial is not None,
+            "partial_reason": partial,
             "length": len(payload),
         }
         return header, payload

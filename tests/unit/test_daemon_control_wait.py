@@ -1,6 +1,8 @@
-"""Control-socket requests that wait, and clients that hang up: how each is counted.
+"""Control-socket requests that wait: clients that hang up, spans the ring cannot
+hold or the daemon's stop cuts short, and how each is counted and reported.
 
-In-process daemons with the fake sampler (flamed.daemon.testing).
+In-process daemons with the fake sampler (flamed.daemon.testing), and the
+``flamed snapshot`` command run in-process (flamed.cli.main).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from flamed.cli import main
 from flamed.daemon.client import DaemonError, request
 from flamed.daemon.config import ControlConfig
 from flamed.daemon.control import ControlServer
@@ -37,6 +40,12 @@ def _count(metrics: DaemonMetrics, request_kind: str, result: str) -> float:
     v = metrics.registry.get_sample_value("flamed_control_requests_total",
                                           {"request": request_kind, "result": result})
     return v or 0.0
+
+
+def _cli(*argv: str) -> tuple[int, str]:
+    err = io.StringIO()
+    code = main(["snapshot", *argv], stdout=io.StringIO(), stderr=err)
+    return code, err.getvalue()
 
 
 def test_a_waiting_next_request_whose_client_hung_up_frees_its_slot(tmp_path: Path) -> None:
@@ -117,3 +126,58 @@ def test_a_bad_field_is_counted_under_its_request(tmp_path: Path) -> None:
             request(sock, {"request": "nothing"}, timeout=5)
         assert _count(d.metrics, "snapshot", "bad_request") == 2
         assert _count(d.metrics, "unknown", "bad_request") == 1
+
+
+def test_next_longer_than_the_ring_is_refused(tmp_path: Path) -> None:
+    with running_daemon(fast_config(tmp_path, snapshot={"ring_seconds": 1.0})) as d:
+        with pytest.raises(DaemonError) as e:
+            request(str(tmp_path / "flamed.sock"), {"request": "snapshot", "next": 1.5}, io.BytesIO(), timeout=5)
+        assert e.value.code == "bad_request"
+        assert "snapshot.ring_seconds" in str(e.value) and "at most 1 s" in str(e.value), e.value
+        assert _count(d.metrics, "snapshot", "bad_request") == 1
+
+
+def test_seconds_beyond_the_ring_says_the_profile_is_shorter(tmp_path: Path) -> None:
+    cfg = fast_config(tmp_path, snapshot={"ring_seconds": 0.5})
+    with running_daemon(cfg) as d:
+        sock = str(tmp_path / "flamed.sock")
+        _wait(lambda: (d.ring.oldest_start_ns() or time.time_ns()) < time.time_ns() - 600_000_000, 10,
+              "the ring to drop its first windows")
+        head = request(sock, {"request": "snapshot", "seconds": 5}, io.BytesIO())
+        assert head["partial"] is True and head["partial_reason"] == "ring", head
+        assert head["end_ns"] - head["start_ns"] < 2e9
+        out = tmp_path / "s.folded"
+        code, err = _cli("--socket", sock, "--seconds", "5", "-o", str(out))
+        assert code == 0, err
+        assert "of the 5 s asked" in err and "snapshot.ring_seconds" in err, err
+        assert out.stat().st_size > 0
+        # Within the ring: nothing to say.
+        head = request(sock, {"request": "snapshot", "seconds": 0.2}, io.BytesIO())
+        assert head["partial"] is False and head["partial_reason"] is None, head
+        code, err = _cli("--socket", sock, "--seconds", "0.2", "-o", str(out))
+        assert code == 0 and err == "", err
+
+
+def test_a_next_span_cut_short_by_the_stop_is_marked_partial(tmp_path: Path) -> None:
+    cfg = fast_config(tmp_path)
+    sock = str(tmp_path / "flamed.sock")
+    out = tmp_path / "next.folded"
+    result: dict[str, Any] = {}
+
+    def cli() -> None:
+        result["cli"] = _cli("--socket", sock, "--next", "8", "-o", str(out), "--timeout", "20")
+
+    with running_daemon(cfg) as d:
+        t = threading.Thread(target=cli)
+        t.start()
+        try:
+            _wait(lambda: d.control.active == 1, 10, "the 'next' request to wait")
+            time.sleep(0.3)  # some of the span recorded
+            d.request_stop()
+        finally:
+            t.join(30)
+        assert not t.is_alive()
+    code, err = result["cli"]
+    assert code == 1, err
+    assert "the daemon stopped before the span ended" in err and "of the 8 s asked" in err, err
+    assert out.stat().st_size > 0  # what was recorded is written
