@@ -9,7 +9,7 @@ from typing import Any
 from flamed.commands._argtypes import PID_MAX, WEEK_S, integer, number
 from flamed.commands.base import Command
 from flamed.daemon.client import DEFAULT_SOCKET, request
-from flamed.errors import FlamedError
+from flamed.errors import FlamedError, UsageError
 from flamed.fileio import open_output
 
 #: --seconds, --next: what the daemon's protocol takes (above 0, up to a week);
@@ -70,12 +70,17 @@ class SnapshotCommand(Command):
         parser.add_argument("--format", "-f", metavar="F", help="output format (default: by -o extension, else folded)")
         parser.add_argument("--title", metavar="TEXT", help="title for graphical formats")
         parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (atomically)")
-        parser.add_argument("--flush", action="store_true", help="ask the daemon to close the current file now")
+        parser.add_argument("--flush", action="store_true",
+                            help="ask the daemon to close the current file now (alone: no profile options)")
         parser.add_argument("--timeout", metavar="S", type=_SECONDS, default=30.0,
                             help="socket timeout (default 30)")
 
     def run(self, args: argparse.Namespace) -> int:
         if args.flush:
+            given = [opt for opt, dest, default in _PROFILE_OPTIONS if getattr(args, dest) not in (None, default)]
+            if given:
+                raise UsageError(f"--flush only closes the daemon's current file and gets no profile: "
+                                 f"{', '.join(given)} cannot go with it (run the snapshot on its own)")
             return flush(self, args.socket, args.timeout)
         from flamed import outputs
 
@@ -128,6 +133,16 @@ class SnapshotCommand(Command):
             why = f"the daemon says: {reason}"
         self.warn(f"the profile {covers}: {why}")
         return 1 if args.next is not None else 0
+
+
+#: Options of a profile request, which --flush does not take: (option, dest, default).
+_PROFILE_OPTIONS = (
+    ("--seconds", "seconds", None), ("--next", "next", None), ("--kind", "kind", "cpu"), ("--pid", "pid", None),
+    ("--tid", "tid", None), ("--comm", "comm", None), ("--frame", "frame", None),
+    ("--exclude-frame", "exclude_frame", None), ("--frames", "frames", "all"), ("--unit", "unit", None),
+    ("--container", "container", None), ("--pod", "pod", None), ("--cgroup", "cgroup", None),
+    ("--root", "root", None), ("--format", "format", None), ("--title", "title", None), ("--output", "output", None),
+)
 
 
 def root_spec(text: str) -> str:

@@ -181,3 +181,10 @@ def test_a_next_span_cut_short_by_the_stop_is_marked_partial(tmp_path: Path) -> 
     assert code == 1, err
     assert "the daemon stopped before the span ended" in err and "of the 8 s asked" in err, err
     assert out.stat().st_size > 0  # what was recorded is written
+
+
+def test_flush_refuses_profile_options() -> None:
+    code, err = _cli("--socket", "/nonexistent/flamed.sock", "--flush", "--seconds", "5", "--pid", "1",
+                     "-o", "x.svg")
+    assert code == 2, err
+    assert "--seconds, --pid, --output cannot go with it" in err, err
