@@ -9,7 +9,7 @@ from typing import Any
 from flamed.commands._argtypes import PID_MAX, WEEK_S, integer, number
 from flamed.commands.base import Command
 from flamed.daemon.client import DEFAULT_SOCKET, request
-from flamed.errors import FlamedError
+from flamed.errors import FlamedError, UsageError
 from flamed.fileio import open_output
 
 #: --seconds, --next: what the daemon's protocol takes (above 0, up to a week);
@@ -70,12 +70,17 @@ class SnapshotCommand(Command):
         parser.add_argument("--format", "-f", metavar="F", help="output format (default: by -o extension, else folded)")
         parser.add_argument("--title", metavar="TEXT", help="title for graphical formats")
         parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (atomically)")
-        parser.add_argument("--flush", action="store_true", help="ask the daemon to close the current file now")
+        parser.add_argument("--flush", action="store_true",
+                            help="ask the daemon to close the current file now (alone: no profile options)")
         parser.add_argument("--timeout", metavar="S", type=_SECONDS, default=30.0,
                             help="socket timeout (default 30)")
 
     def run(self, args: argparse.Namespace) -> int:
         if args.flush:
+            given = [opt for opt, dest, default in _PROFILE_OPTIONS if getattr(args, dest) not in (None, default)]
+            if given:
+                raise UsageError(f"--flush only closes the daemon's current file and gets no profile: "
+                                 f"{', '.join(given)} cannot go with it (run the snapshot on its own)")
             return flush(self, args.socket, args.timeout)
         from flamed import outputs
 
@@ -103,7 +108,41 @@ class SnapshotCommand(Command):
         if head.get("stacks") == 0:
             what = "no off-CPU time" if args.kind == "offcpu" else "no samples"
             self.warn(f"{what} matched (check the filters, or wait for the first drain)")
+        if head.get("partial"):
+            return self._partial(args, head)
         return 0
+
+    def _partial(self, args: argparse.Namespace, head: dict[str, Any]) -> int:
+        """Say that the profile (written) covers less than asked, and why.  Exit 1 when a
+        ``--next`` span was cut short, 0 when ``--seconds`` reaches past the daemon's memory."""
+        asked = args.next if args.next is not None else args.seconds if args.seconds is not None else 60.0
+        start, end = head.get("start_ns"), head.get("end_ns")
+        covers = (f"covers {(end - start) / 1e9:.1f} s of the {asked:g} s asked"
+                  if isinstance(start, int) and isinstance(end, int) else f"is empty ({asked:g} s asked)")
+        reason = head.get("partial_reason")
+        if reason == "stopping":
+            why = "the daemon stopped before the span ended"
+        elif reason == "ring" and args.next is not None:
+            why = "the daemon evicted the span's oldest windows before it ended (snapshot.ring_max_stacks)"
+        elif reason == "ring":
+            why = ("the daemon holds no older windows in memory (it keeps snapshot.ring_seconds of them, "
+                   "and only since it started)")
+        elif reason == "drain_timeout":
+            why = "the daemon did not drain at the end of the span in time"
+        else:
+            why = f"the daemon says: {reason}"
+        self.warn(f"the profile {covers}: {why}")
+        return 1 if args.next is not None else 0
+
+
+#: Options of a profile request, which --flush does not take: (option, dest, default).
+_PROFILE_OPTIONS = (
+    ("--seconds", "seconds", None), ("--next", "next", None), ("--kind", "kind", "cpu"), ("--pid", "pid", None),
+    ("--tid", "tid", None), ("--comm", "comm", None), ("--frame", "frame", None),
+    ("--exclude-frame", "exclude_frame", None), ("--frames", "frames", "all"), ("--unit", "unit", None),
+    ("--container", "container", None), ("--pod", "pod", None), ("--cgroup", "cgroup", None),
+    ("--root", "root", None), ("--format", "format", None), ("--title", "title", None), ("--output", "output", None),
+)
 
 
 def root_spec(text: str) -> str:

@@ -11,7 +11,9 @@ or get ``busy``.  Limits, each answered with a ``busy`` error at once:
 slots that only root may use.  Every send has the per-client timeout, so a
 client that stops reading costs one thread for at most that long and never
 holds a lock the drain needs.  The request handler (the daemon) runs in the
-serving thread.
+serving thread; a handler that waits (a ``next`` snapshot) asks
+:meth:`Client.gone` at every step of its wait, so a client that hangs up gives
+its slot back within a step, not at the end of the span.
 
 Who may talk: root, the uids in ``allowed_users``, and members (primary or
 supplementary group, from SO_PEERCRED and SO_PEERGROUPS) of
@@ -26,6 +28,7 @@ import grp
 import logging
 import os
 import pwd
+import select
 import selectors
 import socket
 import stat
@@ -97,8 +100,60 @@ def resolve_ids(names: Iterable[str], kind: str) -> frozenset[int]:
     return frozenset(out)
 
 
-#: handler(line, peer) -> iterable of byte chunks to send (header line first)
-Handler = Callable[[bytes, Peer], Iterable[bytes]]
+class ClientGone(Exception):
+    """The client hung up before its answer was sent: the request ends, its slot is given back."""
+
+
+class Client:
+    """One connection being served, as the request handler sees it.
+
+    The handler names the request (``request``) as soon as it knows it.  A
+    refusal (an error header, all the answer there is) is counted by the
+    handler with :meth:`count` before it is sent; any other answer is counted
+    by the server in ``flamed_control_requests_total`` once it was sent: ``ok``
+    when all of it was, ``gone`` when the client hung up or stopped reading
+    (``control.client_timeout``) first.
+    """
+
+    __slots__ = ("conn", "peer", "request", "_metrics", "_counted")
+
+    def __init__(self, conn: socket.socket, peer: Peer, metrics: DaemonMetrics) -> None:
+        self.conn = conn
+        self.peer = peer
+        self.request = "unknown"
+        self._metrics = metrics
+        self._counted = False
+
+    def count(self, result: str) -> None:
+        """Count this request with ``result`` (once: later calls do nothing)."""
+        if not self._counted:
+            self._counted = True
+            self._metrics.requests.labels(request=self.request, result=result).inc()
+
+    def gone(self) -> bool:
+        """Has the client closed its end?  Never waits.
+
+        POLLHUP only: a client that shut down just its writing side
+        (``shutdown(SHUT_WR)`` after its request line, which the protocol
+        allows) still reads the answer, so POLLRDHUP and end-of-file do not
+        mean it is gone; a close (or the client's death) sets POLLHUP.
+        """
+        p = select.poll()
+        try:
+            p.register(self.conn, select.POLLHUP | select.POLLERR)
+            events = p.poll(0)
+        except (OSError, ValueError):  # closed under us
+            return True
+        return any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, ev in events)
+
+    def check(self) -> None:
+        """Raise :class:`ClientGone` if the client has closed its end."""
+        if self.gone():
+            raise ClientGone("the client hung up")
+
+
+#: handler(line, client) -> iterable of byte chunks to send (header line first)
+Handler = Callable[[bytes, Client], Iterable[bytes]]
 
 
 class ControlServer:
@@ -431,17 +486,25 @@ class ControlServer:
             conn.close()
 
     def _serve(self, conn: socket.socket, peer: Peer, line: bytes) -> None:
+        client = Client(conn, peer, self.metrics)
         try:
             conn.setblocking(True)
             conn.settimeout(self.config.client_timeout)
-            for chunk in self.handler(line, peer):
+            for chunk in self.handler(line, client):
                 conn.sendall(chunk)
+            client.count("ok")
+        except ClientGone:
+            log.debug("control client hung up before its answer")
+            client.count("gone")
         except TimeoutError:
-            log.debug("control client timed out")
+            log.debug("control client stopped reading (control.client_timeout)")
+            client.count("gone")
         except OSError as e:
             log.debug("control client went away: %s", e)
+            client.count("gone")
         except Exception:  # a bug must not kill the accept loop or reach the client as a traceback
             log.exception("control request failed")
+            client.count("internal_error")
         finally:
             with contextlib.suppress(OSError):
                 conn.close()

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from flamed import outputs
 from flamed.daemon.config import DaemonConfig
-from flamed.daemon.control import Peer
+from flamed.daemon.control import Client, ClientGone
 from flamed.daemon.fleet import OFFCPU_LABELS, identity_parts, labelled_pprof, parts_profile, windows_pprof
 from flamed.daemon.metrics import DaemonMetrics, NotRecordedError
 from flamed.daemon.protocol import (
@@ -34,6 +34,11 @@ from flamed.errors import FlamedError
 from flamed.outputs import OutputOptions
 
 log = logging.getLogger("flamed.daemon")
+
+#: How often a waiting request looks at the daemon's state and at its client.
+_STEP = 0.5
+#: Window bounds within this of the span asked for are on it (the forced drains' own jitter).
+_SLACK_NS = 1_000_000
 
 _NOT_RECORDED = ("this daemon does not record off-CPU time: set off_cpu = true in [sampling] and reload it "
                  "(docs/offcpu.md)")
@@ -69,27 +74,27 @@ class RequestHandlers:
         self.spacing_ns = int(min_drain_spacing * 1e9)  # the loop drains no more often than this
         self.wait_timeout = wait_timeout  # how long to wait for the loop to drain
 
-    def handle_request(self, line: bytes, peer: Peer) -> Iterator[bytes]:
-        """One control-socket request: a JSON header line, then the payload in chunks."""
-        m = self.metrics
-        kind = "unknown"
+    def handle_request(self, line: bytes, client: Client) -> Iterator[bytes]:
+        """One control-socket request: a JSON header line, then the payload in chunks.
+
+        A refusal is counted here; an answer is counted by the server once it
+        was sent (``ok``), or not all of it (``gone``).
+        """
         try:
             cfg = self.loop.config
             req = parse_request(
                 line,
                 formats=outputs.names(),
                 max_next=cfg.snapshot.max_next_seconds,
+                ring_seconds=cfg.snapshot.ring_seconds,
                 default_root=cfg.output.root_frame,
             )
-            kind = req.request
+            client.request = req.request
             if req.request == "status":
-                head = encode_header({"ok": True, "status": self.status()})
-                m.requests.labels(request=kind, result="ok").inc()
-                yield head
+                yield encode_header({"ok": True, "status": self.status()})
                 return
             if req.request == "flush":
                 path = self.loop.request_flush()
-                m.requests.labels(request=kind, result="ok").inc()
                 answer: dict[str, Any] = {"ok": True, "file": path}
                 error = self.store.last_error
                 if path is None and error is not None:
@@ -98,21 +103,24 @@ class RequestHandlers:
                 yield encode_header(answer)
                 return
             assert req.snapshot is not None
-            header, payload = self.snapshot(req.snapshot)
+            header, payload = self.snapshot(req.snapshot, client)
         except ProtocolError as e:
-            m.requests.labels(request=kind, result=e.code).inc()
+            if e.request is not None:
+                client.request = e.request  # a bad field of a request whose kind is known
+            client.count(e.code)
             yield error_header(str(e), e.code)
             return
         except FlamedError as e:
-            m.requests.labels(request=kind, result="error").inc()
+            client.count("error")
             yield error_header(str(e), "error")
             return
+        except ClientGone:
+            raise  # the server counts it
         except Exception:
-            m.requests.labels(request=kind, result="internal_error").inc()
+            client.count("internal_error")
             log.exception("snapshot failed")
             yield error_header("internal error in the daemon (see its log)", "internal_error")
             return
-        m.requests.labels(request="snapshot", result="ok").inc()
         yield encode_header(header)
         view = memoryview(payload)
         for i in range(0, len(view), 1 << 18):
@@ -130,12 +138,21 @@ class RequestHandlers:
         return windows_pprof(windows, root=self.loop.config.output.root_frame, host=self.store.host, kind=kind,
                              start_ns=t0 if empty else None, end_ns=t1 if empty else None)
 
-    def snapshot(self, req: SnapshotRequest) -> tuple[dict[str, Any], bytes]:
+    def snapshot(self, req: SnapshotRequest, client: Client | None = None) -> tuple[dict[str, Any], bytes]:
+        """The answer to a snapshot request; ``client``, when given, is watched while a ``next``
+        request waits (:class:`ClientGone` once it hung up)."""
         offcpu = req.kind == "offcpu"
         if offcpu and not self.loop.offcpu_enabled():
             raise ProtocolError(_NOT_RECORDED, "not_recorded")
+        # Why the profile covers less than the span asked for (None: it covers it all).
+        partial: str | None = None
         if req.next is not None:
-            windows, _t0, _t1 = self._next_windows(req.next, req.kind)
+            windows, t0, t1 = self._next_windows(req.next, req.kind, client)
+            if not windows or windows[-1].end_ns < t1 - _SLACK_NS:
+                # The span's last drain did not come: the daemon stopped (or its loop is stuck).
+                partial = "stopping" if self._stop_seen() else "drain_timeout"
+            elif windows[0].start_ns > t0 + _SLACK_NS:
+                partial = "ring"  # its oldest windows were evicted (ring_max_stacks) before the end
         else:
             now = self.clock_ns()
             if req.drain and now - self.loop.last_drain_ns > self.spacing_ns:
@@ -149,7 +166,11 @@ class RequestHandlers:
                 # the spacing before it) ends: counted from when the request came, not from when
                 # that drain was done, which may take longer than N on a busy host.
                 upto = min(now, self._newest_end(now))
-                windows = self.ring.since(upto - int(req.seconds * 1e9), kind=req.kind)
+                start = upto - int(req.seconds * 1e9)
+                windows = self.ring.since(start, kind=req.kind)
+                if windows and windows[0].start_ns > start + _SLACK_NS:
+                    # What the ring no longer holds (or never did: the daemon started later).
+                    partial = "ring"
         flt = SnapshotFilter(req)
         samples = 0
         lost: dict[str, int] = {}
@@ -195,36 +216,51 @@ class RequestHandlers:
             "sample_rate": profile.sample_rate,
             # Where the ring begins now: a since_ns before it lost what was evicted.
             "ring_start_ns": self.ring.oldest_start_ns(req.kind),
+            # Covering less than asked: why (docs/protocol.md).
+            "partial": partial is not None,
+            "partial_reason": partial,
             "length": len(payload),
         }
         return header, payload
 
-    def _wait_ring(self, end_ns: int) -> None:
+    def _stop_seen(self) -> bool:
+        return self.stopping.is_set() or self.loop.stop_requested
+
+    def _wait_ring(self, end_ns: int, client: Client | None = None) -> None:
         deadline = time.monotonic() + self.wait_timeout
-        while not self.ring.wait_for_end(end_ns, 0.5):
+        while not self.ring.wait_for_end(end_ns, _STEP):
+            if client is not None:
+                client.check()
             if self.stopping.is_set() or time.monotonic() > deadline:
                 return
             self.loop.request_drain()
 
-    def _sleep_until(self, t_ns: int) -> None:
-        while not self.stopping.is_set() and not self.loop.stop_requested:
+    def _sleep_until(self, t_ns: int, client: Client | None = None) -> None:
+        """Wait until ``t_ns`` (or the daemon stops), a step at a time; after each step,
+        a client that hung up ends the wait (:class:`ClientGone`): its slot is free again."""
+        while not self._stop_seen():
+            if client is not None:
+                client.check()
             left = (t_ns - self.clock_ns()) / 1e9
             if left <= 0:
                 return
-            self.stopping.wait(min(left, 0.5))
+            self.stopping.wait(min(left, _STEP))
 
-    def _next_windows(self, seconds: float, kind: str = "cpu") -> tuple[list[RingWindow], int, int]:
+    def _next_windows(self, seconds: float, kind: str = "cpu",
+                      client: Client | None = None) -> tuple[list[RingWindow], int, int]:
         """Wait ``seconds`` and return the windows of those seconds, with the span's (start, end)."""
         # A drain now puts a window boundary at the start of the requested span.
         t_req = self.clock_ns()
         self.loop.request_drain()
-        self._wait_ring(t_req)
+        self._wait_ring(t_req, client)
         t0 = max(t_req - self.spacing_ns, self._newest_end(t_req))
         t1 = t0 + int(seconds * 1e9)
-        self._sleep_until(t1)
+        self._sleep_until(t1, client)
         self.loop.request_drain()
-        self._wait_ring(t1)
-        windows = [w for w in self.ring.since(t0, kind=kind) if w.start_ns >= t0 - 1_000_000 and w.start_ns < t1]
+        self._wait_ring(t1, client)
+        if client is not None:
+            client.check()  # not worth building a profile for nobody
+        windows = [w for w in self.ring.since(t0, kind=kind) if w.start_ns >= t0 - _SLACK_NS and w.start_ns < t1]
         return windows, t0, t1
 
     def _newest_end(self, default: int) -> int:

@@ -43,11 +43,13 @@ KINDS = ("cpu", "offcpu")
 
 
 class ProtocolError(Exception):
-    """A request the daemon refuses; ``code`` is machine-readable."""
+    """A request the daemon refuses; ``code`` is machine-readable; ``request``: its kind
+    (``snapshot``...), when the request got as far as naming a known one."""
 
-    def __init__(self, message: str, code: str = "bad_request") -> None:
+    def __init__(self, message: str, code: str = "bad_request", request: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.request = request
 
 
 @dataclass(frozen=True)
@@ -87,9 +89,13 @@ _FIELDS = {
 }
 
 
-def parse_request(line: bytes, *, formats: list[str], max_next: float, default_seconds: float = 60.0,
-                  default_root: str = "pid") -> Request:
-    """Validate one request line; raises :class:`ProtocolError` with a message for the client."""
+def parse_request(line: bytes, *, formats: list[str], max_next: float, ring_seconds: float | None = None,
+                  default_seconds: float = 60.0, default_root: str = "pid") -> Request:
+    """Validate one request line; raises :class:`ProtocolError` with a message for the client.
+
+    ``ring_seconds``: how much the daemon's ring holds; a ``next`` span longer
+    than that is refused (its oldest windows would be gone when it ends).
+    """
     if len(line) > MAX_REQUEST_BYTES:
         raise ProtocolError(f"request longer than {MAX_REQUEST_BYTES} bytes", "too_large")
     try:
@@ -112,10 +118,19 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
         raise ProtocolError(f"field 'request' must be one of {', '.join(REQUESTS)}")
     unknown = sorted(set(obj) - _FIELDS[kind])
     if unknown:
-        raise ProtocolError(f"unknown field(s) for {kind!r}: {', '.join(unknown)[:200]}")
+        raise ProtocolError(f"unknown field(s) for {kind!r}: {', '.join(unknown)[:200]}", request=kind)
     if kind != "snapshot":
         return Request(kind)
+    try:
+        return _snapshot_request(obj, formats=formats, max_next=max_next, ring_seconds=ring_seconds,
+                                 default_seconds=default_seconds, default_root=default_root)
+    except ProtocolError as e:
+        e.request = kind
+        raise
 
+
+def _snapshot_request(obj: dict[str, Any], *, formats: list[str], max_next: float, ring_seconds: float | None,
+                      default_seconds: float, default_root: str) -> Request:
     seconds = _number(obj, "seconds")
     nxt = _number(obj, "next")
     since_ns = obj.get("since_ns")
@@ -134,6 +149,11 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, default_s
         seconds = default_seconds
     if nxt is not None and nxt > max_next:
         raise ProtocolError(f"'next' is {nxt:g} s; the daemon allows at most {max_next:g} s (snapshot.max_next_seconds)")
+    if nxt is not None and ring_seconds is not None and nxt > ring_seconds:
+        # Read back from the ring when the span ends: its beginning would be evicted by then.
+        raise ProtocolError(f"'next' is {nxt:g} s, longer than the {ring_seconds:g} s of windows the daemon keeps "
+                            f"in memory (snapshot.ring_seconds), where a 'next' profile is read from when its "
+                            f"span ends; ask for at most {ring_seconds:g} s, or raise snapshot.ring_seconds")
     pids = _ids(obj, "pid")
     tgids = _ids(obj, "tgid")
     if pids is not None and tgids is not None:

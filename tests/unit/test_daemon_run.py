@@ -121,8 +121,12 @@ def test_snapshot_every_registered_format(tmp_path: Path) -> None:
         assert buf.getvalue().split(b" ")[0] == b"fake-idle;entry_SYSCALL_64_[k];do_sys_poll_[k]"
         st = request(sock, {"request": "status"})["status"]
         assert st["sampler"] == "fake" and st["samples"] > 0 and st["socket"] == sock
-        assert d.metrics.registry.get_sample_value("flamed_control_requests_total",
-                                                   {"request": "snapshot", "result": "ok"}) == served + 1
+        # Counted once the whole answer was sent: by the serving thread, maybe just after the client read it.
+        deadline = time.monotonic() + 10
+        while d.metrics.registry.get_sample_value("flamed_control_requests_total",
+                                                  {"request": "snapshot", "result": "ok"}) != served + 1:
+            assert time.monotonic() < deadline, "the snapshots to be counted"
+            time.sleep(0.02)
         assert served >= 2
 
 
