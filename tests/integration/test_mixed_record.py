@@ -187,7 +187,7 @@ def test_record_without_bpf_falls_back_to_pyspy(tmp_path: Path, require_pyspy: s
 
 def test_record_usage_errors_are_one_line() -> None:
     r = run_record([])
-    assert r.returncode == 2 and "either -p PID or -- COMMAND" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "nothing to record: give -p PID or -- COMMAND" in r.stderr and "Traceback" not in r.stderr
     r = run_record(["-p", "999999999"])  # above Linux's PID_MAX_LIMIT: refused as it is parsed
     assert r.returncode == 2 and "argument -p/--pid" in r.stderr and "Traceback" not in r.stderr
     r = run_record(["-p", "4194304"])  # pid_max is at most 2^22: no task has this id
