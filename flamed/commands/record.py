@@ -410,6 +410,10 @@ class RecordCommand(Command):
         counts: dict[tuple[int, int, str, Stack], int] = {}
         self._identities: dict[int, CgroupIdentity] = {}  # tgid -> its cgroup's owner, for --root
         self._offcpu: dict[tuple[int, int, str, Stack], int] = {}  # ns, --mode offcpu/wall
+        #: Stacks lost (Window.lost, Window.offcpu_lost) and samples taken, summed over the drains.
+        self._lost: dict[str, int] = {}
+        self._offcpu_lost: dict[str, int] = {}
+        self._samples_taken = 0
         #: --timeline: the counted samples (those of processes whose Python frames are read
         #: in BPF, and native ones) with their times; ``samples`` holds py-spy's joined ones.
         self._timeline: list[tuple[SampleEvent, Stack]] = []
@@ -671,6 +675,14 @@ class RecordCommand(Command):
         # The last drain of an off-CPU recording counts the waits still open.
         offcpu = getattr(getattr(sampler, "options", None), "offcpu", False)
         w = sampler.drain(close_waits=True) if last and offcpu else sampler.drain()
+        lost = self._lost
+        for k, n in w.lost.items():
+            lost[k] = lost.get(k, 0) + n
+        for k, n in w.offcpu_lost.items():
+            self._offcpu_lost[k] = self._offcpu_lost.get(k, 0) + n
+        self._samples_taken += w.samples
+        if last:
+            self._warn_stack_losses()
         if last and offcpu:
             self._warn_offcpu_losses(sampler.stats().offcpu_total)
         self._identities.update(w.identities)
@@ -682,14 +694,37 @@ class RecordCommand(Command):
         samples.extend(mixed.process(w.events))
         self._timeline.extend(w.timeline)
 
+    def _warn_stack_losses(self) -> None:
+        """Say how many CPU samples and off-CPU waits kept a lost-stack placeholder
+        (``[lost stack: EEXIST]``...) in place of a stack, and why, and how many
+        samples were dropped (``map_full``)."""
+        def said(counts: dict[str, int]) -> str:
+            return ", ".join(f"{k}={n}" for k, n in sorted(counts.items()) if n)
+
+        stacks = {k: n for k, n in self._lost.items() if n and "stack" in k}
+        if stacks:
+            self.warn(f"stacks lost in {sum(stacks.values())} of {self._samples_taken} CPU samples (counted under "
+                      f"a [lost stack: ...] frame): {said(stacks)}")
+        if self._lost.get("map_full"):
+            self.warn(f"{self._lost['map_full']} CPU samples dropped: the count map was full")
+        if self._lost.get("ringbuf_full"):
+            self.warn(f"{self._lost['ringbuf_full']} CPU samples came without their time (the ring buffer was "
+                      "full): counted, but not joined with py-spy's stacks or placed on the timeline")
+        if any(self._offcpu_lost.values()):
+            self.warn(f"stacks lost in {sum(self._offcpu_lost.values())} off-CPU waits (their time is counted under "
+                      f"a [lost stack: ...] frame): {said(self._offcpu_lost)}")
+
     def _warn_offcpu_losses(self, st: dict[str, int]) -> None:
-        """Say what off-CPU lost, and which option to raise (docs/offcpu.md)."""
-        why = {"OFF_START_FULL": "offcpu_starts", "OFF_MAP_FULL": "offcpu_entries", "OFF_CARRY_FULL": "offcpu_carried",
-               "CARRY_OVERFLOW": "offcpu_starts", "CARRY_MISSING": "", "CARRY_EXPIRED": ""}
+        """Say what off-CPU lost (docs/offcpu.md).  The maps' sizes are the daemon's
+        [sampling] settings; record has fixed ones, so each loss is said by what filled."""
+        why = {"OFF_START_FULL": "the map of open waits was full", "OFF_MAP_FULL": "the map of counted waits was full",
+               "OFF_CARRY_FULL": "the map of waits carried across a drain was full",
+               "CARRY_OVERFLOW": "more waits open across a drain than the map of open waits holds",
+               "CARRY_MISSING": "", "CARRY_EXPIRED": ""}
         lost = {k: st.get(k, 0) for k in why if st.get(k, 0)}
         if lost:
             self.warn("off-CPU waits lost: " + ", ".join(
-                f"{k.lower()}={n}" + (f" (raise {why[k]})" if why[k] else "") for k, n in sorted(lost.items())))
+                f"{k.lower()}={n}" + (f" ({why[k]})" if why[k] else "") for k, n in sorted(lost.items())))
         if st.get("OFF_STALE", 0):
             self.warn(f"{st['OFF_STALE']} off-CPU wait(s) ended at an estimate: the kernel did not trace their "
                       "return to a CPU (docs/offcpu.md)")
