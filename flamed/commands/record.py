@@ -473,9 +473,11 @@ class RecordCommand(Command):
                 sampler.add_pid(target)
                 t_sampling = time.monotonic()
                 began = True
+                # -d counts from here, when sampling began: the set-up below takes a
+                # tenth of a second or more for a process of thousands of threads.
+                deadline = t_sampling + args.duration if args.duration else None
                 mixed.follow(target)
                 watch = record_daemon.TargetWatch(target)
-                deadline = time.monotonic() + args.duration if args.duration else None
                 exit_wait = _ExitWait(target)
                 try:
                     while True:
@@ -499,16 +501,18 @@ class RecordCommand(Command):
                             time.sleep(step)  # --subprocesses: what the command left running
                         else:
                             exit_wait.wait(step)  # back at once when the target exits
+                        if deadline is not None and time.monotonic() >= deadline:
+                            break  # the last drain flips at once: the recording ends at -d
                         self._drain(sampler, mixed, samples, counts)
                 except KeyboardInterrupt:
                     interrupted = True
                 finally:
                     exit_wait.close()
-                if timed and target is not None:
-                    waiting_since_before = _waiting(target)
                 with self._interrupts_deferred() as late:
                     self._drain(sampler, mixed, samples, counts, last=True)
                 late_interrupts += late
+                if timed and target is not None:
+                    waiting_since_before = _waiting(target)
             except KeyboardInterrupt:
                 # Ctrl-C before or between drains: still write what was recorded.
                 interrupted = True

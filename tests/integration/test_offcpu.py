@@ -298,6 +298,35 @@ def test_a_wait_still_open_at_the_end_is_counted_up_to_it(tmp_path: Path) -> Non
     assert 1.8 <= stuck <= 3.05, (stuck, elapsed, r.stderr)
 
 
+
+def test_no_thread_waits_longer_than_the_recording_of_a_large_process(tmp_path: Path) -> None:
+    """-p of a process of 2,000 threads, -d 1.5: -d was counted from after the
+    set-up of its threads (0.1 s and more), and one more drain ran past it before
+    the last one, so threads were given up to 1.74 s of waits in 1.5 s."""
+    code = ("import threading, time\n"
+            "def napper():\n    while True:\n        time.sleep(0.3)\n"
+            "for _ in range(2000):\n    threading.Thread(target=napper, daemon=True).start()\n"
+            "print('ready', flush=True)\ntime.sleep(120)\n")
+    target = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    out = tmp_path / "window.folded"
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+        r = _record(["--no-daemon", "--mode", "wall", "--root", "tid", "-p", str(target.pid), "-d", "1.5",
+                     "-o", str(out)])
+    finally:
+        target.kill()
+        target.wait(30)
+    assert r.returncode == 0, r.stderr
+    per_thread: dict[str, float] = {}
+    for stack, w in read_folded(out.open("rb")).stacks.items():
+        per_thread[stack[0]] = per_thread.get(stack[0], 0.0) + float(w) / 1e6
+    assert len(per_thread) >= 1900, len(per_thread)
+    longest = max(per_thread.values())
+    # A thread is off the CPU for at most the recording (the last drain's flip is within
+    # milliseconds of -d's end; 0.1 s leaves room for a loaded machine).
+    assert longest <= 1.6, (longest, r.stderr)
+
+
 def test_waits_of_a_process_read_by_pyspy_are_said_to_lack_python_frames(tmp_path: Path,
                                                                           require_pyspy: str) -> None:
     """py-spy's Python frames are joined with CPU samples by time; waits are
