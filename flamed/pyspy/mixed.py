@@ -126,6 +126,19 @@ class MixedMode:
         self._next_track_ns = 0
         self._track_now: set[int] = set()  # processes under py-spy that started a thread
 
+    def replace_sampler(self, sampler: Sampler, *, claim: ClaimFn | None,
+                        on_exit: Callable[[int], None] | None) -> None:
+        """A new sampler took over (the daemon's reload of ``[sampling]``): the claims
+        and exits of processes found from now on go to it, not to the closed one (whose
+        walker no longer describes anything: every new process waited CLAIM_WAIT_S,
+        undecided, then got py-spy); what this watches, it watches too."""
+        with self._lock:
+            self.sampler = sampler
+            self._claim = claim
+            self._on_exit_cb = on_exit
+            for pid in list(self.processes):
+                sampler.watch(pid)
+
     # -- lifecycle --------------------------------------------------------
     def start(self, *, clock_now: bool = False) -> None:
         """Start the mixed thread.  The py-spy clock (a uprobe program bcc

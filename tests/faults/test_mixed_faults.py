@@ -682,6 +682,23 @@ def test_reload_of_every_section_keeps_python_frames(require_bpf: None, require_
             assert st["processes"] == [busy.pid], st
         else:
             assert daemon_children(d.pid).get("py-spy", 0) == 0, "py-spy started for a walked process"
+            # A process that starts after the sampler was replaced is walked by the new one.
+            # Once, its claim went to the closed sampler, which never answered: after
+            # CLAIM_WAIT_S it was "undecided" and got py-spy (every new process, until a restart).
+            late = subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=in_cgroup(cgroup))
+            try:
+                def decided() -> dict[str, float] | None:
+                    text = d.metrics_text()
+                    got = {r: d.metric("flamed_python_processes", {"reason": r}, text)
+                           for r in ("walked", "undecided")}
+                    return got if got["walked"] + got["undecided"] >= 2 else None
+
+                got = d.wait_for(decided, 60, "the process started after the reloads decided")
+                assert got == {"walked": 2, "undecided": 0}, got
+                assert daemon_children(d.pid).get("py-spy", 0) == 0, "py-spy started for a new process"
+            finally:
+                late.kill()
+                late.wait(10)
     finally:
         busy.kill()
         busy.wait(10)

@@ -160,6 +160,7 @@ class PythonProcessor(WindowProcessor):
         if sock:
             runtime = os.path.join(os.path.dirname(sock), "pyspy")
             mixed = replace(mixed, pyspy=replace(mixed.pyspy, workdir_parent=runtime))
+        self._source = options.source
         self.mixed = MixedMode(self.ctx.sampler, mixed,
                                on_exit=forget if callable(forget) else None,
                                claim=pysource.claim_for(options.source, self.ctx.sampler),
@@ -221,9 +222,9 @@ class PythonProcessor(WindowProcessor):
     def sampler_changed(self, sampler: Any) -> None:
         super().sampler_changed(sampler)
         if self.mixed is not None:
-            self.mixed.sampler = sampler
-            for pid in list(self.mixed.processes):
-                sampler.watch(pid)
+            forget = getattr(sampler, "forget", None)
+            self.mixed.replace_sampler(sampler, claim=pysource.claim_for(self._source, sampler),
+                                       on_exit=forget if callable(forget) else None)
 
     def status(self) -> dict[str, Any]:
         if self.mixed is None:
