@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from flamed.daemon.ring import DecodeCache, window_items
 from flamed.model import KERNEL_SUFFIX, Stack
-from flamed.sampling.cgroups import CgroupError, CgroupIdentity, CgroupSpec, parse_cgroup_spec
+from flamed.sampling.cgroups import CgroupError, CgroupIdentity, CgroupSpec, parse_cgroup_spec, unit_matcher
 from flamed.sampling.contract import CountKey, canonical_root
 from flamed.sampling.offcpu import OFFCPU_BLOCKED_FRAME, OFFCPU_GIL_FRAME, OFFCPU_PREEMPTED_FRAME
 
@@ -468,7 +468,8 @@ class IdentityQuery:
     def matches(self, ident: CgroupIdentity) -> bool:
         if self.units is not None:
             names = {ident.unit, ident.unit.rsplit(".", 1)[0]} if ident.unit else set()
-            if not names.intersection(self.units):
+            if not names.intersection(self.units) and not (
+                    ident.unit and any("@." in u and unit_matcher(u)(ident.unit) for u in self.units)):
                 return False
         if self.containers is not None:
             cid = ident.container_id
@@ -486,7 +487,9 @@ def _cgroup_matches(spec: CgroupSpec, ident: CgroupIdentity) -> bool:
         return ident.cgroup_id == spec.value
     assert isinstance(spec.value, str)
     if spec.kind == "unit":
-        return spec.value in ident.path.split("/")
+        # A template (getty@.service) names its instances, as in [sampling] cgroups.
+        matches = unit_matcher(spec.value)
+        return any(matches(part) for part in ident.path.split("/"))
     return spec.value == "/" or ident.path == spec.value or ident.path.startswith(spec.value + "/")
 
 

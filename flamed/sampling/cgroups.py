@@ -594,9 +594,11 @@ class CgroupFilter:
     """The set of cgroup ids a list of filter specs names, kept current.
 
     The BPF program compares the sampled task's own cgroup id, so with
-    ``subtree`` (the default) a path or unit stands for its cgroup and every
-    cgroup below it (a service's delegated children, a slice's units); ``id``
-    specs stand for exactly that id.  :meth:`refresh` walks the tree again
+    ``subtree`` (the default) a path, unit or id stands for its cgroup and
+    every cgroup below it (a service's delegated children, a slice's units;
+    an id that names no cgroup of the tree now stands for itself alone, as
+    the documentation says it does: once, an id was never taken below).
+    :meth:`refresh` walks the tree again
     and reports the ids to add and delete, and which named cgroups appeared,
     went away or were re-created (a restarted unit gets a new cgroup, with a
     new id, at the same path).
@@ -651,13 +653,13 @@ class CgroupFilter:
                 out[spec] = {spec.value: index[spec.value]} if spec.value in index else {}
             else:
                 assert isinstance(spec.value, str)
-                unit_matches = _unit_matcher(spec.value)
+                unit_matches = unit_matcher(spec.value)
                 out[spec] = {p: i for p, i in index.items() if unit_matches(p.rsplit("/", 1)[-1])}
         return out
 
     def _collect(self, index: Mapping[str, int]) -> frozenset[int]:
         ids = {s.value for s in self.specs if s.kind == "id" and isinstance(s.value, int)}
-        roots = {p for spec, found in self._matched.items() if spec.kind != "id" for p in found}
+        roots = {p for found in self._matched.values() for p in found}
         for root in roots:
             ids.add(index[root])
         if self.subtree and roots:
@@ -686,7 +688,8 @@ class CgroupFilter:
         return FilterRefresh(added=self._ids - before_ids, removed=before_ids - self._ids, changes=tuple(changes))
 
 
-def _unit_matcher(unit: str) -> Callable[[str], bool]:
+def unit_matcher(unit: str) -> Callable[[str], bool]:
+    """Does a cgroup's name match ``unit``: itself, or an instance of a template (``getty@.service``)?"""
     name, _, suffix = unit.rpartition(".")
     if name.endswith("@"):  # a template names all its instances
         return lambda part: part.startswith(name) and part.endswith("." + suffix)
@@ -696,5 +699,5 @@ def _unit_matcher(unit: str) -> Callable[[str], bool]:
 __all__ = [
     "CgroupError", "CgroupFilter", "CgroupIdentity", "CgroupResolver", "CgroupSpec", "FilterChange",
     "FilterRefresh", "Hierarchy", "ResolverStats", "find_v2_hierarchy", "identity_from_path",
-    "parse_cgroup_spec",
+    "parse_cgroup_spec", "unit_matcher",
 ]

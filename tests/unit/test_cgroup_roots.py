@@ -150,6 +150,26 @@ def test_snapshot_filters_by_unit_container_pod_and_cgroup() -> None:
     assert _filtered(unit="nginx", container=C1) == set()  # every filter given must match
 
 
+def test_snapshot_filters_take_unit_templates_as_sampling_does() -> None:
+    """[sampling] units = ["getty@.service"] follows getty@tty9 and getty@tty10; the
+    snapshot's unit and cgroup fields matched no instance ("no samples matched")."""
+    idents = {50: identity_from_path("/system.slice/getty@tty9.service", 109),
+              60: identity_from_path("/system.slice/getty@tty10.service", 110),
+              70: identity_from_path("/system.slice/gettyx.service", 111)}
+    counts: dict[CountKey, int] = {(pid, pid, "agetty", ("main",)): 1 for pid in idents}
+
+    def got(**fields: object) -> set[int]:
+        req = parse_request(json.dumps({"request": "snapshot", **fields}).encode(), formats=["folded"], max_next=60)
+        assert req.snapshot is not None
+        into: dict[CountKey, int] = {}
+        SnapshotFilter(req.snapshot).apply(counts, into, idents)
+        return {k[0] for k in into}
+
+    assert got(unit="getty@.service") == got(cgroup="getty@.service") == {50, 60}
+    assert got(unit="getty@tty9.service") == got(unit="getty@tty9") == {50}
+    assert got(unit="gettyx") == {70}
+
+
 @pytest.mark.parametrize(("fields", "why"), [
     ({"unit": ""}, "non-empty"), ({"container": []}, "1..1024"), ({"pod": 3}, "non-empty"),
     ({"cgroup": "/sys/fs/cgroup/cpu/x"}, "cgroup v1"), ({"root": "pid,tid"}, "field 'root'"),

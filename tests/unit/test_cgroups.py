@@ -452,9 +452,14 @@ def test_filter_ids(tmp_path: Path, layout: str) -> None:
     assert len(pod.ids()) == 4
     everything = CgroupFilter(["/", 7], r)
     assert everything.ids() == frozenset(r.index().values()) | {7}
+    # An id stands for its cgroup and those below it, as a path does (docs/configuration.md);
+    # it stood for itself alone, so a slice's id sampled none of its units.
     by_id = CgroupFilter([str(ino(root / "system.slice"))], r)
-    assert by_id.ids() == ids_of(root, "/system.slice")
+    assert by_id.ids() == frozenset(i for p, i in r.index().items() if p.startswith("/system.slice"))
+    assert len(by_id.ids()) > 1
     assert by_id.matched()[by_id.specs[0]] == {"/system.slice": ino(root / "system.slice")}
+    exact_id = CgroupFilter([str(ino(root / "system.slice"))], r, subtree=False)
+    assert exact_id.ids() == ids_of(root, "/system.slice")
 
 
 def test_filter_missing(tmp_path: Path) -> None:
