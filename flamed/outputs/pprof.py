@@ -118,7 +118,8 @@ def main_binary(profile: Profile) -> str:
     best_w: Weight = 0
     for root in sorted(per_root):
         comm = parse_task_frame(root).comm
-        if not comm or comm.startswith("swapper") or comm == EMPTY_STACK_FRAME:
+        # A marker is no command (a profile without task frames: its roots are frames).
+        if not comm or comm.startswith(("swapper", "[")) or comm == EMPTY_STACK_FRAME:
             continue
         if per_root[root] > best_w:
             best, best_w = comm, per_root[root]

@@ -693,3 +693,14 @@ def test_pprof_negative_and_mismatched_values_are_not_dropped_silently(tmp_path:
     err = io.StringIO()
     assert main(["export", "-f", "folded", str(path), "-o", str(tmp_path / "o.folded")], stderr=err) == 0
     assert "skipped 1 malformed sample" in err.getvalue() and (tmp_path / "o.folded").read_text() == "main 5\n"
+
+
+def test_pprof_main_binary_is_never_a_marker_frame() -> None:
+    """A profile recorded with --root none has frames at its roots: `go tool pprof`
+    showed "File: [truncated: no table]" (the heaviest root, taken for a command)."""
+    from flamed.model import Profile
+    from flamed.outputs.pprof import main_binary
+
+    p = Profile({("[truncated: no table]", "main", "work"): 9, ("myapp-12", "main"): 2})
+    assert main_binary(p) == "myapp"
+    assert main_binary(Profile({("[truncated: no table]", "main"): 9, ("[unknown]", "x"): 3})) == ""
