@@ -85,6 +85,17 @@ def thread_states(pid: int) -> list[bytes]:
     return out
 
 
+def waiting_threads(pid: int) -> list[int]:
+    """The threads of process ``pid`` off the CPU now (sleeping, in uninterruptible
+    sleep, stopped or idle: ``S``, ``D``, ``T``, ``t``, ``I``); [] when it is gone."""
+    out: list[int] = []
+    for tid in _tids(pid):
+        fields = read_stat(f"/proc/{pid}/task/{tid}/stat")
+        if fields and fields[0] in (b"S", b"D", b"T", b"t", b"I"):
+            out.append(int(tid))
+    return out
+
+
 def _tids(pid: int) -> list[str]:
     """The thread ids of process ``pid``, as named in /proc; [] when it is gone."""
     try:

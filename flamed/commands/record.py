@@ -29,7 +29,7 @@ from flamed.fileio import open_output, output_problem
 from flamed.folded import read_folded
 from flamed.model import Profile, Sample, Stack, task_frame
 from flamed.outputs.base import OutputOptions
-from flamed.procstat import running, status_tgid, thread_states
+from flamed.procstat import running, status_tgid, thread_states, waiting_threads
 from flamed.pyspy.align import JoinOptions
 from flamed.pyspy.mixed import MixedMode, MixedOptions
 from flamed.pyspy.supervisor import MAX_RATE, PySpyOptions, find_pyspy
@@ -433,6 +433,8 @@ class RecordCommand(Command):
         timed = args.mode != "cpu"
         #: At the end, how the target's threads all waited ("" unless each one did; --mode offcpu/wall).
         waiting_since_before = ""
+        #: The target's threads off the CPU when the recording ended (--mode offcpu/wall).
+        waiting_now: list[int] = []
         target: int | None = None
         #: Sampling of the target began (its command started, or -p's process added).
         began = False
@@ -513,6 +515,8 @@ class RecordCommand(Command):
                 late_interrupts += late
                 if timed and target is not None:
                     waiting_since_before = _waiting(target)
+                    if not target_exited:
+                        waiting_now = waiting_threads(target)
             except KeyboardInterrupt:
                 # Ctrl-C before or between drains: still write what was recorded.
                 interrupted = True
@@ -613,6 +617,18 @@ class RecordCommand(Command):
             self.warn(f"{record_daemon.Survivors.describe(running)}, left running by the command, still runs: "
                       "the recording ended (-d or Ctrl-C); record does not stop it")
         profile = self._profile(args, samples, counts, sampler)
+        if waiting_now and target is not None and profile.total():
+            # A thread blocked all along, in a wait begun before the recording, is in no
+            # sample and no wait: said, rather than left out of a wall-clock profile unsaid.
+            seen = {tid for (tgid, tid, _c, _s) in [*counts, *self._offcpu] if tgid == target}
+            seen |= {ev.tid for ev, _s in samples if ev.tgid == target}
+            unseen = [t for t in waiting_now if t not in seen]
+            if unseen:
+                shown = ", ".join(map(str, unseen[:8])) + (", ..." if len(unseen) > 8 else "")
+                main = " (its main thread among them)" if target in unseen else ""
+                self.warn(f"{len(unseen)} thread(s) of pid {target} are not in the profile{main}: they waited all "
+                          f"along, in waits begun before the recording (only waits that begin while recording are "
+                          f"measured); tids {shown}; flamed dump -p {target} shows where they wait")
 
         def write() -> None:
             if _timed_output(args, fmt) and sampler is not None:

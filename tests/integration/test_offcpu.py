@@ -369,6 +369,28 @@ def test_a_process_that_waits_since_before_the_recording_is_said_to(tmp_path: Pa
         sleeper.wait()
 
 
+def test_threads_waiting_all_along_beside_busy_ones_are_named(tmp_path: Path) -> None:
+    """Some threads blocked since before the recording (a main thread in join), beside
+    one that works: they were left out of a wall-clock profile without a word."""
+    code = ("import threading, time\n"
+            "def napper():\n    while True:\n        time.sleep(0.05)\n"
+            "t = threading.Thread(target=napper)\nt.start()\nprint(flush=True)\nt.join()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"\n"
+        time.sleep(0.2)  # the main thread is in join()
+        out = tmp_path / "some.folded"
+        r = _record(["--mode", "wall", "--root", "tid", "-p", str(proc.pid), "-d", "1", "-o", str(out)])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert r.returncode == 0, r.stderr
+    assert read_folded(out.open("rb")).total() > 0
+    assert (f"1 thread(s) of pid {proc.pid} are not in the profile (its main thread among them): they waited "
+            "all along") in r.stderr, r.stderr
+    assert f"tids {proc.pid};" in r.stderr, r.stderr
+
+
 def test_wall_mode_of_a_waiting_service_against_pyspy(tmp_path: Path, require_pyspy: str) -> None:
     """The request-like service of tests/workloads/requests_wait.py (about 10 %
     computing, the rest sleeping, reading a socket, waiting on a lock):
