@@ -233,6 +233,12 @@ class DaemonRecording:
                     f"sample of {what} came back; --no-daemon records it here")
         if self.exited_s is not None:
             saw = f"{what} exited {self.exited_s:.1f} s after the record began, before the daemon saw it on a CPU"
+        elif self.version and not WALKER_READS.match(self.version) and PYSPY_READS.match(self.version):
+            # Its samples wait in the daemon for py-spy's window: not seen "on no CPU".
+            saw = (f"no sample of {what} came back in {self.windows} window(s): it runs CPython {self.version}, "
+                   "whose Python frames the daemon takes from py-spy, holding its samples until a py-spy window "
+                   "ends (and starting py-spy only once a drained window has seen it on a CPU); record longer, "
+                   "or --no-daemon records it here with py-spy from its start")
         else:
             saw = f"the daemon saw {what} on no CPU in {self.windows} window(s)"
         if self.maybe_filtered:

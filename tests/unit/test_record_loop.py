@@ -73,3 +73,23 @@ def test_lost_stacks_of_samples_and_waits_are_said_at_the_end() -> None:
     assert "stacks lost in 648 off-CPU waits" in said and "user_stack_eexist=648" in said
     assert "off_start_full=5 (the map of open waits was full)" in said
     assert "raise offcpu" not in said  # record has no such option
+
+
+def test_a_daemon_holding_pyspy_samples_is_not_said_to_have_seen_the_target_off_the_cpu() -> None:
+    """A CPython 3.7 service under the daemon's py-spy, recorded for a few seconds
+    through the daemon: its samples wait in the daemon for py-spy's window, so none
+    came back, and record said the daemon "saw it on no CPU"."""
+    from flamed.commands.record_daemon import DaemonRecording
+
+    def reason(version: str | None) -> str:
+        rec = DaemonRecording(socket="/run/flamed/flamed.sock")
+        rec.target, rec.comm, rec.version, rec.windows = 4242, "python3.7", version, 3
+        return rec.nothing_reason()
+
+    held = reason("3.7")
+    assert "on no CPU" not in held
+    assert held.startswith("no sample of python3.7 (pid 4242) came back in 3 window(s): it runs CPython 3.7, "
+                           "whose Python frames the daemon takes from py-spy"), held
+    assert "--no-daemon" in held
+    assert reason("3.12").startswith("the daemon saw python3.7 (pid 4242) on no CPU in 3 window(s)")
+    assert reason(None).startswith("the daemon saw python3.7 (pid 4242) on no CPU")
