@@ -127,11 +127,12 @@ def _sample_values(data: bytes) -> list[tuple[dict[str, str], int]]:
     return [({st[lb.key]: st[lb.str] for lb in s.label}, s.value[0]) for s in msg.sample]
 
 
-def _filtered(**fields: object) -> set[int]:
+def _filtered(counts: dict[CountKey, int] = COUNTS, idents: dict[int, CgroupIdentity] = IDENTS,
+              **fields: object) -> set[int]:
     req = parse_request(json.dumps({"request": "snapshot", **fields}).encode(), formats=["folded"], max_next=60)
     assert req.snapshot is not None
     into: dict[CountKey, int] = {}
-    SnapshotFilter(req.snapshot).apply(COUNTS, into, IDENTS)
+    SnapshotFilter(req.snapshot).apply(counts, into, idents)
     return {k[0] for k in into}
 
 
@@ -159,11 +160,7 @@ def test_snapshot_filters_take_unit_templates_as_sampling_does() -> None:
     counts: dict[CountKey, int] = {(pid, pid, "agetty", ("main",)): 1 for pid in idents}
 
     def got(**fields: object) -> set[int]:
-        req = parse_request(json.dumps({"request": "snapshot", **fields}).encode(), formats=["folded"], max_next=60)
-        assert req.snapshot is not None
-        into: dict[CountKey, int] = {}
-        SnapshotFilter(req.snapshot).apply(counts, into, idents)
-        return {k[0] for k in into}
+        return _filtered(counts, idents, **fields)
 
     assert got(unit="getty@.service") == got(cgroup="getty@.service") == {50, 60}
     assert got(unit="getty@tty9.service") == got(unit="getty@tty9") == {50}

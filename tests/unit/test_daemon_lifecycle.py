@@ -429,6 +429,43 @@ def _reload_and_wait(p: subprocess.Popen[str], n: Notifications) -> None:
             n.messages.append(n.sock.recv(4096).decode())
 
 
+def _scrape(bound: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{bound}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+class _Ready:
+    """A daemon on ``cfg`` under a NOTIFY_SOCKET (``n``), waited for until it is
+    ready and answers on ``tmp_path/flamed.sock``; stopped on leaving the ``with``,
+    its stderr then in ``err``."""
+
+    def __init__(self, cfg: Path, tmp_path: Path) -> None:
+        self.sock = tmp_path / "flamed.sock"
+        self.n = Notifications(tmp_path / "notify")
+        self.p = start(cfg, {"NOTIFY_SOCKET": self.n.path})
+        self.err = ""
+
+    def __enter__(self) -> "_Ready":
+        try:
+            self.n.wait_for("READY=1")
+            wait_socket(self.sock, self.p)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        try:
+            self.err = stop(self.p)
+        finally:
+            self.n.close()
+
+    def reload(self) -> None:
+        _reload_and_wait(self.p, self.n)
+
+
 def test_reload_to_a_socket_path_that_cannot_be_bound_keeps_the_socket(tmp_path: Path) -> None:
     """A reload moving control.socket closed the running socket first, then failed
     to bind the new path: 'keeping the running configuration', and nobody could
@@ -546,8 +583,6 @@ def test_a_state_dir_replaced_by_a_file_is_said_and_nothing_stale_is_shown(tmp_p
     """The state directory replaced by a regular file under a running daemon: the
     write error read "File exists"; status named a latest file that was gone, and
     the disk gauges kept the files that had been there."""
-    import urllib.request
-
     cfg = tmp_path / "d.toml"
     write_config(cfg, tmp_path)
     cfg.write_text(cfg.read_text().replace('address = ""', 'address = "127.0.0.1:0"'))
@@ -562,7 +597,7 @@ def test_a_state_dir_replaced_by_a_file_is_said_and_nothing_stale_is_shown(tmp_p
         assert st["files"]["latest"] == first
 
         def gauge(name: str) -> float:
-            text = urllib.request.urlopen(f"http://{st['metrics']}/metrics", timeout=10).read().decode()
+            text = _scrape(st["metrics"])
             return float(next(ln.split()[-1] for ln in text.splitlines() if ln.startswith(name + " ")))
 
         assert gauge("flamed_disk_files") >= 1
@@ -605,30 +640,15 @@ def test_a_config_replaced_by_a_fifo_is_a_refused_reload_not_a_hang(tmp_path: Pa
     the reload is refused at once and the running configuration stays."""
     cfg = tmp_path / "flamed.toml"
     write_config(cfg, tmp_path)
-    sock = tmp_path / "flamed.sock"
-    n = Notifications(tmp_path / "notify")
-    p = start(cfg, {"NOTIFY_SOCKET": n.path})
-    try:
-        n.wait_for("READY=1")
-        wait_socket(sock, p)
+    with _Ready(cfg, tmp_path) as d:
         cfg.unlink()
         os.mkfifo(cfg)
-        _reload_and_wait(p, n)
-        st = request(str(sock), {"request": "status"}, timeout=10)["status"]
+        d.reload()
+        st = request(str(d.sock), {"request": "status"}, timeout=10)["status"]
         assert st["frequency"] == 100 and st["config"] == str(cfg)
-    finally:
-        err = stop(p)
-        n.close()
-    assert p.returncode == 0, err
+    assert d.p.returncode == 0, d.err
     assert (f"reload: invalid configuration, keeping the running one: {cfg}: a pipe (FIFO), "
-            "not a regular file") in err, err
-
-
-def _scrape(bound: str) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://{bound}/metrics", timeout=10) as r:
-        return r.read().decode()
+            "not a regular file") in d.err, d.err
 
 
 def test_a_metrics_address_that_cannot_be_bound_refuses_the_reload_and_the_next_one_retries(
@@ -647,16 +667,12 @@ def test_a_metrics_address_that_cannot_be_bound_refuses_the_reload_and_the_next_
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     port2 = blocker.getsockname()[1]
-    n = Notifications(tmp_path / "notify")
-    p = start(cfg, {"NOTIFY_SOCKET": n.path})
-    try:
-        n.wait_for("READY=1")
-        wait_socket(sock, p)
+    with blocker, _Ready(cfg, tmp_path) as d:
         first = request(str(sock), {"request": "status"}, timeout=10)["status"]["metrics"]
         assert first is not None
         cfg.write_text(text.replace("127.0.0.1:0", f"127.0.0.1:{port2}").replace("frequency = 100",
                                                                                   "frequency = 50"))
-        _reload_and_wait(p, n)
+        d.reload()
         st = request(str(sock), {"request": "status"}, timeout=10)["status"]
         assert st["metrics"] == first and st["frequency"] == 100  # nothing of the refused reload applied
         assert st["last_reload"]["result"] == "error"
@@ -664,18 +680,14 @@ def test_a_metrics_address_that_cannot_be_bound_refuses_the_reload_and_the_next_
         scraped = _scrape(first)  # the running listener still serves
         assert 'flamed_config_reloads_total{result="error"} 1.0' in scraped, scraped
         blocker.close()
-        _reload_and_wait(p, n)  # the same file: tried again
+        d.reload()  # the same file: tried again
         st = request(str(sock), {"request": "status"}, timeout=10)["status"]
         assert st["metrics"] == f"127.0.0.1:{port2}" and st["frequency"] == 50
         scraped = _scrape(st["metrics"])
         assert 'flamed_config_reloads_total{result="ok"} 1.0' in scraped, scraped
-    finally:
-        blocker.close()
-        err = stop(p)
-        n.close()
-    assert p.returncode == 0, err
+    assert d.p.returncode == 0, d.err
     assert (f"reload: cannot serve metrics on 127.0.0.1:{port2}: Address already in use; keeping the running "
-            "configuration") in err, err
+            "configuration") in d.err, d.err
 
 
 def test_status_names_a_refused_last_reload_until_one_succeeds(tmp_path: Path) -> None:
@@ -686,8 +698,6 @@ def test_status_names_a_refused_last_reload_until_one_succeeds(tmp_path: Path) -
     write_config(cfg, tmp_path)
     text = cfg.read_text()
     sock = tmp_path / "flamed.sock"
-    n = Notifications(tmp_path / "notify")
-    p = start(cfg, {"NOTIFY_SOCKET": n.path})
 
     def status_text() -> str:
         r = subprocess.run([*FLAMED, "status", "--socket", str(sock)], capture_output=True, text=True,
@@ -695,14 +705,12 @@ def test_status_names_a_refused_last_reload_until_one_succeeds(tmp_path: Path) -
         assert r.returncode == 0, r.stderr
         return r.stdout
 
-    try:
-        n.wait_for("READY=1")
-        wait_socket(sock, p)
+    with _Ready(cfg, tmp_path) as d:
         assert request(str(sock), {"request": "status"}, timeout=10)["status"]["last_reload"] is None
         assert not [line for line in status_text().splitlines() if line.startswith("reload ")]
         t0 = time.time_ns()
         cfg.write_text(text.replace("frequency = 100", "frequency = 100\nfrequncy = 50"))
-        _reload_and_wait(p, n)
+        d.reload()
         last = request(str(sock), {"request": "status"}, timeout=10)["status"]["last_reload"]
         assert last["result"] == "error" and last["time_ns"] >= t0, last
         assert "sampling.frequncy: unknown key" in last["error"], last
@@ -710,12 +718,9 @@ def test_status_names_a_refused_last_reload_until_one_succeeds(tmp_path: Path) -
         row = next((line for line in out.splitlines() if line.startswith("reload ")), "")
         assert "last reload FAILED" in row and "sampling.frequncy: unknown key" in row, out
         cfg.write_text(text.replace("frequency = 100", "frequency = 50"))
-        _reload_and_wait(p, n)
+        d.reload()
         st = request(str(sock), {"request": "status"}, timeout=10)["status"]
         assert st["frequency"] == 50
         assert st["last_reload"]["result"] == "ok" and st["last_reload"]["error"] is None, st["last_reload"]
         assert "last reload" not in status_text()  # an ok reload: no row
-    finally:
-        err = stop(p)
-        n.close()
-    assert p.returncode == 0, err
+    assert d.p.returncode == 0, d.err
