@@ -74,25 +74,19 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
-def thread_states(pid: int) -> list[bytes]:
+#: Thread states off the CPU: sleeping, uninterruptible, stopped (job control or a
+#: tracer), idle.
+OFF_CPU_STATES = (b"S", b"D", b"T", b"t", b"I")
+
+
+def thread_states(pid: int) -> dict[int, bytes]:
     """The state letter (``R``, ``S``, ``D``, ``T``...) of each thread of process
-    ``pid``; [] when it is gone."""
-    out: list[bytes] = []
+    ``pid``, by thread id; {} when it is gone."""
+    out: dict[int, bytes] = {}
     for tid in _tids(pid):
         fields = read_stat(f"/proc/{pid}/task/{tid}/stat")
         if fields:
-            out.append(fields[0])
-    return out
-
-
-def waiting_threads(pid: int) -> list[int]:
-    """The threads of process ``pid`` off the CPU now (sleeping, in uninterruptible
-    sleep, stopped or idle: ``S``, ``D``, ``T``, ``t``, ``I``); [] when it is gone."""
-    out: list[int] = []
-    for tid in _tids(pid):
-        fields = read_stat(f"/proc/{pid}/task/{tid}/stat")
-        if fields and fields[0] in (b"S", b"D", b"T", b"t", b"I"):
-            out.append(int(tid))
+            out[int(tid)] = fields[0]
     return out
 
 
@@ -135,7 +129,7 @@ def descendants_cpu(pid: int, limit: int = 512) -> tuple[float, list[int]]:
     return ticks / _CLK_TCK, live
 
 
-#: PF_KTHREAD of linux/sched.h, in /proc/PID/stat's flags.
+#: PF_KTHREAD of linux/sched.h, in /proc/PID/stat's flags (field 9): a kernel thread.
 PF_KTHREAD = 0x00200000
 
 
@@ -154,19 +148,30 @@ def is_kernel_thread(pid: int) -> bool:
 CAP_SYS_PTRACE = 19
 
 
+def effective_caps(proc_root: str = "/proc") -> int | None:
+    """This process's effective capability set (``CapEff``); None when it cannot be read."""
+    try:
+        with open(os.path.join(proc_root, "self", "status"), "rb") as f:
+            for line in f:
+                if line.startswith(b"CapEff:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def have_cap_sys_ptrace(proc_root: str = "/proc") -> bool:
+    """Is CAP_SYS_PTRACE in this process's effective set (what py-spy inherits)?
+    Root, when the set cannot be read."""
+    caps = effective_caps(proc_root)
+    return bool(caps >> CAP_SYS_PTRACE & 1) if caps is not None else os.geteuid() == 0
+
+
 def ptrace_advice(pid: int) -> str:
     """What to do when reading process ``pid``'s memory (or maps) was refused:
     "run as root" helps only someone without CAP_SYS_PTRACE; with it, what may
     still refuse (Yama's scope 3, a user namespace, a security module)."""
-    eff = None
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"CapEff:"):
-                    eff = int(line.split(b":", 1)[1].strip(), 16)
-    except (OSError, ValueError):
-        pass
-    if eff is None or not eff >> CAP_SYS_PTRACE & 1:
+    if not have_cap_sys_ptrace():
         return "run as root or grant CAP_SYS_PTRACE"
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope", "rb") as f:

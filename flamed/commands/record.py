@@ -29,7 +29,7 @@ from flamed.fileio import open_output, output_problem
 from flamed.folded import read_folded
 from flamed.model import Profile, Sample, Stack, task_frame
 from flamed.outputs.base import OutputOptions
-from flamed.procstat import running, status_tgid, thread_states, waiting_threads
+from flamed.procstat import OFF_CPU_STATES, running, status_tgid, thread_states
 from flamed.pyspy.align import JoinOptions
 from flamed.pyspy.mixed import MixedMode, MixedOptions
 from flamed.pyspy.supervisor import MAX_RATE, PySpyOptions, find_pyspy
@@ -44,7 +44,6 @@ DRAIN_S = 0.5
 MODES = ("cpu", "offcpu", "wall")
 #: A Python frame, ``name (file:line)`` (``<string>`` for ``python -c``).
 _PY_FRAME = re.compile(r" \(.*:\d+\)$")
-
 
 
 class _ExitWait:
@@ -70,6 +69,7 @@ class _ExitWait:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
 
 class RecordCommand(Command):
     """Record a Python (or any) process: Python, native and kernel frames in one profile.
@@ -514,9 +514,10 @@ class RecordCommand(Command):
                     self._drain(sampler, mixed, samples, counts, last=True)
                 late_interrupts += late
                 if timed and target is not None:
-                    waiting_since_before = _waiting(target)
+                    states = thread_states(target)  # one read of /proc for both
+                    waiting_since_before = _waiting(states)
                     if not target_exited:
-                        waiting_now = waiting_threads(target)
+                        waiting_now = [tid for tid, st in states.items() if st in OFF_CPU_STATES]
             except KeyboardInterrupt:
                 # Ctrl-C before or between drains: still write what was recorded.
                 interrupted = True
@@ -1114,13 +1115,13 @@ def _alive(pid: int) -> bool:
     return running(f"/proc/{pid}/stat")
 
 
-def _waiting(pid: int) -> str:
-    """How every thread of live process ``pid`` is off the CPU now ("stopped",
-    "blocked"), or "" when one of them runs (or it is gone)."""
-    states = thread_states(pid)
-    if not states or any(s not in (b"S", b"D", b"T", b"t", b"I") for s in states):
+def _waiting(states: dict[int, bytes]) -> str:
+    """How every thread of a live process is off the CPU now ("stopped", "blocked"),
+    by ``states`` (:func:`~flamed.procstat.thread_states`), or "" when one of them
+    runs (or it is gone)."""
+    if not states or any(s not in OFF_CPU_STATES for s in states.values()):
         return ""
-    return "stopped" if all(s in (b"T", b"t") for s in states) else "blocked"
+    return "stopped" if all(s in (b"T", b"t") for s in states.values()) else "blocked"
 
 
 @contextlib.contextmanager

@@ -126,11 +126,18 @@ def survivors_hint(pids: list[int], cmd: str, *, subprocesses: bool, daemon: boo
             f"stopped with {cmd}; record it with flamed record -p {first}{follow}")
 
 
+def pyspy_only(version: str | None) -> bool:
+    """Is CPython ``version`` one the daemon reads only through py-spy (not its BPF walker)?"""
+    if not version:
+        return False
+    return not WALKER_READS.match(version) and PYSPY_READS.match(version) is not None
+
+
 def late_python_hint(comm_: str, pid: int, version: str | None, drain_s: Any, named: int, total: int) -> str:
     """"" unless ``version`` is one the daemon reads only through py-spy: then why
     few (or none) of the ``total`` samples came back with Python frames, and what
     to do."""
-    if not version or WALKER_READS.match(version) or not PYSPY_READS.match(version):
+    if not pyspy_only(version):
         return ""
     drain = f"drain_interval = {drain_s:g} s" if isinstance(drain_s, (int, float)) else "its drain_interval"
     return (f"{comm_} (pid {pid}) runs CPython {version}, which the daemon's BPF walker does not read "
@@ -233,7 +240,7 @@ class DaemonRecording:
                     f"sample of {what} came back; --no-daemon records it here")
         if self.exited_s is not None:
             saw = f"{what} exited {self.exited_s:.1f} s after the record began, before the daemon saw it on a CPU"
-        elif self.version and not WALKER_READS.match(self.version) and PYSPY_READS.match(self.version):
+        elif pyspy_only(self.version):
             # Its samples wait in the daemon for py-spy's window: not seen "on no CPU".
             saw = (f"no sample of {what} came back in {self.windows} window(s): it runs CPython {self.version}, "
                    "whose Python frames the daemon takes from py-spy, holding its samples until a py-spy window "

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_origin, get_type_hints
 
+from flamed.daemon.paths import file_kind
 from flamed.errors import ConfigError
 from flamed.fileio import UTF8_BOM
 from flamed.sampling.contract import canonical_root
@@ -595,23 +596,8 @@ def _decode_toml(file: str, data: bytes) -> str:
                           "as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
 
 
-def _file_kind(mode: int) -> str:
-    """What a file that is not a regular file is, in words."""
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a pipe (FIFO)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    return f"not a regular file (file type {stat.S_IFMT(mode):#o})"
-
-
 def _not_regular(file: str, mode: int) -> ConfigError:
-    return ConfigError(f"{file}: {_file_kind(mode)}, not a regular file; the config must be a regular file "
+    return ConfigError(f"{file}: {file_kind(mode)}, not a regular file; the config must be a regular file "
                        "(it is read again at every reload, SIGHUP)")
 
 

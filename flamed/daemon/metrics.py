@@ -301,6 +301,14 @@ class NotRecordedError(FlamedError):
     """A profile of a kind the daemon does not record (off-CPU with ``off_cpu = false``)."""
 
 
+def _plain(start_response: Callable[..., Any], status: str, body: str, *headers: tuple[str, str]) -> list[bytes]:
+    """A one-line text/plain answer."""
+    data = (body + "\n").encode("utf-8", "replace")
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data))),
+                            *headers])
+    return [data]
+
+
 @dataclass(frozen=True)
 class PendingListener:
     """What :meth:`MetricsServer.listen` bound, to serve on by :meth:`MetricsServer.switch`."""
@@ -441,26 +449,19 @@ class MetricsServer:
             if not host_allowed(bound, environ.get("HTTP_HOST")):
                 # DNS rebinding: a web page whose name resolves to 127.0.0.1 must not read
                 # the metrics or the stacks of /debug/pprof (flamed/loopback.py).
-                data = f"the flamed daemon's metrics server {REFUSED}\n".encode()
-                start_response("403 Forbidden", [("Content-Type", "text/plain; charset=utf-8"),
-                                                 ("Content-Length", str(len(data)))])
-                return [data]
+                return _plain(start_response, "403 Forbidden", f"the flamed daemon's metrics server {REFUSED}")
             path = environ.get("PATH_INFO") or ""
             if path in (PROFILE_PATH, OFFCPU_PATH):
                 return self._profile(environ, start_response, "offcpu" if path == OFFCPU_PATH else "cpu")
             if path.startswith("/debug/pprof"):
                 # Scrapers also ask for heap, goroutine...: a clear 404, not the metrics text.
-                data = (f"{path}: not served; flamed serves {PROFILE_PATH} (CPU) and {OFFCPU_PATH} "
-                        "(off-CPU time, with [sampling] off_cpu = true) only\n").encode()
-                start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8"),
-                                                 ("Content-Length", str(len(data)))])
-                return [data]
+                return _plain(start_response, "404 Not Found",
+                              f"{path}: not served; flamed serves {PROFILE_PATH} (CPU) and {OFFCPU_PATH} "
+                              "(off-CPU time, with [sampling] off_cpu = true) only")
             if path not in (METRICS_PATH, "/"):
                 # The metrics at any path (/METRICS, /foo) hid a scrape configured wrongly.
-                data = f"{path[:200]}: not found; the metrics are at {METRICS_PATH}\n".encode("utf-8", "replace")
-                start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8"),
-                                                 ("Content-Length", str(len(data)))])
-                return [data]
+                return _plain(start_response, "404 Not Found",
+                              f"{path[:200]}: not found; the metrics are at {METRICS_PATH}")
             return metrics_app(environ, start_response)
 
         return app
@@ -473,10 +474,7 @@ class MetricsServer:
                  kind: str = "cpu") -> Iterable[bytes]:
         def text(status: str, body: str, result: str) -> list[bytes]:
             self._count(result)
-            data = (body + "\n").encode()
-            start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
-                                    ("Content-Length", str(len(data))), ("X-Content-Type-Options", "nosniff")])
-            return [data]
+            return _plain(start_response, status, body, ("X-Content-Type-Options", "nosniff"))
 
         opts = self.options
         source = self.profile_source

@@ -34,13 +34,15 @@ class PathError(FlamedError):
     exit_code = 2
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISLNK, "a symbolic link"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words ("a directory", "a pipe (FIFO)"...)."""
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISLNK, "a symbolic link"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISFIFO, "a pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device")):
         if test(mode):
             return name
-    return "not a directory"
+    return f"a file of type {stat.S_IFMT(mode):#o}"
 
 
 def _hint(err: int) -> str:
@@ -79,7 +81,7 @@ def _missing(path: str, key: str) -> list[str]:
             raise path_error(f"{key}: cannot use {p}: {e.strerror or e}{_hint(e.errno or 0)}", e.errno) from None
         if not stat.S_ISDIR(st.st_mode):
             what = "" if p == path else f" (in the path of {path})"
-            raise path_error(f"{key}: {p}{what} is {_kind(st.st_mode)}, not a directory; "
+            raise path_error(f"{key}: {p}{what} is {file_kind(st.st_mode)}, not a directory; "
                              f"remove it or set {key} to another path", None)
         break
     return missing

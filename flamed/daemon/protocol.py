@@ -467,9 +467,9 @@ class IdentityQuery:
 
     def matches(self, ident: CgroupIdentity) -> bool:
         if self.units is not None:
-            names = {ident.unit, ident.unit.rsplit(".", 1)[0]} if ident.unit else set()
-            if not names.intersection(self.units) and not (
-                    ident.unit and any("@." in u and unit_matcher(u)(ident.unit) for u in self.units)):
+            # A unit by its name, its stem (nginx), or a template naming its instances (getty@.service).
+            unit = ident.unit
+            if not unit or not any(u == unit.rsplit(".", 1)[0] or unit_matcher(u)(unit) for u in self.units):
                 return False
         if self.containers is not None:
             cid = ident.container_id

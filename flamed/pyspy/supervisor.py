@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flamed.errors import ConfigError, InputError
-from flamed.procstat import running
+from flamed.procstat import have_cap_sys_ptrace, running
 from flamed.pyspy.chrometrace import PyTrace, parse_chrometrace
 
 log = logging.getLogger(__name__)
@@ -165,21 +165,6 @@ _PERMISSION = re.compile(r"Permission Denied|Operation not permitted|EPERM|ptrac
 _GONE = re.compile(r"Check that the process is running|No such process|os error 3\b|process .* (?:not found|exited)", re.I)
 _UNSUPPORTED = re.compile(r"Failed to find python version|Unsupported version|failed to find a python interpreter|"
                           r"not a python|Unsupported python", re.I)
-
-
-CAP_SYS_PTRACE = 19
-
-
-def have_cap_sys_ptrace(proc_root: str = "/proc") -> bool:
-    """Is CAP_SYS_PTRACE in this process's effective set (what py-spy inherits)?"""
-    try:
-        with open(os.path.join(proc_root, "self", "status")) as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.geteuid() == 0
 
 
 def classify(returncode: int, stderr: str, target_alive: bool, killed_by_us: bool,

@@ -38,8 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flamed.errors import ConfigError
-from flamed.procstat import kernel_at_least, stat_fields, status_tgid
-from flamed.pyspy.supervisor import have_cap_sys_ptrace
+from flamed.procstat import have_cap_sys_ptrace, kernel_at_least, stat_fields, status_tgid
 from flamed.sampling.cpython import elf
 
 log = logging.getLogger(__name__)

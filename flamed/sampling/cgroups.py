@@ -596,8 +596,7 @@ class CgroupFilter:
     The BPF program compares the sampled task's own cgroup id, so with
     ``subtree`` (the default) a path, unit or id stands for its cgroup and
     every cgroup below it (a service's delegated children, a slice's units;
-    an id that names no cgroup of the tree now stands for itself alone, as
-    the documentation says it does: once, an id was never taken below).
+    an id that names no cgroup of the tree now stands for itself alone).
     :meth:`refresh` walks the tree again
     and reports the ids to add and delete, and which named cgroups appeared,
     went away or were re-created (a restarted unit gets a new cgroup, with a

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, cast
 
 from flamed.errors import FlamedError
-from flamed.procstat import EXITED, read_stat
+from flamed.procstat import EXITED, PF_KTHREAD, read_stat
 from flamed.sampling.stats import SamplerStats
 from flamed.sampling.program import BpfSamplerOptions, KernelProgram
 from flamed.sampling.symbols import ProcessIdentity, Symbolizer, read_identity
@@ -54,10 +54,6 @@ def _age_s(ident: ProcessIdentity) -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME) - ident.start_time / _CLK_TCK
 
 
-#: PF_KTHREAD of the task flags (/proc/PID/stat field 9): a kernel thread.
-_PF_KTHREAD = 0x00200000
-
-
 def _alive(pid: int) -> bool:
     """Is ``pid`` a user process that has not exited?  Not a zombie, not a
     kernel thread (no maps to read, ever).  A process in the middle of exec
@@ -70,7 +66,7 @@ def _alive(pid: int) -> bool:
     if not fields or len(fields) < 7 or fields[0] in EXITED:
         return False
     try:
-        return not int(fields[6]) & _PF_KTHREAD
+        return not int(fields[6]) & PF_KTHREAD
     except ValueError:
         return False
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from flamed.errors import CapabilityError, ConfigError, FlamedError
-from flamed.procstat import kernel_at_least
+from flamed.procstat import effective_caps, kernel_at_least
 from flamed.sampling.bpfimage import ChildOutputError, CompileError, ImageCache, ImageError, LoadInfo, image_key, load_bpf
 from flamed.sampling.bpfload import adopt, close_bpf, find_bpf_dir
 from flamed.sampling.cgroups import CgroupError, CgroupSpec, Hierarchy, parse_cgroup_spec
@@ -481,18 +481,8 @@ def stat_indices(header: Path) -> dict[str, int]:
 # Helpers around bcc
 
 
-def _effective_caps() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return int(line.split()[1], 16)
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
 def _check_privileges() -> None:
-    caps = _effective_caps()
+    caps = effective_caps() or 0
 
     def has(c: int) -> bool:
         return bool(caps >> c & 1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -153,7 +153,6 @@ class PythonProcessor(WindowProcessor):
         ctx.registry.register(_Collector(self))
 
     def _start(self, options: PythonProcessorOptions) -> None:
-        forget = getattr(self.ctx.sampler, "forget", None)
         mixed = options.mixed()
         # py-spy's trace files go under the runtime directory, where the next start finds what a SIGKILL left.
         sock = getattr(getattr(self.ctx.config, "control", None), "socket", None)
@@ -161,11 +160,16 @@ class PythonProcessor(WindowProcessor):
             runtime = os.path.join(os.path.dirname(sock), "pyspy")
             mixed = replace(mixed, pyspy=replace(mixed.pyspy, workdir_parent=runtime))
         self._source = options.source
-        self.mixed = MixedMode(self.ctx.sampler, mixed,
-                               on_exit=forget if callable(forget) else None,
-                               claim=pysource.claim_for(options.source, self.ctx.sampler),
+        claim, on_exit = self._sampler_hooks(self.ctx.sampler)
+        self.mixed = MixedMode(self.ctx.sampler, mixed, on_exit=on_exit, claim=claim,
                                pyspy_fallback=pysource.pyspy_fallback(options.source))
         self.mixed.start()
+
+    def _sampler_hooks(self, sampler: Any) -> tuple[pysource.ClaimFn | None, Callable[[int], None] | None]:
+        """What mixed mode asks of ``sampler``: its claim on each Python process found
+        (under the configured source) and the hook told of each exit."""
+        forget = getattr(sampler, "forget", None)
+        return pysource.claim_for(self._source, sampler), forget if callable(forget) else None
 
     def process(self, window: Window) -> None:
         if self._carry:
@@ -222,9 +226,8 @@ class PythonProcessor(WindowProcessor):
     def sampler_changed(self, sampler: Any) -> None:
         super().sampler_changed(sampler)
         if self.mixed is not None:
-            forget = getattr(sampler, "forget", None)
-            self.mixed.replace_sampler(sampler, claim=pysource.claim_for(self._source, sampler),
-                                       on_exit=forget if callable(forget) else None)
+            claim, on_exit = self._sampler_hooks(sampler)
+            self.mixed.replace_sampler(sampler, claim=claim, on_exit=on_exit)
 
     def status(self) -> dict[str, Any]:
         if self.mixed is None:
