@@ -604,6 +604,11 @@ class RecordCommand(Command):
                     hint += (f" (or none could be recognised: {len(mappedfile.refused)} mapped file(s) could not "
                              "be opened, as said above)")
                 self.warn("no Python process was found: native and kernel stacks only" + hint)
+        elif mixed is not None and mappedfile.refused:
+            # Found as Python by its name, its interpreter file unreadable: the walker
+            # cannot read it, nor can py-spy; the count ties the warnings above to the profile.
+            self.warn(f"{len(mappedfile.refused)} mapped file(s) could not be opened, as said above: the frames "
+                      "in them (symbols, unwinding, Python frames) are missing from this profile")
         if pythons and counts and watch is not None and not args.subprocesses:
             # A multiprocessing pool, a prefork server: the target's own profile
             # says nothing of the work its children did.

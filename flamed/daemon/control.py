@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from flamed.daemon.config import ControlConfig
 from flamed.daemon.metrics import DaemonMetrics
 from flamed.daemon.paths import ensure_directory, not_a_socket, path_error
-from flamed.daemon.protocol import EXPECTED_REQUEST, MAX_REQUEST_BYTES, ProtocolError, error_header
+from flamed.daemon.protocol import EXPECTED_REQUEST, MAX_REQUEST_BYTES, ProtocolError, error_header, request_kind
 from flamed.errors import FlamedError
 
 log = logging.getLogger("flamed.daemon")
@@ -459,7 +459,7 @@ class ControlServer:
                 self._per_uid[peer.uid] = self._per_uid.get(peer.uid, 0) + 1
                 self.metrics.clients.set(self._active)
         if full:
-            self.metrics.requests.labels(request="unknown", result="busy").inc()
+            self.metrics.requests.labels(request=request_kind(line), result="busy").inc()
             self._refuse(conn, f"daemon busy: {cfg.max_clients} requests already being served "
                          "(control.max_clients)" + ("" if peer.uid == 0 else
                                                     f", {self._reserve()} of them kept for root")

@@ -89,6 +89,20 @@ _FIELDS = {
 }
 
 
+def request_kind(line: bytes) -> str:
+    """The known request a line names (``snapshot``, ``status``, ``flush``), else
+    ``unknown``: how a request refused before it is served (busy) is counted."""
+    if len(line) > MAX_REQUEST_BYTES:
+        return "unknown"
+    try:
+        obj = json.loads(line.decode("utf-8").removeprefix("\ufeff"), parse_int=_parse_int,
+                         parse_constant=_parse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError, ProtocolError):
+        return "unknown"
+    kind = obj.get("request") if isinstance(obj, dict) else None
+    return kind if isinstance(kind, str) and kind in REQUESTS else "unknown"
+
+
 def parse_request(line: bytes, *, formats: list[str], max_next: float, ring_seconds: float | None = None,
                   default_seconds: float = 60.0, default_root: str = "pid") -> Request:
     """Validate one request line; raises :class:`ProtocolError` with a message for the client.

@@ -366,6 +366,8 @@ def test_serving_slots_reserved_for_root(daemon_factory: Any) -> None:
             # The one slot other users may take is taken: root still has its two.
             d.wait_for(lambda: d.metric("flamed_control_requests_total", {"result": "busy"}) == 2, 30,
                        "the non-root requests beyond the unreserved slot to be refused")
+            # counted as the snapshots they were, read before the refusal
+            assert d.metric("flamed_control_requests_total", {"request": "snapshot", "result": "busy"}) == 2
             assert d.status()["clients"] >= 2  # root's status is served beside the non-root snapshot
             head, payload = d.request({"request": "snapshot", "seconds": 5})
             assert head["ok"] and len(payload) == head["length"]

@@ -12,6 +12,7 @@ from flamed.daemon.protocol import (
     SnapshotRequest,
     check_regex,
     parse_request,
+    request_kind,
 )
 
 FORMATS = ["folded", "svg"]
@@ -205,3 +206,20 @@ def test_a_refusal_is_read_whichever_side_goes_first(tmp_path, monkeypatch: pyte
     finally:
         t.join(5)
         srv.close()
+
+
+@pytest.mark.parametrize(("line", "kind"), [
+    (b'{"request": "snapshot", "next": 4}', "snapshot"),
+    (b'\xef\xbb\xbf{"request": "status"}', "status"),
+    (b'{"request": "flush", "bogus": 1}', "flush"),  # named, even if parse_request would refuse it
+    (b'{"request": "reboot"}', "unknown"),
+    (b'{"request": ["status"]}', "unknown"),
+    (b'["status"]', "unknown"),
+    (b'{"request": "status", "pid": 1' + b"0" * 5000 + b"}", "unknown"),
+    (b'{"request": "status", "x": NaN}', "unknown"),
+    (b"\xff\xfe", "unknown"),
+    (b"[" * 100_000, "unknown"),
+    (b'{"request": "status", "x": "' + b"a" * MAX_REQUEST_BYTES + b'"}', "unknown"),
+])
+def test_request_kind_names_only_known_requests(line: bytes, kind: str) -> None:
+    assert request_kind(line) == kind
