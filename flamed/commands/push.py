@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+from flamed.commands._argtypes import integer
 from flamed.commands.base import Command
 from flamed.daemon.config import DEFAULT_CONFIG_PATH, PyroscopeConfig, build_options, load_config
 from flamed.daemon.pyroscope import PUSH_OFFCPU_SAMPLE_TYPE, PushError, Target, ingest_request, send
@@ -19,8 +20,9 @@ from flamed.folded import read_folded
 from flamed.model import Profile, is_task, parse_task_frame
 from flamed.outputs.pprof import LabelledSample, to_proto, write_pprof
 
-#: Attempts per file when the server fails in a way a retry may cure.
-ATTEMPTS = 4
+#: Retries per file when the server fails in a way a retry may cure (--retries).
+RETRIES = 3
+MAX_RETRIES = 10
 
 
 class PushCommand(Command):
@@ -50,6 +52,9 @@ class PushCommand(Command):
         parser.add_argument("--basic-auth-user", metavar="USER")
         parser.add_argument("--basic-auth-password-file", metavar="FILE")
         parser.add_argument("--timeout", metavar="S", type=float, help="seconds per request (default 10)")
+        parser.add_argument("--retries", metavar="N", type=integer(0, MAX_RETRIES, what="a number of retries"), default=RETRIES,
+                            help=f"retries of a file whose failure a retry may cure, 1, 2, 4... s apart "
+                                 f"(default {RETRIES}, at most {MAX_RETRIES})")
 
     def run(self, args: argparse.Namespace) -> int:
         cfg = self._config(args)
@@ -57,24 +62,34 @@ class PushCommand(Command):
             raise UsageError("no server: give --server URL (or set pyroscope.server_address in the config)")
         files = sorted((_read_file(f) for f in args.files), key=lambda e: e["start_ns"])
         failed = 0
-        for e in files:
+        for i, e in enumerate(files):
             target = Target.from_config(cfg, e["host"])
             if e["kind"] == "offcpu":
                 target = dataclasses.replace(target, format="pprof")  # off-CPU time goes as pprof only
             body = _body(target.format, e)
             req = ingest_request(target, start_ns=e["start_ns"], end_ns=e["end_ns"],
                                  sample_rate=e["sample_rate"], body=body, kind=e["kind"])
-            for attempt in range(ATTEMPTS):
+            unanswered = False
+            for attempt in range(args.retries + 1):
                 try:
                     send(target, req)
                 except PushError as err:
-                    if err.retry and attempt + 1 < ATTEMPTS:
+                    if err.retry and attempt < args.retries:
                         time.sleep(2.0 ** attempt)
                         continue
                     self.warn(f"{e['path']}: {err}")
                     failed += 1
+                    unanswered = not err.answered
                 else:
                     print(f"{e['path']}: sent ({len(body)} bytes)", file=self.stdout)
+                break
+            if unanswered and i + 1 < len(files):
+                # No answer through all the retries: the next files would wait as long for
+                # the same failure each.  They are named by the count; run again later.
+                rest = len(files) - i - 1
+                self.warn(f"the server did not answer: {rest} later file(s) not tried (from {files[i + 1]['path']}); "
+                          "run the same command again once it is back")
+                failed += rest
                 break
         if failed:
             self.warn(f"{failed} of {len(files)} files not sent")

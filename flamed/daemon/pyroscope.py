@@ -63,11 +63,13 @@ PUSH_OFFCPU_SAMPLE_TYPE = "offcpu"
 
 
 class PushError(FlamedError):
-    """A push request failed; ``retry`` tells whether sending it again may help."""
+    """A push request failed; ``retry`` tells whether sending it again may help,
+    ``answered`` whether the server answered at all (an HTTP status)."""
 
-    def __init__(self, message: str, *, retry: bool) -> None:
+    def __init__(self, message: str, *, retry: bool, answered: bool = True) -> None:
         super().__init__(message)
         self.retry = retry
+        self.answered = answered
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ def send(target: Target, req: urllib.request.Request) -> None:
                         retry=retry) from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
-        raise PushError(f"cannot send to {target.server}/ingest: {reason}", retry=True) from None
+        raise PushError(f"cannot send to {target.server}/ingest: {reason}", retry=True, answered=False) from None
 
 
 #: What a Pyroscope tag value may not hold (it would break ``name{k=v,...}``).

@@ -274,10 +274,15 @@ def test_flamed_push_backfills_rotated_files(tmp_path: Path, daemon_factory: Any
     assert empty in ([], [len(srv.requests) - 1]), [(q["q"]["from"], q["weight"]) for q in srv.requests]
     assert all({"pid", "comm", "host"} <= q["labels"] for q in srv.requests if q["weight"]), srv.requests
     assert sum(q["weight"] for q in srv.requests) == files["weight"]
-    # nobody listening: a message naming the file and the server, exit 1
+    # nobody listening: a message naming the oldest file and the server; the later files are
+    # not tried (each would wait through its retries for the same failure), and said; exit 1
     r = subprocess.run([sys.executable, "-m", "flamed", "push", "--server", f"http://127.0.0.1:{free_port()}",
-                        "--config", str(d.cfg_path), paths[0]], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and paths[0] in r.stderr and "cannot send" in r.stderr, r.stderr
+                        "--config", str(d.cfg_path), "--retries", "0", *reversed(paths)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and f"{paths[0]}: cannot send" in r.stderr, r.stderr
+    assert paths[1] not in r.stderr.split("not tried")[0], r.stderr
+    assert (f"the server did not answer: {len(paths) - 1} later file(s) not tried (from {paths[1]})" in r.stderr
+            and f"{len(paths)} of {len(paths)} files not sent" in r.stderr), r.stderr
 
 
 def test_reload_changes_the_push_and_a_bad_password_file_changes_nothing(tmp_path: Path, daemon_factory: Any) -> None:
