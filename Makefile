@@ -15,10 +15,14 @@ run: setup
 	$(VENV)/bin/flamed daemon --config packaging/flamed.dev.toml
 
 # Type checking first (pyproject's [tool.mypy]: strict on flamed/; an error fails
-# the target), then the whole test suite. Exit 5 (no tests collected) counts as failure.
+# the target), then the whole test suite in two runs: the tests that may share the
+# machine (marked concurrent: tests/unit, tests/fuzz, the offline toolkit) on two
+# workers, then the rest (BPF, root, daemons sampling the host) one at a time
+# (tests/conftest.py). Exit 5 (no tests collected) counts as failure.
 test: setup-test
 	$(PY) -m mypy --strict flamed/
-	$(PY) -m pytest -q --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 -m "not serial" --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m serial --durations=30 $(PYTEST_ARGS)
 
 # docs/reliability.md's figures: the fault and security suite at the issue's scale
 # (20 kills, 1,000 churn processes, every capability), then 100,000 fuzz inputs per parser.

@@ -15,6 +15,27 @@ from typing import Any
 import pytest
 from support import have_bcc, have_root, need, pyspy_path
 
+#: Where every test may run beside another: no BPF, no root, no daemon sampling the
+#: host, nothing timed against the machine's load.  Modules elsewhere opt in with
+#: ``pytestmark = pytest.mark.concurrent``.
+_CONCURRENT_DIRS = ("unit", "fuzz")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``serial`` every test that is not ``concurrent`` (before ``-m`` selects):
+    ``make test`` runs the concurrent ones on two workers, then the serial ones
+    one at a time, so that no test that samples the host or times a daemon
+    shares the machine with another test."""
+    here = Path(__file__).parent
+    for item in items:
+        try:
+            top = item.path.relative_to(here).parts[0]
+        except ValueError:
+            top = ""
+        if top not in _CONCURRENT_DIRS and item.get_closest_marker("concurrent") is None:
+            item.add_marker(pytest.mark.serial)
+
 
 @pytest.fixture
 def require_bpf() -> None:

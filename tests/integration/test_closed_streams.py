@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from support import ROOT
 
+pytestmark = pytest.mark.concurrent
+
 FOLDED = b"main;a;b 3\nmain;a;c 2\nmain;d 1\n"
 #: Run "$0 $@" with the given redirection applied by the shell, as a user would.
 SHELL = 'exec "$0" "$@" {}'

@@ -23,7 +23,7 @@ from flamed.model import Profile, Sample
 from flamed.outputs.pprof import top_functions, write_pprof
 from flamed.outputs.speedscope import samples_document, to_document
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 SPEEDSCOPE = ROOT / "tests" / ".node" / "node_modules" / "speedscope" / "dist" / "release" / "index.html"
 

@@ -12,7 +12,7 @@ from cdp import Browser, chromium_path
 from support import ARTIFACTS, DATA, need
 from flamed.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 
 @pytest.fixture

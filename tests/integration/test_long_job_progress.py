@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.concurrent
+
 FLAMED = [sys.executable, "-m", "flamed"]
 #: Every wait of these tests ends by this many seconds (the runs take one or two).
 WAIT = 60.0

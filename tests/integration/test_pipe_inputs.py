@@ -22,6 +22,8 @@ import pytest
 
 from support import DATA
 
+pytestmark = pytest.mark.concurrent
+
 FLAMED = [sys.executable, "-m", "flamed"]
 
 

@@ -16,6 +16,8 @@ from flamed.outputs.pprof import read_pprof
 from servedata import NS, T0, write_state_dir
 from serveproc import serve
 
+pytestmark = pytest.mark.concurrent
+
 T0_MS = T0 // 1_000_000
 
 

@@ -17,7 +17,7 @@ from servedata import NS, T0, write_state_dir
 from serveproc import serve
 from support import ARTIFACTS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 T0_MS = T0 // 1_000_000
 
 

@@ -18,7 +18,7 @@ import pytest
 from servedata import T0, write_busy_state_dir
 from serveproc import serve_process
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 T0_MS = T0 // 1_000_000
 FILES = 150  # past the 96 parsed files the cache used to keep
 

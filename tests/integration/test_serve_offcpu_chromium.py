@@ -18,7 +18,7 @@ from flamed.daemon.config import OutputConfig, RetentionConfig
 from flamed.daemon.metrics import DaemonMetrics
 from flamed.daemon.store import ProfileStore
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 
 def write_both(path: Path, files: int = 3) -> None:

@@ -21,7 +21,7 @@ from cdp import Browser
 from servedata import T0, write_busy_state_dir, write_state_dir
 from serveproc import serve
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 T0_MS = T0 // 1_000_000
 G = "document.getElementById('graph')"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from support import ROOT
 
-pytestmark = pytest.mark.slow  # each test creates a virtualenv (ensurepip: a few seconds)
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]  # each test creates a virtualenv (ensurepip: a few seconds)
 
 #: An index on the discard port: connection refused at once, no retries, no config files' extra sources.
 NO_INDEX = {"PIP_INDEX_URL": "http://127.0.0.1:9/", "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "",

@@ -19,7 +19,7 @@ from flamed.outputs.base import OutputOptions
 from flamed.outputs.svg import render_profile
 from svgparse import ParsedBox, parse_svg
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 
 @pytest.fixture

@@ -10,11 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from flamed.cli import main
 from flamed.collapse.trace import parse_trace_line
 from flamed.merge import FRESH_ID_BASE
 from flamed.model import parse_task_frame
 from support import DATA, golden
+
+pytestmark = pytest.mark.concurrent
 
 
 def cli(*args: str) -> tuple[int, str]:
