@@ -47,6 +47,11 @@
  *                         (unwind.bpf.c, its own defines there)
  *   FLAMED_FILTER_PIDS, FLAMED_FILTER_TIDS, FLAMED_FILTER_CGROUPS,
  *   FLAMED_FILTER_COMMS   1: sample only tasks found in that filter map
+ *   FLAMED_FOLLOW_FORKS   1 (with FLAMED_FILTER_PIDS): a process that a
+ *                         filtered one starts is filtered in at its fork
+ *                         (flamed_forked, flamed_exited below)
+ *   FLAMED_TASK_PID_OFF   offset of pid in task_struct (from the kernel's
+ *                         BTF): with FLAMED_FOLLOW_FORKS or FLAMED_OFFCPU
  */
 #include <uapi/linux/ptrace.h>
 
@@ -147,6 +152,51 @@ BPF_HASH(filter_pids, u32, u8, FLAMED_FILTER_MAX);
 BPF_HASH(filter_tids, u32, u8, FLAMED_FILTER_MAX);
 BPF_HASH(filter_cgroups, u64, u8, FLAMED_FILTER_MAX);
 BPF_HASH(filter_comms, struct flamed_comm, u8, FLAMED_FILTER_MAX);
+
+#ifndef FLAMED_FOLLOW_FORKS
+#define FLAMED_FOLLOW_FORKS 0
+#endif
+#if FLAMED_FOLLOW_FORKS && FLAMED_FILTER_PIDS
+/* What a filtered process starts is filtered in here, from its first
+ * instruction (`flamed record --subprocesses`): user space learns of a new
+ * process from the proc connector or a /proc scan, milliseconds to a second
+ * later, and a child that blocks at once would lose that first wait whole.
+ * Entries made here hold FLAMED_FOLLOWED; user space writes 1. */
+#define FLAMED_FOLLOWED 2
+#define FLAMED_CLONE_THREAD 0x00010000ULL
+
+/* task_newtask(struct task_struct *task, u64 clone_flags), in the parent,
+ * once the child has its pid.  A new thread is not a new process. */
+int flamed_forked(struct bpf_raw_tracepoint_args *ctx)
+{
+    if ((u64)ctx->args[1] & FLAMED_CLONE_THREAD)
+        return 0;
+    u32 parent = bpf_get_current_pid_tgid() >> 32;
+    if (!filter_pids.lookup(&parent))
+        return 0;
+    u32 child = 0;
+    bpf_probe_read_kernel(&child, sizeof(child), (void *)ctx->args[0] + FLAMED_TASK_PID_OFF);
+    u8 followed = FLAMED_FOLLOWED;
+    if (child)
+        filter_pids.insert(&child, &followed); /* full: the child is found later, as without this */
+    return 0;
+}
+
+/* sched_process_exit(struct task_struct *p, ...), in the exiting task: a
+ * process filtered in at its fork leaves the filter with its main thread
+ * (its pid may be reused by anything); those user space added, it removes. */
+int flamed_exited(struct bpf_raw_tracepoint_args *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if ((u32)id != tgid)
+        return 0;
+    u8 *v = filter_pids.lookup(&tgid);
+    if (v && *v == FLAMED_FOLLOWED)
+        filter_pids.delete(&tgid);
+    return 0;
+}
+#endif
 
 BPF_RINGBUF_OUTPUT(events, FLAMED_RINGBUF_PAGES);
 

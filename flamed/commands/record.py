@@ -104,9 +104,11 @@ class RecordCommand(Command):
     instead.  See docs/daemon.md.
 
     With a COMMAND it runs it, stops when it exits and returns its exit code;
-    --subprocesses also records its Python descendants, and what it leaves
-    running when it exits (a daemon, `app &`) until that exits too (without
-    it, record names that process: record it with -p).  Ctrl-C (or SIGTERM)
+    --subprocesses also records every process it starts, each from its fork
+    (the BPF sampler follows them; with --no-bpf, its Python descendants
+    only, through py-spy), and what it leaves running when it exits (a
+    daemon, `app &`) until that exits too (without it, record names that
+    process: record it with -p).  Ctrl-C (or SIGTERM)
     writes what was recorded; the command gets SIGINT and 10 s to exit before
     it is killed (Ctrl-C again kills it at once).
 
@@ -143,8 +145,9 @@ class RecordCommand(Command):
                                    "speedscope get each sample at its time, per thread (--mode cpu, "
                                    "sampling here, not through the daemon)")
         parser.add_argument("--subprocesses", action="store_true",
-                            help="also record Python descendants, and follow what the command leaves running "
-                                 "when it exits (a daemon) until that exits or -d ends")
+                            help="also record the processes the command starts, from their fork (Python ones with "
+                                 "their Python frames; with --no-bpf only those, through py-spy), and follow what "
+                                 "it leaves running when it exits (a daemon) until that exits or -d ends")
         parser.add_argument("--mode", choices=MODES, default="cpu",
                             help="cpu: CPU samples (default); offcpu: time off the CPU, in microseconds; "
                                  "wall: CPU samples as time plus off-CPU time, in microseconds")
@@ -263,7 +266,8 @@ class RecordCommand(Command):
                 sampler, why = (None, "--no-bpf") if args.no_bpf else self._bpf_sampler(
                     args.rate, pysource.walker_wanted(policy), not args.no_unwind,
                     offcpu_min_us=args.min_block_us if timed else None, offcpu_every=args.offcpu_every,
-                    timeline=args.timeline is not None or _timed_output(args, fmt))
+                    timeline=args.timeline is not None or _timed_output(args, fmt),
+                    follow_forks=args.subprocesses)
             except KeyboardInterrupt:
                 return self._interrupted_before_sampling(
                     args, fmt, "the command was not started" if cmd else f"process {args.pid} was not sampled")
@@ -370,7 +374,7 @@ class RecordCommand(Command):
     # -- mixed mode ---------------------------------------------------------
     def _bpf_sampler(self, rate: int, python: bool, unwind: bool = True, *,
                      offcpu_min_us: int | None = None, offcpu_every: int = 1,
-                     timeline: bool = False) -> tuple[Any, str]:
+                     timeline: bool = False, follow_forks: bool = False) -> tuple[Any, str]:
         try:
             from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions  # noqa: PLC0415
             from flamed import cli  # noqa: PLC0415
@@ -383,7 +387,7 @@ class RecordCommand(Command):
                                      unwind_cache_dir=_cache_dir() if unwind else None,
                                      bpf_cache_dir=_cache_dir("bpf"),
                                      offcpu=offcpu_min_us is not None, offcpu_min_us=offcpu_min_us or 0,
-                                     offcpu_every=offcpu_every, timeline=timeline)
+                                     offcpu_every=offcpu_every, timeline=timeline, follow_forks=follow_forks)
             if cli.STANDALONE and program_is_cached(opts):
                 # Compiled before: bcc without clang and LLVM (0.2 s and ~65 MB less)
                 runtime_only()
@@ -684,7 +688,7 @@ class RecordCommand(Command):
 
     def _follow_survivors(self, mixed: MixedMode, left: list[int], followed: set[int], cmd: list[str]) -> None:
         """--subprocesses, once the command exited: what it left running is followed
-        (as its Python descendants are) until it exits or -d ends."""
+        (as its descendants are) until it exits or -d ends."""
         new = [p for p in left if p not in followed]
         if not new:
             return

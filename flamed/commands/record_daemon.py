@@ -388,13 +388,13 @@ class TargetWatch:
             self._kid_exes = {k: v for k, v in exes.items() if k in keep}
 
     def _subprocesses_hint(self, daemon: bool) -> str:
-        """What --subprocesses would do about the descendants: record them when one
-        was seen running Python; else it would not, and -p records any one process."""
+        """What --subprocesses would do about the descendants: record them, each
+        from its fork (with the BPF sampler; py-spy alone follows Python ones only)."""
+        here = " (sampling here, not through the daemon)" if daemon else ""
         if not self.python_children:
-            return ("none of them was seen running Python, and --subprocesses follows only Python "
-                    "descendants (flamed record -p PID records any one process)")
-        return ("--subprocesses also records a command's Python descendants"
-                + (" (sampling here, not through the daemon)" if daemon else ""))
+            return ("--subprocesses also records the processes a command starts, from their fork, with native "
+                    f"and kernel stacks{here}; none of them was seen running Python")
+        return f"--subprocesses also records the processes a command starts, from their fork{here}"
 
     def child_hint(self, *, daemon: bool) -> str:
         """"" when no child was seen, else why it was not recorded and how it would be."""

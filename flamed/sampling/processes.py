@@ -186,6 +186,10 @@ class ProcessHandler:
 # The manager
 
 
+#: The value of a pid filter entry the program wrote at a fork (bpf/profile.bpf.c,
+#: FLAMED_FOLLOWED); user space writes 1.
+FOLLOWED = 2
+
 #: The flags of a :class:`Process` the program reads, and the map of each.
 _FLAG_MAPS = {"watched": "watched", "filtered": "filter_pids"}
 
@@ -324,10 +328,21 @@ class ProcessManager:
             if p is not None:
                 setattr(p, flag, on)
                 self.table.release(p)
-            if self.program.bpf is not None:
+            if self.program.bpf is not None and not (on and flag == "filtered" and self._followed(tgid)):
                 (self.program.map_set if on else self.program.map_del)(_FLAG_MAPS[flag], tgid, ct.c_uint32)
                 if flag == "watched":
                     self._count_watched()
+
+    def _followed(self, tgid: int) -> bool:
+        """Is ``tgid`` in the pid filter as the program put it there at its fork
+        (``follow_forks``)?  Then it stays as it is: the program takes it out
+        at its exit, which an entry user space wrote would outlive."""
+        if not self.options.follow_forks:
+            return False
+        try:
+            return int(self.program.bpf["filter_pids"][ct.c_uint32(tgid)].value) == FOLLOWED
+        except KeyError:
+            return False
 
     def _count_watched(self) -> None:
         """Tell the program how many processes are watched (after the map changed:

@@ -193,6 +193,12 @@ class BpfSamplerOptions:
     offcpu_entries: int = 16384
     #: Waits spanning a drain, per generation (``OFF_CARRY_FULL`` beyond).
     offcpu_carried: int = 4096
+    #: With the pid filter (``pids``): a process that a filtered process
+    #: starts (fork, vfork, clone without CLONE_THREAD) is filtered in by the
+    #: program itself from its first instruction, and leaves the filter when
+    #: it exits (bpf/profile.bpf.c, flamed_forked/flamed_exited): what a
+    #: command starts is sampled before user space could know of it.
+    follow_forks: bool = False
     #: Remember one switch-out in N, at random, and count its wait N times:
     #: the stack walks at switch-out are the cost (bench/offcpu.py).  1: all.
     offcpu_every: int = 1
@@ -271,6 +277,8 @@ class BpfSamplerOptions:
                 raise bad(name, "must be 1..1048576")
         if self.unwind and not self.prime:
             raise bad("unwind", "needs prime (processes are described when first sampled)")
+        if self.follow_forks and self.pids is None:
+            raise bad("follow_forks", "needs the pid filter (pids=frozenset() at least)")
         if not 0 <= self.offcpu_min_us <= 3_600_000_000:
             raise bad("offcpu_min_us", "must be 0..3600000000 microseconds")
         for name in ("offcpu_starts", "offcpu_entries", "offcpu_carried", "offcpu_every"):
@@ -315,7 +323,8 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
     ``fsbase_offset``: where the running kernel keeps a task's fs base in
     ``task_struct`` (from its BTF, :func:`task_fsbase_offset`), for matching
     the threads of CPython 3.8-3.10; -1: unknown.  ``pid_offset``: where it
-    keeps the task's pid (:func:`task_pid_offset`), which off-CPU needs.
+    keeps the task's pid (:func:`task_pid_offset`), which off-CPU and
+    ``follow_forks`` need (:func:`needs_pid_offset`).
     """
     d = options.bpf_dir or default_bpf_dir()
     path = d / "profile.bpf.c"
@@ -356,7 +365,10 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
         "FLAMED_TASK_EXEC_ID_OFF": task_exec_id_offset() if options.prime else -1,
         "FLAMED_PYTHON": int(options.python),
         "FLAMED_UNWIND": int(options.unwind),
+        "FLAMED_FOLLOW_FORKS": int(options.follow_forks),
     }
+    if options.follow_forks or options.offcpu:
+        defines["FLAMED_TASK_PID_OFF"] = pid_offset
     if options.python:
         defines.update({
             "FLAMED_PY_DEPTH": options.python_depth,
@@ -377,7 +389,6 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
     if options.offcpu:
         defines.update({
             "FLAMED_OFFCPU": 1,
-            "FLAMED_TASK_PID_OFF": pid_offset,
             "FLAMED_OFF_MIN_NS": options.offcpu_min_us * 1000,
             "FLAMED_OFF_STARTS": options.offcpu_starts,
             "FLAMED_OFF_ENTRIES": options.offcpu_entries,
@@ -429,6 +440,11 @@ def task_exec_id_offset() -> int:
         return -1
 
 
+def needs_pid_offset(options: BpfSamplerOptions) -> bool:
+    """Do the options' programs read a task's pid from ``task_struct``?"""
+    return options.offcpu or options.follow_forks
+
+
 @functools.cache
 def task_pid_offset() -> int:
     """Offset of ``pid`` in the running kernel's ``task_struct`` (from
@@ -438,7 +454,7 @@ def task_pid_offset() -> int:
 
         return int(btf.Btf.load().member_offset("task_struct", "pid"))
     except Exception as e:  # noqa: BLE001 -- any failure means the same: off-CPU cannot run
-        raise CapabilityError(f"off-CPU needs task_struct.pid's offset from the kernel's BTF "
+        raise CapabilityError(f"off-CPU and following forks need task_struct.pid's offset from the kernel's BTF "
                               f"(/sys/kernel/btf/vmlinux): {e}") from None
 
 
@@ -450,7 +466,7 @@ def program_is_cached(options: BpfSamplerOptions) -> bool:
         return False
     try:
         prog = bpf_program(options, fsbase_offset=task_fsbase_offset() if options.python else -1,
-                           pid_offset=task_pid_offset() if options.offcpu else -1)
+                           pid_offset=task_pid_offset() if needs_pid_offset(options) else -1)
     except FlamedError:
         return False
     try:
@@ -463,7 +479,7 @@ def program_is_cached(options: BpfSamplerOptions) -> bool:
 
 def print_bpf(options: BpfSamplerOptions = BpfSamplerOptions(), file: TextIO | None = None) -> None:
     fs = task_fsbase_offset() if options.python else -1
-    pid = task_pid_offset() if options.offcpu else -1
+    pid = task_pid_offset() if needs_pid_offset(options) else -1
     (file or sys.stdout).write(bpf_program(options, fsbase_offset=fs, pid_offset=pid).render())
 
 
@@ -667,7 +683,7 @@ class KernelProgram:
         bcc = _import_bcc()
         _check_privileges()
         _check_pid_namespace()
-        pid_off = task_pid_offset() if self.options.offcpu else -1
+        pid_off = task_pid_offset() if needs_pid_offset(self.options) else -1
         prog = bpf_program(self.options, fsbase_offset=fsbase_offset(), pid_offset=pid_off)
         self.stat_idx = stat_indices(prog.path.parent / "flamed.h")
         made, text, err = _with_captured_stderr(
@@ -706,6 +722,9 @@ class KernelProgram:
             wanted.append((b"flamed_code_mapped", bcc.BPF.RAW_TRACEPOINT, "the new-code program (verifier)"))
         if self.options.offcpu:  # loaded (verified) now, attached with the perf events
             wanted.append((b"flamed_offcpu", bcc.BPF.RAW_TRACEPOINT, "the off-CPU program (verifier)"))
+        if self.options.follow_forks:  # attached with the perf events
+            wanted += [(n, bcc.BPF.RAW_TRACEPOINT, f"the fork-following program {n.decode()} (verifier)")
+                       for n in (b"flamed_forked", b"flamed_exited")]
         loaded, text, err = _with_captured_stderr(lambda: _load_funcs(b, wanted))
         for (name, _kind, what), (fn, ferr) in zip(wanted, loaded or [(None, err)] * len(wanted)):
             if ferr is not None or fn is None:
@@ -751,6 +770,7 @@ class KernelProgram:
                 self.event_name = name
                 self._attach_offcpu()
                 self._attach_code_mapped()
+                self._attach_forks()
                 if "cycles" in errors:
                     log.info(
                         "hardware event cpu-cycles unavailable (%s); sampling with the software cpu-clock",
@@ -799,6 +819,19 @@ class KernelProgram:
         if err is not None:
             log.warning("no report of code mapped after start (the mmap_lock_released raw tracepoint: %s): "
                         "libraries that processes load later are named only if they live until a drain", err)
+
+    def _attach_forks(self) -> None:
+        """``follow_forks``: the programs that filter in what a filtered process
+        starts, and let it go at its exit.  Without them sampling goes on, and
+        a process is sampled from when user space adds it."""
+        if not self.options.follow_forks:
+            return
+        for tp, fn in ((b"sched_process_exit", b"flamed_exited"), (b"task_newtask", b"flamed_forked")):
+            err = self._attach_raw(tp, fn)
+            if err is not None:
+                log.warning("cannot follow forks in BPF (the %s raw tracepoint: %s): a new process is sampled "
+                            "from when it is found (its exec, or a scan of /proc)", tp.decode(), err)
+                return
 
     def _attach_event(self, name: str, cpus: Iterable[int]) -> tuple[bool, int]:
         ev_type, ev_config = EVENTS[name]

@@ -304,8 +304,9 @@ def test_a_wrapper_that_forks_names_the_child_it_left_the_work_to(daemon_factory
     r = _record(["--socket", d.socket_path, "-o", str(out), "--", "timeout", "5", "sleep", "1.5"], timeout=60)
     assert r.returncode == 1, r.stderr
     assert re.search(r"timeout \(pid \d+\) exited [\d.]+ s after the record began, before the daemon saw it on "
-                     r"a CPU; it started sleep \(pid \d+\), which record does not follow: none of them was seen "
-                     r"running Python, and --subprocesses follows only Python descendants \(flamed record -p PID",
+                     r"a CPU; it started sleep \(pid \d+\), which record does not follow: --subprocesses also "
+                     r"records the processes a command starts, from their fork, with native and kernel stacks "
+                     r"\(sampling here, not through the daemon\); none of them was seen running Python",
                      r.stderr), r.stderr
     # Waiting for it with -p: the same child named while the wrapper still runs.
     wrapper = subprocess.Popen(["timeout", "30", "sleep", "20"])
