@@ -620,13 +620,15 @@ class ProfileStore:
         return True
 
     def log_exit_accounting(self) -> None:
-        """At exit: every sample given to the store is in a file written or counted lost; say so."""
+        """At exit: every sample given to the store is in a file written or counted lost; say so.
+        (Samples the program could not count, a full map, were never drained: the
+        sampler's own stop line and flamed_samples_lost_total say those.)"""
         unwritten = sum(f.samples for f in self.backlog)
         if unwritten:
             self.metrics.samples_lost.labels(reason="unwritten_at_exit").inc(unwritten)
         lost = self.samples_dropped + unwritten
         log.log(logging.ERROR if lost else logging.INFO,
-                "stopping: %d samples taken since start: %d in profile files written, %d lost (%d dropped from "
+                "stopping: %d samples drained since start: %d in profile files written, %d lost on the way to them (%d dropped from "
                 "the backlog over output.backlog_max_bytes=%d, %d in %d profile file(s), %d bytes, that could "
                 "not be written at exit%s)", self.samples_added, self.samples_written, lost, self.samples_dropped,
                 self.output.backlog_max_bytes, unwritten, len(self.backlog), self.backlog_bytes,

@@ -135,7 +135,7 @@ def test_full_disk_keeps_the_newest_files_and_counts_what_it_drops(daemon_factor
     d.signal(signal.SIGTERM)
     assert d.wait_exit(60) == 0
     log = d.log()
-    m = re.search(r"stopping: (\d+) samples taken since start: (\d+) in profile files written, (\d+) lost "
+    m = re.search(r"stopping: (\d+) samples drained since start: (\d+) in profile files written, (\d+) lost on the way to them "
                   r"\((\d+) dropped from the backlog over output.backlog_max_bytes=\d+, (\d+) in (\d+) profile "
                   r"file\(s\), \d+ bytes, that could not be written at exit", log)
     assert m, log[-3000:]
