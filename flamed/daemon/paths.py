@@ -87,6 +87,46 @@ def _missing(path: str, key: str) -> list[str]:
     return missing
 
 
+#: File systems of the kernel's own objects: no regular file can be made there
+#: (mkdir in a cgroup file system even succeeds, and makes a cgroup).
+_PSEUDO_FS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "devpts", "securityfs", "debugfs", "tracefs",
+                        "bpf", "configfs", "pstore", "efivarfs", "mqueue", "fusectl", "binfmt_misc", "nsfs",
+                        "selinuxfs", "hugetlbfs", "rpc_pipefs"})
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path field: blanks, tabs, newlines and backslashes are octal escapes."""
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def file_system_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The type of the file system holding ``path`` (an existing path, links
+    resolved), from the mount table; None when it cannot be read."""
+    real = os.path.realpath(path)
+    best: tuple[int, str] | None = None
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, sep, right = line.partition(" - ")
+                fields = left.split()
+                if not sep or len(fields) < 5 or not right.split():
+                    continue
+                mp = _unescape(fields[4])
+                if real == mp or real.startswith(mp.rstrip("/") + "/"):
+                    if best is None or len(mp) >= best[0]:  # the later of two at one place covers the earlier
+                        best = (len(mp), right.split()[0])
+    except OSError:
+        return None
+    return best[1] if best is not None else None
+
+
+def _check_pseudo(existing: str, path: str, key: str) -> None:
+    fstype = file_system_type(existing)
+    if fstype in _PSEUDO_FS:
+        raise path_error(f"{key}: {path} is on a {fstype} file system (at {existing}), which holds the kernel's "
+                         "own objects, not files; choose a directory on a disk or a tmpfs", None)
+
+
 def ensure_directory(path: str, key: str) -> list[str]:
     """Make ``path`` (and its missing parents) a directory; the directories created.
 
@@ -94,6 +134,7 @@ def ensure_directory(path: str, key: str) -> list[str]:
     Raises :class:`PathError` saying what is in the way."""
     path = os.path.abspath(path)
     missing = _missing(path, key)
+    _check_pseudo(os.path.dirname(missing[-1]) if missing else path, path, key)
     created: list[str] = []
     for d in reversed(missing):
         try:
@@ -120,6 +161,7 @@ def check_directory(path: str, key: str) -> None:
     path = os.path.abspath(path)
     missing = _missing(path, key)
     existing = os.path.dirname(missing[-1]) if missing else path
+    _check_pseudo(existing, path, key)
     if _read_only(existing):
         target = f"create directory {missing[-1]}" if missing else f"write to {path}"
         raise path_error(f"{key}: cannot {target}: {os.strerror(errno.EROFS)}{_hint(errno.EROFS)}", errno.EROFS)

@@ -406,3 +406,54 @@ def test_an_unknown_name_is_a_warning_the_default_group_missing_is_not() -> None
               if "on this system" in r.getMessage()}
     assert levels.get("'nosuchuser-xyz'") == "WARNING", levels
     assert levels.get("'flamed'", "INFO") == "INFO"  # absent here, or the package's group exists
+
+
+def _cgroup2_mount() -> str | None:
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if right.split()[:1] == ["cgroup2"]:
+                return left.split()[4]
+    return None
+
+
+def test_a_state_dir_on_the_kernels_own_file_systems_is_refused(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """--check-config said ok for a state_dir under /proc or /sys, and the start then
+    stopped with exit 2; under a cgroup file system mkdir even succeeds (it makes a
+    cgroup) and only the first write failed.  Both refuse it now, naming the file
+    system, and nothing is created."""
+    from flamed.daemon.paths import PathError, ensure_directory
+
+    sock = f'\n[control]\nsocket = "{tmp_path}/ok.sock"\n'
+    for path, fstype in (("/proc/flamed-profiles", "proc"), ("/sys/flamed/profiles", "sysfs")):
+        code, out, err = _check(tmp_path, f'[output]\nstate_dir = "{path}"\n{sock}', capsys)
+        assert code == 2 and out == "", err
+        assert f"output.state_dir: {path} is on a {fstype} file system" in err and err.count("\n") == 1, err
+    cg = _cgroup2_mount()
+    if cg is None:
+        pytest.skip("no cgroup2 file system mounted here")
+    target = f"{cg}/flamed-test-state-{os.getpid()}"
+    with pytest.raises(PathError, match=r"is on a cgroup2 file system .* not files") as e:
+        ensure_directory(target, "output.state_dir")
+    assert e.value.exit_code == 2
+    assert not os.path.exists(target)
+
+
+def test_file_system_type_reads_the_mount_table(tmp_path: Path) -> None:
+    from flamed.daemon.paths import file_system_type
+
+    (tmp_path / "a b").mkdir()
+    (tmp_path / "a b" / "c").mkdir()
+    table = tmp_path / "mountinfo"
+    esc = str(tmp_path).replace(" ", "\\040")
+    table.write_text(
+        "21 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
+        f"30 21 0:5 / {esc}/a\\040b rw shared:1 - tmpfs none rw\n"
+        f"31 30 0:6 / {esc}/a\\040b/c rw - proc proc rw\n"
+        f"32 30 0:7 / {esc}/a\\040b/c rw - sysfs sys rw\n"  # mounted later over the same place
+        "garbage line\n")
+    assert file_system_type(str(tmp_path), str(table)) == "ext4"
+    assert file_system_type(str(tmp_path / "a b"), str(table)) == "tmpfs"
+    assert file_system_type(str(tmp_path / "a b" / "c"), str(table)) == "sysfs"
+    assert file_system_type(str(tmp_path), str(tmp_path / "none")) is None
