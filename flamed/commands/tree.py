@@ -7,7 +7,7 @@ import argparse
 from flamed.commands.base import Command
 from flamed.commands.collapse import add_input_arguments, run_collapse
 from flamed.fileio import open_output
-from flamed.outputs.jsontree import build_tree, write_tree
+from flamed.outputs.jsontree import build_tree, tree_unit, write_tree
 
 
 class TreeCommand(Command):
@@ -35,5 +35,5 @@ class TreeCommand(Command):
     def run(self, args: argparse.Namespace) -> int:
         profile = run_collapse(self, args).profile
         with open_output(args.output) as out:
-            write_tree(build_tree(profile), out, name=args.root_name, indent=args.indent)
+            write_tree(build_tree(profile), out, name=args.root_name, indent=args.indent, unit=tree_unit(profile))
         return 0

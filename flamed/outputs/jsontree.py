@@ -4,7 +4,9 @@
 root is named ``root`` and holds the profile's total; children are sorted by
 name so the output is byte-stable.  Written iteratively, so stacks of any
 depth work (no recursion limit).  Non-ASCII and undecodable bytes are
-``\\u`` escapes, so the file is plain ASCII JSON.
+``\\u`` escapes, so the file is plain ASCII JSON.  A profile of times
+(off-CPU, wall) says the unit of its values in the root's ``"unit"``
+(``"microseconds"``...); sample counts have none.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, BinaryIO
 
-from flamed.model import Profile, Weight, format_weight
+from flamed.model import Profile, Weight, format_weight, time_unit_ns
 from flamed.outputs.base import OutputFormat, OutputOptions
 from flamed.progress import counted, phase
 
@@ -35,14 +37,22 @@ def build_tree(profile: Profile) -> Node:
     return root
 
 
-def write_tree(root: Node, out: BinaryIO, *, name: str = "root", indent: bool = False) -> None:
-    """Serialise a tree from :func:`build_tree` without recursion."""
+def tree_unit(profile: Profile) -> str | None:
+    """The unit of a profile of times (its ``unit`` label), else None (sample counts)."""
+    return profile.labels.get("unit") if time_unit_ns(profile) is not None else None
+
+
+def write_tree(root: Node, out: BinaryIO, *, name: str = "root", indent: bool = False,
+               unit: str | None = None) -> None:
+    """Serialise a tree from :func:`build_tree` without recursion; ``unit``
+    (of a profile of times, :func:`tree_unit`) goes in the root object."""
     buf: list[str] = []
     nl = "\n" if indent else ""
 
     def head(n: str, v: Weight, depth: int) -> str:
         pad = " " * (2 * depth) if indent else ""
-        return f'{pad}{{"name":{json.dumps(n)},"value":{format_weight(v)},"children":['
+        extra = f',"unit":{json.dumps(unit)}' if unit is not None and depth == 0 else ""
+        return f'{pad}{{"name":{json.dumps(n)},"value":{format_weight(v)}{extra},"children":['
 
     buf.append(head(name, root[0], 0))
     stack = [iter(sorted(root[1].items()))]
@@ -77,4 +87,4 @@ class JsonTreeFormat(OutputFormat):
     description = "JSON call tree {name, value, children} (d3-flame-graph)"
 
     def write(self, profile: Profile, out: BinaryIO, options: OutputOptions | None = None) -> None:
-        write_tree(build_tree(profile), out)
+        write_tree(build_tree(profile), out, unit=tree_unit(profile))

@@ -704,3 +704,21 @@ def test_pprof_main_binary_is_never_a_marker_frame() -> None:
     p = Profile({("[truncated: no table]", "main", "work"): 9, ("myapp-12", "main"): 2})
     assert main_binary(p) == "myapp"
     assert main_binary(Profile({("[truncated: no table]", "main"): 9, ("[unknown]", "x"): 3})) == ""
+
+
+def test_json_tree_of_times_names_its_unit_and_counts_have_none() -> None:
+    """The JSON tree of an off-CPU or wall profile held microseconds with nothing
+    to say so (a reader took them for samples); its root now says "unit"."""
+    from flamed.outputs.jsontree import build_tree, tree_unit, write_tree
+
+    times = Profile(stacks={("a", "b"): 1500, ("a",): 500}, labels={"kind": "off_cpu", "unit": "microseconds"})
+    counts = Profile(stacks={("a", "b"): 3})
+    for prof, unit in ((times, "microseconds"), (counts, None)):
+        out = io.BytesIO()
+        get("json").write(prof, out)
+        root = json.loads(out.getvalue())
+        assert root.get("unit") == unit and root["value"] == prof.total(), root
+        assert all("unit" not in c for c in root["children"]), root
+        out = io.BytesIO()
+        write_tree(build_tree(prof), out, name="all", indent=True, unit=tree_unit(prof))  # flamed tree's call
+        assert json.loads(out.getvalue()).get("unit") == unit
