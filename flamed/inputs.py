@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
-from flamed.errors import InputError
+from flamed.errors import FlamedError, InputError
 from flamed.fastfolded import count_folded, profile_from_counts
 from flamed.fileio import GZIP_MAGIC, UTF8_BOM, input_name, open_input, peek_stdin
 from flamed.folded import ReadStats, is_differential
@@ -88,6 +88,19 @@ def sniff(head: bytes) -> str:
     if _looks_pprof(head):
         return "pprof"
     return "other"
+
+
+def foreign_kind(path: str) -> str:
+    """``pprof`` or ``speedscope`` when the file at ``path`` is one (flamed's own
+    exports, or another tool's), else ``other`` (standard input, a file that
+    cannot be opened: left to the reader that reports it)."""
+    if path == "-":
+        return "other"
+    try:
+        with open_input(path) as f:
+            return sniff(_head(f))
+    except (OSError, FlamedError):
+        return "other"
 
 
 def _collapse_guess(head: bytes, source: str) -> Any | None:

@@ -11,6 +11,9 @@ from flamed.commands._argtypes import jobs as jobs_type
 from flamed.commands.base import Command
 from flamed.errors import UsageError
 from flamed.fileio import open_output
+from flamed.folded import ReadStats
+from flamed.inputs import foreign_kind, load_profile
+from flamed.model import Profile
 from flamed.outputs import choose, get
 from flamed.outputs import names as output_formats
 from flamed.outputs.base import OutputOptions
@@ -76,14 +79,26 @@ def run_collapse(cmd: Command, args: argparse.Namespace) -> CollapseResult:
     chunk = getattr(args, "chunk_size", DEFAULT_CHUNK_BYTES)
     if chunk < 1024:
         raise UsageError("--chunk-size must be at least 1024 bytes")
-    res = collapse(
-        args.inputs,
-        fmt=args.input_format,
-        options=collapse_options(args),
-        jobs=jobs if jobs is not None else default_jobs(),
-        chunk_bytes=chunk,
-        progress_stream=cmd.stderr,
-    )
+    # pprof and speedscope files (flamed's own exports, `record -o x.pb.gz`) are read as
+    # profiles, as svg and export read them; the rest is collapsed.
+    foreign = [p for p in args.inputs if foreign_kind(p) != "other"] if args.input_format is None else []
+    rest = [p for p in args.inputs if p not in foreign]
+    if foreign and not rest:
+        res = CollapseResult(Profile(), ReadStats())
+    else:
+        res = collapse(
+            rest,
+            fmt=args.input_format,
+            options=collapse_options(args),
+            jobs=jobs if jobs is not None else default_jobs(),
+            chunk_bytes=chunk,
+            progress_stream=cmd.stderr,
+        )
+    if foreign:
+        stats = ReadStats()
+        read = load_profile(foreign, strict=args.strict, stats=stats)
+        res.profile = res.profile.merged(read) if rest else read
+        res.stats.merge(stats)
     for m in res.messages:
         cmd.warn(m)
     summary = res.stats.summary()
@@ -97,7 +112,8 @@ class CollapseCommand(Command):
 
     Reads perf script text, bcc profile output (folded or multi-line), py-spy
     raw output, timestamped traces ('TIMESTAMP STACK [COUNT]') and folded
-    stacks; the format is guessed unless --format names it. Large inputs are
+    stacks; the format is guessed unless --format names it.  pprof and
+    speedscope files (flamed's exports) named by path are read as profiles. Large inputs are
     split at sample boundaries and parsed by --jobs worker processes; the
     output is byte-identical for any number of jobs. Memory grows with the
     number of distinct stacks, not with the input size.

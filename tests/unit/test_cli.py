@@ -92,3 +92,33 @@ def test_collapse_to_a_trace_is_refused_before_the_input_is_read(tmp_path: Path)
     err = io.StringIO()
     assert main(["collapse", "--output-format", "trace", str(big)], stderr=err) == 2
     assert "invalid choice: 'trace'" in err.getvalue()
+
+
+def test_top_tree_and_collapse_read_pprof_and_speedscope_files(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`flamed record -o x.pb.gz`, then `flamed top x.pb.gz`: top, tree and
+    collapse said "cannot tell the input format", though svg and export read
+    those files.  They read them now (off-CPU time keeps its unit), beside
+    collapsed inputs."""
+    from flamed.model import Profile
+    from flamed.outputs import get
+
+    off = Profile(stacks={("app-1/1", "a", "b"): 1500, ("app-1/1", "a"): 500},
+                  labels={"kind": "off_cpu", "unit": "microseconds"})
+    cpu = Profile(stacks={("a", "b", "c"): 3, ("a", "b"): 2})
+    for name, prof, fmt in (("off.pb.gz", off, "pprof"), ("cpu.speedscope.json", cpu, "speedscope")):
+        with (tmp_path / name).open("wb") as f:
+            get(fmt).write(prof, f)
+    (tmp_path / "cpu.folded").write_text("a;b;c 3\na;b 2\n")
+
+    def run(*args: str) -> str:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        return out
+
+    top = run("top", str(tmp_path / "off.pb.gz"))
+    assert "total weight 2000 \u00b5s of off-CPU time" in top and " b\n" in top, top
+    assert '"unit":"microseconds"' in run("tree", str(tmp_path / "off.pb.gz"))
+    both = run("collapse", str(tmp_path / "cpu.speedscope.json"), str(tmp_path / "cpu.folded"))
+    assert both.splitlines() == ["a;b 4", "a;b;c 6"], both
