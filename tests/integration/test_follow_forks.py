@@ -72,6 +72,13 @@ def test_followed_processes_leave_the_filter_and_threads_never_enter(require_bpf
         def filtered() -> dict[int, int]:
             return {k.value: v.value for k, v in table.items()}
 
+        def back_to_me() -> dict[int, int]:
+            """The filter once exits have been seen (the exit program ran before the wait returned)."""
+            deadline = time.monotonic() + 10
+            while (now := filtered()) != {me: 1} and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return now
+
         assert filtered() == {me: 1}
         for _ in range(200):
             subprocess.run(["true"], check=True)
@@ -87,10 +94,7 @@ def test_followed_processes_leave_the_filter_and_threads_never_enter(require_bpf
             t.join(10)
             long.kill()
             long.wait(10)
-        deadline = time.monotonic() + 10
-        while filtered() != {me: 1} and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert filtered() == {me: 1}
+        assert back_to_me() == {me: 1}
         # A followed process that user space then finds (a Python child, found by the
         # watcher) stays the program's to take out: its entry is gone after its exit too.
         found = subprocess.Popen(["sleep", "30"])
@@ -98,9 +102,6 @@ def test_followed_processes_leave_the_filter_and_threads_never_enter(require_bpf
         assert filtered() == {me: 1, found.pid: 2}
         found.kill()
         found.wait(10)
-        deadline = time.monotonic() + 10
-        while filtered() != {me: 1} and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert filtered() == {me: 1}
+        assert back_to_me() == {me: 1}
     finally:
         s.close()
