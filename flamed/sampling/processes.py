@@ -384,6 +384,7 @@ class ProcessManager:
             if p.exited and self._current_image_read(p.tgid):
                 p.exited = False
                 self.table.release(p)
+        self._unfilter_gone()
         for h in self._handlers:
             h.settle(self.table)
         again = False
@@ -399,6 +400,20 @@ class ProcessManager:
                     again = True
         if again:
             self.wake()
+
+    def _unfilter_gone(self) -> None:
+        """Take the processes that exited out of the pid filter: user space
+        added them, and nothing else would (the program takes out only those it
+        followed at their fork).  A recording that found thousands of short
+        processes over its life (``record --subprocesses`` of a build or a test
+        run) would otherwise fill the map, and its pids, reused, be sampled."""
+        if self.options.pids is None or self.program.bpf is None:
+            return
+        for p in self.table:
+            if p.filtered and not _alive(p.tgid):
+                p.filtered = False
+                self.program.map_del("filter_pids", p.tgid, ct.c_uint32)
+                self.table.release(p)
 
     #: A process not sampled for this many drains is forgotten by the late
     #: check: if its pid comes back as another process, that one is read.

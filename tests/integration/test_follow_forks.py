@@ -105,3 +105,34 @@ def test_followed_processes_leave_the_filter_and_threads_never_enter(require_bpf
         assert back_to_me() == {me: 1}
     finally:
         s.close()
+
+
+def test_processes_user_space_added_leave_the_filter_after_their_exit(require_bpf: None) -> None:
+    """A process added to the pid filter by user space (a Python descendant found
+    by record's watcher) stayed in it after its exit: a recording that found
+    more than 1,024 over its life filled the map.  The drain after the exit takes
+    it out; a live one stays."""
+    from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
+
+    s = BpfSampler(BpfSamplerOptions(frequency=19, pids=frozenset(), prime=False))
+    s.start()
+    kids = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    try:
+        table = s._program.bpf["filter_pids"]
+        for k in kids:
+            s.add_pid(k.pid)
+        assert sorted(k.value for k in table.keys()) == sorted(k.pid for k in kids)
+        kids[0].kill()
+        kids[0].wait(10)
+        kids[1].kill()  # a zombie (not reaped yet) has exited too
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{kids[1].pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        s.drain()
+        assert [k.value for k in table.keys()] == [kids[2].pid]
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait(10)
+        s.close()
