@@ -164,6 +164,10 @@ BPF_HASH(filter_comms, struct flamed_comm, u8, FLAMED_FILTER_MAX);
  * Entries made here hold FLAMED_FOLLOWED; user space writes 1. */
 #define FLAMED_FOLLOWED 2
 #define FLAMED_CLONE_THREAD 0x00010000ULL
+/* Processes whose new children are filtered in, themselves not sampled:
+ * `flamed record` while it starts the command, so that the command is in the
+ * filter from its fork, before it can start anything of its own. */
+BPF_HASH(fork_parents, u32, u8, 64);
 
 /* task_newtask(struct task_struct *task, u64 clone_flags), in the parent,
  * once the child has its pid.  A new thread is not a new process. */
@@ -172,7 +176,7 @@ int flamed_forked(struct bpf_raw_tracepoint_args *ctx)
     if ((u64)ctx->args[1] & FLAMED_CLONE_THREAD)
         return 0;
     u32 parent = bpf_get_current_pid_tgid() >> 32;
-    if (!filter_pids.lookup(&parent))
+    if (!filter_pids.lookup(&parent) && !fork_parents.lookup(&parent))
         return 0;
     u32 child = 0;
     bpf_probe_read_kernel(&child, sizeof(child), (void *)ctx->args[0] + FLAMED_TASK_PID_OFF);

@@ -413,6 +413,9 @@ class RecordCommand(Command):
         samples: list[tuple[SampleEvent, Stack]] = []
         counts: dict[tuple[int, int, str, Stack], int] = {}
         self._identities: dict[int, CgroupIdentity] = {}  # tgid -> its cgroup's owner, for --root
+        #: --subprocesses: (the command's pid, record's comm, the command's name), for
+        #: the samples of the command between its fork and its exec.
+        self._pre_exec: tuple[int, str, str] | None = None
         self._offcpu: dict[tuple[int, int, str, Stack], int] = {}  # ns, --mode offcpu/wall
         #: Stacks lost (Window.lost, Window.offcpu_lost) and samples taken, summed over the drains.
         self._lost: dict[str, int] = {}
@@ -471,11 +474,23 @@ class RecordCommand(Command):
                                       "program compiled): nothing was recorded; record a longer-lived "
                                       "process, or run the command under flamed record -- COMMAND")
                 if cmd:
+                    # --subprocesses: the command is in the filter from its fork (record itself
+                    # is not sampled), so a fast one (a shell) cannot start a child unfollowed
+                    # before add_pid below.
+                    adopt = bool(args.subprocesses)
+                    if adopt:
+                        sampler.follow_children_of(os.getpid())
                     try:
                         child = subprocess.Popen(cmd, stdout=args.command_stdout)
                     except OSError as e:
                         raise UsageError(f"cannot run {cmd[0]}: {e.strerror}") from None
+                    finally:
+                        if adopt:
+                            sampler.follow_children_of(os.getpid(), False)
                     target = child.pid
+                    if adopt:
+                        # Sampled from its fork: until its exec it bears record's name.
+                        self._pre_exec = (child.pid, _own_comm(), os.path.basename(cmd[0])[:15])
                 sampler.add_pid(target)
                 t_sampling = time.monotonic()
                 began = True
@@ -765,8 +780,11 @@ class RecordCommand(Command):
         mode = getattr(args, "mode", "cpu")
         p = Profile(sample_rate=float(args.rate), labels={**_mode_labels(mode), "source": "flamed record"})
         identities = getattr(self, "_identities", {})
+        pre_exec: tuple[int, str, str] | None = getattr(self, "_pre_exec", None)
 
         def key(tgid: int, tid: int, comm: str, stack: Stack) -> Stack:
+            if pre_exec is not None and tgid == pre_exec[0] and comm == pre_exec[1]:
+                comm = pre_exec[2]  # the command between its fork and its exec (--subprocesses)
             return root_frames(kinds, tgid, tid, comm, identities.get(tgid)) + stack
 
         # CPU samples weigh one each, or their share of CPU time in wall mode;
@@ -1118,6 +1136,15 @@ def _check_command(name: str) -> None:
 def _describe(e: BaseException) -> str:
     """An error in a message: a FlamedError's own words, else its type and words."""
     return str(e) if isinstance(e, FlamedError) else f"{type(e).__name__}: {e}"
+
+
+def _own_comm() -> str:
+    """This process's name as the kernel gives it to samples (``/proc/self/comm``)."""
+    try:
+        with open("/proc/self/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().rstrip("\n")
+    except OSError:
+        return ""
 
 
 def _alive(pid: int) -> bool:

@@ -221,6 +221,13 @@ class BpfSampler:
     def remove_pid(self, tgid: int) -> None:
         self._processes.remove_pid(tgid)
 
+    def follow_children_of(self, tgid: int, on: bool = True) -> None:
+        """With ``follow_forks``: while on, the processes ``tgid`` starts are put in
+        the pid filter at their fork (``tgid`` itself is not sampled).  ``flamed
+        record`` sets it around the start of its command, which is then filtered
+        in before it can start anything of its own."""
+        self._processes.follow_children_of(tgid, on)
+
     def forget(self, pid: int) -> None:
         """``pid`` exited or exec'd: drop its symbols once the next drain has
         symbolized the samples it still has in flight."""

@@ -320,6 +320,13 @@ class ProcessManager:
         self._need_pid_filter()
         self._mark(tgid, "filtered", False)
 
+    def follow_children_of(self, tgid: int, on: bool) -> None:
+        if not self.options.follow_forks:
+            raise FlamedError("follow_children_of needs follow_forks")
+        with self.lock:
+            if self.program.bpf is not None:
+                (self.program.map_set if on else self.program.map_del)("fork_parents", tgid, ct.c_uint32)
+
     def _mark(self, tgid: int, flag: Literal["watched", "filtered"], on: bool) -> None:
         """Set or clear one of the flags the program reads from a map, in the
         record and (once loaded) in the map."""
