@@ -396,3 +396,36 @@ def test_a_process_with_more_mappings_than_unwind_maps_keeps_some_and_says_so(
     assert u.stats.mappings_dropped == 2
     said = [r.getMessage() for r in caplog.records if "unwind_maps" in r.getMessage()]
     assert len(said) == 1 and "pid 10 has 9 executable mappings" in said[0] and "sampling.unwind_maps (8)" in said[0]
+
+
+def test_slots_of_exited_processes_are_reclaimed_when_they_run_out(tmp_path: Path, binaries: list[Path]) -> None:
+    """Nothing told the unwinder of a non-Python process's exit: after
+    unwind_max_procs processes had come and gone, every new one kept
+    frame-pointer stacks, and one described again raised "pop from empty
+    list" (`record --subprocesses` of 1,100 pyenv-shimmed `python3 -c pass`).
+    The slots of exited processes (gone from /proc, or zombies) are reclaimed;
+    with none free, a process described before keeps its description."""
+    import shutil as sh
+
+    proc = tmp_path / "proc"
+    u, maps = make(tmp_path, proc, rows=8192)  # max_procs=16
+    for pid in range(100, 116):
+        fake_process(proc, pid, binaries[:1])
+        assert u.describe(pid)
+    fake_process(proc, 200, binaries[:1])
+    for pid in (100, 101):
+        sh.rmtree(proc / str(pid))  # exited and reaped
+    (proc / "102" / "stat").write_text("102 (prog0) Z 1 102 102 0 -1 4194564 0\n")  # a zombie
+    assert u.describe(200)
+    assert set(maps["uw_procs"].values) == set(range(103, 116)) | {200}
+    for pid in (201, 202):
+        fake_process(proc, pid, binaries[:1])
+        assert u.describe(pid)
+    # Full of live processes: a new one is refused, one described before keeps its entry.
+    fake_process(proc, 203, binaries[:1])
+    assert not u.describe(203) and 203 not in maps["uw_procs"].values
+    before = maps["uw_procs"].values[110]
+    fake_process(proc, 110, binaries[:2])  # maps a second binary: described again
+    u._last_reclaim = -float("inf")
+    assert not u.describe(110)
+    assert maps["uw_procs"].values[110] == before

@@ -60,6 +60,20 @@ EVICT_IDLE_S = 30.0
 BUILDER_STOP_WAIT_S = 1.0
 
 
+
+def _exited(proc: Path, tgid: int) -> bool:
+    """Has ``tgid`` exited (no /proc entry, or a zombie)?"""
+    d = proc / str(tgid)
+    try:
+        with open(d / "stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return not d.exists()
+    except OSError:
+        return False
+    state = stat.rpartition(b") ")[2][:1]
+    return state in (b"Z", b"X")
+
 class TableEntry(NamedTuple):
     key: str
     first: int
@@ -281,6 +295,7 @@ class Unwinder:
         self._described: dict[int, tuple[tuple[int, int, int, int, int], ...]] = {}
         self._slots: dict[int, int] = {}  # tgid -> its block of unwind_maps entries in uw_maps
         self._free_slots = list(range(max_procs - 1, -1, -1))
+        self._last_reclaim = -float("inf")  # clock of the last look for exited processes (_reclaim_slots)
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._pending: set[int] = set()
         self._thread: threading.Thread | None = None
@@ -438,8 +453,13 @@ class Unwinder:
         if not any(e[3].rows for e in entries):
             self.forget(tgid)
             return False
-        if tgid not in self._slots and not self._free_slots:
-            log.debug("unwind_max_procs reached: pid %d keeps frame-pointer stacks", tgid)
+        if not self._free_slots:
+            self._reclaim_slots()
+        if not self._free_slots:
+            # (A process described before keeps its description: a fresh block is
+            # written before the switch, and there is none.)
+            log.debug("unwind_max_procs reached: pid %d keeps %s", tgid,
+                      "its earlier description" if tgid in self._slots else "frame-pointer stacks")
             return False
         # A fresh block, then the switch: a sample never sees a half-written list.
         slot = self._free_slots.pop()
@@ -464,6 +484,26 @@ class Unwinder:
             # from the mappings it was told of.
             self._on_described(tgid, [e[0] for e in entries])
         return True
+
+    #: Seconds between two looks for exited processes when the slots run out.
+    RECLAIM_EVERY_S = 1.0
+
+    def _reclaim_slots(self) -> None:
+        """Every slot is taken: free those of described processes that exited.
+        Nothing else tells the unwinder of an exit (the watcher reports Python
+        processes only), so on a host that starts thousands of processes, or a
+        ``record --subprocesses`` of a build, the slots filled with the dead
+        and the living kept frame-pointer stacks (and a process described
+        again failed: "pop from empty list")."""
+        now = self._clock()
+        if now - self._last_reclaim < self.RECLAIM_EVERY_S:
+            return
+        self._last_reclaim = now
+        gone = [t for t in list(self._described) if _exited(self._proc, t)]
+        for t in gone:
+            self.forget(t)
+        if gone:
+            log.debug("unwind: %d slots of exited processes freed", len(gone))
 
     def forget(self, tgid: int) -> None:
         self._uses.pop(tgid, None)
