@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, cast
 
 from flamed.errors import FlamedError
-from flamed.procstat import EXITED, PF_KTHREAD, read_stat
+from flamed.procstat import EXITED, PF_KTHREAD, read_stat, running
 from flamed.sampling.stats import SamplerStats
 from flamed.sampling.program import BpfSamplerOptions, KernelProgram
 from flamed.sampling.symbols import ProcessIdentity, Symbolizer, read_identity
@@ -417,7 +417,7 @@ class ProcessManager:
         if self.options.pids is None or self.program.bpf is None:
             return
         for p in self.table:
-            if p.filtered and not _alive(p.tgid):
+            if p.filtered and not running(f"/proc/{p.tgid}/stat"):
                 p.filtered = False
                 self.program.map_del("filter_pids", p.tgid, ct.c_uint32)
                 self.table.release(p)

@@ -117,7 +117,7 @@ def test_processes_user_space_added_leave_the_filter_after_their_exit(require_bp
     """A process added to the pid filter by user space (a Python descendant found
     by record's watcher) stayed in it after its exit: a recording that found
     more than 1,024 over its life filled the map.  The drain after the exit takes
-    it out; a live one stays."""
+    it out; a live one stays, a kernel thread too (`record -p 2`)."""
     from flamed.sampling.bpf import BpfSampler, BpfSamplerOptions
 
     s = BpfSampler(BpfSamplerOptions(frequency=19, pids=frozenset(), prime=False))
@@ -127,7 +127,8 @@ def test_processes_user_space_added_leave_the_filter_after_their_exit(require_bp
         table = s._program.bpf["filter_pids"]
         for k in kids:
             s.add_pid(k.pid)
-        assert sorted(k.value for k in table.keys()) == sorted(k.pid for k in kids)
+        s.add_pid(2)  # kthreadd
+        assert sorted(k.value for k in table.keys()) == sorted([2, *(k.pid for k in kids)])
         kids[0].kill()
         kids[0].wait(10)
         kids[1].kill()  # a zombie (not reaped yet) has exited too
@@ -136,7 +137,7 @@ def test_processes_user_space_added_leave_the_filter_after_their_exit(require_bp
             assert time.monotonic() < deadline
             time.sleep(0.01)
         s.drain()
-        assert [k.value for k in table.keys()] == [kids[2].pid]
+        assert sorted(k.value for k in table.keys()) == [2, kids[2].pid]
     finally:
         for k in kids:
             k.kill()
