@@ -30,6 +30,7 @@ from flamed.folded import read_folded
 from flamed.model import Profile, Sample, Stack, task_frame
 from flamed.outputs.base import OutputOptions
 from flamed.procstat import OFF_CPU_STATES, running, status_tgid, thread_states
+from flamed.procstat import comm as process_comm
 from flamed.pyspy.align import JoinOptions
 from flamed.pyspy.mixed import MixedMode, MixedOptions
 from flamed.pyspy.supervisor import MAX_RATE, PySpyOptions, find_pyspy
@@ -490,7 +491,7 @@ class RecordCommand(Command):
                     target = child.pid
                     if adopt:
                         # Sampled from its fork: until its exec it bears record's name.
-                        self._pre_exec = (child.pid, _own_comm(), os.path.basename(cmd[0])[:15])
+                        self._pre_exec = (child.pid, process_comm(os.getpid()), os.path.basename(cmd[0])[:15])
                 sampler.add_pid(target)
                 t_sampling = time.monotonic()
                 began = True
@@ -1136,15 +1137,6 @@ def _check_command(name: str) -> None:
 def _describe(e: BaseException) -> str:
     """An error in a message: a FlamedError's own words, else its type and words."""
     return str(e) if isinstance(e, FlamedError) else f"{type(e).__name__}: {e}"
-
-
-def _own_comm() -> str:
-    """This process's name as the kernel gives it to samples (``/proc/self/comm``)."""
-    try:
-        with open("/proc/self/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().rstrip("\n")
-    except OSError:
-        return ""
 
 
 def _alive(pid: int) -> bool:

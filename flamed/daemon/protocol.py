@@ -92,24 +92,16 @@ _FIELDS = {
 def request_kind(line: bytes) -> str:
     """The known request a line names (``snapshot``, ``status``, ``flush``), else
     ``unknown``: how a request refused before it is served (busy) is counted."""
-    if len(line) > MAX_REQUEST_BYTES:
-        return "unknown"
     try:
-        obj = json.loads(line.decode("utf-8").removeprefix("\ufeff"), parse_int=_parse_int,
-                         parse_constant=_parse_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError, ProtocolError):
+        obj = _decode(line)
+    except ProtocolError:
         return "unknown"
     kind = obj.get("request") if isinstance(obj, dict) else None
     return kind if isinstance(kind, str) and kind in REQUESTS else "unknown"
 
 
-def parse_request(line: bytes, *, formats: list[str], max_next: float, ring_seconds: float | None = None,
-                  default_seconds: float = 60.0, default_root: str = "pid") -> Request:
-    """Validate one request line; raises :class:`ProtocolError` with a message for the client.
-
-    ``ring_seconds``: how much the daemon's ring holds; a ``next`` span longer
-    than that is refused (its oldest windows would be gone when it ends).
-    """
+def _decode(line: bytes) -> Any:
+    """The JSON value of a request line; raises :class:`ProtocolError` saying why not."""
     if len(line) > MAX_REQUEST_BYTES:
         raise ProtocolError(f"request longer than {MAX_REQUEST_BYTES} bytes", "too_large")
     try:
@@ -125,6 +117,17 @@ def parse_request(line: bytes, *, formats: list[str], max_next: float, ring_seco
         raise ProtocolError(f"request is not valid JSON ({e.msg} at offset {e.pos}); {EXPECTED_REQUEST}") from None
     except RecursionError:
         raise ProtocolError(f"request is nested too deeply; {EXPECTED_REQUEST}") from None
+    return obj
+
+
+def parse_request(line: bytes, *, formats: list[str], max_next: float, ring_seconds: float | None = None,
+                  default_seconds: float = 60.0, default_root: str = "pid") -> Request:
+    """Validate one request line; raises :class:`ProtocolError` with a message for the client.
+
+    ``ring_seconds``: how much the daemon's ring holds; a ``next`` span longer
+    than that is refused (its oldest windows would be gone when it ends).
+    """
+    obj = _decode(line)
     if not isinstance(obj, dict):
         raise ProtocolError("request must be a JSON object such as {\"request\": \"status\"}")
     kind = obj.get("request")

@@ -367,7 +367,7 @@ def bpf_program(options: BpfSamplerOptions = BpfSamplerOptions(), *, fsbase_offs
         "FLAMED_UNWIND": int(options.unwind),
         "FLAMED_FOLLOW_FORKS": int(options.follow_forks),
     }
-    if options.follow_forks or options.offcpu:
+    if needs_pid_offset(options):
         defines["FLAMED_TASK_PID_OFF"] = pid_offset
     if options.python:
         defines.update({

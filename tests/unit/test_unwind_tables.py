@@ -68,7 +68,8 @@ def make(tmp_path: Path, proc: Path, rows: int) -> tuple[Unwinder, dict[str, Fak
 
 
 def fake_process(proc: Path, pid: int, binaries: list[Path]) -> None:
-    """/proc/PID/maps mapping each binary's executable segment, and /proc/PID/root."""
+    """/proc/PID/maps mapping each binary's executable segment, /proc/PID/root,
+    and a /proc/PID/stat of a sleeping process."""
     d = proc / str(pid)
     d.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -81,6 +82,8 @@ def fake_process(proc: Path, pid: int, binaries: list[Path]) -> None:
     (d / "maps").write_text("\n".join(lines) + "\n")
     if not (d / "root").exists():
         (d / "root").symlink_to("/")
+    if not (d / "stat").exists():
+        (d / "stat").write_text(f"{pid} ({binaries[0].name if binaries else 'x'}) S 1 {pid} {pid} 0 -1 4194560 0\n")
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from flamed.procstat import running
 from flamed.sampling.mappedfile import mapped_file
 from flamed.sampling.unwind import ehframe
 
@@ -59,20 +60,6 @@ EVICT_IDLE_S = 30.0
 #: How long stopping waits for a table being built (see Unwinder.stop).
 BUILDER_STOP_WAIT_S = 1.0
 
-
-
-def _exited(proc: Path, tgid: int) -> bool:
-    """Has ``tgid`` exited (no /proc entry, or a zombie)?"""
-    d = proc / str(tgid)
-    try:
-        with open(d / "stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return not d.exists()
-    except OSError:
-        return False
-    state = stat.rpartition(b") ")[2][:1]
-    return state in (b"Z", b"X")
 
 class TableEntry(NamedTuple):
     key: str
@@ -499,7 +486,7 @@ class Unwinder:
         if now - self._last_reclaim < self.RECLAIM_EVERY_S:
             return
         self._last_reclaim = now
-        gone = [t for t in list(self._described) if _exited(self._proc, t)]
+        gone = [t for t in list(self._described) if not running(self._proc / str(t) / "stat")]
         for t in gone:
             self.forget(t)
         if gone:
