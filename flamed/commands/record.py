@@ -27,7 +27,7 @@ from flamed.daemon.client import DEFAULT_SOCKET
 from flamed.errors import CapabilityError, FlamedError, UsageError
 from flamed.fileio import open_output, output_problem
 from flamed.folded import read_folded
-from flamed.model import Profile, Sample, Stack, task_frame
+from flamed.model import EMPTY_STACK_FRAME, Profile, Sample, Stack, task_frame
 from flamed.outputs.base import OutputOptions
 from flamed.procstat import OFF_CPU_STATES, running, status_tgid, thread_states
 from flamed.procstat import comm as process_comm
@@ -816,9 +816,12 @@ class RecordCommand(Command):
         return p
 
     def _write_timeline(self, path: str, samples: list[tuple[SampleEvent, Stack]]) -> None:
+        """One line per sample: ``ktime tgid tid stack``, the stack named as in the
+        profile (a sample with no frame at all is ``[no frames]`` in both)."""
         with open_output(path) as f:
             for ev, stack in sorted(samples, key=lambda s: (s[0].ktime_ns, s[0].tid)):
-                f.write(f"{ev.ktime_ns} {ev.tgid} {ev.tid} {';'.join(stack)}\n".encode("utf-8", "surrogateescape"))
+                frames = ";".join(stack) or EMPTY_STACK_FRAME
+                f.write(f"{ev.ktime_ns} {ev.tgid} {ev.tid} {frames}\n".encode("utf-8", "surrogateescape"))
 
     # -- py-spy alone -----------------------------------------------------
     def _pyspy_only(self, args: argparse.Namespace, cmd: list[str], opts: PySpyOptions,

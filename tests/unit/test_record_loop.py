@@ -93,3 +93,26 @@ def test_a_daemon_holding_pyspy_samples_is_not_said_to_have_seen_the_target_off_
     assert "--no-daemon" in held
     assert reason("3.12").startswith("the daemon saw python3.7 (pid 4242) on no CPU in 3 window(s)")
     assert reason(None).startswith("the daemon saw python3.7 (pid 4242) on no CPU")
+
+
+def test_a_sample_without_frames_has_the_same_stack_on_the_timeline_and_in_the_profile(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A sample whose user and kernel stacks both failed has no frame: the profile
+    files it under ``[no frames]``; the timeline wrote an empty stack, so the two
+    disagreed (seen once in the suite, a record --pyspy --timeline of a workload)."""
+    import argparse
+
+    from flamed.commands.record import RecordCommand
+    from flamed.sampling.contract import SampleEvent
+
+    cmd = RecordCommand()
+    cmd._identities, cmd._offcpu = {}, {}
+    samples = [(SampleEvent(ktime_ns=10, tgid=7, tid=7, comm="app", user_stack=(), kernel_stack=()), ()),
+               (SampleEvent(ktime_ns=20, tgid=7, tid=8, comm="app", user_stack=(), kernel_stack=()), ("main", "f"))]
+    args = argparse.Namespace(root=None, subprocesses=False, mode="cpu", rate=99)
+    profile = cmd._profile(args, samples, {}, None)
+    path = tmp_path / "timeline.txt"
+    cmd._write_timeline(str(path), samples)
+    lines = path.read_text().splitlines()
+    assert lines == ["10 7 7 [no frames]", "20 7 8 main;f"]
+    on_timeline = {tuple(ln.split(" ", 3)[3].split(";")) for ln in lines}
+    assert on_timeline == set(profile.stacks), (on_timeline, profile.stacks)
