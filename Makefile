@@ -16,12 +16,13 @@ run: setup
 
 # Type checking first (pyproject's [tool.mypy]: strict on flamed/; an error fails
 # the target), then the whole test suite in two runs: the tests that may share the
-# machine (marked concurrent: tests/unit, tests/fuzz, the offline toolkit) on two
-# workers, then the rest (BPF, root, daemons sampling the host) one at a time
-# (tests/conftest.py). Exit 5 (no tests collected) counts as failure.
+# machine (marked concurrent: tests/unit, tests/fuzz, the offline toolkit, the
+# fake-sampler daemons) on three workers (on two cores: a third keeps the CPUs busy
+# while a daemon test waits), then the rest (BPF, daemons sampling the host) one at
+# a time (tests/conftest.py). Exit 5 (no tests collected) counts as failure.
 test: setup-test
 	$(PY) -m mypy --strict flamed/
-	$(PY) -m pytest -q -n 2 -m "not serial" --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 3 -m "not serial" --durations=10 $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m serial --durations=30 $(PYTEST_ARGS)
 
 # docs/reliability.md's figures: the fault and security suite at the issue's scale

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from support import have_bcc, have_root, need, pyspy_path
 
-#: Where every test may run beside another: no BPF, no root, no daemon sampling the
-#: host, nothing timed against the machine's load.  Modules elsewhere opt in with
-#: ``pytestmark = pytest.mark.concurrent``.
+#: Where every test may run beside another: no BPF, no daemon sampling the host,
+#: nothing timed tightly against the machine's load.  Modules elsewhere opt in with
+#: ``pytestmark = pytest.mark.concurrent`` (the offline toolkit; the fault tests whose
+#: daemons run the fake sampler and mostly wait: pushes, full disks, idle clients).
 _CONCURRENT_DIRS = ("unit", "fuzz")
 
 
@@ -35,6 +36,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             top = ""
         if top not in _CONCURRENT_DIRS and item.get_closest_marker("concurrent") is None:
             item.add_marker(pytest.mark.serial)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_bpf_images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Samplers built in the test process with no ``bpf_cache_dir`` keep their
+    compiled programs in one directory for the session, as ``flamed record``
+    (~/.cache/flamed/bpf) and the daemon (/var/cache/flamed/bpf) do: a program
+    is compiled once per session, not at every start (~100 starts, ~13
+    distinct programs).  The tests of compiling itself (test_bpf_image.py)
+    name their own empty directories, so they still compile."""
+    import flamed.sampling.program as program
+
+    shared = tmp_path_factory.mktemp("bpf-images")
+    load = program.load_bpf
+
+    def load_shared(source: str, cflags: Any, *, cache_dir: Path | None, isolated: bool) -> Any:
+        return load(source, cflags, cache_dir=shared if cache_dir is None else cache_dir, isolated=isolated)
+
+    program.load_bpf = load_shared  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        program.load_bpf = load  # type: ignore[assignment]
 
 
 @pytest.fixture

@@ -31,9 +31,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 from daemonproc import ROOT, DaemonProc, check_state_dir, unix_request_raw
 from support import write_config
 from test_daemon_faults import record_figure
+
+pytestmark = pytest.mark.concurrent
 
 FAKE = {"sampler": "fake", "drain_interval": 0.5}
 

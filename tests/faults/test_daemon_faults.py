@@ -30,15 +30,22 @@ FIGURES = Path(os.environ.get("FLAMED_FIGURES_DIR", Path(__file__).resolve().par
 
 
 def record_figure(name: str, value: Any) -> None:
-    """Keep a measured figure for docs/reliability.md (tests/artifacts/reliability.json)."""
+    """Keep a measured figure for docs/reliability.md (tests/artifacts/reliability.json).
+    Tests on two workers write it at once: under a lock, replaced whole."""
+    import fcntl
+
     FIGURES.mkdir(parents=True, exist_ok=True)
     path = FIGURES / "reliability.json"
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        data = {}
-    data[name] = value
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    with open(FIGURES / ".reliability.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            data = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            data = {}
+        data[name] = value
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
 
 
 def bpf_total_from_log(text: str) -> int | None:

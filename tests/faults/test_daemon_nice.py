@@ -7,6 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.concurrent
+
 
 def _nices(pid: int) -> dict[int, int]:
     out = {}

@@ -31,7 +31,7 @@ from flamed.folded import read_folded
 from flamed.outputs import profile_pb2 as pb
 from flamed.outputs.pprof import read_pprof
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 IDLE_SHARE = OFFCPU_STACKS[0][1]  # fake-idle's share of wall time off the CPU, in poll
 

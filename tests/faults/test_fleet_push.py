@@ -33,7 +33,7 @@ from support import SCALE, write_config
 from flamed.folded import read_folded
 from flamed.outputs import profile_pb2 as pb
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 #: The outage: 25 windows of 1 s against a queue of 5 (the issue's 60 s at
 #: FLAMED_FAULT_SCALE=1, ``make reliability``); FLAMED_PUSH_DOWN_SECONDS sets it

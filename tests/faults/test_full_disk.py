@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 from daemonproc import DaemonProc, profile_files, tmpfs
 
+pytestmark = pytest.mark.concurrent
+
 TMPFS_BYTES = 256 * 1024
 BUDGET = 16 * 1024
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.concurrent]
 
 #: Seconds of idleness counted; voluntary switches allowed per second, all threads together.
 SPAN_S = 5.0

@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 from daemonproc import DaemonProc, check_state_dir, profile_files, tmpfs
 
+pytestmark = pytest.mark.concurrent
+
 HOST = "testhost"
 OLD = f"{HOST}-20200101T000000Z"
 
