@@ -391,6 +391,21 @@ time.sleep(60)
 """
 
 
+def _where(pid: int) -> str:
+    """The Python stacks of ``pid`` (py-spy dump), its state and wait channel: for a failure's message."""
+    from support import pyspy_path
+
+    state = ""
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        state = stat.rsplit(")", 1)[1].split()[0] + " wchan " + Path(f"/proc/{pid}/wchan").read_text()
+    spy = pyspy_path()
+    if spy is None:
+        return f"pid {pid} state {state} (no py-spy for its stacks)"
+    r = subprocess.run([spy, "dump", "--locals", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+    return f"pid {pid} state {state}\n{r.stdout}{r.stderr}"
+
+
 def test_ctrl_c_twice_kills_a_command_that_ignores_it_and_writes_the_profile(
         daemon_factory: Any, tmp_path: Path) -> None:
     """Ctrl-C to record, whose command ignores SIGINT: record waited 10 s in
@@ -422,7 +437,12 @@ def test_ctrl_c_twice_kills_a_command_that_ignores_it_and_writes_the_profile(
         while not any("Ctrl-C again kills it" in ln for ln in lines) and time.monotonic() < deadline:
             time.sleep(0.05)
         rec.send_signal(signal.SIGINT)
-        rec.wait(timeout=30)
+        try:
+            rec.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            # Once in a suite run record sat through both Ctrl-C (60 s): where it was, for the next time.
+            pytest.fail("record did not end 30 s after a second Ctrl-C:\n" + _where(rec.pid) + "\nits stderr:\n"
+                        + "".join(lines) + "\nthe daemon's log:\n" + d.log()[-3000:])
         reader.join(10)
     finally:
         if rec.poll() is None:
@@ -430,7 +450,7 @@ def test_ctrl_c_twice_kills_a_command_that_ignores_it_and_writes_the_profile(
             rec.wait()
         if target and Path(f"/proc/{target}").exists():
             os.kill(target, signal.SIGKILL)
-            pytest.fail(f"the command (pid {target}) was left running")
+            pytest.fail(f"the command (pid {target}) was left running; record said:\n" + "".join(lines))
     err = "".join(lines)
     assert f"pid {target} has not exited after SIGINT" in err, err
     assert rec.returncode == 128 + signal.SIGKILL, err  # the command's: killed
