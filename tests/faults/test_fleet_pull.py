@@ -169,6 +169,7 @@ def test_concurrent_and_stuck_scrapers_never_delay_a_drain(tmp_path: Path, requi
     assert d.wait_exit(60) == 0
 
 
+@pytest.mark.concurrent  # a fake-sampler daemon: may share the machine
 def test_pull_request_checks(tmp_path: Path, daemon_factory: Any) -> None:
     """Bad seconds, too many at once, and off: answered at once, with what to do."""
     d = daemon_factory(sampling={"sampler": "fake", "drain_interval": 1.0},

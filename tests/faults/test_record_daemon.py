@@ -141,6 +141,7 @@ def test_a_daemon_that_goes_away_leaves_a_partial_profile(
     assert sum(prof.stacks.values()) >= 50, err  # ... with the windows received (~3 s at 99 Hz)
 
 
+@pytest.mark.concurrent  # a fake-sampler daemon: may share the machine
 def test_a_daemon_gone_before_any_window_came_back_is_not_said_to_have_seen_nothing(
         daemon_factory: Any, tmp_path: Path) -> None:
     """The daemon killed before it drained a window of the target: record said
@@ -354,6 +355,7 @@ def test_a_wrapper_that_forks_python_says_its_profile_has_no_python(require_bpf:
     assert any(PY_FRAME.fullmatch(f) for s in prof.stacks for f in s), prof.stacks
 
 
+@pytest.mark.concurrent  # a fake-sampler daemon: may share the machine
 def test_a_command_that_exits_before_it_is_seen_is_said_to_have_exited(daemon_factory: Any, tmp_path: Path) -> None:
     """A command gone before the daemon sampled it: record says it exited and when,
     not that the daemon saw it "on no CPU in 0 window(s)"; its exit code is kept."""
@@ -366,6 +368,7 @@ def test_a_command_that_exits_before_it_is_seen_is_said_to_have_exited(daemon_fa
     assert "0 window(s)" not in r.stderr, r.stderr
 
 
+@pytest.mark.concurrent  # a fake-sampler daemon: may share the machine
 def test_a_profile_to_stdout_keeps_the_commands_output_out_of_it(daemon_factory: Any, tmp_path: Path) -> None:
     """``record -o - -- COMMAND``: the command's standard output was record's, so
     what it printed came out before the profile, in the same stream (``record -o
@@ -510,6 +513,7 @@ def test_old_cpython_through_the_daemon_says_why_its_python_frames_are_missing(
                      r"frames\. --no-daemon records it here with py-spy from its start", r.stderr), r.stderr
 
 
+@pytest.mark.concurrent  # a fake-sampler daemon: may share the machine
 def test_a_process_the_command_leaves_running_is_named_through_the_daemon(daemon_factory: Any,
                                                                           tmp_path: Path) -> None:
     """``sh -c 'python3 app.py & exit 0'`` through the daemon: the recording ends

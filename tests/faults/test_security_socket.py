@@ -101,6 +101,7 @@ def public_dir() -> Any:
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.mark.concurrent  # a fake-sampler daemon: may share the machine
 def test_control_socket_peer_credentials_decide(daemon_factory: Any, test_group: tuple[str, int],
                                                 public_dir: Path) -> None:
     gname, gid = test_group
@@ -164,6 +165,7 @@ def _listening_addresses(pid: int) -> list[tuple[str, int]]:
     return out
 
 
+@pytest.mark.concurrent  # a fake-sampler daemon: may share the machine
 def test_metrics_bind_loopback_by_default(daemon_factory: Any) -> None:
     from flamed.daemon.config import DaemonConfig
 
@@ -185,6 +187,7 @@ def test_metrics_bind_loopback_by_default(daemon_factory: Any) -> None:
     assert 'address = "127.0.0.1:' in shipped
 
 
+@pytest.mark.concurrent  # a fake-sampler daemon: may share the machine
 def test_no_request_writes_a_client_chosen_path(daemon_factory: Any, tmp_path: Path) -> None:
     d = daemon_factory(sampling={"sampler": "fake", "drain_interval": 0.5}, output={"rotate_interval": 1.0})
     target = tmp_path / "client-chosen"

@@ -39,7 +39,7 @@ time.sleep(120)
 
 BUSY = ("import time\n"
         "def busy_after_llvm():\n"
-        "    end = time.time() + 4\n"
+        "    end = time.time() + 2\n"
         "    while time.time() < end:\n"
         "        sum(i * i for i in range(1000))\n"
         "busy_after_llvm()\n")
@@ -48,12 +48,12 @@ BUSY = ("import time\n"
 def _run_llvm_process(opts: BpfSamplerOptions, llvm: Path, n_llvm: int,
                       then: list[str] | None) -> tuple[int, tables.UnwindStats, dict[tuple[str, ...], int]]:
     """Run the LLVM process to idleness under a sampler with ``opts``, then
-    ``then`` (if any) for 4 s; (rows in use once libLLVM was loaded, the
+    ``then`` (if any) for 2 s; (rows in use once libLLVM was loaded, the
     unwinder's stats at the end, the stacks of ``then``)."""
     with BpfSampler(opts) as s:
         u = s.unwinder
         assert u is not None
-        a = subprocess.Popen(["/usr/bin/python3.11", "-c", LLVM_THEN_IDLE, str(llvm), "4"], stdout=subprocess.PIPE)
+        a = subprocess.Popen(["/usr/bin/python3.11", "-c", LLVM_THEN_IDLE, str(llvm), "2"], stdout=subprocess.PIPE)
         b: subprocess.Popen[bytes] | None = None
         try:
             s.add_pid(a.pid)
