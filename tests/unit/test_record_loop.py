@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from flamed.commands.record import _ExitWait
 
@@ -95,7 +96,7 @@ def test_a_daemon_holding_pyspy_samples_is_not_said_to_have_seen_the_target_off_
     assert reason(None).startswith("the daemon saw python3.7 (pid 4242) on no CPU")
 
 
-def test_a_sample_without_frames_has_the_same_stack_on_the_timeline_and_in_the_profile(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_sample_without_frames_has_the_same_stack_on_the_timeline_and_in_the_profile(tmp_path: Path) -> None:
     """A sample whose user and kernel stacks both failed has no frame: the profile
     files it under ``[no frames]``; the timeline wrote an empty stack, so the two
     disagreed (seen once in the suite, a record --pyspy --timeline of a workload)."""
