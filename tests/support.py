@@ -33,6 +33,17 @@ BLESS = os.environ.get("FLAMED_BLESS") == "1"
 SCALE = float(os.environ.get("FLAMED_FAULT_SCALE", "0.25"))
 
 
+def ctrl_c_deliverable() -> None:
+    """``preexec_fn`` of a process a test sends SIGINT to: SIGINT as a terminal
+    delivers it.  A suite started in the background by a non-interactive shell
+    (``sh -c '... &'``) has SIGINT ignored, which every child inherits, and
+    Python then never raises KeyboardInterrupt: the Ctrl-C tests would test the
+    harness."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def toml_value(v: Any) -> str:
     """``v`` (bool, number, string or a list of them) as a TOML value."""
     if isinstance(v, bool):

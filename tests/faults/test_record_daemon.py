@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from flamed.folded import read_folded
+from support import ctrl_c_deliverable
 
 WORKLOAD = """
 import sys, time
@@ -402,6 +403,10 @@ def _where(pid: int) -> str:
     with contextlib.suppress(OSError):
         stat = Path(f"/proc/{pid}/stat").read_text()
         state = stat.rsplit(")", 1)[1].split()[0] + " wchan " + Path(f"/proc/{pid}/wchan").read_text()
+        # Its signals (pending, blocked, ignored, caught) and those of this test's process.
+        for who in (pid, os.getpid()):
+            state += f"\n{who}: " + " ".join(ln.replace("\t", "") for ln in Path(f"/proc/{who}/status").read_text()
+                                             .splitlines() if ln.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
     spy = pyspy_path()
     if spy is None:
         return f"pid {pid} state {state} (no py-spy for its stacks)"
@@ -422,7 +427,8 @@ def test_ctrl_c_twice_kills_a_command_that_ignores_it_and_writes_the_profile(
     ready = tmp_path / "pid"
     out = tmp_path / "twice.folded"
     rec = subprocess.Popen([sys.executable, "-m", "flamed", "record", "--socket", d.socket_path, "-o", str(out),
-                            "--", sys.executable, str(script), str(ready)], stderr=subprocess.PIPE, text=True)
+                            "--", sys.executable, str(script), str(ready)], stderr=subprocess.PIPE, text=True,
+                           preexec_fn=ctrl_c_deliverable)
     assert rec.stderr is not None
     stderr = rec.stderr
     lines: list[str] = []
@@ -443,7 +449,8 @@ def test_ctrl_c_twice_kills_a_command_that_ignores_it_and_writes_the_profile(
         try:
             rec.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            # Once in a suite run record sat through both Ctrl-C (60 s): where it was, for the next time.
+            # Where record was, and its signals (a suite started in the background had
+            # SIGINT ignored, inherited by record, until ctrl_c_deliverable).
             pytest.fail("record did not end 30 s after a second Ctrl-C:\n" + _where(rec.pid) + "\nits stderr:\n"
                         + "".join(lines) + "\nthe daemon's log:\n" + d.log()[-3000:])
         reader.join(10)

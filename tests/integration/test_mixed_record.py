@@ -17,21 +17,13 @@ from pathlib import Path
 import pytest
 
 from flamed.folded import read_folded
-from support import ROOT
+from support import ROOT, ctrl_c_deliverable
 from tests.workloads.accuracy import accuracy
 
 FLAMED = [sys.executable, "-m", "flamed"]
 PHASES = str(ROOT / "tests" / "workloads" / "phases.py")
 
 pytestmark = [pytest.mark.bpf, pytest.mark.pyspy, pytest.mark.slow]
-
-
-def _ctrl_c_deliverable() -> None:
-    """In the child: SIGINT as a terminal delivers it.  A suite started in the
-    background by a non-interactive shell (``sh -c '... &'``) has SIGINT
-    ignored, which every child inherits, and Python then never raises
-    KeyboardInterrupt: the Ctrl-C tests would test the harness."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_record(args: list[str], timeout: float = 120,
@@ -92,7 +84,7 @@ def test_record_pid_with_duration_and_ctrl_c(tmp_path: Path, require_bpf: None, 
     try:
         out = tmp_path / "p.folded"
         rec = subprocess.Popen(FLAMED + ["record", "--pyspy", "-p", str(target.pid), "-d", "60", "-o", str(out)],
-                               cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_deliverable)
+                               cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_deliverable)
         # BPF compiles first (seconds on a loaded host): wait for py-spy to run, then record a little
         deadline = time.monotonic() + 90
         while not pyspy_children(rec.pid) and time.monotonic() < deadline and rec.poll() is None:
@@ -144,7 +136,7 @@ def test_record_interrupted_while_loading_keeps_the_earlier_output(tmp_path: Pat
         out = tmp_path / "e.folded"
         out.write_text("earlier;run 7\n")
         rec = subprocess.Popen(FLAMED + ["record", "-p", str(target.pid), "-o", str(out)], cwd=ROOT,
-                               stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_deliverable)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_deliverable)
         assert rec.stderr is not None
         first = rec.stderr.readline()  # "loading the BPF programs ..."
         assert "BPF" in first, first
