@@ -31,7 +31,7 @@ FIGURES = Path(os.environ.get("FLAMED_FIGURES_DIR", Path(__file__).resolve().par
 
 def record_figure(name: str, value: Any) -> None:
     """Keep a measured figure for docs/reliability.md (tests/artifacts/reliability.json).
-    Tests on two workers write it at once: under a lock, replaced whole."""
+    Tests on several workers write it at once: under a lock, replaced whole."""
     import fcntl
 
     FIGURES.mkdir(parents=True, exist_ok=True)
