@@ -25,7 +25,7 @@ _CONCURRENT_DIRS = ("unit", "fuzz")
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``serial`` every test that is not ``concurrent`` (before ``-m`` selects):
-    ``make test`` runs the concurrent ones on two workers, then the serial ones
+    ``make test`` runs the concurrent ones on three workers, then the serial ones
     one at a time, so that no test that samples the host or times a daemon
     shares the machine with another test."""
     here = Path(__file__).parent
