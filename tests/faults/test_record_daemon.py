@@ -397,12 +397,13 @@ time.sleep(60)
 
 def _where(pid: int) -> str:
     """The Python stacks of ``pid`` (py-spy dump), its state and wait channel: for a failure's message."""
+    from flamed.procstat import read_stat
     from support import pyspy_path
 
     state = ""
     with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        state = stat.rsplit(")", 1)[1].split()[0] + " wchan " + Path(f"/proc/{pid}/wchan").read_text()
+        fields = read_stat(f"/proc/{pid}/stat") or [b"gone"]
+        state = fields[0].decode() + " wchan " + Path(f"/proc/{pid}/wchan").read_text()
         # Its signals (pending, blocked, ignored, caught) and those of this test's process.
         for who in (pid, os.getpid()):
             state += f"\n{who}: " + " ".join(ln.replace("\t", "") for ln in Path(f"/proc/{who}/status").read_text()
